@@ -1,0 +1,174 @@
+"""The model catalog: published architectures by name, and Hugging Face ``config.json`` parsing.
+
+Pure data and pure functions (a dict in, a ``ModelSpec`` out); reading files is the caller's
+business. Shapes are from each model's published config.json / paper; ``published_params`` is
+the figure its card or paper quotes, and a test holds our count to it.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Mapping
+
+from .specs import ModelSpec, SpecError
+
+_LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
+               head_dim=128, kv_heads=8, max_seq_len=131072)
+_GPT = dict(family="gpt", mlp="gelu", norm="layernorm", positions="learned", tied_embeddings=True,
+            bias=True, dropout=True, max_seq_len=2048)
+
+MODELS: dict[str, dict[str, Any]] = {
+    # Llama 3 / 3.1 (Meta, "The Llama 3 Herd of Models", 2024, Table 3)
+    "llama-3-8b": dict(_LLAMA3, layers=32, hidden=4096, ffn_hidden=14336, heads=32, max_seq_len=8192,
+                       published_params=8.03e9),
+    "llama-3-70b": dict(_LLAMA3, layers=80, hidden=8192, ffn_hidden=28672, heads=64, max_seq_len=8192,
+                        published_params=70.6e9),
+    "llama-3.1-8b": dict(_LLAMA3, layers=32, hidden=4096, ffn_hidden=14336, heads=32, published_params=8.03e9),
+    "llama-3.1-70b": dict(_LLAMA3, layers=80, hidden=8192, ffn_hidden=28672, heads=64, published_params=70.6e9),
+    "llama-3.1-405b": dict(_LLAMA3, layers=126, hidden=16384, ffn_hidden=53248, heads=128,
+                           published_params=405.9e9),
+    "llama-2-7b": dict(family="llama", layers=32, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000,
+                       max_seq_len=4096, published_params=6.74e9),
+    "llama-2-13b": dict(family="llama", layers=40, hidden=5120, ffn_hidden=13824, heads=40, vocab=32000,
+                        max_seq_len=4096, published_params=13.0e9),
+    "llama-2-70b": dict(family="llama", layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8,
+                        vocab=32000, max_seq_len=4096, published_params=69.0e9),
+    # Mixtral (Mistral AI, "Mixtral of Experts", 2024): 46.7B total / 12.9B active
+    "mixtral-8x7b": dict(family="mixtral", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
+                         vocab=32000, max_seq_len=32768, num_experts=8, top_k=2, published_params=46.7e9),
+    # Mixtral 8x22B (v0.1 model card): 141B total / 39B active
+    "mixtral-8x22b": dict(family="mixtral", layers=56, hidden=6144, ffn_hidden=16384, heads=48, kv_heads=8,
+                          vocab=32000, max_seq_len=65536, num_experts=8, top_k=2, published_params=141e9),
+    # DeepSeek-V3 (technical report, 2024): 671B total / 37B active, MLA, 1 shared + 256 routed
+    "deepseek-v3": dict(family="deepseek", layers=61, hidden=7168, ffn_hidden=18432, heads=128,
+                        vocab=129280, max_seq_len=163840, num_experts=256, top_k=8, shared_experts=1,
+                        expert_ffn_hidden=2048, first_dense_layers=3, attention="mla", q_lora_rank=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        head_dim=192, published_params=671e9),
+    # Qwen3-235B-A22B (Qwen3 technical report, 2025): 235B total / 22B active
+    "qwen3-235b-a22b": dict(family="qwen3", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
+                            head_dim=128, vocab=151936, max_seq_len=40960, num_experts=128, top_k=8,
+                            expert_ffn_hidden=1536, published_params=235e9),
+    # GPT-3 (Brown et al., 2020, Table 2.1)
+    "gpt3-175b": dict(_GPT, layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=50257,
+                      published_params=175e9),
+    "gpt3-1.3b": dict(_GPT, layers=24, hidden=2048, ffn_hidden=8192, heads=16, vocab=50257,
+                      published_params=1.3e9),
+    # small enough for multi-process CPU tests (about 2M and 3M parameters)
+    "tiny-llama": dict(family="llama", layers=4, hidden=128, ffn_hidden=352, heads=4, kv_heads=2,
+                       vocab=1024, max_seq_len=512),
+    "tiny-moe": dict(family="mixtral", layers=4, hidden=128, ffn_hidden=256, heads=4, kv_heads=2,
+                     vocab=1024, max_seq_len=512, num_experts=4, top_k=2),
+    "tiny-gpt": dict(_GPT, layers=4, hidden=128, ffn_hidden=512, heads=4, vocab=1024, max_seq_len=512,
+                     dropout=False),
+}
+
+
+def model_names() -> list[str]:
+    return sorted(MODELS)
+
+
+def closest(name: str, names: list[str], n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, names, n=n, cutoff=0.3)
+
+
+def get_model(name: str) -> ModelSpec:
+    """A catalog model by name; SpecError with the closest names otherwise."""
+    key = name.lower()
+    if key not in MODELS:
+        hint = closest(key, model_names())
+        raise SpecError(f"unknown model {name!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")
+                        + f" (catalog: {', '.join(model_names())}; or give a .yaml or config.json path)")
+    return ModelSpec(name=key, **MODELS[key])
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face config.json (read as plain JSON, no transformers package)
+# --------------------------------------------------------------------------------------
+
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt2",
+                  "gptj", "gpt_neox", "bloom", "opt", "falcon", "deepseek_v3")
+
+
+def _req(cfg: Mapping[str, Any], where: str, *keys: str) -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    raise SpecError(f"{where}: missing field {' or '.join(repr(k) for k in keys)} "
+                    f"(model_type {cfg.get('model_type')!r})")
+
+
+def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
+    """A ``ModelSpec`` from a Hugging Face ``config.json`` dict."""
+    mt = cfg.get("model_type")
+    if mt not in HF_MODEL_TYPES:
+        raise SpecError(f"{where}: field 'model_type' is {mt!r}, which is not supported; supported: "
+                        f"{', '.join(HF_MODEL_TYPES)}")
+    name = name or cfg.get("_name_or_path") or mt
+    g = lambda *k: _req(cfg, where, *k)  # noqa: E731
+    opt = cfg.get
+    d: dict[str, Any] = dict(name=str(name), family=mt)
+    if mt in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3"):
+        d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
+                 vocab=g("vocab_size"), ffn_hidden=g("intermediate_size"),
+                 kv_heads=opt("num_key_value_heads") or g("num_attention_heads"),
+                 head_dim=opt("head_dim") or 0, mlp="swiglu", norm="rmsnorm", positions="rotary",
+                 tied_embeddings=bool(opt("tie_word_embeddings", False)),
+                 max_seq_len=opt("max_position_embeddings") or 8192,
+                 bias=False)  # qwen2 q/k/v biases: a few M params, ignored
+        if mt == "mixtral":
+            d.update(num_experts=g("num_local_experts"), top_k=g("num_experts_per_tok"))
+        if mt in ("qwen2_moe", "qwen3_moe"):
+            d.update(num_experts=g("num_experts"), top_k=g("num_experts_per_tok"),
+                     expert_ffn_hidden=g("moe_intermediate_size"),
+                     moe_layer_freq=opt("decoder_sparse_step") or 1)
+            if mt == "qwen2_moe" and opt("shared_expert_intermediate_size"):
+                d.update(shared_experts=1, shared_expert_ffn_hidden=opt("shared_expert_intermediate_size"))
+        if mt == "deepseek_v3":
+            d.update(num_experts=g("n_routed_experts"), top_k=g("num_experts_per_tok"),
+                     shared_experts=opt("n_shared_experts") or 0, expert_ffn_hidden=g("moe_intermediate_size"),
+                     first_dense_layers=opt("first_k_dense_replace") or 0, moe_layer_freq=opt("moe_layer_freq") or 1,
+                     attention="mla", q_lora_rank=opt("q_lora_rank") or 0, kv_lora_rank=g("kv_lora_rank"),
+                     qk_nope_head_dim=g("qk_nope_head_dim"), qk_rope_head_dim=g("qk_rope_head_dim"),
+                     v_head_dim=g("v_head_dim"),
+                     head_dim=g("qk_nope_head_dim") + g("qk_rope_head_dim"), kv_heads=g("num_attention_heads"))
+    elif mt == "gpt2":
+        h = g("n_embd")
+        d.update(layers=g("n_layer"), hidden=h, heads=g("n_head"), vocab=g("vocab_size"),
+                 ffn_hidden=opt("n_inner") or 4 * h, mlp="gelu", norm="layernorm", positions="learned",
+                 tied_embeddings=True, bias=True, max_seq_len=opt("n_positions") or 1024)
+    elif mt == "gptj":
+        h = g("n_embd")
+        d.update(layers=g("n_layer"), hidden=h, heads=g("n_head"), vocab=g("vocab_size"),
+                 ffn_hidden=opt("n_inner") or 4 * h, mlp="gelu", norm="layernorm", positions="rotary",
+                 tied_embeddings=bool(opt("tie_word_embeddings", False)), max_seq_len=opt("n_positions") or 2048)
+    elif mt == "gpt_neox":
+        d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
+                 vocab=g("vocab_size"), ffn_hidden=g("intermediate_size"), mlp="gelu", norm="layernorm",
+                 positions="rotary", tied_embeddings=bool(opt("tie_word_embeddings", False)), bias=True,
+                 max_seq_len=opt("max_position_embeddings") or 2048)
+    elif mt == "bloom":
+        h = g("hidden_size", "n_embed")
+        d.update(layers=g("n_layer", "num_hidden_layers"), hidden=h, heads=g("n_head", "num_attention_heads"),
+                 vocab=g("vocab_size"), ffn_hidden=4 * h, mlp="gelu", norm="layernorm", positions="alibi",
+                 tied_embeddings=True, bias=True, max_seq_len=opt("seq_length") or 2048)
+    elif mt == "opt":
+        d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
+                 vocab=g("vocab_size"), ffn_hidden=g("ffn_dim"), mlp="gelu", norm="layernorm", positions="learned",
+                 tied_embeddings=bool(opt("tie_word_embeddings", True)), bias=True,
+                 max_seq_len=(opt("max_position_embeddings") or 2048) + 2)
+    elif mt == "falcon":
+        h = g("hidden_size")
+        heads = g("num_attention_heads")
+        kv = opt("num_kv_heads") or (1 if opt("multi_query", True) else heads)
+        d.update(layers=g("num_hidden_layers"), hidden=h, heads=heads, kv_heads=kv, vocab=g("vocab_size"),
+                 ffn_hidden=opt("ffn_hidden_size") or 4 * h, mlp="gelu", norm="layernorm",
+                 positions="alibi" if opt("alibi") else "rotary", tied_embeddings=bool(opt("tie_word_embeddings", True)),
+                 bias=bool(opt("bias", False)), max_seq_len=opt("max_position_embeddings") or 2048)
+    for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden"):
+        v = d.get(k)
+        if not isinstance(v, int) or v <= 0:
+            raise SpecError(f"{where}: field for {k} must be a positive integer, got {v!r}")
+    try:
+        return ModelSpec(**d)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None

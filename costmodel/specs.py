@@ -1,0 +1,582 @@
+"""Specs: the three inputs of the cost model, kept apart (model, cluster, execution).
+
+* ``ModelSpec``   -- the network: a decoder-only transformer, dense or mixture-of-experts,
+                     with multi-head / grouped-query / multi-latent (MLA) attention.
+* ``ClusterSpec`` -- the hardware: node groups of GPUs, the links inside and between nodes,
+                     and optional measured tables (matmul efficiency, collective bandwidth).
+* ``Workload``    -- what is run on it: batch, sequence length, dtype, optimizer.
+* ``ParallelConfig`` -- how it is split: tp, pp, dp, cp, ep, ZeRO stage, recompute, ...
+
+All frozen dataclasses, keyword-only, validated in ``__post_init__``, SI units inside.
+``from_dict`` rejects unknown keys and names them. Nothing here reads files.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .units import GIB, US, dtype_bytes
+
+
+class SpecError(ValueError):
+    """Bad user input in a spec: the message carries the numbers and a hint."""
+
+
+def _check_keys(cls, data: Mapping[str, Any], where: str) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+
+
+def _positive(where: str, **values: float) -> None:
+    for name, v in values.items():
+        if v is None or v <= 0:
+            raise SpecError(f"{where}: {name} must be > 0, got {v}")
+
+
+# --------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer. Dense when ``num_experts == 0``."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    vocab: int
+    kv_heads: int = 0                 # 0 -> heads (MHA); < heads -> GQA/MQA
+    head_dim: int = 0                 # 0 -> hidden // heads
+    family: str = "llama"             # informational: llama, gpt, mixtral, deepseek, ...
+    mlp: str = "swiglu"               # swiglu (3 matrices) | gelu (2 matrices)
+    norm: str = "rmsnorm"             # rmsnorm | layernorm
+    positions: str = "rotary"         # rotary | learned | alibi
+    max_seq_len: int = 8192
+    tied_embeddings: bool = False
+    bias: bool = False                # linear-layer biases (GPT-2, BLOOM, OPT)
+    dropout: bool = False             # dropout masks kept for backward (Megatron GPT)
+    # mixture of experts
+    num_experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    expert_ffn_hidden: int = 0        # 0 -> ffn_hidden
+    shared_expert_ffn_hidden: int = 0  # 0 -> expert_ffn_hidden (per shared expert)
+    first_dense_layers: int = 0       # leading layers with a dense MLP (DeepSeek-V3: 3)
+    moe_layer_freq: int = 1           # every n-th layer after those is MoE
+    # multi-latent attention (DeepSeek-V2/V3)
+    attention: str = "mha"            # mha (covers GQA/MQA) | mla
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    published_params: float = 0.0     # the figure the model card quotes, for the record
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        _positive(where, layers=self.layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
+                  heads=self.heads, vocab=self.vocab)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise SpecError(f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
+                                "give head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.heads % self.kv_heads:
+            raise SpecError(f"{where}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
+        if self.mlp not in ("swiglu", "gelu"):
+            raise SpecError(f"{where}: mlp must be swiglu or gelu, got {self.mlp!r}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise SpecError(f"{where}: norm must be rmsnorm or layernorm, got {self.norm!r}")
+        if self.positions not in ("rotary", "learned", "alibi"):
+            raise SpecError(f"{where}: positions must be rotary, learned or alibi, got {self.positions!r}")
+        if self.attention not in ("mha", "mla"):
+            raise SpecError(f"{where}: attention must be mha or mla, got {self.attention!r}")
+        if self.num_experts:
+            if not 0 < self.top_k <= self.num_experts:
+                raise SpecError(f"{where}: top_k {self.top_k} must be in 1..num_experts ({self.num_experts})")
+            if self.expert_ffn_hidden == 0:
+                object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
+            if self.shared_expert_ffn_hidden == 0:
+                object.__setattr__(self, "shared_expert_ffn_hidden", self.expert_ffn_hidden)
+            if self.moe_layer_freq < 1 or self.first_dense_layers < 0 or self.first_dense_layers > self.layers:
+                raise SpecError(f"{where}: moe_layer_freq {self.moe_layer_freq} must be >= 1 and "
+                                f"first_dense_layers {self.first_dense_layers} in 0..{self.layers}")
+        if self.attention == "mla":
+            _positive(where, kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
+                      qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim)
+
+    # ---- structure ---------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        if not self.is_moe or i < self.first_dense_layers:
+            return False
+        return (i - self.first_dense_layers) % self.moe_layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (all heads)."""
+        if self.attention == "mla":
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one of K or V (all KV heads) as attention sees it."""
+        if self.attention == "mla":
+            return self.heads * self.v_head_dim
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        if self.attention == "mla":
+            return self.heads * self.v_head_dim
+        return self.heads * self.head_dim
+
+    @property
+    def score_dim(self) -> int:
+        """Per-token width of QK^T plus AV work: sum over heads of (qk dim + v dim) / 2."""
+        if self.attention == "mla":
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
+        return self.heads * self.head_dim
+
+    # ---- parameter counts (matrices; norms and biases separately) ---------------------
+    def attention_params(self) -> int:
+        h = self.hidden
+        if self.attention == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                q = h * self.q_lora_rank + self.q_lora_rank * self.heads * qk + self.q_lora_rank
+            else:
+                q = h * self.heads * qk
+            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                  + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+                  + self.kv_lora_rank)
+            o = self.heads * self.v_head_dim * h
+            return q + kv + o
+        p = h * self.q_dim + 2 * h * self.kv_dim + self.attn_out_dim * h
+        if self.bias:
+            p += self.q_dim + 2 * self.kv_dim + h
+        return p
+
+    def _mlp_params(self, ffn: int) -> int:
+        mats = 3 if self.mlp == "swiglu" else 2
+        p = mats * self.hidden * ffn
+        if self.bias:
+            p += (mats - 1) * ffn + self.hidden
+        return p
+
+    def dense_mlp_params(self) -> int:
+        return self._mlp_params(self.ffn_hidden)
+
+    def expert_params(self) -> int:
+        """One routed expert."""
+        return self._mlp_params(self.expert_ffn_hidden)
+
+    def moe_mlp_params(self) -> int:
+        """All experts, shared ones and the router of one MoE layer."""
+        return (self.num_experts * self.expert_params()
+                + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
+                + self.hidden * self.num_experts)
+
+    def moe_active_mlp_params(self) -> int:
+        return (self.top_k * self.expert_params()
+                + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
+                + self.hidden * self.num_experts)
+
+    def norm_params(self) -> int:
+        per = self.hidden * (2 if self.norm == "layernorm" else 1)
+        return per
+
+    def layer_params(self, i: int) -> int:
+        mlp = self.moe_mlp_params() if self.is_moe_layer(i) else self.dense_mlp_params()
+        return self.attention_params() + mlp + 2 * self.norm_params()
+
+    def layer_active_params(self, i: int) -> int:
+        mlp = self.moe_active_mlp_params() if self.is_moe_layer(i) else self.dense_mlp_params()
+        return self.attention_params() + mlp + 2 * self.norm_params()
+
+    def embedding_params(self) -> int:
+        p = self.vocab * self.hidden
+        if self.positions == "learned":
+            p += self.max_seq_len * self.hidden
+        return p
+
+    def head_params(self) -> int:
+        """Output projection plus final norm (0 for the projection when tied)."""
+        return (0 if self.tied_embeddings else self.vocab * self.hidden) + self.norm_params()
+
+    def total_params(self) -> int:
+        return (self.embedding_params() + self.head_params()
+                + sum(self.layer_params(i) for i in range(self.layers)))
+
+    def active_params(self) -> int:
+        return (self.embedding_params() + self.head_params()
+                + sum(self.layer_active_params(i) for i in range(self.layers)))
+
+    # ---- serialization ----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        keep = {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab"}
+        return {k: v for k, v in d.items() if k in keep or v != defaults.get(k)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "model") -> "ModelSpec":
+        _check_keys(cls, data, where)
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise SpecError(f"{where}: {e}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    """One accelerator, from its datasheet (or measured, when ``source`` says so)."""
+
+    name: str
+    memory_bytes: float
+    peak_flops_per_s: Mapping[str, float]   # dense, per dtype (bf16, fp16, fp8, fp32, tf32)
+    hbm_bandwidth_bytes_per_s: float
+    # Achieved fraction of peak for the large GEMMs of a transformer layer, and the GEMM size
+    # (geometric mean of m, n, k) at which half of it is reached. See costmodel/compute.py.
+    matmul_efficiency: float = 0.70
+    matmul_half_size: float = 160.0
+    reserved_bytes: float = 1.0 * GIB       # CUDA context, cuBLAS/NCCL workspaces
+    price_per_hour: float = 0.0             # USD per GPU-hour, for --objective cost
+
+    def __post_init__(self) -> None:
+        _positive(f"gpu {self.name!r}", memory_bytes=self.memory_bytes,
+                  hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s)
+        if not self.peak_flops_per_s:
+            raise SpecError(f"gpu {self.name!r}: peak_flops_per_s needs at least one dtype")
+        if not 0 < self.matmul_efficiency <= 1:
+            raise SpecError(f"gpu {self.name!r}: matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}")
+
+    def peak(self, dtype: str) -> float:
+        key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+        if key in self.peak_flops_per_s:
+            return self.peak_flops_per_s[key]
+        if key in ("fp16", "bf16"):
+            for alt in ("bf16", "fp16"):
+                if alt in self.peak_flops_per_s:
+                    return self.peak_flops_per_s[alt]
+        raise SpecError(f"gpu {self.name!r} has no peak FLOP/s for dtype {dtype!r}; "
+                        f"known: {', '.join(sorted(self.peak_flops_per_s))}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """A tier of the interconnect, per GPU per direction."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float = 5 * US
+    # fraction of the link a well-tuned collective reaches at large messages
+    # (NCCL bus bandwidth / link bandwidth)
+    efficiency: float = 0.8
+
+    def __post_init__(self) -> None:
+        _positive(f"link {self.name!r}", bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        if self.latency_s < 0 or not 0 < self.efficiency <= 1:
+            raise SpecError(f"link {self.name!r}: latency_s must be >= 0 and efficiency in (0, 1]")
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeGroup:
+    """Identical nodes: ``nodes`` x ``gpus_per_node`` GPUs joined by ``intra_node``."""
+
+    name: str
+    gpu: GpuSpec
+    gpus_per_node: int
+    nodes: int
+    intra_node: LinkSpec
+
+    def __post_init__(self) -> None:
+        _positive(f"node group {self.name!r}", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Node groups joined by one inter-node network; measured tables optional.
+
+    ``matmul_table``: rows ``(size, efficiency)``, the fraction of peak measured for a square
+    GEMM of that size (the profiler fills it). ``collective_table``: rows
+    ``(tier, op, group_size, bytes, busbw_bytes_per_s)``, tier ``intra`` or ``inter``.
+    """
+
+    name: str
+    groups: tuple[NodeGroup, ...]
+    inter_node: LinkSpec
+    matmul_table: tuple[tuple[float, float], ...] = ()
+    collective_table: tuple[tuple[str, str, int, float, float], ...] = ()
+    compute_comm_slowdown: float = 0.0   # measured: fraction compute slows while comm overlaps
+    source: str = "datasheet"
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise SpecError(f"cluster {self.name!r}: needs at least one node group")
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise SpecError(f"cluster {self.name!r}: node group names repeat: {names}")
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len({g.gpu.name for g in self.groups}) > 1 or len(self.groups) > 1
+
+    @property
+    def main(self) -> NodeGroup:
+        return self.groups[0]
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.groups[0].gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.groups[0].gpus_per_node
+
+    @property
+    def intra_node(self) -> LinkSpec:
+        return self.groups[0].intra_node
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    @property
+    def nodes(self) -> int:
+        return sum(g.nodes for g in self.groups)
+
+    def group(self, name: str) -> NodeGroup:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise SpecError(f"cluster {self.name!r} has no node group {name!r}; groups: "
+                        f"{', '.join(g.name for g in self.groups)}")
+
+    def with_gpus(self, n: int) -> "ClusterSpec":
+        """The same hardware sized to ``n`` GPUs (homogeneous clusters only).
+
+        Fewer GPUs than one node: one node of ``n`` GPUs. Otherwise ``n`` must fill whole
+        nodes.
+        """
+        if n <= 0:
+            raise SpecError(f"cluster {self.name!r}: --gpus must be > 0, got {n}")
+        if len(self.groups) != 1:
+            if n == self.total_gpus:
+                return self
+            raise SpecError(f"cluster {self.name!r} is heterogeneous ({self.total_gpus} GPUs in "
+                            f"{len(self.groups)} groups); --gpus {n} must equal {self.total_gpus}")
+        g = self.groups[0]
+        if n < g.gpus_per_node:
+            ng = dataclasses.replace(g, gpus_per_node=n, nodes=1)
+        elif n % g.gpus_per_node:
+            raise SpecError(f"--gpus {n} does not fill whole nodes of {g.gpus_per_node} GPUs on "
+                            f"{self.name!r}; try {n // g.gpus_per_node * g.gpus_per_node} or "
+                            f"{(n // g.gpus_per_node + 1) * g.gpus_per_node}")
+        else:
+            ng = dataclasses.replace(g, nodes=n // g.gpus_per_node)
+        return dataclasses.replace(self, groups=(ng,))
+
+
+# --------------------------------------------------------------------------------------
+# Workload and parallel configuration
+# --------------------------------------------------------------------------------------
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What is run: the data stream is a function of this alone (batch, length, seed)."""
+
+    global_batch: int
+    seq_len: int
+    mode: str = "train"
+    dtype: str = "bf16"
+    optimizer: str = "adamw"
+    seed: int = 0
+    # the attention kernel: flash (fused, causal, no s x s scores kept) or materialized
+    # (scores and softmax written to memory, as Megatron-LM before 2023)
+    attention_kernel: str = "flash"
+    # serving (mode == "infer"): prompt and output lengths; seq_len = prompt_len + output_len,
+    # global_batch = concurrent sequences per replica
+    prompt_len: int = 0
+    output_len: int = 0
+    kv_dtype: str = ""               # "" -> dtype
+
+    def __post_init__(self) -> None:
+        _positive("workload", global_batch=self.global_batch, seq_len=self.seq_len)
+        if self.kv_dtype:
+            dtype_bytes(self.kv_dtype)
+        dtype_bytes(self.dtype)
+        if self.mode not in ("train", "infer"):
+            raise SpecError(f"workload: mode must be train or infer, got {self.mode!r}")
+        if self.optimizer not in ("adamw", "adam", "sgd"):
+            raise SpecError(f"workload: optimizer must be adamw, adam or sgd, got {self.optimizer!r}")
+        if self.attention_kernel not in ("flash", "materialized"):
+            raise SpecError(f"workload: attention_kernel must be flash or materialized, got {self.attention_kernel!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "workload") -> "Workload":
+        _check_keys(cls, data, where)
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Degrees and execution choices. ``tp*pp*dp*cp`` is the world size; ep divides dp*cp."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 1                    # 0 DDP, 1 optimizer, 2 +grads, 3 +params (FSDP)
+    dp_shard: int = 0                # ZeRO shard group size; 0 -> dp; < dp -> HSDP
+    sp: bool = False                 # sequence parallel (with tp > 1)
+    vpp: int = 1                     # virtual stages per pipeline rank
+    micro_batch: int = 1
+    grad_accum: int = 1              # micro-batches per step per data-parallel replica
+    recompute: str = "none"          # none | selective | full
+    recompute_layers: int = -1       # with full: layers per stage recomputed; -1 -> all
+    schedule: str = ""               # 1f1b | gpipe | interleaved; "" -> from vpp
+    overlap_dp_comm: bool = True
+
+    def __post_init__(self) -> None:
+        for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecError(f"parallel: {k} must be an integer >= 1, got {v!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise SpecError(f"parallel: zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise SpecError(f"parallel: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.dp_shard == 0:
+            object.__setattr__(self, "dp_shard", self.dp)
+        if self.dp_shard < 1 or self.dp % self.dp_shard:
+            raise SpecError(f"parallel: dp_shard {self.dp_shard} must divide dp {self.dp}")
+        if not self.schedule:
+            object.__setattr__(self, "schedule", "interleaved" if self.vpp > 1 else "1f1b")
+        if self.schedule not in SCHEDULES:
+            raise SpecError(f"parallel: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule != "interleaved" and self.vpp > 1:
+            raise SpecError(f"parallel: vpp {self.vpp} > 1 needs the interleaved schedule, got {self.schedule!r}")
+        if self.sp and self.tp == 1:
+            object.__setattr__(self, "sp", False)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def hsdp(self) -> bool:
+        return self.dp_shard < self.dp
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "parallel") -> "ParallelConfig":
+        _check_keys(cls, data, where)
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    """One pipeline stage: a contiguous block of layers, and where it runs."""
+
+    first_layer: int
+    num_layers: int
+    recompute_layers: int = 0        # of these layers, how many recompute fully
+    group: str = ""                  # node group that runs it ("" -> the first group)
+
+    @property
+    def last_layer(self) -> int:
+        return self.first_layer + self.num_layers
+
+    def to_dict(self) -> dict:
+        return {"layers": [self.first_layer, self.last_layer], "recompute_layers": self.recompute_layers,
+                "device_group": self.group}
+
+
+def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+             gpus: int | None = None) -> None:
+    """Cross-checks that need more than one spec; every message has the numbers."""
+    n = cluster.total_gpus if gpus is None else gpus
+    problems = []
+    if par.world_size != n:
+        problems.append(f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.world_size}, "
+                        f"but there are {n} GPUs")
+    if model.heads % par.tp:
+        problems.append(f"tp {par.tp} does not divide heads {model.heads}")
+    elif model.attention == "mha" and model.kv_heads % par.tp and par.tp % model.kv_heads:
+        problems.append(f"tp {par.tp} and kv_heads {model.kv_heads}: one must divide the other")
+    if model.ffn_hidden % par.tp:
+        problems.append(f"tp {par.tp} does not divide ffn_hidden {model.ffn_hidden}")
+    if par.pp * par.vpp > model.layers:
+        problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}")
+    if par.ep > 1:
+        if not model.is_moe:
+            problems.append(f"ep {par.ep} > 1 but {model.name} has no experts")
+        elif model.num_experts % par.ep:
+            problems.append(f"ep {par.ep} does not divide experts {model.num_experts}")
+        if (par.dp * par.cp) % par.ep:
+            problems.append(f"ep {par.ep} must divide dp*cp = {par.dp * par.cp} (experts are spread "
+                            "over data-parallel ranks)")
+    if workload.seq_len % par.cp:
+        problems.append(f"cp {par.cp} does not divide seq_len {workload.seq_len}")
+    if par.sp and workload.seq_len // par.cp % par.tp:
+        problems.append(f"sequence parallel: tp {par.tp} does not divide seq_len/cp = {workload.seq_len // par.cp}")
+    if workload.mode == "train":
+        per_step = par.dp * par.micro_batch * par.grad_accum
+        if per_step != workload.global_batch:
+            problems.append(f"dp*micro_batch*grad_accum = {par.dp}*{par.micro_batch}*{par.grad_accum} = "
+                            f"{per_step}, but global_batch is {workload.global_batch}")
+        if par.schedule == "interleaved" and par.pp > 1 and par.grad_accum % par.pp:
+            problems.append(f"interleaved schedule: micro-batches {par.grad_accum} must be a multiple of pp {par.pp}")
+    if workload.seq_len > model.max_seq_len and model.positions == "learned":
+        problems.append(f"seq_len {workload.seq_len} exceeds the learned positions of {model.name} "
+                        f"({model.max_seq_len})")
+    if problems:
+        raise SpecError("impossible configuration: " + "; ".join(problems))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = [
+    "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
+    "ParallelConfig", "StageSpec", "validate", "RECOMPUTE", "SCHEDULES", "ceil_div",
+]

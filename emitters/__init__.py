@@ -1,0 +1,1 @@
+"""emitters package."""

@@ -1,0 +1,69 @@
+"""The ``planner`` command: one argparse front, one module per subcommand.
+
+Each subcommand lives in ``planner/cmd_<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported when the parser is built, so none may import torch at
+module level (planning must start fast); heavy imports go inside ``run``.
+
+Data goes to stdout, messages to stderr. Exit codes: 0 done; 1 no feasible plan or a failed
+check; 2 bad usage or input; 3 solver stopped before any solution. Expected errors print one
+clear message, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from planner.errors import exit_code_for
+
+COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default exits 2 too; keep the hint short
+        self.print_usage(sys.stderr)
+        print(f"planner: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="planner", description="Auto-sharding planner for large models: profile the "
+                "hardware, score every parallel split, prove the best one, emit and run it.")
+    p.add_argument("--version", action="version", version="planner 0.1.0")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"planner.cmd_{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"planner.cmd_{name}":
+                continue
+            raise
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # expected errors become one line and their exit code
+        code = exit_code_for(e)
+        if code is None:
+            raise
+        print(f"planner {args.command}: error: {e}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Cluster files: the datasheet catalog, ``extends:`` overrides, heterogeneous groups, and the
+human-unit dict form used by cluster files, profiles and plan files.
+
+A cluster file (YAML, human units)::
+
+    extends: dgx-a100-80gb          # optional: start from a catalog entry (or another file)
+    nodes: 4
+    inter_node: {gb_per_s: 6.25}    # override any key; nested dicts merge
+
+or, for a heterogeneous cluster, node groups::
+
+    name: mixed
+    groups:
+      - {name: h100, extends: dgx-h100, nodes: 4}
+      - {name: a100, extends: dgx-a100-80gb, nodes: 8}
+    inter_node: {name: ib, gb_per_s: 25}
+
+Units are converted here, once: ``memory_gib`` -> bytes, ``tflops`` -> FLOP/s, ``gb_per_s`` ->
+bytes/s, ``latency_us`` -> s.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from costmodel.specs import ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
+from costmodel.units import GB, GIB, TERA, US
+
+CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
+
+_GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
+             "reserved_gib", "price_per_hour"}
+_LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
+_GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nodes", "intra_node",
+               "inter_node", "measured", "source", "provenance"}
+_TOP_KEYS = _GROUP_KEYS | {"groups"}
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict[str, dict]:
+    with open(CATALOG_FILE) as f:
+        return yaml.safe_load(f)
+
+
+def cluster_names() -> list[str]:
+    return sorted(_catalog())
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _resolve(entry: Mapping, where: str, base_dir: Path | None, depth: int = 0) -> dict:
+    """Follow ``extends:`` chains (catalog names or file paths) and merge the overrides."""
+    if depth > 8:
+        raise SpecError(f"{where}: 'extends' chain is deeper than 8 (a cycle?)")
+    entry = dict(entry)
+    parent = entry.pop("extends", None)
+    if parent is None:
+        return entry
+    cat = _catalog()
+    if parent in cat:
+        base = _resolve(cat[parent], f"catalog entry {parent!r}", None, depth + 1)
+        base.setdefault("name", parent)
+    else:
+        p = Path(parent)
+        if base_dir is not None and not p.is_absolute():
+            p = base_dir / p
+        if not p.exists():
+            hint = difflib.get_close_matches(str(parent), cluster_names(), n=3, cutoff=0.3)
+            raise SpecError(f"{where}: extends {parent!r} is neither a catalog cluster nor a file"
+                            + (f"; did you mean {', '.join(hint)}?" if hint else
+                               f"; catalog: {', '.join(cluster_names())}"))
+        base = _resolve(_read_yaml(p), str(p), p.parent, depth + 1)
+    return _merge(base, entry)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise SpecError(f"cannot read cluster file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"cluster file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"cluster file {path}: expected a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def _unknown(d: Mapping, known: set, where: str) -> None:
+    bad = sorted(set(d) - known)
+    if bad:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+
+
+def _num(d: Mapping, key: str, where: str, default: Any = None) -> float:
+    v = d.get(key, default)
+    if v is None:
+        raise SpecError(f"{where}: missing {key!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SpecError(f"{where}: {key!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
+    _unknown(d, _GPU_KEYS, where)
+    tf = d.get("tflops")
+    if not isinstance(tf, Mapping) or not tf:
+        raise SpecError(f"{where}: 'tflops' must map dtypes to dense TFLOP/s, e.g. {{bf16: 989}}")
+    return GpuSpec(
+        name=str(d.get("name", "unknown")),
+        memory_bytes=_num(d, "memory_gib", where) * GIB,
+        peak_flops_per_s={k: float(v) * TERA for k, v in tf.items()},
+        hbm_bandwidth_bytes_per_s=_num(d, "hbm_gb_per_s", where) * GB,
+        matmul_efficiency=_num(d, "matmul_efficiency", where, 0.7),
+        matmul_half_size=_num(d, "matmul_half_size", where, 160.0),
+        reserved_bytes=_num(d, "reserved_gib", where, 1.0) * GIB,
+        price_per_hour=_num(d, "price_per_hour", where, 0.0),
+    )
+
+
+def link_from_dict(d: Mapping, where: str) -> LinkSpec:
+    _unknown(d, _LINK_KEYS, where)
+    return LinkSpec(name=str(d.get("name", "link")), bandwidth_bytes_per_s=_num(d, "gb_per_s", where) * GB,
+                    latency_s=_num(d, "latency_us", where, 5.0) * US, efficiency=_num(d, "efficiency", where, 0.8))
+
+
+def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
+    _unknown(d, _GROUP_KEYS, where)
+    for k in ("gpu", "gpus_per_node", "intra_node"):
+        if k not in d:
+            raise SpecError(f"{where}: missing {k!r} (or 'extends: <catalog name>')")
+    return NodeGroup(name=name, gpu=gpu_from_dict(d["gpu"], f"{where}.gpu"),
+                     gpus_per_node=int(_num(d, "gpus_per_node", where)), nodes=int(_num(d, "nodes", where, 1)),
+                     intra_node=link_from_dict(d["intra_node"], f"{where}.intra_node"))
+
+
+def _measured(d: Mapping, where: str) -> dict:
+    m = d.get("measured") or {}
+    out: dict[str, Any] = {}
+    if "matmul" in m:
+        out["matmul_table"] = tuple(sorted((float(s), float(e)) for s, e in m["matmul"]))
+    if "collectives" in m:
+        rows = []
+        for r in m["collectives"]:
+            rows.append((str(r["tier"]), str(r["op"]), int(r["group_size"]), float(r["bytes"]),
+                         float(r["busbw_gb_per_s"]) * GB))
+        out["collective_table"] = tuple(sorted(rows))
+    if "compute_comm_slowdown" in m:
+        out["compute_comm_slowdown"] = float(m["compute_comm_slowdown"])
+    return out
+
+
+def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | None = None) -> ClusterSpec:
+    """A ``ClusterSpec`` from the human-unit dict form (catalog entry, file, or plan section)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping")
+    data = _resolve(data, where, base_dir)
+    _unknown(data, _TOP_KEYS, where)
+    name = str(data.get("name", "cluster"))
+    if "groups" in data:
+        groups = []
+        for i, g in enumerate(data["groups"]):
+            gw = f"{where}.groups[{i}]"
+            g = _resolve(g, gw, base_dir)
+            gname = str(g.get("name", f"group{i}"))
+            groups.append(_group_from_dict({k: v for k, v in g.items() if k not in ("name", "inter_node",
+                                            "description", "measured", "source", "provenance")}, gname, gw))
+        inter = data.get("inter_node")
+        if inter is None:
+            inter = _resolve(data["groups"][0], where, base_dir).get("inter_node")
+        if inter is None:
+            raise SpecError(f"{where}: missing 'inter_node' for a grouped cluster")
+    else:
+        groups = [_group_from_dict({k: v for k, v in data.items() if k not in ("name", "inter_node", "description",
+                                    "measured", "source", "provenance")}, "main", where)]
+        inter = data.get("inter_node")
+        if inter is None:
+            raise SpecError(f"{where}: missing 'inter_node'")
+    return ClusterSpec(name=name, groups=tuple(groups), inter_node=link_from_dict(inter, f"{where}.inter_node"),
+                       source=str(data.get("source", "datasheet")), **_measured(data, where))
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A catalog name or a cluster YAML file (which may ``extends:`` a catalog entry)."""
+    cat = _catalog()
+    if name_or_path in cat:
+        d = dict(cat[name_or_path])
+        d.setdefault("name", name_or_path)
+        return cluster_from_dict(d, f"catalog cluster {name_or_path!r}")
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        if not p.exists():
+            raise SpecError(f"cluster file {p} does not exist")
+        d = _read_yaml(p)
+        d.setdefault("name", p.stem)
+        return cluster_from_dict(d, str(p), p.parent)
+    hint = difflib.get_close_matches(name_or_path, cluster_names(), n=3, cutoff=0.3)
+    raise SpecError(f"unknown cluster {name_or_path!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")
+                    + f" (catalog: {', '.join(cluster_names())}; or give a cluster .yaml path)")
+
+
+# --------------------------------------------------------------------------------------
+# back to human units (for plan files and profile output)
+# --------------------------------------------------------------------------------------
+
+def _r(x: float, nd: int = 6) -> float:
+    return float(f"{x:.{nd}g}")
+
+
+def gpu_to_dict(g: GpuSpec) -> dict:
+    return {"name": g.name, "memory_gib": _r(g.memory_bytes / GIB),
+            "tflops": {k: _r(v / TERA) for k, v in g.peak_flops_per_s.items()},
+            "hbm_gb_per_s": _r(g.hbm_bandwidth_bytes_per_s / GB), "matmul_efficiency": g.matmul_efficiency,
+            "matmul_half_size": g.matmul_half_size, "reserved_gib": _r(g.reserved_bytes / GIB),
+            "price_per_hour": g.price_per_hour}
+
+
+def link_to_dict(link: LinkSpec) -> dict:
+    return {"name": link.name, "gb_per_s": _r(link.bandwidth_bytes_per_s / GB),
+            "latency_us": _r(link.latency_s / US), "efficiency": link.efficiency}
+
+
+def cluster_to_dict(c: ClusterSpec) -> dict:
+    d: dict[str, Any] = {"name": c.name}
+    if len(c.groups) == 1:
+        g = c.groups[0]
+        d.update(gpu=gpu_to_dict(g.gpu), gpus_per_node=g.gpus_per_node, nodes=g.nodes,
+                 intra_node=link_to_dict(g.intra_node))
+    else:
+        d["groups"] = [{"name": g.name, "gpu": gpu_to_dict(g.gpu), "gpus_per_node": g.gpus_per_node,
+                        "nodes": g.nodes, "intra_node": link_to_dict(g.intra_node)} for g in c.groups]
+    d["inter_node"] = link_to_dict(c.inter_node)
+    m: dict[str, Any] = {}
+    if c.matmul_table:
+        m["matmul"] = [[s, e] for s, e in c.matmul_table]
+    if c.collective_table:
+        m["collectives"] = [{"tier": t, "op": op, "group_size": n, "bytes": b, "busbw_gb_per_s": _r(bw / GB)}
+                            for t, op, n, b, bw in c.collective_table]
+    if c.compute_comm_slowdown:
+        m["compute_comm_slowdown"] = c.compute_comm_slowdown
+    if m:
+        d["measured"] = m
+    d["source"] = c.source
+    return d
