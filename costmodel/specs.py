@@ -572,11 +572,25 @@ def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         raise SpecError("impossible configuration: " + "; ".join(problems))
 
 
+def default_stages(layers: int, pp: int, group: str = "") -> tuple[StageSpec, ...]:
+    """Even split; the remainder goes to the middle stages (the end ones carry embedding/head)."""
+    base, extra = divmod(layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    out, first = [], 0
+    for c in counts:
+        out.append(StageSpec(first_layer=first, num_layers=c, group=group))
+        first += c
+    return tuple(out)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "RECOMPUTE", "SCHEDULES", "ceil_div",
+    "ParallelConfig", "StageSpec", "validate", "default_stages", "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload
+from costmodel.specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
+                             default_stages)
 from profiles.clusters import cluster_from_dict, cluster_to_dict
 
 SCHEMA = 1
@@ -77,20 +78,6 @@ class Plan:
 
     def replace(self, **kw) -> "Plan":
         return dataclasses.replace(self, **kw)
-
-
-def default_stages(layers: int, pp: int, group: str = "") -> tuple[StageSpec, ...]:
-    """Even split; the remainder goes to the middle stages (the end ones carry embedding/head)."""
-    base, extra = divmod(layers, pp)
-    counts = [base] * pp
-    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
-    for i in order[:extra]:
-        counts[i] += 1
-    out, first = [], 0
-    for c in counts:
-        out.append(StageSpec(first_layer=first, num_layers=c, group=group))
-        first += c
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------

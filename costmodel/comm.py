@@ -1,0 +1,148 @@
+"""Communication: where each parallel group's ranks sit, and how long its collectives take.
+
+Placement. Ranks are laid out by the mesh order (outer -> inner, default ``pp, dp, cp, tp``):
+the innermost dimension has consecutive ranks. A group of dimension ``d`` has ``n`` members
+at rank stride ``stride = product of the degrees inside d``; with ``G`` GPUs per node,
+``k`` members share a node: ``k = n`` if ``stride * n <= G``, ``1`` if ``stride >= G``, else
+``G // stride``. That is what decides which groups cross node boundaries.
+
+Cost (alpha-beta, hierarchical, per GPU link; Thakur et al., "Optimization of Collective
+Communication Operations in MPICH", 2005, for the ring terms; NCCL's intra-node then
+inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k`` nodes:
+
+* all-reduce:  2(k-1)/k * S / B_intra + 2(m-1)/m * (S/k) / B_inter + latency terms
+  (reduce-scatter inside the node, all-reduce of the 1/k shard across nodes, all-gather back);
+* all-gather / reduce-scatter (S = the full output): half of that;
+* all-to-all: (k-1)/n * S over the intra link and (n-k)/n * S over the inter link, in parallel;
+* point-to-point: S / B + latency.
+
+``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
+bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
+interpolated from ``ClusterSpec.collective_table`` at that message size. Bus bandwidth is the
+nccl-tests convention, so ``time = S * factor / busbw`` with the factors above.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from .specs import ClusterSpec, LinkSpec
+
+DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    n: int           # members
+    k: int           # members per node
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.n // self.k)
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.n > self.k
+
+
+def group_layout(degrees: dict[str, int], order: tuple[str, ...], dim: str, gpus_per_node: int,
+                 inner_stride: int = 1) -> GroupLayout:
+    """Layout of the ``dim`` group; ``inner_stride`` multiplies the stride (EP inside dp)."""
+    n = degrees.get(dim, 1)
+    if n <= 1:
+        return GroupLayout(1, 1)
+    stride = inner_stride
+    for d in order[order.index(dim) + 1:]:
+        stride *= degrees.get(d, 1)
+    return layout_for(n, stride, gpus_per_node)
+
+
+def layout_for(n: int, stride: int, gpus_per_node: int) -> GroupLayout:
+    if n <= 1:
+        return GroupLayout(1, 1)
+    if stride * n <= gpus_per_node:
+        return GroupLayout(n, n)
+    if stride >= gpus_per_node:
+        return GroupLayout(n, 1)
+    return GroupLayout(n, max(1, gpus_per_node // stride))
+
+
+def _measured_busbw(cluster: ClusterSpec, tier: str, op: str, n: int, size: float) -> float | None:
+    rows = [(b, bw) for t, o, g, b, bw in cluster.collective_table if t == tier and o == op]
+    if not rows:
+        rows = [(b, bw) for t, o, g, b, bw in cluster.collective_table if t == tier]
+    if not rows:
+        return None
+    rows.sort()
+    sizes = [b for b, _ in rows]
+    if size <= sizes[0]:
+        return rows[0][1]
+    if size >= sizes[-1]:
+        return rows[-1][1]
+    i = bisect.bisect_right(sizes, size)
+    (s0, b0), (s1, b1) = rows[i - 1], rows[i]
+    w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+    return b0 + w * (b1 - b0)
+
+
+class Network:
+    """Collective times on one cluster (one node group's intra link, the shared inter link)."""
+
+    def __init__(self, cluster: ClusterSpec, intra: LinkSpec | None = None):
+        self.cluster = cluster
+        self.intra = intra or cluster.intra_node
+        self.inter = cluster.inter_node
+        self._measured = bool(cluster.collective_table)
+
+    def _bw(self, tier: str, op: str, n: int, size: float) -> float:
+        if self._measured:
+            bw = _measured_busbw(self.cluster, tier, op, n, size)
+            if bw:
+                return bw
+        link = self.intra if tier == "intra" else self.inter
+        return link.effective_bytes_per_s
+
+    def all_reduce(self, size: float, lay: GroupLayout) -> float:
+        if lay.n <= 1 or size <= 0:
+            return 0.0
+        k, m = lay.k, lay.nodes
+        t = 0.0
+        if k > 1:
+            t += 2 * (k - 1) / k * size / self._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * self.intra.latency_s
+        if m > 1:
+            shard = size / k
+            t += 2 * (m - 1) / m * shard / self._bw("inter", "all_reduce", m, shard) + 2 * (m - 1) * self.inter.latency_s
+        return t
+
+    def all_gather(self, size: float, lay: GroupLayout) -> float:
+        """``size`` = bytes of the gathered (full) tensor; reduce-scatter costs the same."""
+        if lay.n <= 1 or size <= 0:
+            return 0.0
+        k, m = lay.k, lay.nodes
+        t = 0.0
+        if k > 1:
+            t += (k - 1) / k * size / self._bw("intra", "all_gather", k, size) + (k - 1) * self.intra.latency_s
+        if m > 1:
+            shard = size / k
+            t += (m - 1) / m * shard / self._bw("inter", "all_gather", m, shard) + (m - 1) * self.inter.latency_s
+        return t
+
+    reduce_scatter = all_gather
+
+    def all_to_all(self, size: float, lay: GroupLayout) -> float:
+        """Each rank holds ``size`` bytes spread evenly over the ``n`` members."""
+        if lay.n <= 1 or size <= 0:
+            return 0.0
+        n, k = lay.n, lay.k
+        t_intra = (k - 1) / n * size / self._bw("intra", "all_to_all", k, size) if k > 1 else 0.0
+        t_inter = (n - k) / n * size / self._bw("inter", "all_to_all", n, size) if n > k else 0.0
+        lat = (k - 1) * self.intra.latency_s + ((n - k) * self.inter.latency_s if n > k else 0.0)
+        return max(t_intra, t_inter) + lat
+
+    def p2p(self, size: float, cross_node: bool) -> float:
+        if size <= 0:
+            return 0.0
+        tier = "inter" if cross_node else "intra"
+        link = self.inter if cross_node else self.intra
+        return size / self._bw(tier, "send_recv", 2, size) + link.latency_s

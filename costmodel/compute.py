@@ -1,0 +1,63 @@
+"""Compute time: GEMM efficiency as a function of size, and memory-bound (elementwise) time.
+
+Model (one rule for every GPU; the constants live in the cluster file, not here):
+
+* A GEMM of m x k times k x n runs at ``peak * eff(g)`` with ``g = (m*n*k) ** (1/3)``, the
+  geometric-mean dimension. Without a measured table
+  ``eff(g) = matmul_efficiency * g / (g + matmul_half_size)``: a saturating curve that captures
+  wave quantization and fixed per-kernel costs, which dominate small GEMMs (the shape of the
+  cuBLAS efficiency curves in NVIDIA's "Matrix Multiplication Background" guide, and of the
+  size-dependent efficiency tables Calculon keeps per system). ``matmul_efficiency`` is the
+  fraction of peak a transformer layer's large GEMMs reach in training (including kernel gaps),
+  ``matmul_half_size`` the size where half of it is reached.
+* With a measured table (``ClusterSpec.matmul_table``: square-GEMM size -> efficiency, written
+  by ``planner profile``), ``eff`` is interpolated in log-size and clamped at the ends.
+* Elementwise work (norms, activations, dropout, residuals, softmax when attention is not
+  fused) is bound by HBM bandwidth: ``bytes / hbm_bandwidth``.
+* Fused (flash) attention reaches ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM efficiency:
+  FlashAttention-2 (Dao, 2023, Fig. 4-6) reaches 50-73% of A100 peak forward+backward where
+  cuBLAS GEMMs reach 80-90%, a ratio of about 0.75.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from .specs import ClusterSpec, GpuSpec
+
+FLASH_ATTENTION_EFFICIENCY = 0.75
+
+
+def _interp_log(table: tuple[tuple[float, float], ...], g: float) -> float:
+    sizes = [s for s, _ in table]
+    if g <= sizes[0]:
+        return table[0][1] * g / sizes[0] if g < sizes[0] else table[0][1]
+    if g >= sizes[-1]:
+        return table[-1][1]
+    i = bisect.bisect_right(sizes, g)
+    (s0, e0), (s1, e1) = table[i - 1], table[i]
+    w = (math.log(g) - math.log(s0)) / (math.log(s1) - math.log(s0))
+    return e0 + w * (e1 - e0)
+
+
+def matmul_efficiency(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: float, k: float) -> float:
+    """Fraction of peak for an m x k by k x n GEMM (see the module docstring)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 1.0
+    g = (m * n * k) ** (1.0 / 3.0)
+    if cluster is not None and cluster.matmul_table:
+        return max(1e-3, _interp_log(cluster.matmul_table, g))
+    return gpu.matmul_efficiency * g / (g + gpu.matmul_half_size)
+
+
+def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float, n: float, k: float,
+                count: float = 1.0) -> float:
+    """Time of ``count`` GEMMs of m x k by k x n (2*m*n*k FLOPs each)."""
+    if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k * count
+    return flops / (gpu.peak(dtype) * matmul_efficiency(gpu, cluster, m, n, k))
+
+
+def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
+    return n_bytes / gpu.hbm_bandwidth_bytes_per_s

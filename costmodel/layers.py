@@ -1,0 +1,222 @@
+"""One transformer layer on one GPU for one micro-batch: FLOPs, time, communication, activations.
+
+Everything here is per GPU (after TP/CP/EP sharding) and per micro-batch of ``b`` sequences;
+``T = b * s / cp`` tokens pass through a rank. Layers of a model are of two kinds (dense-MLP and
+MoE); their costs are computed once per kind and multiplied by counts per stage.
+
+Sources, per term:
+* FLOPs: Narayanan et al., SC'21, eq. 2-3 (a GEMM of m x k by k x n is 2mnk; backward is twice
+  forward; attention scores add 4*s*h per token per layer forward). "Model" FLOPs count the
+  full s x s score matrix as the papers do; the time uses what kernels actually compute (fused
+  causal attention skips the masked half).
+* Activations: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models", MLSys'23, Sec. 4.1 (34*s*b*h + 5*a*s^2*b bytes per layer in 16-bit, of which
+  10*s*b*h are replicated across TP ranks without sequence parallelism), generalised here term
+  by term to GQA, SwiGLU, MLA and MoE, with dropout masks only where the model uses dropout
+  and no s x s terms under fused attention (FlashAttention keeps only the softmax statistics).
+* TP communication: Megatron's f/g operators (Shoeybi et al., 2019, Fig. 3): two all-reduces of
+  T*h activations per layer forward and two backward; with sequence parallelism each becomes a
+  reduce-scatter plus an all-gather of the same total volume (Korthikanti Sec. 4.2.2). Full
+  recomputation repeats the forward ones.
+* EP: one all-to-all to dispatch and one to combine the T*top_k routed token copies per MoE
+  layer forward, and the same backward (GShard, Lepikhin et al., 2020).
+* CP: ring attention (Liu et al., 2023) passes K and V around the ring, cp-1 hops forward, K, V
+  and their gradients backward; it overlaps with the attention computation.
+* Elementwise traffic: each stored activation is written once and read once forward
+  (``ELEMENTWISE_TRAFFIC_PER_STORED_BYTE``) and twice that backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm import GroupLayout, Network
+from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency, memory_time_s
+from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, Workload
+from .units import dtype_bytes
+
+ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
+FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Per GPU, per micro-batch, for one layer of one kind."""
+
+    model_flops_fwd: float      # paper convention (full score matrix)
+    hw_flops_fwd: float         # what the kernels compute
+    fwd_s: float                # forward compute (GEMMs, attention, elementwise)
+    attn_fwd_s: float           # of which the attention core (for CP overlap)
+    elementwise_fwd_s: float    # of which memory-bound
+    selective_extra_s: float    # extra backward time under selective recompute
+    selective_extra_flops: float
+    tp_fwd_s: float             # TP collectives of one forward pass
+    ep_fwd_s: float             # EP all-to-alls of one forward pass
+    cp_fwd_s: float             # CP ring traffic of one forward pass (before overlap)
+    act_bytes: float            # stored for backward without recompute
+    act_selective_bytes: float  # stored under selective recompute
+    act_input_bytes: float      # stored under full recompute (the layer input)
+    params: float               # parameters on this GPU (after TP/EP sharding)
+    expert_params: float        # of which routed-expert parameters
+
+
+def layer_cost(model: ModelSpec, moe: bool, workload: Workload, par: ParallelConfig, gpu: GpuSpec,
+               cluster: ClusterSpec, net: Network, tp_lay: GroupLayout, ep_lay: GroupLayout,
+               cp_lay: GroupLayout) -> LayerCost:
+    dt = workload.dtype
+    a_bytes = dtype_bytes(dt)
+    t, cp, ep = par.tp, par.cp, par.ep
+    b, s = par.micro_batch, workload.seq_len
+    T = b * s / cp
+    h = model.hidden
+    flash = workload.attention_kernel == "flash"
+    sp = par.sp
+
+    # ---- GEMMs (forward): attention projections --------------------------------------
+    gemms: list[tuple[float, float, float, float]] = []   # (m, n, k, count)
+    if model.attention == "mla":
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        if model.q_lora_rank:
+            gemms.append((T, model.q_lora_rank, h, 1))
+            gemms.append((T, model.heads * qk / t, model.q_lora_rank, 1))
+        else:
+            gemms.append((T, model.heads * qk / t, h, 1))
+        gemms.append((T, model.kv_lora_rank + model.qk_rope_head_dim, h, 1))
+        gemms.append((T, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t, model.kv_lora_rank, 1))
+        gemms.append((T, h, model.heads * model.v_head_dim / t, 1))
+    else:
+        gemms.append((T, (model.q_dim + 2 * model.kv_dim) / t, h, 1))
+        gemms.append((T, h, model.attn_out_dim / t, 1))
+    mats = 3 if model.mlp == "swiglu" else 2
+    params = model.attention_params() / t + 2 * model.norm_params()
+    expert_params = 0.0
+    mlp_act = 0.0          # stored MLP bytes per token, TP-sharded part
+    moe_extra_act = 0.0
+    ep_fwd_s = 0.0
+    if moe:
+        E, k = model.num_experts, model.top_k
+        fe = model.expert_ffn_hidden
+        gemms.append((T, E, h, 1))                                  # router
+        tokens_per_expert = T * k * ep / E                          # balanced routing
+        local_experts = E / ep
+        gemms.append((tokens_per_expert, (mats - 1) * fe / t, h, local_experts))
+        gemms.append((tokens_per_expert, h, fe / t, local_experts))
+        if model.shared_experts:
+            fs = model.shared_expert_ffn_hidden * model.shared_experts
+            gemms.append((T, (mats - 1) * fs / t, h, 1))
+            gemms.append((T, h, fs / t, 1))
+            mlp_act += mats * a_bytes * fs / t
+        expert_params = local_experts * model.expert_params() / t
+        params += expert_params + (model.moe_mlp_params() - E * model.expert_params()) / t
+        # routed copies: permuted inputs, expert intermediates (k copies of each token)
+        mlp_act += k * (a_bytes * h + mats * a_bytes * fe / t)
+        moe_extra_act = 4 * E   # fp32 router logits per token
+        tokens_sent = T * k * h * a_bytes / (t if sp else 1)
+        ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
+    else:
+        f = model.ffn_hidden
+        gemms.append((T, (mats - 1) * f / t, h, 1))
+        gemms.append((T, h, f / t, 1))
+        params += model.dense_mlp_params() / t
+        mlp_act += mats * a_bytes * f / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
+
+    gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+    gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
+
+    # ---- attention core ------------------------------------------------------------------
+    score = model.score_dim / t                     # per-token QK^T+AV width on this GPU
+    attn_model_flops = 4 * T * s * score            # full s x s (paper convention)
+    causal = 0.5 if flash else 1.0                  # fused causal kernels skip the masked half
+    attn_hw_flops = attn_model_flops * causal
+    hd = model.head_dim
+    attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
+    if flash:
+        attn_eff *= FLASH_ATTENTION_EFFICIENCY
+    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff)
+
+    # ---- activations (bytes per token stored for backward) -----------------------------
+    heads_local = model.heads / t
+    replicated = 2 * h * a_bytes            # inputs of the two norms
+    replicated += 2 * h * a_bytes           # QKV input (attn norm out) + MLP input (mlp norm out)
+    if model.dropout:
+        replicated += 2 * h                 # two 1-byte dropout masks after the projections
+    sharded = a_bytes * (model.q_dim + 2 * model.kv_dim) / t      # Q, K, V
+    sharded += a_bytes * model.attn_out_dim / t                   # output-projection input
+    sharded += mlp_act + moe_extra_act
+    if model.attention == "mla":
+        sharded += a_bytes * (model.kv_lora_rank + (model.q_lora_rank or 0))   # latent inputs
+    scores = 0.0
+    if not flash:
+        scores = heads_local * s * (2 * a_bytes + (1 + a_bytes if model.dropout else 0))  # softmax (+mask, dropout out)
+    else:
+        scores = heads_local * 4                                   # softmax log-sum-exp, fp32
+    rep = replicated / t if sp else replicated
+    act_per_token = rep + sharded + scores
+    act_bytes = T * act_per_token
+    if flash:
+        # Fused attention already recomputes its scores, so "selective" means op-level selective
+        # checkpointing (torchtitan's policy: keep the outputs of every other matmul and of the
+        # attention kernel, recompute the rest): about half the stored activations.
+        act_sel = 0.5 * act_bytes
+    else:
+        # Megatron's selective recompute: drop the s x s terms, recompute the attention core
+        act_sel = T * (rep + sharded + heads_local * 4)
+    act_input = T * h * a_bytes / (t if sp else 1)
+
+    # ---- elementwise (memory-bound) time ----------------------------------------------
+    ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
+    ew_s = memory_time_s(gpu, ew_bytes)
+    fwd_s = gemm_s + attn_s + ew_s
+
+    # selective recompute: the attention core (and its memory traffic) again in backward
+    if flash:
+        # op-level SAC: every other matmul's forward and the elementwise ops run again
+        sel_extra_s = 0.5 * gemm_s + ew_s
+        sel_extra_flops = 0.5 * gemm_flops
+    else:
+        sel_extra_s = attn_s + memory_time_s(gpu, ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * T * scores)
+        sel_extra_flops = attn_hw_flops
+
+    # ---- communication of one forward pass ---------------------------------------------
+    tp_bytes = T * h * a_bytes
+    # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter
+    if sp:
+        tp_fwd_s = 2 * (net.all_gather(tp_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
+    else:
+        tp_fwd_s = 2 * net.all_reduce(tp_bytes, tp_lay)
+    kv_bytes = T * 2 * model.kv_dim / t * a_bytes
+    cp_fwd_s = (cp - 1) * net.p2p(kv_bytes, cp_lay.crosses_nodes) if cp > 1 else 0.0
+
+    model_flops_fwd = gemm_flops + attn_model_flops
+    return LayerCost(
+        model_flops_fwd=model_flops_fwd, hw_flops_fwd=gemm_flops + attn_hw_flops, fwd_s=fwd_s,
+        attn_fwd_s=attn_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
+        selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
+        act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
+        params=params, expert_params=expert_params)
+
+
+@dataclass(frozen=True)
+class EndsCost:
+    """Embedding (first stage) and output head + loss (last stage), per GPU per micro-batch."""
+
+    head_fwd_s: float
+    head_model_flops_fwd: float
+    embed_params: float
+    head_params: float
+    head_act_bytes: float
+    embed_act_bytes: float
+
+
+def ends_cost(model: ModelSpec, workload: Workload, par: ParallelConfig, gpu: GpuSpec,
+              cluster: ClusterSpec) -> EndsCost:
+    a_bytes = dtype_bytes(workload.dtype)
+    t = par.tp
+    T = par.micro_batch * workload.seq_len / par.cp
+    V, h = model.vocab, model.hidden
+    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h)
+    logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
+    head_s += memory_time_s(gpu, 2 * logits_bytes)   # softmax / cross-entropy over the logits
+    return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
+                    embed_params=model.embedding_params() / t,
+                    head_params=model.vocab * h / t + model.norm_params(),
+                    head_act_bytes=logits_bytes, embed_act_bytes=T * h * a_bytes / (t if par.sp else 1))
