@@ -43,7 +43,7 @@ class LayerCost:
     """Per GPU, per micro-batch, for one layer of one kind."""
 
     model_flops_fwd: float      # paper convention (full score matrix)
-    hw_flops_fwd: float         # what the kernels compute
+    hw_flops_fwd: float         # same convention; recomputation is added on top (HFU >= MFU)
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
     elementwise_fwd_s: float    # of which memory-bound
@@ -174,7 +174,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, par: ParallelCon
         sel_extra_flops = 0.5 * gemm_flops
     else:
         sel_extra_s = attn_s + memory_time_s(gpu, ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * T * scores)
-        sel_extra_flops = attn_hw_flops
+        sel_extra_flops = attn_model_flops
 
     # ---- communication of one forward pass ---------------------------------------------
     tp_bytes = T * h * a_bytes
@@ -188,7 +188,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, par: ParallelCon
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
-        model_flops_fwd=model_flops_fwd, hw_flops_fwd=gemm_flops + attn_hw_flops, fwd_s=fwd_s,
+        model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,

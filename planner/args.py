@@ -1,0 +1,103 @@
+"""Flags shared by ``planner estimate``, ``plan`` and ``replan``: the problem (model, cluster,
+workload) and the parallel dimensions. A dimension left out is ``None``: ``estimate`` fills a
+default, ``plan`` solves for it."""
+from __future__ import annotations
+
+import argparse
+
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from planner.errors import UsageError
+from planner.inputs import load_cluster_sized, load_model
+
+
+def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction, default=None,
+                   help=help)
+
+
+def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_argument_group("problem")
+    g.add_argument("--model", required=False, help="catalog name, model .yaml, or Hugging Face config.json")
+    g.add_argument("--cluster", required=False, help="catalog name or cluster .yaml (e.g. a profile)")
+    g.add_argument("--gpus", type=int, help="GPUs to use (default: the whole cluster)")
+    g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    g.add_argument("--seq-len", type=int, help="tokens per sequence")
+    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])
+    g.add_argument("--attention-kernel", default="flash", choices=["flash", "materialized"],
+                   help="fused (flash) attention, or scores written to memory")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_degree_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallel dimensions (fixed when given)")
+    for name, help in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("dp", "data parallel"),
+                       ("cp", "context parallel"), ("ep", "expert parallel (inside dp)"),
+                       ("vpp", "virtual stages per pipeline rank"), ("micro-batch", "sequences per micro-batch"),
+                       ("grad-accum", "micro-batches per step"), ("dp-shard", "ZeRO shard group (< dp: HSDP)"),
+                       ("recompute-layers", "layers per stage with full recompute")):
+        g.add_argument(f"--{name}", type=int, help=help)
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP)")
+    _bool_flag(g, "sp", "sequence parallel (with tp > 1)")
+    g.add_argument("--recompute", choices=["none", "selective", "full"])
+    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
+    g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
+
+
+DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
+               "zero", "sp", "recompute", "schedule")
+
+
+def fixed_degrees(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in DEGREE_KEYS if getattr(args, k, None) is not None}
+
+
+def mesh_order(args: argparse.Namespace) -> tuple[str, ...] | None:
+    if not getattr(args, "mesh_order", None):
+        return None
+    order = tuple(x.strip() for x in args.mesh_order.split(","))
+    if sorted(order) != sorted(("pp", "dp", "cp", "tp")):
+        raise UsageError(f"--mesh-order {args.mesh_order!r} must be a permutation of pp,dp,cp,tp")
+    return order
+
+
+def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSpec, ClusterSpec, Workload]:
+    missing = [f"--{k.replace('_', '-')}" for k in ("model", "cluster", "global_batch", "seq_len")
+               if getattr(args, k, None) is None]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)} (or give --plan FILE)")
+    for k in ("global_batch", "seq_len", "gpus"):
+        v = getattr(args, k, None)
+        if v is not None and v <= 0:
+            raise UsageError(f"--{k.replace('_', '-')} must be > 0, got {v}")
+    model = load_model(args.model)
+    cluster = load_cluster_sized(args.cluster, args.gpus)
+    wl = Workload(global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
+                  attention_kernel=args.attention_kernel, seed=args.seed, mode=mode)
+    return model, cluster, wl
+
+
+def complete_config(fixed: dict, gpus: int, workload: Workload) -> ParallelConfig:
+    """Fill the dimensions ``estimate`` was not given: 1 for tp/pp/cp/ep/vpp/micro-batch, dp from
+    the GPU count, gradient accumulation from the global batch."""
+    d = dict(fixed)
+    for k in ("tp", "pp", "cp", "ep", "vpp", "micro_batch"):
+        d.setdefault(k, 1)
+    d.setdefault("zero", 1)
+    d.setdefault("recompute", "none")
+    model_par = d["tp"] * d["pp"] * d["cp"]
+    if "dp" not in d:
+        if gpus % model_par:
+            raise SpecError(f"tp*pp*cp = {d['tp']}*{d['pp']}*{d['cp']} = {model_par} does not divide the "
+                            f"{gpus} GPUs; give --dp or change the degrees")
+        d["dp"] = gpus // model_par
+    if "grad_accum" not in d:
+        per = d["dp"] * d["micro_batch"]
+        if workload.global_batch % per:
+            raise SpecError(f"global batch {workload.global_batch} is not a multiple of dp*micro_batch = "
+                            f"{d['dp']}*{d['micro_batch']} = {per}")
+        d["grad_accum"] = workload.global_batch // per
+    if d.get("sp") is None:
+        d["sp"] = d["tp"] > 1
+    d.pop("dp_shard", None) if d.get("dp_shard") is None else None
+    return ParallelConfig(**d)

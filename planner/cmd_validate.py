@@ -1,0 +1,28 @@
+"""``planner validate``: the cost model against published runs, as a table."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "hold the cost model against published training runs (calibration and holdout sets)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--write", metavar="FILE", help="write the Markdown table to FILE")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from planner.report import print_json
+    from planner.validation import all_rows, markdown
+
+    rows = all_rows()
+    if args.json:
+        print_json([{"case": r.case, "split": r.split, "metric": r.metric, "published": r.published,
+                     "predicted": r.predicted, "error": r.error} for r in rows])
+    else:
+        print(markdown(rows), end="")
+    if args.write:
+        Path(args.write).write_text(markdown(rows))
+    return 0

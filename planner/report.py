@@ -1,0 +1,83 @@
+"""What the CLI prints: the stable JSON shapes and the rich tables for a human.
+
+``parallel_json`` and ``estimate_json`` are the contract of ``planner estimate --json`` and of
+each plan in ``planner plan --json``; keep their key names.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from costmodel.specs import ParallelConfig
+from costmodel.units import fmt_bytes, fmt_seconds
+
+PARALLEL_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "sp", "vpp", "micro_batch", "grad_accum", "recompute")
+
+
+def parallel_json(par: ParallelConfig) -> dict[str, Any]:
+    d = {k: getattr(par, k) for k in PARALLEL_KEYS}
+    d.update(dp_shard=par.dp_shard, schedule=par.schedule, recompute_layers=par.recompute_layers)
+    return d
+
+
+def estimate_json(est) -> dict[str, Any]:
+    return est.to_dict()
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def console():
+    from rich.console import Console
+    return Console(highlight=False)
+
+
+def describe_parallel(par: ParallelConfig) -> str:
+    parts = [f"tp={par.tp}", f"pp={par.pp}", f"dp={par.dp}"]
+    if par.cp > 1:
+        parts.append(f"cp={par.cp}")
+    if par.ep > 1:
+        parts.append(f"ep={par.ep}")
+    parts.append(f"zero={par.zero}" + (f" (hsdp shard {par.dp_shard})" if par.hsdp else ""))
+    if par.sp:
+        parts.append("sp")
+    if par.vpp > 1:
+        parts.append(f"vpp={par.vpp}")
+    parts.append(f"mb={par.micro_batch}")
+    parts.append(f"ga={par.grad_accum}")
+    rc = par.recompute + (f"({par.recompute_layers}/stage)" if par.recompute == "full" and par.recompute_layers >= 0 else "")
+    parts.append(f"recompute={rc}")
+    return " ".join(parts)
+
+
+def estimate_tables(est, title: str = ""):
+    """Two rich tables: time per step by term, memory per GPU by category."""
+    from rich.table import Table
+
+    t = Table(title=title or "time per step", show_header=True, header_style="bold")
+    t.add_column("term")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    total = est.step_time_s
+    for k, v in est.time.items():
+        t.add_row(k.removesuffix("_s").replace("_", " "), fmt_seconds(v), f"{v / total * 100:5.1f}%")
+    t.add_row("[bold]step[/bold]", f"[bold]{fmt_seconds(total)}[/bold]", "100.0%")
+
+    mt = Table(title="memory per GPU (peak stage)", show_header=True, header_style="bold")
+    mt.add_column("category")
+    mt.add_column("bytes", justify="right")
+    for k in ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"):
+        mt.add_row(k.removesuffix("_bytes"), fmt_bytes(est.memory[k]))
+    cap = est.capacity_bytes
+    style = "green" if est.fits else "red"
+    mt.add_row("[bold]peak[/bold]", f"[bold {style}]{fmt_bytes(est.peak_bytes)} of {fmt_bytes(cap)}[/bold {style}]")
+    return t, mt
+
+
+def throughput_line(est) -> str:
+    return (f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
+            f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%, "
+            f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU")

@@ -1,0 +1,240 @@
+"""The analytic core: parameter counts, invariants of the cost model, and accuracy against
+published runs (the calibration set within 15%, ZeRO memory within 5%)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import MODELS, from_hf_config, get_model
+from costmodel.comm import Network, layout_for
+from costmodel.memory import model_state_bytes, stage_param_counts
+from costmodel.specs import ParallelConfig, SpecError, Workload, default_stages
+from costmodel.training import estimate
+from planner.inputs import load_model
+from planner.validation import all_rows
+from profiles.clusters import load_cluster
+
+HF = Path(__file__).parent / "data" / "hf"
+
+
+# ---- catalog ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [n for n, d in MODELS.items() if d.get("published_params")])
+def test_catalog_parameter_counts_match_published(name):
+    m = get_model(name)
+    assert m.total_params() == pytest.approx(m.published_params, rel=0.015)
+
+
+@pytest.mark.parametrize("name,active", [("mixtral-8x7b", 12.9e9), ("mixtral-8x22b", 39e9),
+                                         ("deepseek-v3", 37e9), ("qwen3-235b-a22b", 22e9)])
+def test_moe_active_parameters(name, active):
+    assert get_model(name).active_params() == pytest.approx(active, rel=0.03)
+
+
+def test_required_catalog_entries():
+    for n in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3",
+              "qwen3-235b-a22b", "gpt3-175b", "tiny-llama", "tiny-moe"):
+        get_model(n)
+    assert get_model("tiny-llama").total_params() < 5e6
+
+
+@pytest.mark.parametrize("name", sorted(json.loads((HF / "expected_params.json").read_text())))
+def test_hf_config_parameter_counts(name):
+    expected = json.loads((HF / "expected_params.json").read_text())[name]
+    m = load_model(str(HF / f"{name}.json"))
+    assert m.total_params() == pytest.approx(expected, rel=0.01)
+
+
+def test_hf_config_errors_name_file_and_field():
+    with pytest.raises(SpecError, match=r"model_type.*'t5'.*supported: llama"):
+        from_hf_config({"model_type": "t5"}, where="x/config.json")
+    with pytest.raises(SpecError, match=r"x/config.json: missing field 'num_hidden_layers'"):
+        from_hf_config({"model_type": "llama", "hidden_size": 64}, where="x/config.json")
+
+
+def test_unknown_model_suggests_closest():
+    with pytest.raises(SpecError, match="did you mean llama-3-70b"):
+        get_model("llama3-70b")
+
+
+def test_cluster_catalog_and_extends(tmp_path):
+    for n in ("dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "l40s-pcie", "mi300x", "cpu"):
+        c = load_cluster(n)
+        assert c.gpu.memory_bytes > 0 and c.intra_node.bandwidth_bytes_per_s > 0
+    f = tmp_path / "slow.yaml"
+    f.write_text("extends: dgx-a100-80gb\nnodes: 4\ninter_node: {gb_per_s: 6.25}\n")
+    c = load_cluster(str(f))
+    assert c.total_gpus == 32 and c.inter_node.bandwidth_bytes_per_s == 6.25e9
+    assert c.gpu.memory_bytes == 80 * 2**30 and c.intra_node.bandwidth_bytes_per_s == 300e9
+    with pytest.raises(SpecError, match="unknown key"):
+        f.write_text("extends: dgx-h100\ngpu: {memory_gb: 3}\n")
+        load_cluster(str(f))
+
+
+# ---- invariants -------------------------------------------------------------------------
+
+H100 = load_cluster("dgx-h100")
+
+
+def est(model="llama-3-8b", gpus=8, gb=64, seq=4096, cluster=H100, **par):
+    m = get_model(model)
+    c = cluster.with_gpus(gpus)
+    wl = Workload(global_batch=gb, seq_len=seq)
+    par.setdefault("dp", gpus // (par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1)))
+    par.setdefault("grad_accum", gb // (par["dp"] * par.get("micro_batch", 1)))
+    return estimate(m, c, wl, ParallelConfig(**par))
+
+
+def test_tp1_has_no_tp_comm_and_pp1_no_bubble():
+    e = est(tp=1, pp=1)
+    assert e.time["tp_comm_s"] == 0 and e.time["bubble_s"] == 0 and e.time["pp_comm_s"] == 0
+    assert e.time["cp_comm_s"] == 0 and e.time["ep_comm_s"] == 0
+    e2 = est(tp=2, pp=2)
+    assert e2.time["tp_comm_s"] > 0 and e2.time["bubble_s"] > 0
+
+
+def test_single_gpu_has_no_communication():
+    e = est(gpus=1, gb=4, seq=2048)
+    assert sum(e.time[k] for k in ("tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "ep_comm_s", "bubble_s")) == 0
+
+
+def test_more_sharding_never_more_memory():
+    peaks = [est(zero=z).peak_bytes for z in (0, 1, 2, 3)]
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[3]
+    tp = [est(tp=t).peak_bytes for t in (1, 2, 4, 8)]
+    assert tp == sorted(tp, reverse=True)
+    pp = [est(model="llama-3-70b", gpus=64, gb=64, tp=8, pp=p).peak_bytes for p in (1, 2, 4, 8)]
+    assert pp == sorted(pp, reverse=True)
+
+
+def test_recompute_trades_memory_for_time():
+    runs = [est(recompute=r) for r in ("none", "selective", "full")]
+    acts = [r.memory["activations_bytes"] for r in runs]
+    assert acts[0] > acts[1] > acts[2]
+    assert runs[0].time["recompute_s"] == 0 < runs[1].time["recompute_s"] < runs[2].time["recompute_s"]
+    assert runs[0].hfu == pytest.approx(runs[0].mfu) and runs[2].hfu > runs[2].mfu
+
+
+def test_interleaving_and_more_microbatches_shrink_the_bubble():
+    kw = dict(model="llama-3-70b", gpus=64, gb=64, tp=8, pp=4)
+    b1 = est(**kw).time["bubble_s"]
+    b2 = est(vpp=2, **kw).time["bubble_s"]
+    assert b2 == pytest.approx(b1 / 2, rel=0.01)
+    f_small = est(model="llama-3-70b", gpus=64, gb=32, tp=8, pp=4)
+    f_big = est(model="llama-3-70b", gpus=64, gb=128, tp=8, pp=4)
+    assert f_big.time["bubble_s"] / f_big.step_time_s < f_small.time["bubble_s"] / f_small.step_time_s
+
+
+def test_bubble_fraction_matches_narayanan():
+    # equal stages, m micro-batches: bubble / (m * t) = (p - 1) / m
+    e = est(model="llama-3-70b", gpus=64, gb=64, tp=8, pp=4)
+    m = 64 // 2
+    per_mb = (e.step_time_s - e.time["bubble_s"] - e.time["dp_comm_s"] - e.time["optimizer_s"]) / m
+    assert e.time["bubble_s"] / (m * per_mb) == pytest.approx(3 / m, rel=0.15)
+
+
+def test_tp_across_nodes_is_slower_than_inside():
+    kw = dict(model="llama-3-70b", gpus=64, gb=64, tp=8, pp=2)
+    inside = estimate(get_model("llama-3-70b"), H100.with_gpus(64), Workload(global_batch=64, seq_len=4096),
+                      ParallelConfig(tp=8, pp=2, dp=4, grad_accum=16), order=("pp", "dp", "cp", "tp"))
+    across = estimate(get_model("llama-3-70b"), H100.with_gpus(64), Workload(global_batch=64, seq_len=4096),
+                      ParallelConfig(tp=8, pp=2, dp=4, grad_accum=16), order=("tp", "pp", "dp", "cp"))
+    assert across.time["tp_comm_s"] > 3 * inside.time["tp_comm_s"]
+    assert kw
+
+
+def test_hierarchical_allreduce_bounds():
+    net = Network(H100.with_gpus(64))
+    s = 1e9
+    intra = net.all_reduce(s, layout_for(8, 1, 8))
+    inter = net.all_reduce(s, layout_for(8, 8, 8))
+    # ring all-reduce moves 2(n-1)/n of the data over the slowest link it uses
+    assert intra == pytest.approx(2 * 7 / 8 * s / (450e9 * 0.8), rel=0.01)
+    assert inter == pytest.approx(2 * 7 / 8 * s / (50e9 * 0.9), rel=0.01)
+
+
+def test_moe_ep_comm_and_expert_sharding():
+    e1 = est(model="mixtral-8x7b", gpus=32, gb=64, tp=2, pp=1, ep=1, zero=1)
+    e8 = est(model="mixtral-8x7b", gpus=32, gb=64, tp=2, pp=1, ep=8, zero=1)
+    assert e1.time["ep_comm_s"] == 0 < e8.time["ep_comm_s"]
+    assert e8.memory["weights_bytes"] < e1.memory["weights_bytes"] / 3
+
+
+def test_stage_param_counts_sum_to_model():
+    m = get_model("llama-3-70b")
+    par = ParallelConfig(tp=8, pp=4, dp=2, grad_accum=4)
+    stages = default_stages(m.layers, 4)
+    total = sum(stage_param_counts(m, par, i, stages)[0] for i in range(4))
+    # everything is split over tp except the norms, which every TP rank keeps
+    norms = (2 * m.layers + 1) * m.norm_params()
+    assert total * 8 - 7 * norms == pytest.approx(m.total_params(), rel=1e-9)
+
+
+def test_uneven_stages_make_the_slow_stage_the_bottleneck():
+    m = get_model("llama-3-70b")
+    c = H100.with_gpus(64)
+    wl = Workload(global_batch=64, seq_len=4096)
+    par = ParallelConfig(tp=8, pp=2, dp=4, grad_accum=16)
+    even = estimate(m, c, wl, par)
+    uneven = estimate(m, c, wl, par, stages=(dataclasses.replace(default_stages(80, 2)[0], num_layers=30),
+                                             dataclasses.replace(default_stages(80, 2)[1], first_layer=30,
+                                                                 num_layers=50)))
+    assert uneven.step_time_s > even.step_time_s and uneven.bottleneck_stage == 1
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(tp=3, dp=1, grad_accum=64), r"does not divide heads 32"),
+    (dict(tp=2, dp=2, grad_accum=16), r"tp\*pp\*dp\*cp = 2\*1\*2\*1 = 4, but there are 8 GPUs"),
+    (dict(tp=1, dp=8, grad_accum=3), r"dp\*micro_batch\*grad_accum = 8\*1\*3 = 24, but global_batch is 64"),
+    (dict(tp=1, dp=8, ep=2, grad_accum=8), r"ep 2 > 1 but llama-3-8b has no experts"),
+])
+def test_impossible_configurations_name_the_numbers(bad, match):
+    with pytest.raises(SpecError, match=match):
+        estimate(get_model("llama-3-8b"), H100.with_gpus(8), Workload(global_batch=64, seq_len=4096),
+                 ParallelConfig(**bad))
+
+
+def test_zero_and_negative_sizes_rejected():
+    with pytest.raises(SpecError, match="tp must be an integer >= 1, got 0"):
+        ParallelConfig(tp=0)
+    with pytest.raises(SpecError, match="seq_len must be > 0"):
+        Workload(global_batch=1, seq_len=-5)
+
+
+# ---- accuracy ---------------------------------------------------------------------------
+
+ROWS = all_rows()
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.split == "calibration"], ids=lambda r: f"{r.case}:{r.metric}")
+def test_calibration_runs_within_15_percent(row):
+    assert abs(row.error) <= 0.15, f"{row.case} {row.metric}: published {row.published}, predicted {row.predicted:.4g}"
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.split == "memory"], ids=lambda r: r.case)
+def test_zero_memory_within_5_percent(row):
+    assert abs(row.error) <= 0.05
+
+
+def test_holdout_median_error_under_10_percent():
+    errs = [abs(r.error) for r in ROWS if r.split == "holdout"]
+    assert len(errs) >= 8
+    assert statistics.median(errs) < 0.10
+
+
+def test_zero_model_states_formula():
+    # Rajbhandari et al.: 16 bytes/param baseline, ZeRO-3 divides all by Nd
+    s = model_state_bytes(1e9, 64, 0, "fp16", "adam")
+    assert s.total == 16e9
+    assert model_state_bytes(1e9, 64, 3, "fp16", "adam").total == pytest.approx(16e9 / 64)
+
+
+def test_validation_markdown_is_current():
+    from planner.validation import markdown
+    doc = Path(__file__).resolve().parents[1] / "costmodel" / "VALIDATION.md"
+    assert doc.exists(), "run `make validation`"
+    assert doc.read_text() == markdown(ROWS), "costmodel/VALIDATION.md is stale: run `make validation`"
