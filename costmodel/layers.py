@@ -28,10 +28,11 @@ Sources, per term:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .comm import GroupLayout, Network
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency, memory_time_s
-from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, Workload
+from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
@@ -59,17 +60,19 @@ class LayerCost:
     expert_params: float        # of which routed-expert parameters
 
 
-def layer_cost(model: ModelSpec, moe: bool, workload: Workload, par: ParallelConfig, gpu: GpuSpec,
-               cluster: ClusterSpec, net: Network, tp_lay: GroupLayout, ep_lay: GroupLayout,
-               cp_lay: GroupLayout) -> LayerCost:
+@lru_cache(maxsize=65536)
+def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int, ep: int, sp: bool,
+               micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
+               ep_lay: GroupLayout, cp_lay: GroupLayout) -> LayerCost:
+    """Memoized: the solver asks for the same few layer shapes many thousands of times."""
+    net = Network(cluster, intra)
     dt = workload.dtype
     a_bytes = dtype_bytes(dt)
-    t, cp, ep = par.tp, par.cp, par.ep
-    b, s = par.micro_batch, workload.seq_len
+    t = tp
+    b, s = micro_batch, workload.seq_len
     T = b * s / cp
     h = model.hidden
     flash = workload.attention_kernel == "flash"
-    sp = par.sp
 
     # ---- GEMMs (forward): attention projections --------------------------------------
     gemms: list[tuple[float, float, float, float]] = []   # (m, n, k, count)
@@ -207,11 +210,12 @@ class EndsCost:
     embed_act_bytes: float
 
 
-def ends_cost(model: ModelSpec, workload: Workload, par: ParallelConfig, gpu: GpuSpec,
+@lru_cache(maxsize=16384)
+def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
               cluster: ClusterSpec) -> EndsCost:
     a_bytes = dtype_bytes(workload.dtype)
-    t = par.tp
-    T = par.micro_batch * workload.seq_len / par.cp
+    t = tp
+    T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
     head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h)
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
@@ -219,4 +223,4 @@ def ends_cost(model: ModelSpec, workload: Workload, par: ParallelConfig, gpu: Gp
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
-                    head_act_bytes=logits_bytes, embed_act_bytes=T * h * a_bytes / (t if par.sp else 1))
+                    head_act_bytes=logits_bytes, embed_act_bytes=T * h * a_bytes / (t if sp else 1))

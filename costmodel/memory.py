@@ -63,15 +63,15 @@ def stage_param_counts(model: ModelSpec, par: ParallelConfig, stage_index: int,
     embeddings and ``pp > 1`` the last stage keeps its own copy, as Megatron-LM does."""
     st = stages[stage_index]
     t = par.tp
-    dense = 0.0
+    norms = 2 * model.norm_params()
+    n_moe = model.moe_layers_in(st.first_layer, st.last_layer)
+    n_dense = st.num_layers - n_moe
+    dense = n_dense * ((model.attention_params() + model.dense_mlp_params()) / t + norms)
     expert = 0.0
-    for i in range(st.first_layer, st.last_layer):
-        if model.is_moe_layer(i):
-            routed = model.num_experts * model.expert_params()
-            expert += routed / (par.ep * t)
-            dense += (model.layer_params(i) - routed - 2 * model.norm_params()) / t + 2 * model.norm_params()
-        else:
-            dense += (model.layer_params(i) - 2 * model.norm_params()) / t + 2 * model.norm_params()
+    if n_moe:
+        routed = model.num_experts * model.expert_params()
+        expert = n_moe * routed / (par.ep * t)
+        dense += n_moe * ((model.attention_params() + model.moe_mlp_params() - routed) / t + norms)
     if stage_index == 0:
         dense += model.embedding_params() / t
     if stage_index == len(stages) - 1:

@@ -13,7 +13,8 @@ All frozen dataclasses, keyword-only, validated in ``__post_init__``, SI units i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping
 
 from .units import GIB, US, dtype_bytes
@@ -124,7 +125,19 @@ class ModelSpec:
 
     @property
     def moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.layers))
+        return self.moe_layers_in(0, self.layers)
+
+    def moe_layers_in(self, lo: int, hi: int) -> int:
+        """MoE layers among layers [lo, hi), by arithmetic (the solver asks this a lot)."""
+        if not self.is_moe or hi <= lo:
+            return 0
+        f = self.moe_layer_freq
+
+        def upto(n: int) -> int:   # MoE layers in [0, n)
+            k = n - self.first_dense_layers
+            return 0 if k <= 0 else (k - 1) // f + 1
+
+        return upto(min(hi, self.layers)) - upto(max(lo, 0))
 
     @property
     def q_dim(self) -> int:
@@ -253,7 +266,7 @@ class GpuSpec:
 
     name: str
     memory_bytes: float
-    peak_flops_per_s: Mapping[str, float]   # dense, per dtype (bf16, fp16, fp8, fp32, tf32)
+    peak_flops_per_s: Mapping[str, float] = field(hash=False)   # dense, per dtype (bf16, fp16, fp8, fp32, tf32)
     hbm_bandwidth_bytes_per_s: float
     # Achieved fraction of peak for the large GEMMs of a transformer layer, and the GEMM size
     # (geometric mean of m, n, k) at which half of it is reached. See costmodel/compute.py.

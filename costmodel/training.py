@@ -26,6 +26,7 @@ gradient: about 30 bytes of HBM traffic per local parameter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
@@ -100,6 +101,11 @@ class Estimate:
         return d
 
 
+@lru_cache(maxsize=256)
+def _network(cluster: ClusterSpec, intra) -> Network:
+    return Network(cluster, intra)
+
+
 def stage_groups(cluster: ClusterSpec, par: ParallelConfig, stages: tuple[StageSpec, ...]) -> list[str]:
     """The node group of each stage; checks that every group has room for its stages."""
     per_stage = par.tp * par.dp * par.cp
@@ -129,6 +135,140 @@ def _recompute_layers(par: ParallelConfig, st: StageSpec) -> int:
     return min(st.recompute_layers, st.num_layers)
 
 
+def _stride(order: tuple[str, ...], degrees: dict[str, int], dim: str) -> int:
+    stride = 1
+    for d in order[order.index(dim) + 1:]:
+        stride *= degrees[d]
+    return stride
+
+
+@dataclass
+class _Body:
+    """What a stage costs per micro-batch, independent of its position in the pipeline."""
+
+    comp: float
+    rec: float
+    tp: float
+    ep: float
+    cp: float
+    pp: float
+    fsdp: float
+    grad_s: float
+    gather_s: float
+    opt: float
+    model_flops: float
+    hw_flops: float
+    act_stored: float
+    act_work: float
+    states: tuple[float, float, float]
+    buffers: float
+    ends: Any
+
+    @property
+    def t(self) -> float:
+        return self.comp + self.rec + self.tp + self.ep + self.cp + self.pp + self.fsdp
+
+
+def _stage_body(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                order: tuple[str, ...], grp, num_layers: int, n_moe: int, n_full: int, first: bool, last: bool,
+                crosses: bool, dense_params: float, expert_params: float) -> _Body:
+    p = par.pp
+    dt = workload.dtype
+    a_bytes = dtype_bytes(dt)
+    w_b, g_b, _ = bytes_per_param(dt, workload.optimizer)
+    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    gpn = grp.gpus_per_node
+    gpu = grp.gpu
+    net = _network(cluster, grp.intra_node)
+    tp_lay = group_layout(degrees, order, "tp", gpn)
+    cp_lay = group_layout(degrees, order, "cp", gpn)
+    dp_lay = group_layout(degrees, order, "dp", gpn)
+    dp_stride = _stride(order, degrees, "dp")
+    ep_lay = layout_for(par.ep, dp_stride, gpn)
+    ec = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, gpu, cluster)
+
+    n_dense = num_layers - n_moe
+    # full recompute spread over the kinds in proportion
+    full_moe = min(n_moe, round(n_full * n_moe / num_layers)) if num_layers else 0
+    kinds: list[tuple[LayerCost, int, int]] = []
+    for moe, n, nf in ((False, n_dense, n_full - full_moe), (True, n_moe, full_moe)):
+        if n:
+            kinds.append((layer_cost(model, moe, workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, gpu,
+                                     cluster, grp.intra_node, tp_lay, ep_lay, cp_lay), n, nf))
+
+    comp = rec = tp = ep = cp = 0.0
+    model_flops = hw_flops = act_stored = act_work = 0.0
+    selective = par.recompute == "selective"
+    for lc, n, nf in kinds:
+        comp += 3 * lc.fwd_s * n
+        tp += 2 * lc.tp_fwd_s * n
+        ep += 2 * lc.ep_fwd_s * n
+        cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+        cp += 3 * cp_exposed_fwd * n          # backward passes K, V and their gradients: twice forward
+        rec += nf * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd)
+        model_flops += 3 * lc.model_flops_fwd * n
+        hw_flops += 3 * lc.hw_flops_fwd * n + nf * lc.hw_flops_fwd
+        if selective:
+            rec += (n - nf) * lc.selective_extra_s
+            hw_flops += (n - nf) * lc.selective_extra_flops
+            act_stored += (n - nf) * lc.act_selective_bytes
+        else:
+            act_stored += (n - nf) * lc.act_bytes
+        act_stored += nf * lc.act_input_bytes
+        if nf:
+            act_work = max(act_work, lc.act_bytes)
+    if last:
+        comp += 3 * ec.head_fwd_s
+        model_flops += 3 * ec.head_model_flops_fwd
+        hw_flops += 3 * ec.head_model_flops_fwd
+    pp_s = 0.0
+    if p > 1:
+        boundary = par.micro_batch * workload.seq_len / par.cp * model.hidden * a_bytes / (par.tp if par.sp else 1)
+        # forward activation out and gradient back per boundary; middle stages have two boundaries
+        pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
+
+    # ZeRO-3 / FSDP: gather weights for forward and backward, reduce-scatter grads, per micro-batch
+    fsdp_s = 0.0
+    shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+    e_shard = expert_shard(par)
+    e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
+    if par.zero >= 3:
+        ag = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
+        rs = net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(expert_params * g_b, e_lay)
+        fsdp_s = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
+
+    # once-per-step data-parallel communication (exposure is decided by the caller)
+    grad_s = gather_s = 0.0
+    if par.dp > 1:
+        rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
+        e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
+        if par.zero == 0:
+            grad_s = net.all_reduce(dense_params * g_b, dp_lay) + net.all_reduce(
+                expert_params * g_b, layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn))
+        else:
+            grad_s = net.all_reduce(dense_params * g_b / par.dp_shard, rep_lay) + net.all_reduce(
+                expert_params * g_b / e_shard, e_rep_lay)
+            if par.zero in (1, 2):
+                grad_s += net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(
+                    expert_params * g_b, e_lay)
+                gather_s = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
+    shard = par.dp_shard if par.zero >= 1 else 1
+    local = dense_params / shard + expert_params / (e_shard if par.zero >= 1 else 1)
+    opt_s = ADAM_TRAFFIC_BYTES_PER_PARAM * local / gpu.hbm_bandwidth_bytes_per_s
+
+    st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, dt, workload.optimizer)
+    st_e = model_state_bytes(expert_params, e_shard, par.zero, dt, workload.optimizer)
+    states = (st_d.weights + st_e.weights, st_d.grads + st_e.grads, st_d.optimizer + st_e.optimizer)
+    if par.zero >= 3:
+        biggest = max(lc.params for lc, _, _ in kinds) if kinds else 0.0
+        buffers = 2 * biggest * w_b if par.dp_shard > 1 else 0.0
+    else:
+        buffers = min(DDP_BUCKET_BYTES, (dense_params + expert_params) * g_b) if par.dp > 1 else 0.0
+    return _Body(comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp_s, grad_s=grad_s, gather_s=gather_s,
+                 opt=opt_s, model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored, act_work=act_work,
+                 states=states, buffers=buffers, ends=ec)
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None) -> Estimate:
     """Memory per GPU and time per step of one training configuration (see module docstring)."""
@@ -142,131 +282,41 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     if any(s.num_layers < 1 for s in stages) or par.vpp > 1 and any(s.num_layers < par.vpp for s in stages):
         raise SpecError(f"every stage needs at least vpp = {par.vpp} layer(s): {[s.num_layers for s in stages]}")
     groups = stage_groups(cluster, par, stages)
-    m = par.grad_accum
-    p, v = par.pp, par.vpp
-    dt = workload.dtype
-    a_bytes = dtype_bytes(dt)
-    w_b, g_b, _ = bytes_per_param(dt, workload.optimizer)
-
+    m, p, v = par.grad_accum, par.pp, par.vpp
     degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    cache: dict[tuple[str, bool], LayerCost] = {}
-    ends: dict[str, Any] = {}
-    stage_terms = []
+    pp_stride = _stride(order, degrees, "pp")
+    bodies: dict[tuple, _Body] = {}
+    rows = []
     for i, st in enumerate(stages):
         grp = cluster.group(groups[i])
-        gpn = grp.gpus_per_node
-        gpu = grp.gpu
-        net = Network(cluster, grp.intra_node)
-        tp_lay = group_layout(degrees, order, "tp", gpn)
-        cp_lay = group_layout(degrees, order, "cp", gpn)
-        dp_lay = group_layout(degrees, order, "dp", gpn)
-        dp_stride = 1
-        for d in order[order.index("dp") + 1:]:
-            dp_stride *= degrees[d]
-        ep_lay = layout_for(par.ep, dp_stride, gpn)
-        for moe in (False, True):
-            if (grp.name, moe) not in cache and (not moe or model.is_moe):
-                cache[(grp.name, moe)] = layer_cost(model, moe, workload, par, gpu, cluster, net, tp_lay,
-                                                    ep_lay, cp_lay)
-        if grp.name not in ends:
-            ends[grp.name] = ends_cost(model, workload, par, gpu, cluster)
-        ec = ends[grp.name]
-
-        n_moe = sum(model.is_moe_layer(j) for j in range(st.first_layer, st.last_layer)) if model.is_moe else 0
-        n_dense = st.num_layers - n_moe
+        first, last = i == 0, i == p - 1
+        n_moe = model.moe_layers_in(st.first_layer, st.last_layer)
         n_full = _recompute_layers(par, st)
-        # full recompute goes to dense layers first only for bookkeeping; the costs are per kind
-        full_moe = min(n_moe, round(n_full * n_moe / st.num_layers)) if st.num_layers else 0
-        full_dense = n_full - full_moe
-        kinds = [(cache[(grp.name, False)], n_dense, full_dense)] if n_dense else []
-        if n_moe:
-            kinds.append((cache[(grp.name, True)], n_moe, full_moe))
+        nxt = groups[i + 1] if i + 1 < p else groups[max(0, i - 1)]
+        crosses = nxt != grp.name or pp_stride >= grp.gpus_per_node or pp_stride * p > grp.gpus_per_node
+        key = (grp.name, st.num_layers, n_moe, n_full, first, last, crosses)
+        body = bodies.get(key)
+        if body is None:
+            dense_params, expert_params = stage_param_counts(model, par, i, stages)
+            body = bodies[key] = _stage_body(model, cluster, workload, par, order, grp, st.num_layers, n_moe,
+                                             n_full, first, last, crosses, dense_params, expert_params)
+        rows.append((i, st, grp, body, n_full))
 
-        comp = rec = tp = ep = cp = 0.0
-        model_flops = hw_flops = 0.0
-        act_stored = 0.0
-        act_work = 0.0
-        for lc, n, nf in kinds:
-            comp += 3 * lc.fwd_s * n
-            tp += 2 * lc.tp_fwd_s * n
-            ep += 2 * lc.ep_fwd_s * n
-            cp += (max(0.0, lc.cp_fwd_s - lc.attn_fwd_s) + max(0.0, 2 * lc.cp_fwd_s - 2 * lc.attn_fwd_s)) * n
-            rec += nf * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + max(0.0, lc.cp_fwd_s - lc.attn_fwd_s))
-            model_flops += 3 * lc.model_flops_fwd * n
-            hw_flops += 3 * lc.hw_flops_fwd * n + nf * lc.hw_flops_fwd
-            if par.recompute == "selective":
-                rec += (n - nf) * lc.selective_extra_s
-                hw_flops += (n - nf) * lc.selective_extra_flops
-                act_stored += (n - nf) * lc.act_selective_bytes
-            else:
-                act_stored += (n - nf) * lc.act_bytes
-            act_stored += nf * lc.act_input_bytes
-            if nf:
-                act_work = max(act_work, lc.act_bytes)
-        last = i == p - 1
-        if last:
-            comp += 3 * ec.head_fwd_s
-            model_flops += 3 * ec.head_model_flops_fwd
-            hw_flops += 3 * ec.head_model_flops_fwd
-        pp_s = 0.0
-        if p > 1:
-            boundary = par.micro_batch * workload.seq_len / par.cp * model.hidden * a_bytes / (par.tp if par.sp else 1)
-            nxt = groups[i + 1] if i + 1 < p else groups[i - 1]
-            pp_stride = 1
-            for d in order[order.index("pp") + 1:]:
-                pp_stride *= degrees[d]
-            crosses = nxt != grp.name or pp_stride >= gpn or pp_stride * p > gpn
-            pp_s = (1 if i == 0 or last else 2) * net.p2p(boundary, crosses)  # sends + receives per fwd/bwd
-
-        # ZeRO-3 / FSDP: gather weights for forward and backward, reduce-scatter grads, per micro-batch
-        dense_params, expert_params = stage_param_counts(model, par, i, stages)
-        fsdp_s = 0.0
-        shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
-        e_shard = expert_shard(par)
-        e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
-        if par.zero >= 3:
-            ag = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
-            rs = net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(expert_params * g_b, e_lay)
-            fwd_c = comp / 3
-            bwd_c = 2 * comp / 3
-            fsdp_s = max(0.0, ag - fwd_c) + max(0.0, ag + rs - bwd_c)
-        t_i = comp + rec + tp + ep + cp + pp_s + fsdp_s
-
-        # once-per-step data-parallel communication and its exposure
-        dp_s = 0.0
+    times = [b.t for _, _, _, b, _ in rows]
+    t_max = max(times)
+    j = times.index(t_max)
+    bubble = (sum(times) - t_max) / v if p > 1 else 0.0
+    dp_exposed = 0.0
+    st_list = []
+    for i, st, grp, b, n_full in rows:
+        # stage i finishes its last backward about i backward passes before the step ends
         if par.dp > 1:
-            rep = par.dp // par.dp_shard
-            rep_lay = layout_for(rep, dp_stride * par.dp_shard, gpn)
-            e_rep = max(1, par.dp * par.cp // par.ep // e_shard)
-            e_rep_lay = layout_for(e_rep, dp_stride * par.ep * e_shard, gpn)
-            if par.zero == 0:
-                grad_s = net.all_reduce(dense_params * g_b, dp_lay) + net.all_reduce(
-                    expert_params * g_b, layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn))
-                gather_s = 0.0
-            elif par.zero in (1, 2):
-                grad_s = net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(expert_params * g_b, e_lay)
-                grad_s += net.all_reduce(dense_params * g_b / par.dp_shard, rep_lay) + net.all_reduce(
-                    expert_params * g_b / e_shard, e_rep_lay)
-                gather_s = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
-            else:
-                grad_s = net.all_reduce(dense_params * g_b / par.dp_shard, rep_lay) + net.all_reduce(
-                    expert_params * g_b / e_shard, e_rep_lay)
-                gather_s = 0.0
-            bwd_last = 2 * comp / 3 + rec
-            fwd_first = comp / 3
             if par.overlap_dp_comm:
-                slack = i * (t_i * 2 / 3)
-                dp_s = max(0.0, grad_s - bwd_last - slack) + max(0.0, gather_s - fwd_first)
+                slack = i * (2 * b.comp / 3)
+                exp = max(0.0, b.grad_s - (2 * b.comp / 3 + b.rec) - slack) + max(0.0, b.gather_s - b.comp / 3)
             else:
-                dp_s = grad_s + gather_s
-        # optimizer step
-        shard = par.dp_shard if par.zero >= 1 else 1
-        local = dense_params / shard + expert_params / (e_shard if par.zero >= 1 else 1)
-        opt_s = ADAM_TRAFFIC_BYTES_PER_PARAM * local / gpu.hbm_bandwidth_bytes_per_s
-
-        # memory
-        states = model_state_bytes(dense_params, par.dp_shard, par.zero, dt, workload.optimizer)
-        e_states = model_state_bytes(expert_params, e_shard, par.zero, dt, workload.optimizer)
+                exp = b.grad_s + b.gather_s
+            dp_exposed = max(dp_exposed, exp)
         if p == 1:
             inflight = 1.0
         elif par.schedule == "gpipe":
@@ -275,52 +325,36 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             inflight = float(min(p - i, m))
             if par.schedule == "interleaved":
                 inflight = min(float(m), inflight * (1 + (p - 1) / (p * v)))
-        acts = inflight * act_stored + act_work
+        acts = inflight * b.act_stored + b.act_work
         if i == 0:
-            acts += inflight * ec.embed_act_bytes
-        if last:
-            acts += ec.head_act_bytes
-        if par.zero >= 3:
-            biggest = max(lc.params for lc, _, _ in kinds) if kinds else 0.0
-            buffers = 2 * biggest * w_b * (1 if par.dp_shard > 1 else 0)
-        else:
-            buffers = min(DDP_BUCKET_BYTES, (dense_params + expert_params) * g_b) if par.dp > 1 else 0.0
-        other = gpu.reserved_bytes + buffers + FRAGMENTATION * acts
-        weights = states.weights + e_states.weights
-        grads = states.grads + e_states.grads
-        optim = states.optimizer + e_states.optimizer
-        peak = weights + grads + optim + acts + other
-        mem = {"peak_bytes": peak, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
+            acts += inflight * b.ends.embed_act_bytes
+        if i == p - 1:
+            acts += b.ends.head_act_bytes
+        other = grp.gpu.reserved_bytes + b.buffers + FRAGMENTATION * acts
+        w, g, o = b.states
+        mem = {"peak_bytes": w + g + o + acts + other, "weights_bytes": w, "grads_bytes": g, "optimizer_bytes": o,
                "activations_bytes": acts, "other_bytes": other}
-        stage_terms.append(dict(t=t_i, comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp_s, dp=dp_s,
-                                opt=opt_s, model_flops=model_flops, hw_flops=hw_flops, mem=mem,
-                                gpus=par.tp * par.dp * par.cp, peak=gpu.peak(dt), cap=gpu.memory_bytes,
-                                st=st, nf=n_full, group=grp.name))
-
-    times = [s["t"] for s in stage_terms]
-    t_max = max(times)
-    j = times.index(t_max)
-    bubble = (sum(times) - t_max) / v if p > 1 else 0.0
-    dp_exposed = max(s["dp"] for s in stage_terms)
-    opt_s = max(s["opt"] for s in stage_terms)
+        st_list.append(StageEstimate(index=i, first_layer=st.first_layer, num_layers=st.num_layers,
+                                     recompute_layers=n_full, group=grp.name, time_per_microbatch_s=b.t,
+                                     memory=mem, capacity_bytes=grp.gpu.memory_bytes))
+    opt_s = max(b.opt for _, _, _, b, _ in rows)
     step = m * t_max + bubble + dp_exposed + opt_s
-    b = stage_terms[j]
-    time = {"compute_s": m * b["comp"], "recompute_s": m * b["rec"], "tp_comm_s": m * b["tp"],
-            "cp_comm_s": m * b["cp"], "ep_comm_s": m * b["ep"], "dp_comm_s": m * b["fsdp"] + dp_exposed,
-            "pp_comm_s": m * b["pp"], "bubble_s": bubble, "optimizer_s": opt_s}
+    b = rows[j][3]
+    time = {"compute_s": m * b.comp, "recompute_s": m * b.rec, "tp_comm_s": m * b.tp, "cp_comm_s": m * b.cp,
+            "ep_comm_s": m * b.ep, "dp_comm_s": m * b.fsdp + dp_exposed, "pp_comm_s": m * b.pp,
+            "bubble_s": bubble, "optimizer_s": opt_s}
     gpus = par.world_size
-    model_flops_total = sum(s["model_flops"] * s["gpus"] * m for s in stage_terms)
-    hw_flops_total = sum(s["hw_flops"] * s["gpus"] * m for s in stage_terms)
-    peak_total = sum(s["peak"] * s["gpus"] for s in stage_terms)
+    per_stage = par.tp * par.dp * par.cp
+    dt = workload.dtype
+    model_flops_total = sum(r[3].model_flops for r in rows) * per_stage * m
+    hw_flops_total = sum(r[3].hw_flops for r in rows) * per_stage * m
+    peak_total = sum(r[2].gpu.peak(dt) for r in rows) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    peak_stage = max(range(p), key=lambda k: stage_terms[k]["mem"]["peak_bytes"] / stage_terms[k]["cap"])
-    st_list = [StageEstimate(index=k, first_layer=s["st"].first_layer, num_layers=s["st"].num_layers,
-                             recompute_layers=s["nf"], group=s["group"], time_per_microbatch_s=s["t"],
-                             memory=s["mem"], capacity_bytes=s["cap"]) for k, s in enumerate(stage_terms)]
+    ps = max(st_list, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
     return Estimate(
         step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
         model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
         hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
         mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-        memory=dict(stage_terms[peak_stage]["mem"]), time=time, stages=st_list, gpus=gpus,
-        capacity_bytes=stage_terms[peak_stage]["cap"], bottleneck_stage=j)
+        memory=dict(ps.memory), time=time, stages=st_list, gpus=gpus, capacity_bytes=ps.capacity_bytes,
+        bottleneck_stage=j)
