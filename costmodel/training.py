@@ -27,11 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
-from .layers import LayerCost, ends_cost, layer_cost
-from .memory import bytes_per_param, expert_shard, model_state_bytes, stage_param_counts
+from .layers import ends_cost, layer_cost
+from .memory import bytes_per_param, expert_shard, model_state_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     validate)
 from .units import dtype_bytes
@@ -143,8 +142,8 @@ def _stride(order: tuple[str, ...], degrees: dict[str, int], dim: str) -> int:
 
 
 @dataclass
-class _Body:
-    """What a stage costs per micro-batch, independent of its position in the pipeline."""
+class StageCost:
+    """A stage's cost per micro-batch (times) and its memory parts, before in-flight scaling."""
 
     comp: float
     rec: float
@@ -158,115 +157,202 @@ class _Body:
     opt: float
     model_flops: float
     hw_flops: float
-    act_stored: float
-    act_work: float
+    act_stored: float        # per micro-batch in flight
+    act_fixed: float         # recompute working set + logits (last stage)
+    embed_act: float         # per micro-batch in flight, first stage
     states: tuple[float, float, float]
     buffers: float
-    ends: Any
 
     @property
     def t(self) -> float:
         return self.comp + self.rec + self.tp + self.ep + self.cp + self.pp + self.fsdp
 
 
-def _stage_body(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
-                order: tuple[str, ...], grp, num_layers: int, n_moe: int, n_full: int, first: bool, last: bool,
-                crosses: bool, dense_params: float, expert_params: float) -> _Body:
+class StageModel:
+    """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
+    ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
+    (configuration, node group, position), used by ``estimate`` and by the solver's tables, so
+    the two always agree."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                 order: tuple[str, ...], grp, first: bool, last: bool, crosses: bool):
+        self.model, self.cluster, self.workload, self.par, self.grp = model, cluster, workload, par, grp
+        self.first, self.last = first, last
+        p = par.pp
+        dt = workload.dtype
+        a_bytes = dtype_bytes(dt)
+        self.w_b, self.g_b, _ = bytes_per_param(dt, workload.optimizer)
+        degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+        gpn = grp.gpus_per_node
+        gpu = grp.gpu
+        self.net = net = _network(cluster, grp.intra_node)
+        tp_lay = group_layout(degrees, order, "tp", gpn)
+        cp_lay = group_layout(degrees, order, "cp", gpn)
+        self.dp_lay = group_layout(degrees, order, "dp", gpn)
+        dp_stride = _stride(order, degrees, "dp")
+        ep_lay = layout_for(par.ep, dp_stride, gpn)
+        self.ends = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, gpu, cluster)
+        args = (workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, gpu, cluster, grp.intra_node, tp_lay,
+                ep_lay, cp_lay)
+        self.dense = layer_cost(model, False, *args)
+        self.moe = layer_cost(model, True, *args) if model.is_moe else None
+        self.pp_s = 0.0
+        if p > 1:
+            boundary = par.micro_batch * workload.seq_len / par.cp * model.hidden * a_bytes / (par.tp if par.sp else 1)
+            # forward activation out and gradient back per boundary; middle stages have two boundaries
+            self.pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
+        self.shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+        self.e_shard = expert_shard(par)
+        self.e_lay = layout_for(self.e_shard, dp_stride * par.ep, gpn)
+        self.rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
+        self.e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // self.e_shard),
+                                    dp_stride * par.ep * self.e_shard, gpn)
+        self.e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+        t = par.tp
+        norms = 2 * model.norm_params()
+        self.dense_layer_params = (model.attention_params() + model.dense_mlp_params()) / t + norms
+        self.routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
+        self.moe_layer_params = ((model.attention_params() + model.moe_mlp_params() - self.routed) / t + norms
+                                 if model.is_moe else 0.0)
+        self.routed_per_gpu = self.routed / (par.ep * t)
+        self.ends_params = (model.embedding_params() / t if first else 0.0)
+        if last:
+            self.ends_params += (model.norm_params() if model.tied_embeddings and p == 1
+                                 else model.vocab * model.hidden / t + model.norm_params())
+        # communication buffers: ZeRO-3 prefetches two layers of gathered weights; otherwise
+        # DDP-style buckets, at most the size of the whole (TP/PP-sharded) gradient
+        if par.zero >= 3:
+            biggest = max(self.dense.params, self.moe.params if self.moe else 0.0)
+            self.buffers = 2 * biggest * self.w_b if par.dp_shard > 1 else 0.0
+        else:
+            whole = model.total_params() / (par.tp * par.pp) * self.g_b
+            self.buffers = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
+        self.selective = par.recompute == "selective"
+        self.reserved = gpu.reserved_bytes
+        self.capacity = gpu.memory_bytes
+        self.hbm = gpu.hbm_bandwidth_bytes_per_s
+
+    def params(self, n_dense: float, n_moe: float) -> tuple[float, float]:
+        return (n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params,
+                n_moe * self.routed_per_gpu)
+
+    def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
+        par, net = self.par, self.net
+        n = n_dense + n_moe
+        r_moe = r * n_moe / n if n else 0.0
+        comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
+        for lc, k, kr in ((self.dense, n_dense, r - r_moe), (self.moe, n_moe, r_moe)):
+            if not k:
+                continue
+            comp += 3 * lc.fwd_s * k
+            tp += 2 * lc.tp_fwd_s * k
+            ep += 2 * lc.ep_fwd_s * k
+            cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+            cp += 3 * cp_exposed_fwd * k      # backward moves K, V and their gradients: twice forward
+            rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd)
+            model_flops += 3 * lc.model_flops_fwd * k
+            hw_flops += 3 * lc.hw_flops_fwd * k + kr * lc.hw_flops_fwd
+            if self.selective:
+                rec += (k - kr) * lc.selective_extra_s
+                hw_flops += (k - kr) * lc.selective_extra_flops
+                act_stored += (k - kr) * lc.act_selective_bytes
+            else:
+                act_stored += (k - kr) * lc.act_bytes
+            act_stored += kr * lc.act_input_bytes
+            if kr > 0:
+                act_work = max(act_work, lc.act_bytes)
+        ec = self.ends
+        if self.last:
+            comp += 3 * ec.head_fwd_s
+            model_flops += 3 * ec.head_model_flops_fwd
+            hw_flops += 3 * ec.head_model_flops_fwd
+        dense_params, expert_params = self.params(n_dense, n_moe)
+        w_b, g_b = self.w_b, self.g_b
+        fsdp = 0.0
+        if par.zero >= 3:
+            ag = net.all_gather(dense_params * w_b, self.shard_lay) + net.all_gather(expert_params * w_b, self.e_lay)
+            rs = (net.reduce_scatter(dense_params * g_b, self.shard_lay)
+                  + net.reduce_scatter(expert_params * g_b, self.e_lay))
+            fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
+        grad_s = gather_s = 0.0
+        if par.dp > 1:
+            if par.zero == 0:
+                grad_s = (net.all_reduce(dense_params * g_b, self.dp_lay)
+                          + net.all_reduce(expert_params * g_b, self.e_all_lay))
+            else:
+                grad_s = (net.all_reduce(dense_params * g_b / par.dp_shard, self.rep_lay)
+                          + net.all_reduce(expert_params * g_b / self.e_shard, self.e_rep_lay))
+                if par.zero in (1, 2):
+                    grad_s += (net.reduce_scatter(dense_params * g_b, self.shard_lay)
+                               + net.reduce_scatter(expert_params * g_b, self.e_lay))
+                    gather_s = (net.all_gather(dense_params * w_b, self.shard_lay)
+                                + net.all_gather(expert_params * w_b, self.e_lay))
+        shard = par.dp_shard if par.zero >= 1 else 1
+        local = dense_params / shard + expert_params / (self.e_shard if par.zero >= 1 else 1)
+        opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
+        st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, self.workload.dtype, self.workload.optimizer)
+        st_e = model_state_bytes(expert_params, self.e_shard, par.zero, self.workload.dtype, self.workload.optimizer)
+        return StageCost(
+            comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=self.pp_s, fsdp=fsdp, grad_s=grad_s, gather_s=gather_s,
+            opt=opt, model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored,
+            act_fixed=act_work + (ec.head_act_bytes if self.last else 0.0),
+            embed_act=ec.embed_act_bytes if self.first else 0.0,
+            states=(st_d.weights + st_e.weights, st_d.grads + st_e.grads, st_d.optimizer + st_e.optimizer),
+            buffers=self.buffers)
+
+    def memory(self, c: StageCost, inflight: float) -> dict[str, float]:
+        acts = inflight * (c.act_stored + c.embed_act) + c.act_fixed
+        other = self.reserved + c.buffers + FRAGMENTATION * acts
+        w, g, o = c.states
+        return {"peak_bytes": w + g + o + acts + other, "weights_bytes": w, "grads_bytes": g, "optimizer_bytes": o,
+                "activations_bytes": acts, "other_bytes": other}
+
+    def dp_exposed(self, c: StageCost, index: int) -> float:
+        """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the
+        last backward and the ``index`` backward passes of earlier stages still draining; the
+        weight all-gather overlaps the first forward."""
+        if self.par.dp <= 1:
+            return 0.0
+        if not self.par.overlap_dp_comm:
+            return c.grad_s + c.gather_s
+        bwd = 2 * c.comp / 3
+        return max(0.0, c.grad_s - bwd - index * bwd) + max(0.0, c.gather_s - c.comp / 3)
+
+
+def inflight_microbatches(par: ParallelConfig, index: int) -> float:
+    p, m, v = par.pp, par.grad_accum, par.vpp
+    if p == 1:
+        return 1.0
+    if par.schedule == "gpipe":
+        return float(m)
+    k = float(min(p - index, m))
+    if par.schedule == "interleaved":
+        k = min(float(m), k * (1 + (p - 1) / (p * v)))
+    return k
+
+
+def stage_crosses(cluster: ClusterSpec, par: ParallelConfig, order: tuple[str, ...], groups: list[str],
+                  i: int) -> bool:
+    """Does stage ``i``'s pipeline neighbour sit on another node?"""
     p = par.pp
-    dt = workload.dtype
-    a_bytes = dtype_bytes(dt)
-    w_b, g_b, _ = bytes_per_param(dt, workload.optimizer)
+    grp = cluster.group(groups[i])
     degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    gpn = grp.gpus_per_node
-    gpu = grp.gpu
-    net = _network(cluster, grp.intra_node)
-    tp_lay = group_layout(degrees, order, "tp", gpn)
-    cp_lay = group_layout(degrees, order, "cp", gpn)
-    dp_lay = group_layout(degrees, order, "dp", gpn)
-    dp_stride = _stride(order, degrees, "dp")
-    ep_lay = layout_for(par.ep, dp_stride, gpn)
-    ec = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, gpu, cluster)
+    pp_stride = _stride(order, degrees, "pp")
+    nxt = groups[i + 1] if i + 1 < p else groups[max(0, i - 1)]
+    return nxt != grp.name or pp_stride >= grp.gpus_per_node or pp_stride * p > grp.gpus_per_node
 
-    n_dense = num_layers - n_moe
-    # full recompute spread over the kinds in proportion
-    full_moe = min(n_moe, round(n_full * n_moe / num_layers)) if num_layers else 0
-    kinds: list[tuple[LayerCost, int, int]] = []
-    for moe, n, nf in ((False, n_dense, n_full - full_moe), (True, n_moe, full_moe)):
-        if n:
-            kinds.append((layer_cost(model, moe, workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, gpu,
-                                     cluster, grp.intra_node, tp_lay, ep_lay, cp_lay), n, nf))
 
-    comp = rec = tp = ep = cp = 0.0
-    model_flops = hw_flops = act_stored = act_work = 0.0
-    selective = par.recompute == "selective"
-    for lc, n, nf in kinds:
-        comp += 3 * lc.fwd_s * n
-        tp += 2 * lc.tp_fwd_s * n
-        ep += 2 * lc.ep_fwd_s * n
-        cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
-        cp += 3 * cp_exposed_fwd * n          # backward passes K, V and their gradients: twice forward
-        rec += nf * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd)
-        model_flops += 3 * lc.model_flops_fwd * n
-        hw_flops += 3 * lc.hw_flops_fwd * n + nf * lc.hw_flops_fwd
-        if selective:
-            rec += (n - nf) * lc.selective_extra_s
-            hw_flops += (n - nf) * lc.selective_extra_flops
-            act_stored += (n - nf) * lc.act_selective_bytes
-        else:
-            act_stored += (n - nf) * lc.act_bytes
-        act_stored += nf * lc.act_input_bytes
-        if nf:
-            act_work = max(act_work, lc.act_bytes)
-    if last:
-        comp += 3 * ec.head_fwd_s
-        model_flops += 3 * ec.head_model_flops_fwd
-        hw_flops += 3 * ec.head_model_flops_fwd
-    pp_s = 0.0
-    if p > 1:
-        boundary = par.micro_batch * workload.seq_len / par.cp * model.hidden * a_bytes / (par.tp if par.sp else 1)
-        # forward activation out and gradient back per boundary; middle stages have two boundaries
-        pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
+@lru_cache(maxsize=4096)
+def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                order: tuple[str, ...], group: str, first: bool, last: bool, crosses: bool) -> StageModel:
+    return StageModel(model, cluster, workload, par, order, cluster.group(group), first, last, crosses)
 
-    # ZeRO-3 / FSDP: gather weights for forward and backward, reduce-scatter grads, per micro-batch
-    fsdp_s = 0.0
-    shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
-    e_shard = expert_shard(par)
-    e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
-    if par.zero >= 3:
-        ag = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
-        rs = net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(expert_params * g_b, e_lay)
-        fsdp_s = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
 
-    # once-per-step data-parallel communication (exposure is decided by the caller)
-    grad_s = gather_s = 0.0
-    if par.dp > 1:
-        rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
-        e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
-        if par.zero == 0:
-            grad_s = net.all_reduce(dense_params * g_b, dp_lay) + net.all_reduce(
-                expert_params * g_b, layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn))
-        else:
-            grad_s = net.all_reduce(dense_params * g_b / par.dp_shard, rep_lay) + net.all_reduce(
-                expert_params * g_b / e_shard, e_rep_lay)
-            if par.zero in (1, 2):
-                grad_s += net.reduce_scatter(dense_params * g_b, shard_lay) + net.reduce_scatter(
-                    expert_params * g_b, e_lay)
-                gather_s = net.all_gather(dense_params * w_b, shard_lay) + net.all_gather(expert_params * w_b, e_lay)
-    shard = par.dp_shard if par.zero >= 1 else 1
-    local = dense_params / shard + expert_params / (e_shard if par.zero >= 1 else 1)
-    opt_s = ADAM_TRAFFIC_BYTES_PER_PARAM * local / gpu.hbm_bandwidth_bytes_per_s
-
-    st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, dt, workload.optimizer)
-    st_e = model_state_bytes(expert_params, e_shard, par.zero, dt, workload.optimizer)
-    states = (st_d.weights + st_e.weights, st_d.grads + st_e.grads, st_d.optimizer + st_e.optimizer)
-    if par.zero >= 3:
-        biggest = max(lc.params for lc, _, _ in kinds) if kinds else 0.0
-        buffers = 2 * biggest * w_b if par.dp_shard > 1 else 0.0
-    else:
-        buffers = min(DDP_BUCKET_BYTES, (dense_params + expert_params) * g_b) if par.dp > 1 else 0.0
-    return _Body(comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp_s, grad_s=grad_s, gather_s=gather_s,
-                 opt=opt_s, model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored, act_work=act_work,
-                 states=states, buffers=buffers, ends=ec)
+def step_time(m: int, v: int, times: list[float], dp_exposed: float, opt: float) -> tuple[float, float]:
+    """(step time, bubble) from per-micro-batch stage times (module docstring)."""
+    t_max = max(times)
+    bubble = (sum(times) - t_max) / v if len(times) > 1 else 0.0
+    return m * t_max + bubble + dp_exposed + opt, bubble
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
@@ -283,62 +369,29 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         raise SpecError(f"every stage needs at least vpp = {par.vpp} layer(s): {[s.num_layers for s in stages]}")
     groups = stage_groups(cluster, par, stages)
     m, p, v = par.grad_accum, par.pp, par.vpp
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    pp_stride = _stride(order, degrees, "pp")
-    bodies: dict[tuple, _Body] = {}
     rows = []
+    memo: dict[tuple, tuple] = {}
     for i, st in enumerate(stages):
-        grp = cluster.group(groups[i])
-        first, last = i == 0, i == p - 1
         n_moe = model.moe_layers_in(st.first_layer, st.last_layer)
         n_full = _recompute_layers(par, st)
-        nxt = groups[i + 1] if i + 1 < p else groups[max(0, i - 1)]
-        crosses = nxt != grp.name or pp_stride >= grp.gpus_per_node or pp_stride * p > grp.gpus_per_node
-        key = (grp.name, st.num_layers, n_moe, n_full, first, last, crosses)
-        body = bodies.get(key)
-        if body is None:
-            dense_params, expert_params = stage_param_counts(model, par, i, stages)
-            body = bodies[key] = _stage_body(model, cluster, workload, par, order, grp, st.num_layers, n_moe,
-                                             n_full, first, last, crosses, dense_params, expert_params)
-        rows.append((i, st, grp, body, n_full))
-
-    times = [b.t for _, _, _, b, _ in rows]
-    t_max = max(times)
-    j = times.index(t_max)
-    bubble = (sum(times) - t_max) / v if p > 1 else 0.0
-    dp_exposed = 0.0
+        key = (groups[i], i == 0, i == p - 1, stage_crosses(cluster, par, order, groups, i), st.num_layers,
+               n_moe, n_full)
+        hit = memo.get(key)
+        if hit is None:
+            sm = stage_model(model, cluster, workload, par, order, *key[:4])
+            hit = memo[key] = (sm, sm.cost(st.num_layers - n_moe, n_moe, n_full))
+        rows.append((i, st, hit[0], hit[1], n_full))
+    times = [c.t for _, _, _, c, _ in rows]
+    dp_exposed = max(sm.dp_exposed(c, i) for i, _, sm, c, _ in rows)
+    opt_s = max(c.opt for _, _, _, c, _ in rows)
+    step, bubble = step_time(m, v, times, dp_exposed, opt_s)
+    j = times.index(max(times))
     st_list = []
-    for i, st, grp, b, n_full in rows:
-        # stage i finishes its last backward about i backward passes before the step ends
-        if par.dp > 1:
-            if par.overlap_dp_comm:
-                slack = i * (2 * b.comp / 3)
-                exp = max(0.0, b.grad_s - (2 * b.comp / 3 + b.rec) - slack) + max(0.0, b.gather_s - b.comp / 3)
-            else:
-                exp = b.grad_s + b.gather_s
-            dp_exposed = max(dp_exposed, exp)
-        if p == 1:
-            inflight = 1.0
-        elif par.schedule == "gpipe":
-            inflight = float(m)
-        else:
-            inflight = float(min(p - i, m))
-            if par.schedule == "interleaved":
-                inflight = min(float(m), inflight * (1 + (p - 1) / (p * v)))
-        acts = inflight * b.act_stored + b.act_work
-        if i == 0:
-            acts += inflight * b.ends.embed_act_bytes
-        if i == p - 1:
-            acts += b.ends.head_act_bytes
-        other = grp.gpu.reserved_bytes + b.buffers + FRAGMENTATION * acts
-        w, g, o = b.states
-        mem = {"peak_bytes": w + g + o + acts + other, "weights_bytes": w, "grads_bytes": g, "optimizer_bytes": o,
-               "activations_bytes": acts, "other_bytes": other}
+    for i, st, sm, c, n_full in rows:
+        mem = sm.memory(c, inflight_microbatches(par, i))
         st_list.append(StageEstimate(index=i, first_layer=st.first_layer, num_layers=st.num_layers,
-                                     recompute_layers=n_full, group=grp.name, time_per_microbatch_s=b.t,
-                                     memory=mem, capacity_bytes=grp.gpu.memory_bytes))
-    opt_s = max(b.opt for _, _, _, b, _ in rows)
-    step = m * t_max + bubble + dp_exposed + opt_s
+                                     recompute_layers=n_full, group=sm.grp.name, time_per_microbatch_s=c.t,
+                                     memory=mem, capacity_bytes=sm.capacity))
     b = rows[j][3]
     time = {"compute_s": m * b.comp, "recompute_s": m * b.rec, "tp_comm_s": m * b.tp, "cp_comm_s": m * b.cp,
             "ep_comm_s": m * b.ep, "dp_comm_s": m * b.fsdp + dp_exposed, "pp_comm_s": m * b.pp,
@@ -348,7 +401,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     dt = workload.dtype
     model_flops_total = sum(r[3].model_flops for r in rows) * per_stage * m
     hw_flops_total = sum(r[3].hw_flops for r in rows) * per_stage * m
-    peak_total = sum(r[2].gpu.peak(dt) for r in rows) * per_stage
+    peak_total = sum(r[2].grp.gpu.peak(dt) for r in rows) * per_stage
     tokens = workload.global_batch * workload.seq_len
     ps = max(st_list, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
     return Estimate(
