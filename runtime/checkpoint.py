@@ -1,0 +1,208 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): atomic, and loadable under any plan.
+
+Layout of a checkpoint directory ``D``::
+
+    D/step-00000004/       one complete checkpoint: DCP shards + .metadata + meta.json
+    D/step-00000006/
+    D/latest               the name of the newest complete one (replaced atomically)
+    D/.tmp-step-00000008/  a write in progress (or one a crash interrupted): never read
+
+A save writes into ``.tmp-step-N``; only when every rank has finished and ``meta.json`` is
+written does rank 0 rename it to ``step-N`` and then repoint ``latest``. A crash at any point
+leaves the previous checkpoint complete and ``latest`` pointing at it. The newest
+``KEEP`` checkpoints are kept.
+
+What is saved, keyed by canonical parameter name (no wrapper prefixes), so that a load
+reshards whatever mesh wrote it (DCP's load-time resharding, the tensors being DTensors or
+plain tensors as each plan has them):
+
+* ``model.<name>``: every parameter;
+* ``optim.<name>.<state>``: the optimizer state of that parameter (AdamW: step, exp_avg,
+  exp_avg_sq; SGD: momentum_buffer);
+* ``meta.json``: the step (the data position: the stream is a function of the step), the loss
+  history, the model and workload it belongs to, and the plan that wrote it.
+
+A last pipeline stage's copy of a tied embedding is not saved; it loads from
+``model.embed.tok.weight``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from .model import canonical_name
+
+KEEP = 2
+LATEST = "latest"
+META = "meta.json"
+# fields of the workload a checkpoint must agree on (they define the model state and the data)
+WORKLOAD_KEYS = ("global_batch", "seq_len", "seed", "optimizer")
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint of another model or workload; the message names what differs."""
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _complete(p: Path) -> bool:
+    return p.is_dir() and (p / META).is_file() and (p / ".metadata").is_file()
+
+
+def find_latest(root: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint under ``root`` (``latest`` first, then a scan)."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    ptr = root / LATEST
+    if ptr.is_file():
+        cand = root / ptr.read_text().strip()
+        if _complete(cand):
+            return cand
+    done = sorted(p for p in root.glob("step-*") if _complete(p))
+    return done[-1] if done else None
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    return json.loads((Path(path) / META).read_text())
+
+
+def check_compatible(meta: dict, model: dict, workload: dict, where: str) -> None:
+    diffs = []
+    if meta.get("model") != model:
+        a, b = meta.get("model") or {}, model
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        diffs.append("model " + ", ".join(f"{k}: {a.get(k)!r} in the checkpoint vs {b.get(k)!r}" for k in keys))
+    w = meta.get("workload") or {}
+    for k in WORKLOAD_KEYS:
+        if w.get(k) != workload.get(k):
+            diffs.append(f"workload {k}: {w.get(k)!r} in the checkpoint vs {workload.get(k)!r}")
+    if diffs:
+        raise CheckpointMismatch(f"checkpoint {where} belongs to another model or workload: " + "; ".join(diffs))
+
+
+# --------------------------------------------------------------------------------------
+# The state, as a flat dict of tensors that DCP reads and writes in place
+# --------------------------------------------------------------------------------------
+
+def _named_params(parts: Iterable[nn.Module], tied: bool, for_load: bool) -> list[tuple[str, nn.Parameter]]:
+    out = []
+    for part in parts:
+        for name, p in part.named_parameters():
+            name = canonical_name(name)
+            if tied and name == "output.weight":   # a last stage's copy of the tied embedding
+                if not for_load:
+                    continue
+                name = "embed.tok.weight"
+            out.append((name, p))
+    return out
+
+
+def ensure_optim_state(opt: torch.optim.Optimizer) -> None:
+    """Create the optimizer state a step would create (zeros), so a load has tensors to fill."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p in opt.state and opt.state[p]:
+                continue
+            if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st = {"step": torch.tensor(0.0, dtype=torch.float32),
+                      "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                      "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+                if group.get("amsgrad"):
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif isinstance(opt, torch.optim.SGD) and group.get("momentum", 0):
+                st = {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
+            else:
+                st = {}
+            opt.state[p].update(st)
+
+
+def state_tensors(parts: Iterable[nn.Module], opt: torch.optim.Optimizer, tied: bool,
+                  for_load: bool = False) -> dict[str, torch.Tensor]:
+    sd: dict[str, torch.Tensor] = {}
+    for name, p in _named_params(parts, tied, for_load):
+        sd[f"model.{name}"] = p
+        for k, t in opt.state.get(p, {}).items():
+            if isinstance(t, torch.Tensor):
+                sd[f"optim.{name}.{k}"] = t
+    return sd
+
+
+# --------------------------------------------------------------------------------------
+# Save and load
+# --------------------------------------------------------------------------------------
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool,
+         meta: dict[str, Any], rank: int, barrier: Callable[[], None],
+         before_commit: Callable[[], None] | None = None) -> Path:
+    """Collective: every rank calls it. Returns the final directory."""
+    import torch.distributed.checkpoint as dcp
+    root = Path(root)
+    name = step_name(step)
+    tmp, final = root / f".tmp-{name}", root / name
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    dcp.save(state_tensors(parts, opt, tied), checkpoint_id=str(tmp))
+    if before_commit is not None:
+        before_commit()           # fault injection: a crash after the shards, before the commit
+    barrier()
+    if rank == 0:
+        _write_text_atomic(tmp / META, json.dumps(dict(meta, step=step), indent=1))
+        if final.exists():        # the same step saved again after a restart
+            old = root / f".old-{name}"
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        _fsync_dir(root)
+        _write_text_atomic(root / LATEST, name + "\n")
+        done = sorted(p for p in root.glob("step-*") if _complete(p))
+        for p in done[:-KEEP]:
+            shutil.rmtree(p, ignore_errors=True)
+    barrier()
+    return final
+
+
+def _fsync_dir(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(path: str | os.PathLike, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool) -> dict:
+    """Collective: fill parameters and optimizer state in place from ``path``; returns its meta."""
+    import torch.distributed.checkpoint as dcp
+    ensure_optim_state(opt)
+    dcp.load(state_tensors(parts, opt, tied, for_load=True), checkpoint_id=str(path))
+    return read_meta(path)
+
+
+__all__ = ["find_latest", "read_meta", "check_compatible", "save", "load", "state_tensors", "ensure_optim_state",
+           "CheckpointMismatch", "step_name", "KEEP"]

@@ -1,0 +1,150 @@
+"""A pool of local worker processes that run plans one after another, for tests and demos.
+
+Starting a process that imports torch costs seconds of CPU; a test suite that checks a dozen
+plans would spend most of its time importing. ``LocalPool(n)`` starts ``n`` processes once,
+from a fork server that has imported the runtime (``multiprocessing``'s ``forkserver`` start
+method: a clean process, not a fork of the caller), and runs each job on the first
+``job.world`` of them: each job joins a fresh gloo process group (a ``FileStore`` rendezvous
+of its own), trains through ``runtime.train.train`` exactly as ``python -m runtime.train``
+does, and leaves the group. Rank 0's summary comes back; an error on any rank comes back
+with the rank named.
+
+The torchrun path (``python -m runtime.train`` under ``torch.distributed.run``) is the one
+``planner launch`` uses; this pool is the same code in long-lived processes.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+from typing import Any
+
+_PRELOAD = ["torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.fsdp",
+            "torch.distributed.tensor.parallel", "runtime.train", "runtime.parallel", "planner.planfile"]
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank}: {message}")
+        self.rank = rank
+
+
+def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cover - child process
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("RUNTIME_TIMEOUT_S", "60")
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    from runtime.train import train
+    while True:
+        job = inbox.get()
+        if job is None:
+            return
+        jid, plan, opts, world, env = job
+        if rank >= world:
+            continue
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            dist.init_process_group("gloo", init_method=f"file://{store_dir}/store-{jid}", rank=rank,
+                                    world_size=world)
+            summary = train(plan, opts)
+            outbox.put((jid, rank, "ok", summary if rank == 0 else None))
+        except BaseException as e:   # report every failure, with the rank, and keep serving
+            outbox.put((jid, rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
+        finally:
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class LocalPool:
+    def __init__(self, processes: int, timeout_s: float = 120.0):
+        import multiprocessing as mp
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        self.timeout_s = timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="runtime-pool-")
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(processes)]
+        self._procs = [ctx.Process(target=_worker, args=(r, self._inboxes[r], self._outbox, self._tmp.name),
+                                   daemon=True) for r in range(processes)]
+        for p in self._procs:
+            p.start()
+        self._next = 0
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return len(self._procs)
+
+    def run(self, plan, opts, world: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Run one plan on the first ``world`` workers (default: the plan's world size)."""
+        world = plan.world_size if world is None else world
+        if world > self.size:
+            raise ValueError(f"the job needs {world} processes; the pool has {self.size}")
+        jid = self._next
+        self._next += 1
+        for box in self._inboxes:
+            box.put((jid, plan, opts, world, dict(env or {})))
+        results: dict[int, tuple[str, Any]] = {}
+        while len(results) < world:
+            try:
+                got = self._outbox.get(timeout=self.timeout_s)
+            except queue.Empty:
+                self.close()
+                raise TimeoutError(f"job {jid} did not finish in {self.timeout_s:.0f} s "
+                                   f"(ranks done: {sorted(results)}); pool stopped") from None
+            if got[0] != jid:
+                continue
+            results[got[1]] = (got[2], got[3])
+            if got[2] == "error" and len(results) < world:
+                # the other ranks are likely blocked in a collective with the failed one
+                self.close()
+                raise JobFailed(got[1], got[3])
+            if not all(p.is_alive() for p in self._procs):
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                self.close()
+                raise JobFailed(dead[0], "worker process died")
+        errors = sorted((r, v) for r, (s, v) in results.items() if s == "error")
+        if errors:
+            raise JobFailed(errors[0][0], errors[0][1])
+        return results[0][1]
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and all(p.is_alive() for p in self._procs)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for box in self._inboxes:
+            try:
+                box.put(None)
+            except Exception:
+                pass
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "LocalPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["LocalPool", "JobFailed"]

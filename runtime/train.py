@@ -1,0 +1,537 @@
+"""Train a plan: ``python -m runtime.train --plan PLAN [--steps N] ...`` under torchrun.
+
+The entry point the torchrun, Slurm and Kubernetes emitters launch (the flags below are a
+contract; keep them). Under torchrun it reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+joins the process group (NCCL on GPUs, gloo on CPUs); without torchrun it runs as one process.
+
+    python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K]
+        [--resume] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
+        [--inject-failure rank=R,step=S[,phase=step|save]] [--device auto|cpu|cuda] [--lr LR]
+
+Set-up, in order: check the plan against the launch (world size, what the runtime can run);
+build the mesh in the plan's order; for each pipeline stage this rank holds, build the model
+part on the meta device, apply TP, experts, activation checkpointing and FSDP/DDP
+(``runtime.parallel``), then materialise only the local shards and fill them with their
+slice of the deterministic initial model; resume from the newest complete checkpoint when
+asked (or after an elastic restart). Then train: each step's global batch comes from the
+workload's token stream, the loss is the mean over the global batch, and rank 0 writes one
+metrics line per step and, at the end, the JSON summary ``planner launch`` reads.
+
+Exit codes: 0 done; 2 a plan, checkpoint or input this launch cannot use (one line on
+stderr, no traceback); anything else is a crash, reported by torchrun with the rank.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LR = 1e-3
+
+
+class RuntimeUsageError(ValueError):
+    """Bad flags or an unusable input for the runtime (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """``--inject-failure rank=R,step=S[,phase=step|save]``: kill rank R at step S (before the
+    step, or while saving its checkpoint), on the first attempt only."""
+
+    rank: int
+    step: int
+    phase: str = "step"
+
+    @classmethod
+    def parse(cls, text: str) -> "Failure":
+        try:
+            kv = dict(item.split("=", 1) for item in text.split(",") if item)
+            f = cls(rank=int(kv.pop("rank")), step=int(kv.pop("step")), phase=kv.pop("phase", "step"))
+        except (KeyError, ValueError):
+            raise RuntimeUsageError(f"--inject-failure {text!r}: expected rank=R,step=S[,phase=step|save]") from None
+        if kv or f.phase not in ("step", "save"):
+            raise RuntimeUsageError(f"--inject-failure {text!r}: expected rank=R,step=S[,phase=step|save]")
+        return f
+
+
+def restart_count() -> int:
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Options:
+    steps: int = 10
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
+    metrics: str = ""
+    json_out: str = ""
+    data: str = ""
+    data_dtype: str = "uint16"
+    inject: Failure | None = None
+    device: str = "auto"
+    lr: float = DEFAULT_LR
+    quiet: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------
+# Process group
+# --------------------------------------------------------------------------------------
+
+def _device_type(choice: str) -> str:
+    import torch
+    if choice == "cpu":
+        return "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeUsageError("--device cuda, but torch sees no CUDA device")
+        return "cuda"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(device_type: str, timeout_s: float | None = None) -> tuple[int, int]:
+    """Join the process group torchrun describes, or make a one-process one. Returns (rank, world)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("RUNTIME_TIMEOUT_S", "300")))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        backend = "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
+        kw = {}
+        if device_type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            kw["device_id"] = torch.device("cuda", local)
+        dist.init_process_group(backend, timeout=timeout, **kw)
+    else:
+        dist.init_process_group("cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo",
+                                store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size()
+
+
+# --------------------------------------------------------------------------------------
+# Set-up: mesh, model parts, parallelism, optimizer, pipeline
+# --------------------------------------------------------------------------------------
+
+def _loss_fn(logits, target):
+    import torch.nn.functional as F
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
+
+
+def _scalar(t) -> float:
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return float(t.detach().float())
+
+
+class Trainer:
+    def __init__(self, plan, opts: Options, device_type: str, rank: int, world: int):
+        import torch
+        import torch.distributed as dist
+
+        from .data import TokenStream
+        from .model import build_model, init_weights
+        from .parallel import (Dims, apply_ac, apply_dp, apply_experts, apply_tp, build_mesh, recompute_layers,
+                               tied_pair_group)
+        from .pipeline import stage_ids, virtual_stage_layers
+
+        self.plan, self.opts, self.rank, self.world = plan, opts, rank, world
+        spec, par, wl = plan.model, plan.parallel, plan.workload
+        self.spec, self.par, self.wl = spec, par, wl
+        self.dims = dims = Dims.from_plan(spec, par, plan.mesh_order, wl.seq_len, wl.global_batch, world)
+        if device_type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.device_type = device_type
+        self.bf16 = device_type == "cuda" and wl.dtype in ("bf16", "bfloat16", "fp16", "float16")
+        self.mesh = mesh = build_mesh(dims, device_type)
+        self.pp_rank = mesh["pp"].get_local_rank()
+        self.dp_rank = mesh["dp"].get_local_rank()
+        self.tp_rank = mesh["tp"].get_local_rank()
+        vstages = virtual_stage_layers(plan.stages, par, spec.layers)
+        self.num_vstages = len(vstages)
+        self.stage_indices = stage_ids(self.pp_rank, par)
+        self.tied_split = spec.tied_embeddings and par.pp > 1
+        self.tied_group = tied_pair_group(mesh, dims) if self.tied_split else None
+
+        # rank's full-recompute budget, handed to its chunks in order (vpp > 1 splits a stage)
+        st = plan.stages[self.pp_rank]
+        budget = recompute_layers(par, st.num_layers, st.recompute_layers)
+        self.parts = []
+        for sidx in self.stage_indices:
+            ids = vstages[sidx]
+            with torch.device("meta"):
+                part = build_model(spec, layers=ids, embed=sidx == 0, head=sidx == self.num_vstages - 1)
+            if dims.tp > 1:
+                apply_tp(part, mesh["tp"], spec, dims.sp)
+            if spec.is_moe:
+                apply_experts(part, mesh, dims)
+            n_full = min(budget, len(ids))
+            budget -= n_full
+            apply_ac(part, n_full, par.recompute == "selective")
+            apply_dp(part, mesh, dims, pp_enabled=par.pp > 1, mp_dtype=torch.bfloat16 if self.bf16 else None)
+            part.to_empty(device=self.device)
+            part.retie()
+            if part.tied and part.output.weight is not part.embed.tok.weight:
+                raise AssertionError("tied embedding lost its tie while materialising")
+            init_weights([part], wl.seed, spec)
+            self.parts.append(part)
+
+        params, seen = [], set()
+        for part in self.parts:
+            for p in part.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        if wl.optimizer == "sgd":
+            self.opt = torch.optim.SGD(params, lr=opts.lr, momentum=0.9)
+        elif wl.optimizer == "adam":
+            self.opt = torch.optim.Adam(params, lr=opts.lr, betas=(0.9, 0.95))
+        else:
+            self.opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+        self.schedule = None
+        if par.pp > 1:
+            from torch.distributed.pipelining import PipelineStage
+
+            from .pipeline import build_schedule
+            group = mesh["pp"].get_group()
+            stages = [PipelineStage(part, sidx, self.num_vstages, self.device, group=group)
+                      for part, sidx in zip(self.parts, self.stage_indices)]
+            self.schedule = build_schedule(stages, par, _loss_fn)
+        self.has_first = 0 in self.stage_indices
+        self.has_last = self.num_vstages - 1 in self.stage_indices
+        self.stream = TokenStream(global_batch=wl.global_batch, seq_len=wl.seq_len, vocab=spec.vocab,
+                                  seed=wl.seed, path=opts.data, dtype=opts.data_dtype)
+        self._dist = dist
+
+    # ---- one optimizer step ---------------------------------------------------------------
+    def _context(self):
+        import torch
+        stack = contextlib.ExitStack()
+        if self.dims.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+            stack.enter_context(loss_parallel())
+        if self.bf16:
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        return stack
+
+    def step(self, step: int) -> float:
+        import torch
+        x, y = self.stream.local(step, self.dp_rank, self.dims.dp)
+        x, y = x.to(self.device), y.to(self.device)
+        self.opt.zero_grad(set_to_none=True)
+        local = torch.zeros((), dtype=torch.float32, device=self.device)
+        with self._context():
+            if self.schedule is not None:
+                losses: list = []
+                kwargs = {}
+                if self.has_last:
+                    kwargs.update(target=y, losses=losses)
+                args = (x,) if self.has_first else ()
+                self.schedule.step(*args, return_outputs=False, **kwargs)
+                if self.has_last:
+                    local += sum(_scalar(t) for t in losses) / len(losses)
+            else:
+                n, mb = self.par.grad_accum, self.par.micro_batch
+                for i in range(n):
+                    out = self.parts[0](x[i * mb:(i + 1) * mb])
+                    loss = _loss_fn(out, y[i * mb:(i + 1) * mb])
+                    (loss / n).backward()
+                    local += _scalar(loss) / n
+        if self.tied_group is not None:
+            from .parallel import sync_tied_grads
+            sync_tied_grads(self.parts, self.tied_group)
+        self.opt.step()
+        # the step's loss: mean over the global batch (last stage, one TP rank per DP replica)
+        if not (self.has_last and self.tp_rank == 0):
+            local.zero_()
+        self._dist.all_reduce(local)
+        return float(local) / self.dims.dp
+
+    # ---- measurements ---------------------------------------------------------------------
+    def peak_memory_bytes(self) -> int:
+        import torch
+        if self.device_type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024   # Linux: KiB
+
+    def gather_ints(self, v: int) -> list[int]:
+        import torch
+        t = torch.zeros(self.world, dtype=torch.int64, device=self.device)
+        t[self.rank] = v
+        self._dist.all_reduce(t)
+        return [int(a) for a in t.tolist()]
+
+    def any_rank(self, flag: bool) -> bool:
+        import torch
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+
+_SAVE_REQUESTED = False
+
+
+def _on_sigusr1(signum, frame):  # pragma: no cover - signal
+    global _SAVE_REQUESTED
+    _SAVE_REQUESTED = True
+
+
+def _log(opts: Options, rank: int, msg: str) -> None:
+    if rank == 0 and not opts.quiet:
+        print(f"runtime: {msg}", file=sys.stderr, flush=True)
+
+
+def _checkpoint_meta(plan, history: list[list[float]]) -> dict:
+    return {"model": plan.model.to_dict(), "workload": plan.workload.to_dict(),
+            "parallel": plan.parallel.to_dict(), "mesh_order": list(plan.mesh_order),
+            "world_size": plan.world_size, "losses": history}
+
+
+def train(plan, opts: Options) -> dict:
+    """Run ``plan`` in this process (one rank of the job). The process group is joined (or made)
+    here unless one exists. Returns the summary (the same on every rank)."""
+    from . import checkpoint as ckpt
+
+    world_env = os.environ.get("WORLD_SIZE")
+    import torch.distributed as dist
+    world = dist.get_world_size() if dist.is_initialized() else int(world_env or 1)
+    if world != plan.world_size:
+        raise RuntimeUsageError(f"the plan needs {plan.world_size} processes (tp*pp*dp*cp = "
+                                f"{plan.parallel.tp}*{plan.parallel.pp}*{plan.parallel.dp}*{plan.parallel.cp}) "
+                                f"but this launch has WORLD_SIZE {world}")
+    if opts.steps < 1:
+        raise RuntimeUsageError(f"--steps must be >= 1, got {opts.steps}")
+    if opts.checkpoint_every and not opts.checkpoint_dir:
+        raise RuntimeUsageError("--checkpoint-every needs --checkpoint-dir")
+    device_type = _device_type(opts.device)
+    rank, world = init_distributed(device_type)
+    if opts.inject is not None and not 0 <= opts.inject.rank < world:
+        raise RuntimeUsageError(f"--inject-failure rank {opts.inject.rank} is not a rank of this "
+                                f"{world}-process job")
+    t_setup = time.perf_counter()
+    tr = Trainer(plan, opts, device_type, rank, world)
+    setup_s = time.perf_counter() - t_setup
+
+    history: list[list[float]] = []     # [step, loss]
+    start = 1
+    resumed_from = None
+    if opts.checkpoint_dir and (opts.resume or restart_count() > 0):
+        path = ckpt.find_latest(opts.checkpoint_dir)
+        if path is None:
+            _log(opts, rank, f"no complete checkpoint in {opts.checkpoint_dir}; starting at step 1")
+        else:
+            meta = ckpt.read_meta(path)
+            ckpt.check_compatible(meta, plan.model.to_dict(), plan.workload.to_dict(), str(path))
+            ckpt.load(path, tr.parts, tr.opt, tr.tied_split)
+            start = int(meta["step"]) + 1
+            resumed_from = int(meta["step"])
+            history = [list(h) for h in meta.get("losses", []) if h[0] <= resumed_from]
+            _log(opts, rank, f"resumed from {path} (step {resumed_from}, written by "
+                             f"{meta.get('world_size')} processes)")
+
+    metrics_f = None
+    if rank == 0 and opts.metrics:
+        Path(opts.metrics).parent.mkdir(parents=True, exist_ok=True)
+        metrics_f = open(opts.metrics, "a")
+    old_handler = None
+    if opts.checkpoint_dir:
+        with contextlib.suppress(ValueError):   # not the main thread
+            old_handler = signal.signal(signal.SIGUSR1, _on_sigusr1)
+    tokens_per_step = plan.workload.global_batch * plan.workload.seq_len
+    times: list[float] = []
+    fail = opts.inject if (opts.inject is not None and restart_count() == 0) else None
+    last_saved = resumed_from
+    try:
+        for step in range(start, opts.steps + 1):
+            if fail and fail.phase == "step" and fail.step == step and fail.rank == rank:
+                print(f"runtime: rank {rank}: injected failure at step {step}", file=sys.stderr, flush=True)
+                _die()
+            t0 = time.perf_counter()
+            loss = tr.step(step)
+            if device_type == "cuda":
+                import torch
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            history.append([step, loss])
+            if metrics_f:
+                metrics_f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt,
+                                            "tokens_per_s": tokens_per_step / dt,
+                                            "peak_memory_bytes": tr.peak_memory_bytes()}) + "\n")
+                metrics_f.flush()
+            _log(opts, rank, f"step {step}: loss {loss:.6f} ({dt * 1e3:.0f} ms)")
+            if opts.checkpoint_dir:
+                trigger = Path(opts.checkpoint_dir) / "save-now"
+                asked = tr.any_rank(_SAVE_REQUESTED or trigger.exists())
+                due = (opts.checkpoint_every and step % opts.checkpoint_every == 0) or step == opts.steps or asked
+                if due:
+                    hook = None
+                    if fail and fail.phase == "save" and fail.step == step and fail.rank == rank:
+                        def hook(step=step):
+                            print(f"runtime: rank {rank}: injected failure while saving step {step}",
+                                  file=sys.stderr, flush=True)
+                            _die()
+                    ckpt.save(opts.checkpoint_dir, step, tr.parts, tr.opt, tr.tied_split,
+                              _checkpoint_meta(plan, history), rank, tr.barrier, before_commit=hook)
+                    last_saved = step
+                    if asked:
+                        _clear_request(trigger, rank)
+        peak = tr.peak_memory_bytes()
+        per_rank = tr.gather_ints(peak)
+    finally:
+        if metrics_f:
+            metrics_f.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGUSR1, old_handler)
+    steady = times[1:] if len(times) > 1 else times
+    step_time = statistics.median(steady) if steady else None
+    summary: dict[str, Any] = {
+        "losses": [h[1] for h in history],
+        "steps": [int(h[0]) for h in history],
+        "step_time_s": step_time,
+        "tokens_per_s": (tokens_per_step / step_time) if step_time else None,
+        "peak_memory_bytes": max(per_rank),
+        "peak_memory_bytes_per_rank": per_rank,
+        "mfu": _mfu(plan, step_time, device_type),
+        "world_size": world,
+        "device": device_type,
+        "dtype": "bf16" if tr.bf16 else "fp32",
+        "setup_s": setup_s,
+        "resumed_from_step": resumed_from,
+        "last_checkpoint_step": last_saved,
+        "restart_count": restart_count(),
+        "parallel": plan.parallel.to_dict(),
+        "predicted": dict(plan.estimate),
+    }
+    if rank == 0:
+        if metrics_f is not None or (rank == 0 and opts.metrics):
+            with open(opts.metrics, "a") as f:
+                f.write(json.dumps({"summary": {k: v for k, v in summary.items() if k != "predicted"}}) + "\n")
+        if opts.json_out:
+            p = Path(opts.json_out)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.tmp")
+            tmp.write_text(json.dumps(summary, indent=1))
+            os.replace(tmp, p)
+    return summary
+
+
+def _clear_request(trigger: Path, rank: int) -> None:
+    global _SAVE_REQUESTED
+    _SAVE_REQUESTED = False
+    if rank == 0:
+        with contextlib.suppress(FileNotFoundError):
+            trigger.unlink()
+
+
+def _mfu(plan, step_time: float | None, device_type: str) -> float | None:
+    """Model FLOPs utilisation on GPUs: achieved training FLOP/s over the plan's GPU peak."""
+    if device_type != "cuda" or not step_time:
+        return None
+    from .model import flops_per_token
+    try:
+        peak = plan.cluster.gpu.peak(plan.workload.dtype)
+    except ValueError:
+        return None
+    tokens = plan.workload.global_batch * plan.workload.seq_len
+    return flops_per_token(plan.model, plan.workload.seq_len) * tokens / step_time / (peak * plan.world_size)
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m runtime.train",
+                                description="Train a plan file with torch.distributed (run under torchrun, "
+                                            "or alone for a one-process plan).")
+    p.add_argument("--plan", required=True, help="plan file (YAML) written by `planner plan`")
+    p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
+    p.add_argument("--checkpoint-dir", default="", help="directory for DCP checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (and at the end)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--metrics", default="", help="append one JSON line per step (rank 0)")
+    p.add_argument("--json-out", default="", help="write the run summary as JSON (rank 0)")
+    p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
+    p.add_argument("--data-dtype", default="uint16", choices=("uint16", "uint32"))
+    p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
+                   help="kill rank R at step S on the first attempt (phase=save: while checkpointing)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    return Options(steps=args.steps, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                   resume=args.resume, metrics=args.metrics, json_out=args.json_out, data=args.data,
+                   data_dtype=args.data_dtype,
+                   inject=Failure.parse(args.inject_failure) if args.inject_failure else None,
+                   device=args.device, lr=args.lr, quiet=args.quiet)
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    from costmodel.specs import SpecError
+    from planner.planfile import PlanError
+
+    from .checkpoint import CheckpointMismatch
+    from .data import DataError
+    from .model import RuntimeModelError
+    from .parallel import PlanNotRunnable
+    return (RuntimeUsageError, PlanError, SpecError, CheckpointMismatch, DataError, RuntimeModelError,
+            PlanNotRunnable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        from planner.planfile import read_plan
+        plan = read_plan(args.plan)
+        if plan.mode != "train":
+            raise RuntimeUsageError(f"{args.plan} is a {plan.mode!r} plan; the runtime trains (mode train)")
+        train(plan, options_from_args(args))
+    except expected_errors() as e:
+        print(f"runtime: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
