@@ -1,0 +1,105 @@
+"""`planner profile` end to end on this machine: a quick gloo profile that loads and plans, the
+exit code for an unwritable output, and a rank that dies or hangs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def planner(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.multiproc
+def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
+    t0 = time.time()
+    p = planner("profile", "--quick", "--out", str(tmp_path / "prof"), "--json")
+    wall = time.time() - t0
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["status"] == "ok" and s["backend"] == "gloo" and (s["nodes"], s["gpus_per_node"]) == (1, 2)
+    assert not s["nvml"] and "CPU path" in s["note"]
+    assert "NVML" in p.stderr                          # the note goes to stderr too, as a message
+    assert wall < 45, f"quick profile took {wall:.1f} s (target under 20 s on an idle 2-core machine)"
+    # measured figures are sane: a CPU core does 10+ GFLOP/s fp32, loopback gloo moves 50+ MB/s
+    assert s["matmul"]["best_tflops_by_dtype"]["fp32"] > 0.01
+    assert 0 < s["matmul"]["efficiency_max"] <= 1
+    assert s["tiers"]["intra"]["busbw_gb_per_s"] > 0.05 and "inter" not in s["tiers"]
+    out = tmp_path / "prof"
+    for f in ("cluster.yaml", "collectives.csv", "matmul.csv", "memory.csv", "fits.csv", "probe.json",
+              "summary.json", "report.md", "report.html"):
+        assert (out / f).is_file(), f
+    coll = pd.read_csv(out / "collectives.csv")
+    assert set(coll["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    assert (coll["busbw_bytes_per_s"] > 0).all() and coll["bytes"].max() == 4 * 2**20
+    # all-reduce busbw = algbw * 2(n-1)/n, which for a pair is algbw
+    ar = coll[coll["op"] == "all_reduce"]
+    assert (abs(ar["busbw_bytes_per_s"] - ar["algbw_bytes_per_s"]) < 1e-6 * ar["algbw_bytes_per_s"]).all()
+    spec = load_cluster(str(out / "cluster.yaml"))
+    assert spec.source == "measured" and spec.gpu.name == "cpu-process"
+    assert spec.matmul_table and spec.collective_table
+    assert cluster_from_dict(cluster_to_dict(spec)) == spec
+    assert spec.with_gpus(2).total_gpus == 2
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3 and "<script" not in html
+
+
+@pytest.mark.multiproc
+def test_planner_plan_accepts_the_profile(tmp_path):
+    """`planner plan --cluster profile.yaml` once the plan command exists; until then the planner's
+    own loader (planner.inputs) reads it."""
+    from planner.inputs import load_cluster_sized
+    prof = Path(__file__).resolve().parents[1] / "profiles" / "measured" / "cpu-2x2-netns.yaml"
+    spec = load_cluster_sized(str(prof), 4)
+    assert (spec.nodes, spec.gpus_per_node) == (2, 2)
+    assert spec.intra_node.effective_bytes_per_s > 10 * spec.inter_node.effective_bytes_per_s
+    if not (ROOT / "planner" / "cmd_plan.py").exists():
+        pytest.skip("planner plan is not written yet; the profile loads through planner.inputs")
+    p = planner("plan", "--cluster", str(prof), "--model", "tiny", "--gpus", "4", "--json", timeout=300)
+    if p.returncode == 2 and "model" in p.stderr:
+        pytest.skip(f"plan's flags differ from this test's guess: {p.stderr.strip()[:200]}")
+    assert p.returncode in (0, 1), p.stderr
+
+
+def test_unwritable_output_exits_2_before_measuring(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    t0 = time.time()
+    p = planner("profile", "--quick", "--out", str(blocker / "sub"))
+    assert p.returncode == 2
+    assert "cannot write the profile" in p.stderr and "--out" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert time.time() - t0 < 10                  # no process was spawned, nothing measured
+    p = planner("profile", "--out", str(blocker))
+    assert p.returncode == 2 and "is a file" in p.stderr
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode, after", [("exit", 3), ("hang", 4)])
+def test_a_rank_that_dies_or_hangs_is_named_and_partial_results_kept(tmp_path, mode, after):
+    out = tmp_path / "prof"
+    p = planner("profile", "--quick", "--out", str(out), "--no-report", "--timeout", "4", "--json",
+                env={"PLANNER_PROFILE_FAULT": f"rank=1,after={after},mode={mode}"})
+    assert p.returncode == 1, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    host = os.uname().nodename
+    assert "rank 1" in err and f"host {host}" in err and "partial results kept" in err
+    assert ("exited with code 17" if mode == "exit" else "stopped making progress") in err
+    s = json.loads(p.stdout)
+    assert s["status"] == "failed" and s["measurements"]["collectives"] == after
+    coll = pd.read_csv(out / "collectives.csv")
+    assert len(coll) == after and (coll["busbw_bytes_per_s"] > 0).all()
+    assert len(pd.read_csv(out / "matmul.csv")) > 0
+    assert not (out / "cluster.yaml").exists()

@@ -1,0 +1,130 @@
+"""Pure parts of the profiler: bus-bandwidth convention, alpha-beta fit, matmul efficiency fit,
+group shapes, and measurements -> a cluster file that loads and round-trips (no processes)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.units import GB, TERA
+from profiles import bench_collectives as bc
+from profiles.bench_matmul import efficiency_table, fit_efficiency
+from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
+from profiles.probe import ReplayNVML, probe
+from profiles.profile import analyze, write_outputs
+
+DATA = Path(__file__).parent / "data" / "nvml"
+
+
+def test_busbw_factors_follow_nccl_tests():
+    assert bc.busbw_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bc.busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert bc.busbw_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
+    assert bc.busbw_factor("all_to_all", 2) == pytest.approx(1 / 2)
+    assert bc.busbw_factor("send_recv", 2) == 1.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        bc.busbw_factor("broadcast_tree", 2)
+
+
+def _rows(tier: str, group: str, n: int, alpha: float, bw: float, op: str = "all_reduce", noise: float = 0.0):
+    rows = []
+    for i, s in enumerate(bc.message_sizes("cpu", quick=False)):
+        t = bc.hops(op, n) * alpha + s * bc.busbw_factor(op, n) / bw
+        t *= 1 + noise * (-1) ** i
+        rows.append({"group": group, "tier": tier, "op": op, "group_size": n, "bytes": s, "time_s": t,
+                     "algbw_bytes_per_s": s / t, "busbw_bytes_per_s": s / t * bc.busbw_factor(op, n),
+                     "iters": 1, "ranks": "0 1", "table": True})
+    return rows
+
+
+def test_alpha_beta_fit_recovers_latency_and_bandwidth():
+    rows = _rows("intra", "node", 4, 50e-6, 2.0 * GB) + _rows("inter", "world", 8, 400e-6, 0.1 * GB, noise=0.05)
+    fits = {f.tier: f for f in bc.fit_alpha_beta(rows)}
+    assert fits["intra"].alpha_s == pytest.approx(50e-6, rel=1e-6)
+    assert fits["intra"].bandwidth_bytes_per_s == pytest.approx(2.0 * GB, rel=1e-6)
+    assert fits["inter"].bandwidth_bytes_per_s == pytest.approx(0.1 * GB, rel=0.1)
+    assert fits["inter"].alpha_s == pytest.approx(400e-6, rel=0.3)
+    assert bc.tier_fit(list(fits.values()), "inter", rows).group == "world"
+
+
+def test_matmul_efficiency_fit_reads_plateau_and_half_point():
+    table = [(64.0, 0.05), (128.0, 0.25), (256.0, 0.8), (512.0, 0.95), (1024.0, 1.0)]
+    e, half = fit_efficiency(table)
+    assert e == pytest.approx(0.975)
+    assert 128 < half < 256
+    rows = [{"dtype": "bf16", "m": s, "n": s, "k": s, "size": s, "flops_per_s": 100.0 * s} for s in (64, 128)]
+    assert efficiency_table(rows, "bf16", 12800.0) == [(64.0, 0.5), (128.0, 1.0)]
+
+
+def test_group_shapes_hold_rank0_and_split_tiers():
+    one = bc.group_shapes(["a"] * 4)
+    assert [(s.name, s.tier, s.ranks) for s in one] == [("pair", "intra", (0, 1)), ("node", "intra", (0, 1, 2, 3))]
+    two = bc.group_shapes(["a", "a", "b", "b"])
+    assert [(s.name, s.tier, s.ranks) for s in two] == [("node", "intra", (0, 1)), ("pair-x", "inter", (0, 2)),
+                                                        ("world", "inter", (0, 1, 2, 3))]
+    assert bc.group_shapes(["a"]) == []
+    extra = bc.group_shapes(["a"] * 8, extra_pairs=[(2, "NODE"), (4, "SYS")])
+    assert [s.name for s in extra if not s.table] == ["pair-NODE", "pair-SYS"]
+    assert bc.message_sizes("cuda", quick=False)[0] == 1024 and bc.message_sizes("cuda", quick=False)[-1] == 2**30
+    assert bc.message_sizes("cpu", quick=True)[-1] == 4 * 2**20
+
+
+def _result(device_type: str, nodes: int, gpn: int, best_tflops: float, intra_bw: float, inter_bw: float) -> dict:
+    ranks = [{"rank": r, "host": f"h{r // gpn}", "node": f"node{r // gpn}", "pid": 1, "device": device_type}
+             for r in range(nodes * gpn)]
+    mm = [{"dtype": "bf16", "m": s, "n": s, "k": s, "size": float(s), "time_s": 1.0,
+           "flops_per_s": best_tflops * TERA * s / (s + 300), "iters": 1} for s in (256, 1024, 4096, 8192)]
+    coll = _rows("intra", "node", gpn, 10e-6, intra_bw)
+    if nodes > 1:
+        coll += _rows("inter", "world", nodes * gpn, 20e-6, inter_bw)
+    return {"ranks": ranks, "probes": {}, "backend": "nccl" if device_type == "cuda" else "gloo",
+            "device_type": device_type, "torch": "2.13.0", "cuda": None, "nccl": None, "matmul": mm,
+            "memory": [{"bytes": 2**30, "time_s": 1.0, "bandwidth_bytes_per_s": 3000 * GB, "iters": 1}],
+            "collectives": coll, "overlap": {"compute_slowdown": 0.07, "gemm_alone_s": 1e-3, "gemm_overlapped_s": 1.07e-3,
+                                             "allreduce_alone_s": 1e-3, "overlapped_total_s": 2e-3,
+                                             "allreduce_bytes": 2**28, "gemm_size": 8192, "ranks": [0, 1]}}
+
+
+def test_gpu_profile_keeps_datasheet_links_and_peaks(tmp_path):
+    """A (synthetic) measurement on a DGX H100 pair of nodes: peak and link bandwidth stay the
+    datasheet's, the measured fraction becomes the efficiency, the file loads and round-trips."""
+    pr = probe(ReplayNVML.from_file(DATA / "dgx_h100.json"), host="dgx")
+    res = _result("cuda", nodes=2, gpn=8, best_tflops=700.0, intra_bw=360 * GB, inter_bw=45 * GB)
+    prof = analyze(pr, res, name="h100-test", quick=False, started=time.time(), method="test")
+    c = prof.cluster
+    assert c["gpu"]["tflops"]["bf16"] == 989 and c["gpu"]["memory_gib"] == pytest.approx(79.65, abs=0.01)
+    assert c["intra_node"]["gb_per_s"] == 450 and c["intra_node"]["efficiency"] == pytest.approx(0.8, rel=1e-3)
+    assert c["inter_node"]["gb_per_s"] == 50 and c["inter_node"]["efficiency"] == pytest.approx(0.9, rel=1e-3)
+    assert c["intra_node"]["latency_us"] == pytest.approx(10.0, rel=1e-3)
+    assert (c["nodes"], c["gpus_per_node"], c["source"]) == (2, 8, "measured")
+    assert c["measured"]["compute_comm_slowdown"] == 0.07
+    assert max(e for _, e in c["measured"]["matmul"]) == pytest.approx(700 / 989 * 8192 / 8492, rel=1e-3)
+    summary = write_outputs(prof, tmp_path, report=True)
+    spec = load_cluster(summary["cluster_file"])
+    assert spec.source == "measured" and spec.total_gpus == 16
+    assert spec.intra_node.effective_bytes_per_s == pytest.approx(360 * GB, rel=1e-3)
+    assert {t for t, *_ in spec.collective_table} == {"intra", "inter"}
+    assert cluster_from_dict(cluster_to_dict(spec)) == spec
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
+    md = (tmp_path / "report.md").read_text()
+    assert "| intra-node bus bandwidth" in md and "NV18" in md and "80%" in md
+
+
+def test_cpu_profile_uses_measured_figures(tmp_path):
+    pr = probe(ReplayNVML.from_file(DATA / "no_driver.json"), host="vm")
+    res = _result("cpu", nodes=2, gpn=2, best_tflops=0.5, intra_bw=1.0 * GB, inter_bw=0.025 * GB)
+    prof = analyze(pr, res, name=None, quick=True, started=time.time(), method="test")
+    c = prof.cluster
+    assert c["name"] == "measured-h0-x2" and c["gpu"]["name"] == "cpu-process"
+    assert c["gpu"]["tflops"]["bf16"] == pytest.approx(0.5 * 8192 / 8492, rel=1e-3)   # measured best is the peak
+    assert max(e for _, e in c["measured"]["matmul"]) == 1.0
+    assert c["intra_node"] == {"name": "gloo-loopback (measured)", "gb_per_s": 1.0, "latency_us": 10.0, "efficiency": 1.0}
+    assert c["inter_node"]["gb_per_s"] == pytest.approx(0.025)
+    write_outputs(prof, tmp_path, report=False)
+    loaded = yaml.safe_load((tmp_path / "cluster.yaml").read_text())
+    assert loaded["provenance"]["links"] == {"intra_node": "measured", "inter_node": "measured"}
+    spec = load_cluster(str(tmp_path / "cluster.yaml"))
+    assert spec.with_gpus(2).total_gpus == 2 and spec.with_gpus(4).nodes == 2
