@@ -33,10 +33,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import torch
-import torch.nn as nn
-
-from .model import canonical_name
+# torch is imported where it is used: ``find_latest`` and ``read_meta`` serve the CLI, which
+# must start fast
 
 KEEP = 2
 LATEST = "latest"
@@ -94,6 +92,7 @@ def check_compatible(meta: dict, model: dict, workload: dict, where: str) -> Non
 # --------------------------------------------------------------------------------------
 
 def _named_params(parts: Iterable[nn.Module], tied: bool, for_load: bool) -> list[tuple[str, nn.Parameter]]:
+    from .model import canonical_name
     out = []
     for part in parts:
         for name, p in part.named_parameters():
@@ -108,6 +107,7 @@ def _named_params(parts: Iterable[nn.Module], tied: bool, for_load: bool) -> lis
 
 def ensure_optim_state(opt: torch.optim.Optimizer) -> None:
     """Create the optimizer state a step would create (zeros), so a load has tensors to fill."""
+    import torch
     for group in opt.param_groups:
         for p in group["params"]:
             if p in opt.state and opt.state[p]:
@@ -127,6 +127,7 @@ def ensure_optim_state(opt: torch.optim.Optimizer) -> None:
 
 def state_tensors(parts: Iterable[nn.Module], opt: torch.optim.Optimizer, tied: bool,
                   for_load: bool = False) -> dict[str, torch.Tensor]:
+    import torch
     sd: dict[str, torch.Tensor] = {}
     for name, p in _named_params(parts, tied, for_load):
         sd[f"model.{name}"] = p

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import tempfile
+import time
 import traceback
 from typing import Any
 
@@ -66,6 +67,16 @@ def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cov
                     os.environ[k] = v
 
 
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _root_cause(results: dict[int, tuple[str, Any]]) -> tuple[int, str]:
+    """The first failing rank whose error is not just a lost peer."""
+    errors = sorted((r, v) for r, (s, v) in results.items() if s == "error")
+    own = [(r, v) for r, v in errors if not any(p in v for p in _PEER_LOST)]
+    return (own or errors)[0]
+
+
 class LocalPool:
     def __init__(self, processes: int, timeout_s: float = 120.0):
         import multiprocessing as mp
@@ -97,34 +108,52 @@ class LocalPool:
         for box in self._inboxes:
             box.put((jid, plan, opts, world, dict(env or {})))
         results: dict[int, tuple[str, Any]] = {}
+        deadline = time.monotonic() + self.timeout_s
         while len(results) < world:
             try:
-                got = self._outbox.get(timeout=self.timeout_s)
+                got = self._outbox.get(timeout=0.5)
             except queue.Empty:
-                self.close()
-                raise TimeoutError(f"job {jid} did not finish in {self.timeout_s:.0f} s "
-                                   f"(ranks done: {sorted(results)}); pool stopped") from None
+                dead = [r for r, p in enumerate(self._procs[:world]) if not p.is_alive()]
+                if dead:
+                    self.close(force=True)
+                    raise JobFailed(dead[0], f"worker process died (exit code {self._procs[dead[0]].exitcode})") \
+                        from None
+                if time.monotonic() > deadline:
+                    self.close(force=True)
+                    raise TimeoutError(f"job {jid} did not finish in {self.timeout_s:.0f} s "
+                                       f"(ranks done: {sorted(results)}); pool stopped") from None
+                continue
             if got[0] != jid:
                 continue
             results[got[1]] = (got[2], got[3])
             if got[2] == "error" and len(results) < world:
-                # the other ranks are likely blocked in a collective with the failed one
-                self.close()
-                raise JobFailed(got[1], got[3])
-            if not all(p.is_alive() for p in self._procs):
-                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
-                self.close()
-                raise JobFailed(dead[0], "worker process died")
-        errors = sorted((r, v) for r, (s, v) in results.items() if s == "error")
-        if errors:
-            raise JobFailed(errors[0][0], errors[0][1])
+                # the other ranks are likely blocked in a collective with the failed one: give
+                # them a moment to report, name the root cause, stop the pool
+                end = time.monotonic() + 2.0
+                while len(results) < world and time.monotonic() < end:
+                    try:
+                        more = self._outbox.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
+                    if more[0] == jid:
+                        results[more[1]] = (more[2], more[3])
+                dead = [r for r, p in enumerate(self._procs[:world]) if not p.is_alive()]
+                codes = {r: self._procs[r].exitcode for r in dead}
+                self.close(force=True)
+                if dead:   # a worker that died (killed) is the cause of the others' lost peers
+                    raise JobFailed(dead[0], f"worker process died (exit code {codes[dead[0]]})")
+                rank, msg = _root_cause(results)
+                raise JobFailed(rank, msg)
+        if any(s == "error" for s, _ in results.values()):
+            raise JobFailed(*_root_cause(results))
         return results[0][1]
 
     @property
     def alive(self) -> bool:
         return not self._closed and all(p.is_alive() for p in self._procs)
 
-    def close(self) -> None:
+    def close(self, force: bool = False) -> None:
+        """Stop the workers: politely, or (``force``) at once, for workers stuck in a collective."""
         if self._closed:
             return
         self._closed = True
@@ -134,6 +163,8 @@ class LocalPool:
             except Exception:
                 pass
         for p in self._procs:
+            if force and p.is_alive():
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
@@ -147,4 +178,25 @@ class LocalPool:
         self.close()
 
 
-__all__ = ["LocalPool", "JobFailed"]
+def make_plan(model: str = "tiny-llama", global_batch: int = 8, seq_len: int = 32, optimizer: str = "adamw",
+              seed: int = 0, stages: list[int] | None = None, order: tuple[str, ...] | None = None,
+              cluster: str = "cpu", **parallel: Any):
+    """A plan for local runs without the solver: a catalog model, an fp32 workload, the given
+    degrees (``ParallelConfig`` fields), an optional uneven stage split as layer counts."""
+    from costmodel.catalog import get_model
+    from costmodel.specs import ParallelConfig, StageSpec, Workload, default_stages
+    from planner.planfile import DEFAULT_ORDER, Plan
+    from profiles.clusters import load_cluster
+    spec = get_model(model)
+    par = ParallelConfig(**parallel)
+    if stages is None:
+        st = default_stages(spec.layers, par.pp)
+    else:
+        firsts = [sum(stages[:i]) for i in range(len(stages))]
+        st = tuple(StageSpec(first_layer=f, num_layers=n) for f, n in zip(firsts, stages))
+    wl = Workload(global_batch=global_batch, seq_len=seq_len, dtype="fp32", optimizer=optimizer, seed=seed)
+    return Plan(model=spec, cluster=load_cluster(cluster).with_gpus(par.world_size), workload=wl, parallel=par,
+                stages=tuple(st), mesh_order=tuple(order or DEFAULT_ORDER))
+
+
+__all__ = ["LocalPool", "JobFailed", "make_plan"]

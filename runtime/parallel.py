@@ -354,9 +354,15 @@ def sync_tied_grads(parts: list[nn.Module], group) -> None:
     for part in parts:
         for p in ((part.embed.tok.weight if part.embed is not None else None),
                   (part.output.weight if part.output is not None else None)):
-            if p is not None and p.grad is not None:
-                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                dist.all_reduce(g, group=group)
+            if p is None or p.grad is None:
+                continue
+            grad = p.grad
+            if hasattr(grad, "placements") and tuple(grad.placements) != tuple(p.placements):
+                # e.g. a vocab-parallel embedding's gradient comes back replicated: shard it
+                # like its parameter so both copies reduce the same local block
+                grad = grad.redistribute(p.device_mesh, p.placements)
+                p.grad = grad
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
 
 
 __all__ = ["Dims", "PlanNotRunnable", "build_mesh", "tied_pair_group", "tp_plan", "apply_tp", "apply_experts",

@@ -1,0 +1,349 @@
+"""``planner launch``: run a plan with the built-in runtime and compare measured with predicted.
+
+On one machine it starts torchrun (``python -m torch.distributed.run``) with the plan's world
+size as processes on this node (GPUs where present, CPU processes over gloo otherwise); with
+``--nnodes/--node-rank/--rdzv-endpoint`` it is one node of a multi-node job. Run inside an
+existing torchrun (``torchrun ... -m planner launch PLAN``) it trains in that process. Every
+rank runs ``python -m runtime.train`` (the emitters' entry point too); rank 0 writes the
+per-step metrics (JSONL) and the summary this command prints.
+
+Refused before any process starts (exit 2): a plan whose world size is not the launch's
+(``--nnodes x --nproc-per-node``, or ``WORLD_SIZE`` of the torchrun we are in), a plan that
+is not a training plan, bad flags. A rank that fails: torchrun stops the others, this
+command names the rank and exits 1 (after ``--max-restarts`` elastic restarts, each of which
+resumes from the newest complete checkpoint).
+
+No torch import at module level: the CLI must start fast.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from planner.errors import CheckFailed, UsageError
+
+HELP = "run a plan with the built-in runtime (torchrun) and compare measured with predicted"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan file (YAML) from `planner plan`")
+    p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
+    p.add_argument("--checkpoint-dir", default="", help="directory for DCP checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node)")
+    p.add_argument("--rdzv-endpoint", default="", help="host:port of the c10d rendezvous (multi-node)")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes on this node (default: world size / nnodes); must match the plan")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="elastic restarts after a failure; each resumes from the last complete checkpoint")
+    p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
+                   help="for tests: kill rank R at step S on the first attempt (phase=save: while saving)")
+    p.add_argument("--metrics", default="", help="JSONL of per-step metrics (default runs/launch-<time>.jsonl)")
+    p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: GPUs when there are enough, else CPU processes")
+    p.add_argument("--timeout", type=float, default=0, metavar="S", help="stop the job after S seconds")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
+
+
+# --------------------------------------------------------------------------------------
+# Checks before anything starts
+# --------------------------------------------------------------------------------------
+
+def _gpu_count() -> int:
+    """GPUs visible through NVML (no torch import); 0 when there is no NVML or no GPU."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            n = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip()]))
+    return n
+
+
+def _in_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
+    """(processes on this node, device). Raises UsageError with the numbers."""
+    world = plan.world_size
+    if plan.mode != "train":
+        raise UsageError(f"{args.plan} is a {plan.mode!r} plan; `planner launch` trains (mode train)")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.checkpoint_every < 0 or args.max_restarts < 0:
+        raise UsageError("--checkpoint-every and --max-restarts must be >= 0")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir")
+    if args.max_restarts and not args.checkpoint_dir:
+        raise UsageError("--max-restarts needs --checkpoint-dir (a restart resumes from the last checkpoint)")
+    if args.inject_failure:
+        m = re.fullmatch(r"rank=(\d+),step=(\d+)(,phase=(step|save))?", args.inject_failure)
+        if not m:
+            raise UsageError(f"--inject-failure {args.inject_failure!r}: expected rank=R,step=S[,phase=step|save]")
+        if int(m.group(1)) >= world:
+            raise UsageError(f"--inject-failure rank {m.group(1)} is not a rank of this {world}-process plan")
+    if args.nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {args.nnodes}")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if _in_torchrun():
+        launched = int(os.environ["WORLD_SIZE"])
+        if launched != world:
+            raise UsageError(f"the plan needs {world} processes ({_degrees(plan)}) but this torchrun has "
+                             f"WORLD_SIZE {launched}; relaunch with {world} processes or replan for {launched}")
+        return int(os.environ.get("LOCAL_WORLD_SIZE", launched)), args.device
+    nproc = args.nproc_per_node if args.nproc_per_node is not None else world // args.nnodes
+    if nproc * args.nnodes != world:
+        raise UsageError(f"the plan needs {world} processes ({_degrees(plan)}) but the launch has "
+                         f"--nnodes {args.nnodes} x --nproc-per-node {nproc} = {nproc * args.nnodes}; "
+                         f"use {world // args.nnodes if world % args.nnodes == 0 else 'a divisor of ' + str(world)} "
+                         f"per node, or replan with `planner replan {args.plan} --gpus {nproc * args.nnodes}`")
+    device = args.device
+    gpus = _gpu_count() if device != "cpu" else 0
+    if device == "cuda" and gpus < nproc:
+        raise UsageError(f"--device cuda: {nproc} processes per node need {nproc} GPUs; this node has {gpus}")
+    if device == "auto":
+        device = "cuda" if gpus >= nproc else "cpu"
+    return nproc, device
+
+
+def _degrees(plan) -> str:
+    p = plan.parallel
+    return f"tp*pp*dp*cp = {p.tp}*{p.pp}*{p.dp}*{p.cp}"
+
+
+# --------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------
+
+def _default_metrics() -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return str(Path("runs") / f"launch-{stamp}-{os.getpid()}.jsonl")
+
+
+def _train_args(args: argparse.Namespace, device: str, json_out: str, metrics: str) -> list[str]:
+    a = ["--plan", str(Path(args.plan).resolve()), "--steps", str(args.steps), "--json-out", json_out,
+         "--metrics", metrics, "--device", device]
+    if args.checkpoint_dir:
+        a += ["--checkpoint-dir", str(Path(args.checkpoint_dir).resolve())]
+    if args.checkpoint_every:
+        a += ["--checkpoint-every", str(args.checkpoint_every)]
+    if args.resume:
+        a.append("--resume")
+    if args.inject_failure:
+        a += ["--inject-failure", args.inject_failure]
+    if args.data:
+        a += ["--data", str(Path(args.data).resolve())]
+    return a
+
+
+def torchrun_command(args: argparse.Namespace, nproc: int, device: str, json_out: str, metrics: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
+           "--nproc-per-node", str(nproc), "--max-restarts", str(args.max_restarts),
+           "--monitor-interval", "0.2", "--rdzv-backend", "c10d"]
+    if args.nnodes == 1 and not args.rdzv_endpoint:
+        cmd += ["--rdzv-endpoint", "localhost:0", "--rdzv-id", f"launch-{os.getpid()}"]
+    else:
+        cmd += ["--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", "planner-launch"]
+    if args.node_rank is not None:
+        cmd += ["--node-rank", str(args.node_rank)]
+    return cmd + ["-m", "runtime.train"] + _train_args(args, device, json_out, metrics)
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_RUNTIME_ERR = re.compile(r"runtime: rank (\d+): error: (.*)")
+
+
+def _failure(stderr_tail: str, rc: int, ckpt_dir: str) -> Exception:
+    """The error for a failed job: the rank that failed first, how, and the checkpoint left."""
+    m = _RUNTIME_ERR.search(stderr_tail)
+    if m:   # a rank refused its input (exit 2): that is a usage error, not a crash
+        return UsageError(f"rank {m.group(1)}: {m.group(2)}")
+    # torchrun's ChildFailedError report: the "Root Cause (first observed failure)" block
+    cause = stderr_tail[stderr_tail.rfind("Root Cause"):] if "Root Cause" in stderr_tail else stderr_tail
+    ranks = _ROOT_CAUSE.findall(cause)
+    codes = _EXITCODE.findall(cause)
+    how = ""
+    if codes:
+        c = int(codes[0])
+        how = f"exit code {c}" + (f" ({signal.Signals(-c).name})" if c < 0 and -c in signal.Signals._value2member_map_
+                                  else "")
+    who = f"rank {ranks[0][0]}" if ranks else "a rank"
+    msg = f"{who} failed" + (f" ({how})" if how else "") + f"; torchrun stopped the job (exit {rc})"
+    if ckpt_dir:
+        from runtime.checkpoint import find_latest
+        latest = find_latest(ckpt_dir)
+        msg += f"; last complete checkpoint: {latest}" if latest else "; no complete checkpoint"
+    return CheckFailed(msg)
+
+
+def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool) -> tuple[int, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # the workers' output goes to our stderr (stdout is for data); keep a tail to name a failure
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, text=True, start_new_session=True)
+    tail: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+            if len(tail) > 400:
+                del tail[:100]
+            if not quiet:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    try:
+        rc = proc.wait(timeout=timeout_s or None)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        t.join(timeout=5)
+        raise CheckFailed(f"the job did not finish in --timeout {timeout_s:g} s; stopped it") from None
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    t.join(timeout=5)
+    return rc, "".join(tail)
+
+
+def _run_inside(args: argparse.Namespace, plan, device: str, metrics: str) -> dict[str, Any] | None:
+    """Inside an existing torchrun: this process is one rank; train here."""
+    from runtime.train import Failure, Options, expected_errors, train
+    opts = Options(steps=args.steps, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                   resume=args.resume, metrics=metrics, data=args.data,
+                   inject=Failure.parse(args.inject_failure) if args.inject_failure else None, device=device)
+    try:
+        summary = train(plan, opts)
+    except expected_errors() as e:
+        raise UsageError(str(e)) from None
+    return summary if int(os.environ.get("RANK", "0")) == 0 else None
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+def predicted_figures(estimate: dict) -> dict[str, Any]:
+    """The estimate's figures this command compares (None where the plan has none)."""
+    est = dict(estimate or {})
+    mem = est.get("memory") or {}
+    return {"step_time_s": est.get("step_time_s"), "tokens_per_s": est.get("tokens_per_s"),
+            "peak_memory_bytes": mem.get("peak_bytes", est.get("peak_memory_bytes")), "mfu": est.get("mfu")}
+
+
+def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
+    out = {k: summary.get(k) for k in ("losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes",
+                                       "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
+                                       "resumed_from_step", "last_checkpoint_step", "restart_count")}
+    out["predicted"] = dict(plan.estimate or {})
+    out["metrics_file"] = metrics
+    return out
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "-"
+    if kind == "s":
+        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+    if kind == "bytes":
+        return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+    if kind == "pct":
+        return f"{v * 100:.1f}%"
+    return f"{v:,.0f}"
+
+
+def print_table(out: dict[str, Any], plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    pred = predicted_figures(out["predicted"])
+    t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
+                    f"{out['dtype']})", header_style="bold")
+    for c in ("", "predicted", "measured", "measured / predicted"):
+        t.add_column(c, justify="right" if c else "left")
+    rows = [("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "n"),
+            ("peak memory per rank (max)", "peak_memory_bytes", "bytes"), ("MFU", "mfu", "pct")]
+    for label, key, kind in rows:
+        p, m = pred.get(key), out.get(key)
+        ratio = f"{m / p:.2f}" if (p and m is not None) else "-"
+        t.add_row(label, _fmt(p, kind), _fmt(m, kind), ratio)
+    c = Console(highlight=False)
+    c.print(t)
+    per = out.get("peak_memory_bytes_per_rank") or []
+    if per:
+        c.print("peak memory by rank: " + ", ".join(f"{i}: {_fmt(b, 'bytes')}" for i, b in enumerate(per)))
+    if out["device"] == "cpu":
+        c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
+                "predictions are for the plan's GPUs[/dim]")
+    losses = out.get("losses") or []
+    if losses:
+        c.print(f"loss: step {out['steps'][0]} {losses[0]:.4f} -> step {out['steps'][-1]} {losses[-1]:.4f}"
+                + (f" (resumed from step {out['resumed_from_step']})" if out.get("resumed_from_step") else ""))
+    c.print(f"metrics: {out['metrics_file']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.planfile import read_plan
+    plan = read_plan(args.plan)
+    nproc, device = _check_args(args, plan)
+    metrics = args.metrics or _default_metrics()
+    Path(metrics).parent.mkdir(parents=True, exist_ok=True)
+    if _in_torchrun():
+        summary = _run_inside(args, plan, device, metrics)
+        if summary is None:
+            return 0
+    else:
+        tmpdir = tempfile.mkdtemp(prefix="planner-launch-")
+        try:
+            json_out = os.path.join(tmpdir, "summary.json")
+            cmd = torchrun_command(args, nproc, device, json_out, str(Path(metrics).resolve()))
+            rc, tail = _run_torchrun(cmd, args.timeout, quiet=False)
+            if rc != 0:
+                raise _failure(tail, rc, args.checkpoint_dir)
+            if not os.path.exists(json_out):
+                if args.nnodes > 1 and args.node_rank not in (None, 0):
+                    return 0     # rank 0 lives on another node and reports there
+                raise CheckFailed(f"the job ended without a summary (torchrun exit {rc}); see the log above")
+            summary = json.loads(Path(json_out).read_text())
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    out = launch_json(summary, plan, metrics)
+    if args.json:
+        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print_table(out, plan)
+    return 0
