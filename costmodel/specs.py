@@ -20,6 +20,30 @@ from typing import Any, Mapping
 from .units import GIB, US, dtype_bytes
 
 
+def _cached_hash(self) -> int:
+    """Frozen specs are hashed often (memo keys); compute the field hash once."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.hash is not False
+                       and f.compare))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
+def _memo(fn):
+    """Cache a no-argument method of a frozen spec in its instance dict."""
+    key = "_memo_" + fn.__name__
+
+    def wrapper(self):
+        d = self.__dict__
+        if key not in d:
+            d[key] = fn(self)
+        return d[key]
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
 class SpecError(ValueError):
     """Bad user input in a spec: the message carries the numbers and a hint."""
 
@@ -43,6 +67,7 @@ def _positive(where: str, **values: float) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    __hash__ = _cached_hash
     """A decoder-only transformer. Dense when ``num_experts == 0``."""
 
     name: str
@@ -124,6 +149,7 @@ class ModelSpec:
         return (i - self.first_dense_layers) % self.moe_layer_freq == 0
 
     @property
+    @_memo
     def moe_layers(self) -> int:
         return self.moe_layers_in(0, self.layers)
 
@@ -167,6 +193,7 @@ class ModelSpec:
         return self.heads * self.head_dim
 
     # ---- parameter counts (matrices; norms and biases separately) ---------------------
+    @_memo
     def attention_params(self) -> int:
         h = self.hidden
         if self.attention == "mla":
@@ -192,24 +219,29 @@ class ModelSpec:
             p += (mats - 1) * ffn + self.hidden
         return p
 
+    @_memo
     def dense_mlp_params(self) -> int:
         return self._mlp_params(self.ffn_hidden)
 
+    @_memo
     def expert_params(self) -> int:
         """One routed expert."""
         return self._mlp_params(self.expert_ffn_hidden)
 
+    @_memo
     def moe_mlp_params(self) -> int:
         """All experts, shared ones and the router of one MoE layer."""
         return (self.num_experts * self.expert_params()
                 + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
                 + self.hidden * self.num_experts)
 
+    @_memo
     def moe_active_mlp_params(self) -> int:
         return (self.top_k * self.expert_params()
                 + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
                 + self.hidden * self.num_experts)
 
+    @_memo
     def norm_params(self) -> int:
         per = self.hidden * (2 if self.norm == "layernorm" else 1)
         return per
@@ -222,20 +254,24 @@ class ModelSpec:
         mlp = self.moe_active_mlp_params() if self.is_moe_layer(i) else self.dense_mlp_params()
         return self.attention_params() + mlp + 2 * self.norm_params()
 
+    @_memo
     def embedding_params(self) -> int:
         p = self.vocab * self.hidden
         if self.positions == "learned":
             p += self.max_seq_len * self.hidden
         return p
 
+    @_memo
     def head_params(self) -> int:
         """Output projection plus final norm (0 for the projection when tied)."""
         return (0 if self.tied_embeddings else self.vocab * self.hidden) + self.norm_params()
 
+    @_memo
     def total_params(self) -> int:
         return (self.embedding_params() + self.head_params()
                 + sum(self.layer_params(i) for i in range(self.layers)))
 
+    @_memo
     def active_params(self) -> int:
         return (self.embedding_params() + self.head_params()
                 + sum(self.layer_active_params(i) for i in range(self.layers)))
@@ -262,6 +298,7 @@ class ModelSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuSpec:
+    __hash__ = _cached_hash
     """One accelerator, from its datasheet (or measured, when ``source`` says so)."""
 
     name: str
@@ -297,6 +334,7 @@ class GpuSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LinkSpec:
+    __hash__ = _cached_hash
     """A tier of the interconnect, per GPU per direction."""
 
     name: str
@@ -318,6 +356,7 @@ class LinkSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeGroup:
+    __hash__ = _cached_hash
     """Identical nodes: ``nodes`` x ``gpus_per_node`` GPUs joined by ``intra_node``."""
 
     name: str
@@ -336,6 +375,7 @@ class NodeGroup:
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
+    __hash__ = _cached_hash
     """Node groups joined by one inter-node network; measured tables optional.
 
     ``matmul_table``: rows ``(size, efficiency)``, the fraction of peak measured for a square
@@ -428,6 +468,7 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
+    __hash__ = _cached_hash
     """What is run: the data stream is a function of this alone (batch, length, seed)."""
 
     global_batch: int
@@ -468,6 +509,7 @@ class Workload:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
+    __hash__ = _cached_hash
     """Degrees and execution choices. ``tp*pp*dp*cp`` is the world size; ep divides dp*cp."""
 
     tp: int = 1

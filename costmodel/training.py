@@ -6,8 +6,9 @@ takes ``m * max(t) + (sum(t) - max(t))`` -- for equal stages ``(m + p - 1) * t``
 fraction ``(p-1)/m`` -- and the interleaved schedule with ``v`` virtual stages divides the
 fill/drain part by ``v``. Uneven stages make the slowest one the bottleneck.
 
-Data parallel: gradients are reduced once per step (ZeRO 0: all-reduce; ZeRO 1/2: reduce-scatter
-then an all-gather of the updated 16-bit weights), overlapped with the backward of the last
+Data parallel: gradients are reduced once per step (ZeRO 0: all-reduce; ZeRO 1: reduce-scatter
+then an all-gather of the updated 16-bit weights; ZeRO 2 reduce-scatters after every
+micro-batch's backward, as it keeps only its gradient shard), overlapped with the backward of the last
 micro-batch (and the gather with the first forward); stage ``i`` of a pipeline has ``i``
 backward passes of slack before the step ends. ZeRO-3/FSDP gathers weights before each forward
 and backward and reduce-scatters gradients after each backward, per micro-batch, overlapped
@@ -283,8 +284,15 @@ class StageModel:
                 grad_s = (net.all_reduce(dense_params * g_b / par.dp_shard, self.rep_lay)
                           + net.all_reduce(expert_params * g_b / self.e_shard, self.e_rep_lay))
                 if par.zero in (1, 2):
-                    grad_s += (net.reduce_scatter(dense_params * g_b, self.shard_lay)
-                               + net.reduce_scatter(expert_params * g_b, self.e_lay))
+                    rs = (net.reduce_scatter(dense_params * g_b, self.shard_lay)
+                          + net.reduce_scatter(expert_params * g_b, self.e_lay))
+                    if par.zero == 1:
+                        grad_s += rs
+                    else:
+                        # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
+                        # micro-batches: a reduce-scatter after every backward (DeepSpeed
+                        # stage 2), overlapped with that backward
+                        fsdp = max(0.0, rs - 2 * comp / 3)
                     gather_s = (net.all_gather(dense_params * w_b, self.shard_lay)
                                 + net.all_gather(expert_params * w_b, self.e_lay))
         shard = par.dp_shard if par.zero >= 1 else 1

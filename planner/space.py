@@ -1,0 +1,185 @@
+"""The search space: every legal outer configuration (degrees, ZeRO, micro-batch, schedule,
+base recompute policy, mesh order), enumerated in sorted order with the user's fixed
+dimensions respected. The pipeline split and per-stage recompute are left to CP-SAT.
+
+Dominated choices are left out unless fixed, each for a reason the cost model makes exact:
+ZeRO-0 costs the same time as ZeRO-1 with more memory; sequence parallelism moves the same
+bytes as plain TP with less memory; context parallelism only for sequences of at least
+``MIN_TOKENS_PER_CP_RANK`` tokens per rank (shorter chunks leave attention too small to hide
+the ring).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from planner.errors import UsageError
+
+MIN_TOKENS_PER_CP_RANK = 4096
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (1, 2, 4)
+ORDERS = (("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp"))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    par: ParallelConfig
+    order: tuple[str, ...]
+    stage_counts: tuple[tuple[str, int], ...]   # node group -> stages it runs (heterogeneous)
+
+    @property
+    def world(self) -> int:
+        return self.par.world_size
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(model: ModelSpec, tp: int) -> bool:
+    if model.heads % tp or model.ffn_hidden % tp:
+        return False
+    if model.is_moe and model.expert_ffn_hidden % tp:
+        return False
+    return model.attention == "mla" or model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+
+
+def _choices(fixed: dict, key: str, default: list) -> list:
+    if key in fixed:
+        return [fixed[key]]
+    return default
+
+
+def world_sizes(cluster: ClusterSpec, gpus: int, objective: str) -> list[int]:
+    """GPU counts to consider: all of them, or (``--objective cost``) whole-node fractions."""
+    if objective != "cost" or len(cluster.groups) > 1:
+        return [gpus]
+    gpn = cluster.gpus_per_node
+    out = {gpus}
+    w = gpus
+    while w > 1:
+        w //= 2
+        if w >= gpn and w % gpn == 0 or w < gpn and gpn % w == 0:
+            out.add(w)
+    return sorted(out, reverse=True)
+
+
+def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
+                         objective: str = "throughput") -> list[Candidate]:
+    """Every legal outer configuration, in a deterministic order."""
+    _check_fixed(model, workload, fixed, gpus)
+    gpn = max(g.gpus_per_node for g in cluster.groups)
+    L = model.layers
+    gb, seq = workload.global_batch, workload.seq_len
+    out: list[Candidate] = []
+    for world in world_sizes(cluster, gpus, objective):
+        tps = _choices(fixed, "tp", [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)])
+        for tp in tps:
+            cps = _choices(fixed, "cp", [c for c in (1, 2, 4, 8, 16, 32)
+                                         if seq % c == 0 and (c == 1 or seq // c >= MIN_TOKENS_PER_CP_RANK)])
+            for cp in cps:
+                if world % (tp * cp):
+                    continue
+                rest = world // (tp * cp)
+                pps = _choices(fixed, "pp", [p for p in divisors(rest) if p <= L])
+                for pp in pps:
+                    if rest % pp:
+                        continue
+                    dp = rest // pp
+                    if "dp" in fixed and fixed["dp"] != dp:
+                        continue
+                    stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
+                    if stage_counts is None:
+                        continue
+                    if gb % dp:
+                        continue
+                    out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts)
+    return out
+
+
+def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[str, int], ...] | None:
+    if len(cluster.groups) == 1:
+        return ((cluster.groups[0].name, pp),)
+    counts = []
+    for g in cluster.groups:
+        if g.gpus % per_stage:
+            return None
+        counts.append((g.name, g.gpus // per_stage))
+    return tuple(counts) if sum(c for _, c in counts) == pp else None
+
+
+def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts) -> list[Candidate]:
+    out = []
+    per_replica = workload.global_batch // dp
+    mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
+    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
+                   if model.is_moe else [1])
+    zeros = _choices(fixed, "zero", [1, 2, 3] if dp > 1 else [1])
+    sps = _choices(fixed, "sp", [tp > 1])
+    bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
+    orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
+    for mb in mbs:
+        if per_replica % mb:
+            continue
+        ga = per_replica // mb
+        if "grad_accum" in fixed and fixed["grad_accum"] != ga:
+            continue
+        vpps = _choices(fixed, "vpp", [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and ga % pp == 0
+                                                                              and model.layers // pp >= v)])
+        for ep in eps:
+            for zero in zeros:
+                shards = [dp]
+                if zero == 3:
+                    node_shard = max(1, gpn // (tp * cp))
+                    if node_shard < dp and dp % node_shard == 0:
+                        shards.append(node_shard)
+                shards = _choices(fixed, "dp_shard", shards)
+                for dp_shard in shards:
+                    for sp in sps:
+                        for vpp in vpps:
+                            sched = fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
+                            for base in bases:
+                                try:
+                                    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard,
+                                                         sp=sp, vpp=vpp, micro_batch=mb, grad_accum=ga, recompute=base,
+                                                         schedule=sched,
+                                                         recompute_layers=fixed.get("recompute_layers", -1))
+                                except SpecError:
+                                    continue
+                                for order in orders:
+                                    out.append(Candidate(par=par, order=tuple(order), stage_counts=stage_counts))
+    return out
+
+
+def _check_fixed(model: ModelSpec, workload: Workload, fixed: dict, gpus: int) -> None:
+    """Conflicting fixed dimensions: exit 2 with the numbers."""
+    prod = 1
+    names = []
+    for k in ("tp", "pp", "dp", "cp"):
+        if k in fixed:
+            if fixed[k] < 1:
+                raise UsageError(f"--{k} must be >= 1, got {fixed[k]}")
+            prod *= fixed[k]
+            names.append(f"{k}={fixed[k]}")
+    if gpus % prod:
+        raise UsageError(f"fixed {' * '.join(names)} = {prod} does not divide --gpus {gpus}")
+    if all(k in fixed for k in ("tp", "pp", "dp", "cp")) and prod != gpus:
+        raise UsageError(f"fixed {' * '.join(names)} = {prod}, but --gpus is {gpus}")
+    if "tp" in fixed and not _tp_ok(model, fixed["tp"]):
+        raise UsageError(f"--tp {fixed['tp']} does not divide {model.name}'s heads {model.heads} / kv heads "
+                         f"{model.kv_heads} / ffn {model.ffn_hidden}")
+    if "ep" in fixed:
+        if fixed["ep"] > 1 and not model.is_moe:
+            raise UsageError(f"--ep {fixed['ep']} but {model.name} has no experts")
+        if model.is_moe and model.num_experts % fixed["ep"]:
+            raise UsageError(f"--ep {fixed['ep']} does not divide {model.name}'s {model.num_experts} experts")
+    if "micro_batch" in fixed and "dp" in fixed and workload.global_batch % (fixed["micro_batch"] * fixed["dp"]):
+        raise UsageError(f"--global-batch {workload.global_batch} is not a multiple of dp*micro_batch = "
+                         f"{fixed['dp']}*{fixed['micro_batch']}")
+    if "cp" in fixed and workload.seq_len % fixed["cp"]:
+        raise UsageError(f"--cp {fixed['cp']} does not divide --seq-len {workload.seq_len}")
+
+
+def replace_par(c: Candidate, **kw) -> Candidate:
+    return dataclasses.replace(c, par=dataclasses.replace(c.par, **kw))
