@@ -1,0 +1,252 @@
+"""What every emitter shares: the refusal type, the checks most targets make on a plan, and
+quoting helpers for the shell, YAML and TOML text they write.
+
+An emitter is one module in ``emitters/`` with ``TARGET``, ``MODE`` (``train`` or ``infer``),
+``FORMAT`` (the tool and the version of its format the output targets), ``SUMMARY`` and a pure
+``emit(plan) -> dict[str, str]`` (file name -> text). It raises ``CannotExpress`` naming the
+part of the plan the target cannot state, rather than write something that would run a
+different configuration. Emitters import only the plan types (``planner.planfile``,
+``costmodel.specs``): no torch, no target package.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from typing import Iterable, Sequence
+
+from costmodel.specs import StageSpec
+from planner.planfile import Plan, dump_plan
+
+PLAN_FILE = "plan.yaml"
+
+
+class CannotExpress(ValueError):
+    """The target has no way to state part of the plan. ``part`` names it, the message says why
+    and what would help. ``planner emit`` maps it to exit code 1."""
+
+    def __init__(self, target: str, part: str, detail: str, hint: str = "") -> None:
+        self.target = target
+        self.part = part
+        self.detail = detail
+        self.hint = hint
+        msg = f"{target} cannot express {part}: {detail}"
+        if hint:
+            msg += f"; {hint}"
+        super().__init__(msg)
+
+
+# --------------------------------------------------------------------------------------
+# Facts about a plan, in the form the emitters need
+# --------------------------------------------------------------------------------------
+
+def describe(plan: Plan) -> str:
+    """One line: model, cluster, degrees and batch, for headers and READMEs."""
+    p = plan.parallel
+    w = plan.workload
+    head = (f"{plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs), {w.mode}: "
+            f"tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}")
+    if w.mode == "train":
+        return (head + f" zero={p.zero} sp={str(p.sp).lower()} vpp={p.vpp} recompute={p.recompute}; "
+                f"micro_batch={p.micro_batch} x grad_accum={p.grad_accum} x dp={p.dp} = "
+                f"global_batch={w.global_batch}, seq_len={w.seq_len}, {w.dtype}")
+    return head + (f"; {w.global_batch} concurrent sequences per replica, prompt {w.prompt_len} + "
+                   f"output {w.output_len} = {w.seq_len} tokens, {w.dtype}")
+
+
+def require_mode(plan: Plan, target: str, mode: str) -> None:
+    if plan.mode != mode:
+        other = "inference" if plan.mode == "infer" else "training"
+        want = "training" if mode == "train" else "inference (serving)"
+        raise CannotExpress(target, f"mode {plan.mode!r}",
+                            f"this is a {other} plan and {target} is a {want} target",
+                            "list the targets with `planner emit --list`")
+
+
+def require_one_group(plan: Plan, target: str) -> None:
+    """Refuse heterogeneous clusters and stage-to-group assignments: one launcher, one kind of node."""
+    groups = plan.cluster.groups
+    used = sorted({s.group or groups[0].name for s in plan.stages})
+    if len(groups) > 1 or used != [groups[0].name]:
+        parts = ", ".join(f"{g.name}: {g.nodes}x{g.gpus_per_node} {g.gpu.name}" for g in groups)
+        raise CannotExpress(target, "heterogeneous stage groups",
+                            f"the plan spreads stages over node groups ({parts}; stages on "
+                            f"{', '.join(used)}) and {target} launches one kind of node",
+                            "use the torchrun target (the built-in runtime places stages by group)")
+
+
+def nodes_and_procs(plan: Plan, target: str) -> tuple[int, int]:
+    """(nodes, processes per node) for a homogeneous plan: whole nodes, or part of one node."""
+    world = plan.world_size
+    gpn = plan.cluster.gpus_per_node
+    if world <= gpn:
+        return 1, world
+    if world % gpn:
+        raise CannotExpress(target, f"world size {world}",
+                            f"{world} processes do not fill whole nodes of {gpn} GPUs",
+                            f"plan for {world // gpn * gpn} or {(world // gpn + 1) * gpn} GPUs")
+    return world // gpn, gpn
+
+
+def effective_order(plan: Plan) -> tuple[str, ...]:
+    """The mesh order (outermost first) restricted to dims with degree > 1."""
+    return tuple(d for d in plan.mesh_order if plan.degree(d) > 1)
+
+
+def require_order(plan: Plan, target: str, *orders: Sequence[str], note: str = "") -> int:
+    """The index of the first target rank order (outermost first) the plan's order agrees with.
+
+    Only dims of degree > 1 matter: a degree-1 dim does not change which ranks are grouped.
+    """
+    eff = effective_order(plan)
+    for i, order in enumerate(orders):
+        if tuple(d for d in order if d in eff) == eff:
+            return i
+    names = " or ".join("[" + ", ".join(o) + "]" for o in orders)
+    raise CannotExpress(target, f"mesh order {list(plan.mesh_order)}",
+                        f"{target} orders ranks {names} (outermost first){note}",
+                        "plan with the default mesh order [pp, dp, cp, tp]")
+
+
+def stage_layers(plan: Plan) -> list[int]:
+    return [s.num_layers for s in plan.stages]
+
+
+def even_stages(plan: Plan) -> bool:
+    return len(set(stage_layers(plan))) <= 1
+
+
+def recompute_per_stage(plan: Plan) -> list[int]:
+    """Layers recomputed in full on each pipeline stage (0 without full recompute).
+
+    The stage split's own ``recompute_layers`` wins when any stage sets it; otherwise the
+    parallel config's ``recompute_layers`` applies to every stage (-1: all its layers).
+    """
+    p = plan.parallel
+    if p.recompute != "full":
+        return [0] * len(plan.stages)
+    if any(s.recompute_layers for s in plan.stages):
+        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
+    if p.recompute_layers < 0:
+        return [s.num_layers for s in plan.stages]
+    return [min(p.recompute_layers, s.num_layers) for s in plan.stages]
+
+
+def full_recompute_all(plan: Plan) -> bool:
+    """True when the plan recomputes every layer of every stage."""
+    return plan.parallel.recompute == "full" and recompute_per_stage(plan) == stage_layers(plan)
+
+
+def virtual_stage_layers(plan: Plan, target: str) -> int:
+    """Layers per virtual stage when vpp > 1: the interleaved schedule needs an even split."""
+    p = plan.parallel
+    n = plan.model.layers
+    if not even_stages(plan) or n % (p.pp * p.vpp):
+        raise CannotExpress(target, f"vpp={p.vpp} with stages {stage_layers(plan)}",
+                            f"the interleaved schedule splits {n} layers into pp*vpp = {p.pp * p.vpp} "
+                            "equal virtual stages", "plan an even split or vpp=1")
+    return n // (p.pp * p.vpp)
+
+
+def require(cond: bool, target: str, part: str, detail: str, hint: str = "") -> None:
+    if not cond:
+        raise CannotExpress(target, part, detail, hint)
+
+
+def estimate_memory(plan: Plan) -> dict:
+    """The estimate's memory breakdown (bytes), or {} when the plan carries no estimate."""
+    mem = (plan.estimate or {}).get("memory") or {}
+    return {k: float(v) for k, v in mem.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def ceil_fraction(x: float, step: float = 0.01) -> float:
+    """Round a memory fraction up to ``step`` so the budget never falls below the estimate."""
+    return round(math.ceil(x / step - 1e-9) * step, 4)
+
+
+TORCH_DTYPE = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+               "fp32": "float32", "float32": "float32", "tf32": "float32"}
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan itself, shipped next to launch files that reference it."""
+    return dump_plan(plan)
+
+
+def job_name(plan: Plan) -> str:
+    """A DNS-1123 name (Kubernetes, Slurm job names) from the model name."""
+    out = "".join(c if c.isalnum() else "-" for c in plan.model.name.lower()).strip("-")
+    while "--" in out:
+        out = out.replace("--", "-")
+    return ("planner-" + out)[:52].rstrip("-")
+
+
+# --------------------------------------------------------------------------------------
+# Text helpers
+# --------------------------------------------------------------------------------------
+
+class Raw(str):
+    """Shell text written as is (a "$VAR" reference), not quoted."""
+
+
+def sh(value: object) -> str:
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def bash_array(name: str, args: Iterable[object], comment: str = "") -> str:
+    """``NAME=(\\n  --flag value\\n  ...)``: one flag (with its values) per line.
+
+    ``args`` holds flags and values in order; a new line starts at every ``--flag``.
+    """
+    lines: list[list[str]] = []
+    for a in args:
+        s = sh(a)
+        if isinstance(a, str) and not isinstance(a, Raw) and a.startswith("-") or not lines:
+            lines.append([s])
+        else:
+            lines[-1].append(s)
+    body = "\n".join("  " + " ".join(words) for words in lines)
+    head = f"# {comment}\n" if comment else ""
+    return f"{head}{name}=(\n{body}\n)\n"
+
+
+def comment_block(lines: Iterable[str], prefix: str = "# ") -> str:
+    return "".join(f"{prefix}{line}".rstrip() + "\n" for line in lines)
+
+
+def script_header(plan: Plan, target: str, fmt: str, usage: Sequence[str]) -> str:
+    lines = [f"Generated by `planner emit --target {target}` from a plan; format: {fmt}.",
+             describe(plan), ""]
+    lines += list(usage)
+    return "#!/usr/bin/env bash\n" + comment_block(lines) + "set -euo pipefail\n"
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def toml_table(name: str, items: Sequence[tuple[str, object]], comments: dict | None = None) -> str:
+    comments = comments or {}
+    out = [f"[{name}]"]
+    for k, v in items:
+        line = f"{k} = {toml_value(v)}"
+        if k in comments:
+            line += f"  # {comments[k]}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def stage_summary(stages: Sequence[StageSpec]) -> str:
+    return ", ".join(f"[{s.first_layer},{s.last_layer})" for s in stages)

@@ -1,0 +1,125 @@
+"""DeepSpeed: the JSON config, a hostfile and the ``deepspeed`` launcher command.
+
+Batch rule (``DeepSpeedConfig._batch_assertion``): ``train_batch_size ==
+train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``, where ``world`` is the
+data-parallel size when the engine gets a topology (pipelines) and the whole world otherwise;
+the config writes all three numbers so DeepSpeed infers nothing. ZeRO stage from the plan,
+tensor parallel through AutoTP (``tensor_parallel.autotp_size``), expert parallel through AutoEP
+(``expert_parallel``), pipelines through the ``pipeline`` section read by ``PipelineEngine``.
+Written for DeepSpeed 0.19 (which removed MiCS, so no hybrid sharding).
+"""
+from __future__ import annotations
+
+import json
+
+from emitters.base import (CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
+                           require, require_mode, require_one_group, require_order, script_header,
+                           stage_layers)
+from planner.planfile import Plan
+
+TARGET = "deepspeed"
+MODE = "train"
+FORMAT = "DeepSpeed 0.19 config JSON (deepspeed/runtime/config.py) + deepspeed launcher (launcher/runner.py)"
+SUMMARY = "DeepSpeed config JSON (batch rule, ZeRO, bf16, pipeline) and launcher command with a hostfile"
+RUN = ("Edit `hostfile` to name your nodes (one line per node, `slots=` GPUs), then "
+       "`TRAIN_SCRIPT=your_train.py bash deepspeed.sh` on the first node. The script must call "
+       "`deepspeed.initialize(..., config=ds_config.json)` (the launcher passes "
+       "`--deepspeed --deepspeed_config`) and, with pipeline stages, build "
+       "`PipelineModule(num_stages=config['pipeline']['stages'])`.")
+
+MASTER_PORT = 29500
+
+
+def config(plan: Plan) -> dict:
+    p = plan.parallel
+    w = plan.workload
+    m = plan.model
+    require(p.cp == 1, TARGET, f"cp={p.cp}",
+            "DeepSpeed has Ulysses sequence parallelism (all-to-all over heads), not ring context "
+            "parallelism; the plan's costs assume the latter", "plan cp=1 or use megatron/torchtitan")
+    require_order(plan, TARGET, ("pp", "dp", "tp"),
+                  note=" (PipeModelDataParallelTopology: pipe, data, model)")
+    require(not p.sp, TARGET, "sequence parallel (sp=true)",
+            "AutoTP shards weights but has no Megatron-style sequence-parallel norms/dropout",
+            "plan sp=false or use megatron")
+    require(not (p.tp > 1 and p.pp > 1), TARGET, f"tp={p.tp} with pp={p.pp}",
+            "AutoTP (tensor_parallel.autotp_size) does not compose with PipelineModule in the config; "
+            "that needs a Megatron mpu in the training script", "use the megatron target")
+    if p.zero > 0 and p.hsdp:
+        raise CannotExpress(TARGET, f"ZeRO-{p.zero} over groups of {p.dp_shard} of dp={p.dp} (HSDP)",
+                            "DeepSpeed 0.19 removed MiCS, its hybrid sharding",
+                            "plan dp_shard = dp, or use torchtitan/accelerate (HSDP)")
+    require(not (p.zero > 1 and p.pp > 1), TARGET, f"ZeRO-{p.zero} with pp={p.pp}",
+            "DeepSpeed's PipelineEngine supports ZeRO stage 0 or 1 only", "plan zero<=1")
+    require(w.dtype in ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32"), TARGET,
+            f"dtype {w.dtype}", "the config enables bf16 or fp16 mixed precision, or neither (fp32)")
+    if p.recompute == "selective":
+        raise CannotExpress(TARGET, "selective recompute",
+                            "DeepSpeed's config has no attention-only recompute; the model code decides",
+                            "plan recompute=none or full")
+    if p.recompute == "full":
+        require(p.pp > 1, TARGET, "full recompute without pipeline stages",
+                "the config turns on activation checkpointing only for PipelineModule "
+                "(pipeline.activation_checkpoint_interval); a plain model checkpoints in its own code")
+        require(full_recompute_all(plan), TARGET, "recompute of some layers per stage",
+                "activation_checkpoint_interval checkpoints every n-th layer boundary and recomputes "
+                "all layers; it cannot recompute only the first k", "plan recompute of all layers")
+    if p.pp > 1:
+        require(even_stages(plan), TARGET, f"stage split {stage_layers(plan)}",
+                "the config states the stage count; PipelineModule's partition_method balances layers "
+                "itself", "plan an even split or use megatron")
+    require(p.vpp == 1, TARGET, f"vpp={p.vpp}", "PipelineEngine has no interleaved schedule")
+    require(not (p.pp > 1 and p.schedule == "gpipe"), TARGET, "the GPipe schedule",
+            "PipelineEngine runs 1F1B")
+
+    cfg: dict = {
+        "train_batch_size": w.global_batch,
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": p.grad_accum,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+    }
+    if w.dtype in ("bf16", "bfloat16"):
+        cfg["bf16"] = {"enabled": True}
+    elif w.dtype in ("fp16", "float16"):
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    cfg["zero_optimization"] = {"stage": p.zero, "overlap_comm": p.overlap_dp_comm,
+                                "contiguous_gradients": True, "reduce_scatter": True}
+    if p.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+    if m.is_moe and p.ep > 1:
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": p.ep, "expert_tensor_parallel_size": p.tp}
+    elif p.ep > 1:
+        raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
+    if p.pp > 1:
+        cfg["pipeline"] = {"stages": p.pp, "partition": "uniform",
+                           "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
+    return cfg
+
+
+def hostfile(plan: Plan, nnodes: int, nproc: int) -> str:
+    if nnodes == 1:
+        return f"# one node; deepspeed hostfile: <host> slots=<processes>\nlocalhost slots={nproc}\n"
+    return ("# replace node-<i> with your hosts' names (reachable by ssh/pdsh from the first)\n"
+            + "".join(f"node-{i} slots={nproc}\n" for i in range(nnodes)))
+
+
+def emit(plan: Plan) -> dict[str, str]:
+    require_mode(plan, TARGET, "train")
+    require_one_group(plan, TARGET)
+    nnodes, nproc = nodes_and_procs(plan, TARGET)
+    cfg = config(plan)
+    p = plan.parallel
+    usage = [f"Edit hostfile, then on the first node: TRAIN_SCRIPT=train.py bash deepspeed.sh [script args]",
+             f"train_batch_size {plan.workload.global_batch} = micro {p.micro_batch} x accumulation "
+             f"{p.grad_accum} x data-parallel {p.dp}"]
+    text = script_header(plan, TARGET, FORMAT, usage)
+    text += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    text += bash_array("LAUNCHER_ARGS", [
+        "--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes, "--num_gpus", nproc,
+        "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
+    ])
+    text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "${TRAIN_SCRIPT:-train.py}" '
+             '--deepspeed --deepspeed_config "$HERE/ds_config.json" "$@"\n')
+    return {"ds_config.json": json.dumps(cfg, indent=2) + "\n", "hostfile": hostfile(plan, nnodes, nproc),
+            "deepspeed.sh": text}

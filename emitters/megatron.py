@@ -1,0 +1,229 @@
+"""Megatron-LM / Megatron-Core: ``pretrain_gpt.py`` arguments and a torchrun launch line.
+
+Flag names are those of ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM, 2025-2026;
+unchanged by the 2026-01 move to dataclass-generated flags): virtual stages with
+``--num-virtual-stages-per-pipeline-rank`` (there is no ``--virtual-pipeline-model-parallel-size``
+flag), uneven splits with ``--decoder-first/last-pipeline-num-layers``, ZeRO-1 as
+``--use-distributed-optimizer``, ZeRO-2/3 as Megatron-FSDP. Megatron orders ranks
+tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``.
+"""
+from __future__ import annotations
+
+from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
+                           require_mode, require_one_group, require_order, script_header, stage_layers,
+                           virtual_stage_layers)
+from planner.planfile import Plan
+
+TARGET = "megatron"
+MODE = "train"
+FORMAT = "Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py, core_r0.13+ / 2026 main)"
+SUMMARY = "Megatron-LM pretrain_gpt.py arguments with a torchrun launch line"
+RUN = ("From a Megatron-LM checkout: `MEGATRON=/path/to/Megatron-LM bash megatron.sh` on every node "
+       "(multi-node: also `NODE_RANK` and `MASTER_ADDR`). It trains on mock data with the "
+       "NullTokenizer; replace DATA_ARGS with your --data-path and tokenizer.")
+
+MASTER_PORT = 6000
+
+
+def _moe_layer_pattern(plan: Plan) -> str | None:
+    """``--moe-layer-freq`` as Megatron's list expression, e.g. ``([0]*3+[1]*58)``; None for every layer."""
+    m = plan.model
+    flags = [1 if m.is_moe_layer(i) else 0 for i in range(m.layers)]
+    if all(flags):
+        return None
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+
+
+def model_args(plan: Plan) -> list:
+    m = plan.model
+    w = plan.workload
+    a: list = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--ffn-hidden-size", m.ffn_hidden,
+               "--num-attention-heads", m.heads]
+    if m.attention == "mla":
+        a += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_head_dim,
+              "--qk-pos-emb-head-dim", m.qk_rope_head_dim, "--v-head-dim", m.v_head_dim]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", m.q_lora_rank]
+    else:
+        a += ["--kv-channels", m.head_dim]
+        if m.kv_heads < m.heads:
+            a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
+    a += ["--seq-length", w.seq_len, "--max-position-embeddings", max(m.max_seq_len, w.seq_len)]
+    if m.positions == "alibi":
+        raise CannotExpress(TARGET, "ALiBi positions", f"{m.name} uses ALiBi and Megatron-Core GPT offers "
+                            "learned_absolute, rope, mrope, relative and none")
+    a += ["--position-embedding-type", "rope" if m.positions == "rotary" else "learned_absolute"]
+    a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.mlp == "swiglu":
+        a.append("--swiglu")
+    if not m.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        a.append("--disable-bias-linear")
+    if not m.dropout:
+        a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    a += ["--attention-backend", "flash" if w.attention_kernel == "flash" else "unfused"]
+    if m.is_moe:
+        a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
+              "--moe-ffn-hidden-size", m.expert_ffn_hidden]
+        if m.shared_experts:
+            a += ["--moe-shared-expert-intermediate-size", m.shared_experts * m.shared_expert_ffn_hidden]
+        pattern = _moe_layer_pattern(plan)
+        if pattern:
+            a += ["--moe-layer-freq", pattern]
+        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    return a
+
+
+def _pipeline_split_args(plan: Plan) -> list:
+    p = plan.parallel
+    layers = stage_layers(plan)
+    if p.pp == 1:
+        return []
+    if p.vpp > 1:
+        virtual_stage_layers(plan, TARGET)   # refuses uneven splits
+        return ["--num-virtual-stages-per-pipeline-rank", p.vpp]
+    if len(set(layers)) == 1:
+        return []
+    if p.pp == 2:
+        return ["--decoder-first-pipeline-num-layers", layers[0]]
+    middle = layers[1:-1]
+    require(len(set(middle)) == 1, TARGET, f"stage split {layers}",
+            "Megatron sets the first and last stage's layer counts and splits the rest evenly, "
+            f"but the middle stages hold {middle}",
+            "plan a split whose middle stages are equal")
+    out: list = []
+    if layers[0] != middle[0]:
+        out += ["--decoder-first-pipeline-num-layers", layers[0]]
+    if layers[-1] != middle[0]:
+        out += ["--decoder-last-pipeline-num-layers", layers[-1]]
+    return out
+
+
+def _recompute_args(plan: Plan) -> list:
+    p = plan.parallel
+    if p.recompute == "none":
+        return []
+    if p.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    per_stage = recompute_per_stage(plan)
+    layers = stage_layers(plan)
+    if per_stage == layers:
+        # every layer: checkpoint each layer's input (uniform groups of one layer)
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
+    require(len(set(per_stage)) == 1, TARGET, f"recompute layers per stage {per_stage}",
+            "--recompute-num-layers is one count for every pipeline stage",
+            "plan the same number of recomputed layers on every stage")
+    k = per_stage[0]
+    if k == 0:
+        return []
+    if p.vpp > 1:
+        require(k % p.vpp == 0, TARGET, f"{k} recomputed layers per stage with vpp={p.vpp}",
+                "the block method recomputes the first N layers of each virtual stage")
+        k //= p.vpp
+    return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", k]
+
+
+def _data_parallel_args(plan: Plan) -> tuple[list, bool]:
+    """(flags, uses Megatron-FSDP)."""
+    p = plan.parallel
+    a: list = []
+    fsdp = False
+    if p.zero == 1:
+        a.append("--use-distributed-optimizer")
+        if p.hsdp:
+            a += ["--num-distributed-optimizer-instances", p.dp // p.dp_shard]
+    elif p.zero in (2, 3):
+        require(not p.hsdp, TARGET, f"ZeRO-{p.zero} over groups of {p.dp_shard} of dp={p.dp} (HSDP)",
+                "Megatron-FSDP shards over the whole data-parallel group",
+                "plan zero=1 (distributed optimizer instances) or dp_shard = dp")
+        fsdp = True
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+              "optim_grads" if p.zero == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"]
+    if p.overlap_dp_comm and p.dp * p.cp > 1:
+        a.append("--overlap-grad-reduce")
+        if p.zero >= 1:
+            a.append("--overlap-param-gather")
+    return a, fsdp
+
+
+def parallel_args(plan: Plan) -> tuple[list, bool]:
+    p = plan.parallel
+    m = plan.model
+    w = plan.workload
+    mapping = require_order(plan, TARGET, ("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp"))
+    require(not (p.pp > 1 and p.schedule == "gpipe"), TARGET, "the GPipe schedule",
+            "Megatron runs 1F1B, or interleaved 1F1B with virtual stages", "plan schedule=1f1b")
+    if p.cp > 1:
+        require(w.seq_len % (2 * p.cp) == 0, TARGET, f"cp={p.cp} with seq_len={w.seq_len}",
+                "Megatron needs seq-length to be a multiple of 2 * context-parallel-size")
+    a: list = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
+               "--context-parallel-size", p.cp]
+    if mapping == 1:
+        a.append("--use-tp-pp-dp-mapping")
+    if m.is_moe:
+        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.tp]
+    elif p.ep > 1:
+        raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
+    if p.sp:
+        a.append("--sequence-parallel")
+    a += _pipeline_split_args(plan)
+    a += _recompute_args(plan)
+    dp_args, fsdp = _data_parallel_args(plan)
+    return a + dp_args, fsdp
+
+
+def training_args(plan: Plan) -> list:
+    p = plan.parallel
+    w = plan.workload
+    dtype = {"bf16": ["--bf16"], "bfloat16": ["--bf16"], "fp16": ["--fp16"], "float16": ["--fp16"],
+             "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"]}.get(w.dtype)
+    if dtype is None:
+        raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16 or fp8 (TE)")
+    return (["--micro-batch-size", p.micro_batch, "--global-batch-size", w.global_batch]
+            + dtype
+            + ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam", "--seed", w.seed,
+               "--train-iters", Raw('"${TRAIN_ITERS:-100}"'), "--lr", Raw('"${LR:-3.0e-4}"'),
+               "--min-lr", Raw('"${MIN_LR:-3.0e-5}"'), "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+               "--log-interval", "1"])
+
+
+def emit(plan: Plan) -> dict[str, str]:
+    require_mode(plan, TARGET, "train")
+    require_one_group(plan, TARGET)
+    nnodes, nproc = nodes_and_procs(plan, TARGET)
+    par, fsdp = parallel_args(plan)
+    p = plan.parallel
+    usage = ["Run from anywhere with MEGATRON=<Megatron-LM checkout>; multi-node: on every node with",
+             "NODE_RANK=<i> MASTER_ADDR=<node 0>. Mock data + NullTokenizer: replace DATA_ARGS for real data.",
+             f"Megatron derives dp = world / (tp*pp*cp) = {plan.world_size} / "
+             f"({p.tp}*{p.pp}*{p.cp}) = {p.dp} and micro-batches per step = "
+             f"global / (micro * dp) = {plan.workload.global_batch} / ({p.micro_batch}*{p.dp}) = {p.grad_accum}."]
+    env = 'MEGATRON="${MEGATRON:-.}"\n'
+    if (p.tp > 1 or p.cp > 1) and not fsdp:
+        env += "export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)\n"
+    text = script_header(plan, TARGET, FORMAT, usage) + env
+    text += bash_array("DISTRIBUTED_ARGS", [
+        "--nproc-per-node", nproc, "--nnodes", nnodes, "--node-rank", Raw('"${NODE_RANK:-0}"'),
+        "--master-addr", Raw('"${MASTER_ADDR:-localhost}"'), "--master-port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
+    ])
+    text += bash_array("MODEL_ARGS", model_args(plan))
+    text += bash_array("PARALLEL_ARGS", par)
+    text += bash_array("TRAINING_ARGS", training_args(plan))
+    text += bash_array("DATA_ARGS", ["--mock-data", "--tokenizer-type", "NullTokenizer",
+                                     "--vocab-size", plan.model.vocab, "--split", "949,50,1"])
+    text += bash_array("CHECKPOINT_ARGS", ["--eval-iters", 0, "--eval-interval", 1000])
+    text += ('if [ -n "${CHECKPOINT_DIR:-}" ]; then\n'
+             '  CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" '
+             '--save-interval "${CHECKPOINT_EVERY:-1000}")\n'
+             'fi\n')
+    text += ('exec torchrun "${DISTRIBUTED_ARGS[@]}" "$MEGATRON/pretrain_gpt.py" \\\n'
+             '  "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" '
+             '"${CHECKPOINT_ARGS[@]}"\n')
+    return {"megatron.sh": text}

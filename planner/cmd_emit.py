@@ -1,0 +1,140 @@
+"""``planner emit``: write a plan's launch files for one target, or every target of its mode.
+
+    planner emit PLAN --target NAME|all --out DIR [--force]
+    planner emit --list [--json]
+
+Writes each target's files and a README.md saying how to run them. A target that cannot
+express the plan refuses with the part it cannot state (exit 1); with ``--target all`` the
+others are still written and the README lists the refusals. A bad plan file or an unknown
+target is exit 2; so is an existing output folder holding files this command would not write,
+unless ``--force``. No torch here: emitters are pure text.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from planner.errors import UsageError
+
+HELP = "write launch files for a target (torchrun, slurm, kubernetes, megatron, deepspeed, ...) from a plan"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("plan", nargs="?", help="plan file (YAML) written by `planner plan`")
+    p.add_argument("--target", "-t", help="target name, or 'all' for every target of the plan's mode")
+    p.add_argument("--out", "-o", help="output folder (created if missing)")
+    p.add_argument("--force", action="store_true", help="write into a folder that holds other files")
+    p.add_argument("--list", action="store_true", help="list the targets and exit")
+    p.add_argument("--json", action="store_true", help="with --list or after writing: machine-readable output")
+
+
+def _targets():
+    import emitters
+    return [(name, emitters.get(name)) for name in emitters.names()]
+
+
+def _list(as_json: bool) -> int:
+    rows = [{"target": n, "mode": m.MODE, "format": m.FORMAT, "summary": m.SUMMARY} for n, m in _targets()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["target"]) for r in rows)
+    for r in rows:
+        print(f"{r['target']:<{width}}  {r['mode']:<5}  {r['summary']}")
+        print(f"{'':<{width}}         format: {r['format']}")
+    return 0
+
+
+def _readme(plan, written: dict[str, list[str]], refused: dict[str, str], skipped: list[str]) -> str:
+    from emitters import get
+    from emitters.base import describe
+    lines = ["# Launch files", "", f"Written by `planner emit` for the plan: {describe(plan)}.", ""]
+    for name, files in written.items():
+        mod = get(name)
+        lines += [f"## {name}", "", f"Format: {mod.FORMAT}.", "",
+                  "Files: " + ", ".join(f"`{f}`" for f in files) + ".", "", mod.RUN, ""]
+    if refused:
+        lines += ["## Targets that cannot express this plan", ""]
+        lines += [f"- **{name}**: {msg}" for name, msg in refused.items()]
+        lines.append("")
+    if skipped:
+        other = "inference" if plan.mode == "train" else "training"
+        lines += [f"Not applicable to a {plan.mode} plan ({other} targets): {', '.join(skipped)}.", ""]
+    return "\n".join(lines)
+
+
+def _check_out(out: Path, names: set[str], force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    if not out.exists() or force:
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in names)
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise UsageError(f"--out {out} already holds other files ({shown}); choose an empty folder or "
+                         "pass --force to write into it")
+
+
+def run(args) -> int:
+    from emitters import TARGETS, CannotExpress
+    from planner.planfile import read_plan
+
+    if args.list:
+        return _list(args.json)
+    if not args.plan:
+        raise UsageError("give a plan file (or --list to see the targets)")
+    if not args.target:
+        raise UsageError(f"give --target: one of {', '.join(TARGETS)}, or all")
+    if args.target != "all" and args.target not in TARGETS:
+        raise UsageError(f"unknown target {args.target!r}; targets: {', '.join(TARGETS)}, all")
+    if not args.out:
+        raise UsageError("give --out DIR for the files")
+    plan = read_plan(args.plan)   # PlanError -> exit 2, naming the problem
+
+    names = list(TARGETS) if args.target == "all" else [args.target]
+    files: dict[str, str] = {}
+    written: dict[str, list[str]] = {}
+    refused: dict[str, str] = {}
+    skipped: list[str] = []
+    for name, mod in _targets():
+        if name not in names:
+            continue
+        if args.target == "all" and mod.MODE != plan.mode:
+            skipped.append(name)
+            continue
+        try:
+            out = mod.emit(plan)
+        except CannotExpress as e:
+            refused[name] = str(e)
+            continue
+        for fname, text in out.items():
+            assert files.get(fname, text) == text, f"{name} and another target both write {fname} differently"
+            files[fname] = text
+        written[name] = list(out)
+
+    if not written:
+        for msg in refused.values():
+            print(f"planner emit: {msg}", file=sys.stderr)
+        return 1
+    out_dir = Path(args.out)
+    _check_out(out_dir, set(files) | {"README.md"}, args.force)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files["README.md"] = _readme(plan, written, refused, skipped)
+    for fname, text in files.items():
+        path = out_dir / fname
+        tmp = path.with_name(f".{fname}.tmp")
+        tmp.write_text(text)
+        if fname.endswith(".sh") or fname.endswith(".sbatch"):
+            os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    if args.json:
+        print(json.dumps({"out": str(out_dir), "written": written, "refused": refused, "skipped": skipped},
+                         indent=2))
+    else:
+        for name, fl in written.items():
+            print(f"{name}: {', '.join(str(out_dir / f) for f in fl)}")
+    for name, msg in refused.items():
+        print(f"planner emit: {msg}", file=sys.stderr)
+    return 1 if refused else 0

@@ -1,0 +1,726 @@
+"""Round trips: every emitted file is parsed back and the parsed degrees, batch sizes and
+recompute settings must equal the plan's.
+
+Real parsers where the target installs on a CPU machine: torchrun's argument parser (always),
+DeepSpeed's ``DeepSpeedConfig`` and launcher parser, Accelerate's launch parser and env
+preparation (+ ``MegatronLMPlugin``), torchtitan v0.2.2's ``ConfigManager`` and its llama3
+``Transformer`` on the meta device, SGLang's ``ServerArgs`` and vLLM's ``EngineArgs`` parsers:
+each skips when its package is not installed. Parsers built from each target's documented
+flags (sources cited at each) run always, for Megatron-LM, vLLM, SGLang, TensorRT-LLM, Slurm
+and the Kubernetes manifest.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shlex
+import sys
+import tomllib
+import types
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emitters import torchtitan as tt_emitter
+from emitters.base import recompute_per_stage, stage_layers
+from planner.planfile import plan_from_dict, plan_to_dict
+
+from test_emit_support import examples, make_plan, run_script, split_module_args, write
+
+TRAIN = [n for n, p in examples().items() if p.mode == "train"]
+INFER = [n for n, p in examples().items() if p.mode == "infer"]
+
+
+def _emits(name: str, target: str) -> bool:
+    from emitters import CannotExpress, get
+    try:
+        get(target).emit(examples()[name])
+        return True
+    except CannotExpress:
+        return False
+
+
+def plans_for(target: str, names) -> list[str]:
+    return [n for n in names if _emits(n, target)]
+
+
+def torchrun_args(argv: list[str]) -> argparse.Namespace:
+    """torchrun's own parser (torch/distributed/run.py)."""
+    from torch.distributed.run import get_args_parser
+    return get_args_parser().parse_args(argv)
+
+
+def runtime_args(argv: list[str]) -> argparse.Namespace:
+    """The built-in runtime's contract: --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K] [--resume]."""
+    try:
+        from runtime.train import build_parser
+        return build_parser().parse_args(argv)
+    except ImportError:
+        p = argparse.ArgumentParser()
+        p.add_argument("--plan", required=True)
+        p.add_argument("--steps", type=int)
+        p.add_argument("--checkpoint-dir")
+        p.add_argument("--checkpoint-every", type=int)
+        p.add_argument("--resume", action="store_true")
+        return p.parse_args(argv)
+
+
+def _same_plan(path: str, plan) -> None:
+    back = plan_from_dict(yaml.safe_load(Path(path).read_text()))
+    assert plan_to_dict(back) == plan_to_dict(plan)
+
+
+# --------------------------------------------------------------------------------------
+# torchrun
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", plans_for("torchrun", TRAIN))
+def test_torchrun_round_trip(name, tmp_path):
+    plan = examples()[name]
+    out = write(plan, "torchrun", tmp_path / "out")
+    hetero = len(plan.cluster.groups) > 1
+    nnodes = plan.rank_layout()["nodes"] if not hetero else plan.cluster.nodes
+    total = 0
+    for rank in range(nnodes):
+        calls = run_script(out / "torchrun.sh", ["torchrun"], {"HEAD_ADDR": "head0", "NODE_RANK": str(rank)})
+        assert [c["prog"] for c in calls] == ["torchrun"]
+        own, prog = split_module_args(calls[0]["argv"])
+        a = torchrun_args(own)
+        assert a.module and a.training_script == "runtime.train"
+        assert int(a.nnodes) == nnodes
+        total += int(a.nproc_per_node)
+        r = runtime_args(prog)
+        _same_plan(r.plan, plan)
+        assert r.steps == 10
+        if hetero:
+            assert a.rdzv_backend == "static" and a.master_addr == "head0" and a.node_rank == rank
+        else:
+            assert a.rdzv_backend == "c10d"
+            assert a.rdzv_endpoint == ("localhost:0" if nnodes == 1 else "head0:29400")
+            assert int(a.nproc_per_node) * nnodes == plan.world_size
+            break   # every node runs the same command
+    if hetero:
+        assert total == plan.world_size
+
+
+def test_torchrun_passes_runtime_options(tmp_path):
+    plan = make_plan(tp=2, dp=2, micro_batch=2, grad_accum=2)
+    out = write(plan, "torchrun", tmp_path / "out")
+    calls = run_script(out / "torchrun.sh", ["torchrun"], {"STEPS": "3", "CHECKPOINT_DIR": "/ck",
+                                                           "CHECKPOINT_EVERY": "2", "RESUME": "1"})
+    _, prog = split_module_args(calls[0]["argv"])
+    r = runtime_args(prog)
+    assert (r.steps, r.checkpoint_dir, r.checkpoint_every, r.resume) == (3, "/ck", 2, True)
+
+
+# --------------------------------------------------------------------------------------
+# Slurm: #SBATCH options (sbatch(1): --job-name, --nodes, --ntasks, --ntasks-per-node,
+# --gpus-per-task, --cpus-per-task, --output) and the srun + torchrun line
+# --------------------------------------------------------------------------------------
+
+def sbatch_options(text: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    for o in ("--job-name", "--output"):
+        p.add_argument(o)
+    for o in ("--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-task", "--cpus-per-task"):
+        p.add_argument(o, type=int)
+    opts = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
+    return p.parse_args(opts)
+
+
+FAKE_SCONTROL = """#!/bin/bash
+# scontrol show hostnames LIST -> one name per node
+for i in $(seq 1 "${FAKE_NODES:-1}"); do echo "node$i"; done
+"""
+FAKE_SRUN = """#!/bin/bash
+# srun [options] cmd...: record the options, run the command once (the parse test needs one copy)
+while [[ "$1" == -* ]]; do echo "srun-option $1" >> "$ARGV_OUT.srun"; shift; done
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("name", plans_for("slurm", TRAIN))
+def test_slurm_round_trip(name, tmp_path):
+    plan = examples()[name]
+    out = write(plan, "slurm", tmp_path / "out")
+    text = (out / "slurm.sbatch").read_text()
+    o = sbatch_options(text)
+    nnodes = o.nodes
+    per_node = o.gpus_per_task or o.cpus_per_task
+    assert o.ntasks == nnodes and o.ntasks_per_node == 1 and nnodes * per_node == plan.world_size
+    fb = tmp_path / "fakebin"
+    fb.mkdir()
+    for n, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (fb / n).write_text(body)
+        (fb / n).chmod(0o755)
+    calls = run_script(out / "slurm.sbatch", ["torchrun"], {
+        "PATH": f"{fb}:{tmp_path / 'fakebin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-9]",
+        "SLURM_JOB_ID": "77", "SLURM_SUBMIT_DIR": str(out), "FAKE_NODES": str(nnodes)})
+    own, prog = split_module_args(calls[0]["argv"])
+    a = torchrun_args(own)
+    assert (int(a.nnodes), int(a.nproc_per_node)) == (nnodes, per_node)
+    assert a.rdzv_backend == "c10d" and a.rdzv_endpoint == "node1:29500" and a.rdzv_id == "77"
+    _same_plan(runtime_args(prog).plan, plan)
+    srun = (out / "argv.jsonl.srun").read_text().split()
+    assert f"--nodes={nnodes}" in srun and f"--ntasks={nnodes}" in srun and "--ntasks-per-node=1" in srun
+
+
+# --------------------------------------------------------------------------------------
+# Kubernetes: the PyTorchJob structure (kubeflow.org/v1, training-operator docs) and the
+# container command run through sh with the operator's environment
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", plans_for("kubernetes", TRAIN))
+def test_kubernetes_round_trip(name, tmp_path):
+    plan = examples()[name]
+    out = write(plan, "kubernetes", tmp_path / "out")
+    docs = list(yaml.safe_load_all((out / "pytorchjob.yaml").read_text()))
+    cm, job = docs
+    assert cm["kind"] == "ConfigMap" and job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    plan_back = plan_from_dict(yaml.safe_load(cm["data"]["plan.yaml"]))
+    assert plan_to_dict(plan_back) == plan_to_dict(plan)
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    replicas = sum(s["replicas"] for s in specs.values())
+    assert specs["Master"]["replicas"] == 1 and replicas == plan.rank_layout()["nodes"]
+    nproc = int(job["spec"]["nprocPerNode"])
+    assert nproc * replicas == plan.world_size
+    for role, spec in specs.items():
+        pod = spec["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["name"] == "pytorch"
+        limits = c["resources"]["limits"]
+        assert list(limits.values()) == [nproc]
+        mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["plan"]
+        assert {v["name"]: v for v in pod["volumes"]}["plan"]["configMap"]["name"] == cm["metadata"]["name"]
+        script = tmp_path / f"{role}.sh"
+        script.write_text(c["args"][0] + "\n")
+        calls = run_script(script, ["torchrun"], {"PET_NODE_RANK": "1" if role == "Worker" else "0",
+                                                  "MASTER_ADDR": "master-0", "MASTER_PORT": "23456"})
+        own, prog = split_module_args(calls[0]["argv"])
+        a = torchrun_args(own)
+        assert (int(a.nnodes), int(a.nproc_per_node)) == (replicas, nproc)
+        assert (a.master_addr, a.master_port, a.node_rank) == ("master-0", 23456, 1 if role == "Worker" else 0)
+        r = runtime_args(prog)
+        assert r.plan == f"{mount}/plan.yaml"
+
+
+# --------------------------------------------------------------------------------------
+# Megatron-LM: a parser with the flags' documented names, types and choices
+# (NVIDIA/Megatron-LM megatron/training/arguments.py, 2025-2026 main; ../shared/reference/
+# launchers.md section 3), and the checks its validate_args makes that involve the plan.
+# --------------------------------------------------------------------------------------
+
+def megatron_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    ints = ["--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+            "--num-query-groups", "--seq-length", "--max-position-embeddings", "--num-experts", "--moe-router-topk",
+            "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--q-lora-rank", "--kv-lora-rank",
+            "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--tensor-model-parallel-size",
+            "--pipeline-model-parallel-size", "--context-parallel-size", "--expert-model-parallel-size",
+            "--expert-tensor-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+            "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+            "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-distributed-optimizer-instances",
+            "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
+            "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval"]
+    for f in ints:
+        p.add_argument(f, type=int)
+    for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout"]:
+        p.add_argument(f, type=float)
+    flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+             "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
+             "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--bf16", "--fp16", "--mock-data"]
+    for f in flags:
+        p.add_argument(f, action="store_true")
+    p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
+    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--moe-layer-freq")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--data-parallel-sharding-strategy", choices=["no_shard", "optim", "optim_grads",
+                                                                 "optim_grads_params"])
+    p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--optimizer", choices=["adam", "sgd"])
+    p.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    p.add_argument("--tokenizer-type")
+    p.add_argument("--split")
+    p.add_argument("--save")
+    p.add_argument("--load")
+    return p
+
+
+def megatron_layers_per_stage(a: argparse.Namespace) -> list[int]:
+    """Megatron's split: first/last counts as given, the rest spread evenly over the middle stages."""
+    pp, n = a.pipeline_model_parallel_size, a.num_layers
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        assert n % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
+        return [n // pp] * pp
+    rest, stages = n, pp
+    out_first = out_last = []
+    if first is not None:
+        rest, stages, out_first = rest - first, stages - 1, [first]
+    if last is not None:
+        rest, stages, out_last = rest - last, stages - 1, [last]
+    assert stages == 0 or rest % stages == 0
+    return out_first + ([rest // stages] * stages if stages else []) + out_last
+
+
+@pytest.mark.parametrize("name", plans_for("megatron", TRAIN))
+def test_megatron_round_trip(name, tmp_path):
+    plan = examples()[name]
+    p, m, w = plan.parallel, plan.model, plan.workload
+    out = write(plan, "megatron", tmp_path / "out")
+    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": "/opt/Megatron-LM"})
+    argv = calls[0]["argv"]
+    i = argv.index("/opt/Megatron-LM/pretrain_gpt.py")
+    t = torchrun_args(argv[:i + 1])
+    world = int(t.nnodes) * int(t.nproc_per_node)
+    assert world == plan.world_size
+    a = megatron_parser().parse_args(argv[i + 1:])
+    # validate_args: world % (tp*pp*cp) == 0; dp = world // (tp*pp*cp); microbatches = gbs / (mbs*dp)
+    model_size = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+    assert world % model_size == 0
+    dp = world // model_size
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size, dp) == \
+        (p.tp, p.pp, p.cp, p.dp)
+    assert a.global_batch_size % (a.micro_batch_size * dp) == 0
+    assert (a.micro_batch_size, a.global_batch_size // (a.micro_batch_size * dp)) == (p.micro_batch, p.grad_accum)
+    assert a.sequence_parallel == p.sp
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.seq_length) == \
+        (m.layers, m.hidden, m.ffn_hidden, m.heads, w.seq_len)
+    assert a.num_query_groups == (m.kv_heads if m.kv_heads < m.heads else None)
+    if m.is_moe:
+        assert (a.num_experts, a.moe_router_topk, a.expert_model_parallel_size) == (m.num_experts, m.top_k, p.ep)
+    if p.cp > 1:
+        assert a.seq_length % (2 * a.context_parallel_size) == 0
+    # pipeline split
+    if p.vpp > 1:
+        assert a.num_virtual_stages_per_pipeline_rank == p.vpp
+        assert a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None
+    else:
+        assert a.num_virtual_stages_per_pipeline_rank is None
+        assert megatron_layers_per_stage(a) == stage_layers(plan)
+    # recompute
+    if p.recompute == "none":
+        assert a.recompute_granularity is None
+    elif p.recompute == "selective":
+        assert a.recompute_granularity == "selective" and a.recompute_method is None
+    else:
+        per = recompute_per_stage(plan)
+        assert a.recompute_granularity == "full"
+        if per == stage_layers(plan):
+            assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
+        else:
+            assert a.recompute_method == "block" and a.recompute_num_layers * p.vpp == per[0]
+    # ZeRO
+    assert a.use_distributed_optimizer == (p.zero == 1)
+    assert a.use_megatron_fsdp == (p.zero >= 2)
+    if p.zero >= 2:
+        assert a.ckpt_format == "fsdp_dtensor"
+        assert a.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[p.zero]
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in calls[0]["env"]
+    elif p.tp > 1 or p.cp > 1:
+        assert calls[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    if a.overlap_param_gather:
+        assert a.overlap_grad_reduce and (a.use_distributed_optimizer or a.use_megatron_fsdp)
+    assert a.bf16 == (w.dtype == "bf16")
+
+
+def _stages(counts):
+    from costmodel.specs import StageSpec
+    out, first = [], 0
+    for n in counts:
+        out.append(StageSpec(first_layer=first, num_layers=n))
+        first += n
+    return tuple(out)
+
+
+@pytest.mark.parametrize("counts", [[10, 14], [5, 7, 7, 5], [4, 5, 5, 5, 5], [7, 6, 6, 5]])
+def test_megatron_uneven_splits(counts, tmp_path):
+    # gpt3-1.3b has 24 layers: pp=2 states only the first stage, longer pipelines first and/or last
+    plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8, seq=64, pp=len(counts), grad_accum=8,
+                     stages=_stages(counts))
+    out = write(plan, "megatron", tmp_path / "out")
+    argv = run_script(out / "megatron.sh", ["torchrun"])[0]["argv"]
+    a = megatron_parser().parse_args(argv[argv.index("./pretrain_gpt.py") + 1:])
+    assert megatron_layers_per_stage(a) == counts
+
+
+# --------------------------------------------------------------------------------------
+# DeepSpeed: the config through DeepSpeedConfig (its batch assertion included), the launcher
+# command through deepspeed.launcher.runner.parse_args, the hostfile through fetch_hostfile
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", plans_for("deepspeed", TRAIN))
+def test_deepspeed_batch_rule(name, tmp_path):
+    plan = examples()[name]
+    p = plan.parallel
+    cfg = json.loads(write(plan, "deepspeed", tmp_path).joinpath("ds_config.json").read_text())
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * p.dp
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (p.micro_batch, p.grad_accum)
+    assert cfg["zero_optimization"]["stage"] == p.zero
+
+
+@pytest.mark.parametrize("name", plans_for("deepspeed", TRAIN))
+def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
+    dsc = pytest.importorskip("deepspeed.runtime.config")
+    from deepspeed.launcher import runner
+    plan = examples()[name]
+    p = plan.parallel
+    out = write(plan, "deepspeed", tmp_path / "out")
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda: 0)
+
+    class Mpu:   # what PipelineModule / Megatron hand the engine: the data-parallel world
+        def get_data_parallel_world_size(self):
+            return p.dp
+    c = dsc.DeepSpeedConfig(str(out / "ds_config.json"), mpu=Mpu())
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == \
+        (plan.workload.global_batch, p.micro_batch, p.grad_accum)
+    assert c.zero_optimization_stage == p.zero
+    assert c.bfloat16_config.enabled == (plan.workload.dtype == "bf16")
+    assert c.tensor_parallel_config.autotp_size == (p.tp if p.tp > 1 else 0)
+    if p.pp > 1:
+        assert c.pipeline["stages"] == p.pp
+        assert c.pipeline["activation_checkpoint_interval"] == (1 if p.recompute == "full" else 0)
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        class Wrong:
+            def get_data_parallel_world_size(self):
+                return p.dp + 1
+        dsc.DeepSpeedConfig(str(out / "ds_config.json"), mpu=Wrong())
+    calls = run_script(out / "deepspeed.sh", ["deepspeed"], args=["--lr", "1"])
+    a = runner.parse_args(calls[0]["argv"])
+    hosts = runner.fetch_hostfile(a.hostfile)
+    assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
+    assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
+    assert a.user_args[:2] == ["--deepspeed", "--deepspeed_config"] and a.user_args[-2:] == ["--lr", "1"]
+
+
+# --------------------------------------------------------------------------------------
+# torchtitan v0.2.2: tomllib always (keys from torchtitan/config/job_config.py at v0.2.2,
+# ../shared/reference/launchers.md 1.6); ConfigManager and the llama3 model when installed
+# --------------------------------------------------------------------------------------
+
+TT_KEYS = {
+    "job": {"dump_folder", "description"},
+    "model": {"name", "flavor", "hf_assets_path"},
+    "optimizer": {"name", "lr"},
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "dataset",
+                 "mixed_precision_param", "mixed_precision_reduce"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                    "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "module_fqns_per_model_part"},
+    "activation_checkpoint": {"mode"},
+    "debug": {"seed"},
+    "experimental": {"custom_import"},
+}
+
+
+def _check_titan(cfg: dict, plan) -> None:
+    p, w = plan.parallel, plan.workload
+    par, tr = cfg["parallelism"], cfg["training"]
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) == \
+        (p.tp, p.pp, p.cp)
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp
+    if p.zero >= 2 and p.dp > 1:
+        assert par["data_parallel_shard_degree"] == p.dp_shard
+    assert tr["global_batch_size"] == w.global_batch and tr["seq_len"] == w.seq_len
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    accumulation = tr["global_batch_size"] // (tr["local_batch_size"] * dp)      # train.py
+    if p.pp > 1:
+        n_micro = tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"]   # build_pipeline_schedule
+        assert (accumulation, n_micro, par["pipeline_parallel_microbatch_size"]) == (1, p.grad_accum, p.micro_batch)
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == p.pp * p.vpp
+        layer_counts = [sum(1 for f in part if f.startswith("layers.")) for part in parts]
+        if p.vpp == 1:
+            assert layer_counts == stage_layers(plan)
+        flat = [f for part in parts for f in part if f.startswith("layers.")]
+        assert flat == [f"layers.{i}" for i in range(plan.model.layers)]
+    else:
+        assert (accumulation, tr["local_batch_size"]) == (p.grad_accum, p.micro_batch)
+    assert cfg["activation_checkpoint"]["mode"] == {"none": "none", "full": "full"}[p.recompute]
+
+
+@pytest.mark.parametrize("name", plans_for("torchtitan", TRAIN))
+def test_torchtitan_toml(name, tmp_path):
+    plan = examples()[name]
+    out = write(plan, "torchtitan", tmp_path / "out")
+    cfg = tomllib.loads((out / "torchtitan.toml").read_text())
+    for section, keys in cfg.items():
+        assert set(keys) <= TT_KEYS[section], f"[{section}] has keys torchtitan 0.2.2 does not know"
+    _check_titan(cfg, plan)
+    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h"})
+    own, prog = split_module_args(calls[0]["argv"])
+    a = torchrun_args(own)
+    assert a.training_script == "torchtitan.train" and int(a.nnodes) * int(a.nproc_per_node) == plan.world_size
+    assert prog == ["--job.config_file", str(out / "torchtitan.toml")]
+
+
+def test_torchtitan_ffn_rule():
+    # torchtitan's FeedForward: hidden = multiple_of * ceil(int(mult * int(8 * dim / 3)) / multiple_of)
+    for dim, ffn in ((128, 352), (4096, 14336), (8192, 28672), (16384, 53248), (128, 512), (4096, 11008),
+                     (2048, 5461), (5120, 13824)):
+        mo, mult = tt_emitter.ffn_args(dim, ffn)
+        assert tt_emitter.ffn_hidden(dim, mo, mult) == ffn
+
+
+def _torchtitan_pkg():
+    """Import torchtitan's config and llama3 model without torchtitan/__init__ (which pulls triton)."""
+    if hasattr(sys.modules.get("torchtitan"), "__path__"):
+        root = sys.modules["torchtitan"].__path__[0]
+    else:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None:
+            pytest.skip("torchtitan (0.2.2) is not installed")
+        root = spec.submodule_search_locations[0]
+    for name in ("torchtitan", "torchtitan.models", "torchtitan.models.llama3"):
+        if name not in sys.modules or not hasattr(sys.modules[name], "__path__"):
+            mod = types.ModuleType(name)
+            mod.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = mod
+    return root
+
+
+@pytest.mark.parametrize("name", plans_for("torchtitan", TRAIN))
+def test_torchtitan_real_parser(name, tmp_path, monkeypatch):
+    root = _torchtitan_pkg()
+    from torchtitan.config import ConfigManager
+    plan = examples()[name]
+    out = write(plan, "torchtitan", tmp_path / "out")
+    job = ConfigManager().parse_args(["--job.config_file", str(out / "torchtitan.toml")])
+    cfg = {s: vars(getattr(job, s)) for s in ("parallelism", "training", "activation_checkpoint")}
+    _check_titan(cfg, plan)
+    assert job.model.flavor == tt_emitter.flavor(plan)
+    if job.model.flavor == tt_emitter.CUSTOM_FLAVOR:
+        # the registered flavor builds exactly the plan's model: count parameters on the meta device
+        import torch
+        from torchtitan.models.llama3.model.args import TransformerModelArgs
+        from torchtitan.models.llama3.model.model import Transformer
+        reg = sys.modules["torchtitan.models.llama3"]
+        monkeypatch.setattr(reg, "TransformerModelArgs", TransformerModelArgs, raising=False)
+        monkeypatch.setattr(reg, "llama3_args", {}, raising=False)
+        monkeypatch.syspath_prepend(str(out))
+        sys.modules.pop(tt_emitter.CUSTOM_MODULE, None)
+        __import__(job.experimental.custom_import)
+        with torch.device("meta"):
+            model = Transformer(reg.llama3_args[tt_emitter.CUSTOM_FLAVOR])
+        assert sum(x.numel() for x in model.parameters()) == plan.model.total_params()
+
+
+def test_torchtitan_stock_flavors_match_source():
+    root = _torchtitan_pkg()
+    tree = ast.parse(Path(root, "models", "llama3", "__init__.py").read_text())
+    table = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "llama3_args":
+            for k, v in zip(node.value.keys, node.value.values):
+                table[k.value] = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+    for name, (dim, layers, heads, kv, ffn, vocab) in tt_emitter.STOCK_FLAVORS.items():
+        a = table[name]
+        assert (a["dim"], a["n_layers"], a["n_heads"], a["n_kv_heads"], a.get("vocab_size", 128256)) == \
+            (dim, layers, heads, kv, vocab)
+        assert tt_emitter.ffn_hidden(dim, a["multiple_of"], a["ffn_dim_multiplier"]) == ffn
+
+
+# --------------------------------------------------------------------------------------
+# Accelerate: launch parser -> _validate_launch_command -> the env accelerate prepares,
+# and the Megatron-LM plugin built from that env
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", plans_for("accelerate", TRAIN))
+def test_accelerate_round_trip(name, tmp_path, monkeypatch):
+    plan = examples()[name]
+    p = plan.parallel
+    out = write(plan, "accelerate", tmp_path / "out")
+    cfg = yaml.safe_load((out / "accelerate.yaml").read_text())
+    assert cfg["num_processes"] == plan.world_size
+    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h"})
+    assert calls[0]["argv"][0] == "launch"
+    assert calls[0]["env"]["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == str(p.grad_accum)
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    args = launch_command_parser().parse_args(calls[0]["argv"][1:])
+    args, defaults, mp_flag = _validate_launch_command(args)
+    assert args.num_processes == plan.world_size
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        _, env = prepare_deepspeed_cmd_env(args)
+        assert (env["ACCELERATE_DEEPSPEED_ZERO_STAGE"], env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"]) == \
+            (str(p.zero), str(p.grad_accum))
+        return
+    env = prepare_multi_gpu_env(args)
+    assert int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", 1)) * int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", p.dp)) == p.dp
+    if args.use_fsdp:
+        assert env["FSDP_VERSION"] == "2"
+        assert env["FSDP_RESHARD_AFTER_FORWARD"] == str(p.zero == 3).lower()
+        assert env["FSDP_ACTIVATION_CHECKPOINTING"] == str(p.recompute == "full").lower()
+        assert int(env.get("PARALLELISM_CONFIG_CP_SIZE", 1)) == p.cp
+    elif args.use_megatron_lm:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        from accelerate.utils import MegatronLMPlugin
+        d = MegatronLMPlugin().megatron_lm_default_args
+        assert (d["tensor_model_parallel_size"], d["pipeline_model_parallel_size"], d["context_parallel_size"],
+                d["num_micro_batches"], d["sequence_parallel"], d["use_distributed_optimizer"]) == \
+            (p.tp, p.pp, p.cp, p.grad_accum, p.sp, p.zero == 1)
+        per = recompute_per_stage(plan)
+        assert d["recompute_granularity"] == "full"
+        assert (d["recompute_method"], d["recompute_num_layers"]) == \
+            (("uniform", 1) if per == stage_layers(plan) else ("block", per[0]))
+
+
+# --------------------------------------------------------------------------------------
+# Serving engines
+# --------------------------------------------------------------------------------------
+
+def vllm_parser() -> argparse.ArgumentParser:
+    """`vllm serve` flags as documented in vllm/engine/arg_utils.py (EngineArgs.add_cli_args) and
+    docs/serving/parallelism_scaling.md (launchers.md 5.1)."""
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("model")
+    for f, s in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp"),
+                 ("--data-parallel-size", "-dp"), ("--data-parallel-size-local", "-dpl"),
+                 ("--data-parallel-start-rank", "-dpr"), ("--data-parallel-rpc-port", "-dpp")):
+        p.add_argument(f, s, type=int)
+    p.add_argument("--data-parallel-address", "-dpa")
+    for f in ("--max-model-len", "--max-num-seqs", "--seed", "--nnodes", "--node-rank", "--master-port"):
+        p.add_argument(f, type=int)
+    p.add_argument("--master-addr")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--quantization")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("--headless", action="store_true")
+    return p
+
+
+def _vllm_real(argv: list[str]):
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:
+        return None
+    p = FlexibleArgumentParser()
+    p.add_argument("model")
+    EngineArgs.add_cli_args(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("name", plans_for("vllm", INFER))
+def test_vllm_round_trip(name, tmp_path):
+    plan = examples()[name]
+    p, w = plan.parallel, plan.workload
+    out = write(plan, "vllm", tmp_path / "out")
+    nnodes = plan.rank_layout()["nodes"]
+    gpus = 0
+    for rank in range(nnodes):
+        calls = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h", "MODEL": "m"})
+        argv = calls[0]["argv"]
+        assert argv[0] == "serve"
+        for a in filter(None, (vllm_parser().parse_args(argv[1:]), _vllm_real(argv[1:]))):
+            assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.data_parallel_size) == (p.tp, p.pp, p.dp)
+            assert a.enable_expert_parallel == (p.ep > 1)
+            if p.ep > 1:
+                assert a.tensor_parallel_size * a.data_parallel_size == p.ep
+            assert (a.max_model_len, a.max_num_seqs) == (w.seq_len, w.global_batch)
+            mem = plan.estimate.get("memory", {})
+            if mem:
+                util = float(a.gpu_memory_utilization)
+                need = mem["peak_bytes"] / plan.cluster.gpu.memory_bytes
+                assert need <= util < need + 0.01 + 1e-9
+            assert a.headless == (rank > 0)
+        local = a.data_parallel_size_local or a.data_parallel_size
+        gpus += local * a.tensor_parallel_size * a.pipeline_parallel_size if nnodes == 1 or a.data_parallel_size_local \
+            else a.tensor_parallel_size * a.pipeline_parallel_size // nnodes
+        if a.data_parallel_size_local:
+            assert a.data_parallel_start_rank == rank * a.data_parallel_size_local
+    assert gpus == plan.world_size
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    """python -m sglang.launch_server flags (python/sglang/srt/server_args.py, SGLang 0.5; launchers.md 5.2)."""
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("--model-path", "--model")
+    for f in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size"),
+              ("--dp-size", "--data-parallel-size"), ("--ep-size", "--expert-parallel-size", "--ep")):
+        p.add_argument(*f, type=int, default=1)
+    for f in ("--context-length", "--max-running-requests", "--random-seed", "--nnodes", "--node-rank"):
+        p.add_argument(f, type=int)
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"])
+    p.add_argument("--dist-init-addr")
+    return p
+
+
+def _sglang_real(argv):
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except Exception:
+        return None
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("name", plans_for("sglang", INFER))
+def test_sglang_round_trip(name, tmp_path):
+    plan = examples()[name]
+    p, w = plan.parallel, plan.workload
+    out = write(plan, "sglang", tmp_path / "out")
+    calls = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "0", "HEAD_ADDR": "h", "MODEL": "m"})
+    argv = calls[0]["argv"]
+    assert argv[:2] == ["-m", "sglang.launch_server"]
+    for a in filter(None, (sglang_parser().parse_args(argv[2:]), _sglang_real(argv[2:]))):
+        assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
+        assert (a.context_length, a.max_running_requests) == (w.seq_len, w.global_batch)
+        mem = plan.estimate.get("memory", {})
+        if mem:
+            need = (mem["weights_bytes"] + mem["kv_cache_bytes"]) / plan.cluster.gpu.memory_bytes
+            assert need <= a.mem_fraction_static < need + 0.01 + 1e-9
+        else:
+            assert a.mem_fraction_static is None
+
+
+def trtllm_parser() -> argparse.ArgumentParser:
+    """trtllm-serve options (tensorrt_llm/commands/serve.py, TensorRT-LLM 1.x; launchers.md 5.3)."""
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("model")
+    p.add_argument("--backend", choices=["pytorch", "tensorrt", "trt", "_autodeploy"])
+    for f in (("--tensor_parallel_size", "--tp_size"), ("--pipeline_parallel_size", "--pp_size"),
+              ("--moe_expert_parallel_size", "--ep_size"), ("--gpus_per_node",), ("--max_batch_size",),
+              ("--max_seq_len",), ("--max_num_tokens",)):
+        p.add_argument(*f, type=int)
+    p.add_argument("--kv_cache_free_gpu_memory_fraction", "--free_gpu_memory_fraction", type=float)
+    p.add_argument("--extra_llm_api_options", "--config")
+    return p
+
+
+@pytest.mark.parametrize("name", plans_for("tensorrt-llm", INFER))
+def test_trtllm_round_trip(name, tmp_path):
+    plan = examples()[name]
+    p, w = plan.parallel, plan.workload
+    out = write(plan, "tensorrt-llm", tmp_path / "out")
+    calls = run_script(out / "trtllm.sh", ["trtllm-serve"], {"MODEL": "m"})
+    a = trtllm_parser().parse_args(calls[0]["argv"])
+    assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.max_batch_size, a.max_seq_len) == \
+        (p.tp, p.pp, w.global_batch, w.seq_len)
+    extra = yaml.safe_load(Path(a.extra_llm_api_options).read_text())
+    assert extra["dtype"] == "bfloat16"
+    mem = plan.estimate.get("memory", {})
+    if mem:
+        free = plan.cluster.gpu.memory_bytes - mem["weights_bytes"] - mem["activations_bytes"] - mem["other_bytes"]
+        need = mem["kv_cache_bytes"] / free
+        assert need <= a.kv_cache_free_gpu_memory_fraction < need + 0.01 + 1e-9
+        assert extra["kv_cache_config"]["free_gpu_memory_fraction"] == a.kv_cache_free_gpu_memory_fraction
