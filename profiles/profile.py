@@ -562,7 +562,7 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     summary = {
         "status": "ok", "cluster_name": cname, "nodes": nodes, "gpus_per_node": gpn, "device": device_type,
         "backend": result["backend"], "gpu": gpu_name, "nvml": pr.nvml, "note": pr.note, "quick": quick,
-        "wall_time_s": round(time.time() - started, 2),
+        "measure_time_s": round(time.time() - started, 2), "wall_time_s": None,
         "matmul": {"dtype": primary, "best_tflops": _r(best.get(primary, 0.0) / TERA),
                    "peak_tflops": tflops.get(primary), "datasheet_tflops": (sheet_gpu.get("tflops") or {}).get(primary),
                    "efficiency_max": _r(e_max), "half_size": _r(half),

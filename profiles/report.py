@@ -73,21 +73,21 @@ def _ratio(measured: float | None, sheet: float | None) -> str:
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=80)
     return buf.getvalue()
 
 
 def _plot_collectives(prof: Any) -> bytes | None:
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     rows = prof.result.get("collectives") or []
     if not rows:
         return None
     ops = [o for o in OPS if any(r["op"] == o for r in rows)]
-    fig, axes = plt.subplots(1, len(ops), figsize=(3.3 * len(ops), 3.2), sharey=True, squeeze=False)
+    fig = Figure(layout="constrained", figsize=(3.3 * len(ops), 3.2))
+    axes = fig.subplots(1, len(ops), sharey=True, squeeze=False)
     groups = list(dict.fromkeys(r["group"] for r in rows))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib import rcParams
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     fits = {(f.group, f.op): f for f in prof.fits}
     for ax, op in zip(axes[0], ops):
         for gi, g in enumerate(groups):
@@ -121,11 +121,12 @@ def _plot_collectives(prof: Any) -> bytes | None:
 
 
 def _plot_matmul(prof: Any) -> bytes | None:
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     mm = [r for r in prof.result.get("matmul") or [] if r["m"] == r["n"] == r["k"]]
     if not mm:
         return None
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig = Figure(layout="constrained", figsize=(9, 3.2))
+    a1, a2 = fig.subplots(1, 2)
     tf = prof.cluster["gpu"]["tflops"]
     for dt in dict.fromkeys(r["dtype"] for r in mm):
         pts = sorted((r["size"], r["flops_per_s"] / TERA) for r in mm if r["dtype"] == dt)
@@ -162,11 +163,12 @@ def _plot_matmul(prof: Any) -> bytes | None:
 
 
 def _plot_memory(prof: Any) -> bytes | None:
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     mem = prof.result.get("memory") or []
     if not mem:
         return None
-    fig, ax = plt.subplots(figsize=(4.5, 3))
+    fig = Figure(layout="constrained", figsize=(4.5, 3))
+    ax = fig.subplots()
     pts = sorted((r["bytes"], r["bandwidth_bytes_per_s"] / GB) for r in mem)
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label="measured copy")
     sheet = ((prof.datasheet or {}).get("gpu") or {}).get("hbm_gb_per_s")
@@ -198,7 +200,7 @@ _LEVEL_ORDER = ["X", "NV", "BOARD", "PIX", "PXB", "PHB", "NODE", "SYS", "intra",
 
 
 def _plot_topology(prof: Any) -> bytes | None:
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     labels, m, title = _topology(prof)
     if len(labels) < 2:
         return None
@@ -208,7 +210,8 @@ def _plot_topology(prof: Any) -> bytes | None:
         key = "NV" if v.startswith("NV") else v
         return _LEVEL_ORDER.index(key) if key in _LEVEL_ORDER else len(_LEVEL_ORDER)
 
-    fig, ax = plt.subplots(figsize=(0.55 * n + 2, 0.55 * n + 1.2))
+    fig = Figure(layout="constrained", figsize=(0.55 * n + 2, 0.55 * n + 1.2))
+    ax = fig.subplots()
     ax.imshow([[level(v) for v in row] for row in m], cmap="viridis_r", vmin=0, vmax=len(_LEVEL_ORDER))
     for i in range(n):
         for j in range(n):
@@ -231,7 +234,7 @@ def _blocks(prof: Any, plots: bool) -> list[tuple]:
     catalog = pv.get("datasheet", {}).get("catalog") if c["gpu"]["name"] != "cpu-process" else "cpu"
     B: list[tuple] = [_h(1, f"Hardware profile: {c['name']}")]
     B.append(_p(f"{c['description']}. Measured {pv.get('date')} with {pv.get('tool')}; "
-                f"{'quick run' if s.get('quick') else 'full run'} in {s.get('wall_time_s')} s. "
+                f"{'quick run' if s.get('quick') else 'full run'}; start-up and measurements took {s.get('measure_time_s')} s. "
                 f"Method: {pv.get('method')}. Versions: " + ", ".join(f"{k} {v}" for k, v in pv.get("versions", {}).items() if v)
                 + "."))
     if pr.note:
@@ -403,8 +406,6 @@ def _html(blocks: list[tuple], title: str) -> str:
 
 def write_report(prof: Any, out: Path) -> dict[str, str]:
     """Write ``report.md`` and ``report.html`` into ``out``."""
-    import matplotlib
-    matplotlib.use("Agg")
     out = Path(out)
     md, page = out / "report.md", out / "report.html"
     prof.summary.setdefault("files", {})
