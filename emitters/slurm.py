@@ -63,5 +63,5 @@ def emit(plan: Plan) -> dict[str, str]:
              'if [ -n "${CHECKPOINT_EVERY:-}" ]; then RUNTIME_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY"); fi\n'
              'if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi\n')
     body += (f'srun --nodes={nnodes} --ntasks={nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n'
-             '  torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}"\n')
+             '  torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}" "$@"\n')
     return {"slurm.sbatch": head + body, PLAN_FILE: plan_text(plan)}

@@ -19,7 +19,7 @@ SUMMARY = "torchrun command for the built-in runtime, one node or many (c10d ren
 RUN = ("Copy this folder to every node. One node: `bash torchrun.sh`. Several nodes: run "
        "`HEAD_ADDR=<first node> bash torchrun.sh` on each (heterogeneous plans also need "
        "`NODE_RANK=<i>`). `STEPS`, `CHECKPOINT_DIR`, `CHECKPOINT_EVERY` and `RESUME=1` pass "
-       "through to the runtime.")
+       "through to the runtime, and so do extra arguments (e.g. `--metrics m.jsonl`).")
 
 DEFAULT_STEPS = 10
 C10D_PORT = 29400
@@ -89,7 +89,7 @@ def emit(plan: Plan) -> dict[str, str]:
             "--nnodes", nnodes, "--nproc-per-node", Raw('"$NPROC"'), "--node-rank", Raw('"$NODE_RANK"'),
             "--master-addr", Raw('"$HEAD_ADDR"'), "--master-port", Raw('"${MASTER_PORT:-' + str(STATIC_PORT) + '}"'),
         ], "static rendezvous: node ranks follow the plan's node groups; processes per node differ by group")
-    body += 'exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}"\n'
+    body += 'exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}" "$@"\n'
     script = script_header(plan, TARGET, FORMAT, usage) + body
     return {"torchrun.sh": script, PLAN_FILE: plan_text(plan)}
 

@@ -32,4 +32,4 @@ TORCHRUN_ARGS=(
   --master-addr "$HEAD_ADDR"
   --master-port "${MASTER_PORT:-29500}"
 )
-exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}"
+exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}" "$@"

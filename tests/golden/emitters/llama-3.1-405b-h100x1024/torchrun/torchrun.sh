@@ -25,4 +25,4 @@ TORCHRUN_ARGS=(
   --rdzv-endpoint "$HEAD_ADDR:${RDZV_PORT:-29400}"
   --rdzv-id "${RDZV_ID:-llama-3-1-405b}"
 )
-exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}"
+exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}" "$@"

@@ -24,4 +24,4 @@ TORCHRUN_ARGS=(
   --rdzv-endpoint "${RDZV_ENDPOINT:-localhost:0}"
   --rdzv-id "${RDZV_ID:-tiny-llama}"
 )
-exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}"
+exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.train "${RUNTIME_ARGS[@]}" "$@"
