@@ -127,12 +127,20 @@ class Problem:
         if not self._may_fit(cand, moe_frac):
             return math.inf
         if p == 1:
-            # one stage, one split: the bound is exact at no recomputation (which only adds time)
+            # one stage, one split: the exact objective, at the least recompute that fits
+            if self.objective == "memory":
+                return 0.0
             g = self._groups(cand)[0]
             sm = self.stage_model_for(cand, g, 0)
-            c = sm.cost(L * (1 - moe_frac), L * moe_frac, 0)
-            val = m * c.t + sm.dp_exposed(c, 0) + c.opt
-            return 0.0 if self.objective == "memory" else val * self.weight(cand)
+            nd, nm = L * (1 - moe_frac), L * moe_frac
+            if par.recompute == "full":
+                r = L if par.recompute_layers < 0 else min(par.recompute_layers, L)
+            else:
+                r = self._least_recompute(sm, nd, nm, L, 1.0)
+            if r is None:
+                return math.inf
+            c = sm.cost(nd, nm, r)
+            return (m * c.t + sm.dp_exposed(c, 0) + c.opt) * self.weight(cand)
         best = math.inf
         for g in self._groups(cand):
             sms = {pos: self.stage_model_for(cand, g, i) for pos, i in
@@ -153,6 +161,26 @@ class Problem:
         if self.objective == "memory":
             return 0.0
         return bound * self.weight(cand)
+
+    def compute_bound(self, members: list) -> float:
+        """A bound shared by a group of candidates with the same degrees and micro-batch: the
+        average stage's compute and TP/EP/CP communication for all micro-batches (the least over
+        the group's mesh orders), nothing else."""
+        by_order = {c.order: c for _, c in members}
+        cand = next(iter(by_order.values()))
+        par = cand.par
+        L, p, m = self.model.layers, par.pp, par.grad_accum
+        n_moe = self.model.moe_layers
+        best = math.inf
+        for c_ in by_order.values():
+            for g in self._groups(c_):
+                sm = self.stage_model_for(c_, g, p - 1)
+                c = sm.cost((L - n_moe) / p, n_moe / p, 0)
+                comp = c.comp - 3 * sm.ends.head_fwd_s + 3 * sm.ends.head_fwd_s / p
+                best = min(best, m * (comp + c.rec + c.tp + c.ep + c.cp))
+        if self.objective == "memory":
+            return 0.0
+        return best * self.weight(cand)
 
     def strong_bound(self, cand: Candidate, weak: float) -> float:
         """A tighter valid bound, worth its cost only for candidates near the front: the stage
@@ -208,7 +236,7 @@ class Problem:
                 return True
         return False
 
-    def tables(self, cand: Candidate, memory_objective: bool = False) -> StageTables:
+    def tables(self, cand: Candidate, memory_objective: bool = False, cutoff: float | None = None) -> StageTables:
         """Per stage (and node group) and layer count n: the least full recomputation r* that
         fits memory, and the stage's time, exposed DP time, optimizer time and memory there.
 
@@ -233,7 +261,10 @@ class Problem:
                     rows = []
                     for n in range(lo, hi + 1):
                         nd, nm = n * (1 - moe_frac), n * moe_frac
-                        c0, cn = sm.cost(nd, nm, 0), sm.cost(nd, nm, n)
+                        c0 = sm.cost(nd, nm, 0)
+                        if cutoff is not None and par.grad_accum * c0.t > cutoff:
+                            break                      # this many layers alone exceed the incumbent
+                        cn = sm.cost(nd, nm, n)
                         w, gr, op = c0.states
                         rows.append((n, c0, cn, w + gr + op + sm.reserved + c0.buffers, sm.capacity))
                     rows_by_pos[pos] = (sm, rows)
@@ -266,6 +297,9 @@ class Problem:
                     ol.append(int(round(c0.opt * NS)))
                     ml.append(int(math.ceil(peak / KIB)))
                     rl.append(r)
+                pad = (hi - lo + 1) - len(tl)
+                for lst in (tl, el, ol, ml, rl):
+                    lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
         return StageTables(lo=lo, hi=hi, t=t, e=e, o=o, mem=mem, r=rr)
 
@@ -323,6 +357,7 @@ class _PipelineModel:
         self.groups = [g for g, c in cand.stage_counts if c > 0]
         self.counts = dict(cand.stage_counts)
         self.memory_objective = memory_objective
+        self.cutoff = cutoff
         self.ok = True
         self._add_choice_vars()
         if self.ok:
@@ -332,23 +367,29 @@ class _PipelineModel:
     def _add_choice_vars(self):
         tab = self.tab
         self.y: dict[tuple[int, str, int], Any] = {}
+        self.rows: list[list[tuple[str, int, Any]]] = []
+        # with an incumbent, a stage whose own time already makes m*t exceed it is useless
+        limit = (self.cutoff * NS / self.mb) if self.cutoff is not None and not self.memory_objective else math.inf
         for i in range(self.p):
+            row = []
             for g in self.groups:
                 for k, val in enumerate(tab.t[(i, g)]):
-                    if val is not None:
-                        self.y[i, g, k] = self.m.new_bool_var(f"y_{i}_{g}_{tab.lo + k}")
-            row = [v for (ii, _, _), v in self.y.items() if ii == i]
+                    if val is not None and val <= limit:
+                        var = self.m.new_bool_var(f"y_{i}_{g}_{tab.lo + k}")
+                        self.y[i, g, k] = var
+                        row.append((g, k, var))
             if not row:
                 self.ok = False
                 return
-            self.m.add_exactly_one(row)
+            self.m.add_exactly_one(v for _, _, v in row)
+            self.rows.append(row)
         self.m.add(sum((tab.lo + k) * v for (_, _, k), v in self.y.items()) == self.prob.model.layers)
         if len(self.groups) > 1:
             for g in self.groups:
                 self.m.add(sum(v for (_, gg, _), v in self.y.items() if gg == g) == self.counts[g])
 
     def _lin(self, table: dict, i: int):
-        return sum(table[(i, g)][k] * v for (ii, g, k), v in self.y.items() if ii == i)
+        return sum(table[(i, g)][k] * v for g, k, v in self.rows[i])
 
     def _add_stage_costs(self):
         tab = self.tab
@@ -397,6 +438,9 @@ class _PipelineModel:
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
         solver.parameters.num_workers = 1
+        # the models are small (a boolean per stage and layer count); presolve costs more than
+        # it saves here (measured: 10 ms against 4 ms per candidate on 70B/64 GPUs)
+        solver.parameters.cp_model_presolve = False
         status = solver.solve(self.m)
         return solver, status
 
@@ -464,10 +508,21 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective)
     mem_obj = objective == "memory"
     import heapq
-    heap = [(prob.lower_bound(c), 0, k, c) for k, c in enumerate(cands)]
-    if hint:
-        # warm start: the hinted configuration first (replan keeps what it can)
-        heap = [(-1.0 if _matches(c, hint) else lb, st, k, c) for lb, st, k, c in heap]
+    # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
+    # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
+    groups: dict[tuple, list] = {}
+    for k, c in enumerate(cands):
+        p_ = c.par
+        groups.setdefault((c.world, p_.tp, p_.cp, p_.pp, p_.dp, p_.ep, p_.sp, p_.micro_batch, p_.recompute),
+                          []).append((k, c))
+    heap = []
+    for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
+        if hint and any(_matches(c, hint) for _, c in members):
+            heap += [(-1.0, 0, k, c) for k, c in members]
+        elif exhaustive or mem_obj:
+            heap += [(prob.lower_bound(c), 1, k, c) for k, c in members]
+        else:
+            heap.append((prob.compute_bound(members), -1, members[0][0], members))
     heapq.heapify(heap)
     sols: list[Solution] = []
     scored: list[dict] = []
@@ -478,6 +533,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         lb, strong, k, cand = heapq.heappop(heap)
         if lb == math.inf:
             break
+        if strong == -1:
+            kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
+            if lb >= kth * (1 - 1e-9) and not score_all:
+                remaining_bound = lb
+                break
+            for kk, c in cand:
+                heapq.heappush(heap, (prob.lower_bound(c), 0, kk, c))
+            continue
         kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
         if not exhaustive and not mem_obj and lb >= kth * (1 - 1e-9):
             remaining_bound = lb
@@ -493,7 +556,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             remaining_bound = lb
             break
         solved += 1
-        tab = prob.tables(cand, memory_objective=mem_obj)
+        cut_s = kth / prob.weight(cand) if (kth < math.inf and not exhaustive and not mem_obj) else None
+        tab = prob.tables(cand, memory_objective=mem_obj, cutoff=cut_s)
         if exhaustive:
             res = _exhaustive_one(prob, cand, tab, mem_obj)
         else:
