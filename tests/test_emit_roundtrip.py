@@ -724,3 +724,29 @@ def test_trtllm_round_trip(name, tmp_path):
         need = mem["kv_cache_bytes"] / free
         assert need <= a.kv_cache_free_gpu_memory_fraction < need + 0.01 + 1e-9
         assert extra["kv_cache_config"]["free_gpu_memory_fraction"] == a.kv_cache_free_gpu_memory_fraction
+
+
+def test_torchtitan_virtual_stages(tmp_path):
+    plan = make_plan(gpus=4, pp=2, dp=2, zero=3, vpp=2, micro_batch=1, grad_accum=4)
+    out = write(plan, "torchtitan", tmp_path / "out")
+    cfg = tomllib.loads((out / "torchtitan.toml").read_text())
+    _check_titan(cfg, plan)
+    par = cfg["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    # loop style: rank r runs chunks r and r + pp, one layer each for 4 layers on pp*vpp = 4 chunks
+    assert [len([f for f in part if f.startswith("layers.")]) for part in par["module_fqns_per_model_part"]] == [1] * 4
+
+
+def test_serving_one_replica_over_two_nodes(tmp_path):
+    plan = make_plan("llama-3-70b", gpus=16, gb=8, seq=4096, cluster="dgx-h100", mode="infer", tp=8, pp=2)
+    out = write(plan, "vllm", tmp_path / "vllm")
+    for rank in (0, 1):
+        argv = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h"})[0]["argv"]
+        a = vllm_parser().parse_args(argv[1:])
+        assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.nnodes, a.node_rank, a.master_addr) == \
+            (8, 2, 2, rank, "h")
+        assert a.headless == (rank == 1)
+    out = write(plan, "sglang", tmp_path / "sglang")
+    argv = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "1", "HEAD_ADDR": "h"})[0]["argv"]
+    a = sglang_parser().parse_args(argv[2:])
+    assert (a.tp_size, a.pp_size, a.nnodes, a.node_rank, a.dist_init_addr) == (8, 2, 2, 1, "h:50000")
