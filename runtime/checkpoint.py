@@ -73,11 +73,22 @@ def read_meta(path: str | os.PathLike) -> dict:
     return json.loads((Path(path) / META).read_text())
 
 
+def _full_model(d: dict) -> dict:
+    """Every field of a model dict (``ModelSpec.to_dict`` leaves defaults out)."""
+    import dataclasses
+
+    from costmodel.specs import ModelSpec, SpecError
+    try:
+        return dataclasses.asdict(ModelSpec.from_dict(d))
+    except (SpecError, TypeError):
+        return dict(d)
+
+
 def check_compatible(meta: dict, model: dict, workload: dict, where: str) -> None:
     diffs = []
-    if meta.get("model") != model:
-        a, b = meta.get("model") or {}, model
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    a, b = _full_model(meta.get("model") or {}), _full_model(model)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if keys:
         diffs.append("model " + ", ".join(f"{k}: {a.get(k)!r} in the checkpoint vs {b.get(k)!r}" for k in keys))
     w = meta.get("workload") or {}
     for k in WORKLOAD_KEYS:

@@ -123,7 +123,12 @@ def init_distributed(device_type: str, timeout_s: float | None = None) -> tuple[
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)
             kw["device_id"] = torch.device("cuda", local)
-        dist.init_process_group(backend, timeout=timeout, **kw)
+        # torchrun's store outlives an elastic restart: a fresh key prefix per attempt keeps the
+        # new workers from reading the dead ones' addresses (gloo: "connection refused")
+        from torch.distributed.rendezvous import rendezvous
+        store, rank, world = next(rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"runtime/attempt-{restart_count()}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **kw)
     else:
         dist.init_process_group("cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo",
                                 store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

@@ -143,6 +143,21 @@ def test_checkpoint_resumes_under_other_plans(pool, tmp_path):
         assert got["losses"][:4] == full["losses"][:4]
 
 
+def test_tied_embedding_checkpoint_moves_between_one_and_two_stages(pool, tmp_path):
+    """tiny-gpt ties its embedding and head: one tensor on one stage, two copies over two
+    stages. Saved by dp=2 (one stage), resumed by pp=2 (the head's copy loads from the
+    embedding) and the other way round, losses continue as in the uninterrupted run."""
+    one = make_plan("tiny-gpt", optimizer="adamw", dp=2, zero=3, grad_accum=4)
+    two = make_plan("tiny-gpt", optimizer="adamw", pp=2, grad_accum=8)
+    for a, b in ((one, two), (two, one)):
+        ck = tmp_path / f"ck-{a.parallel.pp}"
+        full = pool.run(a, Options(steps=4, quiet=True, checkpoint_dir=str(ck), checkpoint_every=2))
+        d = _copy_checkpoint(ck, 2, tmp_path / f"resume-{b.parallel.pp}")
+        got = pool.run(b, Options(steps=4, quiet=True, checkpoint_dir=str(d), resume=True))
+        assert got["resumed_from_step"] == 2
+        assert max_diff(got["losses"][2:], full["losses"][2:]) <= 1e-4, (got["losses"], full["losses"])
+
+
 def test_checkpoint_of_another_model_is_refused(pool, tmp_path):
     ck = tmp_path / "ck"
     pool.run(make_plan("tiny-llama", dp=2, zero=3, grad_accum=4), Options(steps=1, quiet=True, checkpoint_dir=str(ck)))
