@@ -172,8 +172,16 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     plog = raw / f"progress.rank{rank}.log" if cfg.get("progress_files") else None
 
+    store = None                 # the rendezvous store: every rank's progress, readable by all
+
     def note(done: int, total: int | None, desc: str) -> None:
-        _append_jsonl(plog, {"done": done, "total": total, "desc": desc, "t": time.time()})
+        d = {"done": done, "total": total, "desc": desc, "t": time.time()}
+        _append_jsonl(plog, d)
+        if store is not None:
+            try:
+                store.set(f"{_STORE_PREFIX}{rank}", json.dumps(d))
+            except Exception:
+                pass
         if progress is not None and rank == 0:
             progress(done, total, desc)
 
@@ -189,14 +197,16 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
     # first; the process-group timeout is the backstop, and the only guard under torchrun
     pg_timeout = cfg["timeout_s"] + (10.0 if cfg.get("progress_files") else 0.0)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=pg_timeout), **kw)
+    everyone: list[Any] = []
     try:
+        store = _default_store()
         note(0, None, "ready")
         local_probe = None
         if local_rank == 0:
             local_probe = cfg.get("probe") or probe().to_dict()
         me = {"rank": rank, "host": socket.gethostname(), "node": _node_key(), "pid": os.getpid(),
               "device": str(device), "probe": local_probe}
-        everyone: list[Any] = [None] * world
+        everyone = [None] * world
         dist.all_gather_object(everyone, me)
         nodes = [e["node"] for e in everyone]
         per_node = nodes.count(nodes[0])
@@ -229,8 +239,54 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
             (raw / "result.json").write_text(json.dumps(result))
             return result
         return None
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        blame = _blame(store, rank, world, everyone)
+        raise RankFailed(f"{blame}rank {rank} (host {socket.gethostname()}, node {_node_key()}) "
+                         f"{'gave up waiting' if blame else 'failed'}: {type(e).__name__}: {first[:300]}") from e
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+_STORE_PREFIX = "planner_profile/progress/"
+
+
+def _default_store() -> Any:
+    """The process group's key-value store (torchrun's rendezvous store, or the TCPStore of
+    MASTER_ADDR), or None. A private torch API, used only to say which rank stalled."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+        return c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _blame(store: Any, me: int, world: int, everyone: list[Any]) -> str:
+    """'rank 3 (host b, node node1) stopped making progress after ...; ' when the store shows a
+    rank behind the others, else ''."""
+    if store is None or world < 2:
+        return ""
+    states = {}
+    for r in range(world):
+        try:
+            if store.check([f"{_STORE_PREFIX}{r}"]):
+                states[r] = json.loads(store.get(f"{_STORE_PREFIX}{r}"))
+            else:
+                states[r] = {}
+        except Exception:
+            return ""
+    keys = {r: _progress_key(st) for r, st in states.items()}
+    ahead = max(keys.values())
+    behind = [r for r, k in keys.items() if k < ahead and r != me]
+    if not behind:
+        return ""
+    r = behind[0]
+    info = everyone[r] if r < len(everyone) and everyone[r] else {}
+    return (f"rank {r} (host {info.get('host', '?')}, node {info.get('node', '?')}) stopped making progress "
+            f"{_activity(states[r])}; ")
 
 
 def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callable) -> None:
@@ -687,13 +743,16 @@ def run_profile(opts: ProfileOptions, log: Callable[[str], None] = lambda m: Non
     """Measure, fit, write. Standalone or under torchrun (see the module docstring). Returns the
     summary (on torchrun ranks other than 0: ``{"status": "ok", "rank": r}``)."""
     started = time.time()
-    out = check_output_dir(opts.out_dir)
     if opts.nproc is not None and opts.nproc < 1:
         raise ProfileInputError(f"--nproc must be >= 1, got {opts.nproc}")
+    # under torchrun only rank 0 writes (other ranks may share its file system)
+    writer = not under_torchrun() or os.environ.get("RANK") == "0"
+    out = check_output_dir(opts.out_dir) if writer else Path(opts.out_dir)
     raw = out / "raw"
-    if raw.exists():
-        shutil.rmtree(raw)
-    raw.mkdir()
+    if writer:
+        if raw.exists():
+            shutil.rmtree(raw)
+        raw.mkdir()
     cfg: dict[str, Any] = {"raw_dir": str(raw), "quick": opts.quick, "timeout_s": opts.timeout_s,
                            "max_bytes": opts.max_bytes, "target_s": 0.02 if opts.quick else 0.1,
                            "progress_files": True, **opts.extra}
@@ -710,12 +769,10 @@ def run_profile(opts: ProfileOptions, log: Callable[[str], None] = lambda m: Non
             try:
                 result = rank_main(cfg, progress.update)
             except Exception as e:
-                if rank != 0:
-                    raise
-                msg = (f"rank 0 (host {socket.gethostname()}) failed: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''} -- a peer rank died or stalled; "
-                       f"see torchrun's log for which one")
-                raise RankFailed(msg, keep_partial(out, msg)) from None
+                msg = str(e) if isinstance(e, RankFailed) else (
+                    f"rank {rank} (host {socket.gethostname()}, node {_node_key()}) failed: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}")
+                raise RankFailed(msg, keep_partial(out, msg) if rank == 0 else {}) from None
             if rank != 0:
                 return {"status": "ok", "rank": rank}
         else:

@@ -108,3 +108,19 @@ def test_a_rank_that_dies_or_hangs_is_named_and_partial_results_kept(tmp_path, m
     assert len(coll) == after and (coll["busbw_bytes_per_s"] > 0).all()
     assert len(pd.read_csv(out / "matmul.csv")) > 0
     assert not (out / "cluster.yaml").exists()
+
+
+@pytest.mark.multiproc
+def test_under_torchrun_a_hung_rank_is_named(tmp_path):
+    """torchrun (c10d, one node): rank 0 times out in a collective and names the rank behind."""
+    out = tmp_path / "prof"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "planner", "profile", "--quick",
+                        "--out", str(out), "--timeout", "5", "--no-report"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PLANNER_PROFILE_FAULT": "rank=1,after=4,mode=hang"})
+    assert p.returncode != 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "failed"
+    assert s["error"].startswith("rank 1 (host ") and "stopped making progress" in s["error"]
+    assert "rank 0" in s["error"] and "gave up waiting" in s["error"]
+    assert len(pd.read_csv(out / "collectives.csv")) == 4
