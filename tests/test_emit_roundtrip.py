@@ -196,7 +196,8 @@ def test_kubernetes_round_trip(name, tmp_path):
         assert list(limits.values()) == [nproc]
         mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["plan"]
         assert {v["name"]: v for v in pod["volumes"]}["plan"]["configMap"]["name"] == cm["metadata"]["name"]
-        script = tmp_path / f"{role}.sh"
+        script = tmp_path / "k8s" / f"{role}.sh"
+        script.parent.mkdir(exist_ok=True)
         script.write_text(c["args"][0] + "\n")
         calls = run_script(script, ["torchrun"], {"PET_NODE_RANK": "1" if role == "Worker" else "0",
                                                   "MASTER_ADDR": "master-0", "MASTER_PORT": "23456"})

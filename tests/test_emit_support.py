@@ -79,7 +79,7 @@ def run_script(script: Path, fakes: list[str], env: dict | None = None, args: li
     out = tmp / "argv.jsonl"
     if out.exists():
         out.unlink()
-    b = fake_bin(tmp.parent if tmp.parent.exists() else tmp, fakes)
+    b = fake_bin(tmp.parent, fakes)   # beside the script's folder: tmp_path/fakebin
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_", "NODE_RANK", "HEAD_ADDR"))}
     e.update({"PATH": f"{b}:{e.get('PATH', '')}", "ARGV_OUT": str(out), "PYTHON": str(b / "python-fake")}
              if "python-fake" in fakes else {"PATH": f"{b}:{e.get('PATH', '')}", "ARGV_OUT": str(out)})
