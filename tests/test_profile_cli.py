@@ -124,3 +124,18 @@ def test_under_torchrun_a_hung_rank_is_named(tmp_path):
     assert s["error"].startswith("rank 1 (host ") and "stopped making progress" in s["error"]
     assert "rank 0" in s["error"] and "gave up waiting" in s["error"]
     assert len(pd.read_csv(out / "collectives.csv")) == 4
+
+
+@pytest.mark.gpu
+def test_gpu_quick_profile_against_the_datasheet(tmp_path):
+    """On an NVIDIA GPU: NVML probe, NCCL, bf16 matmul and HBM copy within sight of the datasheet."""
+    p = planner("profile", "--quick", "--out", str(tmp_path / "prof"), "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["nvml"] and s["device"] == "cuda" and s["backend"] == "nccl"
+    if s["matmul"].get("datasheet_tflops"):
+        assert 0.3 < s["matmul"]["best_tflops"] / s["matmul"]["datasheet_tflops"] <= 1.05
+    if s["memory"].get("datasheet_gb_per_s"):
+        assert 0.5 < s["memory"]["copy_gb_per_s"] / s["memory"]["datasheet_gb_per_s"] <= 1.05
+    spec = load_cluster(s["cluster_file"])
+    assert spec.source == "measured" and spec.gpu.memory_bytes > 10 * 2**30
