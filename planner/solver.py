@@ -46,6 +46,7 @@ class Solution:
     objective: float                  # seconds (throughput), dollars/step (cost) or bytes (memory)
     stages: tuple[StageSpec, ...]
     estimate: Estimate
+    table_objective: float = 0.0      # the same objective from the integer tables CP-SAT saw
     status: str = "OPTIMAL"
 
     @property
@@ -570,11 +571,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         obj, ns, gs = res
         stages = _stages_from(tab, cand, ns, gs)
         par = finalize_par(cand, stages)
-        est = estimate(model, cluster, workload, par, stages=stages, order=cand.order)
+        used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
+        est = estimate(model, used, workload, par, stages=stages, order=cand.order)
         weight = prob.weight(cand)
         value = est.peak_bytes if mem_obj else est.step_time_s * weight
         sols.append(Solution(cand=Candidate(par=par, order=cand.order, stage_counts=cand.stage_counts),
-                             objective=value, stages=stages, estimate=est))
+                             objective=value, stages=stages, estimate=est, table_objective=obj * weight))
         if score_all:
             scored.append(_score_row(cand, lb, est, value))
     if score_all:

@@ -1,0 +1,52 @@
+"""The solver-independent plan checker: the specification a plan must meet, whoever made it.
+
+``check_plan`` returns every problem it finds (empty means valid): degrees that do not divide
+what they split, a world size that is not the cluster's, a stage split that is not contiguous
+or does not cover the model, recompute counts out of range, node groups over capacity, and any
+stage whose memory (by the cost model) exceeds its GPU. Every solver test runs it.
+"""
+from __future__ import annotations
+
+from costmodel.specs import SpecError, validate
+from costmodel.training import estimate, stage_groups
+from planner.planfile import Plan
+
+MEMORY_TOLERANCE = 1e-6   # relative; float re-evaluation of the same plan
+
+
+def check_plan(plan: Plan) -> list[str]:
+    problems: list[str] = []
+    par, model = plan.parallel, plan.model
+    try:
+        validate(model, plan.cluster, plan.workload, par)
+    except SpecError as e:
+        problems.append(str(e))
+    stages = plan.stages
+    if len(stages) != par.pp:
+        problems.append(f"{len(stages)} stages for pp = {par.pp}")
+    first = 0
+    for i, st in enumerate(stages):
+        if st.first_layer != first:
+            problems.append(f"stage {i} starts at layer {st.first_layer}, expected {first} (stages must be contiguous)")
+        if st.num_layers < max(1, par.vpp):
+            problems.append(f"stage {i} holds {st.num_layers} layers; needs at least vpp = {par.vpp}")
+        if not 0 <= st.recompute_layers <= st.num_layers:
+            problems.append(f"stage {i} recomputes {st.recompute_layers} of {st.num_layers} layers")
+        first = st.first_layer + st.num_layers
+    if first != model.layers:
+        problems.append(f"the stages cover {first} layers; {model.name} has {model.layers}")
+    try:
+        stage_groups(plan.cluster, par, stages)
+    except SpecError as e:
+        problems.append(str(e))
+    if problems:
+        return problems
+    if plan.mode == "infer":
+        return problems
+    est = estimate(model, plan.cluster, plan.workload, par, stages=stages, order=plan.mesh_order)
+    for s in est.stages:
+        peak, cap = s.memory["peak_bytes"], s.capacity_bytes
+        if peak > cap * (1 + MEMORY_TOLERANCE):
+            problems.append(f"stage {s.index} needs {peak / 2**30:.2f} GiB per GPU; its GPUs have "
+                            f"{cap / 2**30:.2f} GiB")
+    return problems

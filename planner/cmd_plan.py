@@ -1,0 +1,97 @@
+"""``planner plan``: prove the best hybrid plan and write it as a plan file."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from planner.args import add_degree_args, add_problem_args, fixed_degrees, load_problem, mesh_order
+
+HELP = "solve for the best plan (any dimension may be fixed); --out writes the plan file"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_problem_args(p)
+    add_degree_args(p)
+    g = p.add_argument_group("search")
+    g.add_argument("--mode", choices=["train", "infer"], default="train")
+    g.add_argument("--objective", choices=["throughput", "cost", "memory"], default="throughput",
+                   help="throughput: fastest step; cost: cheapest per token (may use fewer GPUs); "
+                        "memory: lowest peak memory")
+    g.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour for --objective cost")
+    g.add_argument("--top", type=int, default=1, help="the K best distinct plans")
+    g.add_argument("--max-time", type=float, default=60.0, help="solver time limit in seconds")
+    g.add_argument("--exhaustive", action="store_true", help="brute-force reference over the same space")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result as JSON (the stable contract)")
+    o.add_argument("--out", help="write the best plan to this YAML file")
+    o.add_argument("--csv", help="write every scored candidate to this CSV file")
+    try:
+        from planner import infer_args
+        infer_args.add_arguments(p)
+    except ImportError:
+        pass
+
+
+def _check_writable(path: str | None) -> None:
+    import os
+    from pathlib import Path
+
+    from planner.errors import UsageError
+    if not path:
+        return
+    d = Path(path).resolve().parent
+    if not d.exists():
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the directory for {path}: {e.strerror}") from None
+    if not os.access(d, os.W_OK):
+        raise UsageError(f"cannot write {path}: {d} is not writable")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mode == "infer":
+        try:
+            from planner import infer_plan
+        except ImportError:
+            from planner.errors import UsageError
+            raise UsageError("--mode infer is not available in this build") from None
+        return infer_plan.run(args)
+    from planner.errors import UsageError
+    if args.top < 1:
+        raise UsageError(f"--top must be >= 1, got {args.top}")
+    if args.max_time <= 0:
+        raise UsageError(f"--max-time must be > 0, got {args.max_time}")
+    _check_writable(args.out)
+    _check_writable(args.csv)
+    model, cluster, wl = load_problem(args)
+    fixed = fixed_degrees(args)
+    order = mesh_order(args)
+    if order:
+        fixed["mesh_order"] = order
+    from planner.solver import solve
+    from planner.result import plans_from_result, result_json, print_result
+
+    res = solve(model, cluster, wl, fixed, gpus=cluster.total_gpus, objective=args.objective,
+                price_per_gpu_hour=args.price_per_gpu_hour, top=args.top, max_time_s=args.max_time,
+                exhaustive=args.exhaustive, score_all=bool(args.csv))
+    plans = plans_from_result(res, model, cluster, wl, cluster_source=_source(args.cluster))
+    if args.out:
+        from planner.planfile import write_plan
+        write_plan(plans[0], args.out)
+    if args.csv:
+        import pandas as pd
+        pd.DataFrame(res.scored).to_csv(args.csv, index=False)
+    if args.json:
+        from planner.report import print_json
+        print_json(result_json(res, plans))
+    else:
+        print_result(res, plans, args.out)
+    if args.out and not args.json:
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _source(cluster_arg: str) -> str:
+    from profiles.clusters import cluster_names
+    return "catalog" if cluster_arg in cluster_names() else cluster_arg

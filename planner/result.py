@@ -1,0 +1,69 @@
+"""Turning a solver result into plan files, the ``--json`` envelope and the human table."""
+from __future__ import annotations
+
+from typing import Any
+
+from costmodel.specs import ClusterSpec, ModelSpec, Workload
+from planner.planfile import Plan, provenance
+from planner.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
+                            throughput_line)
+from planner.solver import SolveResult
+
+
+def solver_json(res: SolveResult) -> dict[str, Any]:
+    return {"status": res.status, "objective": res.objective, "bound": res.bound, "gap": res.gap,
+            "wall_time_s": res.wall_time_s, "candidates": res.candidates, "solved": res.solved,
+            "objective_name": res.objective_name}
+
+
+def plans_from_result(res: SolveResult, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                      cluster_source: str = "catalog") -> list[Plan]:
+    out = []
+    for s in res.solutions:
+        used = cluster if s.par.world_size == cluster.total_gpus else cluster.with_gpus(s.par.world_size)
+        out.append(Plan(model=model, cluster=used, workload=workload, parallel=s.par, stages=s.stages,
+                        mesh_order=s.cand.order, estimate=estimate_json(s.estimate), solver=solver_json(res),
+                        provenance=provenance(cluster_source)))
+    return out
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
+            "stages": [s.to_dict() for s in plan.stages], "mesh": {"order": list(plan.mesh_order),
+                                                                   **plan.rank_layout()},
+            "gpus": plan.world_size}
+
+
+def result_json(res: SolveResult, plans: list[Plan]) -> dict[str, Any]:
+    return {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": solver_json(res)}
+
+
+def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) -> None:
+    from rich.table import Table
+
+    c = console()
+    best = plans[0]
+    c.print(f"[bold]{best.model.name}[/bold] on {best.world_size} x {best.cluster.gpu.name} "
+            f"({best.cluster.name}), batch {best.workload.global_batch} x {best.workload.seq_len} tokens")
+    t = Table(title=f"top {len(plans)} plan(s)", header_style="bold")
+    for col in ("#", "parallel", "stages (layers/recompute)", "step", "tokens/s/GPU", "MFU", "peak mem"):
+        t.add_column(col, justify="right" if col not in ("parallel", "stages (layers/recompute)") else "left")
+    for k, (p, s) in enumerate(zip(plans, res.solutions), 1):
+        e = s.estimate
+        st = " ".join(f"{x.num_layers}/{x.recompute_layers}" + (f"@{x.group}" if x.group else "") for x in p.stages)
+        if len(st) > 40:
+            st = st[:37] + "..."
+        t.add_row(str(k), describe_parallel(p.parallel) + f" order={','.join(p.mesh_order)}", st,
+                  f"{e.step_time_s:.3f} s", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu * 100:.1f}%",
+                  f"{e.peak_bytes / 2**30:.1f} GiB")
+    c.print(t)
+    tt, mt = estimate_tables(res.solutions[0].estimate, title="best plan: time per step")
+    c.print(tt)
+    c.print(mt)
+    c.print(throughput_line(res.solutions[0].estimate))
+    layout = best.rank_layout()
+    c.print(f"placement: mesh order {','.join(best.mesh_order)} (outer->inner); inside a node: "
+            f"{', '.join(layout['within_node']) or 'nothing'}; TP inside a node: {layout['tp_within_node']}")
+    gap = f", gap {res.gap * 100:.2f}%" if res.status != "OPTIMAL" else ""
+    c.print(f"solver: [bold]{res.status}[/bold]{gap}, objective {res.objective:.6g}, bound {res.bound:.6g}, "
+            f"{res.candidates} candidates ({res.solved} solved with CP-SAT), {res.wall_time_s:.2f} s")

@@ -1,0 +1,151 @@
+"""The CP-SAT planner: its optimum equals brute force on random small instances, every plan
+passes the independent checker, fixed dimensions are respected, statuses are honest."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.specs import ModelSpec, Workload
+from planner.check import check_plan
+from planner.errors import InfeasibleError, UsageError
+from planner.result import plans_from_result
+from planner.solver import solve
+from profiles.clusters import cluster_from_dict, load_cluster
+
+
+def small_cluster(rng: random.Random, mixed: bool):
+    """A100/H100 nodes shrunk to a few GiB so that memory binds on small models."""
+    def node(base, mem):
+        return {"extends": base, "gpu": {"memory_gib": mem}, "gpus_per_node": 4}
+    if mixed:
+        a, b = rng.choice([(1, 1), (1, 2), (2, 1)])
+        return cluster_from_dict({"name": "mixed", "groups": [
+            {"name": "fast", **node("dgx-h100", rng.choice([1.5, 2.0, 3.0])), "nodes": a},
+            {"name": "slow", **node("dgx-a100-40gb", rng.choice([1.0, 1.5, 2.0])), "nodes": b}],
+            "inter_node": {"name": "ib", "gb_per_s": rng.choice([12.5, 25])}})
+    d = node(rng.choice(["dgx-a100-40gb", "dgx-h100"]), rng.choice([1.0, 1.5, 2.0, 4.0]))
+    d["nodes"] = rng.choice([1, 2])
+    return cluster_from_dict(d, "small")
+
+
+def small_model(rng: random.Random, moe: bool) -> ModelSpec:
+    h = rng.choice([256, 512, 1024])
+    d = dict(name="rand", layers=rng.randint(4, 9), hidden=h, ffn_hidden=h * rng.choice([2, 4]), heads=8, kv_heads=4,
+             vocab=rng.choice([8192, 32000]), max_seq_len=4096)
+    if moe:
+        d.update(num_experts=4, top_k=2)
+    return ModelSpec(**d)
+
+
+INSTANCES = [(seed, seed % 2 == 1, seed % 3 == 0) for seed in range(32)]
+
+
+@pytest.mark.parametrize("seed,moe,mixed", INSTANCES, ids=[f"seed{s}-{'moe' if m else 'dense'}-{'mixed' if x else 'homo'}"
+                                                           for s, m, x in INSTANCES])
+def test_cpsat_equals_exhaustive(seed, moe, mixed):
+    rng = random.Random(seed)
+    model = small_model(rng, moe)
+    cluster = small_cluster(rng, mixed)
+    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
+    fixed = {} if cluster.total_gpus <= 8 else {"micro_batch": 1}
+    try:
+        fast = solve(model, cluster, wl, fixed, top=1, max_time_s=60)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve(model, cluster, wl, fixed, exhaustive=True, max_time_s=120)
+        return
+    ref = solve(model, cluster, wl, fixed, exhaustive=True, max_time_s=120)
+    assert fast.status == "OPTIMAL" and ref.status == "OPTIMAL"
+    assert fast.solutions[0].table_objective == pytest.approx(ref.solutions[0].table_objective, rel=1e-9)
+    assert fast.solved <= ref.solved
+    for plan in plans_from_result(fast, model, cluster, wl):
+        assert check_plan(plan) == []
+        # the float re-evaluation agrees with what the solver optimized
+        assert plan.estimate["step_time_s"] == pytest.approx(fast.solutions[0].table_objective, rel=1e-3)
+
+
+def test_fixed_dimensions_are_respected_and_match_estimate():
+    from costmodel.training import estimate
+    m, c = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+    wl = Workload(global_batch=512, seq_len=8192)
+    res = solve(m, c, wl, {"tp": 8, "pp": 2}, top=2)
+    for s in res.solutions:
+        assert s.par.tp == 8 and s.par.pp == 2
+    plan = plans_from_result(res, m, c, wl)[0]
+    again = estimate(m, c, wl, plan.parallel, stages=plan.stages, order=plan.mesh_order)
+    assert again.step_time_s == plan.estimate["step_time_s"]
+    assert check_plan(plan) == []
+
+
+def test_top_k_are_distinct_and_sorted():
+    m, c = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(16)
+    res = solve(m, c, Workload(global_batch=64, seq_len=4096), {}, top=4)
+    objs = [s.objective for s in res.solutions]
+    assert objs == sorted(objs) and len(res.solutions) == 4
+    keys = {(s.par, s.cand.order) for s in res.solutions}
+    assert len(keys) == 4
+
+
+def test_tp_stays_inside_a_node():
+    m, c = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+    res = solve(m, c, Workload(global_batch=256, seq_len=4096), {}, top=3)
+    for plan in plans_from_result(res, m, c, Workload(global_batch=256, seq_len=4096)):
+        assert plan.rank_layout()["tp_within_node"]
+
+
+def test_heterogeneous_faster_group_takes_more_layers():
+    c = cluster_from_dict({"name": "mixed", "groups": [{"name": "h100", "extends": "dgx-h100", "nodes": 1},
+                                                       {"name": "a100", "extends": "dgx-a100-80gb", "nodes": 1}],
+                           "inter_node": {"name": "ib", "gb_per_s": 25}})
+    m = get_model("llama-3-8b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    res = solve(m, c, wl, {"tp": 8, "pp": 2})
+    st = res.solutions[0].stages
+    by_group = {s.group: s.num_layers for s in st}
+    assert by_group["h100"] > by_group["a100"]
+    assert check_plan(plans_from_result(res, m, c, wl)[0]) == []
+
+
+def test_infeasible_names_the_binding_constraint():
+    m, c = get_model("llama-3.1-405b"), load_cluster("dgx-a100-40gb").with_gpus(16)
+    with pytest.raises(InfeasibleError, match=r"needs at least .* GiB per GPU even at tp=.*has 40.0 GiB.*--gpus"):
+        solve(m, c, Workload(global_batch=64, seq_len=8192), {})
+
+
+def test_conflicting_fixed_dimensions():
+    m, c = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(16)
+    with pytest.raises(UsageError, match=r"tp=8 \* pp=4 = 32 does not divide --gpus 16"):
+        solve(m, c, Workload(global_batch=64, seq_len=4096), {"tp": 8, "pp": 4})
+
+
+def test_time_limit_reports_feasible_with_gap_or_stops():
+    from planner.errors import SolverStopped
+    m, c = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+    for limit in (0.05, 1.0):
+        try:
+            res = solve(m, c, Workload(global_batch=512, seq_len=8192), {}, max_time_s=limit)
+        except SolverStopped as e:
+            assert "before any feasible plan" in str(e) and e.exit_code == 3
+            continue
+        assert res.status in ("OPTIMAL", "FEASIBLE")
+        assert res.bound <= res.objective * (1 + 1e-12)
+        if res.status == "FEASIBLE":
+            assert res.gap >= 0
+
+
+def test_cost_objective_may_use_fewer_gpus():
+    m, c = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(32)
+    res = solve(m, c, Workload(global_batch=64, seq_len=2048), {}, objective="cost", price_per_gpu_hour=2.0)
+    s = res.solutions[0]
+    assert s.objective == pytest.approx(s.estimate.step_time_s * s.par.world_size * 2.0 / 3600)
+
+
+def test_memory_objective_minimizes_peak():
+    m, c = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=16, seq_len=4096)
+    mem = solve(m, c, wl, {}, objective="memory")
+    thr = solve(m, c, wl, {})
+    assert mem.solutions[0].estimate.peak_bytes <= thr.solutions[0].estimate.peak_bytes
