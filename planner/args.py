@@ -22,7 +22,8 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--gpus", type=int, help="GPUs to use (default: the whole cluster)")
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
-    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8", "int4"],
+                   help="precision of the weights and compute (training: bf16, fp16, fp32)")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])
     g.add_argument("--attention-kernel", default="flash", choices=["flash", "materialized"],
                    help="fused (flash) attention, or scores written to memory")

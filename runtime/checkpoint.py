@@ -33,6 +33,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .errors import CheckpointMismatch
+
 # torch is imported where it is used: ``find_latest`` and ``read_meta`` serve the CLI, which
 # must start fast
 
@@ -41,10 +43,6 @@ LATEST = "latest"
 META = "meta.json"
 # fields of the workload a checkpoint must agree on (they define the model state and the data)
 WORKLOAD_KEYS = ("global_batch", "seq_len", "seed", "optimizer")
-
-
-class CheckpointMismatch(ValueError):
-    """A checkpoint of another model or workload; the message names what differs."""
 
 
 def step_name(step: int) -> str:

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class DataError(ValueError):
-    """A token file that cannot be used (missing, too short, ids beyond the vocabulary)."""
+from .errors import DataError
 
 
 FANOUT = 4

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from planner.planfile import PlanError, read_plan
 
-    from .parallel import PlanNotRunnable
+    from .errors import PlanNotRunnable
     try:
         plan = read_plan(args.plan)
         ranks = list(range(plan.world_size)) if args.ranks == "all" else [int(r) for r in args.ranks.split(",")]

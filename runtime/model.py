@@ -30,12 +30,10 @@ import torch.nn.functional as F
 
 from costmodel.specs import ModelSpec
 
+from .errors import RuntimeModelError
+
 INIT_STD = 0.02
 ROPE_THETA = 10000.0
-
-
-class RuntimeModelError(ValueError):
-    """A model the runtime cannot build; the message says which field and why."""
 
 
 def check_supported(spec: ModelSpec) -> None:

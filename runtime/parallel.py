@@ -32,9 +32,7 @@ import torch.nn as nn
 
 from costmodel.specs import ModelSpec, ParallelConfig
 
-
-class PlanNotRunnable(ValueError):
-    """The plan asks for something this runtime cannot run here; the message has the numbers."""
+from .errors import PlanNotRunnable
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import (CheckpointMismatch, DataError, PlanNotRunnable, RuntimeModelError,  # noqa: F401
+                     RuntimeUsageError)
+
 DEFAULT_LR = 1e-3
-
-
-class RuntimeUsageError(ValueError):
-    """Bad flags or an unusable input for the runtime (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -329,8 +328,10 @@ def train(plan, opts: Options) -> dict:
     from . import checkpoint as ckpt
 
     world_env = os.environ.get("WORLD_SIZE")
-    import torch.distributed as dist
-    world = dist.get_world_size() if dist.is_initialized() else int(world_env or 1)
+    if "torch" in sys.modules and sys.modules["torch"].distributed.is_initialized():
+        world = sys.modules["torch"].distributed.get_world_size()
+    else:
+        world = int(world_env or 1)
     if world != plan.world_size:
         raise RuntimeUsageError(f"the plan needs {plan.world_size} processes (tp*pp*dp*cp = "
                                 f"{plan.parallel.tp}*{plan.parallel.pp}*{plan.parallel.dp}*{plan.parallel.cp}) "
@@ -509,11 +510,6 @@ def options_from_args(args: argparse.Namespace) -> Options:
 def expected_errors() -> tuple[type[BaseException], ...]:
     from costmodel.specs import SpecError
     from planner.planfile import PlanError
-
-    from .checkpoint import CheckpointMismatch
-    from .data import DataError
-    from .model import RuntimeModelError
-    from .parallel import PlanNotRunnable
     return (RuntimeUsageError, PlanError, SpecError, CheckpointMismatch, DataError, RuntimeModelError,
             PlanNotRunnable)
 
@@ -531,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runtime: rank {rank}: error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     return 0
