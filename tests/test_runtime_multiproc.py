@@ -158,6 +158,18 @@ def test_tied_embedding_checkpoint_moves_between_one_and_two_stages(pool, tmp_pa
         assert max_diff(got["losses"][2:], full["losses"][2:]) <= 1e-4, (got["losses"], full["losses"])
 
 
+def test_checkpoint_on_request(pool, tmp_path):
+    """A ``save-now`` file in the checkpoint directory (or SIGUSR1 to any rank) asks for a
+    checkpoint at the end of the current step; the request is then cleared."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "save-now").touch()
+    got = pool.run(make_plan("tiny-llama", dp=2, zero=3, grad_accum=4),
+                   Options(steps=3, quiet=True, checkpoint_dir=str(ck)))
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000001", "step-00000003"]   # asked, and the end
+    assert not (ck / "save-now").exists() and got["last_checkpoint_step"] == 3
+
+
 def test_checkpoint_of_another_model_is_refused(pool, tmp_path):
     ck = tmp_path / "ck"
     pool.run(make_plan("tiny-llama", dp=2, zero=3, grad_accum=4), Options(steps=1, quiet=True, checkpoint_dir=str(ck)))
