@@ -69,11 +69,14 @@ def layout_for(n: int, stride: int, gpus_per_node: int) -> GroupLayout:
 
 
 def _measured_busbw(cluster: ClusterSpec, tier: str, op: str, n: int, size: float) -> float | None:
-    rows = [(b, bw) for t, o, g, b, bw in cluster.collective_table if t == tier and o == op]
-    if not rows:
-        rows = [(b, bw) for t, o, g, b, bw in cluster.collective_table if t == tier]
-    if not rows:
+    """Bus bandwidth measured for this tier and op at the group size nearest ``n`` (log scale),
+    interpolated in log message size. Measured times include latency, so callers add none."""
+    cand = [r for r in cluster.collective_table if r[0] == tier and r[1] == op] or \
+        [r for r in cluster.collective_table if r[0] == tier]
+    if not cand:
         return None
+    best_g = min({r[2] for r in cand}, key=lambda g: (abs(math.log(max(g, 1)) - math.log(max(n, 1))), g))
+    rows = [(b, bw) for _, _, g, b, bw in cand if g == best_g]
     rows.sort()
     sizes = [b for b, _ in rows]
     if size <= sizes[0]:
@@ -94,6 +97,11 @@ class Network:
         self.intra = intra or cluster.intra_node
         self.inter = cluster.inter_node
         self._measured = bool(cluster.collective_table)
+        if self._measured:
+            # measured bus bandwidth at a message size already includes the latency
+            import dataclasses
+            self.intra = dataclasses.replace(self.intra, latency_s=0.0)
+            self.inter = dataclasses.replace(self.inter, latency_s=0.0)
 
     def _bw(self, tier: str, op: str, n: int, size: float) -> float:
         if self._measured:
