@@ -1,0 +1,41 @@
+"""``planner explain PLAN``: the breakdown in words, the runner-up, and what would change it."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "why this plan: where time and memory go, the runner-up, what would change the answer"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="a plan file written by `planner plan --out`")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+    p.add_argument("--no-what-if", action="store_true", help="skip the what-if re-solves")
+    p.add_argument("--max-time", type=float, default=30.0, help="time limit of each re-solve")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from planner.errors import UsageError
+    from planner.explain import explain, explain_json, html_report, text
+    from planner.planfile import read_plan
+    from planner.report import print_json
+
+    plan = read_plan(args.plan)
+    if plan.mode != "train":
+        raise UsageError(f"{args.plan} is an inference plan; explain covers training plans")
+    if args.html:
+        d = Path(args.html).resolve().parent
+        if not d.is_dir():
+            raise UsageError(f"cannot write {args.html}: {d} does not exist")
+    info = explain(plan, what_if=not args.no_what_if, max_time=args.max_time)
+    if args.json:
+        print_json(explain_json(plan, info))
+    else:
+        print(text(plan, info), end="")
+    if args.html:
+        Path(args.html).write_text(html_report(plan, info))
+        if not args.json:
+            print(f"wrote {args.html}")
+    return 0

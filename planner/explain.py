@@ -1,0 +1,273 @@
+"""Why this plan: where time and memory go, the runner-up and what separates them, and what
+would change the answer. The HTML report draws it with matplotlib (PNG, base64-embedded).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+from typing import Any
+
+from costmodel.specs import SpecError
+from costmodel.training import Estimate, estimate
+from planner.planfile import Plan
+from planner.report import describe_parallel
+
+TIME_WORDS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "tensor-parallel communication",
+              "cp_comm_s": "context-parallel communication", "ep_comm_s": "expert all-to-all",
+              "dp_comm_s": "exposed data-parallel communication", "pp_comm_s": "pipeline sends",
+              "bubble_s": "the pipeline bubble", "optimizer_s": "the optimizer step"}
+
+
+def plan_estimate(plan: Plan) -> Estimate:
+    return estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
+                    order=plan.mesh_order)
+
+
+def _solve(plan: Plan, cluster=None, workload=None, top: int = 2, max_time: float = 30.0):
+    from planner.solver import solve
+    c = cluster or plan.cluster
+    return solve(plan.model, c, workload or plan.workload, {}, gpus=c.total_gpus, top=top, max_time_s=max_time)
+
+
+def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[str, Any]:
+    """Everything the text and the HTML report show, as data."""
+    est = plan_estimate(plan)
+    out: dict[str, Any] = {"plan": describe_parallel(plan.parallel), "estimate": est}
+    total = est.step_time_s
+    terms = sorted(est.time.items(), key=lambda kv: -kv[1])
+    out["time_words"] = [f"{TIME_WORDS[k]} {v / total * 100:.1f}%" for k, v in terms if v / total >= 0.005]
+    mem = est.memory
+    out["memory_words"] = [f"{k.removesuffix('_bytes')} {mem[k] / 2**30:.1f} GiB" for k in
+                           ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")]
+    res = _solve(plan, top=2, max_time=max_time)
+    out["solver"] = res
+    ranked = [s for s in res.solutions if not (s.par == plan.parallel and s.stages == plan.stages)]
+    if ranked:
+        ru = ranked[0]
+        diff = {k: ru.estimate.time[k] - est.time[k] for k in est.time}
+        big = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:3]
+        out["runner_up"] = {"plan": describe_parallel(ru.par), "step_time_s": ru.estimate.step_time_s,
+                            "slower_by": ru.estimate.step_time_s / total - 1, "estimate": ru.estimate,
+                            "terms": [(TIME_WORDS[k], d) for k, d in big if abs(d) > 0]}
+    if what_if:
+        out["what_if"] = _what_if(plan, max_time)
+    return out
+
+
+def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
+    rows = []
+    c, wl = plan.cluster, plan.workload
+    cases = []
+    if len(c.groups) == 1:
+        cases.append(("twice the GPUs", c.with_gpus(plan.world_size * 2), dataclasses.replace(
+            wl, global_batch=wl.global_batch * 2)))
+    if plan.model.max_seq_len >= wl.seq_len * 2 or plan.model.positions != "learned":
+        cases.append(("twice the sequence length", c, dataclasses.replace(wl, seq_len=wl.seq_len * 2)))
+    slow = dataclasses.replace(c, inter_node=dataclasses.replace(
+        c.inter_node, bandwidth_bytes_per_s=c.inter_node.bandwidth_bytes_per_s / 4))
+    cases.append(("a 4x slower inter-node link", slow, wl))
+    for label, cl, w in cases:
+        try:
+            r = _solve(plan, cluster=cl, workload=w, top=1, max_time=max_time)
+            s = r.solutions[0]
+            same = (s.par.tp, s.par.pp, s.par.cp, s.par.ep) == (plan.parallel.tp, plan.parallel.pp, plan.parallel.cp,
+                                                                plan.parallel.ep)
+            rows.append({"case": label, "plan": describe_parallel(s.par), "same_shape": same,
+                         "step_time_s": s.estimate.step_time_s, "mfu": s.estimate.mfu})
+        except Exception as e:  # an infeasible what-if is an answer too
+            rows.append({"case": label, "plan": f"no plan ({str(e).splitlines()[0][:120]})", "same_shape": False,
+                         "step_time_s": None, "mfu": None})
+    return rows
+
+
+def text(plan: Plan, info: dict[str, Any]) -> str:
+    est: Estimate = info["estimate"]
+    lines = [f"{plan.model.name} on {plan.world_size} x {plan.cluster.gpu.name}: {info['plan']}",
+             f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu * 100:.1f}%",
+             "", "Where the time goes: " + ", ".join(info["time_words"]) + ".",
+             f"Where the memory goes (peak stage, {est.peak_bytes / 2**30:.1f} of {est.capacity_bytes / 2**30:.1f} GiB): "
+             + ", ".join(info["memory_words"]) + "."]
+    if plan.parallel.pp > 1:
+        lines.append("Stages: " + ", ".join(f"{s.num_layers} layers ({s.recompute_layers} recomputed)"
+                                            + (f" on {s.group}" if s.group else "") for s in plan.stages))
+    lay = plan.rank_layout()
+    lines.append(f"Placement: mesh order {','.join(plan.mesh_order)}; inside one node: "
+                 f"{', '.join(lay['within_node']) or 'nothing'}.")
+    ru = info.get("runner_up")
+    if ru:
+        lines += ["", f"Runner-up: {ru['plan']}, {ru['slower_by'] * 100:+.2f}% step time. What separates them:"]
+        for name, d in ru["terms"]:
+            lines.append(f"  {name}: {d:+.3f} s in the runner-up")
+    res = info["solver"]
+    lines.append(f"Solver: {res.status} over {res.candidates} candidates.")
+    if info.get("what_if"):
+        lines += ["", "What would change the answer:"]
+        for r in info["what_if"]:
+            tail = (f" ({'same shape' if r['same_shape'] else 'a different shape'}, step {r['step_time_s']:.3f} s)"
+                    if r["step_time_s"] else "")
+            lines.append(f"  {r['case']}: {r['plan']}{tail}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+# HTML report
+# --------------------------------------------------------------------------------------
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _figures(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str]]:
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    est: Estimate = info["estimate"]
+    figs = []
+    # memory per stage by category against capacity
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
+    cats = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+    bottom = [0.0] * len(est.stages)
+    for cat in cats:
+        vals = [s.memory[cat] / 2**30 for s in est.stages]
+        ax.bar(range(len(vals)), vals, bottom=bottom, label=cat.removesuffix("_bytes"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for k, s in enumerate(est.stages):
+        ax.hlines(s.capacity_bytes / 2**30, k - 0.4, k + 0.4, colors="red")
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title("memory per stage (red: GPU capacity)")
+    ax.legend(fontsize=7, ncol=3)
+    figs.append(("Memory per stage", _png(fig)))
+    # step time by term
+    fig = Figure(figsize=(7, 2.8))
+    ax = fig.subplots()
+    items = [(k.removesuffix("_s"), v) for k, v in est.time.items()]
+    ax.barh([k for k, _ in items], [v for _, v in items])
+    ax.set_xlabel("seconds per step")
+    ax.set_title(f"step time by term ({est.step_time_s:.3f} s)")
+    figs.append(("Step time by term", _png(fig)))
+    # pipeline schedule timeline (1F1B, first micro-batches)
+    fig = Figure(figsize=(8, 0.5 + 0.35 * plan.parallel.pp))
+    ax = fig.subplots()
+    for stage, (f, b) in enumerate(_timeline(plan, est)):
+        ax.broken_barh(f, (stage - 0.4, 0.8), facecolors="tab:blue")
+        ax.broken_barh(b, (stage - 0.4, 0.8), facecolors="tab:orange")
+    ax.set_yticks(range(plan.parallel.pp))
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (blue forward, orange backward, white idle)")
+    ax.set_ylabel("stage")
+    ax.set_title("pipeline schedule (1F1B, first micro-batches)")
+    figs.append(("Pipeline schedule", _png(fig)))
+    # top plans: throughput against memory with the Pareto front
+    sols = info["solver"].solutions
+    pts = [(s.estimate.peak_bytes / 2**30, s.estimate.tokens_per_s_per_gpu, describe_parallel(s.par)) for s in sols]
+    pts.append((est.peak_bytes / 2**30, est.tokens_per_s_per_gpu, "this plan"))
+    if info.get("runner_up"):
+        r = info["runner_up"]["estimate"]
+        pts.append((r.peak_bytes / 2**30, r.tokens_per_s_per_gpu, "runner-up"))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+    front = sorted(pts)
+    best, pareto = -1.0, []
+    for p in front:
+        if p[1] > best:
+            pareto.append(p)
+            best = p[1]
+    ax.plot([p[0] for p in pareto], [p[1] for p in pareto], "r--", label="Pareto front")
+    for p in pts:
+        if p[2] in ("this plan", "runner-up"):
+            ax.annotate(p[2], (p[0], p[1]), fontsize=7)
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.legend(fontsize=7)
+    ax.set_title("top plans")
+    figs.append(("Top plans", _png(fig)))
+    return figs
+
+
+def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
+    """Forward/backward intervals per stage for a 1F1B schedule of the first micro-batches."""
+    p = plan.parallel.pp
+    m = min(plan.parallel.grad_accum, max_mb)
+    t = [s.time_per_microbatch_s for s in est.stages]
+    fwd = [x / 3 for x in t]
+    bwd = [2 * x / 3 for x in t]
+    f_end = [[0.0] * m for _ in range(p)]
+    b_end = [[0.0] * m for _ in range(p)]
+    free = [0.0] * p
+    order = []
+    for s in range(p):
+        warm = min(p - s, m)
+        seq = [("f", k) for k in range(warm)]
+        nf, nb = warm, 0
+        while nb < m:
+            seq.append(("b", nb))
+            nb += 1
+            if nf < m:
+                seq.append(("f", nf))
+                nf += 1
+        order.append(seq)
+    ptr = [0] * p
+    done = 0
+    total = sum(len(o) for o in order)
+    intervals = [([], []) for _ in range(p)]
+    guard = 0
+    while done < total and guard < total * p * 4:
+        guard += 1
+        for s in range(p):
+            if ptr[s] >= len(order[s]):
+                continue
+            kind, k = order[s][ptr[s]]
+            if kind == "f":
+                dep = f_end[s - 1][k] if s > 0 else 0.0
+                if s > 0 and f_end[s - 1][k] == 0.0:
+                    continue
+                start = max(free[s], dep)
+                f_end[s][k] = start + fwd[s]
+                intervals[s][0].append((start, fwd[s]))
+            else:
+                if s < p - 1 and b_end[s + 1][k] == 0.0:
+                    continue
+                if f_end[s][k] == 0.0:
+                    continue
+                dep = b_end[s + 1][k] if s < p - 1 else f_end[s][k]
+                start = max(free[s], dep)
+                b_end[s][k] = start + bwd[s]
+                intervals[s][1].append((start, bwd[s]))
+            free[s] = (f_end[s][k] if kind == "f" else b_end[s][k])
+            ptr[s] += 1
+            done += 1
+    return intervals
+
+
+def html_report(plan: Plan, info: dict[str, Any]) -> str:
+    figs = _figures(plan, info)
+    body = [f"<h1>Plan: {html.escape(plan.model.name)} on {plan.world_size} x {html.escape(plan.cluster.gpu.name)}</h1>",
+            f"<pre>{html.escape(text(plan, info))}</pre>"]
+    for title, png in figs:
+        body.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'/>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>planner explain</title>"
+            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}pre{background:#f6f6f6;padding:1em;"
+            "white-space:pre-wrap}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+
+
+def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
+    est: Estimate = info["estimate"]
+    d = {"plan": info["plan"], "estimate": est.to_dict(), "time_words": info["time_words"],
+         "memory_words": info["memory_words"], "solver_status": info["solver"].status}
+    if info.get("runner_up"):
+        ru = dict(info["runner_up"])
+        ru["estimate"] = ru["estimate"].to_dict(stages=False)
+        d["runner_up"] = ru
+    d["what_if"] = info.get("what_if", [])
+    return d
+
+
+__all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate", "SpecError"]
