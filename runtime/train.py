@@ -238,7 +238,7 @@ class Trainer:
             from torch.distributed.tensor.parallel import loss_parallel
             stack.enter_context(loss_parallel())
         if self.bf16:
-            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+            stack.enter_context(torch.autocast(self.device_type, dtype=torch.bfloat16))
         return stack
 
     def step(self, step: int) -> float:
@@ -441,7 +441,7 @@ def train(plan, opts: Options) -> dict:
         "predicted": dict(plan.estimate),
     }
     if rank == 0:
-        if metrics_f is not None or (rank == 0 and opts.metrics):
+        if opts.metrics:
             with open(opts.metrics, "a") as f:
                 f.write(json.dumps({"summary": {k: v for k, v in summary.items() if k != "predicted"}}) + "\n")
         if opts.json_out:
