@@ -22,7 +22,7 @@ import traceback
 from typing import Any
 
 _PRELOAD = ["torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.fsdp",
-            "torch.distributed.tensor.parallel", "runtime.train", "runtime.parallel", "planner.planfile"]
+            "torch.distributed.tensor.parallel", "runtime.train", "runtime.parallel", "runtime.model", "planner.planfile"]
 
 
 class JobFailed(RuntimeError):
@@ -178,15 +178,26 @@ class LocalPool:
         self.close()
 
 
+def local_cluster(processes: int):
+    """This machine's processes as a one-node cluster (gloo over loopback), for plans made here.
+    Figures are nominal: a plan needs a cluster; a local run does not use it."""
+    from costmodel.specs import ClusterSpec, GpuSpec, LinkSpec, NodeGroup
+    proc = GpuSpec(name="cpu-process", memory_bytes=2 * 2**30, peak_flops_per_s={"fp32": 5e10, "bf16": 2e10},
+                   hbm_bandwidth_bytes_per_s=1e10)
+    loop = LinkSpec(name="gloo-loopback", bandwidth_bytes_per_s=1.2e9, latency_s=150e-6, efficiency=1.0)
+    group = NodeGroup(name="local", gpu=proc, gpus_per_node=processes, nodes=1, intra_node=loop)
+    return ClusterSpec(name="local-cpu", groups=(group,), inter_node=loop)
+
+
 def make_plan(model: str = "tiny-llama", global_batch: int = 8, seq_len: int = 32, optimizer: str = "adamw",
               seed: int = 0, stages: list[int] | None = None, order: tuple[str, ...] | None = None,
-              cluster: str = "cpu", **parallel: Any):
+              cluster=None, **parallel: Any):
     """A plan for local runs without the solver: a catalog model, an fp32 workload, the given
-    degrees (``ParallelConfig`` fields), an optional uneven stage split as layer counts."""
+    degrees (``ParallelConfig`` fields), an optional uneven stage split as layer counts, and
+    ``cluster`` (a ``ClusterSpec``; default this machine's processes)."""
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, StageSpec, Workload, default_stages
     from planner.planfile import DEFAULT_ORDER, Plan
-    from profiles.clusters import load_cluster
     spec = get_model(model)
     par = ParallelConfig(**parallel)
     if stages is None:
@@ -195,8 +206,8 @@ def make_plan(model: str = "tiny-llama", global_batch: int = 8, seq_len: int = 3
         firsts = [sum(stages[:i]) for i in range(len(stages))]
         st = tuple(StageSpec(first_layer=f, num_layers=n) for f, n in zip(firsts, stages))
     wl = Workload(global_batch=global_batch, seq_len=seq_len, dtype="fp32", optimizer=optimizer, seed=seed)
-    return Plan(model=spec, cluster=load_cluster(cluster).with_gpus(par.world_size), workload=wl, parallel=par,
+    return Plan(model=spec, cluster=cluster or local_cluster(par.world_size), workload=wl, parallel=par,
                 stages=tuple(st), mesh_order=tuple(order or DEFAULT_ORDER))
 
 
-__all__ = ["LocalPool", "JobFailed", "make_plan"]
+__all__ = ["LocalPool", "JobFailed", "make_plan", "local_cluster"]

@@ -58,8 +58,7 @@ def dryrun(plan_path: Path, ranks: list[int]) -> list[dict]:
 @pytest.fixture(scope="module")
 def plan70(tmp_path_factory):
     plan = make_plan("llama-3-70b", global_batch=32, seq_len=4096, tp=8, pp=2, dp=4, zero=3, sp=True,
-                     grad_accum=8, recompute="full")
-    plan = plan.replace(cluster=load_cluster("dgx-h100").with_gpus(64))
+                     grad_accum=8, recompute="full", cluster=load_cluster("dgx-h100").with_gpus(64))
     p = tmp_path_factory.mktemp("plans") / "llama70b-64.yaml"
     write_plan(plan, p)
     return plan, p
@@ -97,8 +96,7 @@ def test_moe_experts_shard_over_ep_and_tp(tmp_path):
     TP rank (as Megatron-LM does); the cost model (today) splits it over TP, a difference of
     ``hidden * experts * (1 - 1/tp)`` elements per layer, which this test pins."""
     plan = make_plan("mixtral-8x7b", global_batch=32, seq_len=4096, tp=2, pp=2, dp=8, ep=4, zero=3, sp=True,
-                     grad_accum=4)
-    plan = plan.replace(cluster=load_cluster("dgx-h100").with_gpus(32))
+                     grad_accum=4, cluster=load_cluster("dgx-h100").with_gpus(32))
     path = tmp_path / "mixtral.yaml"
     write_plan(plan, path)
     out = {r["rank"]: r for r in dryrun(path, [0, 31])}
