@@ -109,7 +109,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             gemms.append((T, h, fs / t, 1))
             mlp_act += mats * a_bytes * fs / t
         expert_params = local_experts * model.expert_params() / t
-        params += expert_params + (model.moe_mlp_params() - E * model.expert_params()) / t
+        params += expert_params + (model.moe_mlp_params() - E * model.expert_params() - h * E) / t + h * E
         # routed copies: permuted inputs, expert intermediates (k copies of each token)
         mlp_act += k * (a_bytes * h + mats * a_bytes * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token

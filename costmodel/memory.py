@@ -71,7 +71,8 @@ def stage_param_counts(model: ModelSpec, par: ParallelConfig, stage_index: int,
     if n_moe:
         routed = model.num_experts * model.expert_params()
         expert = n_moe * routed / (par.ep * t)
-        dense += n_moe * ((model.attention_params() + model.moe_mlp_params() - routed) / t + norms)
+        router = model.hidden * model.num_experts     # kept whole on every TP rank (Megatron, our runtime)
+        dense += n_moe * ((model.attention_params() + model.moe_mlp_params() - routed - router) / t + router + norms)
     if stage_index == 0:
         dense += model.embedding_params() / t
     if stage_index == len(stages) - 1:

@@ -213,8 +213,9 @@ class StageModel:
         norms = 2 * model.norm_params()
         self.dense_layer_params = (model.attention_params() + model.dense_mlp_params()) / t + norms
         self.routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
-        self.moe_layer_params = ((model.attention_params() + model.moe_mlp_params() - self.routed) / t + norms
-                                 if model.is_moe else 0.0)
+        router = model.hidden * model.num_experts     # replicated on every TP rank
+        self.moe_layer_params = ((model.attention_params() + model.moe_mlp_params() - self.routed - router) / t
+                                 + router + norms if model.is_moe else 0.0)
         self.routed_per_gpu = self.routed / (par.ep * t)
         self.ends_params = (model.embedding_params() / t if first else 0.0)
         if last:

@@ -1,0 +1,722 @@
+"""Serving cost model: memory per GPU, time to first token, time per output token, throughput.
+
+Inputs, kept apart as in training: the model (``ModelSpec``), the hardware (``ClusterSpec``),
+the workload (``Workload`` with ``mode="infer"``: ``prompt_len`` P, ``output_len`` O,
+``global_batch`` B = concurrent sequences per replica, ``dtype`` of the weights, ``kv_dtype``)
+and the split (``ParallelConfig``: ``tp`` and ``pp`` shard one replica, ``dp`` is the number of
+replicas, ``ep`` spreads the routed experts). Pure: no I/O, no solver.
+
+Memory per GPU (the pipeline stage with the fullest GPU):
+
+* weights: the stage's layer matrices in the weight dtype, split over TP (routed experts over
+  EP instead when ``ep > 1``); embedding and output head in 16 bits even for quantized weights
+  (AWQ/GPTQ and vLLM's fp8 leave ``lm_head`` unquantized); int8/int4 carry one fp16 scale per
+  group of ``QUANT_GROUP`` weights (GPTQ/AWQ's default group size 128);
+* KV cache: per token ``2 x layers x kv_heads x head_dim x bytes`` (K and V; Pope et al.,
+  "Efficiently Scaling Transformer Inference", 2022, Sec. 2.1), the KV heads split over TP
+  (one head per GPU, replicated, when ``tp > kv_heads``: vLLM/TensorRT-LLM do this) and the
+  layers over PP; MLA keeps one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` per
+  layer, shared by all heads and therefore replicated on every TP rank (DeepSeek-V2 report,
+  Sec. 2.1.2, Table 1; vLLM/SGLang MLA backends). Times ``B x (P + O)`` tokens;
+* activations: the working set of one layer for the largest batch of tokens in flight (a
+  prefill chunk of whole prompts, at most ``PREFILL_CHUNK_TOKENS`` unless one prompt is
+  longer), never more than one layer's because nothing is kept for a backward pass; plus the
+  fp32 logits of the sampled rows on the last stage;
+* other: the GPU's ``reserved_bytes`` (CUDA context, cuBLAS/NCCL workspaces) plus
+  ``RUNTIME_EXTRA_BYTES`` (CUDA graphs of the decode batch sizes, sampler buffers) plus the
+  paged KV cache's partly filled last block per sequence (half of ``KV_BLOCK_TOKENS`` on
+  average; vLLM's PagedAttention, Kwon et al., SOSP'23, Sec. 4.2).
+
+``max_batch`` is the largest B whose peak fits the GPU at this context length.
+
+Time. Every kernel is a roofline (Williams et al., CACM 2009): its compute time at the GEMM
+efficiency ``costmodel.compute`` gives for its shape, and its HBM time at ``HBM_EFFICIENCY`` of
+the datasheet bandwidth, combined by the smooth maximum ``(c^p + m^p)^(1/p)`` with
+``p = ROOFLINE_SHARPNESS``: near the ridge point a kernel is neither purely compute- nor purely
+memory-bound and takes longer than ``max(c, m)`` (the "soft roofline" shape of measured GEMM
+curves; ``p -> infinity`` is the ideal roofline, ``p = 1`` no overlap at all).
+
+* decode, one step per output token: each layer's GEMMs at ``m = B`` tokens (memory-bound for
+  small B: the weights are read once per step), the attention core reading the KV cache of
+  every sequence (memory-bound at any batch; a separate kernel, so its time adds to the
+  GEMMs'), elementwise traffic, and ``KERNELS_PER_LAYER x KERNEL_OVERHEAD_S`` of fixed cost per
+  layer (launch, ramp and tail of each kernel: the gaps an Nsight timeline of a batch-1 decode
+  step shows; CUDA graphs remove the CPU launch but not these);
+* prefill: the same GEMMs at ``m = prompt tokens`` (compute-bound), causal attention quadratic
+  in the prompt (``4 P^2 x heads x head_dim / 2`` FLOPs per layer, FlashAttention at
+  ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM efficiency), only the last position's logits;
+* TP: two all-reduces of ``tokens x hidden`` activations per layer (Megatron's f/g operators,
+  Shoeybi et al., 2019, Fig. 3), each ``costmodel.comm`` alpha-beta time plus
+  ``COLLECTIVE_LAUNCH_S``: at batch 1 a 10 KB all-reduce is pure latency;
+* PP: the micro-batches of a step circle the pipeline; a step takes the longer of one trip
+  round the ring (``sum of stage times + pp hand-offs``) and ``m x`` the slowest stage, with
+  ``m = min(pp, B)`` micro-batches (vLLM's and TensorRT-LLM's pipelined decode);
+* MoE: only the experts some token routes to are read. With ``T`` tokens each choosing ``k`` of
+  ``E`` experts uniformly, ``E x (1 - (1 - k/E)^T)`` distinct experts are touched (at T = 1
+  exactly k; for T >> E/k all E). Expert parallel adds two all-to-alls (dispatch and combine of
+  the ``T x k`` routed copies; GShard, Lepikhin et al., 2020) per MoE layer. ``ep > 1`` means
+  vLLM's expert parallel: whole experts spread over ``ep`` GPUs drawn from ``ep / tp`` replicas
+  that step together (``ep`` a multiple of ``tp`` dividing ``tp x replicas``); ``ep = 1`` splits
+  every expert over TP.
+
+Reported, per replica and with in-flight (continuous) batching at B concurrent sequences:
+
+* ``ttft_s``: a request joining B - 1 running sequences: its prompt's prefill, plus one decode
+  step of the others that shares its scheduler step (0 when B = 1);
+* ``tpot_s``: one decode step at batch B with the mean context ``P + O/2``;
+* ``output_tokens_per_s``: ``replicas x B x O / (prefill of B prompts + (O - 1) x tpot)``: the
+  first token comes from the prefill, the other O - 1 from decode steps (the TensorRT-LLM
+  throughput benchmark's definition).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .comm import GroupLayout, Network, layout_for
+from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
+from .specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
+from .units import GIB, MIB, US, dtype_bytes
+
+# ---- constants (fitted once to calibration/published_inference.yaml; see VALIDATION_INFERENCE.md)
+# Achievable fraction of the datasheet HBM bandwidth for streaming kernels (GEMV, paged
+# attention). NVIDIA's GEMV/decode kernels reach 80-90% of peak; STREAM-like copies on A100 and
+# H100 reach about 90%.
+HBM_EFFICIENCY = 0.80
+# Smooth-roofline exponent (module docstring). 2 puts a kernel at the ridge point at 1.41x the
+# ideal roofline, as measured cuBLAS curves at m = 64..256 on A100/H100 are.
+ROOFLINE_SHARPNESS = 2.0
+# Fixed cost per kernel (launch + ramp + tail) and kernels per transformer layer in a fused
+# serving engine: norm, QKV GEMM, rotary/KV write, attention, output GEMM, residual+norm,
+# gate/up GEMM, activation, down GEMM, residual (FasterTransformer/TensorRT-LLM layer graph).
+KERNEL_OVERHEAD_S = 4.0 * US
+KERNELS_PER_LAYER = 10
+MOE_EXTRA_KERNELS = 6           # router, top-k, permute, grouped GEMMs x2, un-permute
+# NCCL's fixed cost per collective on top of the link latency: kernel launch and the protocol's
+# handshake; nccl-tests report 10-20 us for an 8-byte all-reduce on A100/H100 NVSwitch.
+COLLECTIVE_LAUNCH_S = 10.0 * US
+# Prefill is scheduled in chunks of whole prompts up to this many tokens (vLLM's
+# max_num_batched_tokens for chunked prefill; TensorRT-LLM's max_num_tokens default is 8192).
+PREFILL_CHUNK_TOKENS = 8192
+# Elementwise HBM traffic per token per layer, in activation elements: two norms (read + write
+# h each), two residual adds (read 2h, write h each), rotary on q and k, the MLP activation
+# (read 2 x ffn, write ffn for SwiGLU); counted term by term in ``_elementwise_elems``.
+# Quantized weights: one fp16 scale per group of this many weights (GPTQ/AWQ group size).
+QUANT_GROUP = 128
+RUNTIME_EXTRA_BYTES = 0.5 * GIB  # CUDA graphs, sampler and scheduler buffers (vLLM logs 0.3-1 GiB)
+KV_BLOCK_TOKENS = 16             # paged KV block (vLLM default)
+LOGITS_BYTES = 4                 # sampling upcasts logits to fp32
+
+WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
+KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
+
+
+# --------------------------------------------------------------------------------------
+# Dtypes
+# --------------------------------------------------------------------------------------
+
+def _canon(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype.lower(), dtype.lower())
+
+
+def weight_bytes_per_param(dtype: str) -> float:
+    """Bytes per quantized layer weight, group scales included (int8/int4: +2/QUANT_GROUP)."""
+    d = _canon(dtype)
+    b = dtype_bytes(d)
+    if d in ("int8", "int4"):
+        b += 2.0 / QUANT_GROUP
+    return b
+
+
+def ends_bytes_per_param(dtype: str) -> float:
+    """Embedding and output head: 16-bit unless the whole model is fp32."""
+    return 4.0 if _canon(dtype) == "fp32" else 2.0
+
+
+def activation_bytes(dtype: str) -> float:
+    return 4.0 if _canon(dtype) == "fp32" else 2.0
+
+
+def kv_dtype_of(workload: Workload) -> str:
+    """The KV cache's dtype: ``kv_dtype``, else the weights' (16-bit for int8/int4 weights:
+    weight-only quantization keeps 16-bit activations and cache)."""
+    if workload.kv_dtype:
+        return _canon(workload.kv_dtype)
+    d = _canon(workload.dtype)
+    return "fp16" if d in ("int8", "int4") else d
+
+
+def compute_dtype(dtype: str, cluster: ClusterSpec) -> str:
+    """The dtype the tensor cores run: fp8 where the GPU has fp8 peak (W8A8), else 16-bit
+    (weight-only quantization dequantizes to fp16/bf16 before the multiply)."""
+    d = _canon(dtype)
+    if d == "fp8" and "fp8" in cluster.gpu.peak_flops_per_s:
+        return "fp8"
+    if d == "fp32":
+        return "fp32"
+    return "bf16" if d in ("bf16", "fp8", "int8", "int4") else "fp16"
+
+
+# --------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads a TP rank holds: kv_heads / tp, or one (replicated) when tp > kv_heads."""
+    return 1 if tp >= model.kv_heads else math.ceil(model.kv_heads / tp)
+
+
+def kv_bytes_per_token_layer(model: ModelSpec, tp: int, kv_dtype: str) -> float:
+    """KV-cache bytes one token adds to one layer on one GPU (module docstring)."""
+    b = dtype_bytes(kv_dtype)
+    if model.attention == "mla":
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * b     # replicated over TP
+    return 2 * kv_heads_per_gpu(model, tp) * model.head_dim * b
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int = 1, pp: int = 1) -> float:
+    """KV-cache bytes per token per GPU for the whole model split ``tp`` x ``pp`` (layers split
+    evenly; ``estimate_inference`` uses the real stage split). Llama-3-70B in bf16 at tp = pp =
+    1: 2 x 80 x 8 x 128 x 2 = 327,680 bytes."""
+    return kv_bytes_per_token_layer(model, tp, kv_dtype) * model.layers / pp
+
+
+def expected_experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
+    """Distinct experts ``tokens`` routed tokens touch, each choosing ``top_k`` of ``num_experts``
+    uniformly: ``E (1 - (1 - k/E)^T)`` (the occupancy expectation)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def expert_tp(par: ParallelConfig) -> int:
+    """Ways each routed expert's FFN is split: over TP without expert parallel, whole with it."""
+    return par.tp if par.ep == 1 else 1
+
+
+# --------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------
+
+def lengths(workload: Workload) -> tuple[int, int]:
+    """(prompt_len, output_len) of an inference workload."""
+    p, o = workload.prompt_len, workload.output_len
+    if p <= 0 or o <= 0:
+        raise SpecError(f"inference workload needs prompt_len and output_len > 0, got {p} and {o}")
+    return p, o
+
+
+def validate_serving(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig) -> None:
+    """What a serving split must satisfy; every message has the numbers."""
+    p, o = lengths(workload)
+    problems = []
+    if par.world_size != cluster.total_gpus:
+        problems.append(f"tp*pp*replicas = {par.tp}*{par.pp}*{par.dp} = {par.world_size}, but the cluster "
+                        f"has {cluster.total_gpus} GPUs")
+    if par.cp != 1:
+        problems.append(f"cp {par.cp}: context parallel is not modelled for serving (plan cp=1)")
+    if par.vpp != 1:
+        problems.append(f"vpp {par.vpp}: virtual pipeline stages are a training schedule")
+    if model.heads % par.tp:
+        problems.append(f"tp {par.tp} does not divide heads {model.heads}")
+    elif model.attention == "mha" and model.kv_heads % par.tp and par.tp % model.kv_heads:
+        problems.append(f"tp {par.tp} and kv_heads {model.kv_heads}: one must divide the other")
+    if model.ffn_hidden % par.tp:
+        problems.append(f"tp {par.tp} does not divide ffn_hidden {model.ffn_hidden}")
+    if par.pp > model.layers:
+        problems.append(f"pp {par.pp} exceeds layers {model.layers}")
+    if par.ep > 1:
+        if not model.is_moe:
+            problems.append(f"ep {par.ep} > 1 but {model.name} has no experts")
+        elif model.num_experts % par.ep:
+            problems.append(f"ep {par.ep} does not divide experts {model.num_experts}")
+        if par.ep % par.tp or (par.tp * par.dp) % par.ep:
+            problems.append(f"ep {par.ep} must be a multiple of tp {par.tp} dividing tp*replicas = "
+                            f"{par.tp * par.dp} (whole experts over the GPUs of ep/tp replicas)")
+    elif model.is_moe and model.expert_ffn_hidden % par.tp:
+        problems.append(f"tp {par.tp} does not divide expert_ffn_hidden {model.expert_ffn_hidden}")
+    if p + o > model.max_seq_len:
+        problems.append(f"context prompt {p} + output {o} = {p + o} exceeds {model.name}'s max_seq_len "
+                        f"{model.max_seq_len}")
+    if _canon(workload.dtype) not in WEIGHT_DTYPES:
+        problems.append(f"weights dtype {workload.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    if kv_dtype_of(workload) not in KV_DTYPES:
+        problems.append(f"KV-cache dtype {kv_dtype_of(workload)!r} is not one of {', '.join(KV_DTYPES)}")
+    if len(cluster.groups) > 1:
+        problems.append(f"cluster {cluster.name!r} has {len(cluster.groups)} node groups; serving plans use one "
+                        "kind of GPU")
+    if problems:
+        raise SpecError("impossible serving configuration: " + "; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------
+# The estimate
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class InferenceEstimate:
+    ttft_s: float
+    tpot_s: float
+    output_tokens_per_s: float
+    output_tokens_per_s_per_gpu: float
+    max_batch: int
+    kv_cache_bytes_per_gpu: float
+    kv_cache_bytes_per_token: float      # per GPU (the stage with the most layers)
+    kv_cache_capacity_tokens: int        # tokens of KV cache that fit next to the weights at batch B
+    request_latency_s: float             # ttft + (O - 1) * tpot
+    prefill_s: float                     # all B prompts of a replica
+    memory: dict[str, float]
+    time: dict[str, float]
+    capacity_bytes: float
+    batch: int
+    gpus: int
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.memory["peak_bytes"]
+
+    @property
+    def fits(self) -> bool:
+        return all(s["memory"]["peak_bytes"] <= self.capacity_bytes for s in self.stages)
+
+    def to_dict(self, stages: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "mode": "infer", "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
+            "max_batch": self.max_batch, "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu,
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "kv_cache_capacity_tokens": self.kv_cache_capacity_tokens,
+            "request_latency_s": self.request_latency_s, "prefill_s": self.prefill_s, "batch": self.batch,
+            "memory": dict(self.memory), "time": dict(self.time), "fits": self.fits,
+            "memory_capacity_bytes": self.capacity_bytes,
+        }
+        if stages:
+            d["stages"] = [dict(s) for s in self.stages]
+        return d
+
+
+def soft_roofline(compute_s: float, memory_s: float, p: float = ROOFLINE_SHARPNESS) -> float:
+    """Smooth maximum of a kernel's compute and memory times (module docstring)."""
+    if compute_s <= 0 or memory_s <= 0:
+        return max(compute_s, memory_s)
+    hi = max(compute_s, memory_s)
+    return hi * ((compute_s / hi) ** p + (memory_s / hi) ** p) ** (1.0 / p)
+
+
+@dataclass
+class _Pass:
+    """Time of one pass of ``tokens`` through one stage, by term."""
+
+    gemm_compute: float = 0.0      # GEMM time at the compute roof
+    weights: float = 0.0           # weight reads at the memory roof
+    gemm: float = 0.0              # GEMMs, combined roofline
+    attn_compute: float = 0.0
+    kv: float = 0.0                # KV-cache reads (decode) / writes (prefill)
+    attn: float = 0.0              # attention core, combined roofline
+    elementwise: float = 0.0
+    overhead: float = 0.0
+    tp: float = 0.0
+    ep: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attn + self.elementwise + self.overhead + self.tp + self.ep
+
+    def add(self, o: "_Pass", k: float = 1.0) -> None:
+        for f in ("gemm_compute", "weights", "gemm", "attn_compute", "kv", "attn", "elementwise", "overhead",
+                  "tp", "ep"):
+            setattr(self, f, getattr(self, f) + k * getattr(o, f))
+
+
+class _Serving:
+    """Per-GPU costs of one serving configuration; built once per estimate."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig):
+        self.m, self.c, self.w, self.par = model, cluster, workload, par
+        self.gpu = gpu = cluster.gpu
+        self.cdt = compute_dtype(workload.dtype, cluster)
+        self.wb = weight_bytes_per_param(workload.dtype)
+        self.eb = ends_bytes_per_param(workload.dtype)
+        self.ab = activation_bytes(workload.dtype)
+        self.kvdt = kv_dtype_of(workload)
+        self.hbm = gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY
+        self.net = Network(cluster)
+        gpn = cluster.gpus_per_node
+        # default serving mesh (pp, dp, tp) outer -> inner: TP ranks consecutive, an EP group the
+        # tp x ep/tp consecutive ranks of ep/tp neighbouring replicas
+        self.tp_lay = layout_for(par.tp, 1, gpn)
+        self.ep_lay = layout_for(par.ep, 1, gpn) if par.ep > 1 else GroupLayout(1, 1)
+        self.pp_cross = par.pp > 1 and (par.tp * par.dp >= gpn or par.tp * par.dp * par.pp > gpn)
+        self.etp = expert_tp(par)
+        self.kv_layer = kv_bytes_per_token_layer(model, par.tp, self.kvdt)
+        self.kvh = kv_heads_per_gpu(model, par.tp) if model.attention == "mha" else 0
+        self._weights: dict = {}
+
+    # ---- pieces -----------------------------------------------------------------------
+    def _gemm(self, m: float, n: float, k: float, count: float, weight_bytes: float, out: _Pass) -> None:
+        if m <= 0 or count <= 0:
+            return
+        comp = gemm_time_s(self.gpu, self.c, self.cdt, m, n, k, count)
+        act = (m * k + m * n) * count * self.ab          # activations in and out
+        mem = (weight_bytes + act) / self.hbm
+        out.gemm_compute += comp
+        out.weights += weight_bytes / self.hbm
+        out.gemm += soft_roofline(comp, mem)
+
+    def _allreduce(self, nbytes: float) -> float:
+        if self.par.tp <= 1:
+            return 0.0
+        return self.net.all_reduce(nbytes, self.tp_lay) + COLLECTIVE_LAUNCH_S
+
+    def _elementwise_elems(self) -> float:
+        m, t = self.m, self.par.tp
+        h = m.hidden
+        e = 2 * 2 * h + 2 * 3 * h                       # two norms, two residual adds
+        e += 2 * (m.q_dim / t + self.kvh * m.head_dim)  # rotary on q and k (read + write)
+        f = m.ffn_hidden / t
+        e += 3 * f if m.mlp == "swiglu" else 2 * f      # activation function
+        return e
+
+    def layer(self, moe: bool, tokens: float, seqs: float, ctx: float, prefill: bool) -> _Pass:
+        """One layer on one GPU for ``tokens`` tokens of ``seqs`` sequences. Decode: one token per
+        sequence attending to ``ctx`` cached tokens. Prefill: ``tokens / seqs`` prompt tokens per
+        sequence attending causally to each other."""
+        m, par, out = self.m, self.par, _Pass()
+        t, h, T = par.tp, self.m.hidden, tokens
+        wb = self.wb
+        # attention projections
+        if m.attention == "mla":
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank:
+                self._gemm(T, m.q_lora_rank, h, 1, h * m.q_lora_rank * wb, out)
+                self._gemm(T, m.heads * qk / t, m.q_lora_rank, 1, m.q_lora_rank * m.heads * qk / t * wb, out)
+            else:
+                self._gemm(T, m.heads * qk / t, h, 1, h * m.heads * qk / t * wb, out)
+            r = m.kv_lora_rank + m.qk_rope_head_dim
+            self._gemm(T, r, h, 1, h * r * wb, out)
+            up = m.heads * (m.qk_nope_head_dim + m.v_head_dim) / t
+            self._gemm(T, up, m.kv_lora_rank, 1, m.kv_lora_rank * up * wb, out)
+            self._gemm(T, h, m.heads * m.v_head_dim / t, 1, m.heads * m.v_head_dim / t * h * wb, out)
+        else:
+            n_qkv = m.q_dim / t + 2 * self.kvh * m.head_dim
+            self._gemm(T, n_qkv, h, 1, h * n_qkv * wb, out)
+            self._gemm(T, h, m.attn_out_dim / t, 1, m.attn_out_dim / t * h * wb, out)
+        # attention core
+        heads = m.heads / t
+        if prefill:
+            s = T / seqs
+            if m.attention == "mla":
+                per_head = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+            else:
+                per_head = 2 * m.head_dim
+            flops = 2 * seqs * s * s * heads * per_head * 0.5           # causal: half the s x s
+            eff = matmul_efficiency(self.gpu, self.c, s, s / 2, m.head_dim) * FLASH_ATTENTION_EFFICIENCY
+            comp = flops / (self.gpu.peak(self.cdt) * eff)
+            mem = T * self.kv_layer / self.hbm                           # the cache written once
+        else:
+            if m.attention == "mla":    # weights absorbed: scores and values on the latent
+                per_head = 2 * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+            else:
+                per_head = 4 * m.head_dim
+            flops = T * ctx * heads * per_head
+            eff = self.gpu.matmul_efficiency * FLASH_ATTENTION_EFFICIENCY
+            comp = flops / (self.gpu.peak(self.cdt) * eff)
+            mem = seqs * ctx * self.kv_layer / self.hbm                  # every sequence's cache read
+        out.attn_compute += comp
+        out.kv += mem
+        out.attn += soft_roofline(comp, mem)
+        # MLP
+        mats = 3 if m.mlp == "swiglu" else 2
+        kernels = KERNELS_PER_LAYER
+        if moe:
+            E, k = m.num_experts, m.top_k
+            self._gemm(T, E, h, 1, h * E * self.eb, out)                 # router (16-bit)
+            if m.shared_experts:
+                fs = m.shared_expert_ffn_hidden * m.shared_experts / t
+                self._gemm(T, (mats - 1) * fs, h, 1, (mats - 1) * fs * h * wb, out)
+                self._gemm(T, h, fs, 1, fs * h * wb, out)
+            fe = m.expert_ffn_hidden / self.etp
+            local = E / par.ep
+            # tokens whose experts live in this GPU's EP group: its replica's, times ep/tp replicas
+            group_tokens = T * (par.ep / t if par.ep > 1 else 1)
+            touched = local * expected_experts_touched(E, k, group_tokens) / E
+            copies = group_tokens * k * local / E                        # routed token copies here
+            if touched > 0:
+                per = copies / touched
+                self._gemm(per, (mats - 1) * fe, h, touched, touched * (mats - 1) * fe * h * wb, out)
+                self._gemm(per, h, fe, touched, touched * fe * h * wb, out)
+            if par.ep > 1:
+                sent = T / t * k * h * self.ab       # each TP rank dispatches its share of the tokens
+                out.ep += 2 * (self.net.all_to_all(sent, self.ep_lay) + COLLECTIVE_LAUNCH_S)
+            kernels += MOE_EXTRA_KERNELS
+        else:
+            f = m.ffn_hidden / t
+            self._gemm(T, (mats - 1) * f, h, 1, (mats - 1) * f * h * wb, out)
+            self._gemm(T, h, f, 1, f * h * wb, out)
+        out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm
+        out.overhead += kernels * KERNEL_OVERHEAD_S
+        out.tp += 2 * self._allreduce(T * h * self.ab)
+        return out
+
+    def ends(self, first: bool, last: bool, tokens: float, rows: float) -> _Pass:
+        """Embedding (first stage: a gather, plus the vocab-parallel all-reduce) and output head
+        for ``rows`` sampled positions (last stage), on one GPU."""
+        out = _Pass()
+        m, t = self.m, self.par.tp
+        if first:
+            out.elementwise += tokens * m.hidden * self.ab / self.hbm
+            out.tp += self._allreduce(tokens * m.hidden * self.ab)
+            out.overhead += KERNEL_OVERHEAD_S
+        if last:
+            v = m.vocab / t
+            self._gemm(rows, v, m.hidden, 1, v * m.hidden * self.eb, out)
+            out.elementwise += rows * v * LOGITS_BYTES * 2 / self.hbm     # softmax / argmax over logits
+            if t > 1:   # logits gathered to the sampler
+                out.tp += self.net.all_gather(rows * m.vocab * LOGITS_BYTES, self.tp_lay) + COLLECTIVE_LAUNCH_S
+            out.overhead += 3 * KERNEL_OVERHEAD_S                        # final norm, head, sampler
+        return out
+
+    def stage_pass(self, st: StageSpec, index: int, tokens: float, seqs: float, ctx: float, prefill: bool,
+                   memo: dict) -> _Pass:
+        n_moe = self.m.moe_layers_in(st.first_layer, st.last_layer)
+        n_dense = st.num_layers - n_moe
+        out = _Pass()
+        for moe, n in ((False, n_dense), (True, n_moe)):
+            if n:
+                key = (moe, tokens, seqs, ctx, prefill)
+                if key not in memo:
+                    memo[key] = self.layer(moe, tokens, seqs, ctx, prefill)
+                out.add(memo[key], n)
+        out.add(self.ends(index == 0, index == self.par.pp - 1, tokens, seqs))
+        return out
+
+    # ---- memory -------------------------------------------------------------------------
+    def stage_weights(self, st: StageSpec, index: int) -> float:
+        key = (st.first_layer, st.num_layers, index)
+        if key not in self._weights:
+            self._weights[key] = self._stage_weights(st, index)
+        return self._weights[key]
+
+    def _stage_weights(self, st: StageSpec, index: int) -> float:
+        m, par = self.m, self.par
+        t = par.tp
+        n_moe = m.moe_layers_in(st.first_layer, st.last_layer)
+        n_dense = st.num_layers - n_moe
+        norms = 2 * m.norm_params() * 2.0
+        w = n_dense * ((m.attention_params() + m.dense_mlp_params()) / t * self.wb + norms)
+        if n_moe:
+            routed = m.num_experts * m.expert_params()
+            shared_router = m.moe_mlp_params() - routed - m.hidden * m.num_experts
+            w += n_moe * ((m.attention_params() + shared_router) / t * self.wb + norms
+                          + m.hidden * m.num_experts * self.eb
+                          + routed / (par.ep * self.etp) * self.wb)
+        if index == 0:
+            w += m.embedding_params() / t * self.eb
+        if index == par.pp - 1:
+            if not (m.tied_embeddings and par.pp == 1):
+                w += m.vocab * m.hidden / t * self.eb
+            w += m.norm_params() * 2.0
+        return w
+
+    def activation_bytes(self, chunk_tokens: float, rows: float, last: bool) -> float:
+        """One layer's live tensors for ``chunk_tokens`` tokens, plus fp32 logits of ``rows``."""
+        m, t = self.m, self.par.tp
+        h = m.hidden
+        attn = m.q_dim / t + 2 * max(self.kvh * m.head_dim, (m.kv_lora_rank + m.qk_rope_head_dim)) + \
+            m.attn_out_dim / t
+        mats = 3 if m.mlp == "swiglu" else 2
+        mlp = mats * m.ffn_hidden / t
+        if m.is_moe:
+            moe = m.top_k * (h + mats * m.expert_ffn_hidden / self.etp) + m.num_experts * 2
+            if m.shared_experts:
+                moe += mats * m.shared_expert_ffn_hidden * m.shared_experts / t
+            mlp = max(mlp if m.first_dense_layers else 0.0, moe)
+        per_token = (2 * h + max(attn, mlp)) * self.ab
+        logits = rows * m.vocab / t * (LOGITS_BYTES + self.ab) if last else 0.0
+        return chunk_tokens * per_token + logits
+
+
+def _chunking(prompt: int, n: float) -> tuple[float, float, float]:
+    """(prompts per chunk, number of chunks, tokens per chunk) to prefill ``n`` prompts."""
+    per = max(1, PREFILL_CHUNK_TOKENS // prompt)
+    per = min(per, max(n, 1))
+    chunks = max(1.0, n / per)
+    return per, chunks, per * prompt
+
+
+def _pipeline(times: list[float], hop: float, micro: float) -> float:
+    """A decode step with ``micro`` micro-batches circling ``len(times)`` stages: the longer of one
+    trip round the ring and ``micro`` passes of the slowest stage (module docstring)."""
+    if len(times) == 1:
+        return times[0]
+    trip = sum(times) + len(times) * hop
+    return max(trip, micro * (max(times) + hop))
+
+
+def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                       order: tuple[str, ...] | None = None,
+                       stages: tuple[StageSpec, ...] | None = None) -> InferenceEstimate:
+    """Memory per GPU, latency and throughput of one serving configuration (module docstring).
+    ``order`` is accepted for symmetry with training; serving places TP innermost."""
+    validate_serving(model, cluster, workload, par)
+    P, O = lengths(workload)
+    B = workload.global_batch
+    if stages is None:
+        stages = default_stages(model.layers, par.pp)
+    if len(stages) != par.pp or sum(s.num_layers for s in stages) != model.layers or \
+            any(s.num_layers < 1 for s in stages):
+        raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {par.pp} non-empty "
+                        f"stages covering all {model.layers} layers")
+    sv = _Serving(model, cluster, workload, par)
+    gpu = cluster.gpu
+    pp = par.pp
+    ctx_total = P + O
+    ctx_mean = P + O / 2.0
+    hop_bytes = lambda tokens: tokens * model.hidden * sv.ab   # noqa: E731
+    hop = lambda tokens: sv.net.p2p(hop_bytes(tokens), sv.pp_cross) + COLLECTIVE_LAUNCH_S if pp > 1 else 0.0  # noqa: E731
+
+    # ---- decode --------------------------------------------------------------------------
+    micro = min(pp, B)
+    b = B / micro
+    memo: dict = {}
+    dec = [sv.stage_pass(st, i, b, b, ctx_mean, False, memo) for i, st in enumerate(stages)]
+    tpot = _pipeline([d.total for d in dec], hop(b), micro)
+    dec_others = 0.0
+    if B > 1:
+        micro_o = min(pp, B - 1)
+        bo = (B - 1) / micro_o
+        others = [sv.stage_pass(st, i, bo, bo, ctx_mean, False, memo) for i, st in enumerate(stages)]
+        dec_others = _pipeline([d.total for d in others], hop(bo), micro_o)
+
+    # ---- prefill -------------------------------------------------------------------------
+    def prefill(n: float) -> tuple[float, list[_Pass]]:
+        per, chunks, tokens = _chunking(P, n)
+        passes = [sv.stage_pass(st, i, tokens, per, 0.0, True, memo) for i, st in enumerate(stages)]
+        times = [x.total for x in passes]
+        # chunks pipeline through the stages: fill once, then one chunk per slowest-stage time
+        total = sum(times) + (chunks - 1) * max(times) + (pp - 1) * hop(tokens)
+        return total, passes
+
+    pre1, pre1_passes = prefill(1)
+    pre_b, _ = prefill(B)
+    ttft = pre1 + dec_others
+    round_s = pre_b + (O - 1) * tpot
+    per_replica = B * O / round_s
+    out_tps = per_replica * par.dp
+
+    # ---- memory --------------------------------------------------------------------------
+    per_chunk, _, chunk_tokens = _chunking(P, B)
+    stage_rows = []
+    for i, st in enumerate(stages):
+        last = i == pp - 1
+        w = sv.stage_weights(st, i)
+        kv_tok = st.num_layers * sv.kv_layer
+        kv = B * ctx_total * kv_tok
+        act = max(sv.activation_bytes(chunk_tokens, per_chunk, last), sv.activation_bytes(b, b, last))
+        waste = B * KV_BLOCK_TOKENS / 2 * kv_tok
+        other = gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste
+        mem = {"peak_bytes": w + kv + act + other, "weights_bytes": w, "kv_cache_bytes": kv,
+               "activations_bytes": act, "other_bytes": other}
+        stage_rows.append({"layers": [st.first_layer, st.last_layer], "device_group": st.group,
+                           "memory": mem, "kv_cache_bytes_per_token": kv_tok,
+                           "decode_s": dec[i].total, "prefill_s": pre1_passes[i].total,
+                           "capacity_bytes": gpu.memory_bytes,
+                           "fits": mem["peak_bytes"] <= gpu.memory_bytes})
+    worst = max(range(pp), key=lambda i: stage_rows[i]["memory"]["peak_bytes"])
+    mem = dict(stage_rows[worst]["memory"])
+    kv_tok_max = max(r["kv_cache_bytes_per_token"] for r in stage_rows)
+    max_b = max_batch(sv, stages, P, ctx_total, gpu.memory_bytes)
+    free = min(gpu.memory_bytes - (r["memory"]["peak_bytes"] - r["memory"]["kv_cache_bytes"])
+               for r in stage_rows)
+    cap_tokens = int(max(0.0, free) // kv_tok_max) if kv_tok_max > 0 else 0
+
+    # ---- breakdown. Decode: per step, the slowest stage's terms times the passes it makes
+    # (its micro-batches), the hand-offs, and the wait for the ring trip (pipeline); the
+    # terms sum to tpot. Prefill: one prompt, summed over the stages (sum = prefill_s).
+    k = max(range(pp), key=lambda i: dec[i].total)
+    d = dec[k]
+    hops = (max(pp, micro) * hop(b)) if pp > 1 else 0.0
+    busy = micro * d.total + hops
+    pf = _Pass()
+    for x in pre1_passes:
+        pf.add(x)
+    time = {
+        "prefill_s": pre1, "prefill_gemm_s": pf.gemm, "prefill_attention_s": pf.attn,
+        "prefill_elementwise_s": pf.elementwise, "prefill_overhead_s": pf.overhead, "prefill_tp_comm_s": pf.tp,
+        "prefill_ep_comm_s": pf.ep, "prefill_pp_comm_s": (pp - 1) * hop(P),
+        "prefill_compute_s": pf.gemm_compute + pf.attn_compute, "prefill_weights_s": pf.weights,
+        "decode_step_s": tpot, "decode_gemm_s": micro * d.gemm, "decode_attention_s": micro * d.attn,
+        "decode_elementwise_s": micro * d.elementwise, "decode_overhead_s": micro * d.overhead,
+        "decode_tp_comm_s": micro * d.tp, "decode_ep_comm_s": micro * d.ep, "decode_pp_comm_s": hops,
+        "decode_pipeline_wait_s": max(0.0, tpot - busy),
+        "decode_compute_s": micro * (d.gemm_compute + d.attn_compute), "decode_weights_s": micro * d.weights,
+        "decode_kv_s": micro * d.kv, "decode_others_s": dec_others, "prefill_batch_s": pre_b,
+    }
+    world = par.world_size
+    return InferenceEstimate(
+        ttft_s=ttft, tpot_s=tpot, output_tokens_per_s=out_tps, output_tokens_per_s_per_gpu=out_tps / world,
+        max_batch=max_b, kv_cache_bytes_per_gpu=mem["kv_cache_bytes"], kv_cache_bytes_per_token=kv_tok_max,
+        kv_cache_capacity_tokens=cap_tokens, request_latency_s=ttft + (O - 1) * tpot, prefill_s=pre_b,
+        memory=mem, time=time, capacity_bytes=gpu.memory_bytes, batch=B, gpus=world, stages=stage_rows)
+
+
+def stage_peak_bytes(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, batch: int) -> float:
+    """Largest peak over the stages at ``batch`` sequences (the memory part of the estimate)."""
+    pp = len(stages)
+    micro = min(pp, batch)
+    per_chunk, _, chunk_tokens = _chunking(prompt, batch)
+    worst = 0.0
+    for i, st in enumerate(stages):
+        last = i == pp - 1
+        kv_tok = st.num_layers * sv.kv_layer
+        act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
+                  sv.activation_bytes(batch / micro, batch / micro, last))
+        peak = (sv.stage_weights(st, i) + batch * (ctx + KV_BLOCK_TOKENS / 2) * kv_tok + act
+                + sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES)
+        worst = max(worst, peak)
+    return worst
+
+
+def max_batch(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, capacity: float) -> int:
+    """The largest batch whose peak fits ``capacity`` (peak is nondecreasing in the batch)."""
+    if stage_peak_bytes(sv, stages, prompt, ctx, 1) > capacity:
+        return 0
+    lo, hi = 1, 2
+    while stage_peak_bytes(sv, stages, prompt, ctx, hi) <= capacity:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 24:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if stage_peak_bytes(sv, stages, prompt, ctx, mid) <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def serving_max_batch(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                      stages: tuple[StageSpec, ...] | None = None) -> int:
+    """``max_batch`` alone (cheap: no time model), for the planner's batch enumeration."""
+    validate_serving(model, cluster, workload, par)
+    P, O = lengths(workload)
+    sv = _Serving(model, cluster, workload, par)
+    return max_batch(sv, stages or default_stages(model.layers, par.pp), P, P + O, cluster.gpu.memory_bytes)
+
+
+def check_invariants(est: InferenceEstimate) -> None:
+    """Sanity after every estimate (programmer errors, not user input)."""
+    assert est.ttft_s > 0 and est.tpot_s > 0 and est.output_tokens_per_s > 0, est
+    m = est.memory
+    parts = m["weights_bytes"] + m["kv_cache_bytes"] + m["activations_bytes"] + m["other_bytes"]
+    assert abs(parts - m["peak_bytes"]) <= 1e-6 * m["peak_bytes"], m
+
+
+__all__ = ["InferenceEstimate", "estimate_inference", "kv_bytes_per_token", "kv_bytes_per_token_layer",
+           "kv_heads_per_gpu", "expected_experts_touched", "validate_serving", "serving_max_batch",
+           "soft_roofline", "kv_dtype_of", "compute_dtype", "weight_bytes_per_param", "lengths",
+           "check_invariants", "HBM_EFFICIENCY", "ROOFLINE_SHARPNESS", "KERNEL_OVERHEAD_S",
+           "COLLECTIVE_LAUNCH_S", "MIB"]
