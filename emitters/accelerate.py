@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import yaml
 
-from emitters.base import (CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
 from planner.planfile import Plan
@@ -142,6 +142,7 @@ def config(plan: Plan, nnodes: int) -> dict:
 
 
 def emit(plan: Plan) -> dict[str, str]:
+    require_no_stage_recompute(plan, TARGET)
     require_mode(plan, TARGET, "train")
     require_one_group(plan, TARGET)
     nnodes, _ = nodes_and_procs(plan, TARGET)

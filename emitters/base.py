@@ -124,12 +124,23 @@ def recompute_per_stage(plan: Plan) -> list[int]:
     """
     p = plan.parallel
     if p.recompute != "full":
-        return [0] * len(plan.stages)
+        # the solver may recompute some layers of some stages fully on top of a none/selective
+        # policy (to fit a stage's memory): those counts are part of the plan
+        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
     if any(s.recompute_layers for s in plan.stages):
         return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
     if p.recompute_layers < 0:
         return [s.num_layers for s in plan.stages]
     return [min(p.recompute_layers, s.num_layers) for s in plan.stages]
+
+
+def require_no_stage_recompute(plan: Plan, target: str) -> None:
+    """Refuse a none/selective plan whose stages also recompute some layers fully."""
+    per = recompute_per_stage(plan)
+    if plan.parallel.recompute != "full" and any(per):
+        raise CannotExpress(target, f"{plan.parallel.recompute} recompute plus full recompute of {per} layers "
+                            "per stage", f"{target} sets one recompute policy for every layer",
+                            "re-plan with --recompute full or --recompute none, or use the megatron target")
 
 
 def full_recompute_all(plan: Plan) -> bool:

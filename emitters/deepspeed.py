@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from emitters.base import (CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
 from planner.planfile import Plan
@@ -105,6 +105,7 @@ def hostfile(plan: Plan, nnodes: int, nproc: int) -> str:
 
 
 def emit(plan: Plan) -> dict[str, str]:
+    require_no_stage_recompute(plan, TARGET)
     require_mode(plan, TARGET, "train")
     require_one_group(plan, TARGET)
     nnodes, nproc = nodes_and_procs(plan, TARGET)

@@ -108,11 +108,13 @@ def _pipeline_split_args(plan: Plan) -> list:
 
 def _recompute_args(plan: Plan) -> list:
     p = plan.parallel
-    if p.recompute == "none":
+    per_stage = recompute_per_stage(plan)
+    if p.recompute == "none" and not any(per_stage):
         return []
     if p.recompute == "selective":
+        require(not any(per_stage), TARGET, f"selective recompute plus full recompute of {per_stage} layers",
+                "Megatron takes one recompute granularity", "re-plan with --recompute selective only")
         return ["--recompute-granularity", "selective"]
-    per_stage = recompute_per_stage(plan)
     layers = stage_layers(plan)
     if per_stage == layers:
         # every layer: checkpoint each layer's input (uniform groups of one layer)

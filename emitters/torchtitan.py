@@ -11,7 +11,7 @@ llama3 flavors is registered as flavor ``planner`` by a small module the config 
 """
 from __future__ import annotations
 
-from emitters.base import (CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs, require,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs, require,
                            require_mode, require_one_group, require_order, script_header, toml_table,
                            virtual_stage_layers)
 from planner.planfile import Plan
@@ -229,6 +229,7 @@ def config(plan: Plan) -> str:
 
 
 def emit(plan: Plan) -> dict[str, str]:
+    require_no_stage_recompute(plan, TARGET)
     require_mode(plan, TARGET, "train")
     require_one_group(plan, TARGET)
     nnodes, nproc = nodes_and_procs(plan, TARGET)

@@ -103,3 +103,19 @@ def test_other_mode_refused(target):
     plan = examples()["tiny-llama-tp2-dp2" if mod.MODE == "infer" else "tiny-llama-serve-cpu"]
     with pytest.raises(CannotExpress, match="mode"):
         mod.emit(plan)
+
+
+def test_per_stage_full_recompute_on_a_none_policy_is_expressed_or_refused():
+    """The 70B example recomputes 6 and 2 layers of its first two stages on a `none` policy:
+    Megatron cannot state different counts per stage, the others have one policy for all."""
+    from pathlib import Path
+
+    import emitters
+    from emitters.base import CannotExpress
+    from planner.planfile import read_plan
+
+    plan = read_plan(Path(__file__).resolve().parents[1] / "plans" / "llama-3-70b-64xh100.yaml")
+    assert plan.parallel.recompute == "none" and any(s.recompute_layers for s in plan.stages)
+    for target in ("megatron", "deepspeed", "torchtitan", "accelerate"):
+        with pytest.raises(CannotExpress, match="recompute"):
+            emitters.emit(plan, target)
