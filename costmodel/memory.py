@@ -13,6 +13,7 @@ only, so they shard over at most that many.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .specs import ModelSpec, ParallelConfig, StageSpec
 from .units import dtype_bytes
@@ -29,6 +30,7 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+@lru_cache(maxsize=64)
 def bytes_per_param(dtype: str, optimizer: str = "adamw") -> tuple[float, float, float]:
     """(weights, grads, optimizer state) bytes per parameter."""
     w = dtype_bytes(dtype)

@@ -384,13 +384,15 @@ class _PipelineModel:
                 return
             self.m.add_exactly_one(v for _, _, v in row)
             self.rows.append(row)
-        self.m.add(sum((tab.lo + k) * v for (_, _, k), v in self.y.items()) == self.prob.model.layers)
+        self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (_, _, k) in self.y])
+                   == self.prob.model.layers)
         if len(self.groups) > 1:
             for g in self.groups:
                 self.m.add(sum(v for (_, gg, _), v in self.y.items() if gg == g) == self.counts[g])
 
     def _lin(self, table: dict, i: int):
-        return sum(table[(i, g)][k] * v for g, k, v in self.rows[i])
+        row = self.rows[i]
+        return cp_model.LinearExpr.weighted_sum([v for _, _, v in row], [table[(i, g)][k] for g, k, _ in row])
 
     def _add_stage_costs(self):
         tab = self.tab
