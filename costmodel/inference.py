@@ -70,14 +70,16 @@ Reported, per replica and with in-flight (continuous) batching at B concurrent s
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .comm import GroupLayout, Network, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
-from .units import GIB, MIB, US, dtype_bytes
+from .units import GIB, US, dtype_bytes
 
 # ---- constants (fitted once to calibration/published_inference.yaml; see VALIDATION_INFERENCE.md)
 # Achievable fraction of the datasheet HBM bandwidth for streaming kernels (GEMV, paged
@@ -564,8 +566,7 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     validate_serving(model, cluster, workload, par)
     P, O = lengths(workload)
     B = workload.global_batch
-    if stages is None:
-        stages = default_stages(model.layers, par.pp)
+    stages = tuple(stages) if stages is not None else default_stages(model.layers, par.pp)
     if len(stages) != par.pp or sum(s.num_layers for s in stages) != model.layers or \
             any(s.num_layers < 1 for s in stages):
         raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {par.pp} non-empty "
@@ -575,8 +576,12 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     pp = par.pp
     ctx_total = P + O
     ctx_mean = P + O / 2.0
-    hop_bytes = lambda tokens: tokens * model.hidden * sv.ab   # noqa: E731
-    hop = lambda tokens: sv.net.p2p(hop_bytes(tokens), sv.pp_cross) + COLLECTIVE_LAUNCH_S if pp > 1 else 0.0  # noqa: E731
+
+    def hop(tokens: float) -> float:
+        """One pipeline hand-off of ``tokens`` hidden states (point-to-point)."""
+        if pp == 1:
+            return 0.0
+        return sv.net.p2p(tokens * model.hidden * sv.ab, sv.pp_cross) + COLLECTIVE_LAUNCH_S
 
     # ---- decode --------------------------------------------------------------------------
     micro = min(pp, B)
@@ -628,7 +633,7 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     worst = max(range(pp), key=lambda i: stage_rows[i]["memory"]["peak_bytes"])
     mem = dict(stage_rows[worst]["memory"])
     kv_tok_max = max(r["kv_cache_bytes_per_token"] for r in stage_rows)
-    max_b = max_batch(sv, stages, P, ctx_total, gpu.memory_bytes)
+    max_b = _max_batch_cached(model, cluster, dataclasses.replace(workload, global_batch=1), par, stages)
     free = min(gpu.memory_bytes - (r["memory"]["peak_bytes"] - r["memory"]["kv_cache_bytes"])
                for r in stage_rows)
     cap_tokens = int(max(0.0, free) // kv_tok_max) if kv_tok_max > 0 else 0
@@ -698,13 +703,20 @@ def max_batch(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int
     return lo
 
 
+@lru_cache(maxsize=4096)
+def _max_batch_cached(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                      stages: tuple[StageSpec, ...]) -> int:
+    """Memoized on the batch-free problem: the planner scores many batches of one split."""
+    P, O = lengths(workload)
+    return max_batch(_Serving(model, cluster, workload, par), stages, P, P + O, cluster.gpu.memory_bytes)
+
+
 def serving_max_batch(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
                       stages: tuple[StageSpec, ...] | None = None) -> int:
     """``max_batch`` alone (cheap: no time model), for the planner's batch enumeration."""
     validate_serving(model, cluster, workload, par)
-    P, O = lengths(workload)
-    sv = _Serving(model, cluster, workload, par)
-    return max_batch(sv, stages or default_stages(model.layers, par.pp), P, P + O, cluster.gpu.memory_bytes)
+    return _max_batch_cached(model, cluster, dataclasses.replace(workload, global_batch=1), par,
+                             tuple(stages or default_stages(model.layers, par.pp)))
 
 
 def check_invariants(est: InferenceEstimate) -> None:
@@ -719,4 +731,4 @@ __all__ = ["InferenceEstimate", "estimate_inference", "kv_bytes_per_token", "kv_
            "kv_heads_per_gpu", "expected_experts_touched", "validate_serving", "serving_max_batch",
            "soft_roofline", "kv_dtype_of", "compute_dtype", "weight_bytes_per_param", "lengths",
            "check_invariants", "HBM_EFFICIENCY", "ROOFLINE_SHARPNESS", "KERNEL_OVERHEAD_S",
-           "COLLECTIVE_LAUNCH_S", "MIB"]
+           "COLLECTIVE_LAUNCH_S"]

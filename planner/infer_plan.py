@@ -300,12 +300,15 @@ class _ServingModel:
 
 def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict[str, int], *,
                   batch: int | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-                  top: int = 1, max_time_s: float = 60.0, batch_limit: int = 4096) -> ServeResult:
+                  top: int = 1, max_time_s: float = 60.0, batch_limit: int = 4096,
+                  candidates: tuple[list[Candidate], dict] | None = None) -> ServeResult:
+    """The best ``top`` plans (module docstring); ``candidates`` reuses an ``enumerate_candidates``
+    result of the same problem."""
     t0 = time.perf_counter()
     P, O = wl.prompt_len, wl.output_len
     if P + O > model.max_seq_len:
         raise _context_infeasible(model, cluster, wl, fixed, batch, ttft_slo_s, tpot_slo_s, batch_limit)
-    cands, max_b = enumerate_candidates(model, cluster, wl, fixed, batch, batch_limit)
+    cands, max_b = candidates or enumerate_candidates(model, cluster, wl, fixed, batch, batch_limit)
     if not cands:
         raise ServingInfeasible(f"no legal split of {model.name} over {cluster.total_gpus} GPUs with the fixed "
                                 f"dimensions {fixed or '{}'} (tp must divide heads {model.heads} and stay in a "
@@ -658,8 +661,8 @@ def validation_markdown(rows: list[Row]) -> str:
            "Regenerate with `python -m planner.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md`",
            "(a test fails when this file is stale). Predicted by `costmodel.inference.estimate_inference` with the",
            "catalog cluster; one set of physical constants for every case, none per case: achievable HBM fraction",
-           f"{ci.HBM_EFFICIENCY:g}, soft-roofline exponent {ci.ROOFLINE_SHARPNESS:g}, {ci.KERNEL_OVERHEAD_S * 1e6:g} us "
-           f"per kernel x {ci.KERNELS_PER_LAYER} kernels per layer, {ci.COLLECTIVE_LAUNCH_S * 1e6:g} us per collective "
+           f"{ci.HBM_EFFICIENCY:g}, soft-roofline exponent {ci.ROOFLINE_SHARPNESS:g}, "
+           f"{ci.KERNEL_OVERHEAD_S * 1e6:g} us per kernel x {ci.KERNELS_PER_LAYER} kernels per layer, {ci.COLLECTIVE_LAUNCH_S * 1e6:g} us per collective "
            "on top of `costmodel.comm`, GEMM efficiency from the cluster file.", "",
            "Prefill = the prompt(s) of the batch; decode = one step at the batch with the mean context",
            "prompt + output/2; first token = prefill of one prompt (batch 1); output tokens/s per GPU =",

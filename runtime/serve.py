@@ -213,7 +213,8 @@ class Server:
         self.spec, self.par = spec, par
         self.P, self.O, self.B = lengths(plan, opts)
         self.device_type = device_type
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+        cuda = device_type == "cuda"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # CPU: fp32 (exact comparisons between splits); GPU: the plan's 16-bit dtype
         w = plan.workload.dtype
         self.dtype = (torch.float16 if w in ("fp16", "float16") else torch.bfloat16) \
@@ -369,7 +370,8 @@ def serve(plan, opts: ServeOptions) -> dict[str, Any]:
     exists. Returns the summary (the same on every rank)."""
     from .train import _device_type, init_distributed
     torch_loaded = "torch" in sys.modules and sys.modules["torch"].distributed.is_initialized()
-    world = sys.modules["torch"].distributed.get_world_size() if torch_loaded else int(os.environ.get("WORLD_SIZE", "1"))
+    world = (sys.modules["torch"].distributed.get_world_size() if torch_loaded
+             else int(os.environ.get("WORLD_SIZE", "1")))
     check_plan(plan, world)
     P, O, B = lengths(plan, opts)
     if opts.warmup < 0:
@@ -414,6 +416,30 @@ def _ms(v) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# For `planner launch` (no torch import: the CLI must start fast)
+# --------------------------------------------------------------------------------------
+
+def launch_module_args(plan_path: str, device: str, json_out: str, prompt_len: int = 0, output_len: int = 0,
+                       batch: int = 0) -> list[str]:
+    """``-m runtime.serve ...``: what ``planner launch`` hands torchrun for an inference plan."""
+    a = ["-m", "runtime.serve", "--plan", str(Path(plan_path).resolve()), "--json-out", json_out,
+         "--device", device, "--quiet"]
+    for flag, v in (("--prompt-len", prompt_len), ("--output-len", output_len), ("--batch", batch)):
+        if v:
+            a += [flag, str(v)]
+    return a
+
+
+def compare_rows(summary: dict[str, Any]) -> list[tuple[str, Any, Any, str]]:
+    """(label, predicted, measured, kind) rows of measured beside predicted; kind ``s`` (seconds)
+    or ``n`` (a rate). The static batch's first token is the prefill of all its prompts."""
+    p = summary.get("predicted") or {}
+    return [("time to first token (batch prefill)", p.get("prefill_batch_s"), summary.get("ttft_s"), "s"),
+            ("time per output token", p.get("tpot_s"), summary.get("tpot_s"), "s"),
+            ("output tokens/s", p.get("output_tokens_per_s"), summary.get("output_tokens_per_s"), "n")]
+
+
+# --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
 
@@ -443,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = read_plan(args.plan)
         summary = serve(plan, opts)
         if int(rank) == 0 and not args.quiet:
-            print(json.dumps({k: v for k, v in summary.items() if k not in ("tokens", "token_logits", "decode_step_s")}))
+            brief = {k: v for k, v in summary.items() if k not in ("tokens", "token_logits", "decode_step_s")}
+            print(json.dumps(brief))
     except (RuntimeUsageError, PlanNotRunnable, RuntimeModelError, PlanError, SpecError) as e:
         print(f"serve: rank {rank}: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -53,9 +53,10 @@ def test_cpsat_choice_equals_brute_force_over_the_same_candidates():
     m, c = get_model("mixtral-8x7b"), load_cluster("dgx-h100").with_gpus(8)
     w = Workload(global_batch=1, seq_len=2500, mode="infer", prompt_len=2000, output_len=500, kv_dtype="bf16")
     cap = c.gpu.memory_bytes
+    space = enumerate_candidates(m, c, w, {}, None, 512)
+    cands = space[0]
     for slo in ((None, None), (0.5, 0.030), (0.3, 0.015)):
-        res = solve_serving(m, c, w, {}, ttft_slo_s=slo[0], tpot_slo_s=slo[1], batch_limit=512)
-        cands, _ = enumerate_candidates(m, c, w, {}, None, 512)
+        res = solve_serving(m, c, w, {}, ttft_slo_s=slo[0], tpot_slo_s=slo[1], batch_limit=512, candidates=space)
         ok = [x for x in cands if x.est.peak_bytes <= cap and (slo[0] is None or x.est.ttft_s <= slo[0])
               and (slo[1] is None or x.est.tpot_s <= slo[1])]
         best = max(x.est.output_tokens_per_s_per_gpu for x in ok)
