@@ -15,6 +15,7 @@
    each time forbidding the degree tuples already chosen.
 4. The reported numbers are the float estimate of the chosen candidate. ``OPTIMAL`` means
    optimal over the enumerated candidates (the batch grid, not every integer batch).
+   ``--exhaustive`` ranks the same candidates in Python: the reference CP-SAT is tested against.
 
 No plan: exit 1 (``ServingInfeasible``) naming the binding constraint -- context longer than
 the model supports, a batch that fits no split, latency goals no split meets -- with the
@@ -117,6 +118,9 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if args.max_time <= 0:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
+    if getattr(args, "objective", "throughput") != "throughput":
+        raise UsageError(f"--objective {args.objective}: serving maximizes output tokens/s per GPU (or, with "
+                         "--batch, minimizes request latency); --objective applies to training")
     given = [k for k in TRAINING_ONLY if getattr(args, k, None) is not None and not (k == "cp" and args.cp == 1)]
     if given:
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in given)}: training options; a serving "
@@ -301,9 +305,10 @@ class _ServingModel:
 def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict[str, int], *,
                   batch: int | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
                   top: int = 1, max_time_s: float = 60.0, batch_limit: int = 4096,
-                  candidates: tuple[list[Candidate], dict] | None = None) -> ServeResult:
+                  candidates: tuple[list[Candidate], dict] | None = None, exhaustive: bool = False) -> ServeResult:
     """The best ``top`` plans (module docstring); ``candidates`` reuses an ``enumerate_candidates``
-    result of the same problem."""
+    result of the same problem; ``exhaustive`` ranks the candidates in Python instead of CP-SAT
+    (the reference the tests hold CP-SAT to)."""
     t0 = time.perf_counter()
     P, O = wl.prompt_len, wl.output_len
     if P + O > model.max_seq_len:
@@ -314,6 +319,8 @@ def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: d
                                 f"dimensions {fixed or '{}'} (tp must divide heads {model.heads} and stay in a "
                                 f"node of {cluster.gpus_per_node})", None, "no legal split")
     minimize_latency = batch is not None
+    if exhaustive:
+        return _exhaustive(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, top, t0)
     sm = _ServingModel(cands, cluster.gpu.memory_bytes, ttft_slo_s, tpot_slo_s, minimize_latency)
     sols: list[Candidate] = []
     status, objective, bound = "INFEASIBLE", 0.0, 0.0
@@ -342,6 +349,33 @@ def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: d
     return ServeResult(status=status, solutions=sols, objective=objective, bound=bound,
                        wall_time_s=time.perf_counter() - t0, candidates=len(cands),
                        objective_name="request_latency_s" if minimize_latency else "output_tokens_per_s_per_gpu",
+                       scored=cands)
+
+
+def _exhaustive(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, top, t0) -> ServeResult:
+    """Every candidate checked and ranked in Python, with the CP-SAT model's integer rounding."""
+    cap = int(cluster.gpu.memory_bytes // 1024)
+    ok = [c for c in cands if math.ceil(c.est.peak_bytes / 1024) <= cap
+          and (ttft_slo_s is None or math.ceil(c.est.ttft_s * 1e6) <= math.floor(ttft_slo_s * 1e6))
+          and (tpot_slo_s is None or math.ceil(c.est.tpot_s * 1e6) <= math.floor(tpot_slo_s * 1e6))]
+    if not ok:
+        raise _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s)
+    if batch is not None:
+        ok.sort(key=lambda c: round(c.est.request_latency_s * 1e9))
+    else:
+        ok.sort(key=lambda c: (-round(c.est.output_tokens_per_s_per_gpu * THROUGHPUT_SCALE),
+                               min(TIE_SCALE - 1, round(c.est.request_latency_s * 1e6))))
+    sols, seen = [], set()
+    for c in ok:
+        if c.degrees not in seen:
+            seen.add(c.degrees)
+            sols.append(c)
+        if len(sols) == top:
+            break
+    obj = sols[0].est.request_latency_s if batch is not None else sols[0].est.output_tokens_per_s_per_gpu
+    return ServeResult(status="OPTIMAL", solutions=sols, objective=obj, bound=obj,
+                       wall_time_s=time.perf_counter() - t0, candidates=len(cands),
+                       objective_name="request_latency_s" if batch is not None else "output_tokens_per_s_per_gpu",
                        scored=cands)
 
 
@@ -535,7 +569,8 @@ def run(args: argparse.Namespace) -> int:
     slo_p = args.tpot_slo_ms / 1e3 if args.tpot_slo_ms is not None else None
     try:
         res = solve_serving(model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t, tpot_slo_s=slo_p,
-                            top=args.top, max_time_s=args.max_time, batch_limit=args.max_batch)
+                            top=args.top, max_time_s=args.max_time, batch_limit=args.max_batch,
+                            exhaustive=bool(getattr(args, "exhaustive", False)))
     except ServingInfeasible as e:
         if args.json:
             print_json({"status": "INFEASIBLE", "plans": [], "reason": e.reason, "message": str(e),

@@ -65,6 +65,12 @@ def test_cpsat_choice_equals_brute_force_over_the_same_candidates():
         chosen = res.solutions[0]
         if slo[0] is not None:
             assert chosen.est.ttft_s <= slo[0] and chosen.est.tpot_s <= slo[1]
+        ref = solve_serving(m, c, w, {}, ttft_slo_s=slo[0], tpot_slo_s=slo[1], batch_limit=512, candidates=space,
+                            exhaustive=True, top=3)
+        top = solve_serving(m, c, w, {}, ttft_slo_s=slo[0], tpot_slo_s=slo[1], batch_limit=512, candidates=space,
+                            top=3)
+        assert [s.est.output_tokens_per_s_per_gpu for s in top.solutions] == pytest.approx(
+            [s.est.output_tokens_per_s_per_gpu for s in ref.solutions], rel=1e-6)
     # ep is searched for a MoE model
     assert any(x.ep > 1 for x in cands)
 
@@ -148,6 +154,7 @@ def test_missing_lengths_is_usage_error(capsys):
 
 
 def test_training_flags_are_usage_errors(capsys):
+    assert main(BASE + ["--objective", "cost"]) == 2
     assert main(BASE + ["--zero", "3"]) == 2
     assert "--zero" in capsys.readouterr().err
     assert main(BASE + ["--tp", "3"]) == 2
