@@ -696,9 +696,10 @@ def validation_markdown(rows: list[Row]) -> str:
            "Regenerate with `python -m planner.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md`",
            "(a test fails when this file is stale). Predicted by `costmodel.inference.estimate_inference` with the",
            "catalog cluster; one set of physical constants for every case, none per case: achievable HBM fraction",
-           f"{ci.HBM_EFFICIENCY:g}, soft-roofline exponent {ci.ROOFLINE_SHARPNESS:g}, "
-           f"{ci.KERNEL_OVERHEAD_S * 1e6:g} us per kernel x {ci.KERNELS_PER_LAYER} kernels per layer, {ci.COLLECTIVE_LAUNCH_S * 1e6:g} us per collective "
-           "on top of `costmodel.comm`, GEMM efficiency from the cluster file.", "",
+           f"{ci.HBM_EFFICIENCY:g}, soft-roofline exponent {ci.ROOFLINE_SHARPNESS:g},",
+           f"{ci.KERNEL_OVERHEAD_S * 1e6:g} us per kernel x {ci.KERNELS_PER_LAYER} kernels per layer, "
+           f"{ci.COLLECTIVE_LAUNCH_S * 1e6:g} us per collective on top of `costmodel.comm`, GEMM efficiency",
+           "from the cluster file.", "",
            "Prefill = the prompt(s) of the batch; decode = one step at the batch with the mean context",
            "prompt + output/2; first token = prefill of one prompt (batch 1); output tokens/s per GPU =",
            "batch x output / (prefill + (output - 1) x decode) / GPUs.", ""]
