@@ -81,7 +81,10 @@ from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from .units import GIB, US, dtype_bytes
 
-# ---- constants (fitted once to calibration/published_inference.yaml; see VALIDATION_INFERENCE.md)
+# ---- constants: physical quantities, one value for every GPU and model. HBM_EFFICIENCY,
+# ROOFLINE_SHARPNESS, KERNEL_OVERHEAD_S and COLLECTIVE_LAUNCH_S were chosen on a grid inside the
+# ranges quoted next to them, against calibration/published_inference.yaml as a whole (largest
+# error 15.6%, see VALIDATION_INFERENCE.md); nothing is set per case.
 # Achievable fraction of the datasheet HBM bandwidth for streaming kernels (GEMV, paged
 # attention). NVIDIA's GEMV/decode kernels reach 80-90% of peak; STREAM-like copies on A100 and
 # H100 reach about 90%.
@@ -101,9 +104,6 @@ COLLECTIVE_LAUNCH_S = 10.0 * US
 # Prefill is scheduled in chunks of whole prompts up to this many tokens (vLLM's
 # max_num_batched_tokens for chunked prefill; TensorRT-LLM's max_num_tokens default is 8192).
 PREFILL_CHUNK_TOKENS = 8192
-# Elementwise HBM traffic per token per layer, in activation elements: two norms (read + write
-# h each), two residual adds (read 2h, write h each), rotary on q and k, the MLP activation
-# (read 2 x ffn, write ffn for SwiGLU); counted term by term in ``_elementwise_elems``.
 # Quantized weights: one fp16 scale per group of this many weights (GPTQ/AWQ group size).
 QUANT_GROUP = 128
 RUNTIME_EXTRA_BYTES = 0.5 * GIB  # CUDA graphs, sampler and scheduler buffers (vLLM logs 0.3-1 GiB)
@@ -374,6 +374,10 @@ class _Serving:
         return self.net.all_reduce(nbytes, self.tp_lay) + COLLECTIVE_LAUNCH_S
 
     def _elementwise_elems(self) -> float:
+        """HBM traffic per token per layer of the memory-bound ops, in activation elements: two
+        norms (read + write h each), two residual adds (read 2h, write h each), rotary on q and k
+        (read + write), the MLP activation (SwiGLU reads 2 x ffn and writes ffn; GELU reads and
+        writes ffn), the FFN split over TP."""
         m, t = self.m, self.par.tp
         h = m.hidden
         e = 2 * 2 * h + 2 * 3 * h                       # two norms, two residual adds
