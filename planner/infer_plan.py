@@ -605,18 +605,7 @@ HOLDOUT = ROOT / "calibration" / "holdout_inference.yaml"
 VALIDATION_DOC = ROOT / "costmodel" / "VALIDATION_INFERENCE.md"
 
 
-@dataclass
-class Row:
-    case: str
-    metric: str
-    published: float
-    predicted: float
-    source: str
-    split: str = "calibration"
-
-    @property
-    def error(self) -> float:
-        return (self.predicted - self.published) / self.published
+from planner.validation import Row  # noqa: E402  (one row type for both validation tables)
 
 
 def _case_model(spec: Any, name: str) -> ModelSpec:
