@@ -1,0 +1,475 @@
+"""Replanning for a changed cluster: a new plan, warm-started from the old one, that prefers the
+old plan's model-parallel layout so its checkpoint loads as it is.
+
+The search, for a cluster of ``N`` GPUs (the old plan's workload; the global batch kept):
+
+1. The checkpoint-compatible plan: the old plan's tp, pp, cp and ep fixed (and its virtual
+   stages), solved at the largest world size ``w <= N`` where that shape is legal (whole
+   nodes, ``dp = w / (tp*pp*cp)`` dividing the global batch). Fixing four degrees leaves a
+   few hundred candidates: this solve is fast, and its step time is the incumbent.
+2. The best plan with anything free, over the legal world sizes ``w <= N`` in decreasing
+   order (losing one node of 128 with a power-of-two global batch leaves 1,016 GPUs, where
+   no data-parallel degree divides the batch: the plan has to use fewer). Two bounds prune
+   without solving: the FLOP bound ``F / (w * peak * e_max)`` (no plan beats its model FLOPs
+   at the best GEMM efficiency the cost model knows; it grows as ``w`` shrinks, so the sweep
+   stops at the first ``w`` it rules out) and, per world size, the solver's own group bound
+   (``Problem.compute_bound``: compute and TP/EP/CP communication of the average stage).
+   Only a plan faster than ``compatible / (1 + COMPATIBLE_SLACK)`` (and than the best free
+   plan so far) is of interest.
+3. The compatible plan is kept when its step time is within ``COMPATIBLE_SLACK`` (5 %) of the
+   best plan: a checkpoint that loads without moving layers between ranks is worth a few per
+   cent of step time (one resharded load of a 70B model's 1 TB of optimizer state costs
+   minutes of a large job; 5 % of a 10 s step is 0.5 s per step, so the faster layout only
+   pays back after hundreds of steps and still costs the reshard). Otherwise the faster plan
+   wins and the report says the checkpoint will be resharded on load.
+
+Too few GPUs (no world size up to ``N`` has a plan): ``InfeasibleError`` (exit 1) naming the
+smallest number of GPUs, in whole nodes, that has one (``minimum_gpus``).
+
+Pure planning: no I/O; ``planner.cmd_replan`` is the command.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.specs import ClusterSpec, ParallelConfig, SpecError, Workload
+from planner.errors import InfeasibleError, SolverStopped, UsageError
+from planner.planfile import Plan
+from planner.solver import Problem, SolveResult, Solution, solve
+from planner.space import MIN_TOKENS_PER_CP_RANK, _tp_ok, divisors, enumerate_candidates
+
+COMPATIBLE_SLACK = 0.05      # keep the checkpoint's layout when it is within 5 % of the best plan
+MAX_SEARCH_GPUS = 1 << 17    # the upward search for the minimum stops here (131,072 GPUs)
+_EPS = 1e-9
+
+
+class TooFewGpus(InfeasibleError):
+    """No plan on the GPUs given (exit 1); ``minimum_gpus`` is the least count, in whole nodes,
+    that has one (None: none up to ``MAX_SEARCH_GPUS``, or a heterogeneous cluster)."""
+
+    def __init__(self, message: str, minimum_gpus: int | None):
+        super().__init__(message)
+        self.minimum_gpus = minimum_gpus
+
+
+# --------------------------------------------------------------------------------------
+# The changed cluster
+# --------------------------------------------------------------------------------------
+
+def changed_cluster(cluster: ClusterSpec, *, gpus: int | None = None, lose_nodes: int | None = None,
+                    add_nodes: int | None = None, group: str | None = None) -> ClusterSpec:
+    """``cluster`` with ``gpus`` GPUs, or ``lose_nodes`` fewer / ``add_nodes`` more nodes (of
+    ``group`` on a heterogeneous cluster). Raises ``UsageError`` with the numbers."""
+    given = [k for k, v in (("--gpus", gpus), ("--lose-nodes", lose_nodes), ("--add-nodes", add_nodes))
+             if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"give one of --gpus, --lose-nodes, --add-nodes (got {', '.join(given)})")
+    if gpus is not None:
+        if gpus < 1:
+            raise UsageError(f"--gpus must be >= 1, got {gpus}")
+        try:
+            return cluster.with_gpus(gpus)
+        except SpecError as e:
+            raise UsageError(str(e)) from None
+    delta = 0
+    if lose_nodes is not None:
+        if lose_nodes < 1:
+            raise UsageError(f"--lose-nodes must be >= 1, got {lose_nodes}")
+        delta = -lose_nodes
+    elif add_nodes is not None:
+        if add_nodes < 1:
+            raise UsageError(f"--add-nodes must be >= 1, got {add_nodes}")
+        delta = add_nodes
+    if delta == 0:
+        return cluster
+    names = [g.name for g in cluster.groups]
+    if group is None:
+        if len(cluster.groups) > 1:
+            raise UsageError(f"cluster {cluster.name!r} has node groups {', '.join(names)}; say which with --group")
+        group = names[0]
+    if group not in names:
+        raise UsageError(f"cluster {cluster.name!r} has no node group {group!r}; groups: {', '.join(names)}")
+    groups = []
+    for g in cluster.groups:
+        if g.name != group:
+            groups.append(g)
+            continue
+        n = g.nodes + delta
+        if n < 0 or (n == 0 and len(cluster.groups) == 1):
+            raise UsageError(f"--lose-nodes {-delta}: node group {g.name!r} has only {g.nodes} node(s)")
+        if n > 0:
+            groups.append(dataclasses.replace(g, nodes=n))
+    return dataclasses.replace(cluster, groups=tuple(groups))
+
+
+# --------------------------------------------------------------------------------------
+# World sizes and bounds
+# --------------------------------------------------------------------------------------
+
+def has_shape(model, workload: Workload, gpn: int, world: int, fixed: dict | None = None) -> bool:
+    """Whether some (tp, cp, pp, dp) with ``dp`` dividing the global batch uses exactly ``world``
+    GPUs (the outer loop of ``planner.space.enumerate_candidates``, without the inner choices,
+    which are never empty)."""
+    fixed = fixed or {}
+    tps = [fixed["tp"]] if "tp" in fixed else [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)]
+    cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8, 16, 32) if workload.seq_len % c == 0 and
+                                               (c == 1 or workload.seq_len // c >= MIN_TOKENS_PER_CP_RANK)]
+    for tp in tps:
+        if tp > min(gpn, world):
+            continue
+        for cp in cps:
+            if world % (tp * cp):
+                continue
+            rest = world // (tp * cp)
+            pps = [fixed["pp"]] if "pp" in fixed else [p for p in divisors(rest) if p <= model.layers]
+            for pp in pps:
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if workload.global_batch % dp:
+                    continue
+                if "ep" in fixed and model.is_moe and (dp * cp) % fixed["ep"]:
+                    continue
+                return True
+    return False
+
+
+def world_sizes_upto(cluster: ClusterSpec, n: int) -> list[int]:
+    """GPU counts a plan may use out of ``n``, largest first: whole nodes, or part of one node
+    (``ClusterSpec.with_gpus``); a heterogeneous cluster is used whole."""
+    if len(cluster.groups) > 1:
+        return [cluster.total_gpus]
+    gpn = cluster.gpus_per_node
+    if n <= gpn:
+        return list(range(n, 0, -1))
+    return [k * gpn for k in range(n // gpn, 1, -1)] + list(range(gpn, 0, -1))
+
+
+def sized(cluster: ClusterSpec, world: int) -> ClusterSpec:
+    return cluster if world == cluster.total_gpus else cluster.with_gpus(world)
+
+
+def flop_bound(solution: Solution, cluster: ClusterSpec, workload: Workload, world: int) -> float:
+    """A lower bound on any plan's step time on ``world`` GPUs: the model FLOPs of one step at
+    the cost model's best GEMM efficiency (``costmodel.compute``: ``eff <= matmul_efficiency``,
+    or the best row of a measured table; flash attention runs below it) on every GPU."""
+    est = solution.estimate
+    model_flops = est.model_tflops_per_gpu * 1e12 * est.gpus * est.step_time_s
+    gpu = cluster.gpu
+    e_max = max([gpu.matmul_efficiency] + [e for _, e in cluster.matmul_table])
+    return model_flops * (1 - 1e-6) / (world * gpu.peak(workload.dtype) * min(1.0, e_max))
+
+
+def world_bound(model, cluster: ClusterSpec, workload: Workload, world: int, target: float) -> float:
+    """A lower bound on any plan's step time on ``world`` GPUs, or one at least ``target`` when
+    no plan there can beat ``target``. Per group of the solver's candidates (same degrees,
+    micro-batch, sequence parallelism, base recompute):
+
+    * ``Problem.compute_bound`` is ``m`` times the average stage's time (compute, TP/EP/CP
+      communication), so the stages' summed time ``S`` has ``S/p >= cb/m``, and any member's
+      step is at least ``(m - 1/v)*S/p + S/v >= cb*(1 + (p-1)/(v*m))`` (the solver's weak
+      bound, ``v`` at most the group's largest virtual-stage count): the pipeline bubble, which
+      the group bound leaves out;
+    * a group whose least-memory member (highest ZeRO stage, widest shard) cannot hold its
+      model states (``Problem.lower_bound`` is infinite) has no member that fits.
+    """
+    cands = enumerate_candidates(model, cluster, workload, {}, world)
+    prob = Problem(model, cluster, workload)
+    groups: dict[tuple, list] = {}
+    for k, c in enumerate(cands):
+        p = c.par
+        groups.setdefault((p.tp, p.cp, p.pp, p.dp, p.ep, p.sp, p.micro_batch, p.recompute), []).append((k, c))
+    best = math.inf
+    for members in groups.values():
+        par = members[0][1].par
+        v = max(c.par.vpp for _, c in members)
+        b = prob.compute_bound(members) * (1 + (par.pp - 1) / (v * par.grad_accum))
+        if b >= best:
+            continue
+        if b < target:
+            least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
+            if prob.lower_bound(least) == math.inf:
+                continue
+        best = b
+    return best
+
+
+# --------------------------------------------------------------------------------------
+# The replan
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Replan:
+    old: Plan
+    cluster: ClusterSpec                  # the changed cluster (all its GPUs)
+    workload: Workload
+    result: SolveResult                   # the solve that produced the chosen plan
+    solution: Solution
+    compatible: Solution | None           # the best plan with the checkpoint's layout, if any
+    best_other: Solution | None           # the best plan found with everything free
+    chosen: str                           # "compatible" or "best"
+    bound_s: float                        # lower bound on any plan's step time on <= N GPUs
+    wall_time_s: float
+    worlds_solved: list[int] = field(default_factory=list)
+    worlds_pruned: int = 0
+    old_step_time_s: float | None = None
+    slack: float = COMPATIBLE_SLACK
+
+    @property
+    def world(self) -> int:
+        return self.solution.par.world_size
+
+
+def _compatible_fixed(old: Plan) -> dict[str, Any]:
+    p = old.parallel
+    fixed = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "vpp": p.vpp}
+    if old.model.is_moe:
+        fixed["ep"] = p.ep
+    return fixed
+
+
+def old_step_time(old: Plan) -> float | None:
+    """The old plan's step time under this cost model (its stored estimate if it cannot be
+    re-estimated)."""
+    from costmodel.training import estimate
+    try:
+        return estimate(old.model, old.cluster, old.workload, old.parallel, stages=old.stages,
+                        order=old.mesh_order).step_time_s
+    except (SpecError, ValueError, KeyError):
+        v = (old.estimate or {}).get("step_time_s")
+        return float(v) if v is not None else None
+
+
+def _solver_takes_cutoff() -> bool:
+    import inspect
+    return "cutoff" in inspect.signature(solve).parameters
+
+
+def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *, max_time_s: float = 60.0,
+           slack: float = COMPATIBLE_SLACK) -> Replan:
+    """The new plan for ``cluster`` (see the module docstring). ``workload`` defaults to the old
+    plan's (same global batch)."""
+    t0 = time.perf_counter()
+    deadline = t0 + max_time_s
+    wl = workload or old.workload
+    model = old.model
+    n = cluster.total_gpus
+    hetero = len(cluster.groups) > 1
+    gpn = cluster.gpus_per_node
+    legal = [w for w in world_sizes_upto(cluster, n) if hetero or has_shape(model, wl, min(gpn, w), w)]
+    # a solver with an outside incumbent (``cutoff``) prunes against the compatible plan, and a
+    # hint then seeds one candidate; without it, the hint would solve every matching candidate
+    # first (measured: 3.3 s against 1.7 s for llama-3-70b on 64 GPUs), so it is left out
+    with_cutoff = _solver_takes_cutoff()
+    hint = {"tp": old.parallel.tp, "pp": old.parallel.pp} if with_cutoff else None
+    solved: list[int] = []
+    pruned = 0
+    timed_out = False
+
+    def run(w: int, fixed: dict, target: float) -> SolveResult | None:
+        nonlocal timed_out
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            timed_out = True
+            return None
+        kw = {"cutoff": target, "hint": hint} if with_cutoff and target < math.inf else {}
+        try:
+            res = solve(model, sized(cluster, w), wl, fixed, gpus=w, max_time_s=left, **kw)
+        except InfeasibleError:
+            return None
+        except SolverStopped:
+            timed_out = True
+            return None
+        solved.append(w)
+        if res.status == "FEASIBLE":
+            timed_out = True
+        return res
+
+    # 1. the checkpoint's layout, at the largest world size that takes it
+    fixed = _compatible_fixed(old)
+    compat: Solution | None = None
+    compat_res: SolveResult | None = None
+    for w in legal:
+        if has_shape(model, wl, min(gpn, w), w, fixed):
+            compat_res = run(w, fixed, math.inf)
+            compat = compat_res.solutions[0] if compat_res is not None else None
+            break
+
+    # 2. anything free. Without a compatible plan, the largest world size with a plan first (an
+    # incumbent); then every other world size the FLOP bound leaves, least world bound first,
+    # each solved only while its bound is below what would change the answer
+    best: Solution | None = None
+    best_res: SolveResult | None = None
+    bound = math.inf                  # least bound on what was pruned or left unexplored
+    done: set[int] = set()
+
+    def target() -> float:
+        return min(compat.objective / (1 + slack) if compat else math.inf, best.objective if best else math.inf)
+
+    def consider(w: int) -> None:
+        nonlocal best, best_res, bound
+        done.add(w)
+        res = run(w, {}, target())
+        if res is None:
+            return
+        if res.status in ("CUTOFF", "FEASIBLE"):
+            bound = min(bound, res.bound)
+        if res.solutions and (best is None or res.solutions[0].objective < best.objective):
+            best, best_res = res.solutions[0], res
+
+    if compat is None:
+        for w in legal:
+            consider(w)
+            if best is not None or timed_out:
+                break
+    ref = best or compat
+    if hetero:                        # used whole: one world size, no world bounds needed
+        for w in legal:
+            if w not in done and not timed_out:
+                consider(w)
+    elif ref is not None and not timed_out:
+        left: list[tuple[float, int]] = []
+        for w in legal:
+            if w in done:
+                continue
+            fb = flop_bound(ref, cluster, wl, w)
+            if fb >= target() * (1 - _EPS):
+                bound = min(bound, fb)
+                pruned += 1
+                continue
+            left.append((world_bound(model, sized(cluster, w), wl, w, target()), w))
+        left.sort()
+        for k, (wb, w) in enumerate(left):
+            if wb >= target() * (1 - _EPS):
+                bound = min(bound, wb)
+                pruned += len(left) - k
+                break
+            consider(w)
+            if timed_out:
+                break
+
+    if compat is None and best is None:
+        if timed_out:
+            raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any plan on up to {n} GPUs; "
+                                "raise --max-time")
+        raise too_few(old, cluster, wl)
+    if compat is not None and (best is None or compat.objective <= (1 + slack) * best.objective):
+        chosen, sol, res = "compatible", compat, compat_res
+    else:
+        chosen, sol, res = "best", best, best_res
+    found = min(s.objective for s in (compat, best) if s is not None)
+    lb = min(bound, found)
+    wall = time.perf_counter() - t0
+    res = dataclasses.replace(res, status="FEASIBLE" if timed_out else "OPTIMAL", objective=sol.objective,
+                              bound=lb, wall_time_s=wall)
+    return Replan(old=old, cluster=cluster, workload=wl, result=res, solution=sol, compatible=compat,
+                  best_other=best, chosen=chosen, bound_s=lb, wall_time_s=wall, worlds_solved=solved,
+                  worlds_pruned=pruned, old_step_time_s=old_step_time(old), slack=slack)
+
+
+# --------------------------------------------------------------------------------------
+# Too few GPUs
+# --------------------------------------------------------------------------------------
+
+def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
+                 max_time_s: float = 60.0) -> int | None:
+    """The smallest GPU count above ``above``, in whole nodes, with a plan (None: none up to
+    ``MAX_SEARCH_GPUS``). Cheap checks first (a legal shape; some candidate whose average stage
+    fits memory), then a solve to confirm."""
+    if len(cluster.groups) > 1:
+        return None
+    gpn = cluster.gpus_per_node
+    t0 = time.perf_counter()
+    w = (above // gpn + 1) * gpn if above >= gpn else above + 1
+    while w <= MAX_SEARCH_GPUS and time.perf_counter() - t0 < max_time_s:
+        step = gpn if w >= gpn else 1
+        if has_shape(model, workload, min(gpn, w), w):
+            c = cluster.with_gpus(w)
+            prob = Problem(model, c, workload)
+            cands = enumerate_candidates(model, c, workload, {}, w)
+            if any(prob.lower_bound(x) < math.inf for x in cands):
+                try:
+                    solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)))
+                    return w
+                except (InfeasibleError, SolverStopped):
+                    pass
+        w += step
+    return None
+
+
+def too_few(old: Plan, cluster: ClusterSpec, wl: Workload) -> TooFewGpus:
+    """The error for a cluster too small for any plan, with the minimum that works."""
+    n = cluster.total_gpus
+    what = (f"{old.model.name} (batch {wl.global_batch} x {wl.seq_len}) has no plan on {n} or fewer "
+            f"{cluster.gpu.name} GPUs")
+    m = minimum_gpus(old.model, cluster, wl, n)
+    if m is None:
+        hint = ("; replan with a larger --cluster" if len(cluster.groups) > 1 else
+                f"; none up to {MAX_SEARCH_GPUS} GPUs either: use GPUs with more memory or a shorter sequence")
+        return TooFewGpus(what + hint, None)
+    gpn = cluster.gpus_per_node
+    nodes = f" ({m // gpn} nodes of {gpn})" if m >= gpn else ""
+    return TooFewGpus(f"{what}; the minimum that works is {m} GPUs{nodes}: replan with --gpus {m}", m)
+
+
+# --------------------------------------------------------------------------------------
+# What changed, in words
+# --------------------------------------------------------------------------------------
+
+_DIMS = ("tp", "pp", "dp", "cp", "ep")
+
+
+def layout_unchanged(old: Plan, new: Plan) -> bool:
+    """Every rank's model shard under the new plan is one the old run held: tp, pp, cp, ep,
+    virtual stages and the layers of every stage unchanged. Only data parallelism differs,
+    which a load re-slices along dp. (Whether the runtime accepts the checkpoint at all -- the
+    same model and workload -- is ``runtime.checkpoint.check_compatible``'s call.)"""
+    a, b = old.parallel, new.parallel
+    same_split = [s.num_layers for s in old.stages] == [s.num_layers for s in new.stages]
+    return all(getattr(a, k) == getattr(b, k) for k in ("tp", "pp", "cp", "ep", "vpp")) and same_split
+
+
+def describe_changes(old: Plan, new: Plan) -> list[str]:
+    """What changes, one sentence each, the degrees first ("dp 64 -> 56, tp and pp unchanged")."""
+    a, b = old.parallel, new.parallel
+    out: list[str] = []
+    moved = [k for k in _DIMS if getattr(a, k) != getattr(b, k)]
+    kept = [k for k in ("tp", "pp") if k not in moved]
+    head = ", ".join(f"{k} {getattr(a, k)} -> {getattr(b, k)}" for k in moved) or "degrees unchanged"
+    if moved and kept:
+        head += ", " + " and ".join(kept) + (" unchanged" if len(kept) > 1 else " unchanged")
+    out.append(head)
+    if old.world_size != new.world_size:
+        out.append(f"GPUs {old.world_size} -> {new.world_size}")
+    for k in ("tp", "pp", "cp", "ep"):
+        if getattr(a, k) != getattr(b, k):
+            out.append(f"{k} {getattr(a, k)} -> {getattr(b, k)}: the checkpoint will be resharded on load")
+    if a.vpp != b.vpp:
+        out.append(f"virtual stages {a.vpp} -> {b.vpp}")
+    if a.pp == b.pp and [s.num_layers for s in old.stages] != [s.num_layers for s in new.stages]:
+        out.append("stage split " + "/".join(str(s.num_layers) for s in old.stages) + " -> "
+                   + "/".join(str(s.num_layers) for s in new.stages)
+                   + ": layers move between stages, the checkpoint will be resharded on load")
+    if (a.micro_batch, a.grad_accum) != (b.micro_batch, b.grad_accum):
+        out.append(f"micro-batch {a.micro_batch} x gradient accumulation {a.grad_accum} -> "
+                   f"{b.micro_batch} x {b.grad_accum} per replica")
+    if old.workload.global_batch != new.workload.global_batch:
+        out.append(f"global batch {old.workload.global_batch} -> {new.workload.global_batch}: another "
+                   "workload, the runtime will not resume the old checkpoint under this plan")
+    else:
+        out.append(f"global batch {new.workload.global_batch} kept")
+    for k, label in (("zero", "ZeRO stage"), ("recompute", "recompute"), ("sp", "sequence parallel"),
+                     ("schedule", "schedule")):
+        if getattr(a, k) != getattr(b, k):
+            out.append(f"{label} {getattr(a, k)} -> {getattr(b, k)}")
+    if old.mesh_order != new.mesh_order:
+        out.append(f"mesh order {','.join(old.mesh_order)} -> {','.join(new.mesh_order)}")
+    return out
+
+
+__all__ = ["COMPATIBLE_SLACK", "Replan", "TooFewGpus", "too_few", "replan", "changed_cluster", "minimum_gpus", "describe_changes",
+           "layout_unchanged", "world_sizes_upto", "has_shape"]
