@@ -13,11 +13,21 @@ is not a training plan, bad flags. A rank that fails: torchrun stops the others,
 command names the rank and exits 1 (after ``--max-restarts`` elastic restarts, each of which
 resumes from the newest complete checkpoint).
 
+``--on-failure replan`` (one node): this command restarts the job itself, so that it sees which
+rank failed each time. A device (a GPU; on the CPU, a process slot) whose rank fails
+``--dead-after`` times (default 2) is dead: it is excluded, the plan is replanned for the
+devices left (``planner.replan``: the checkpoint's layout kept where that costs little, the
+global batch kept, the world size rounded down to one that has a plan), the new plan is
+written next to the checkpoint directory (``D.replan-1.yaml``, ...) and the job resumes from the
+last complete checkpoint under it. Other failures restart on the same plan, at most
+``max(--max-restarts, --dead-after - 1)`` times in a row.
+
 No torch import at module level: the CLI must start fast.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -28,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=0,
                    help="elastic restarts after a failure; each resumes from the last complete checkpoint")
     p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
-                   help="for tests: kill rank R at step S on the first attempt (phase=save: while saving)")
+                   help="for tests: kill rank R at step S on the first attempt (phase=save: while saving; "
+                        "permanent: on every attempt that uses that device)")
+    p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
+                   help="stop: report the failed rank (after --max-restarts); replan: exclude a device whose "
+                        "rank keeps failing, replan for the rest and resume (one node)")
+    p.add_argument("--dead-after", type=int, default=2, metavar="N",
+                   help="with --on-failure replan: a device whose rank fails N times is dead (default 2)")
     p.add_argument("--metrics", default="", help="JSONL of per-step metrics (default runs/launch-<time>.jsonl)")
     p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -99,13 +116,22 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     if args.max_restarts and not args.checkpoint_dir:
         raise UsageError("--max-restarts needs --checkpoint-dir (a restart resumes from the last checkpoint)")
     if args.inject_failure:
-        m = re.fullmatch(r"rank=(\d+),step=(\d+)(,phase=(step|save))?", args.inject_failure)
+        m = re.fullmatch(r"rank=(\d+),step=(\d+)(,phase=(step|save))?(,permanent)?", args.inject_failure)
         if not m:
-            raise UsageError(f"--inject-failure {args.inject_failure!r}: expected rank=R,step=S[,phase=step|save]")
+            raise UsageError(f"--inject-failure {args.inject_failure!r}: expected "
+                             "rank=R,step=S[,phase=step|save][,permanent]")
         if int(m.group(1)) >= world:
             raise UsageError(f"--inject-failure rank {m.group(1)} is not a rank of this {world}-process plan")
     if args.nnodes < 1:
         raise UsageError(f"--nnodes must be >= 1, got {args.nnodes}")
+    if args.on_failure == "replan":
+        if not args.checkpoint_dir:
+            raise UsageError("--on-failure replan needs --checkpoint-dir (the job resumes from the last checkpoint)")
+        if args.nnodes > 1 or _in_torchrun():
+            raise UsageError("--on-failure replan runs the job on this node itself; it is not available with "
+                             "--nnodes > 1 or inside torchrun (replan with `planner replan` and relaunch)")
+        if args.dead_after < 1:
+            raise UsageError(f"--dead-after must be >= 1, got {args.dead_after}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if _in_torchrun():
@@ -200,8 +226,17 @@ def _failure(stderr_tail: str, rc: int, ckpt_dir: str) -> Exception:
     return CheckFailed(msg)
 
 
-def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool) -> tuple[int, str]:
+def _failed_rank(stderr_tail: str) -> int | None:
+    """The rank torchrun names as the root cause of a failed job (None if it names none)."""
+    cause = stderr_tail[stderr_tail.rfind("Root Cause"):] if "Root Cause" in stderr_tail else ""
+    ranks = _ROOT_CAUSE.findall(cause)
+    return int(ranks[0][0]) if ranks else None
+
+
+def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
+                  env_extra: dict[str, str] | None = None) -> tuple[int, str]:
     env = dict(os.environ)
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -251,6 +286,123 @@ def _run_inside(args: argparse.Namespace, plan, device: str, metrics: str) -> di
     except expected_errors() as e:
         raise UsageError(str(e)) from None
     return summary if int(os.environ.get("RANK", "0")) == 0 else None
+
+
+# --------------------------------------------------------------------------------------
+# --on-failure replan
+# --------------------------------------------------------------------------------------
+
+def _device_slots(device: str, nproc: int) -> list[str]:
+    """The devices this node's ranks run on, in local-rank order: GPU ids (as
+    ``CUDA_VISIBLE_DEVICES`` names them) on CUDA, process slots ``0..n-1`` on the CPU."""
+    if device == "cuda":
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v.strip() for v in vis.split(",") if v.strip()] if vis is not None else \
+            [str(i) for i in range(_gpu_count())]
+        return ids[:nproc]
+    return [str(i) for i in range(nproc)]
+
+
+def _injection(text: str, slot: str | None, used: list[str], first: bool) -> str:
+    """``--inject-failure`` for one launch: the flag names a rank of the first launch, i.e. a
+    device; it fires on the first launch, or (``permanent``) on every launch that uses that
+    device, at the rank the device has there."""
+    if not text or slot is None or slot not in used or not (first or text.endswith(",permanent")):
+        return ""
+    return re.sub(r"^rank=\d+", f"rank={used.index(slot)}", text)
+
+
+def _replan_path(ckpt_dir: str, k: int) -> Path:
+    d = Path(ckpt_dir).resolve()
+    return d.parent / f"{d.name}.replan-{k}.yaml"
+
+
+def _say(msg: str) -> None:
+    print(f"planner launch: {msg}", file=sys.stderr, flush=True)
+
+
+def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
+                    metrics: str) -> tuple[dict[str, Any], Any, list[dict[str, Any]], int]:
+    """Run the job; on a dead device, exclude it, replan, resume (see the module docstring).
+    Returns (rank 0's summary, the plan that finished, the replans, the relaunches in all)."""
+    from planner.errors import PlannerError
+    from planner.planfile import write_plan
+    from planner.replan import changed_cluster, describe_changes, replan
+    from planner.result import plans_from_result
+
+    slots = _device_slots(device, nproc)
+    if len(slots) < nproc:
+        raise UsageError(f"{nproc} processes need {nproc} devices; this node has {len(slots)}")
+    m = re.match(r"rank=(\d+)", args.inject_failure or "")
+    inject_slot = slots[int(m.group(1))] if m else None
+    failures: dict[str, int] = {}
+    dead: list[str] = []
+    replans: list[dict[str, Any]] = []
+    cur, cur_path, used = plan, str(Path(args.plan).resolve()), list(slots)
+    resume, first, restarts, total = args.resume, True, 0, 0
+    budget = max(args.max_restarts, args.dead_after - 1)
+    deadline = (time.monotonic() + args.timeout) if args.timeout else None
+    tmpdir = tempfile.mkdtemp(prefix="planner-launch-")
+    try:
+        while True:
+            a = argparse.Namespace(**vars(args))
+            a.plan, a.resume, a.max_restarts = cur_path, resume, 0
+            a.inject_failure = _injection(args.inject_failure, inject_slot, used, first)
+            json_out = os.path.join(tmpdir, f"summary-{len(replans)}-{restarts}.json")
+            cmd = torchrun_command(a, cur.world_size, device, json_out, str(Path(metrics).resolve()))
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(used)} if device == "cuda" else {}
+            left = (deadline - time.monotonic()) if deadline else 0
+            if deadline and left <= 0:
+                raise CheckFailed(f"the job did not finish in --timeout {args.timeout:g} s; stopped it")
+            rc, tail = _run_torchrun(cmd, left, quiet=False, env_extra=env)
+            first, resume = False, True
+            if rc == 0:
+                if not os.path.exists(json_out):
+                    raise CheckFailed(f"the job ended without a summary (torchrun exit {rc}); see the log above")
+                return json.loads(Path(json_out).read_text()), cur, replans, total
+            err = _failure(tail, rc, args.checkpoint_dir)
+            rank = _failed_rank(tail)
+            if isinstance(err, UsageError) or rank is None or rank >= len(used):
+                raise err
+            slot = used[rank]
+            failures[slot] = failures.get(slot, 0) + 1
+            what = f"rank {rank} (device {slot})"
+            total += 1
+            if failures[slot] < args.dead_after:
+                restarts += 1
+                if restarts > budget:
+                    raise err
+                _say(f"{what} failed ({failures[slot]} of {args.dead_after} before it counts as dead); "
+                     f"restarting on the same plan from the last checkpoint ({restarts} of {budget})")
+                continue
+            # a dead device: exclude it, replan for the rest, resume under the new plan
+            dead.append(slot)
+            alive = [s for s in slots if s not in dead]
+            _say(f"{what} failed {failures[slot]} times: a dead device; excluding it and replanning for "
+                 f"{len(alive)} device(s)")
+            try:
+                cluster = changed_cluster(cur.cluster, gpus=len(alive))
+                rp = replan(cur, cluster, max_time_s=max(1.0, min(60.0, left or 60.0)))
+            except PlannerError as e:
+                raise CheckFailed(f"{what} is dead and no plan fits the {len(alive)} device(s) left: {e}") from None
+            new = plans_from_result(dataclasses.replace(rp.result, solutions=[rp.solution]), cur.model, cluster,
+                                    cur.workload, cluster_source="replan")[0]
+            path = _replan_path(args.checkpoint_dir, len(replans) + 1)
+            new = new.replace(provenance=dict(new.provenance, replanned_from=cur_path, excluded_devices=list(dead)))
+            write_plan(new, path)
+            changes = describe_changes(cur, new)
+            from runtime.checkpoint import find_latest
+            latest = find_latest(args.checkpoint_dir)
+            replans.append({"plan": str(path), "excluded_devices": list(dead), "failed_rank": rank,
+                            "world_size": new.world_size, "changes": changes,
+                            "resume_from": str(latest) if latest else None,
+                            "replan_wall_time_s": rp.wall_time_s})
+            _say(f"replanned in {rp.wall_time_s:.2f} s: {'; '.join(changes)}; wrote {path}; resuming from "
+                 f"{latest.name if latest else 'step 1 (no complete checkpoint)'}")
+            cur, cur_path, used = new, str(path), alive[:new.world_size]
+            failures, restarts = {}, 0
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -312,6 +464,9 @@ def print_table(out: dict[str, Any], plan) -> None:
     if losses:
         c.print(f"loss: step {out['steps'][0]} {losses[0]:.4f} -> step {out['steps'][-1]} {losses[-1]:.4f}"
                 + (f" (resumed from step {out['resumed_from_step']})" if out.get("resumed_from_step") else ""))
+    for r in out.get("replans") or []:
+        c.print(f"replanned after rank {r['failed_rank']} failed (devices excluded: {', '.join(r['excluded_devices'])}): "
+                f"{'; '.join(r['changes'])}; plan {r['plan']}")
     c.print(f"metrics: {out['metrics_file']}")
 
 
@@ -325,6 +480,8 @@ def run(args: argparse.Namespace) -> int:
         summary = _run_inside(args, plan, device, metrics)
         if summary is None:
             return 0
+    elif args.on_failure == "replan":
+        summary, plan, replans, restarts = _run_replanning(args, plan, nproc, device, metrics)
     else:
         tmpdir = tempfile.mkdtemp(prefix="planner-launch-")
         try:
@@ -341,6 +498,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
     out = launch_json(summary, plan, metrics)
+    if args.on_failure == "replan":
+        out.update(replans=replans, restarts=restarts, plan=str(Path(args.plan).resolve()) if not replans
+                   else replans[-1]["plan"])
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

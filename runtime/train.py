@@ -6,7 +6,7 @@ joins the process group (NCCL on GPUs, gloo on CPUs); without torchrun it runs a
 
     python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K]
         [--resume] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
-        [--inject-failure rank=R,step=S[,phase=step|save]] [--device auto|cpu|cuda] [--lr LR]
+        [--inject-failure rank=R,step=S[,phase=step|save][,permanent]] [--device auto|cpu|cuda] [--lr LR]
 
 Set-up, in order: check the plan against the launch (world size, what the runtime can run);
 build the mesh in the plan's order; for each pipeline stage this rank holds, build the model
@@ -42,23 +42,36 @@ DEFAULT_LR = 1e-3
 
 @dataclass(frozen=True)
 class Failure:
-    """``--inject-failure rank=R,step=S[,phase=step|save]``: kill rank R at step S (before the
-    step, or while saving its checkpoint), on the first attempt only."""
+    """``--inject-failure rank=R,step=S[,phase=step|save][,permanent]``: kill rank R at step S
+    (before the step, or while saving its checkpoint). On the first attempt only (a transient
+    fault: an elastic restart gets past it), or, ``permanent``, on every attempt (a dead device:
+    only a launch without that rank gets past it)."""
 
     rank: int
     step: int
     phase: str = "step"
+    permanent: bool = False
+
+    USAGE = "expected rank=R,step=S[,phase=step|save][,permanent]"
 
     @classmethod
     def parse(cls, text: str) -> "Failure":
+        items = [item for item in text.split(",") if item]
+        permanent = "permanent" in items
+        items = [item for item in items if item != "permanent"]
         try:
-            kv = dict(item.split("=", 1) for item in text.split(",") if item)
-            f = cls(rank=int(kv.pop("rank")), step=int(kv.pop("step")), phase=kv.pop("phase", "step"))
+            kv = dict(item.split("=", 1) for item in items)
+            f = cls(rank=int(kv.pop("rank")), step=int(kv.pop("step")), phase=kv.pop("phase", "step"),
+                    permanent=permanent)
         except (KeyError, ValueError):
-            raise RuntimeUsageError(f"--inject-failure {text!r}: expected rank=R,step=S[,phase=step|save]") from None
+            raise RuntimeUsageError(f"--inject-failure {text!r}: {cls.USAGE}") from None
         if kv or f.phase not in ("step", "save"):
-            raise RuntimeUsageError(f"--inject-failure {text!r}: expected rank=R,step=S[,phase=step|save]")
+            raise RuntimeUsageError(f"--inject-failure {text!r}: {cls.USAGE}")
         return f
+
+    def active(self, attempt: int) -> bool:
+        """Whether it fires on this attempt (``TORCHELASTIC_RESTART_COUNT``)."""
+        return self.permanent or attempt == 0
 
 
 def restart_count() -> int:
@@ -376,7 +389,7 @@ def train(plan, opts: Options) -> dict:
             old_handler = signal.signal(signal.SIGUSR1, _on_sigusr1)
     tokens_per_step = plan.workload.global_batch * plan.workload.seq_len
     times: list[float] = []
-    fail = opts.inject if (opts.inject is not None and restart_count() == 0) else None
+    fail = opts.inject if (opts.inject is not None and opts.inject.active(restart_count())) else None
     last_saved = resumed_from
     try:
         for step in range(start, opts.steps + 1):
@@ -492,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
     p.add_argument("--data-dtype", default="uint16", choices=("uint16", "uint32"))
     p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
-                   help="kill rank R at step S on the first attempt (phase=save: while checkpointing)")
+                   help="kill rank R at step S on the first attempt (phase=save: while checkpointing; "
+                        "permanent: on every attempt, a dead device)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--quiet", action="store_true")
