@@ -7,15 +7,18 @@ The search, for a cluster of ``N`` GPUs (the old plan's workload; the global bat
    stages), solved at the largest world size ``w <= N`` where that shape is legal (whole
    nodes, ``dp = w / (tp*pp*cp)`` dividing the global batch). Fixing four degrees leaves a
    few hundred candidates: this solve is fast, and its step time is the incumbent.
-2. The best plan with anything free, over the legal world sizes ``w <= N`` in decreasing
-   order (losing one node of 128 with a power-of-two global batch leaves 1,016 GPUs, where
-   no data-parallel degree divides the batch: the plan has to use fewer). Two bounds prune
-   without solving: the FLOP bound ``F / (w * peak * e_max)`` (no plan beats its model FLOPs
-   at the best GEMM efficiency the cost model knows; it grows as ``w`` shrinks, so the sweep
-   stops at the first ``w`` it rules out) and, per world size, the solver's own group bound
-   (``Problem.compute_bound``: compute and TP/EP/CP communication of the average stage).
-   Only a plan faster than ``compatible / (1 + COMPATIBLE_SLACK)`` (and than the best free
-   plan so far) is of interest.
+2. The best plan with anything free, over the world sizes ``w <= N`` that admit degrees at all
+   (losing one node of 128 with a power-of-two global batch leaves 1,016 GPUs, where no
+   data-parallel degree divides the batch: the plan has to use fewer GPUs; and a plan on fewer
+   GPUs can be faster than the awkward shapes of more). Without a compatible plan, the largest
+   such ``w`` is solved first for an incumbent. Then two bounds rule world sizes out without
+   solving them: the FLOP bound ``F / (w * peak * e_max)`` (no plan beats its model FLOPs at
+   the best GEMM efficiency the cost model knows) and ``world_bound`` (the solver's group
+   bounds with the pipeline bubble added and groups that cannot hold their model states left
+   out). The rest are solved least bound first, while their bound is below the target: a plan
+   faster than ``compatible / (1 + COMPATIBLE_SLACK)`` and than the best free plan so far.
+   With a solver that takes an outside incumbent (``solve(..., cutoff=)``) each of those
+   solves prunes against the target too.
 3. The compatible plan is kept when its step time is within ``COMPATIBLE_SLACK`` (5 %) of the
    best plan: a checkpoint that loads without moving layers between ranks is worth a few per
    cent of step time (one resharded load of a 70B model's 1 TB of optimizer state costs
@@ -23,7 +26,12 @@ The search, for a cluster of ``N`` GPUs (the old plan's workload; the global bat
    pays back after hundreds of steps and still costs the reshard). Otherwise the faster plan
    wins and the report says the checkpoint will be resharded on load.
 
-Too few GPUs (no world size up to ``N`` has a plan): ``InfeasibleError`` (exit 1) naming the
+The result's status is OPTIMAL when the search finished (every world size solved or ruled
+out by a bound), FEASIBLE when ``max_time_s`` stopped it; its ``bound`` is a lower bound on any
+plan's step time on at most ``N`` GPUs, so ``objective - bound`` shows at most what keeping the
+checkpoint's layout costs.
+
+Too few GPUs (no world size up to ``N`` has a plan): ``TooFewGpus`` (exit 1) naming the
 smallest number of GPUs, in whole nodes, that has one (``minimum_gpus``).
 
 Pure planning: no I/O; ``planner.cmd_replan`` is the command.
@@ -36,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.specs import ClusterSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import ClusterSpec, SpecError, Workload
 from planner.errors import InfeasibleError, SolverStopped, UsageError
 from planner.planfile import Plan
 from planner.solver import Problem, SolveResult, Solution, solve
@@ -376,29 +384,30 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
 # --------------------------------------------------------------------------------------
 
 def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
-                 max_time_s: float = 60.0) -> int | None:
-    """The smallest GPU count above ``above``, in whole nodes, with a plan (None: none up to
-    ``MAX_SEARCH_GPUS``). Cheap checks first (a legal shape; some candidate whose average stage
-    fits memory), then a solve to confirm."""
+                 max_time_s: float = 60.0) -> tuple[int | None, int]:
+    """The smallest GPU count above ``above`` (whole nodes, or part of one node below a node)
+    with a plan, and how far the search went (up to ``MAX_SEARCH_GPUS`` or ``max_time_s``).
+    Cheap checks first (degrees that divide; some candidate whose model states fit), then a
+    solve to confirm."""
     if len(cluster.groups) > 1:
-        return None
+        return None, above
     gpn = cluster.gpus_per_node
     t0 = time.perf_counter()
     w = (above // gpn + 1) * gpn if above >= gpn else above + 1
+    searched = above
     while w <= MAX_SEARCH_GPUS and time.perf_counter() - t0 < max_time_s:
-        step = gpn if w >= gpn else 1
         if has_shape(model, workload, min(gpn, w), w):
             c = cluster.with_gpus(w)
             prob = Problem(model, c, workload)
-            cands = enumerate_candidates(model, c, workload, {}, w)
-            if any(prob.lower_bound(x) < math.inf for x in cands):
+            if any(prob.lower_bound(x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
                 try:
                     solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)))
-                    return w
+                    return w, w
                 except (InfeasibleError, SolverStopped):
                     pass
-        w += step
-    return None
+        searched = w
+        w += gpn if w >= gpn else 1
+    return None, searched
 
 
 def too_few(old: Plan, cluster: ClusterSpec, wl: Workload) -> TooFewGpus:
@@ -406,11 +415,12 @@ def too_few(old: Plan, cluster: ClusterSpec, wl: Workload) -> TooFewGpus:
     n = cluster.total_gpus
     what = (f"{old.model.name} (batch {wl.global_batch} x {wl.seq_len}) has no plan on {n} or fewer "
             f"{cluster.gpu.name} GPUs")
-    m = minimum_gpus(old.model, cluster, wl, n)
+    if len(cluster.groups) > 1:
+        return TooFewGpus(what + "; replan with a larger --cluster", None)
+    m, searched = minimum_gpus(old.model, cluster, wl, n)
     if m is None:
-        hint = ("; replan with a larger --cluster" if len(cluster.groups) > 1 else
-                f"; none up to {MAX_SEARCH_GPUS} GPUs either: use GPUs with more memory or a shorter sequence")
-        return TooFewGpus(what + hint, None)
+        return TooFewGpus(f"{what}, nor on any count up to {searched}: use GPUs with more memory, a shorter "
+                          "sequence or a smaller --global-batch", None)
     gpn = cluster.gpus_per_node
     nodes = f" ({m // gpn} nodes of {gpn})" if m >= gpn else ""
     return TooFewGpus(f"{what}; the minimum that works is {m} GPUs{nodes}: replan with --gpus {m}", m)
@@ -441,7 +451,7 @@ def describe_changes(old: Plan, new: Plan) -> list[str]:
     kept = [k for k in ("tp", "pp") if k not in moved]
     head = ", ".join(f"{k} {getattr(a, k)} -> {getattr(b, k)}" for k in moved) or "degrees unchanged"
     if moved and kept:
-        head += ", " + " and ".join(kept) + (" unchanged" if len(kept) > 1 else " unchanged")
+        head += ", " + " and ".join(kept) + " unchanged"
     out.append(head)
     if old.world_size != new.world_size:
         out.append(f"GPUs {old.world_size} -> {new.world_size}")
