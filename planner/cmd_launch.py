@@ -75,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: GPUs when there are enough, else CPU processes")
     p.add_argument("--timeout", type=float, default=0, metavar="S", help="stop the job after S seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
+    g = p.add_argument_group("inference plans (mode infer: runtime.serve)")
+    g.add_argument("--prompt-len", type=int, default=0, help="prompt tokens (default: the plan's)")
+    g.add_argument("--output-len", type=int, default=0, help="tokens to generate (default: the plan's)")
+    g.add_argument("--batch", type=int, default=0, help="sequences per replica (default: the plan's)")
 
 
 # --------------------------------------------------------------------------------------
@@ -105,8 +109,17 @@ def _in_torchrun() -> bool:
 def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     """(processes on this node, device). Raises UsageError with the numbers."""
     world = plan.world_size
-    if plan.mode != "train":
-        raise UsageError(f"{args.plan} is a {plan.mode!r} plan; `planner launch` trains (mode train)")
+    if plan.mode == "infer":
+        training = [f for f, on in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume),
+                                    ("--max-restarts", args.max_restarts), ("--inject-failure", args.inject_failure),
+                                    ("--data", args.data)) if on]
+        if training:
+            raise UsageError(f"{', '.join(training)}: training options; {args.plan} is an inference plan")
+        for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len), ("--batch", args.batch)):
+            if v < 0:
+                raise UsageError(f"{flag} must be >= 0 (0: the plan's), got {v}")
+    elif plan.mode != "train":
+        raise UsageError(f"{args.plan} is a {plan.mode!r} plan; `planner launch` runs train and infer plans")
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.checkpoint_every < 0 or args.max_restarts < 0:
@@ -195,6 +208,9 @@ def torchrun_command(args: argparse.Namespace, nproc: int, device: str, json_out
         cmd += ["--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", "planner-launch"]
     if args.node_rank is not None:
         cmd += ["--node-rank", str(args.node_rank)]
+    if getattr(args, "_mode", "train") == "infer":
+        from runtime.serve import launch_module_args
+        return cmd + launch_module_args(args.plan, device, json_out, args.prompt_len, args.output_len, args.batch)
     return cmd + ["-m", "runtime.train"] + _train_args(args, device, json_out, metrics)
 
 
@@ -276,7 +292,16 @@ def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
 
 
 def _run_inside(args: argparse.Namespace, plan, device: str, metrics: str) -> dict[str, Any] | None:
-    """Inside an existing torchrun: this process is one rank; train here."""
+    """Inside an existing torchrun: this process is one rank; train (or serve) here."""
+    if plan.mode == "infer":
+        from runtime.serve import ServeOptions, serve
+        from runtime.train import expected_errors as errors
+        try:
+            summary = serve(plan, ServeOptions(prompt_len=args.prompt_len, output_len=args.output_len,
+                                               batch=args.batch, device=device, quiet=True))
+        except errors() as e:
+            raise UsageError(str(e)) from None
+        return summary if int(os.environ.get("RANK", "0")) == 0 else None
     from runtime.train import Failure, Options, expected_errors, train
     opts = Options(steps=args.steps, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                    resume=args.resume, metrics=metrics, data=args.data,
@@ -418,6 +443,11 @@ def predicted_figures(estimate: dict) -> dict[str, Any]:
 
 
 def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
+    if plan.mode == "infer":
+        out = {k: v for k, v in summary.items() if k != "predicted"}
+        out["predicted"] = dict(plan.estimate or {})
+        out["predicted_run"] = summary.get("predicted")
+        return out
     out = {k: summary.get(k) for k in ("losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes",
                                        "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
                                        "resumed_from_step", "last_checkpoint_step", "restart_count")}
@@ -441,6 +471,20 @@ def _fmt(v, kind: str) -> str:
 def print_table(out: dict[str, Any], plan) -> None:
     from rich.console import Console
     from rich.table import Table
+    if plan.mode == "infer":
+        from runtime.serve import compare_rows
+        t = Table(title=f"{plan.model.name} serving: predicted vs measured ({out['world_size']} {out['device']} "
+                        f"processes, {out['dtype']}, batch {out['batch']} x {out['replicas']} replicas, "
+                        f"prompt {out['prompt_len']} + output {out['output_len']})", header_style="bold")
+        for c in ("", "predicted", "measured", "measured / predicted"):
+            t.add_column(c, justify="right" if c else "left")
+        for label, p, m, kind in compare_rows({**out, "predicted": out.get("predicted_run")}):
+            t.add_row(label, _fmt(p, kind), _fmt(m, kind), f"{m / p:.2f}" if (p and m is not None) else "-")
+        c = Console(highlight=False)
+        c.print(t)
+        if out["device"] == "cpu":
+            c.print("[dim]CPU processes over gloo; predictions are for the plan's GPUs[/dim]")
+        return
     pred = predicted_figures(out["predicted"])
     t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
                     f"{out['dtype']})", header_style="bold")
@@ -473,6 +517,7 @@ def print_table(out: dict[str, Any], plan) -> None:
 def run(args: argparse.Namespace) -> int:
     from planner.planfile import read_plan
     plan = read_plan(args.plan)
+    args._mode = plan.mode
     nproc, device = _check_args(args, plan)
     metrics = args.metrics or _default_metrics()
     Path(metrics).parent.mkdir(parents=True, exist_ok=True)

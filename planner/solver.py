@@ -183,6 +183,22 @@ class Problem:
             return 0.0
         return best * self.weight(cand)
 
+    def group_bound(self, members: list) -> float:
+        """``compute_bound`` with the pipeline bubble: the stages' summed time ``S`` has
+        ``S/p >= cb/m``, so each member's weak bound ``(m - 1/v)*S/p + S/v`` is at least
+        ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count; infinite
+        when the group's least-memory member (highest ZeRO stage, widest shard) cannot hold its
+        model states (then no member can)."""
+        par = members[0][1].par
+        v = max(c.par.vpp for _, c in members)
+        least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
+        if not self._may_fit(least, self.model.moe_layers / self.model.layers):
+            return math.inf
+        cb = self.compute_bound(members)
+        if self.objective == "memory" or par.pp == 1:
+            return cb
+        return cb * (1 + (par.pp - 1) / (v * par.grad_accum))
+
     def strong_bound(self, cand: Candidate, weak: float) -> float:
         """A tighter valid bound, worth its cost only for candidates near the front: the stage
         with the most layers holds at least ceil(L/p) of them, at its least recompute that fits
@@ -503,8 +519,15 @@ def finalize_par(cand: Candidate, stages: tuple[StageSpec, ...]) -> ParallelConf
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
           objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
-          hint: dict | None = None) -> SolveResult:
-    """Best plan(s) under the cost model; see the module docstring."""
+          hint: dict | None = None, cutoff: float | None = None) -> SolveResult:
+    """Best plan(s) under the cost model; see the module docstring.
+
+    ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
+    with the least bound is solved before anything else, and its objective prunes the rest.
+    ``cutoff``: an objective already achieved elsewhere; only plans better than it are of
+    interest, everything whose bound is not below it is pruned. When nothing beats it the
+    result has status ``CUTOFF``, no solutions, and ``bound`` the least bound left unexplored.
+    """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour)
@@ -519,13 +542,23 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         groups.setdefault((c.world, p_.tp, p_.cp, p_.pp, p_.dp, p_.ep, p_.sp, p_.micro_batch, p_.recompute),
                           []).append((k, c))
     heap = []
+    hinted = []
     for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
-        if hint and any(_matches(c, hint) for _, c in members):
-            heap += [(-1.0, 0, k, c) for k, c in members]
+        if hint and not (exhaustive or mem_obj) and any(_matches(c, hint) for _, c in members):
+            for k, c in members:
+                lb_ = prob.lower_bound(c)
+                heap.append((lb_, 0, k, c))
+                if _matches(c, hint) and lb_ < math.inf:
+                    hinted.append((lb_, k, c))
         elif exhaustive or mem_obj:
             heap += [(prob.lower_bound(c), 1, k, c) for k, c in members]
         else:
-            heap.append((prob.compute_bound(members), -1, members[0][0], members))
+            # --csv scores every candidate: there a group is only ordered, never cut for memory
+            gb = prob.compute_bound(members) if score_all else prob.group_bound(members)
+            heap.append((gb, -1, members[0][0], members))
+    if hinted:
+        _, k, c = min(hinted, key=lambda x: (x[0], x[1]))
+        heap.append((-1.0, 1, k, c))          # solved first; its duplicate later is pruned or cheap
     heapq.heapify(heap)
     sols: list[Solution] = []
     scored: list[dict] = []
@@ -537,14 +570,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         if lb == math.inf:
             break
         if strong == -1:
-            kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
+            kth = _kth(sols, top, cutoff)
             if lb >= kth * (1 - 1e-9) and not score_all:
                 remaining_bound = lb
                 break
             for kk, c in cand:
                 heapq.heappush(heap, (prob.lower_bound(c), 0, kk, c))
             continue
-        kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
+        kth = _kth(sols, top, cutoff)
         if not exhaustive and not mem_obj and lb >= kth * (1 - 1e-9):
             remaining_bound = lb
             if not score_all:
@@ -586,6 +619,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols.sort(key=lambda s: s.objective)
     sols = sols[:top]
     wall = time.perf_counter() - t0
+    if not sols and cutoff is not None and not timed_out:
+        return SolveResult(status="CUTOFF", solutions=[], objective=None,
+                           bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
+                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored)
     if not sols:
         if timed_out:
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
@@ -600,6 +637,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         bound = best
     return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
                        candidates=len(cands), solved=solved, objective_name=objective, scored=scored)
+
+
+def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:
+    """The objective a new plan must beat: the K-th best so far, or the outside cutoff."""
+    kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
+    return kth if cutoff is None else min(kth, cutoff)
 
 
 def _matches(cand: Candidate, hint: dict) -> bool:

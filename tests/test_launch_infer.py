@@ -1,0 +1,28 @@
+"""`planner launch` runs an inference plan with runtime.serve and reports measured beside predicted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.multiproc
+def test_launch_serves_an_inference_plan(tmp_path):
+    plan = tmp_path / "serve.yaml"
+    r = subprocess.run([sys.executable, "-m", "planner", "plan", "--mode", "infer", "--model", "tiny-llama",
+                        "--cluster", "cpu", "--gpus", "2", "--prompt-len", "16", "--output-len", "8", "--batch", "2",
+                        "--tp", "2", "--out", str(plan)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "planner", "launch", str(plan), "--json"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert d["world_size"] == 2 and d["parallel"]["tp"] == 2
+    assert len(d["tokens"]) == 2 and all(len(t) == 8 for t in d["tokens"])
+    assert d["ttft_s"] > 0 and d["tpot_s"] > 0
+    assert d["predicted"]["mode"] == "infer" and d["predicted"]["tpot_s"] > 0
