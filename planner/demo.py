@@ -2,7 +2,7 @@
 
 1. The cost model: a few hand-picked ways to split llama-3-70b over 64 H100s, side by side.
 2. The solver: the provably best plan for the same job, why, and the plan file it wrote.
-3. Launch files for that plan (torchrun, Slurm, Megatron-LM).
+3. Launch files for that plan (torchrun, Slurm, Kubernetes, Megatron-LM).
 4. This machine: a quick profile, a plan for tiny-llama on its devices, and a real run of it
    with predicted against measured.
 """
@@ -72,8 +72,8 @@ def main() -> int:
             "--seq-len", "8192", "--top", "3", "--out", str(plan70))
     planner("explain", str(plan70), "--html", str(OUT / "llama-3-70b-explain.html"))
 
-    c.print(Rule("3. launch files for that plan"))
-    for target in ("torchrun", "slurm", "megatron"):
+    c.print(Rule("3. launch files for that plan (a target that cannot express it refuses and says why)"))
+    for target in ("torchrun", "slurm", "kubernetes", "megatron"):
         planner("emit", str(plan70), "--target", target, "--out", str(OUT / "emit" / target), "--force",
                 check=False)
 
