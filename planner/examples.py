@@ -25,7 +25,7 @@ EXAMPLES = {
     "tiny-llama-cpu": ("tiny-llama", "cpu", 4, 8, 128, {}),
 }
 
-VOLATILE = (("provenance", "created"), ("solver", "wall_time_s"), ("provenance", "planner"),
+VOLATILE = (("provenance", "created"), ("solver", "wall_time_s"), ("solver", "solved"), ("provenance", "planner"),
             ("provenance", "ortools"))
 
 

@@ -230,11 +230,56 @@ class Problem:
                         t_small = min(t_small, t)
         if t_big == math.inf:
             return math.inf
+        if len(self._groups(cand)) == 1:
+            t_big = max(t_big, self._makespan_bound(cand, big, lo, moe_frac))
         w = self.weight(cand)
         # the weak bound's sum of stage times (no recomputation) still bounds S from below
         s_lb = weak / w / ((m - 1 / v) / p + 1 / v)
         s_lb = max(s_lb, t_big + (p - 1) * t_small)
         return max(weak, ((m - 1 / v) * t_big + s_lb / v) * w)
+
+    def _makespan_bound(self, cand: Candidate, big: int, lo: int, moe_frac: float, width: int = 3) -> float:
+        """The least T at which the stages can hold all layers: with stage times increasing in
+        their layer counts, a stage within T holds at most n_i(T) layers, so sum n_i(T) >= L.
+        The first and last stages (embedding, head) are counted as they are; the middle ones as
+        the most favourable middle stage (the fewest micro-batches in flight). Evaluated on a
+        window of layer counts around L/p; outside it, nothing is claimed."""
+        par = cand.par
+        p, L = par.pp, self.model.layers
+        g = self._groups(cand)[0]
+        n_lo = max(lo, big - width)
+        ns = list(range(n_lo, big + width + 1))
+        slots = [(0, 1), (p - 1, 1)] + ([(p - 2, p - 2)] if p > 2 else [])
+        curves = []
+        for i, count in slots:
+            sm = self.stage_model_for(cand, g, i)
+            inflight = inflight_microbatches(par, i)
+            ts = []
+            for n in ns:
+                nd, nm = n * (1 - moe_frac), n * moe_frac
+                if par.recompute == "full":
+                    r = n if par.recompute_layers < 0 else min(par.recompute_layers, n)
+                else:
+                    r = self._least_recompute(sm, nd, nm, n, inflight)
+                ts.append(math.inf if r is None else sm.cost(nd, nm, r).t)
+            curves.append((count, ts))
+        for tau in sorted({t for _, ts in curves for t in ts if t < math.inf}):
+            cap = 0
+            for count, ts in curves:
+                fits = [n for n, t in zip(ns, ts) if t <= tau]
+                if not fits:
+                    if n_lo == lo:
+                        cap = -1          # this stage cannot hold even the minimum within tau
+                        break
+                    cap += count * (n_lo - 1)   # below the window: at most n_lo - 1 layers
+                    continue
+                if fits[-1] == ns[-1]:
+                    return tau            # could hold more than the window: no bound beyond tau
+                cap += count * fits[-1]
+            if cap >= L:
+                return tau
+        finite = [t for _, ts in curves for t in ts if t < math.inf]
+        return max(finite) if finite else math.inf
 
     def _may_fit(self, cand: Candidate, moe_frac: float) -> bool:
         """Necessary condition: the average stage's model states plus the fixed overheads fit
