@@ -199,7 +199,7 @@ class Problem:
             return cb
         return cb * (1 + (par.pp - 1) / (v * par.grad_accum))
 
-    def strong_bound(self, cand: Candidate, weak: float) -> float:
+    def strong_bound(self, cand: Candidate, weak: float, makespan: bool = False) -> float:
         """A tighter valid bound, worth its cost only for candidates near the front: the stage
         with the most layers holds at least ceil(L/p) of them, at its least recompute that fits
         (stage time grows with layers), and every other stage at least the minimum."""
@@ -230,7 +230,7 @@ class Problem:
                         t_small = min(t_small, t)
         if t_big == math.inf:
             return math.inf
-        if len(self._groups(cand)) == 1:
+        if makespan and len(self._groups(cand)) == 1:
             t_big = max(t_big, self._makespan_bound(cand, big, lo, moe_frac))
         w = self.weight(cand)
         # the weak bound's sum of stage times (no recomputation) still bounds S from below
@@ -603,7 +603,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             heap.append((gb, -1, members[0][0], members))
     if hinted:
         _, k, c = min(hinted, key=lambda x: (x[0], x[1]))
-        heap.append((-1.0, 1, k, c))          # solved first; its duplicate later is pruned or cheap
+        heap.append((-1.0, 2, k, c))          # solved first; its duplicate later is pruned or cheap
     heapq.heapify(heap)
     sols: list[Solution] = []
     scored: list[dict] = []
@@ -629,8 +629,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 break
             scored.append(_score_row(cand, lb, None, None))
             continue
-        if not strong and not exhaustive and lb >= 0:
-            heapq.heappush(heap, (prob.strong_bound(cand, lb), 1, k, cand))
+        if strong < 2 and not exhaustive and lb >= 0 and cand.par.pp > 1:
+            # tighten lazily: the cheap strong bound first, the makespan bound only for those
+            # that still come out ahead
+            heapq.heappush(heap, (prob.strong_bound(cand, lb, makespan=strong == 1), strong + 1, k, cand))
             continue
         if time.perf_counter() - t0 > max_time_s:
             timed_out = True
