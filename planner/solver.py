@@ -29,6 +29,8 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from costmodel.comm import group_layout, layout_for
+from costmodel.layers import ends_cost, layer_cost
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload, default_stages
 from costmodel.training import FRAGMENTATION, Estimate, estimate, inflight_microbatches, stage_model
 from costmodel.units import GIB
@@ -173,12 +175,32 @@ class Problem:
         L, p, m = self.model.layers, par.pp, par.grad_accum
         n_moe = self.model.moe_layers
         best = math.inf
+        # straight from the (memoized) layer costs: building whole stage models here costs more
+        # than the bound saves; the terms are exactly StageModel.cost's at r = 0
+        degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+        selective = par.recompute == "selective"
         for c_ in by_order.values():
             for g in self._groups(c_):
-                sm = self.stage_model_for(c_, g, p - 1)
-                c = sm.cost((L - n_moe) / p, n_moe / p, 0)
-                comp = c.comp - 3 * sm.ends.head_fwd_s + 3 * sm.ends.head_fwd_s / p
-                best = min(best, m * (comp + c.rec + c.tp + c.ep + c.cp))
+                grp = self.cluster.group(g)
+                gpn = grp.gpus_per_node
+                tp_lay = group_layout(degrees, c_.order, "tp", gpn)
+                cp_lay = group_layout(degrees, c_.order, "cp", gpn)
+                stride = 1
+                for d in c_.order[c_.order.index("dp") + 1:]:
+                    stride *= degrees[d]
+                ep_lay = layout_for(par.ep, stride, gpn)
+                args = (self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, self.cluster,
+                        grp.intra_node, tp_lay, ep_lay, cp_lay)
+                per_stage = 0.0
+                for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
+                    if not n:
+                        continue
+                    lc = layer_cost(self.model, moe, *args)
+                    per = 3 * lc.fwd_s + 2 * lc.tp_fwd_s + 2 * lc.ep_fwd_s + 3 * max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+                    per_stage += n * (per + (lc.selective_extra_s if selective else 0.0))
+                ec = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
+                               self.cluster)
+                best = min(best, m * (per_stage + 3 * ec.head_fwd_s / p))
         if self.objective == "memory":
             return 0.0
         return best * self.weight(cand)
