@@ -129,10 +129,10 @@ class Problem:
         moe_frac = self.model.moe_layers / L
         if not self._may_fit(cand, moe_frac):
             return math.inf
+        if self.objective == "memory":
+            return self._memory_bound(cand, moe_frac)
         if p == 1:
             # one stage, one split: the exact objective, at the least recompute that fits
-            if self.objective == "memory":
-                return 0.0
             g = self._groups(cand)[0]
             sm = self.stage_model_for(cand, g, 0)
             nd, nm = L * (1 - moe_frac), L * moe_frac
@@ -302,6 +302,24 @@ class Problem:
                 return tau
         finite = [t for _, ts in curves for t in ts if t < math.inf]
         return max(finite) if finite else math.inf
+
+    def _memory_bound(self, cand: Candidate, moe_frac: float) -> float:
+        """Peak memory is at least the model states of an average stage's layers (without the
+        embedding and head, which only add) plus what every stage holds regardless: the CUDA
+        context and the communication buffers."""
+        par = cand.par
+        n = self.model.layers / par.pp
+        best = math.inf
+        from costmodel.memory import model_state_bytes
+        wl = self.workload
+        for g in self._groups(cand):
+            sm = self.stage_model_for(cand, g, min(1, par.pp - 1))
+            dense, expert = sm.params(n * (1 - moe_frac), n * moe_frac)
+            dense -= sm.ends_params
+            states = (model_state_bytes(dense, par.dp_shard, par.zero, wl.dtype, wl.optimizer).total
+                      + model_state_bytes(expert, sm.e_shard, par.zero, wl.dtype, wl.optimizer).total)
+            best = min(best, states + sm.reserved + sm.buffers)
+        return best
 
     def _may_fit(self, cand: Candidate, moe_frac: float) -> bool:
         """Necessary condition: the average stage's model states plus the fixed overheads fit
@@ -645,7 +663,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 heapq.heappush(heap, (prob.lower_bound(c), 0, kk, c))
             continue
         kth = _kth(sols, top, cutoff)
-        if not exhaustive and not mem_obj and lb >= kth * (1 - 1e-9):
+        if not exhaustive and lb >= kth * (1 - 1e-9):
             remaining_bound = lb
             if not score_all:
                 break
