@@ -106,6 +106,9 @@ def _in_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
+CPU_PROCESS_LIMIT = 16   # CPU stand-ins for GPUs on one machine, beyond which a launch is refused
+
+
 def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     """(processes on this node, device). Raises UsageError with the numbers."""
     world = plan.world_size
@@ -165,6 +168,20 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
         raise UsageError(f"--device cuda: {nproc} processes per node need {nproc} GPUs; this node has {gpus}")
     if device == "auto":
         device = "cuda" if gpus >= nproc else "cpu"
+    if device == "cpu" and nproc > CPU_PROCESS_LIMIT:
+        raise UsageError(f"the plan needs {nproc} processes on this node ({_degrees(plan)}, planned for "
+                         f"{plan.cluster.gpu.name}), but it has no GPUs for them; as CPU processes that is more "
+                         f"than {CPU_PROCESS_LIMIT} (about 0.35 GiB each). Run it on its cluster (`planner emit`), "
+                         f"or plan for this machine: `planner plan --cluster cpu --gpus N ...`")
+    if plan.mode == "train":
+        # the runtime's own checks, before any process starts (otherwise every rank refuses alone)
+        from runtime.errors import PlanNotRunnable
+        from runtime.parallel import Dims
+        wl = plan.workload
+        try:
+            Dims.from_plan(plan.model, plan.parallel, plan.mesh_order, wl.seq_len, wl.global_batch, world)
+        except PlanNotRunnable as e:
+            raise UsageError(f"the built-in runtime cannot run {args.plan}: {e}") from None
     return nproc, device
 
 
