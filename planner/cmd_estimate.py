@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         plan = read_plan(args.plan)
         model, cluster, wl, par = plan.model, plan.cluster, plan.workload, plan.parallel
         stages, order = plan.stages, plan.mesh_order
+        if plan.mode == "infer":
+            return _serving(plan, args.json)
     else:
         model, cluster, wl = load_problem(args)
         par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
@@ -45,4 +47,27 @@ def run(args: argparse.Namespace) -> int:
         c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / 2**30:.1f} GiB per GPU on stage "
                 f"{max(est.stages, key=lambda s: s.memory['peak_bytes'] / s.capacity_bytes).index}, "
                 f"capacity {est.capacity_bytes / 2**30:.1f} GiB; try more tp/pp, zero 3 or recompute full")
+    return 0
+
+
+def _serving(plan, as_json: bool) -> int:
+    """An inference plan: the serving cost model, not the training one."""
+    from costmodel.inference import estimate_inference
+    from planner.report import console, parallel_json, print_json
+
+    est = estimate_inference(plan.model, plan.cluster, plan.workload, plan.parallel, order=plan.mesh_order,
+                             stages=plan.stages)
+    d = est.to_dict()
+    if as_json:
+        print_json({"parallel": parallel_json(plan.parallel), "estimate": d})
+        return 0
+    c = console()
+    wl = plan.workload
+    c.print(f"[bold]{plan.model.name}[/bold] serving on {plan.world_size} x {plan.cluster.gpu.name}: "
+            f"tp={plan.parallel.tp} pp={plan.parallel.pp} replicas={plan.parallel.dp} ep={plan.parallel.ep}, "
+            f"batch {wl.global_batch}, prompt {wl.prompt_len} + output {wl.output_len}")
+    c.print(f"time to first token {d['ttft_s'] * 1e3:.2f} ms, per output token {d['tpot_s'] * 1e3:.2f} ms, "
+            f"{d['output_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU, largest batch {d['max_batch']}")
+    mem = d["memory"]
+    c.print("memory per GPU: " + ", ".join(f"{k.removesuffix('_bytes')} {v / 2**30:.2f} GiB" for k, v in mem.items()))
     return 0

@@ -26,3 +26,17 @@ def test_launch_serves_an_inference_plan(tmp_path):
     assert len(d["tokens"]) == 2 and all(len(t) == 8 for t in d["tokens"])
     assert d["ttft_s"] > 0 and d["tpot_s"] > 0
     assert d["predicted"]["mode"] == "infer" and d["predicted"]["tpot_s"] > 0
+
+
+def test_estimate_of_an_inference_plan_uses_the_serving_model(tmp_path):
+    plan = tmp_path / "serve.yaml"
+    r = subprocess.run([sys.executable, "-m", "planner", "plan", "--mode", "infer", "--model", "tiny-llama",
+                        "--cluster", "cpu", "--gpus", "2", "--prompt-len", "16", "--output-len", "8", "--batch", "2",
+                        "--out", str(plan), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)["plans"][0]["estimate"]
+    r = subprocess.run([sys.executable, "-m", "planner", "estimate", "--plan", str(plan), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    est = json.loads(r.stdout)["estimate"]
+    assert est["ttft_s"] == pytest.approx(planned["ttft_s"]) and est["tpot_s"] == pytest.approx(planned["tpot_s"])
