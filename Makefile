@@ -30,7 +30,12 @@ bench: setup
 	$(BIN)/python bench/bench_estimate.py
 
 validation: setup
-	$(BIN)/planner validate --write costmodel/VALIDATION.md
+	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
+	$(BIN)/python -m planner.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md
+
+plans: setup
+	$(BIN)/python -m planner.examples
+	$(BIN)/python -m emitters.regen_golden
 
 clean:
 	rm -rf $(VENV)
