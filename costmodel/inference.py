@@ -78,7 +78,8 @@ from typing import Any
 
 from .comm import GroupLayout, Network, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
-from .specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
+from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
+                    ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes
 
 # ---- constants: physical quantities, one value for every GPU and model. HBM_EFFICIENCY,
@@ -220,24 +221,12 @@ def validate_serving(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         problems.append(f"cp {par.cp}: context parallel is not modelled for serving (plan cp=1)")
     if par.vpp != 1:
         problems.append(f"vpp {par.vpp}: virtual pipeline stages are a training schedule")
-    if model.heads % par.tp:
-        problems.append(f"tp {par.tp} does not divide heads {model.heads}")
-    elif model.attention == "mha" and model.kv_heads % par.tp and par.tp % model.kv_heads:
-        problems.append(f"tp {par.tp} and kv_heads {model.kv_heads}: one must divide the other")
-    if model.ffn_hidden % par.tp:
-        problems.append(f"tp {par.tp} does not divide ffn_hidden {model.ffn_hidden}")
+    problems += tp_problems(model, par.tp) + ep_problems(model, par.ep)
     if par.pp > model.layers:
         problems.append(f"pp {par.pp} exceeds layers {model.layers}")
-    if par.ep > 1:
-        if not model.is_moe:
-            problems.append(f"ep {par.ep} > 1 but {model.name} has no experts")
-        elif model.num_experts % par.ep:
-            problems.append(f"ep {par.ep} does not divide experts {model.num_experts}")
-        if par.ep % par.tp or (par.tp * par.dp) % par.ep:
-            problems.append(f"ep {par.ep} must be a multiple of tp {par.tp} dividing tp*replicas = "
-                            f"{par.tp * par.dp} (whole experts over the GPUs of ep/tp replicas)")
-    elif model.is_moe and model.expert_ffn_hidden % par.tp:
-        problems.append(f"tp {par.tp} does not divide expert_ffn_hidden {model.expert_ffn_hidden}")
+    if par.ep > 1 and (par.ep % par.tp or (par.tp * par.dp) % par.ep):
+        problems.append(f"ep {par.ep} must be a multiple of tp {par.tp} dividing tp*replicas = "
+                        f"{par.tp * par.dp} (whole experts over the GPUs of ep/tp replicas)")
     if p + o > model.max_seq_len:
         problems.append(f"context prompt {p} + output {o} = {p + o} exceeds {model.name}'s max_seq_len "
                         f"{model.max_seq_len}")

@@ -585,6 +585,31 @@ class StageSpec:
                 "device_group": self.group}
 
 
+def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    """What tensor parallelism of degree ``tp`` cannot split in ``model`` (training and serving)."""
+    out = []
+    if model.heads % tp:
+        out.append(f"tp {tp} does not divide heads {model.heads}")
+    elif model.attention == "mha" and model.kv_heads % tp and tp % model.kv_heads:
+        out.append(f"tp {tp} and kv_heads {model.kv_heads}: one must divide the other")
+    if model.ffn_hidden % tp:
+        out.append(f"tp {tp} does not divide ffn_hidden {model.ffn_hidden}")
+    if model.is_moe and model.expert_ffn_hidden % tp:
+        out.append(f"tp {tp} does not divide expert_ffn_hidden {model.expert_ffn_hidden}")
+    return out
+
+
+def ep_problems(model: ModelSpec, ep: int) -> list[str]:
+    """What expert parallelism of degree ``ep`` cannot split in ``model``."""
+    if ep <= 1:
+        return []
+    if not model.is_moe:
+        return [f"ep {ep} > 1 but {model.name} has no experts"]
+    if model.num_experts % ep:
+        return [f"ep {ep} does not divide experts {model.num_experts}"]
+    return []
+
+
 def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              gpus: int | None = None) -> None:
     """Cross-checks that need more than one spec; every message has the numbers."""
@@ -593,19 +618,10 @@ def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     if par.world_size != n:
         problems.append(f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.world_size}, "
                         f"but there are {n} GPUs")
-    if model.heads % par.tp:
-        problems.append(f"tp {par.tp} does not divide heads {model.heads}")
-    elif model.attention == "mha" and model.kv_heads % par.tp and par.tp % model.kv_heads:
-        problems.append(f"tp {par.tp} and kv_heads {model.kv_heads}: one must divide the other")
-    if model.ffn_hidden % par.tp:
-        problems.append(f"tp {par.tp} does not divide ffn_hidden {model.ffn_hidden}")
+    problems += tp_problems(model, par.tp) + ep_problems(model, par.ep)
     if par.pp * par.vpp > model.layers:
         problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}")
     if par.ep > 1:
-        if not model.is_moe:
-            problems.append(f"ep {par.ep} > 1 but {model.name} has no experts")
-        elif model.num_experts % par.ep:
-            problems.append(f"ep {par.ep} does not divide experts {model.num_experts}")
         if (par.dp * par.cp) % par.ep:
             problems.append(f"ep {par.ep} must divide dp*cp = {par.dp * par.cp} (experts are spread "
                             "over data-parallel ranks)")
@@ -647,5 +663,5 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "default_stages", "RECOMPUTE", "SCHEDULES", "ceil_div",
+    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages", "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

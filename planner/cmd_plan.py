@@ -25,11 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="print the result as JSON (the stable contract)")
     o.add_argument("--out", help="write the best plan to this YAML file")
     o.add_argument("--csv", help="write every scored candidate to this CSV file")
-    try:
-        from planner import infer_args
-        infer_args.add_arguments(p)
-    except ImportError:
-        pass
+    from planner import infer_args
+    infer_args.add_arguments(p)
 
 
 def _check_writable(path: str | None) -> None:
@@ -51,11 +48,7 @@ def _check_writable(path: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.mode == "infer":
-        try:
-            from planner import infer_plan
-        except ImportError:
-            from planner.errors import UsageError
-            raise UsageError("--mode infer is not available in this build") from None
+        from planner import infer_plan
         return infer_plan.run(args)
     from planner.errors import UsageError
     if args.top < 1:

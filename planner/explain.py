@@ -9,7 +9,6 @@ import html
 import io
 from typing import Any
 
-from costmodel.specs import SpecError
 from costmodel.training import Estimate, estimate
 from planner.planfile import Plan
 from planner.report import describe_parallel
@@ -270,4 +269,4 @@ def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-__all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate", "SpecError"]
+__all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate"]

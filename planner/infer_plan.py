@@ -605,7 +605,7 @@ HOLDOUT = ROOT / "calibration" / "holdout_inference.yaml"
 VALIDATION_DOC = ROOT / "costmodel" / "VALIDATION_INFERENCE.md"
 
 
-from planner.validation import Row  # noqa: E402  (one row type for both validation tables)
+from planner.validation import Row, table_sections  # noqa: E402  (one row type and layout for both)
 
 
 def _case_model(spec: Any, name: str) -> ModelSpec:
@@ -692,18 +692,10 @@ def validation_markdown(rows: list[Row]) -> str:
            "Prefill = the prompt(s) of the batch; decode = one step at the batch with the mean context",
            "prompt + output/2; first token = prefill of one prompt (batch 1); output tokens/s per GPU =",
            "batch x output / (prefill + (output - 1) x decode) / GPUs.", ""]
-    for split, title in (("calibration", "Published serving measurements (calibration/published_inference.yaml)"),
-                         ("holdout", "Published serving measurements not used for fitting "
-                                     "(calibration/holdout_inference.yaml)")):
-        sel = [r for r in rows if r.split == split]
-        if not sel:
-            continue
-        out += [f"## {title}", "", "| case | metric | published | predicted | error |", "|---|---|---:|---:|---:|"]
-        for r in sel:
-            out.append(f"| {r.case} | {r.metric} | {r.published:g} | {r.predicted:.4g} | {r.error * 100:+.1f}% |")
-        errs = [abs(r.error) for r in sel]
-        out += ["", f"Median absolute error {statistics.median(errs) * 100:.1f}%, largest {max(errs) * 100:.1f}% "
-                f"over {len(sel)} figures.", ""]
+    out += table_sections(rows, (("calibration", "Published serving measurements "
+                                                 "(calibration/published_inference.yaml)"),
+                                 ("holdout", "Published serving measurements not used for fitting "
+                                             "(calibration/holdout_inference.yaml)")))
     return "\n".join(out) + "\n"
 
 

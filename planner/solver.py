@@ -21,6 +21,7 @@ the same tables: the reference the tests hold CP-SAT to.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -31,10 +32,10 @@ from ortools.sat.python import cp_model
 
 from costmodel.comm import group_layout, layout_for
 from costmodel.layers import ends_cost, layer_cost
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload, default_stages
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from costmodel.training import FRAGMENTATION, Estimate, estimate, inflight_microbatches, stage_model
 from costmodel.units import GIB
-from planner.errors import InfeasibleError, SolverStopped
+from planner.errors import InfeasibleError, SolverStopped, UsageError
 from planner.space import Candidate, enumerate_candidates
 
 NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
@@ -590,7 +591,6 @@ def _stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str]
 
 def finalize_par(cand: Candidate, stages: tuple[StageSpec, ...]) -> ParallelConfig:
     """Record the recompute choice: all layers full -> recompute=full; else per stage."""
-    import dataclasses
     par = cand.par
     if par.recompute != "full" and stages and all(s.recompute_layers == s.num_layers for s in stages):
         return dataclasses.replace(par, recompute="full", recompute_layers=-1)
@@ -801,56 +801,45 @@ def _exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: b
     return best
 
 
-def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
-    """The binding constraint and the smallest change that would make a plan exist."""
-    model, cluster = prob.model, prob.cluster
-    if not cands:
-        return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {prob.workload.global_batch}: "
-                "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
+def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                  cands: list[Candidate]) -> tuple[float, ParallelConfig, Estimate] | None:
+    """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
+    parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
     for c in cands:
         if c.par.zero < 3 and c.par.dp > 1:
             continue
-        par = c.par
-        stages = default_stages(model.layers, par.pp)
+        full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
         try:
-            import dataclasses
-            full = dataclasses.replace(par, recompute="full", recompute_layers=-1)
-            est = estimate(model, cluster, prob.workload, full, stages=stages, order=c.order)
-        except Exception:
+            est = estimate(model, cluster, workload, full, order=c.order)
+        except SpecError:
             continue
-        need = est.peak_bytes
-        if best is None or need < best[0]:
-            best = (need, full, est)
+        if best is None or est.peak_bytes < best[0]:
+            best = (est.peak_bytes, full, est)
+    return best
+
+
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
+    """The binding constraint and the smallest change that would make a plan exist."""
+    model, cluster, wl = prob.model, prob.cluster, prob.workload
+    if not cands:
+        return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
+                "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
+    best = _least_memory(model, cluster, wl, cands)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
-    cap = est.capacity_bytes
-    hint = ""
-    for mult in (2, 4, 8, 16, 32):
-        try:
-            bigger = cluster.with_gpus(gpus * mult) if len(cluster.groups) == 1 else None
-        except Exception:
-            bigger = None
-        if bigger is None:
-            break
-        try:
-            from planner.space import enumerate_candidates as _en
-            for c2 in _en(model, bigger, prob.workload, {}, gpus * mult):
-                if c2.par.zero != 3 and c2.par.dp > 1:
-                    continue
-                import dataclasses
-                e2 = estimate(model, bigger, prob.workload, dataclasses.replace(c2.par, recompute="full"),
-                              order=c2.order)
-                if e2.fits:
-                    hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
-                    break
-        except Exception:
-            pass
-        if hint:
-            break
-    if not hint:
-        hint = "; try GPUs with more memory, a shorter --seq-len or a smaller --global-batch"
+    hint = "; try GPUs with more memory, a shorter --seq-len or a smaller --global-batch"
+    if len(cluster.groups) == 1:
+        for mult in (2, 4, 8, 16, 32):
+            try:
+                bigger = cluster.with_gpus(gpus * mult)
+                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult))
+            except (SpecError, UsageError):
+                continue
+            if more is not None and more[2].fits:
+                hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
+                break
     return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
             f"dp={par.dp}, zero={par.zero}, full recompute, micro-batch {par.micro_batch}; "
-            f"{cluster.gpu.name} has {cap / GIB:.1f} GiB{hint}")
+            f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.errors import UsageError
 
 MIN_TOKENS_PER_CP_RANK = 4096
@@ -38,11 +38,7 @@ def divisors(n: int) -> list[int]:
 
 
 def _tp_ok(model: ModelSpec, tp: int) -> bool:
-    if model.heads % tp or model.ffn_hidden % tp:
-        return False
-    if model.is_moe and model.expert_ffn_hidden % tp:
-        return False
-    return model.attention == "mla" or model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+    return not tp_problems(model, tp)
 
 
 def _choices(fixed: dict, key: str, default: list) -> list:

@@ -117,9 +117,17 @@ def markdown(rows: list[Row]) -> str:
            "Regenerate with `make validation` (`planner validate --write costmodel/VALIDATION.md`).",
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
            "source's software implies are set once per source in `planner/validation.py`.", ""]
-    for split, title in (("calibration", "Training runs (calibration set, ../shared/calibration)"),
-                         ("holdout", "Training runs the model was not tuned on (calibration/holdout_runs.yaml)"),
-                         ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")):
+    out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
+                                 ("holdout", "Training runs the model was not tuned on "
+                                             "(calibration/holdout_runs.yaml)"),
+                                 ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
+    return "\n".join(out) + "\n"
+
+
+def table_sections(rows: list[Row], splits) -> list[str]:
+    """Markdown lines: one table per (split, title) that has rows, with its median and largest error."""
+    out: list[str] = []
+    for split, title in splits:
         sel = [r for r in rows if r.split == split]
         if not sel:
             continue
@@ -129,4 +137,4 @@ def markdown(rows: list[Row]) -> str:
         errs = [abs(r.error) for r in sel]
         out += ["", f"Median absolute error {statistics.median(errs) * 100:.1f}%, "
                 f"largest {max(errs) * 100:.1f}% over {len(sel)} figures.", ""]
-    return "\n".join(out) + "\n"
+    return out
