@@ -38,6 +38,7 @@ def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cov
     import torch.distributed as dist
     torch.set_num_threads(1)
     from runtime.train import train
+    from runtime.worker import finish_process_group
     while True:
         job = inbox.get()
         if job is None:
@@ -47,19 +48,17 @@ def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cov
             continue
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        ok = False
         try:
             dist.init_process_group("gloo", init_method=f"file://{store_dir}/store-{jid}", rank=rank,
                                     world_size=world)
             summary = train(plan, opts)
+            ok = True
             outbox.put((jid, rank, "ok", summary if rank == 0 else None))
         except BaseException as e:   # report every failure, with the rank, and keep serving
             outbox.put((jid, rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
         finally:
-            if dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception:
-                    pass
+            finish_process_group(synchronize=ok)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -33,7 +33,6 @@ traceback).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import worker
 from .errors import PlanNotRunnable, RuntimeModelError, RuntimeUsageError  # noqa: F401
 
 
@@ -460,27 +460,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rank = os.environ.get("RANK", "0")
     opts = ServeOptions(prompt_len=args.prompt_len, output_len=args.output_len, batch=args.batch,
                         json_out=args.json_out, device=args.device, warmup=args.warmup, quiet=args.quiet)
     from costmodel.specs import SpecError
     from planner.planfile import PlanError, read_plan
-    try:
+
+    def body() -> None:
         plan = read_plan(args.plan)
         summary = serve(plan, opts)
-        if int(rank) == 0 and not args.quiet:
+        if int(os.environ.get("RANK", "0")) == 0 and not args.quiet:
             brief = {k: v for k, v in summary.items() if k not in ("tokens", "token_logits", "decode_step_s")}
             print(json.dumps(brief))
-    except (RuntimeUsageError, PlanNotRunnable, RuntimeModelError, PlanError, SpecError) as e:
-        print(f"serve: rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-    return 0
+
+    return worker.run("serve", body, (RuntimeUsageError, PlanNotRunnable, RuntimeModelError, PlanError, SpecError))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    worker.exit_now(main())

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import worker
 from .errors import (CheckpointMismatch, DataError, PlanNotRunnable, RuntimeModelError,  # noqa: F401
                      RuntimeUsageError)
 
@@ -530,23 +531,16 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    try:
+
+    def body() -> None:
         from planner.planfile import read_plan
         plan = read_plan(args.plan)
         if plan.mode != "train":
             raise RuntimeUsageError(f"{args.plan} is a {plan.mode!r} plan; the runtime trains (mode train)")
         train(plan, options_from_args(args))
-    except expected_errors() as e:
-        print(f"runtime: rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-    return 0
+
+    return worker.run("runtime", body, expected_errors())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    worker.exit_now(main())
