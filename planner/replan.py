@@ -10,15 +10,16 @@ The search, for a cluster of ``N`` GPUs (the old plan's workload; the global bat
 2. The best plan with anything free, over the world sizes ``w <= N`` that admit degrees at all
    (losing one node of 128 with a power-of-two global batch leaves 1,016 GPUs, where no
    data-parallel degree divides the batch: the plan has to use fewer GPUs; and a plan on fewer
-   GPUs can be faster than the awkward shapes of more). Without a compatible plan, the largest
-   such ``w`` is solved first for an incumbent. Then two bounds rule world sizes out without
-   solving them: the FLOP bound ``F / (w * peak * e_max)`` (no plan beats its model FLOPs at
-   the best GEMM efficiency the cost model knows) and ``world_bound`` (the solver's group
-   bounds with the pipeline bubble added and groups that cannot hold their model states left
-   out). The rest are solved least bound first, while their bound is below the target: a plan
-   faster than ``compatible / (1 + COMPATIBLE_SLACK)`` and than the best free plan so far.
-   With a solver that takes an outside incumbent (``solve(..., cutoff=)``) each of those
-   solves prunes against the target too.
+   GPUs can be faster than the awkward shapes of more). The FLOP bound
+   ``F / (w * peak * e_max)`` (no plan beats its model FLOPs at the best GEMM efficiency the
+   cost model knows) rules world sizes out without enumerating them; the rest go into one
+   branch and bound (``solve(..., worlds=)``) whose cutoff is ``compatible / (1 +
+   COMPATIBLE_SLACK)``: the candidates of every world size share one heap, one incumbent and
+   the solver's bounds (group compute bound with the bubble, weak, strong, makespan), so a
+   world size is solved only when one of its candidates could still change the answer.
+   (Solving world sizes one by one, least bound first, took 1.2-1.3 s for llama-3-70b losing
+   one or four nodes of 128; the single search takes a fraction of that: see
+   ``bench/bench_replan.py``.)
 3. The compatible plan is kept when its step time is within ``COMPATIBLE_SLACK`` (5 %) of the
    best plan: a checkpoint that loads without moving layers between ranks is worth a few per
    cent of step time (one resharded load of a 70B model's 1 TB of optimizer state costs
@@ -172,40 +173,6 @@ def flop_bound(solution: Solution, cluster: ClusterSpec, workload: Workload, wor
     return model_flops * (1 - 1e-6) / (world * gpu.peak(workload.dtype) * min(1.0, e_max))
 
 
-def world_bound(model, cluster: ClusterSpec, workload: Workload, world: int, target: float) -> float:
-    """A lower bound on any plan's step time on ``world`` GPUs, or one at least ``target`` when
-    no plan there can beat ``target``. Per group of the solver's candidates (same degrees,
-    micro-batch, sequence parallelism, base recompute):
-
-    * ``Problem.compute_bound`` is ``m`` times the average stage's time (compute, TP/EP/CP
-      communication), so the stages' summed time ``S`` has ``S/p >= cb/m``, and any member's
-      step is at least ``(m - 1/v)*S/p + S/v >= cb*(1 + (p-1)/(v*m))`` (the solver's weak
-      bound, ``v`` at most the group's largest virtual-stage count): the pipeline bubble, which
-      the group bound leaves out;
-    * a group whose least-memory member (highest ZeRO stage, widest shard) cannot hold its
-      model states (``Problem.lower_bound`` is infinite) has no member that fits.
-    """
-    cands = enumerate_candidates(model, cluster, workload, {}, world)
-    prob = Problem(model, cluster, workload)
-    groups: dict[tuple, list] = {}
-    for k, c in enumerate(cands):
-        p = c.par
-        groups.setdefault((p.tp, p.cp, p.pp, p.dp, p.ep, p.sp, p.micro_batch, p.recompute), []).append((k, c))
-    best = math.inf
-    for members in groups.values():
-        par = members[0][1].par
-        v = max(c.par.vpp for _, c in members)
-        b = prob.compute_bound(members) * (1 + (par.pp - 1) / (v * par.grad_accum))
-        if b >= best:
-            continue
-        if b < target:
-            least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
-            if prob.lower_bound(least) == math.inf:
-                continue
-        best = b
-    return best
-
-
 # --------------------------------------------------------------------------------------
 # The replan
 # --------------------------------------------------------------------------------------
@@ -252,11 +219,6 @@ def old_step_time(old: Plan) -> float | None:
         return float(v) if v is not None else None
 
 
-def _solver_takes_cutoff() -> bool:
-    import inspect
-    return "cutoff" in inspect.signature(solve).parameters
-
-
 def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *, max_time_s: float = 60.0,
            slack: float = COMPATIBLE_SLACK) -> Replan:
     """The new plan for ``cluster`` (see the module docstring). ``workload`` defaults to the old
@@ -269,30 +231,29 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
     hetero = len(cluster.groups) > 1
     gpn = cluster.gpus_per_node
     legal = [w for w in world_sizes_upto(cluster, n) if hetero or has_shape(model, wl, min(gpn, w), w)]
-    # a solver with an outside incumbent (``cutoff``) prunes against the compatible plan, and a
-    # hint then seeds one candidate; without it, the hint would solve every matching candidate
-    # first (measured: 3.3 s against 1.7 s for llama-3-70b on 64 GPUs), so it is left out
-    with_cutoff = _solver_takes_cutoff()
-    hint = {"tp": old.parallel.tp, "pp": old.parallel.pp} if with_cutoff else None
+    # the old plan's tp and pp seed the free search: one matching candidate is solved first
+    hint = {"tp": old.parallel.tp, "pp": old.parallel.pp}
     solved: list[int] = []
     pruned = 0
     timed_out = False
 
-    def run(w: int, fixed: dict, target: float) -> SolveResult | None:
+    def run(worlds: list[int], fixed: dict, target: float) -> SolveResult | None:
         nonlocal timed_out
         left = deadline - time.perf_counter()
         if left <= 0:
             timed_out = True
             return None
-        kw = {"cutoff": target, "hint": hint} if with_cutoff and target < math.inf else {}
+        kw = {"cutoff": target, "hint": hint} if target < math.inf else {}
+        one = hetero or len(worlds) == 1
         try:
-            res = solve(model, sized(cluster, w), wl, fixed, gpus=w, max_time_s=left, **kw)
+            res = solve(model, sized(cluster, worlds[0]) if one else cluster, wl, fixed, gpus=worlds[0],
+                        max_time_s=left, worlds=None if one else worlds, **kw)
         except InfeasibleError:
             return None
         except SolverStopped:
             timed_out = True
             return None
-        solved.append(w)
+        solved.extend(w for w in (res.solved_worlds or worlds[:1]) if w not in solved)
         if res.status == "FEASIBLE":
             timed_out = True
         return res
@@ -303,62 +264,32 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
     compat_res: SolveResult | None = None
     for w in legal:
         if has_shape(model, wl, min(gpn, w), w, fixed):
-            compat_res = run(w, fixed, math.inf)
+            compat_res = run([w], fixed, math.inf)
             compat = compat_res.solutions[0] if compat_res is not None else None
             break
 
-    # 2. anything free. Without a compatible plan, the largest world size with a plan first (an
-    # incumbent); then every other world size the FLOP bound leaves, least world bound first,
-    # each solved only while its bound is below what would change the answer
+    # 2. anything free: one branch and bound over every world size the FLOP bound leaves, with
+    # the compatible plan (less the slack) as its cutoff, so the incumbent and the bounds of
+    # one world size prune the others
     best: Solution | None = None
     best_res: SolveResult | None = None
     bound = math.inf                  # least bound on what was pruned or left unexplored
-    done: set[int] = set()
-
-    def target() -> float:
-        return min(compat.objective / (1 + slack) if compat else math.inf, best.objective if best else math.inf)
-
-    def consider(w: int) -> None:
-        nonlocal best, best_res, bound
-        done.add(w)
-        res = run(w, {}, target())
-        if res is None:
-            return
+    target = compat.objective / (1 + slack) if compat else math.inf
+    worlds = []
+    for w in legal:
+        fb = flop_bound(compat, cluster, wl, w) if compat is not None and not hetero else 0.0
+        if fb >= target * (1 - _EPS):
+            bound = min(bound, fb)
+            pruned += 1
+        else:
+            worlds.append(w)
+    res = run(worlds, {}, target) if worlds and not timed_out else None
+    if res is not None:
         if res.status in ("CUTOFF", "FEASIBLE"):
             bound = min(bound, res.bound)
-        if res.solutions and (best is None or res.solutions[0].objective < best.objective):
+        if res.solutions:
             best, best_res = res.solutions[0], res
-
-    if compat is None:
-        for w in legal:
-            consider(w)
-            if best is not None or timed_out:
-                break
-    ref = best or compat
-    if hetero:                        # used whole: one world size, no world bounds needed
-        for w in legal:
-            if w not in done and not timed_out:
-                consider(w)
-    elif ref is not None and not timed_out:
-        left: list[tuple[float, int]] = []
-        for w in legal:
-            if w in done:
-                continue
-            fb = flop_bound(ref, cluster, wl, w)
-            if fb >= target() * (1 - _EPS):
-                bound = min(bound, fb)
-                pruned += 1
-                continue
-            left.append((world_bound(model, sized(cluster, w), wl, w, target()), w))
-        left.sort()
-        for k, (wb, w) in enumerate(left):
-            if wb >= target() * (1 - _EPS):
-                bound = min(bound, wb)
-                pruned += len(left) - k
-                break
-            consider(w)
-            if timed_out:
-                break
+    pruned += len([w for w in worlds if w not in solved])
 
     if compat is None and best is None:
         if timed_out:

@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,7 @@ class SolveResult:
     solved: int
     objective_name: str
     scored: list[dict[str, Any]] = field(default_factory=list)
+    solved_worlds: list[int] = field(default_factory=list)   # GPU counts of the candidates solved
 
     @property
     def gap(self) -> float:
@@ -206,17 +208,19 @@ class Problem:
             return 0.0
         return best * self.weight(cand)
 
+    def group_may_fit(self, members: list) -> bool:
+        """Whether the group's least-memory member (highest ZeRO stage, widest shard) can hold
+        its model states; when it cannot, no member can."""
+        least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
+        return self._may_fit(least, self.model.moe_layers / self.model.layers)
+
     def group_bound(self, members: list) -> float:
         """``compute_bound`` with the pipeline bubble: the stages' summed time ``S`` has
         ``S/p >= cb/m``, so each member's weak bound ``(m - 1/v)*S/p + S/v`` is at least
-        ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count; infinite
-        when the group's least-memory member (highest ZeRO stage, widest shard) cannot hold its
-        model states (then no member can)."""
+        ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count. Memory is
+        not looked at (``group_may_fit``)."""
         par = members[0][1].par
         v = max(c.par.vpp for _, c in members)
-        least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
-        if not self._may_fit(least, self.model.moe_layers / self.model.layers):
-            return math.inf
         cb = self.compute_bound(members)
         if self.objective == "memory" or par.pp == 1:
             return cb
@@ -604,7 +608,8 @@ def finalize_par(cand: Candidate, stages: tuple[StageSpec, ...]) -> ParallelConf
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
           objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
-          hint: dict | None = None, cutoff: float | None = None) -> SolveResult:
+          hint: dict | None = None, cutoff: float | None = None,
+          worlds: Sequence[int] | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -612,11 +617,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     ``cutoff``: an objective already achieved elsewhere; only plans better than it are of
     interest, everything whose bound is not below it is pruned. When nothing beats it the
     result has status ``CUTOFF``, no solutions, and ``bound`` the least bound left unexplored.
+    ``worlds``: search plans on each of these GPU counts (at most ``gpus``) in one branch and
+    bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
+    estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour)
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective)
+    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds)
     mem_obj = objective == "memory"
     import heapq
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
@@ -624,12 +632,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     groups: dict[tuple, list] = {}
     for k, c in enumerate(cands):
         p_ = c.par
-        groups.setdefault((c.world, p_.tp, p_.cp, p_.pp, p_.dp, p_.ep, p_.sp, p_.micro_batch, p_.recompute),
-                          []).append((k, c))
+        groups.setdefault((c.world,) + tuple(getattr(p_, f) for f in _GROUP_FIELDS), []).append((k, c))
     heap = []
     hinted = []
+    # a hint on the group's own fields matches a whole group or none of it
+    group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
     for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
-        if hint and not (exhaustive or mem_obj) and any(_matches(c, hint) for _, c in members):
+        if hint and not (exhaustive or mem_obj) and (_matches(members[0][1], hint) if group_level_hint else
+                                                     any(_matches(c, hint) for _, c in members)):
             for k, c in members:
                 lb_ = prob.lower_bound(c)
                 heap.append((lb_, 0, k, c))
@@ -638,7 +648,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         elif exhaustive or mem_obj:
             heap += [(prob.lower_bound(c), 1, k, c) for k, c in members]
         else:
-            # --csv scores every candidate: there a group is only ordered, never cut for memory
+            # the group's bound with the bubble; whether it can hold its model states at all is
+            # asked only when it comes to the front (--csv scores every candidate: there a group
+            # is only ordered, never cut for memory)
             gb = prob.compute_bound(members) if score_all else prob.group_bound(members)
             heap.append((gb, -1, members[0][0], members))
     if hinted:
@@ -648,6 +660,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols: list[Solution] = []
     scored: list[dict] = []
     solved = 0
+    solved_worlds: list[int] = []
     timed_out = False
     remaining_bound = None
     while heap:
@@ -659,6 +672,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             if lb >= kth * (1 - 1e-9) and not score_all:
                 remaining_bound = lb
                 break
+            if not score_all and not prob.group_may_fit(cand):
+                continue
             for kk, c in cand:
                 heapq.heappush(heap, (prob.lower_bound(c), 0, kk, c))
             continue
@@ -679,6 +694,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             remaining_bound = lb
             break
         solved += 1
+        if cand.world not in solved_worlds:
+            solved_worlds.append(cand.world)
         cut_s = kth / prob.weight(cand) if (kth < math.inf and not exhaustive and not mem_obj) else None
         tab = prob.tables(cand, memory_objective=mem_obj, cutoff=cut_s)
         if exhaustive:
@@ -709,7 +726,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     if not sols and cutoff is not None and not timed_out:
         return SolveResult(status="CUTOFF", solutions=[], objective=None,
                            bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
-                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored)
+                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                           solved_worlds=solved_worlds)
     if not sols:
         if timed_out:
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
@@ -723,7 +741,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         status = "OPTIMAL"
         bound = best
     return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
-                       candidates=len(cands), solved=solved, objective_name=objective, scored=scored)
+                       candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                       solved_worlds=solved_worlds)
+
+
+# the fields a group of candidates shares (with the world size): its bound is computed once
+_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "sp", "micro_batch", "recompute")
 
 
 def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:

@@ -11,6 +11,7 @@ the ring).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
@@ -62,14 +63,16 @@ def world_sizes(cluster: ClusterSpec, gpus: int, objective: str) -> list[int]:
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
-                         objective: str = "throughput") -> list[Candidate]:
-    """Every legal outer configuration, in a deterministic order."""
+                         objective: str = "throughput", worlds: Sequence[int] | None = None) -> list[Candidate]:
+    """Every legal outer configuration, in a deterministic order: on ``gpus`` GPUs, on the GPU
+    counts ``world_sizes`` allows for the objective, or on each of ``worlds`` when given (a
+    replan searching several world sizes at once)."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.gpus_per_node for g in cluster.groups)
     L = model.layers
     gb, seq = workload.global_batch, workload.seq_len
     out: list[Candidate] = []
-    for world in world_sizes(cluster, gpus, objective):
+    for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         tps = _choices(fixed, "tp", [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)])
         for tp in tps:
             cps = _choices(fixed, "cp", [c for c in (1, 2, 4, 8, 16, 32)

@@ -237,3 +237,35 @@ def test_changes_in_words_for_the_issue_example():
     assert words[0] == "pp 4 -> 2, dp 64 -> 112, tp unchanged"
     assert "pp 4 -> 2: the checkpoint will be resharded on load" in words
     assert not layout_unchanged(a, c)
+
+
+def test_one_search_over_several_world_sizes_equals_the_best_of_each_alone():
+    """The replan's free search puts the candidates of every world size into one branch and
+    bound (``solve(..., worlds=)``): its optimum must be the least of the world sizes solved
+    one by one, and with that optimum as cutoff nothing is returned (status CUTOFF) and the
+    bound left is not below it."""
+    import math
+    from costmodel.catalog import get_model
+    from costmodel.specs import Workload
+    from planner.errors import InfeasibleError
+    from planner.replan import sized
+    from planner.solver import solve
+    from profiles.clusters import load_cluster
+    model, wl = get_model("llama-3-8b"), Workload(global_batch=96, seq_len=4096)
+    cluster = load_cluster("dgx-a100-40gb").with_gpus(120)          # 15 nodes
+    worlds = [w for w in world_sizes_upto(cluster, 120) if has_shape(model, wl, min(8, w), w)][:8]
+    assert len(worlds) == 8
+    joint = solve(model, cluster, wl, {}, gpus=120, worlds=worlds)
+    alone = {}
+    for w in worlds:
+        try:
+            alone[w] = solve(model, sized(cluster, w), wl, {}, gpus=w).objective
+        except InfeasibleError:
+            alone[w] = math.inf
+    best_w = min(alone, key=alone.get)
+    assert joint.status == "OPTIMAL"
+    assert math.isclose(joint.objective, alone[best_w], rel_tol=1e-9), (joint.objective, alone)
+    assert joint.solutions[0].par.world_size == best_w
+    assert set(joint.solved_worlds) <= set(worlds) and len(joint.solved_worlds) < len(worlds)
+    cut = solve(model, cluster, wl, {}, gpus=120, worlds=worlds, cutoff=joint.objective)
+    assert cut.status == "CUTOFF" and not cut.solutions and cut.bound >= joint.objective * (1 - 1e-9)
