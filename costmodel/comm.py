@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from .specs import ClusterSpec, LinkSpec
 
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
 
 
-@dataclass(frozen=True)
-class GroupLayout:
+class GroupLayout(NamedTuple):
+    """A group of ``n`` members, ``k`` of them per node (a tuple: cheap to build and to hash,
+    as layer costs are memoized on layouts)."""
+
     n: int           # members
     k: int           # members per node
 
@@ -58,6 +61,7 @@ def group_layout(degrees: dict[str, int], order: tuple[str, ...], dim: str, gpus
     return layout_for(n, stride, gpus_per_node)
 
 
+@lru_cache(maxsize=4096)
 def layout_for(n: int, stride: int, gpus_per_node: int) -> GroupLayout:
     if n <= 1:
         return GroupLayout(1, 1)
@@ -102,38 +106,42 @@ class Network:
             import dataclasses
             self.intra = dataclasses.replace(self.intra, latency_s=0.0)
             self.inter = dataclasses.replace(self.inter, latency_s=0.0)
+        # per-call constants, read once (collective times are asked for millions of times)
+        self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
+        self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
 
     def _bw(self, tier: str, op: str, n: int, size: float) -> float:
         if self._measured:
             bw = _measured_busbw(self.cluster, tier, op, n, size)
             if bw:
                 return bw
-        link = self.intra if tier == "intra" else self.inter
-        return link.effective_bytes_per_s
+        return self._intra_bw if tier == "intra" else self._inter_bw
 
     def all_reduce(self, size: float, lay: GroupLayout) -> float:
         if lay.n <= 1 or size <= 0:
             return 0.0
-        k, m = lay.k, lay.nodes
+        n, k = lay
+        m = max(1, n // k)
         t = 0.0
         if k > 1:
-            t += 2 * (k - 1) / k * size / self._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * self.intra.latency_s
+            t += 2 * (k - 1) / k * size / self._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * self._intra_lat
         if m > 1:
             shard = size / k
-            t += 2 * (m - 1) / m * shard / self._bw("inter", "all_reduce", m, shard) + 2 * (m - 1) * self.inter.latency_s
+            t += 2 * (m - 1) / m * shard / self._bw("inter", "all_reduce", m, shard) + 2 * (m - 1) * self._inter_lat
         return t
 
     def all_gather(self, size: float, lay: GroupLayout) -> float:
         """``size`` = bytes of the gathered (full) tensor; reduce-scatter costs the same."""
         if lay.n <= 1 or size <= 0:
             return 0.0
-        k, m = lay.k, lay.nodes
+        n, k = lay
+        m = max(1, n // k)
         t = 0.0
         if k > 1:
-            t += (k - 1) / k * size / self._bw("intra", "all_gather", k, size) + (k - 1) * self.intra.latency_s
+            t += (k - 1) / k * size / self._bw("intra", "all_gather", k, size) + (k - 1) * self._intra_lat
         if m > 1:
             shard = size / k
-            t += (m - 1) / m * shard / self._bw("inter", "all_gather", m, shard) + (m - 1) * self.inter.latency_s
+            t += (m - 1) / m * shard / self._bw("inter", "all_gather", m, shard) + (m - 1) * self._inter_lat
         return t
 
     reduce_scatter = all_gather
@@ -145,12 +153,11 @@ class Network:
         n, k = lay.n, lay.k
         t_intra = (k - 1) / n * size / self._bw("intra", "all_to_all", k, size) if k > 1 else 0.0
         t_inter = (n - k) / n * size / self._bw("inter", "all_to_all", n, size) if n > k else 0.0
-        lat = (k - 1) * self.intra.latency_s + ((n - k) * self.inter.latency_s if n > k else 0.0)
+        lat = (k - 1) * self._intra_lat + ((n - k) * self._inter_lat if n > k else 0.0)
         return max(t_intra, t_inter) + lat
 
     def p2p(self, size: float, cross_node: bool) -> float:
         if size <= 0:
             return 0.0
         tier = "inter" if cross_node else "intra"
-        link = self.inter if cross_node else self.intra
-        return size / self._bw(tier, "send_recv", 2, size) + link.latency_s
+        return size / self._bw(tier, "send_recv", 2, size) + (self._inter_lat if cross_node else self._intra_lat)

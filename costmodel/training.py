@@ -169,70 +169,151 @@ class StageCost:
         return self.comp + self.rec + self.tp + self.ep + self.cp + self.pp + self.fsdp
 
 
+class _Shared:
+    """What every configuration on one (model, cluster, workload) shares: bytes per value, the
+    model's parameter counts, each node group's network and GPU constants, and the layer and
+    ends costs already looked up (plain-tuple keys: cheaper than hashing the specs again)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
+        self.model, self.cluster, self.workload = model, cluster, workload
+        dt = workload.dtype
+        self.a_bytes = dtype_bytes(dt)
+        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer)
+        self.norms = 2 * model.norm_params()
+        self.attn_dense = model.attention_params() + model.dense_mlp_params()
+        self.routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
+        self.router = model.hidden * model.num_experts     # replicated on every TP rank
+        self.moe_rest = (model.attention_params() + model.moe_mlp_params() - self.routed - self.router
+                         if model.is_moe else 0)
+        self.total_params = model.total_params()
+        self.embedding = model.embedding_params()
+        self.head = model.vocab * model.hidden
+        self.norm = model.norm_params()
+        self.main = cluster.groups[0].name
+        self.single = len(cluster.groups) == 1
+        # node group -> (group, network, peak FLOP/s in the workload's dtype)
+        self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
+        self.layers: dict[tuple, LayerCost] = {}
+        self.ends: dict[tuple, EndsCost] = {}
+        self.splits: dict[int, tuple] = {}
+
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> LayerCost:
+        key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
+        lc = self.layers.get(key)
+        if lc is None:
+            lc = self.layers[key] = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp,
+                                               par.micro_batch, grp.gpu, self.cluster, grp.intra_node, tp_lay,
+                                               ep_lay, cp_lay)
+        return lc
+
+    def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
+        key = (par.tp, par.cp, par.sp, par.micro_batch, grp.name)
+        ec = self.ends.get(key)
+        if ec is None:
+            ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
+                                            grp.gpu, self.cluster)
+        return ec
+
+    def split(self, pp: int) -> tuple:
+        """The default even split into ``pp`` stages, and its stage shapes: ``(stages, first
+        layers, shape of each stage, shapes)``, a shape being ``(first, last, layers, MoE layers,
+        index of its first stage)``: stages of one shape cost the same."""
+        sp = self.splits.get(pp)
+        if sp is None:
+            stages = default_stages(self.model.layers, pp)
+            ids: list[int] = []
+            shapes: dict[tuple, int] = {}
+            for i, st in enumerate(stages):
+                key = (i == 0, i == pp - 1, st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer))
+                ids.append(shapes.setdefault(key, len(shapes)))
+            first_index = {s: ids.index(s) for s in range(len(shapes))}
+            sp = self.splits[pp] = (stages, [st.first_layer for st in stages], ids,
+                                    [key + (first_index[s],) for key, s in shapes.items()])
+        return sp
+
+
+@lru_cache(maxsize=64)
+def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
+    return _Shared(model, cluster, workload)
+
+
+def _stage_core(sh: _Shared, par: ParallelConfig, order: tuple[str, ...], grp) -> dict:
+    """The attributes of a ``StageModel`` that do not depend on the stage's position."""
+    model, workload = sh.model, sh.workload
+    p = par.pp
+    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    gpn = grp.gpus_per_node
+    gpu = grp.gpu
+    tp_lay = group_layout(degrees, order, "tp", gpn)
+    cp_lay = group_layout(degrees, order, "cp", gpn)
+    dp_lay = group_layout(degrees, order, "dp", gpn)
+    dp_stride = _stride(order, degrees, "dp")
+    ep_lay = layout_for(par.ep, dp_stride, gpn)
+    dense = sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
+    moe = sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else None
+    e_shard = expert_shard(par)
+    t = par.tp
+    routed = sh.routed
+    if par.zero >= 3:
+        biggest = max(dense.params, moe.params if moe else 0.0)
+        buffers = 2 * biggest * sh.w_b if par.dp_shard > 1 else 0.0
+    else:
+        whole = sh.total_params / (par.tp * par.pp) * sh.g_b
+        buffers = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
+    return {
+        "model": model, "cluster": sh.cluster, "workload": workload, "par": par, "grp": grp,
+        "w_b": sh.w_b, "g_b": sh.g_b, "net": sh.groups[grp.name][1], "dp_lay": dp_lay,
+        "ends": sh.ends_of(par, grp), "dense": dense, "moe": moe,
+        "_boundary": (par.micro_batch * workload.seq_len / par.cp * model.hidden * sh.a_bytes
+                      / (par.tp if par.sp else 1)),
+        "shard_lay": layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1),
+        "e_shard": e_shard,
+        "e_lay": layout_for(e_shard, dp_stride * par.ep, gpn),
+        "rep_lay": layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn),
+        "e_rep_lay": layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn),
+        "e_all_lay": layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn),
+        "dense_layer_params": sh.attn_dense / t + sh.norms,
+        "routed": routed,
+        "moe_layer_params": sh.moe_rest / t + sh.router + sh.norms if model.is_moe else 0.0,
+        "routed_per_gpu": routed / (par.ep * t),
+        "buffers": buffers,
+        "selective": par.recompute == "selective",
+        "reserved": gpu.reserved_bytes, "capacity": gpu.memory_bytes, "hbm": gpu.hbm_bandwidth_bytes_per_s,
+        "_k_b": sh.k_b, "_sh": sh,
+    }
+
+
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
     (configuration, node group, position), used by ``estimate`` and by the solver's tables, so
-    the two always agree."""
+    the two always agree. The position-free part (``_stage_core``) is shared by the stages of
+    one configuration in one node group."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
                  order: tuple[str, ...], grp, first: bool, last: bool, crosses: bool):
-        self.model, self.cluster, self.workload, self.par, self.grp = model, cluster, workload, par, grp
+        self.__dict__.update(_stage_core(_shared(model, cluster, workload), par, order, grp))
+        self._place(first, last, crosses)
+
+    @classmethod
+    def placed(cls, core: dict, first: bool, last: bool, crosses: bool) -> "StageModel":
+        sm = cls.__new__(cls)
+        sm.__dict__.update(core)
+        sm._place(first, last, crosses)
+        return sm
+
+    def _place(self, first: bool, last: bool, crosses: bool) -> None:
         self.first, self.last = first, last
-        p = par.pp
-        dt = workload.dtype
-        a_bytes = dtype_bytes(dt)
-        self.w_b, self.g_b, _ = bytes_per_param(dt, workload.optimizer)
-        degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-        gpn = grp.gpus_per_node
-        gpu = grp.gpu
-        self.net = net = _network(cluster, grp.intra_node)
-        tp_lay = group_layout(degrees, order, "tp", gpn)
-        cp_lay = group_layout(degrees, order, "cp", gpn)
-        self.dp_lay = group_layout(degrees, order, "dp", gpn)
-        dp_stride = _stride(order, degrees, "dp")
-        ep_lay = layout_for(par.ep, dp_stride, gpn)
-        self.ends = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, gpu, cluster)
-        args = (workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, gpu, cluster, grp.intra_node, tp_lay,
-                ep_lay, cp_lay)
-        self.dense = layer_cost(model, False, *args)
-        self.moe = layer_cost(model, True, *args) if model.is_moe else None
+        par, sh = self.par, self._sh
+        p, t = par.pp, par.tp
         self.pp_s = 0.0
         if p > 1:
-            boundary = par.micro_batch * workload.seq_len / par.cp * model.hidden * a_bytes / (par.tp if par.sp else 1)
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            self.pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
-        self.shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
-        self.e_shard = expert_shard(par)
-        self.e_lay = layout_for(self.e_shard, dp_stride * par.ep, gpn)
-        self.rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
-        self.e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // self.e_shard),
-                                    dp_stride * par.ep * self.e_shard, gpn)
-        self.e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
-        t = par.tp
-        norms = 2 * model.norm_params()
-        self.dense_layer_params = (model.attention_params() + model.dense_mlp_params()) / t + norms
-        self.routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
-        router = model.hidden * model.num_experts     # replicated on every TP rank
-        self.moe_layer_params = ((model.attention_params() + model.moe_mlp_params() - self.routed - router) / t
-                                 + router + norms if model.is_moe else 0.0)
-        self.routed_per_gpu = self.routed / (par.ep * t)
-        self.ends_params = (model.embedding_params() / t if first else 0.0)
+            self.pp_s = (1 if (first or last) else 2) * self.net.p2p(self._boundary, crosses)
+        self.ends_params = (sh.embedding / t if first else 0.0)
         if last:
-            self.ends_params += (model.norm_params() if model.tied_embeddings and p == 1
-                                 else model.vocab * model.hidden / t + model.norm_params())
-        # communication buffers: ZeRO-3 prefetches two layers of gathered weights; otherwise
-        # DDP-style buckets, at most the size of the whole (TP/PP-sharded) gradient
-        if par.zero >= 3:
-            biggest = max(self.dense.params, self.moe.params if self.moe else 0.0)
-            self.buffers = 2 * biggest * self.w_b if par.dp_shard > 1 else 0.0
-        else:
-            whole = model.total_params() / (par.tp * par.pp) * self.g_b
-            self.buffers = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
-        self.selective = par.recompute == "selective"
-        self.reserved = gpu.reserved_bytes
-        self.capacity = gpu.memory_bytes
-        self.hbm = gpu.hbm_bandwidth_bytes_per_s
+            self.ends_params += (sh.norm if self.model.tied_embeddings and p == 1
+                                 else sh.head / t + sh.norm)
 
     def params(self, n_dense: float, n_moe: float) -> tuple[float, float]:
         return (n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params,
@@ -296,18 +377,19 @@ class StageModel:
                         fsdp = max(0.0, rs - 2 * comp / 3)
                     gather_s = (net.all_gather(dense_params * w_b, self.shard_lay)
                                 + net.all_gather(expert_params * w_b, self.e_lay))
-        shard = par.dp_shard if par.zero >= 1 else 1
-        local = dense_params / shard + expert_params / (self.e_shard if par.zero >= 1 else 1)
+        zero = par.zero
+        shard = par.dp_shard if zero >= 1 else 1
+        local = dense_params / shard + expert_params / (self.e_shard if zero >= 1 else 1)
         opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
-        st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, self.workload.dtype, self.workload.optimizer)
-        st_e = model_state_bytes(expert_params, self.e_shard, par.zero, self.workload.dtype, self.workload.optimizer)
-        return StageCost(
-            comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=self.pp_s, fsdp=fsdp, grad_s=grad_s, gather_s=gather_s,
-            opt=opt, model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored,
-            act_fixed=act_work + (ec.head_act_bytes if self.last else 0.0),
-            embed_act=ec.embed_act_bytes if self.first else 0.0,
-            states=(st_d.weights + st_e.weights, st_d.grads + st_e.grads, st_d.optimizer + st_e.optimizer),
-            buffers=self.buffers)
+        # model states (memory.model_state_bytes, inlined: dense part sharded over dp_shard, experts
+        # over e_shard)
+        d, e, k_b = max(1, par.dp_shard), max(1, self.e_shard), self._k_b
+        states = (dense_params * w_b / (d if zero >= 3 else 1) + expert_params * w_b / (e if zero >= 3 else 1),
+                  dense_params * g_b / (d if zero >= 2 else 1) + expert_params * g_b / (e if zero >= 2 else 1),
+                  dense_params * k_b / (d if zero >= 1 else 1) + expert_params * k_b / (e if zero >= 1 else 1))
+        return StageCost(comp, rec, tp, ep, cp, self.pp_s, fsdp, grad_s, gather_s, opt, model_flops, hw_flops,
+                         act_stored, act_work + (ec.head_act_bytes if self.last else 0.0),
+                         ec.embed_act_bytes if self.first else 0.0, states, self.buffers)
 
     def memory(self, c: StageCost, inflight: float) -> dict[str, float]:
         acts = inflight * (c.act_stored + c.embed_act) + c.act_fixed
@@ -366,57 +448,116 @@ def step_time(m: int, v: int, times: list[float], dp_exposed: float, opt: float)
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None) -> Estimate:
-    """Memory per GPU and time per step of one training configuration (see module docstring)."""
+    """Memory per GPU and time per step of one training configuration (see module docstring).
+
+    Stages with the same node group, position (first, last, middle), neighbour placement and
+    layer counts cost the same: each such kind is costed once, then every stage gets its own
+    in-flight micro-batches, memory and row."""
     validate(model, cluster, workload, par)
     order = tuple(order or DEFAULT_ORDER)
-    if stages is None:
-        stages = default_stages(model.layers, par.pp)
-    if len(stages) != par.pp or sum(s.num_layers for s in stages) != model.layers:
-        raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {par.pp} stages "
-                        f"covering all {model.layers} layers")
-    if any(s.num_layers < 1 for s in stages) or par.vpp > 1 and any(s.num_layers < par.vpp for s in stages):
-        raise SpecError(f"every stage needs at least vpp = {par.vpp} layer(s): {[s.num_layers for s in stages]}")
-    groups = stage_groups(cluster, par, stages)
+    sh = _shared(model, cluster, workload)
     m, p, v = par.grad_accum, par.pp, par.vpp
-    rows = []
-    memo: dict[tuple, tuple] = {}
-    for i, st in enumerate(stages):
-        n_moe = model.moe_layers_in(st.first_layer, st.last_layer)
-        n_full = _recompute_layers(par, st)
-        key = (groups[i], i == 0, i == p - 1, stage_crosses(cluster, par, order, groups, i), st.num_layers,
-               n_moe, n_full)
-        hit = memo.get(key)
-        if hit is None:
-            sm = stage_model(model, cluster, workload, par, order, *key[:4])
-            hit = memo[key] = (sm, sm.cost(st.num_layers - n_moe, n_moe, n_full))
-        rows.append((i, st, hit[0], hit[1], n_full))
-    times = [c.t for _, _, _, c, _ in rows]
-    dp_exposed = max(sm.dp_exposed(c, i) for i, _, sm, c, _ in rows)
-    opt_s = max(c.opt for _, _, _, c, _ in rows)
+    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    pp_stride = _stride(order, degrees, "pp")
+    full, rl = par.recompute == "full", par.recompute_layers
+    # stage kinds: (node group, first, last, neighbour on another node, layers, MoE layers,
+    # layers recomputed fully, index of the kind's first stage); ids: each stage's kind
+    if stages is None and sh.single:
+        # the even split on the one node group: p stages of at least vpp layers each, as
+        # validate() checked pp * vpp <= layers; they fill the group, as it checked the world size
+        stages, firsts, ids, shapes = sh.split(p)
+        g = sh.main
+        gpn = sh.groups[g][0].gpus_per_node
+        crosses = pp_stride >= gpn or pp_stride * p > gpn
+        descs = [(g, f, la, crosses, n, n_moe, (n if rl < 0 else min(rl, n)) if full else 0, i0)
+                 for f, la, n, n_moe, i0 in shapes]
+    else:
+        if stages is None:
+            stages = default_stages(model.layers, p)
+        if len(stages) != p or sum(s.num_layers for s in stages) != model.layers:
+            raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {p} stages "
+                            f"covering all {model.layers} layers")
+        if any(s.num_layers < 1 for s in stages) or v > 1 and any(s.num_layers < v for s in stages):
+            raise SpecError(f"every stage needs at least vpp = {v} layer(s): {[s.num_layers for s in stages]}")
+        groups = stage_groups(cluster, par, stages)
+        firsts, ids, seen, descs = [], [], {}, []
+        for i, st in enumerate(stages):
+            n = st.num_layers
+            key = (groups[i], i == 0, i == p - 1, stage_crosses(cluster, par, order, groups, i), n,
+                   model.moe_layers_in(st.first_layer, st.last_layer), _recompute_layers(par, st))
+            k = seen.get(key)
+            if k is None:
+                k = seen[key] = len(descs)
+                descs.append(key + (i,))
+            ids.append(k)
+            firsts.append(st.first_layer)
+    cores: dict[str, dict] = {}
+    placed: dict[tuple, StageModel] = {}
+    kinds, kind_cost, kind_peak = [], [], []
+    dp_exposed = opt_s = None
+    for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
+        sm = placed.get((g, first, last, crosses))
+        if sm is None:
+            core = cores.get(g)
+            if core is None:
+                core = cores[g] = _stage_core(sh, par, order, sh.groups[g][0])
+            sm = placed[g, first, last, crosses] = StageModel.placed(core, first, last, crosses)
+        c = sm.cost(n - n_moe, n_moe, n_full)
+        # the exposed DP time falls with the stage index: a kind's largest is at its first stage
+        dpe = sm.dp_exposed(c, i0)
+        if dp_exposed is None or dpe > dp_exposed:
+            dp_exposed = dpe
+        if opt_s is None or c.opt > opt_s:
+            opt_s = c.opt
+        w, gr, o = c.states
+        kinds.append((c.act_stored + c.embed_act, c.act_fixed, sm.reserved + c.buffers, w + gr + o, w, gr, o,
+                      sm.capacity, n, n_full, g, c.t))
+        kind_cost.append(c)
+        kind_peak.append(sh.groups[g][2])
+    # micro-batches in flight per stage (inflight_microbatches)
+    if p == 1:
+        inflight = [1.0]
+    elif par.schedule == "gpipe":
+        inflight = [float(m)] * p
+    elif par.schedule == "interleaved":
+        factor = 1 + (p - 1) / (p * v)
+        inflight = [min(float(m), float(min(p - i, m)) * factor) for i in range(p)]
+    else:
+        inflight = [float(min(p - i, m)) for i in range(p)]
+    # each stage's memory (StageModel.memory) and row; the stage nearest its capacity
+    st_list = []
+    ps_mem, ps_cap, ps_ratio = None, 0.0, 0.0
+    for i in range(p):
+        act_per, act_fixed, reserved, states, w, gr, o, cap, n, n_full, g, t = kinds[ids[i]]
+        acts = inflight[i] * act_per + act_fixed
+        other = reserved + FRAGMENTATION * acts
+        peak = states + acts + other
+        mem = {"peak_bytes": peak, "weights_bytes": w, "grads_bytes": gr, "optimizer_bytes": o,
+               "activations_bytes": acts, "other_bytes": other}
+        st_list.append(StageEstimate(i, firsts[i], n, n_full, g, t, mem, cap))
+        if ps_mem is None or peak / cap > ps_ratio:
+            ps_mem, ps_cap, ps_ratio = mem, cap, peak / cap
+    kind_t = [k[-1] for k in kinds]
+    times = [kind_t[k] for k in ids]
     step, bubble = step_time(m, v, times, dp_exposed, opt_s)
     j = times.index(max(times))
-    st_list = []
-    for i, st, sm, c, n_full in rows:
-        mem = sm.memory(c, inflight_microbatches(par, i))
-        st_list.append(StageEstimate(index=i, first_layer=st.first_layer, num_layers=st.num_layers,
-                                     recompute_layers=n_full, group=sm.grp.name, time_per_microbatch_s=c.t,
-                                     memory=mem, capacity_bytes=sm.capacity))
-    b = rows[j][3]
+    b = kind_cost[ids[j]]
     time = {"compute_s": m * b.comp, "recompute_s": m * b.rec, "tp_comm_s": m * b.tp, "cp_comm_s": m * b.cp,
             "ep_comm_s": m * b.ep, "dp_comm_s": m * b.fsdp + dp_exposed, "pp_comm_s": m * b.pp,
             "bubble_s": bubble, "optimizer_s": opt_s}
     gpus = par.world_size
     per_stage = par.tp * par.dp * par.cp
-    dt = workload.dtype
-    model_flops_total = sum(r[3].model_flops for r in rows) * per_stage * m
-    hw_flops_total = sum(r[3].hw_flops for r in rows) * per_stage * m
-    peak_total = sum(r[2].grp.gpu.peak(dt) for r in rows) * per_stage
+    # summed stage by stage, in order, as before stages were grouped into kinds
+    flops = [c.model_flops for c in kind_cost]
+    model_flops_total = sum([flops[k] for k in ids]) * per_stage * m
+    flops = [c.hw_flops for c in kind_cost]
+    hw_flops_total = sum([flops[k] for k in ids]) * per_stage * m
+    peak_total = sum([kind_peak[k] for k in ids]) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    ps = max(st_list, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
     return Estimate(
         step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
         model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
         hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
         mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-        memory=dict(ps.memory), time=time, stages=st_list, gpus=gpus, capacity_bytes=ps.capacity_bytes,
+        memory=dict(ps_mem), time=time, stages=st_list, gpus=gpus, capacity_bytes=ps_cap,
         bottleneck_stage=j)

@@ -632,7 +632,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     groups: dict[tuple, list] = {}
     for k, c in enumerate(cands):
         p_ = c.par
-        groups.setdefault((c.world,) + tuple(getattr(p_, f) for f in _GROUP_FIELDS), []).append((k, c))
+        groups.setdefault((c.world, p_.tp, p_.cp, p_.pp, p_.dp, p_.ep, p_.sp, p_.micro_batch, p_.recompute),
+                          []).append((k, c))             # the world and _GROUP_FIELDS
     heap = []
     hinted = []
     # a hint on the group's own fields matches a whole group or none of it
