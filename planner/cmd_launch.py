@@ -469,8 +469,28 @@ def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
                                        "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
                                        "resumed_from_step", "last_checkpoint_step", "restart_count")}
     out["predicted"] = dict(plan.estimate or {})
+    ran = summary.get("dtype")
+    if out["predicted"] and ran and ran != plan.workload.dtype:
+        again = estimate_as_run(plan, ran)
+        if again is not None:
+            out["predicted"] = again
+            out["predicted_for_dtype"] = ran
     out["metrics_file"] = metrics
     return out
+
+
+def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
+    """The plan's estimate for the precision the runtime actually used (the CPU runtime trains in
+    fp32 whatever the plan says: comparing with a bf16 prediction would charge the precision to
+    the cost model). None when the cluster has no peak for that precision."""
+    from costmodel.specs import SpecError
+    from costmodel.training import estimate
+    try:
+        wl = dataclasses.replace(plan.workload, dtype=dtype)
+        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages,
+                        order=plan.mesh_order).to_dict()
+    except (SpecError, ValueError):
+        return None
 
 
 def _fmt(v, kind: str) -> str:
@@ -503,8 +523,10 @@ def print_table(out: dict[str, Any], plan) -> None:
             c.print("[dim]CPU processes over gloo; predictions are for the plan's GPUs[/dim]")
         return
     pred = predicted_figures(out["predicted"])
+    again = (f"; predicted for {out['predicted_for_dtype']}, the plan says {plan.workload.dtype}"
+             if out.get("predicted_for_dtype") else "")
     t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
-                    f"{out['dtype']})", header_style="bold")
+                    f"{out['dtype']}{again})", header_style="bold")
     for c in ("", "predicted", "measured", "measured / predicted"):
         t.add_column(c, justify="right" if c else "left")
     rows = [("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "n"),
@@ -521,6 +543,10 @@ def print_table(out: dict[str, Any], plan) -> None:
     if out["device"] == "cpu":
         c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
                 "predictions are for the plan's GPUs[/dim]")
+        cores = os.cpu_count() or 1
+        if out["world_size"] > cores:
+            c.print(f"[yellow]{out['world_size']} processes share {cores} CPU cores: measured step times include "
+                    f"about {out['world_size'] / cores:.1f}x of time-sharing the prediction does not have[/yellow]")
     losses = out.get("losses") or []
     if losses:
         c.print(f"loss: step {out['steps'][0]} {losses[0]:.4f} -> step {out['steps'][-1]} {losses[-1]:.4f}"

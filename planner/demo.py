@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -85,7 +86,7 @@ def main() -> int:
         c.print("[yellow]profiling failed; using the catalog's cpu cluster[/yellow]")
         cluster = "cpu"
     tiny = OUT / "tiny-llama.yaml"
-    gpus = _local_devices()
+    gpus = _local_devices(cluster)
     args = ["plan", "--model", "tiny-llama", "--cluster", cluster, "--gpus", str(gpus), "--global-batch", "8",
             "--seq-len", "128", "--out", str(tiny)]
     if gpus > 1:
@@ -96,14 +97,22 @@ def main() -> int:
     return 0
 
 
-def _local_devices() -> int:
+def _local_devices(cluster: str) -> int:
+    """GPUs here, or on CPU as many processes as the profile ran (one per core, at most 4):
+    more processes than cores would time-share them, which no prediction accounts for."""
     try:
         import torch
         if torch.cuda.is_available():
             return max(1, torch.cuda.device_count())
     except Exception:
         pass
-    return 4
+    if cluster != "cpu":
+        import yaml
+        with open(cluster) as f:
+            per_node = int((yaml.safe_load(f) or {}).get("gpus_per_node") or 0)
+        if per_node >= 2:
+            return min(4, per_node)
+    return min(4, max(2, os.cpu_count() or 2))
 
 
 if __name__ == "__main__":
