@@ -168,7 +168,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
     ew_s = memory_time_s(gpu, ew_bytes)
-    fwd_s = gemm_s + attn_s + ew_s
+    # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
+    # backward counted as twice the forward like the compute)
+    fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
 
     # selective recompute: the attention core (and its memory traffic) again in backward
     if flash:

@@ -311,6 +311,11 @@ class GpuSpec:
     matmul_half_size: float = 160.0
     reserved_bytes: float = 1.0 * GIB       # CUDA context, cuBLAS/NCCL workspaces
     price_per_hour: float = 0.0             # USD per GPU-hour, for --objective cost
+    # Fixed host time per transformer layer per micro-batch, forward + backward, added to the
+    # layer's compute: an eager framework on a CPU device runs its dozens of operators
+    # synchronously (measured by `planner profile` on CPUs: profiles/bench_layer.py). 0 for GPUs,
+    # whose kernel launches are asynchronous and hide behind the kernels of real layers.
+    layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive(f"gpu {self.name!r}", memory_bytes=self.memory_bytes,
@@ -319,6 +324,8 @@ class GpuSpec:
             raise SpecError(f"gpu {self.name!r}: peak_flops_per_s needs at least one dtype")
         if not 0 < self.matmul_efficiency <= 1:
             raise SpecError(f"gpu {self.name!r}: matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}")
+        if self.layer_overhead_s < 0:
+            raise SpecError(f"gpu {self.name!r}: layer overhead must be >= 0, got {self.layer_overhead_s * 1e6:g} us")
 
     def peak(self, dtype: str) -> float:
         key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)

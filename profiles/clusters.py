@@ -34,7 +34,7 @@ from costmodel.units import GB, GIB, TERA, US
 CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
-             "reserved_gib", "price_per_hour"}
+             "reserved_gib", "price_per_hour", "layer_overhead_us"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -128,6 +128,7 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         matmul_half_size=_num(d, "matmul_half_size", where, 160.0),
         reserved_bytes=_num(d, "reserved_gib", where, 1.0) * GIB,
         price_per_hour=_num(d, "price_per_hour", where, 0.0),
+        layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0) * US,
     )
 
 
@@ -225,7 +226,8 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             "tflops": {k: _r(v / TERA) for k, v in g.peak_flops_per_s.items()},
             "hbm_gb_per_s": _r(g.hbm_bandwidth_bytes_per_s / GB), "matmul_efficiency": g.matmul_efficiency,
             "matmul_half_size": g.matmul_half_size, "reserved_gib": _r(g.reserved_bytes / GIB),
-            "price_per_hour": g.price_per_hour}
+            "price_per_hour": g.price_per_hour,
+            **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {})}
 
 
 def link_to_dict(link: LinkSpec) -> dict:

@@ -312,6 +312,14 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
 
     bench_copy(device, copy_sizes(device.type, quick), target_s=cfg["target_s"], on_row=mem_row)
 
+    if device.type == "cpu":
+        # eager CPU operators run synchronously: a fixed cost per layer adds to its FLOPs
+        from .bench_layer import bench_layer_overhead
+        fp32 = max([r["flops_per_s"] for r in result["matmul"] if r["dtype"] == "fp32"] or [0.0])
+        note(0, None, "layer overhead")
+        result["layer"] = bench_layer_overhead(device, fp32, target_s=max(0.1, 4 * cfg["target_s"]))
+        _append_jsonl(raw / "layer.jsonl", result["layer"])
+
 
 def worker_entry(argv: list[str]) -> int:
     """``python -m profiles.profile --rank-worker CONFIG``: one spawned rank."""
@@ -579,6 +587,9 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     for k in ("reserved_gib", "price_per_hour"):
         if k in sheet_gpu:
             gpu[k] = sheet_gpu[k]
+    layer = result.get("layer")
+    if layer and device_type == "cpu":
+        gpu["layer_overhead_us"] = _r(layer["overhead_s"] / US)
     measured: dict[str, Any] = {}
     if table:
         measured["matmul"] = [[s, _r(e)] for s, e in table]
@@ -625,6 +636,7 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
                    "best_tflops_by_dtype": {k: _r(v / TERA) for k, v in best.items()}},
         "memory": {"copy_gb_per_s": _r(copy_bw / GB) if copy_bw else None,
                    "datasheet_gb_per_s": sheet_gpu.get("hbm_gb_per_s")},
+        "layer_overhead_us": gpu.get("layer_overhead_us"),
         "tiers": {},
         "compute_comm_slowdown": measured.get("compute_comm_slowdown"),
         "measurements": {"matmul": len(mm), "memory": len(result["memory"]), "collectives": len(rows)},

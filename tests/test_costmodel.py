@@ -236,3 +236,23 @@ def test_validation_markdown_is_current():
     doc = Path(__file__).resolve().parents[1] / "costmodel" / "VALIDATION.md"
     assert doc.exists(), "run `make validation`"
     assert doc.read_text() == markdown(ROWS), "costmodel/VALIDATION.md is stale: run `make validation`"
+
+
+@pytest.mark.parametrize("recompute, passes", [("none", 3), ("full", 4)])
+def test_layer_overhead_adds_per_layer_per_micro_batch(recompute, passes):
+    """A host-bound device's fixed cost per layer (``GpuSpec.layer_overhead_s``, forward +
+    backward) adds exactly layers x micro-batches of it to a one-stage step, a third more per
+    layer recomputed; memory does not change."""
+    model = get_model("tiny-llama")
+    base = load_cluster("cpu").with_gpus(1)
+    ovh = 1.5e-3
+    slow = dataclasses.replace(base, groups=tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu,
+                               layer_overhead_s=ovh)) for g in base.groups))
+    wl = Workload(global_batch=8, seq_len=128, dtype="fp32")
+    par = ParallelConfig(micro_batch=2, grad_accum=4, recompute=recompute)
+    a, b = estimate(model, base, wl, par), estimate(model, slow, wl, par)
+    added = b.step_time_s - a.step_time_s
+    assert added == pytest.approx(par.grad_accum * model.layers * ovh * passes / 3, rel=1e-9)
+    assert a.peak_bytes == b.peak_bytes
+    with pytest.raises(SpecError, match="layer overhead"):
+        dataclasses.replace(base.gpu, layer_overhead_s=-1e-6)

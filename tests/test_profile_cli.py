@@ -47,6 +47,9 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
     assert (abs(ar["busbw_bytes_per_s"] - ar["algbw_bytes_per_s"]) < 1e-6 * ar["algbw_bytes_per_s"]).all()
     spec = load_cluster(str(out / "cluster.yaml"))
     assert spec.source == "measured" and spec.gpu.name == "cpu-process"
+    # the CPU's fixed cost per layer (eager operators, forward + backward): a tiny layer costs
+    # more than its FLOPs at the fp32 rate; tens of microseconds at least, well under a second
+    assert 10e-6 < spec.gpu.layer_overhead_s < 1.0 and s["layer_overhead_us"] == spec.gpu.layer_overhead_s * 1e6
     assert spec.matmul_table and spec.collective_table
     assert cluster_from_dict(cluster_to_dict(spec)) == spec
     assert spec.with_gpus(2).total_gpus == 2
