@@ -309,21 +309,32 @@ class Problem:
         return max(finite) if finite else math.inf
 
     def _memory_bound(self, cand: Candidate, moe_frac: float) -> float:
-        """Peak memory is at least the model states of an average stage's layers (without the
-        embedding and head, which only add) plus what every stage holds regardless: the CUDA
-        context and the communication buffers."""
+        """A lower bound on the peak memory of any split, as the memory objective's tables count
+        it (every layer recomputed: the least activation memory). A stage's peak grows with its
+        layers, so the peak is at least (a) the fullest stage's, which holds ``ceil(L/p)`` layers
+        at some position: the least over positions; (b) the first and the last stage's with the
+        fewest layers a stage may hold (the embedding, the head and their in-flight
+        activations)."""
         par = cand.par
-        n = self.model.layers / par.pp
+        p, L = par.pp, self.model.layers
+        frag = 1 + FRAGMENTATION
+        big, lo = -(-L // p), max(1, par.vpp)
         best = math.inf
-        from costmodel.memory import model_state_bytes
-        wl = self.workload
         for g in self._groups(cand):
-            sm = self.stage_model_for(cand, g, min(1, par.pp - 1))
-            dense, expert = sm.params(n * (1 - moe_frac), n * moe_frac)
-            dense -= sm.ends_params
-            states = (model_state_bytes(dense, par.dp_shard, par.zero, wl.dtype, wl.optimizer).total
-                      + model_state_bytes(expert, sm.e_shard, par.zero, wl.dtype, wl.optimizer).total)
-            best = min(best, states + sm.reserved + sm.buffers)
+            models: dict[int, Any] = {}
+
+            def peak(i: int, n: int) -> float:
+                sm = models.get(i) or models.setdefault(i, self.stage_model_for(cand, g, i))
+                c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
+                w, gr, op = c.states
+                acts = inflight_microbatches(par, i) * (c.act_stored + c.embed_act) + c.act_fixed
+                return w + gr + op + sm.reserved + c.buffers + frag * acts
+
+            if p == 1:
+                b = peak(0, L)
+            else:
+                b = max(min(peak(i, big) for i in range(p)), peak(0, lo), peak(p - 1, lo))
+            best = min(best, b)
         return best
 
     def _may_fit(self, cand: Candidate, moe_frac: float) -> bool:

@@ -67,6 +67,33 @@ def test_cpsat_equals_exhaustive(seed, moe, mixed):
         assert plan.estimate["step_time_s"] == pytest.approx(fast.solutions[0].table_objective, rel=1e-3)
 
 
+MEMORY_INSTANCES = [(seed, seed % 2 == 1, seed % 3 == 0) for seed in range(100, 112)]
+
+
+@pytest.mark.parametrize("seed,moe,mixed", MEMORY_INSTANCES,
+                         ids=[f"seed{s}-{'moe' if m else 'dense'}-{'mixed' if x else 'homo'}"
+                              for s, m, x in MEMORY_INSTANCES])
+def test_memory_objective_equals_exhaustive(seed, moe, mixed):
+    """The memory objective's bound (fullest stage at its best position, first and last stages
+    at their fewest layers) prunes, and must never prune the optimum: branch and bound equals
+    solving every candidate."""
+    rng = random.Random(seed)
+    model = small_model(rng, moe)
+    cluster = small_cluster(rng, mixed)
+    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
+    fixed = {} if cluster.total_gpus <= 8 else {"micro_batch": 1}
+    try:
+        fast = solve(model, cluster, wl, fixed, objective="memory", max_time_s=60)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve(model, cluster, wl, fixed, objective="memory", exhaustive=True, max_time_s=120)
+        return
+    ref = solve(model, cluster, wl, fixed, objective="memory", exhaustive=True, max_time_s=120)
+    assert fast.status == "OPTIMAL" and ref.status == "OPTIMAL"
+    assert fast.solutions[0].table_objective == pytest.approx(ref.solutions[0].table_objective, rel=1e-9)
+    assert fast.solved <= ref.solved
+
+
 def test_fixed_dimensions_are_respected_and_match_estimate():
     from costmodel.training import estimate
     m, c = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
