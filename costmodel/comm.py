@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from .specs import ClusterSpec, LinkSpec
 
@@ -109,6 +109,10 @@ class Network:
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
+        self._ar: dict[GroupLayout, tuple] = {}     # layout -> _coefficients, per collective
+        self._ag: dict[GroupLayout, tuple] = {}
+        self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
+        self._ag_fns: dict[GroupLayout, Callable[[float], float]] = {}
 
     def _bw(self, tier: str, op: str, n: int, size: float) -> float:
         if self._measured:
@@ -117,31 +121,93 @@ class Network:
                 return bw
         return self._intra_bw if tier == "intra" else self._inter_bw
 
-    def all_reduce(self, size: float, lay: GroupLayout) -> float:
-        if lay.n <= 1 or size <= 0:
-            return 0.0
+    def _coefficients(self, lay: GroupLayout, factor: int) -> tuple:
+        """The constants of a two-tier collective on ``lay`` (``factor`` 2 for all-reduce, 1 for
+        all-gather): whether each tier is used, its ``factor * (k-1)/k`` and latency term."""
         n, k = lay
         m = max(1, n // k)
+        return (k > 1, factor * (k - 1) / k, factor * (k - 1) * self._intra_lat, k,
+                m > 1, factor * (m - 1) / m, factor * (m - 1) * self._inter_lat)
+
+    def all_reduce(self, size: float, lay: GroupLayout) -> float:
+        if lay[0] <= 1 or size <= 0:
+            return 0.0
+        if self._measured:
+            return self._two_tier_measured("all_reduce", 2, size, lay)
+        c = self._ar.get(lay)
+        if c is None:
+            c = self._ar[lay] = self._coefficients(lay, 2)
+        intra, a, lat_a, k, inter, b, lat_b = c
         t = 0.0
-        if k > 1:
-            t += 2 * (k - 1) / k * size / self._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * self._intra_lat
-        if m > 1:
-            shard = size / k
-            t += 2 * (m - 1) / m * shard / self._bw("inter", "all_reduce", m, shard) + 2 * (m - 1) * self._inter_lat
+        if intra:
+            t += a * size / self._intra_bw + lat_a
+        if inter:
+            t += b * (size / k) / self._inter_bw + lat_b
         return t
 
     def all_gather(self, size: float, lay: GroupLayout) -> float:
         """``size`` = bytes of the gathered (full) tensor; reduce-scatter costs the same."""
-        if lay.n <= 1 or size <= 0:
+        if lay[0] <= 1 or size <= 0:
             return 0.0
+        if self._measured:
+            return self._two_tier_measured("all_gather", 1, size, lay)
+        c = self._ag.get(lay)
+        if c is None:
+            c = self._ag[lay] = self._coefficients(lay, 1)
+        intra, a, lat_a, k, inter, b, lat_b = c
+        t = 0.0
+        if intra:
+            t += a * size / self._intra_bw + lat_a
+        if inter:
+            t += b * (size / k) / self._inter_bw + lat_b
+        return t
+
+    def all_reduce_fn(self, lay: GroupLayout) -> Callable[[float], float]:
+        """``all_reduce(size, lay)`` as a function of ``size`` alone (for a stage model's fixed groups)."""
+        return self._time_fn(lay, 2, self._ar_fns, self.all_reduce)
+
+    def all_gather_fn(self, lay: GroupLayout) -> Callable[[float], float]:
+        """``all_gather(size, lay)`` (and so ``reduce_scatter``) as a function of ``size`` alone."""
+        return self._time_fn(lay, 1, self._ag_fns, self.all_gather)
+
+    def _time_fn(self, lay: GroupLayout, factor: int, fns: dict, method) -> Callable[[float], float]:
+        fn = fns.get(lay)
+        if fn is not None:
+            return fn
+        if lay[0] <= 1:
+            def fn(size: float) -> float:
+                return 0.0
+        elif self._measured:
+            def fn(size: float) -> float:
+                return method(size, lay)
+        else:
+            # the terms of all_reduce / all_gather with the layout's constants bound; one tier's
+            # time is t = 0.0 + term there, which is exactly the term
+            intra, a, lat_a, k, inter, b, lat_b = self._coefficients(lay, factor)
+            bw_a, bw_b = self._intra_bw, self._inter_bw
+            if intra and inter:
+                def fn(size: float) -> float:
+                    return a * size / bw_a + lat_a + (b * (size / k) / bw_b + lat_b) if size > 0 else 0.0
+            elif intra:
+                def fn(size: float) -> float:
+                    return a * size / bw_a + lat_a if size > 0 else 0.0
+            else:
+                def fn(size: float) -> float:
+                    return b * (size / k) / bw_b + lat_b if size > 0 else 0.0
+        fns[lay] = fn
+        return fn
+
+    def _two_tier_measured(self, op: str, factor: int, size: float, lay: GroupLayout) -> float:
+        """All-reduce (``factor`` 2) or all-gather (1) with the bus bandwidth measured at each
+        tier's message size: inside the node on ``size``, across nodes on the ``1/k`` shard."""
         n, k = lay
         m = max(1, n // k)
         t = 0.0
         if k > 1:
-            t += (k - 1) / k * size / self._bw("intra", "all_gather", k, size) + (k - 1) * self._intra_lat
+            t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + factor * (k - 1) * self._intra_lat
         if m > 1:
             shard = size / k
-            t += (m - 1) / m * shard / self._bw("inter", "all_gather", m, shard) + (m - 1) * self._inter_lat
+            t += factor * (m - 1) / m * shard / self._bw("inter", op, m, shard) + factor * (m - 1) * self._inter_lat
         return t
 
     reduce_scatter = all_gather

@@ -426,6 +426,7 @@ class ClusterSpec:
         return self.groups[0].intra_node
 
     @property
+    @_memo
     def total_gpus(self) -> int:
         return sum(g.gpus for g in self.groups)
 
@@ -617,15 +618,24 @@ def ep_problems(model: ModelSpec, ep: int) -> list[str]:
     return []
 
 
+def _shape_problems(model: ModelSpec, tp: int, ep: int) -> tuple[str, ...]:
+    """``tp_problems + ep_problems``, kept on the model (validate runs for every estimate)."""
+    memo = model.__dict__.setdefault("_memo_shape_problems", {})
+    got = memo.get((tp, ep))
+    if got is None:
+        got = memo[tp, ep] = tuple(tp_problems(model, tp) + ep_problems(model, ep))
+    return got
+
+
 def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              gpus: int | None = None) -> None:
     """Cross-checks that need more than one spec; every message has the numbers."""
     n = cluster.total_gpus if gpus is None else gpus
     problems = []
-    if par.world_size != n:
+    if par.tp * par.pp * par.dp * par.cp != n:
         problems.append(f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.world_size}, "
                         f"but there are {n} GPUs")
-    problems += tp_problems(model, par.tp) + ep_problems(model, par.ep)
+    problems += _shape_problems(model, par.tp, par.ep)
     if par.pp * par.vpp > model.layers:
         problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}")
     if par.ep > 1:

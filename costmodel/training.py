@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import itemgetter
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
-from .layers import ends_cost, layer_cost
-from .memory import bytes_per_param, expert_shard, model_state_bytes
+from .layers import EndsCost, LayerCost, ends_cost, layer_cost
+from .memory import bytes_per_param, expert_shard
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     validate)
 from .units import dtype_bytes
@@ -170,9 +171,11 @@ class StageCost:
 
 
 class _Shared:
-    """What every configuration on one (model, cluster, workload) shares: bytes per value, the
-    model's parameter counts, each node group's network and GPU constants, and the layer and
-    ends costs already looked up (plain-tuple keys: cheaper than hashing the specs again)."""
+    """What the configurations on one (model, cluster, workload) share: bytes per value, the
+    model's parameter counts, each node group's network and GPU constants; and, as they come up,
+    the sub-terms many configurations have in common -- layer and ends costs, a mesh's groups,
+    the stage kinds of an even split, micro-batches in flight -- under plain-tuple keys (cheaper
+    than hashing the specs again)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         self.model, self.cluster, self.workload = model, cluster, workload
@@ -193,18 +196,87 @@ class _Shared:
         self.single = len(cluster.groups) == 1
         # node group -> (group, network, peak FLOP/s in the workload's dtype)
         self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
-        self.layers: dict[tuple, LayerCost] = {}
+        # the StageModel attributes fixed by the node group
+        self.group_core = {g.name: {
+            "model": model, "cluster": cluster, "workload": workload, "grp": g, "w_b": self.w_b, "g_b": self.g_b,
+            "_k_b": self.k_b, "net": self.groups[g.name][1], "routed": self.routed,
+            "reserved": g.gpu.reserved_bytes, "capacity": g.gpu.memory_bytes, "hbm": g.gpu.hbm_bandwidth_bytes_per_s,
+            "_sh": self} for g in cluster.groups}
+        # sub-terms, each keyed on what it depends on (never on a whole configuration)
+        self.layers: dict[tuple, tuple[LayerCost, tuple]] = {}
         self.ends: dict[tuple, EndsCost] = {}
-        self.splits: dict[int, tuple] = {}
+        self.splits: dict[tuple, tuple] = {}
+        self.meshes: dict[tuple, dict] = {}
+        self.flights: dict[tuple, list[float]] = {}
 
-    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> LayerCost:
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, tuple]:
+        """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
         key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
-        lc = self.layers.get(key)
-        if lc is None:
-            lc = self.layers[key] = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp,
-                                               par.micro_batch, grp.gpu, self.cluster, grp.intra_node, tp_lay,
-                                               ep_lay, cp_lay)
-        return lc
+        hit = self.layers.get(key)
+        if hit is None:
+            lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
+                            grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay)
+            cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+            terms = (3 * lc.fwd_s, 2 * lc.tp_fwd_s, 2 * lc.ep_fwd_s,
+                     3 * cp_exposed_fwd,      # backward moves K, V and their gradients: twice forward
+                     lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd,   # one recomputed forward
+                     3 * lc.model_flops_fwd, 3 * lc.hw_flops_fwd, lc.hw_flops_fwd,
+                     lc.selective_extra_s, lc.selective_extra_flops,
+                     lc.act_selective_bytes, lc.act_bytes, lc.act_input_bytes)
+            hit = self.layers[key] = (lc, terms)
+        return hit
+
+    def inflight(self, par: ParallelConfig) -> list[float]:
+        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
+        key = (par.pp, par.grad_accum, par.vpp, par.schedule)
+        fl = self.flights.get(key)
+        if fl is None:
+            fl = self.flights[key] = [inflight_microbatches(par, i) for i in range(par.pp)]
+        return fl
+
+    def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> dict:
+        """The ``StageModel`` attributes fixed by the node group, the mesh and the micro-batch
+        (not by ZeRO, recompute or the schedule): where the dp, ZeRO-shard and replica groups sit,
+        by the mesh order, with the collective-time functions ``StageModel.cost`` reduces
+        gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
+        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.dp_shard, par.sp, par.micro_batch, grp.name)
+        mesh = self.meshes.get(key)
+        if mesh is None:
+            model, t = self.model, par.tp
+            gpn = grp.gpus_per_node
+            net = self.groups[grp.name][1]
+            degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+            dp_stride = _stride(order, degrees, "dp")
+            tp_lay = group_layout(degrees, order, "tp", gpn)
+            cp_lay = group_layout(degrees, order, "cp", gpn)
+            dp_lay = group_layout(degrees, order, "dp", gpn)
+            ep_lay = layout_for(par.ep, dp_stride, gpn)
+            e_shard = expert_shard(par)
+            shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+            e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
+            rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
+            e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
+            e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+            dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
+            moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
+            ends = self.ends_of(par, grp)
+            mesh = self.meshes[key] = {
+                **self.group_core[grp.name],       # the node group's constants
+                "dp_lay": dp_lay, "shard_lay": shard_lay, "e_shard": e_shard, "e_lay": e_lay, "rep_lay": rep_lay,
+                "e_rep_lay": e_rep_lay, "e_all_lay": e_all_lay,
+                "_ag_shard": net.all_gather_fn(shard_lay), "_ag_e": net.all_gather_fn(e_lay),
+                "_ar_dp": net.all_reduce_fn(dp_lay), "_ar_e_all": net.all_reduce_fn(e_all_lay),
+                "_ar_rep": net.all_reduce_fn(rep_lay), "_ar_e_rep": net.all_reduce_fn(e_rep_lay),
+                "dense": dense, "_dense_terms": dense_terms, "moe": moe, "_moe_terms": moe_terms, "ends": ends,
+                "_head3": (3 * ends.head_fwd_s, 3 * ends.head_model_flops_fwd),
+                # activations crossing a stage boundary, per micro-batch
+                "_boundary": (par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
+                              / (t if par.sp else 1)),
+                "dense_layer_params": self.attn_dense / t + self.norms,
+                "moe_layer_params": self.moe_rest / t + self.router + self.norms if model.is_moe else 0.0,
+                "routed_per_gpu": self.routed / (par.ep * t),
+                "_placements": {}}     # StageModel._placement, by (first, last, crosses)
+        return mesh
 
     def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
         key = (par.tp, par.cp, par.sp, par.micro_batch, grp.name)
@@ -214,179 +286,203 @@ class _Shared:
                                             grp.gpu, self.cluster)
         return ec
 
-    def split(self, pp: int) -> tuple:
-        """The default even split into ``pp`` stages, and its stage shapes: ``(stages, first
-        layers, shape of each stage, shapes)``, a shape being ``(first, last, layers, MoE layers,
-        index of its first stage)``: stages of one shape cost the same."""
-        sp = self.splits.get(pp)
+    def split(self, par: ParallelConfig, order: tuple[str, ...], full: bool, rl: int) -> tuple:
+        """The default even split into ``par.pp`` stages on the one node group, and its stage kinds:
+        ``(stages, first layers, kind of each stage, _per_stage of those, kinds)``, a kind being
+        ``(group, first, last, neighbour on another node, layers, MoE layers, layers recomputed
+        fully, index of its first stage)``: stages of one kind cost the same. ``full`` and ``rl``:
+        full recompute and of how many layers per stage (-1: all)."""
+        pp = par.pp
+        key = (pp, order, par.dp, par.cp, par.tp, full, rl)
+        sp = self.splits.get(key)
         if sp is None:
             stages = default_stages(self.model.layers, pp)
             ids: list[int] = []
             shapes: dict[tuple, int] = {}
             for i, st in enumerate(stages):
-                key = (i == 0, i == pp - 1, st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer))
-                ids.append(shapes.setdefault(key, len(shapes)))
-            first_index = {s: ids.index(s) for s in range(len(shapes))}
-            sp = self.splits[pp] = (stages, [st.first_layer for st in stages], ids,
-                                    [key + (first_index[s],) for key, s in shapes.items()])
+                shape = (i == 0, i == pp - 1, st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer))
+                ids.append(shapes.setdefault(shape, len(shapes)))
+            g = self.main
+            gpn = self.groups[g][0].gpus_per_node
+            pp_stride = _stride(order, {"pp": pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}, "pp")
+            crosses = pp_stride >= gpn or pp_stride * pp > gpn          # stage_crosses, one group
+            descs = [(g, first, last, crosses, n, n_moe, (n if rl < 0 else min(rl, n)) if full else 0, ids.index(s))
+                     for (first, last, n, n_moe), s in shapes.items()]
+            sp = self.splits[key] = (stages, [st.first_layer for st in stages], ids, _per_stage(ids), descs)
         return sp
 
 
 @lru_cache(maxsize=64)
-def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
+def _shared_equal(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
     return _Shared(model, cluster, workload)
 
 
+_SHARED_BY_ID: dict[tuple[int, int, int], _Shared] = {}
+
+
+def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
+    """The ``_Shared`` of these specs: looked up by identity first (hashing three specs costs more
+    than the rest of a small estimate), then by equality. An identity hit is taken only when the
+    entry's specs are these very objects, so a reused id never finds another's entry."""
+    key = (id(model), id(cluster), id(workload))
+    sh = _SHARED_BY_ID.get(key)
+    if sh is None or sh.model is not model or sh.cluster is not cluster or sh.workload is not workload:
+        sh = _shared_equal(model, cluster, workload)
+        if len(_SHARED_BY_ID) >= 64:
+            del _SHARED_BY_ID[next(iter(_SHARED_BY_ID))]
+        _SHARED_BY_ID[key] = sh
+    return sh
+
+
 def _stage_core(sh: _Shared, par: ParallelConfig, order: tuple[str, ...], grp) -> dict:
-    """The attributes of a ``StageModel`` that do not depend on the stage's position."""
-    model, workload = sh.model, sh.workload
-    p = par.pp
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    gpn = grp.gpus_per_node
-    gpu = grp.gpu
-    tp_lay = group_layout(degrees, order, "tp", gpn)
-    cp_lay = group_layout(degrees, order, "cp", gpn)
-    dp_lay = group_layout(degrees, order, "dp", gpn)
-    dp_stride = _stride(order, degrees, "dp")
-    ep_lay = layout_for(par.ep, dp_stride, gpn)
-    dense = sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
-    moe = sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else None
-    e_shard = expert_shard(par)
-    t = par.tp
-    routed = sh.routed
-    if par.zero >= 3:
-        biggest = max(dense.params, moe.params if moe else 0.0)
+    """The attributes of a ``StageModel`` that do not depend on the stage's position: the mesh's
+    (``_Shared.mesh``) and those of ZeRO and recompute."""
+    core = sh.mesh(par, order, grp).copy()
+    z = par.zero
+    if z >= 3:
+        moe = core["moe"]
+        biggest = max(core["dense"].params, moe.params if moe else 0.0)
         buffers = 2 * biggest * sh.w_b if par.dp_shard > 1 else 0.0
     else:
         whole = sh.total_params / (par.tp * par.pp) * sh.g_b
         buffers = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
-    return {
-        "model": model, "cluster": sh.cluster, "workload": workload, "par": par, "grp": grp,
-        "w_b": sh.w_b, "g_b": sh.g_b, "net": sh.groups[grp.name][1], "dp_lay": dp_lay,
-        "ends": sh.ends_of(par, grp), "dense": dense, "moe": moe,
-        "_boundary": (par.micro_batch * workload.seq_len / par.cp * model.hidden * sh.a_bytes
-                      / (par.tp if par.sp else 1)),
-        "shard_lay": layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1),
-        "e_shard": e_shard,
-        "e_lay": layout_for(e_shard, dp_stride * par.ep, gpn),
-        "rep_lay": layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn),
-        "e_rep_lay": layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn),
-        "e_all_lay": layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn),
-        "dense_layer_params": sh.attn_dense / t + sh.norms,
-        "routed": routed,
-        "moe_layer_params": sh.moe_rest / t + sh.router + sh.norms if model.is_moe else 0.0,
-        "routed_per_gpu": routed / (par.ep * t),
-        "buffers": buffers,
-        "selective": par.recompute == "selective",
-        "reserved": gpu.reserved_bytes, "capacity": gpu.memory_bytes, "hbm": gpu.hbm_bandwidth_bytes_per_s,
-        "_k_b": sh.k_b, "_sh": sh,
-    }
+    e_shard = core["e_shard"]
+    d, e = max(1, par.dp_shard), max(1, e_shard)
+    core["par"] = par
+    core["buffers"] = buffers
+    core["selective"] = par.recompute == "selective"
+    # ZeRO: the stage, its shard groups, and what divides the weights, gradients and optimizer
+    # states of the dense and the expert parameters (model_state_bytes' divisors)
+    core["_zero"] = (z, par.dp_shard, e_shard, d if z >= 3 else 1, e if z >= 3 else 1, d if z >= 2 else 1,
+                     e if z >= 2 else 1, d if z >= 1 else 1, e if z >= 1 else 1)
+    return core
 
 
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
-    (configuration, node group, position), used by ``estimate`` and by the solver's tables, so
-    the two always agree. The position-free part (``_stage_core``) is shared by the stages of
-    one configuration in one node group."""
+    (configuration, node group, position) for the solver's tables; ``estimate`` builds one per
+    node group and ``place``s it at each kind of stage in turn; both call ``cost``, so the two
+    always agree. The position-free part comes from ``_stage_core``."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
                  order: tuple[str, ...], grp, first: bool, last: bool, crosses: bool):
-        self.__dict__.update(_stage_core(_shared(model, cluster, workload), par, order, grp))
-        self._place(first, last, crosses)
+        self.__dict__ = _stage_core(_shared(model, cluster, workload), par, order, grp)
+        self.place(first, last, crosses)
 
     @classmethod
-    def placed(cls, core: dict, first: bool, last: bool, crosses: bool) -> "StageModel":
+    def unplaced(cls, core: dict) -> "StageModel":
+        """A stage model on ``core`` (owned from now on) for ``place`` to move between positions."""
         sm = cls.__new__(cls)
-        sm.__dict__.update(core)
-        sm._place(first, last, crosses)
+        sm.__dict__ = core
         return sm
 
-    def _place(self, first: bool, last: bool, crosses: bool) -> None:
+    def place(self, first: bool, last: bool, crosses: bool) -> None:
+        """Put the stage first and/or last in the pipeline, its neighbour on another node or not."""
         self.first, self.last = first, last
+        self.pp_s, self.ends_params = self._placements.get((first, last, crosses)) or self._placement(
+            first, last, crosses)
+
+    def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
+        """(pipeline send/receive time per micro-batch, embedding and head parameters), kept per
+        mesh (``_Shared.mesh``)."""
         par, sh = self.par, self._sh
         p, t = par.pp, par.tp
-        self.pp_s = 0.0
+        pp_s = 0.0
         if p > 1:
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            self.pp_s = (1 if (first or last) else 2) * self.net.p2p(self._boundary, crosses)
-        self.ends_params = (sh.embedding / t if first else 0.0)
+            pp_s = (1 if (first or last) else 2) * self.net.p2p(self._boundary, crosses)
+        ends_params = (sh.embedding / t if first else 0.0)
         if last:
-            self.ends_params += (sh.norm if self.model.tied_embeddings and p == 1
-                                 else sh.head / t + sh.norm)
+            ends_params += (sh.norm if self.model.tied_embeddings and p == 1 else sh.head / t + sh.norm)
+        pl = self._placements[first, last, crosses] = (pp_s, ends_params)
+        return pl
 
     def params(self, n_dense: float, n_moe: float) -> tuple[float, float]:
         return (n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params,
                 n_moe * self.routed_per_gpu)
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
-        par, net = self.par, self.net
+        par = self.par
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
         comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
-        for lc, k, kr in ((self.dense, n_dense, r - r_moe), (self.moe, n_moe, r_moe)):
+        selective = self.selective
+        # per-layer terms of each kind (_Shared.layer): forward x3 (forward + backward), TP and
+        # EP collectives x2, exposed CP ring x3, one recomputed forward, FLOPs, activations
+        for terms, k, kr in ((self._dense_terms, n_dense, r - r_moe), (self._moe_terms, n_moe, r_moe)):
             if not k:
                 continue
-            comp += 3 * lc.fwd_s * k
-            tp += 2 * lc.tp_fwd_s * k
-            ep += 2 * lc.ep_fwd_s * k
-            cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
-            cp += 3 * cp_exposed_fwd * k      # backward moves K, V and their gradients: twice forward
-            rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd)
-            model_flops += 3 * lc.model_flops_fwd * k
-            hw_flops += 3 * lc.hw_flops_fwd * k + kr * lc.hw_flops_fwd
-            if self.selective:
-                rec += (k - kr) * lc.selective_extra_s
-                hw_flops += (k - kr) * lc.selective_extra_flops
-                act_stored += (k - kr) * lc.act_selective_bytes
+            fwd3, tp2, ep2, cp3, fwd1, mf3, hw3, hw1, sel_s, sel_flops, act_sel, act, act_in = terms
+            comp += fwd3 * k
+            tp += tp2 * k
+            ep += ep2 * k
+            cp += cp3 * k
+            rec += kr * fwd1
+            model_flops += mf3 * k
+            hw_flops += hw3 * k + kr * hw1
+            if selective:
+                rec += (k - kr) * sel_s
+                hw_flops += (k - kr) * sel_flops
+                act_stored += (k - kr) * act_sel
             else:
-                act_stored += (k - kr) * lc.act_bytes
-            act_stored += kr * lc.act_input_bytes
+                act_stored += (k - kr) * act
+            act_stored += kr * act_in
             if kr > 0:
-                act_work = max(act_work, lc.act_bytes)
+                act_work = max(act_work, act)
         ec = self.ends
         if self.last:
-            comp += 3 * ec.head_fwd_s
-            model_flops += 3 * ec.head_model_flops_fwd
-            hw_flops += 3 * ec.head_model_flops_fwd
-        dense_params, expert_params = self.params(n_dense, n_moe)
-        w_b, g_b = self.w_b, self.g_b
+            head3, head_flops3 = self._head3
+            comp += head3
+            model_flops += head_flops3
+            hw_flops += head_flops3
+        # self.params(n_dense, n_moe), inlined
+        dense_params = n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params
+        expert_params = n_moe * self.routed_per_gpu
+        w_b, g_b, k_b = self.w_b, self.g_b, self._k_b
+        zero, dp_shard, e_shard, w_d, w_e, g_d, g_e, k_d, k_e = self._zero
+        # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
+        # nothing); the _ag/_ar functions are all_gather (= reduce_scatter) and all_reduce on the
+        # stage's groups (_stage_core)
         fsdp = 0.0
-        if par.zero >= 3:
-            ag = net.all_gather(dense_params * w_b, self.shard_lay) + net.all_gather(expert_params * w_b, self.e_lay)
-            rs = (net.reduce_scatter(dense_params * g_b, self.shard_lay)
-                  + net.reduce_scatter(expert_params * g_b, self.e_lay))
+        if zero >= 3:
+            ag = self._ag_shard(dense_params * w_b)
+            rs = self._ag_shard(dense_params * g_b)
+            if expert_params:
+                ag += self._ag_e(expert_params * w_b)
+                rs += self._ag_e(expert_params * g_b)
             fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
         grad_s = gather_s = 0.0
         if par.dp > 1:
-            if par.zero == 0:
-                grad_s = (net.all_reduce(dense_params * g_b, self.dp_lay)
-                          + net.all_reduce(expert_params * g_b, self.e_all_lay))
+            if zero == 0:
+                grad_s = self._ar_dp(dense_params * g_b)
+                if expert_params:
+                    grad_s += self._ar_e_all(expert_params * g_b)
             else:
-                grad_s = (net.all_reduce(dense_params * g_b / par.dp_shard, self.rep_lay)
-                          + net.all_reduce(expert_params * g_b / self.e_shard, self.e_rep_lay))
-                if par.zero in (1, 2):
-                    rs = (net.reduce_scatter(dense_params * g_b, self.shard_lay)
-                          + net.reduce_scatter(expert_params * g_b, self.e_lay))
-                    if par.zero == 1:
+                # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
+                if self.rep_lay[0] > 1:
+                    grad_s = self._ar_rep(dense_params * g_b / dp_shard)
+                if expert_params and self.e_rep_lay[0] > 1:
+                    grad_s += self._ar_e_rep(expert_params * g_b / e_shard)
+                if zero < 3:
+                    rs = self._ag_shard(dense_params * g_b)
+                    gather_s = self._ag_shard(dense_params * w_b)
+                    if expert_params:
+                        rs += self._ag_e(expert_params * g_b)
+                        gather_s += self._ag_e(expert_params * w_b)
+                    if zero == 1:
                         grad_s += rs
                     else:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward
                         fsdp = max(0.0, rs - 2 * comp / 3)
-                    gather_s = (net.all_gather(dense_params * w_b, self.shard_lay)
-                                + net.all_gather(expert_params * w_b, self.e_lay))
-        zero = par.zero
-        shard = par.dp_shard if zero >= 1 else 1
-        local = dense_params / shard + expert_params / (self.e_shard if zero >= 1 else 1)
+        local = dense_params / k_d + expert_params / k_e     # what ZeRO-1 and up shard: the optimizer
         opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
-        # model states (memory.model_state_bytes, inlined: dense part sharded over dp_shard, experts
-        # over e_shard)
-        d, e, k_b = max(1, par.dp_shard), max(1, self.e_shard), self._k_b
-        states = (dense_params * w_b / (d if zero >= 3 else 1) + expert_params * w_b / (e if zero >= 3 else 1),
-                  dense_params * g_b / (d if zero >= 2 else 1) + expert_params * g_b / (e if zero >= 2 else 1),
-                  dense_params * k_b / (d if zero >= 1 else 1) + expert_params * k_b / (e if zero >= 1 else 1))
+        # model states (memory.model_state_bytes of the dense and the expert parameters)
+        states = (dense_params * w_b / w_d + expert_params * w_b / w_e,
+                  dense_params * g_b / g_d + expert_params * g_b / g_e,
+                  dense_params * k_b / k_d + expert_params * k_b / k_e)
         return StageCost(comp, rec, tp, ep, cp, self.pp_s, fsdp, grad_s, gather_s, opt, model_flops, hw_flops,
                          act_stored, act_work + (ec.head_act_bytes if self.last else 0.0),
                          ec.embed_act_bytes if self.first else 0.0, states, self.buffers)
@@ -446,6 +542,19 @@ def step_time(m: int, v: int, times: list[float], dp_exposed: float, opt: float)
     return m * t_max + bubble + dp_exposed + opt, bubble
 
 
+@lru_cache(maxsize=1024)
+def _per_stage_ids(ids: tuple[int, ...]):
+    if len(ids) == 1:
+        k = ids[0]
+        return lambda values: (values[k],)
+    return itemgetter(*ids)
+
+
+def _per_stage(ids: list[int]):
+    """``values -> tuple(values[k] for k in ids)`` (an ``itemgetter``: one C call per list)."""
+    return _per_stage_ids(tuple(ids))
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None) -> Estimate:
     """Memory per GPU and time per step of one training configuration (see module docstring).
@@ -457,20 +566,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload)
     m, p, v = par.grad_accum, par.pp, par.vpp
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    pp_stride = _stride(order, degrees, "pp")
     full, rl = par.recompute == "full", par.recompute_layers
     # stage kinds: (node group, first, last, neighbour on another node, layers, MoE layers,
     # layers recomputed fully, index of the kind's first stage); ids: each stage's kind
     if stages is None and sh.single:
         # the even split on the one node group: p stages of at least vpp layers each, as
         # validate() checked pp * vpp <= layers; they fill the group, as it checked the world size
-        stages, firsts, ids, shapes = sh.split(p)
-        g = sh.main
-        gpn = sh.groups[g][0].gpus_per_node
-        crosses = pp_stride >= gpn or pp_stride * p > gpn
-        descs = [(g, f, la, crosses, n, n_moe, (n if rl < 0 else min(rl, n)) if full else 0, i0)
-                 for f, la, n, n_moe, i0 in shapes]
+        stages, firsts, ids, per_stage_of, descs = sh.split(par, order, full, rl)
     else:
         if stages is None:
             stages = default_stages(model.layers, p)
@@ -491,56 +593,61 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
                 descs.append(key + (i,))
             ids.append(k)
             firsts.append(st.first_layer)
-    cores: dict[str, dict] = {}
-    placed: dict[tuple, StageModel] = {}
-    kinds, kind_cost, kind_peak = [], [], []
+        per_stage_of = _per_stage(ids)      # a kind-indexed list -> its value at every stage
+    models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
+    dp, overlap = par.dp, par.overlap_dp_comm
+    kinds, kind_cost, kind_peak, kind_t, kind_mf, kind_hf = [], [], [], [], [], []
     dp_exposed = opt_s = None
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
-        sm = placed.get((g, first, last, crosses))
+        sm = models.get(g)
         if sm is None:
-            core = cores.get(g)
-            if core is None:
-                core = cores[g] = _stage_core(sh, par, order, sh.groups[g][0])
-            sm = placed[g, first, last, crosses] = StageModel.placed(core, first, last, crosses)
+            sm = models[g] = StageModel.unplaced(_stage_core(sh, par, order, sh.groups[g][0]))
+        # sm.place(first, last, crosses), inlined
+        sm.first, sm.last = first, last
+        sm.pp_s, sm.ends_params = sm._placements.get((first, last, crosses)) or sm._placement(first, last, crosses)
         c = sm.cost(n - n_moe, n_moe, n_full)
-        # the exposed DP time falls with the stage index: a kind's largest is at its first stage
-        dpe = sm.dp_exposed(c, i0)
+        # StageModel.dp_exposed at the kind's first stage (it falls with the stage index, so that
+        # is the kind's largest)
+        if dp <= 1:
+            dpe = 0.0
+        elif not overlap:
+            dpe = c.grad_s + c.gather_s
+        else:
+            bwd = 2 * c.comp / 3
+            dpe = max(0.0, c.grad_s - bwd - i0 * bwd) + max(0.0, c.gather_s - c.comp / 3)
         if dp_exposed is None or dpe > dp_exposed:
             dp_exposed = dpe
         if opt_s is None or c.opt > opt_s:
             opt_s = c.opt
         w, gr, o = c.states
+        t = c.comp + c.rec + c.tp + c.ep + c.cp + c.pp + c.fsdp      # c.t
         kinds.append((c.act_stored + c.embed_act, c.act_fixed, sm.reserved + c.buffers, w + gr + o, w, gr, o,
-                      sm.capacity, n, n_full, g, c.t))
+                      sm.capacity, n, n_full, g, t))
         kind_cost.append(c)
         kind_peak.append(sh.groups[g][2])
-    # micro-batches in flight per stage (inflight_microbatches)
-    if p == 1:
-        inflight = [1.0]
-    elif par.schedule == "gpipe":
-        inflight = [float(m)] * p
-    elif par.schedule == "interleaved":
-        factor = 1 + (p - 1) / (p * v)
-        inflight = [min(float(m), float(min(p - i, m)) * factor) for i in range(p)]
-    else:
-        inflight = [float(min(p - i, m)) for i in range(p)]
+        kind_t.append(t)
+        kind_mf.append(c.model_flops)
+        kind_hf.append(c.hw_flops)
+    inflight = sh.inflight(par)
     # each stage's memory (StageModel.memory) and row; the stage nearest its capacity
     st_list = []
+    add_row = st_list.append
     ps_mem, ps_cap, ps_ratio = None, 0.0, 0.0
-    for i in range(p):
-        act_per, act_fixed, reserved, states, w, gr, o, cap, n, n_full, g, t = kinds[ids[i]]
-        acts = inflight[i] * act_per + act_fixed
+    for i, kind, infl, first_layer in zip(range(p), per_stage_of(kinds), inflight, firsts):
+        act_per, act_fixed, reserved, states, w, gr, o, cap, n, n_full, g, t = kind
+        acts = infl * act_per + act_fixed
         other = reserved + FRAGMENTATION * acts
         peak = states + acts + other
         mem = {"peak_bytes": peak, "weights_bytes": w, "grads_bytes": gr, "optimizer_bytes": o,
                "activations_bytes": acts, "other_bytes": other}
-        st_list.append(StageEstimate(i, firsts[i], n, n_full, g, t, mem, cap))
+        add_row(StageEstimate(i, first_layer, n, n_full, g, t, mem, cap))
         if ps_mem is None or peak / cap > ps_ratio:
             ps_mem, ps_cap, ps_ratio = mem, cap, peak / cap
-    kind_t = [k[-1] for k in kinds]
-    times = [kind_t[k] for k in ids]
-    step, bubble = step_time(m, v, times, dp_exposed, opt_s)
-    j = times.index(max(times))
+    times = per_stage_of(kind_t)
+    t_max = max(times)
+    bubble = (sum(times) - t_max) / v if p > 1 else 0.0      # step_time(), inlined
+    step = m * t_max + bubble + dp_exposed + opt_s
+    j = times.index(t_max)
     b = kind_cost[ids[j]]
     time = {"compute_s": m * b.comp, "recompute_s": m * b.rec, "tp_comm_s": m * b.tp, "cp_comm_s": m * b.cp,
             "ep_comm_s": m * b.ep, "dp_comm_s": m * b.fsdp + dp_exposed, "pp_comm_s": m * b.pp,
@@ -548,16 +655,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     gpus = par.world_size
     per_stage = par.tp * par.dp * par.cp
     # summed stage by stage, in order, as before stages were grouped into kinds
-    flops = [c.model_flops for c in kind_cost]
-    model_flops_total = sum([flops[k] for k in ids]) * per_stage * m
-    flops = [c.hw_flops for c in kind_cost]
-    hw_flops_total = sum([flops[k] for k in ids]) * per_stage * m
-    peak_total = sum([kind_peak[k] for k in ids]) * per_stage
+    model_flops_total = sum(per_stage_of(kind_mf)) * per_stage * m
+    hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
+    peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    return Estimate(
-        step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
-        model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
-        hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
-        mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-        memory=dict(ps_mem), time=time, stages=st_list, gpus=gpus, capacity_bytes=ps_cap,
-        bottleneck_stage=j)
+    # positional, in Estimate's field order: step time, tokens/s (total, per GPU), model and
+    # hardware TFLOP/s per GPU, MFU, HFU, memory, time, stages, GPUs, capacity, bottleneck stage
+    return Estimate(step, tokens / step, tokens / step / gpus, model_flops_total / step / gpus / 1e12,
+                    hw_flops_total / step / gpus / 1e12, model_flops_total / step / peak_total,
+                    hw_flops_total / step / peak_total, dict(ps_mem), time, st_list, gpus, ps_cap, j)
