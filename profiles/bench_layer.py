@@ -6,10 +6,12 @@ FLOPs at the matmul rate *plus* a fixed cost per operator (dispatch, autograd bo
 allocation), dozens of operators per layer. For the small models that stand in for GPUs on a
 CPU that fixed cost dominates, and a cost model without it predicts steps several times too fast.
 
-Measured with the runtime's own model (``runtime.model``) at a token count where compute is
-negligible (one sequence of 8 tokens): the step time of a 1-layer and of a 4-layer model of
-``tiny-llama``'s shape, forward and backward; the slope per layer, less that layer's FLOPs at
-the fastest fp32 rate measured, is the overhead. Embedding, head and loss cancel in the slope.
+Measured with a llama-style layer built here the way the built-in runtime builds its own
+(``runtime.model.Block``: RMSNorm, q/k/v/o projections with grouped K/V heads, rotary positions,
+scaled-dot-product attention, SwiGLU MLP, the same operator sequence; this package may not import
+the runtime) at ``tiny-llama``'s shape and a token count where compute is negligible (one
+sequence of 8 tokens): forward and backward through stacks of 1 and of 4 layers; the slope per
+layer, less that layer's FLOPs at the fastest fp32 rate measured, is the overhead.
 
 On a GPU the host enqueues kernels asynchronously and the time hides behind the kernels of any
 real layer, so the profiler records this only for CPU devices (``GpuSpec.layer_overhead_s``).
@@ -24,6 +26,54 @@ TOKENS = 8
 LAYERS = (1, 4)
 
 
+def _layer_stack(n: int, hidden: int, heads: int, kv_heads: int, ffn: int):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d = hidden // heads
+            self.d = d
+            self.n1, self.n2 = nn.RMSNorm(hidden, eps=1e-5), nn.RMSNorm(hidden, eps=1e-5)
+            self.wq, self.wo = nn.Linear(hidden, heads * d, bias=False), nn.Linear(heads * d, hidden, bias=False)
+            self.wk = nn.Linear(hidden, kv_heads * d, bias=False)
+            self.wv = nn.Linear(hidden, kv_heads * d, bias=False)
+            self.w1, self.w3 = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+        def _rope(self, q, k):
+            s, d = q.shape[1], q.shape[-1]
+            inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=q.device) / d))
+            ang = torch.outer(torch.arange(s, dtype=torch.float32, device=q.device), inv)
+            cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+
+            def rot(x):
+                xf = x.float().unflatten(-1, (-1, 2))
+                a, b = xf[..., 0], xf[..., 1]
+                return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+            return rot(q), rot(k)
+
+        def forward(self, x):
+            b, s = x.shape[0], x.shape[1]
+            y = self.n1(x)
+            q = self.wq(y).view(b, s, -1, self.d)
+            k = self.wk(y).view(b, s, -1, self.d)
+            v = self.wv(y).view(b, s, -1, self.d)
+            q, k = self._rope(q, k)
+            rep = q.shape[2] // k.shape[2]
+            if rep > 1:
+                k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            h = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
+            y = self.n2(h)
+            return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+    return nn.Sequential(*[Layer() for _ in range(n)])
+
+
 def bench_layer_overhead(device: Any, fp32_flops_per_s: float, target_s: float = 0.2) -> dict:
     """``{"layer_s": ..., "overhead_s": ..., "flops_per_layer": ...}``: seconds per layer
     (forward + backward, one micro-batch of ``TOKENS`` tokens) and that less its FLOPs at
@@ -31,7 +81,6 @@ def bench_layer_overhead(device: Any, fp32_flops_per_s: float, target_s: float =
     import torch
 
     from costmodel.catalog import get_model
-    from runtime.model import build_model
     spec = get_model("tiny-llama")
     dev = torch.device(device)
     threads = torch.get_num_threads()
@@ -39,10 +88,10 @@ def bench_layer_overhead(device: Any, fp32_flops_per_s: float, target_s: float =
         torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        x = torch.randint(0, spec.vocab, (1, TOKENS), device=dev)
+        x = torch.randn(1, TOKENS, spec.hidden, device=dev, requires_grad=True)
         times = []
         for n in LAYERS:
-            model = build_model(spec, layers=range(n)).to(dev)
+            model = _layer_stack(n, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden).to(dev)
 
             def step(model=model):
                 model.zero_grad(set_to_none=True)
