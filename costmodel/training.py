@@ -194,6 +194,9 @@ class _Shared:
         self.norm = model.norm_params()
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
+        # the fraction of overlapped communication that still costs compute time (measured by
+        # `planner profile`: ~0 where copy engines move data, ~1 where one CPU core does both)
+        self.slowdown = min(1.0, max(0.0, cluster.compute_comm_slowdown))
         # node group -> (group, network, peak FLOP/s in the workload's dtype)
         self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
         # the StageModel attributes fixed by the node group
@@ -201,7 +204,7 @@ class _Shared:
             "model": model, "cluster": cluster, "workload": workload, "grp": g, "w_b": self.w_b, "g_b": self.g_b,
             "_k_b": self.k_b, "net": self.groups[g.name][1], "routed": self.routed,
             "reserved": g.gpu.reserved_bytes, "capacity": g.gpu.memory_bytes, "hbm": g.gpu.hbm_bandwidth_bytes_per_s,
-            "_sh": self} for g in cluster.groups}
+            "slowdown": self.slowdown, "_sh": self} for g in cluster.groups}
         # sub-terms, each keyed on what it depends on (never on a whole configuration)
         self.layers: dict[tuple, tuple[LayerCost, tuple]] = {}
         self.ends: dict[tuple, EndsCost] = {}
@@ -217,6 +220,8 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay)
             cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+            if self.slowdown:
+                cp_exposed_fwd += self.slowdown * min(lc.cp_fwd_s, lc.attn_fwd_s)
             terms = (3 * lc.fwd_s, 2 * lc.tp_fwd_s, 2 * lc.ep_fwd_s,
                      3 * cp_exposed_fwd,      # backward moves K, V and their gradients: twice forward
                      lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd,   # one recomputed forward
@@ -452,6 +457,8 @@ class StageModel:
                 ag += self._ag_e(expert_params * w_b)
                 rs += self._ag_e(expert_params * g_b)
             fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
+            if self.slowdown:
+                fsdp += self.slowdown * (min(ag, comp / 3) + min(ag + rs, 2 * comp / 3))
         grad_s = gather_s = 0.0
         if par.dp > 1:
             if zero == 0:
@@ -477,6 +484,8 @@ class StageModel:
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward
                         fsdp = max(0.0, rs - 2 * comp / 3)
+                        if self.slowdown:
+                            fsdp += self.slowdown * min(rs, 2 * comp / 3)
         local = dense_params / k_d + expert_params / k_e     # what ZeRO-1 and up shard: the optimizer
         opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
         # model states (memory.model_state_bytes of the dense and the expert parameters)
@@ -503,7 +512,10 @@ class StageModel:
         if not self.par.overlap_dp_comm:
             return c.grad_s + c.gather_s
         bwd = 2 * c.comp / 3
-        return max(0.0, c.grad_s - bwd - index * bwd) + max(0.0, c.gather_s - c.comp / 3)
+        out = max(0.0, c.grad_s - bwd - index * bwd) + max(0.0, c.gather_s - c.comp / 3)
+        if self.slowdown:       # overlapped, the communication still slows the compute it hides behind
+            out += self.slowdown * (min(c.grad_s, bwd + index * bwd) + min(c.gather_s, c.comp / 3))
+        return out
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:
@@ -615,6 +627,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         else:
             bwd = 2 * c.comp / 3
             dpe = max(0.0, c.grad_s - bwd - i0 * bwd) + max(0.0, c.gather_s - c.comp / 3)
+            if sm.slowdown:
+                dpe += sm.slowdown * (min(c.grad_s, bwd + i0 * bwd) + min(c.gather_s, c.comp / 3))
         if dp_exposed is None or dpe > dp_exposed:
             dp_exposed = dpe
         if opt_s is None or c.opt > opt_s:

@@ -83,6 +83,9 @@ def _print_human(s: dict) -> None:
              + f"; efficiency {mm['efficiency_max']} x s/(s+{mm['half_size']})",
              f"  memory copy: {mem['copy_gb_per_s']} GB/s"
              + (f" (datasheet {mem['datasheet_gb_per_s']})" if mem.get("datasheet_gb_per_s") else "")]
+    if s.get("compute_comm_slowdown") is not None:
+        lines.append(f"  overlap: communication beside compute still costs {s['compute_comm_slowdown']:.2f} of "
+                     "the shorter of the two")
     if s.get("layer_overhead_us") is not None:
         lines.append(f"  host overhead: {s['layer_overhead_us']:.0f} us per layer per micro-batch (forward + backward)")
     for tier, t in s["tiers"].items():

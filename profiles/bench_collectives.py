@@ -295,6 +295,56 @@ def measure_overlap(shape: GroupShape, device: Any, nbytes: int = 256 * MIB, gem
             "gemm_size": gemm, "ranks": list(shape.ranks)}
 
 
+def measure_overlap_cpu(shape: GroupShape, device: Any, nbytes: int = 8 * MIB, gemm: int = 256) -> dict | None:
+    """CPU processes: what overlapping costs. ``k`` fp32 GEMMs (as long as four all-reduces of
+    ``nbytes``) run while the all-reduces proceed asynchronously on gloo's thread; with the
+    GEMMs alone taking ``Tg``, the all-reduces alone ``Tc`` and both together ``Tb``,
+    ``compute_slowdown = (Tb - max(Tg, Tc)) / min(Tg, Tc)`` in [0, 1]: 0 when communication
+    hides completely, 1 when it only time-shares the core (the cost model charges
+    ``max(C, T) + s * min(C, T)`` for communication ``C`` overlapped with compute ``T``)."""
+    import torch
+    import torch.distributed as dist
+    group = dist.new_group(list(shape.ranks)) if shape.size < dist.get_world_size() else None
+    if dist.get_rank() not in shape.ranks:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(gemm, gemm), torch.randn(gemm, gemm)
+        buf = torch.ones(nbytes // 4)
+
+        def gemms(k: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(k):
+                torch.matmul(a, b)
+            return time.perf_counter() - t0
+
+        gemms(4)
+        dist.all_reduce(buf, group=group)
+        t_gemm = min(gemms(20) for _ in range(3)) / 20
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            dist.all_reduce(buf, group=group)
+        t_comm = (time.perf_counter() - t0) / 4
+        k = max(4, int(4 * t_comm / t_gemm))
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(buf, group=group, async_op=True) for _ in range(4)]
+        t_g = gemms(k)
+        for w in works:
+            w.wait()
+        t_both = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    tg, tc = k * t_gemm, 4 * t_comm
+    s = (t_both - max(tg, tc)) / min(tg, tc)
+    s = _group_max(min(1.0, max(0.0, s)), group, device)
+    return {"compute_slowdown": s, "gemm_alone_s": t_gemm, "gemm_overlapped_s": t_g / k, "allreduce_alone_s": t_comm,
+            "overlapped_total_s": t_both, "allreduce_bytes": nbytes, "gemm_size": gemm, "gemms": k,
+            "ranks": list(shape.ranks), "definition": "(Tb - max(Tg, Tc)) / min(Tg, Tc)"}
+
+
 def _fmt(nbytes: float) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if nbytes >= scale:

@@ -233,6 +233,9 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
         if use_cuda and pair is not None and not cfg["quick"]:
             note(total, total, "compute/communication overlap")
             result["overlap"] = bc.measure_overlap(pair, device)
+        elif not use_cuda and pair is not None:
+            note(total, total, "compute/communication overlap")
+            result["overlap"] = bc.measure_overlap_cpu(pair, device)
         dist.barrier()
         note(total, total, "done")
         if rank == 0:

@@ -256,3 +256,25 @@ def test_layer_overhead_adds_per_layer_per_micro_batch(recompute, passes):
     assert a.peak_bytes == b.peak_bytes
     with pytest.raises(SpecError, match="layer overhead"):
         dataclasses.replace(base.gpu, layer_overhead_s=-1e-6)
+
+
+def test_overlap_slowdown_of_one_is_no_overlap():
+    """``compute_comm_slowdown`` s charges ``max(C, T) + s*min(C, T)`` for communication C beside
+    compute T: at s = 1 a data-parallel step costs what it costs with overlap turned off; at s = 0
+    (every catalog cluster) nothing changes; in between it lies between."""
+    model = get_model("llama-3-8b")
+    base = load_cluster("dgx-a100-80gb").with_gpus(16)
+    wl = Workload(global_batch=64, seq_len=2048)
+    for par in (ParallelConfig(tp=2, dp=8, zero=1, micro_batch=2, grad_accum=4),
+                ParallelConfig(tp=2, dp=8, zero=0, micro_batch=4, grad_accum=2)):
+        on = estimate(model, base, wl, par)
+        off = estimate(model, base, wl, dataclasses.replace(par, overlap_dp_comm=False))
+        assert off.step_time_s > on.step_time_s             # there is overlap to lose
+        one = estimate(model, dataclasses.replace(base, compute_comm_slowdown=1.0), wl, par)
+        half = estimate(model, dataclasses.replace(base, compute_comm_slowdown=0.5), wl, par)
+        assert one.step_time_s == pytest.approx(off.step_time_s, rel=1e-12)
+        assert on.step_time_s < half.step_time_s < off.step_time_s
+    z3 = ParallelConfig(dp=16, zero=3, micro_batch=1, grad_accum=4)
+    a = estimate(model, base, wl, z3)
+    b = estimate(model, dataclasses.replace(base, compute_comm_slowdown=1.0), wl, z3)
+    assert b.time["dp_comm_s"] > a.time["dp_comm_s"]      # ZeRO-3's per-micro-batch gathers too

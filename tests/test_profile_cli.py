@@ -51,6 +51,8 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
     # more than its FLOPs at the fp32 rate; tens of microseconds at least, well under a second
     assert 10e-6 < spec.gpu.layer_overhead_s < 1.0
     assert s["layer_overhead_us"] == pytest.approx(spec.gpu.layer_overhead_s * 1e6, rel=1e-9)
+    # what overlapping communication with compute still costs on CPU cores, measured
+    assert s["compute_comm_slowdown"] is not None and 0 <= spec.compute_comm_slowdown <= 1
     assert spec.matmul_table and spec.collective_table
     assert cluster_from_dict(cluster_to_dict(spec)) == spec
     assert spec.with_gpus(2).total_gpus == 2
