@@ -320,7 +320,7 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
         from .bench_layer import bench_layer_overhead
         fp32 = max([r["flops_per_s"] for r in result["matmul"] if r["dtype"] == "fp32"] or [0.0])
         note(0, None, "layer overhead")
-        result["layer"] = bench_layer_overhead(device, fp32, target_s=max(0.1, 4 * cfg["target_s"]))
+        result["layer"] = bench_layer_overhead(device, fp32, target_s=max(0.8, 8 * cfg["target_s"]))
         _append_jsonl(raw / "layer.jsonl", result["layer"])
 
 
