@@ -89,8 +89,6 @@ def main() -> int:
     gpus = _local_devices(cluster)
     args = ["plan", "--model", "tiny-llama", "--cluster", cluster, "--gpus", str(gpus), "--global-batch", "8",
             "--seq-len", "128", "--out", str(tiny)]
-    if gpus > 1:
-        args += ["--tp", "2"]
     if planner(*args) == 0:
         planner("launch", str(tiny), "--steps", "6", check=False)
     c.print(Rule(f"done in {time.time() - t0:.0f} s; files in {OUT}/"))
