@@ -49,7 +49,7 @@ from costmodel.specs import ClusterSpec, SpecError, Workload
 from planner.errors import InfeasibleError, SolverStopped, UsageError
 from planner.planfile import Plan
 from planner.solver import Problem, SolveResult, Solution, solve
-from planner.space import MIN_TOKENS_PER_CP_RANK, _tp_ok, divisors, enumerate_candidates
+from planner.space import enumerate_candidates, outer_shapes
 
 COMPATIBLE_SLACK = 0.05      # keep the checkpoint's layout when it is within 5 % of the best plan
 MAX_SEARCH_GPUS = 1 << 17    # the upward search for the minimum stops here (131,072 GPUs)
@@ -121,30 +121,11 @@ def changed_cluster(cluster: ClusterSpec, *, gpus: int | None = None, lose_nodes
 
 def has_shape(model, workload: Workload, gpn: int, world: int, fixed: dict | None = None) -> bool:
     """Whether some (tp, cp, pp, dp) with ``dp`` dividing the global batch uses exactly ``world``
-    GPUs (the outer loop of ``planner.space.enumerate_candidates``, without the inner choices,
-    which are never empty)."""
+    GPUs (``planner.space.outer_shapes``; the inner choices are never empty), with a fixed
+    expert-parallel degree dividing ``dp * cp``."""
     fixed = fixed or {}
-    tps = [fixed["tp"]] if "tp" in fixed else [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)]
-    cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8, 16, 32) if workload.seq_len % c == 0 and
-                                               (c == 1 or workload.seq_len // c >= MIN_TOKENS_PER_CP_RANK)]
-    for tp in tps:
-        if tp > min(gpn, world):
-            continue
-        for cp in cps:
-            if world % (tp * cp):
-                continue
-            rest = world // (tp * cp)
-            pps = [fixed["pp"]] if "pp" in fixed else [p for p in divisors(rest) if p <= model.layers]
-            for pp in pps:
-                if rest % pp:
-                    continue
-                dp = rest // pp
-                if workload.global_batch % dp:
-                    continue
-                if "ep" in fixed and model.is_moe and (dp * cp) % fixed["ep"]:
-                    continue
-                return True
-    return False
+    ep = fixed.get("ep") if model.is_moe else None
+    return any(not (ep and (dp * cp) % ep) for _, cp, _, dp in outer_shapes(model, workload, fixed, gpn, world))
 
 
 def world_sizes_upto(cluster: ClusterSpec, n: int) -> list[int]:

@@ -69,32 +69,35 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
     replan searching several world sizes at once)."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.gpus_per_node for g in cluster.groups)
-    L = model.layers
-    gb, seq = workload.global_batch, workload.seq_len
     out: list[Candidate] = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
-        tps = _choices(fixed, "tp", [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)])
-        for tp in tps:
-            cps = _choices(fixed, "cp", [c for c in (1, 2, 4, 8, 16, 32)
-                                         if seq % c == 0 and (c == 1 or seq // c >= MIN_TOKENS_PER_CP_RANK)])
-            for cp in cps:
-                if world % (tp * cp):
-                    continue
-                rest = world // (tp * cp)
-                pps = _choices(fixed, "pp", [p for p in divisors(rest) if p <= L])
-                for pp in pps:
-                    if rest % pp:
-                        continue
-                    dp = rest // pp
-                    if "dp" in fixed and fixed["dp"] != dp:
-                        continue
-                    stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
-                    if stage_counts is None:
-                        continue
-                    if gb % dp:
-                        continue
-                    out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts)
+        for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
+            stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
+            if stage_counts is None:
+                continue
+            out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts)
     return out
+
+
+def outer_shapes(model: ModelSpec, workload: Workload, fixed: dict, gpn: int, world: int):
+    """The degrees ``(tp, cp, pp, dp)`` that use exactly ``world`` GPUs (TP within a node of
+    ``gpn``, ``dp`` dividing the global batch): the outer loop of the search space."""
+    seq = workload.seq_len
+    tps = _choices(fixed, "tp", [t for t in divisors(min(gpn, world)) if _tp_ok(model, t)])
+    cps = _choices(fixed, "cp", [c for c in (1, 2, 4, 8, 16, 32)
+                                 if seq % c == 0 and (c == 1 or seq // c >= MIN_TOKENS_PER_CP_RANK)])
+    for tp in tps:
+        for cp in cps:
+            if world % (tp * cp):
+                continue
+            rest = world // (tp * cp)
+            for pp in _choices(fixed, "pp", [p for p in divisors(rest) if p <= model.layers]):
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if ("dp" in fixed and fixed["dp"] != dp) or workload.global_batch % dp:
+                    continue
+                yield tp, cp, pp, dp
 
 
 def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[str, int], ...] | None:
