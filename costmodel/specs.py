@@ -395,12 +395,17 @@ class ClusterSpec:
     inter_node: LinkSpec
     matmul_table: tuple[tuple[float, float], ...] = ()
     collective_table: tuple[tuple[str, str, int, float, float], ...] = ()
-    compute_comm_slowdown: float = 0.0   # measured: fraction compute slows while comm overlaps
+    # measured: what overlapped communication C beside compute T still costs, as a fraction of
+    # min(C, T) (0: hidden completely; 1: no better than one after the other)
+    compute_comm_slowdown: float = 0.0
     source: str = "datasheet"
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise SpecError(f"cluster {self.name!r}: needs at least one node group")
+        if not 0 <= self.compute_comm_slowdown <= 1:
+            raise SpecError(f"cluster {self.name!r}: measured.compute_comm_slowdown must be in [0, 1] (0: "
+                            f"communication hides behind compute; 1: it does not), got {self.compute_comm_slowdown}")
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise SpecError(f"cluster {self.name!r}: node group names repeat: {names}")

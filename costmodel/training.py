@@ -196,7 +196,7 @@ class _Shared:
         self.single = len(cluster.groups) == 1
         # the fraction of overlapped communication that still costs compute time (measured by
         # `planner profile`: ~0 where copy engines move data, ~1 where one CPU core does both)
-        self.slowdown = min(1.0, max(0.0, cluster.compute_comm_slowdown))
+        self.slowdown = cluster.compute_comm_slowdown
         # node group -> (group, network, peak FLOP/s in the workload's dtype)
         self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
         # the StageModel attributes fixed by the node group

@@ -278,3 +278,5 @@ def test_overlap_slowdown_of_one_is_no_overlap():
     a = estimate(model, base, wl, z3)
     b = estimate(model, dataclasses.replace(base, compute_comm_slowdown=1.0), wl, z3)
     assert b.time["dp_comm_s"] > a.time["dp_comm_s"]      # ZeRO-3's per-micro-batch gathers too
+    with pytest.raises(SpecError, match=r"compute_comm_slowdown must be in \[0, 1\]"):
+        dataclasses.replace(base, compute_comm_slowdown=3.0)
