@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The one prepared GPU check (issues 4, 5, 7): for a session whose task is lent a GPU machine
+# (the device tool's `status`). Nothing here has run yet: no task so far was lent one.
+#
+# Prepare here (the device machine reaches nothing; its python3 3.12 holds torch, pandas, pyyaml,
+# rich, nvidia-ml-py and pytest, but not OR-Tools):
+#   echo /.whl/ >> .git/info/exclude
+#   V=$(.venv/bin/python -m pip show ortools | awk '/^Version/{print $2}')
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl "ortools==$V" immutabledict "protobuf>=6.33.1,<6.34"
+# (about 30 MiB; the tree that travels is limited to 64 MiB). Then one call:
+#   run(command="bash bench/device_check.sh", carry=[".whl"], timeout_s=540)
+# and give_back. What comes back under $OUT: the GPU, the measured profile (cluster.yaml and its
+# summary), the GPU tests' output (1B model on one GPU: peak memory, step time and MFU against
+# predicted; serving on the GPU; the quick profile against the datasheet) and a launch of a
+# planned 1B plan with its predicted-vs-measured table. Copy the figures into the README.
+set -u
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device-check-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+python3 -c "import ortools, torch; print('ortools', ortools.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
+  2>&1 | tee "$OUT/versions.txt"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+
+# 1. the full profile of this GPU (matmul by dtype, HBM copy, overlap; one GPU: no collectives)
+timeout 240 python3 -m planner profile --out /tmp/prof --json > "$OUT/profile.json" 2> "$OUT/profile.log"
+cp /tmp/prof/cluster.yaml "$OUT/cluster.yaml" 2>/dev/null
+
+# 2. the GPU-marked tests (1B training against prediction, serving, quick profile vs datasheet)
+timeout 240 python3 -m pytest tests -q -m gpu -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+
+# 3. plan a 1B model for this GPU's measured profile and run it: predicted against measured
+if [ -f /tmp/prof/cluster.yaml ] && python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  python3 -m planner plan --model gpt3-1.3b --cluster /tmp/prof/cluster.yaml --gpus 1 --global-batch 8 \
+    --seq-len 2048 --out /tmp/gpt-1b.yaml > /dev/null 2>&1 \
+  && timeout 120 python3 -m planner launch /tmp/gpt-1b.yaml --steps 10 > "$OUT/launch.txt" 2>&1
+fi
+tail -n 5 "$OUT"/*.log "$OUT/launch.txt" 2>/dev/null
