@@ -130,30 +130,22 @@ class Network:
                 m > 1, factor * (m - 1) / m, factor * (m - 1) * self._inter_lat)
 
     def all_reduce(self, size: float, lay: GroupLayout) -> float:
-        if lay[0] <= 1 or size <= 0:
-            return 0.0
-        if self._measured:
-            return self._two_tier_measured("all_reduce", 2, size, lay)
-        c = self._ar.get(lay)
-        if c is None:
-            c = self._ar[lay] = self._coefficients(lay, 2)
-        intra, a, lat_a, k, inter, b, lat_b = c
-        t = 0.0
-        if intra:
-            t += a * size / self._intra_bw + lat_a
-        if inter:
-            t += b * (size / k) / self._inter_bw + lat_b
-        return t
+        return self._collective("all_reduce", 2, self._ar, size, lay)
 
     def all_gather(self, size: float, lay: GroupLayout) -> float:
         """``size`` = bytes of the gathered (full) tensor; reduce-scatter costs the same."""
+        return self._collective("all_gather", 1, self._ag, size, lay)
+
+    def _collective(self, op: str, factor: int, cache: dict, size: float, lay: GroupLayout) -> float:
+        """A two-tier collective's time (``factor`` 2 for all-reduce, 1 for all-gather), its
+        layout's constants kept in ``cache``."""
         if lay[0] <= 1 or size <= 0:
             return 0.0
         if self._measured:
-            return self._two_tier_measured("all_gather", 1, size, lay)
-        c = self._ag.get(lay)
+            return self._two_tier_measured(op, factor, size, lay)
+        c = cache.get(lay)
         if c is None:
-            c = self._ag[lay] = self._coefficients(lay, 1)
+            c = cache[lay] = self._coefficients(lay, factor)
         intra, a, lat_a, k, inter, b, lat_b = c
         t = 0.0
         if intra:
