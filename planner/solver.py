@@ -319,23 +319,21 @@ class Problem:
         p, L = par.pp, self.model.layers
         frag = 1 + FRAGMENTATION
         big, lo = -(-L // p), max(1, par.vpp)
-        best = math.inf
-        for g in self._groups(cand):
-            models: dict[int, Any] = {}
 
-            def peak(i: int, n: int) -> float:
-                sm = models.get(i) or models.setdefault(i, self.stage_model_for(cand, g, i))
-                c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
-                w, gr, op = c.states
-                acts = inflight_microbatches(par, i) * (c.act_stored + c.embed_act) + c.act_fixed
-                return w + gr + op + sm.reserved + c.buffers + frag * acts
+        def peak(g: str, i: int, n: int) -> float:
+            sm = self.stage_model_for(cand, g, i)
+            c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
+            w, gr, op = c.states
+            acts = inflight_microbatches(par, i) * (c.act_stored + c.embed_act) + c.act_fixed
+            return w + gr + op + sm.reserved + c.buffers + frag * acts
 
-            if p == 1:
-                b = peak(0, L)
-            else:
-                b = max(min(peak(i, big) for i in range(p)), peak(0, lo), peak(p - 1, lo))
-            best = min(best, b)
-        return best
+        groups = self._groups(cand)
+        if p == 1:
+            return min(peak(g, 0, L) for g in groups)
+        # each part on its own least node group: on a mixed cluster the fullest, the first and
+        # the last stage may each run on another group
+        fullest = min(peak(g, i, big) for g in groups for i in range(p))
+        return max(fullest, min(peak(g, 0, lo) for g in groups), min(peak(g, p - 1, lo) for g in groups))
 
     def _may_fit(self, cand: Candidate, moe_frac: float) -> bool:
         """Necessary condition: the average stage's model states plus the fixed overheads fit

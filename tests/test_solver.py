@@ -67,7 +67,7 @@ def test_cpsat_equals_exhaustive(seed, moe, mixed):
         assert plan.estimate["step_time_s"] == pytest.approx(fast.solutions[0].table_objective, rel=1e-3)
 
 
-MEMORY_INSTANCES = [(seed, seed % 2 == 1, seed % 3 == 0) for seed in range(100, 112)]
+MEMORY_INSTANCES = [(seed, seed % 2 == 1, seed % 3 == 0) for seed in range(100, 118)]
 
 
 @pytest.mark.parametrize("seed,moe,mixed", MEMORY_INSTANCES,
