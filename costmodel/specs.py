@@ -672,6 +672,11 @@ def default_stages(layers: int, pp: int, group: str = "") -> tuple[StageSpec, ..
     order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
     for i in order[:extra]:
         counts[i] += 1
+    return stages_from_counts(counts, group)
+
+
+def stages_from_counts(counts, group: str = "") -> tuple[StageSpec, ...]:
+    """Consecutive stages holding ``counts[i]`` layers each."""
     out, first = [], 0
     for c in counts:
         out.append(StageSpec(first_layer=first, num_layers=c, group=group))

@@ -219,9 +219,7 @@ class _Shared:
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay)
-            cp_exposed_fwd = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
-            if self.slowdown:
-                cp_exposed_fwd += self.slowdown * min(lc.cp_fwd_s, lc.attn_fwd_s)
+            cp_exposed_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, self.slowdown)
             terms = (3 * lc.fwd_s, 2 * lc.tp_fwd_s, 2 * lc.ep_fwd_s,
                      3 * cp_exposed_fwd,      # backward moves K, V and their gradients: twice forward
                      lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd,   # one recomputed forward
@@ -456,9 +454,7 @@ class StageModel:
             if expert_params:
                 ag += self._ag_e(expert_params * w_b)
                 rs += self._ag_e(expert_params * g_b)
-            fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
-            if self.slowdown:
-                fsdp += self.slowdown * (min(ag, comp / 3) + min(ag + rs, 2 * comp / 3))
+            fsdp = overlapped(ag, comp / 3, self.slowdown) + overlapped(ag + rs, 2 * comp / 3, self.slowdown)
         grad_s = gather_s = 0.0
         if par.dp > 1:
             if zero == 0:
@@ -483,9 +479,7 @@ class StageModel:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward
-                        fsdp = max(0.0, rs - 2 * comp / 3)
-                        if self.slowdown:
-                            fsdp += self.slowdown * min(rs, 2 * comp / 3)
+                        fsdp = overlapped(rs, 2 * comp / 3, self.slowdown)
         local = dense_params / k_d + expert_params / k_e     # what ZeRO-1 and up shard: the optimizer
         opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
         # model states (memory.model_state_bytes of the dense and the expert parameters)
@@ -504,18 +498,27 @@ class StageModel:
                 "activations_bytes": acts, "other_bytes": other}
 
     def dp_exposed(self, c: StageCost, index: int) -> float:
-        """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the
-        last backward and the ``index`` backward passes of earlier stages still draining; the
-        weight all-gather overlaps the first forward."""
-        if self.par.dp <= 1:
-            return 0.0
-        if not self.par.overlap_dp_comm:
-            return c.grad_s + c.gather_s
-        bwd = 2 * c.comp / 3
-        out = max(0.0, c.grad_s - bwd - index * bwd) + max(0.0, c.gather_s - c.comp / 3)
-        if self.slowdown:       # overlapped, the communication still slows the compute it hides behind
-            out += self.slowdown * (min(c.grad_s, bwd + index * bwd) + min(c.gather_s, c.comp / 3))
-        return out
+        """Once-per-step DP communication left exposed by stage ``index`` (``exposed_dp_time``)."""
+        return exposed_dp_time(c, index, self.par, self.slowdown)
+
+
+def overlapped(comm: float, compute: float, slowdown: float) -> float:
+    """What communication ``comm`` adds to ``compute`` it runs beside: the part longer than the
+    compute, and ``slowdown`` (the cluster's ``compute_comm_slowdown``) of the overlapped part."""
+    t = max(0.0, comm - compute)
+    return t + slowdown * min(comm, compute) if slowdown else t
+
+
+def exposed_dp_time(c: StageCost, index: int, par: ParallelConfig, slowdown: float) -> float:
+    """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the last
+    backward and the ``index`` backward passes of earlier stages still draining; the weight
+    all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1)."""
+    if par.dp <= 1:
+        return 0.0
+    if not par.overlap_dp_comm:
+        return c.grad_s + c.gather_s
+    bwd = 2 * c.comp / 3
+    return overlapped(c.grad_s, bwd + index * bwd, slowdown) + overlapped(c.gather_s, c.comp / 3, slowdown)
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:
@@ -607,7 +610,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             firsts.append(st.first_layer)
         per_stage_of = _per_stage(ids)      # a kind-indexed list -> its value at every stage
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
-    dp, overlap = par.dp, par.overlap_dp_comm
     kinds, kind_cost, kind_peak, kind_t, kind_mf, kind_hf = [], [], [], [], [], []
     dp_exposed = opt_s = None
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
@@ -620,15 +622,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         c = sm.cost(n - n_moe, n_moe, n_full)
         # StageModel.dp_exposed at the kind's first stage (it falls with the stage index, so that
         # is the kind's largest)
-        if dp <= 1:
-            dpe = 0.0
-        elif not overlap:
-            dpe = c.grad_s + c.gather_s
-        else:
-            bwd = 2 * c.comp / 3
-            dpe = max(0.0, c.grad_s - bwd - i0 * bwd) + max(0.0, c.gather_s - c.comp / 3)
-            if sm.slowdown:
-                dpe += sm.slowdown * (min(c.grad_s, bwd + i0 * bwd) + min(c.gather_s, c.comp / 3))
+        dpe = exposed_dp_time(c, i0, par, sm.slowdown)
         if dp_exposed is None or dpe > dp_exposed:
             dp_exposed = dpe
         if opt_s is None or c.opt > opt_s:

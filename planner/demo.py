@@ -105,9 +105,8 @@ def _local_devices(cluster: str) -> int:
     except Exception:
         pass
     if cluster != "cpu":
-        import yaml
-        with open(cluster) as f:
-            per_node = int((yaml.safe_load(f) or {}).get("gpus_per_node") or 0)
+        from profiles.clusters import load_cluster
+        per_node = load_cluster(cluster).gpus_per_node
         if per_node >= 2:
             return min(4, per_node)
     return min(4, max(2, os.cpu_count() or 2))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -641,8 +642,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     groups: dict[tuple, list] = {}
     for k, c in enumerate(cands):
         p_ = c.par
-        groups.setdefault((c.world, p_.tp, p_.cp, p_.pp, p_.dp, p_.ep, p_.sp, p_.micro_batch, p_.recompute),
-                          []).append((k, c))             # the world and _GROUP_FIELDS
+        groups.setdefault((c.world,) + _group_fields(p_), []).append((k, c))
     heap = []
     hinted = []
     # a hint on the group's own fields matches a whole group or none of it
@@ -757,6 +757,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
 
 # the fields a group of candidates shares (with the world size): its bound is computed once
 _GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "sp", "micro_batch", "recompute")
+_group_fields = operator.attrgetter(*_GROUP_FIELDS)
 
 
 def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:

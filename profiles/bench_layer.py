@@ -108,10 +108,9 @@ def bench_layer_overhead(device: Any, fp32_flops_per_s: float, target_s: float =
     finally:
         torch.set_num_threads(threads)
     per_layer = max(0.0, (times[1] - times[0]) / (LAYERS[1] - LAYERS[0]))
-    h, f, q, kv = spec.hidden, spec.ffn_hidden, spec.heads, spec.kv_heads
-    d = h // q
-    params = h * (q * d) * 2 + h * (kv * d) * 2 + 3 * h * f     # q, o, k, v projections; SwiGLU MLP
-    flops = 6 * TOKENS * params + 3 * 4 * TOKENS * TOKENS * q * d  # matmuls fwd + bwd; attention scores
+    # the layer's matmuls forward and backward, and its attention scores (causal: about half)
+    params = spec.attention_params() + spec.dense_mlp_params()
+    flops = 6 * TOKENS * params + 3 * 4 * TOKENS * TOKENS * spec.heads * spec.head_dim
     overhead = max(0.0, per_layer - flops / fp32_flops_per_s) if fp32_flops_per_s > 0 else per_layer
     return {"layer_s": per_layer, "overhead_s": overhead, "flops_per_layer": flops, "tokens": TOKENS,
             "model_times_s": dict(zip((str(n) for n in LAYERS), times))}

@@ -6,8 +6,8 @@ from a fork server that has imported the runtime (``multiprocessing``'s ``forkse
 method: a clean process, not a fork of the caller), and runs each job on the first
 ``job.world`` of them: each job joins a fresh gloo process group (a ``FileStore`` rendezvous
 of its own), trains through ``runtime.train.train`` exactly as ``python -m runtime.train``
-does, and leaves the group. Rank 0's summary comes back; an error on any rank comes back
-with the rank named.
+does (or serves through ``runtime.serve.serve``: ``run(..., entry="serve")``), and leaves the
+group. Rank 0's summary comes back; an error on any rank comes back with the rank named.
 
 The torchrun path (``python -m runtime.train`` under ``torch.distributed.run``) is the one
 ``planner launch`` uses; this pool is the same code in long-lived processes.
@@ -22,7 +22,8 @@ import traceback
 from typing import Any
 
 _PRELOAD = ["torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.fsdp",
-            "torch.distributed.tensor.parallel", "runtime.train", "runtime.parallel", "runtime.model", "planner.planfile"]
+            "torch.distributed.tensor.parallel", "runtime.train", "runtime.serve", "runtime.parallel", "runtime.model",
+            "planner.planfile"]
 
 
 class JobFailed(RuntimeError):
@@ -37,13 +38,15 @@ def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cov
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
+    from runtime.serve import serve
     from runtime.train import train
     from runtime.worker import finish_process_group
+    entries = {"train": train, "serve": serve}
     while True:
         job = inbox.get()
         if job is None:
             return
-        jid, plan, opts, world, env = job
+        jid, plan, opts, world, env, entry = job
         if rank >= world:
             continue
         saved = {k: os.environ.get(k) for k in env}
@@ -52,7 +55,7 @@ def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cov
         try:
             dist.init_process_group("gloo", init_method=f"file://{store_dir}/store-{jid}", rank=rank,
                                     world_size=world)
-            summary = train(plan, opts)
+            summary = entries[entry](plan, opts)
             ok = True
             outbox.put((jid, rank, "ok", summary if rank == 0 else None))
         except BaseException as e:   # report every failure, with the rank, and keep serving
@@ -97,15 +100,18 @@ class LocalPool:
     def size(self) -> int:
         return len(self._procs)
 
-    def run(self, plan, opts, world: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """Run one plan on the first ``world`` workers (default: the plan's world size)."""
+    def run(self, plan, opts, world: int | None = None, env: dict[str, str] | None = None,
+            entry: str = "train") -> dict[str, Any]:
+        """Run one plan on the first ``world`` workers (default: the plan's world size): train it
+        (``opts``: ``runtime.train.Options``) or, ``entry="serve"``, serve it
+        (``runtime.serve.ServeOptions``)."""
         world = plan.world_size if world is None else world
         if world > self.size:
             raise ValueError(f"the job needs {world} processes; the pool has {self.size}")
         jid = self._next
         self._next += 1
         for box in self._inboxes:
-            box.put((jid, plan, opts, world, dict(env or {})))
+            box.put((jid, plan, opts, world, dict(env or {}), entry))
         results: dict[int, tuple[str, Any]] = {}
         deadline = time.monotonic() + self.timeout_s
         while len(results) < world:

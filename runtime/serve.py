@@ -403,11 +403,7 @@ def serve(plan, opts: ServeOptions) -> dict[str, Any]:
                      f"TTFT {ttft * 1e3:.2f} ms, TPOT {(tpot or 0) * 1e3:.2f} ms measured; predicted "
                      f"{_ms(summary['predicted'].get('prefill_batch_s'))} / {_ms(summary['predicted'].get('tpot_s'))}")
     if rank == 0 and opts.json_out:
-        p = Path(opts.json_out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, p)
+        worker.write_json(opts.json_out, summary)
     return summary
 
 

@@ -459,11 +459,7 @@ def train(plan, opts: Options) -> dict:
             with open(opts.metrics, "a") as f:
                 f.write(json.dumps({"summary": {k: v for k, v in summary.items() if k != "predicted"}}) + "\n")
         if opts.json_out:
-            p = Path(opts.json_out)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(f".{p.name}.tmp")
-            tmp.write_text(json.dumps(summary, indent=1))
-            os.replace(tmp, p)
+            worker.write_json(opts.json_out, summary)
     return summary
 
 

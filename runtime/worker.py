@@ -11,9 +11,12 @@ already written and closed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 def run(prog: str, body: Callable[[], None], errors: tuple[type[BaseException], ...]) -> int:
@@ -40,6 +43,15 @@ def finish_process_group(synchronize: bool) -> None:
         if synchronize:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a reader sees the old file or the whole new one)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, p)
 
 
 def exit_now(code: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.specs import StageSpec, Workload
+from costmodel.specs import StageSpec, Workload, stages_from_counts
 from emitters import TARGETS, CannotExpress, get
 
 from test_emit_support import examples, make_plan
@@ -12,12 +12,6 @@ from test_emit_support import examples, make_plan
 GIB = 2**30
 
 
-def _stages(counts):
-    out, first = [], 0
-    for n in counts:
-        out.append(StageSpec(first_layer=first, num_layers=n))
-        first += n
-    return tuple(out)
 
 
 def _dtype(plan, dtype, kv=""):
@@ -38,7 +32,7 @@ def _infer(gpus=2, memory=None, model="tiny-llama", cluster="cpu", **par):
 
 CASES = [
     # (target, plan factory, words the message must contain)
-    ("megatron", lambda: make_plan("gpt3-1.3b", gpus=4, pp=4, grad_accum=8, stages=_stages([5, 6, 8, 5])),
+    ("megatron", lambda: make_plan("gpt3-1.3b", gpus=4, pp=4, grad_accum=8, stages=stages_from_counts([5, 6, 8, 5])),
      "stage split [5, 6, 8, 5]"),
     ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, schedule="gpipe"), "GPipe"),
     ("megatron", lambda: examples()["tiny-llama-hsdp"], "HSDP"),

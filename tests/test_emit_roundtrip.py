@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from costmodel.specs import stages_from_counts
 from emitters import torchtitan as tt_emitter
 from emitters.base import recompute_per_stage, stage_layers
 from planner.planfile import plan_from_dict, plan_to_dict
@@ -335,20 +336,13 @@ def test_megatron_round_trip(name, tmp_path):
     assert a.bf16 == (w.dtype == "bf16")
 
 
-def _stages(counts):
-    from costmodel.specs import StageSpec
-    out, first = [], 0
-    for n in counts:
-        out.append(StageSpec(first_layer=first, num_layers=n))
-        first += n
-    return tuple(out)
 
 
 @pytest.mark.parametrize("counts", [[10, 14], [5, 7, 7, 5], [4, 5, 5, 5, 5], [7, 6, 6, 5]])
 def test_megatron_uneven_splits(counts, tmp_path):
     # gpt3-1.3b has 24 layers: pp=2 states only the first stage, longer pipelines first and/or last
     plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8, seq=64, pp=len(counts), grad_accum=8,
-                     stages=_stages(counts))
+                     stages=stages_from_counts(counts))
     out = write(plan, "megatron", tmp_path / "out")
     argv = run_script(out / "megatron.sh", ["torchrun"])[0]["argv"]
     a = megatron_parser().parse_args(argv[argv.index("./pretrain_gpt.py") + 1:])

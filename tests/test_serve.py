@@ -7,20 +7,16 @@ run itself equals generation without a cache (the full forward of ``runtime.mode
 the growing sequence). Splits: TP=2, PP=2 (uneven stages), TP=2 x PP=2, two replicas, and for
 GPT-style (learned positions, tied embeddings split over stages) and MoE models.
 
-The jobs share one pool of worker processes (``Pool``: started once, each job its own gloo
-group over the first ``world`` workers); the command line runs once under torchrun and once
+The jobs share one pool of worker processes (``runtime.local.LocalPool``: started once, each job its
+own gloo group over the first ``world`` workers); the command line runs once under torchrun and once
 alone.
 """
 from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
-import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -34,81 +30,23 @@ LOGIT_TOL = 1e-4
 PROMPT, OUTPUT = 12, 6
 
 
-def _worker(rank: int, inbox, outbox, store_dir: str) -> None:  # pragma: no cover - child process
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ.setdefault("RUNTIME_TIMEOUT_S", "60")
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    from runtime.serve import serve
-    while True:
-        job = inbox.get()
-        if job is None:
-            return
-        jid, plan, opts, world = job
-        if rank >= world:
-            continue
-        try:
-            dist.init_process_group("gloo", init_method=f"file://{store_dir}/store-{jid}", rank=rank,
-                                    world_size=world)
-            summary = serve(plan, opts)
-            outbox.put((jid, rank, "ok", summary if rank == 0 else None))
-        except BaseException as e:
-            outbox.put((jid, rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+class ServePool:
+    """``runtime.local.LocalPool`` running ``runtime.serve.serve`` jobs."""
 
-
-class Pool:
-    def __init__(self, n: int, timeout_s: float = 120.0):
-        import multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        self._tmp = tempfile.TemporaryDirectory(prefix="serve-pool-")
-        self.timeout_s = timeout_s
-        self._out = ctx.Queue()
-        self._in = [ctx.Queue() for _ in range(n)]
-        self._procs = [ctx.Process(target=_worker, args=(r, self._in[r], self._out, self._tmp.name), daemon=True)
-                       for r in range(n)]
-        for p in self._procs:
-            p.start()
-        self._next = 0
+    def __init__(self, n: int):
+        from runtime.local import LocalPool
+        self._pool = LocalPool(n)
 
     def run(self, plan, opts: ServeOptions | None = None) -> dict:
-        opts = opts or ServeOptions(quiet=True, warmup=0)
-        world = plan.world_size
-        assert world <= len(self._procs)
-        jid, self._next = self._next, self._next + 1
-        for box in self._in:
-            box.put((jid, plan, opts, world))
-        results = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(results) < world:
-            try:
-                got = self._out.get(timeout=0.5)
-            except queue.Empty:
-                if time.monotonic() > deadline or any(not p.is_alive() for p in self._procs[:world]):
-                    raise RuntimeError(f"serve job {jid} stalled; done: {sorted(results)}") from None
-                continue
-            if got[0] == jid:
-                results[got[1]] = got[2:]
-                if got[2] == "error":
-                    raise RuntimeError(f"rank {got[1]}: {got[3]}")
-        return results[0][1]
+        return self._pool.run(plan, opts or ServeOptions(quiet=True, warmup=0), entry="serve")
 
     def close(self) -> None:
-        for box in self._in:
-            box.put(None)
-        for p in self._procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-        self._tmp.cleanup()
+        self._pool.close()
 
 
 @pytest.fixture(scope="module")
 def pool():
-    p = Pool(4)
+    p = ServePool(4)
     yield p
     p.close()
 
@@ -117,7 +55,7 @@ def serving_plan(model: str = "tiny-llama", batch: int = 4, stages: list[int] | 
     """A serving plan on the cpu cluster without the solver (the solver's plans are tested in
     test_inference_cli; one of them runs below under torchrun)."""
     from costmodel.catalog import get_model
-    from costmodel.specs import ParallelConfig, StageSpec, Workload, default_stages
+    from costmodel.specs import ParallelConfig, Workload, default_stages, stages_from_counts
     from planner.planfile import Plan
     from profiles.clusters import load_cluster
     spec = get_model(model)
@@ -125,7 +63,7 @@ def serving_plan(model: str = "tiny-llama", batch: int = 4, stages: list[int] | 
     if stages is None:
         st = default_stages(spec.layers, p.pp)
     else:
-        st = tuple(StageSpec(first_layer=sum(stages[:i]), num_layers=n) for i, n in enumerate(stages))
+        st = stages_from_counts(stages)
     w = Workload(global_batch=batch, seq_len=PROMPT + OUTPUT, mode="infer", dtype="fp32", prompt_len=PROMPT,
                  output_len=OUTPUT, seed=3)
     return Plan(model=spec, cluster=load_cluster("cpu").with_gpus(p.world_size), workload=w, parallel=p,

@@ -40,17 +40,22 @@ def small_model(rng: random.Random, moe: bool) -> ModelSpec:
     return ModelSpec(**d)
 
 
+def small_instance(seed: int, moe: bool, mixed: bool):
+    """A random small problem: model, cluster, workload and the fixed dimensions."""
+    rng = random.Random(seed)
+    model = small_model(rng, moe)
+    cluster = small_cluster(rng, mixed)
+    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
+    return model, cluster, wl, ({} if cluster.total_gpus <= 8 else {"micro_batch": 1})
+
+
 INSTANCES = [(seed, seed % 2 == 1, seed % 3 == 0) for seed in range(32)]
 
 
 @pytest.mark.parametrize("seed,moe,mixed", INSTANCES, ids=[f"seed{s}-{'moe' if m else 'dense'}-{'mixed' if x else 'homo'}"
                                                            for s, m, x in INSTANCES])
 def test_cpsat_equals_exhaustive(seed, moe, mixed):
-    rng = random.Random(seed)
-    model = small_model(rng, moe)
-    cluster = small_cluster(rng, mixed)
-    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
-    fixed = {} if cluster.total_gpus <= 8 else {"micro_batch": 1}
+    model, cluster, wl, fixed = small_instance(seed, moe, mixed)
     try:
         fast = solve(model, cluster, wl, fixed, top=1, max_time_s=60)
     except InfeasibleError:
@@ -77,11 +82,7 @@ def test_memory_objective_equals_exhaustive(seed, moe, mixed):
     """The memory objective's bound (fullest stage at its best position, first and last stages
     at their fewest layers) prunes, and must never prune the optimum: branch and bound equals
     solving every candidate."""
-    rng = random.Random(seed)
-    model = small_model(rng, moe)
-    cluster = small_cluster(rng, mixed)
-    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
-    fixed = {} if cluster.total_gpus <= 8 else {"micro_batch": 1}
+    model, cluster, wl, fixed = small_instance(seed, moe, mixed)
     try:
         fast = solve(model, cluster, wl, fixed, objective="memory", max_time_s=60)
     except InfeasibleError:
