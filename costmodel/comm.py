@@ -28,9 +28,9 @@ import math
 from functools import lru_cache
 from typing import Callable, NamedTuple
 
-from .specs import ClusterSpec, LinkSpec
+from .specs import MESH_AXES, ClusterSpec, LinkSpec
 
-DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
+DEFAULT_ORDER = MESH_AXES
 
 
 class GroupLayout(NamedTuple):

@@ -19,6 +19,9 @@ from typing import Any, Mapping
 
 from .units import GIB, US, dtype_bytes
 
+# The mesh axes a training plan orders (outermost first by default); the one copy of this tuple.
+MESH_AXES = ("pp", "dp", "cp", "tp")
+
 
 def _cached_hash(self) -> int:
     """Frozen specs are hashed often (memo keys); compute the field hash once."""
@@ -67,8 +70,8 @@ def _positive(where: str, **values: float) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    __hash__ = _cached_hash
     """A decoder-only transformer. Dense when ``num_experts == 0``."""
+    __hash__ = _cached_hash
 
     name: str
     layers: int
@@ -298,8 +301,8 @@ class ModelSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuSpec:
-    __hash__ = _cached_hash
     """One accelerator, from its datasheet (or measured, when ``source`` says so)."""
+    __hash__ = _cached_hash
 
     name: str
     memory_bytes: float
@@ -341,8 +344,8 @@ class GpuSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LinkSpec:
-    __hash__ = _cached_hash
     """A tier of the interconnect, per GPU per direction."""
+    __hash__ = _cached_hash
 
     name: str
     bandwidth_bytes_per_s: float
@@ -363,8 +366,8 @@ class LinkSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeGroup:
-    __hash__ = _cached_hash
     """Identical nodes: ``nodes`` x ``gpus_per_node`` GPUs joined by ``intra_node``."""
+    __hash__ = _cached_hash
 
     name: str
     gpu: GpuSpec
@@ -382,13 +385,13 @@ class NodeGroup:
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
-    __hash__ = _cached_hash
     """Node groups joined by one inter-node network; measured tables optional.
 
     ``matmul_table``: rows ``(size, efficiency)``, the fraction of peak measured for a square
     GEMM of that size (the profiler fills it). ``collective_table``: rows
     ``(tier, op, group_size, bytes, busbw_bytes_per_s)``, tier ``intra`` or ``inter``.
     """
+    __hash__ = _cached_hash
 
     name: str
     groups: tuple[NodeGroup, ...]
@@ -481,8 +484,8 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    __hash__ = _cached_hash
     """What is run: the data stream is a function of this alone (batch, length, seed)."""
+    __hash__ = _cached_hash
 
     global_batch: int
     seq_len: int
@@ -522,8 +525,8 @@ class Workload:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    __hash__ = _cached_hash
     """Degrees and execution choices. ``tp*pp*dp*cp`` is the world size; ep divides dp*cp."""
+    __hash__ = _cached_hash
 
     tp: int = 1
     pp: int = 1
