@@ -37,8 +37,8 @@ from costmodel.layers import ends_cost, layer_cost
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from costmodel.training import FRAGMENTATION, Estimate, estimate, inflight_microbatches, stage_model
 from costmodel.units import GIB
-from planner.errors import InfeasibleError, SolverStopped, UsageError
-from planner.space import Candidate, enumerate_candidates
+from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
+from planner.search.space import Candidate, enumerate_candidates
 
 NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
 KIB = 1024             # integer memory unit for the memory objective
