@@ -31,7 +31,7 @@ bench: setup
 
 validation: setup
 	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
-	$(BIN)/python -m planner.cli.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md
+	$(BIN)/python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md
 
 plans: setup
 	$(BIN)/python -m planner.cli.examples
