@@ -7,7 +7,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, Workload
 from planner.plan.planfile import Plan, provenance
 from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
                             throughput_line)
-from planner.search.bnb import SolveResult
+from planner.search.problem import SolveResult
 
 
 def solver_json(res: SolveResult) -> dict[str, Any]:

@@ -48,7 +48,9 @@ from typing import Any
 from costmodel.specs import ClusterSpec, SpecError, Workload
 from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
 from planner.plan.planfile import Plan
-from planner.search.bnb import Problem, SolveResult, Solution, solve
+from planner.search import bounds
+from planner.search.bnb import solve
+from planner.search.problem import Problem, Solution, SolveResult
 from planner.search.space import enumerate_candidates, outer_shapes
 
 COMPATIBLE_SLACK = 0.05      # keep the checkpoint's layout when it is within 5 % of the best plan
@@ -311,7 +313,7 @@ def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
         if has_shape(model, workload, min(gpn, w), w):
             c = cluster.with_gpus(w)
             prob = Problem(model, c, workload)
-            if any(prob.lower_bound(x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
+            if any(bounds.lower_bound(prob, x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
                 try:
                     solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)))
                     return w, w
