@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -m planner.demo
+	$(BIN)/python -m planner.cli.demo
 
 test: setup
 	$(BIN)/python -m pytest tests -q -x --timeout=600
@@ -31,11 +31,11 @@ bench: setup
 
 validation: setup
 	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
-	$(BIN)/python -m planner.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md
+	$(BIN)/python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md
 
 plans: setup
-	$(BIN)/python -m planner.examples
-	$(BIN)/python -m emitters.regen_golden
+	$(BIN)/python -m planner.cli.examples
+	$(BIN)/python -m planner.cli.regen_golden
 
 clean:
 	rm -rf $(VENV)

@@ -2,7 +2,7 @@
 
     python bench/bench_replan.py [--repeat 3] [--cases 64,1024]
 
-For each cluster it solves the old plan once (not timed), then times ``planner.replan.replan``
+For each cluster it solves the old plan once (not timed), then times ``planner.search.replan.replan``
 in process (the command adds its start-up, about 0.5 s of imports) for each change. CPU time
 is the figure to trust on a shared machine. Columns: the chosen plan, whether it kept the
 checkpoint's layout, and how many world sizes were solved or pruned by bounds.
@@ -26,10 +26,10 @@ def main() -> None:
     ap.add_argument("--cases", default="64,1024")
     args = ap.parse_args()
     from costmodel.specs import Workload
-    from planner.inputs import load_cluster_sized, load_model
-    from planner.replan import changed_cluster, replan
-    from planner.result import plans_from_result
-    from planner.solver import solve
+    from planner.plan.inputs import load_cluster_sized, load_model
+    from planner.search.replan import changed_cluster, replan
+    from planner.cli.result import plans_from_result
+    from planner.search.bnb import solve
 
     print("| old plan | change | wall s (best) | CPU s (best) | new plan | GPUs used | step s old -> new | "
           "kept layout | world sizes solved / pruned |")

@@ -15,7 +15,7 @@ import yaml
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "accelerate"
 MODE = "train"

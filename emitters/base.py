@@ -5,7 +5,7 @@ An emitter is one module in ``emitters/`` with ``TARGET``, ``MODE`` (``train`` o
 ``FORMAT`` (the tool and the version of its format the output targets), ``SUMMARY`` and a pure
 ``emit(plan) -> dict[str, str]`` (file name -> text). It raises ``CannotExpress`` naming the
 part of the plan the target cannot state, rather than write something that would run a
-different configuration. Emitters import only the plan types (``planner.planfile``,
+different configuration. Emitters import only the plan types (``planner.plan.planfile``,
 ``costmodel.specs``): no torch, no target package.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import shlex
 from typing import Iterable, Sequence
 
 from costmodel.specs import StageSpec
-from planner.planfile import Plan, dump_plan
+from planner.plan.planfile import Plan, dump_plan
 
 PLAN_FILE = "plan.yaml"
 

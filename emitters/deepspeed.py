@@ -15,7 +15,7 @@ import json
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "deepspeed"
 MODE = "train"

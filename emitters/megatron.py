@@ -12,7 +12,7 @@ from __future__ import annotations
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers,
                            virtual_stage_layers)
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "megatron"
 MODE = "train"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emitters.base import CannotExpress, ceil_fraction, estimate_memory, require, require_mode, require_one_group
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 
 @dataclass(frozen=True)

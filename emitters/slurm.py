@@ -9,7 +9,7 @@ from __future__ import annotations
 from emitters.base import (PLAN_FILE, Raw, bash_array, comment_block, describe, job_name, nodes_and_procs,
                            plan_text, require_mode, require_one_group)
 from emitters.torchrun import DEFAULT_STEPS
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "slurm"
 MODE = "train"

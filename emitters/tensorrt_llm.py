@@ -15,7 +15,7 @@ import yaml
 
 from emitters.base import CannotExpress, Raw, bash_array, require, script_header
 from emitters.serving import WEIGHT_DTYPES, check, fraction, layout, memory
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "tensorrt-llm"
 MODE = "infer"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from emitters.base import (PLAN_FILE, CannotExpress, Raw, bash_array, nodes_and_procs, plan_text,
                            require_mode, script_header)
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "torchrun"
 MODE = "train"

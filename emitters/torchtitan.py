@@ -14,7 +14,7 @@ from __future__ import annotations
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs, require,
                            require_mode, require_one_group, require_order, script_header, toml_table,
                            virtual_stage_layers)
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "torchtitan"
 MODE = "train"

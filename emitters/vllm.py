@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from emitters.base import CannotExpress, Raw, bash_array, require, script_header
 from emitters.serving import WEIGHT_DTYPES, check, fraction, layout, memory
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 TARGET = "vllm"
 MODE = "infer"

@@ -1,6 +1,6 @@
 """The runtime: runs a plan file with torch.distributed, measures it, checkpoints, resumes.
 
-It reads only the plan (``planner.planfile``) and the spec types in it (``costmodel.specs``).
+It reads only the plan (``planner.plan.planfile``) and the spec types in it (``costmodel.specs``).
 
 * ``runtime.train``      -- the entry point ``python -m runtime.train --plan PLAN ...`` (torchrun
                             or one process): set-up, training loop, metrics, summary;

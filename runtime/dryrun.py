@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="0", help="comma-separated ranks, or 'all' (default 0)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from planner.planfile import PlanError, read_plan
+    from planner.plan.planfile import PlanError, read_plan
 
     from .errors import PlanNotRunnable
     try:

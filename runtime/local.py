@@ -23,7 +23,7 @@ from typing import Any
 
 _PRELOAD = ["torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.fsdp",
             "torch.distributed.tensor.parallel", "runtime.train", "runtime.serve", "runtime.parallel", "runtime.model",
-            "planner.planfile"]
+            "planner.plan.planfile"]
 
 
 class JobFailed(RuntimeError):
@@ -202,7 +202,7 @@ def make_plan(model: str = "tiny-llama", global_batch: int = 8, seq_len: int = 3
     ``cluster`` (a ``ClusterSpec``; default this machine's processes)."""
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, StageSpec, Workload, default_stages
-    from planner.planfile import DEFAULT_ORDER, Plan
+    from planner.plan.planfile import DEFAULT_ORDER, Plan
     spec = get_model(model)
     par = ParallelConfig(**parallel)
     if stages is None:

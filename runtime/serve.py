@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = ServeOptions(prompt_len=args.prompt_len, output_len=args.output_len, batch=args.batch,
                         json_out=args.json_out, device=args.device, warmup=args.warmup, quiet=args.quiet)
     from costmodel.specs import SpecError
-    from planner.planfile import PlanError, read_plan
+    from planner.plan.planfile import PlanError, read_plan
 
     def body() -> None:
         plan = read_plan(args.plan)

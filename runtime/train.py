@@ -520,7 +520,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 def expected_errors() -> tuple[type[BaseException], ...]:
     from costmodel.specs import SpecError
-    from planner.planfile import PlanError
+    from planner.plan.planfile import PlanError
     return (RuntimeUsageError, PlanError, SpecError, CheckpointMismatch, DataError, RuntimeModelError,
             PlanNotRunnable)
 
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> None:
-        from planner.planfile import read_plan
+        from planner.plan.planfile import read_plan
         plan = read_plan(args.plan)
         if plan.mode != "train":
             raise RuntimeUsageError(f"{args.plan} is a {plan.mode!r} plan; the runtime trains (mode train)")

@@ -14,8 +14,8 @@ from costmodel.comm import Network, layout_for
 from costmodel.memory import model_state_bytes, stage_param_counts
 from costmodel.specs import ParallelConfig, SpecError, Workload, default_stages
 from costmodel.training import estimate
-from planner.inputs import load_model
-from planner.validation import all_rows
+from planner.plan.inputs import load_model
+from planner.cli.validation import all_rows
 from profiles.clusters import load_cluster
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -232,7 +232,7 @@ def test_zero_model_states_formula():
 
 
 def test_validation_markdown_is_current():
-    from planner.validation import markdown
+    from planner.cli.validation import markdown
     doc = Path(__file__).resolve().parents[1] / "costmodel" / "VALIDATION.md"
     assert doc.exists(), "run `make validation`"
     assert doc.read_text() == markdown(ROWS), "costmodel/VALIDATION.md is stale: run `make validation`"

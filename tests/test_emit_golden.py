@@ -1,8 +1,8 @@
-"""The emitters' golden files are current: `python -m emitters.regen_golden` rewrites them after a
+"""The emitters' golden files are current: `python -m planner.cli.regen_golden` rewrites them after a
 deliberate change to an emitter or an example plan, and this test fails until it is run."""
 from __future__ import annotations
 
-from emitters.regen_golden import GOLDEN, REFUSED, example_plans, expected, on_disk
+from planner.cli.regen_golden import GOLDEN, REFUSED, example_plans, expected, on_disk
 
 
 def test_golden_files_are_current():
@@ -13,7 +13,7 @@ def test_golden_files_are_current():
     changed = sorted(k for k in set(want) & set(have) if want[k] != have[k])
     assert not (missing or stale or changed), (
         f"golden files under {GOLDEN} are out of date (missing {missing[:5]}, stale {stale[:5]}, "
-        f"changed {changed[:5]}); run `python -m emitters.regen_golden` and review the diff")
+        f"changed {changed[:5]}); run `python -m planner.cli.regen_golden` and review the diff")
 
 
 def test_every_example_has_every_target_of_its_mode():

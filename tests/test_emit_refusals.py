@@ -106,7 +106,7 @@ def test_per_stage_full_recompute_on_a_none_policy_is_expressed_or_refused():
 
     import emitters
     from emitters.base import CannotExpress
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
 
     plan = read_plan(Path(__file__).resolve().parents[1] / "plans" / "llama-3-70b-64xh100.yaml")
     assert plan.parallel.recompute == "none" and any(s.recompute_layers for s in plan.stages)

@@ -28,7 +28,7 @@ import yaml
 from costmodel.specs import stages_from_counts
 from emitters import torchtitan as tt_emitter
 from emitters.base import recompute_per_stage, stage_layers
-from planner.planfile import plan_from_dict, plan_to_dict
+from planner.plan.planfile import plan_from_dict, plan_to_dict
 
 from test_emit_support import examples, make_plan, run_script, split_module_args, write
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, Workload
 from emitters import get
-from emitters.regen_golden import builtin_plans
-from planner.planfile import Plan, default_stages
+from planner.cli.regen_golden import builtin_plans
+from planner.plan.planfile import Plan, default_stages
 from profiles.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

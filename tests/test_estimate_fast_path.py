@@ -20,7 +20,7 @@ from costmodel.specs import StageSpec, SpecError, Workload, default_stages, vali
 from costmodel.training import (ADAM_TRAFFIC_BYTES_PER_PARAM, DDP_BUCKET_BYTES, FRAGMENTATION, estimate,
                                 inflight_microbatches, stage_groups)
 from costmodel.units import dtype_bytes
-from planner.space import enumerate_candidates
+from planner.search.space import enumerate_candidates
 from profiles.clusters import load_cluster
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.check import check_plan
-from planner.examples import EXAMPLES, main
-from planner.planfile import read_plan
+from planner.plan.check import check_plan
+from planner.cli.examples import EXAMPLES, main
+from planner.plan.planfile import read_plan
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
@@ -20,4 +20,4 @@ def test_example_plan_is_valid(name):
 
 
 def test_examples_are_current():
-    assert main(["--check"]) == 0, "run `python -m planner.examples`"
+    assert main(["--check"]) == 0, "run `python -m planner.cli.examples`"

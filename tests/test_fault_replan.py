@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.planfile import read_plan, write_plan
+from planner.plan.planfile import read_plan, write_plan
 from runtime.checkpoint import step_name
 from runtime.local import LocalPool, make_plan
 from runtime.train import Options

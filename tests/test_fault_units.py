@@ -7,9 +7,9 @@ import argparse
 
 import pytest
 
-from planner.cmd_launch import _check_args, _failed_rank, _injection, _replan_path, add_arguments
-from planner.errors import UsageError
-from planner.planfile import write_plan
+from planner.cli.cmd_launch import _check_args, _failed_rank, _injection, _replan_path, add_arguments
+from planner.plan.errors import UsageError
+from planner.plan.planfile import write_plan
 from runtime.errors import RuntimeUsageError
 from runtime.local import make_plan
 from runtime.train import Failure

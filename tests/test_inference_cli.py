@@ -48,7 +48,8 @@ def test_json_envelope_contract(capsys):
 def test_cpsat_choice_equals_brute_force_over_the_same_candidates():
     from costmodel.catalog import get_model
     from costmodel.specs import Workload
-    from planner.infer_plan import enumerate_candidates, solve_serving
+    from planner.search.serving import solve_serving
+    from planner.search.serving_space import enumerate_candidates
     from profiles.clusters import load_cluster
     m, c = get_model("mixtral-8x7b"), load_cluster("dgx-h100").with_gpus(8)
     w = Workload(global_batch=1, seq_len=2500, mode="infer", prompt_len=2000, output_len=500, kv_dtype="bf16")
@@ -100,7 +101,7 @@ def test_fixed_batch_minimizes_latency(capsys):
 
 def test_plan_file_round_trip_and_vllm_emitter(tmp_path, capsys):
     from emitters import vllm
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
     out = tmp_path / "infer_plan.yaml"
     rc = main(BASE + ["--batch", "32", "--out", str(out), "--json"])
     assert rc == 0
@@ -123,7 +124,7 @@ def test_plan_file_round_trip_and_vllm_emitter(tmp_path, capsys):
 
 def test_moe_plan_with_expert_parallel_emits_for_vllm(tmp_path, capsys):
     from emitters import vllm
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
     out = tmp_path / "infer_moe.yaml"
     rc = main(["plan", "--mode", "infer", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "8",
                "--prompt-len", "512", "--output-len", "256", "--tp", "1", "--ep", "8", "--out", str(out), "--json"])

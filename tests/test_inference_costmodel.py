@@ -187,7 +187,7 @@ def test_to_dict_has_the_contract_keys():
 # ---- published figures -------------------------------------------------------------------------
 
 def _rows():
-    from planner.infer_plan import validation_rows
+    from planner.cli.validation_inference import validation_rows
     return validation_rows()
 
 
@@ -203,7 +203,7 @@ def test_published_serving_figures_within_20_percent(row):
 def test_every_calibration_case_and_metric_is_checked():
     import yaml
 
-    from planner.infer_plan import CALIBRATION
+    from planner.cli.validation_inference import CALIBRATION
     cases = yaml.safe_load(CALIBRATION.read_text())["cases"]
     names = {r.case.split(" (")[0] for r in ROWS if r.split == "calibration"}
     assert names == {c["name"] for c in cases}
@@ -212,10 +212,10 @@ def test_every_calibration_case_and_metric_is_checked():
 
 
 def test_validation_table_is_current():
-    from planner.infer_plan import VALIDATION_DOC, validation_markdown
+    from planner.cli.validation_inference import VALIDATION_DOC, validation_markdown
     assert VALIDATION_DOC.read_text() == validation_markdown(ROWS), (
         "costmodel/VALIDATION_INFERENCE.md is stale: run "
-        "`python -m planner.infer_plan --write-validation costmodel/VALIDATION_INFERENCE.md`")
+        "`python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md`")
 
 
 def test_unknown_gpu_dtype_falls_back_to_16_bit_compute():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from planner.check import check_plan
-from planner.planfile import read_plan
+from planner.plan.check import check_plan
+from planner.plan.planfile import read_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ import yaml
 
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, Workload, default_stages
-from planner.cmd_calibrate import Run, apply_factors, calibrate, predict
-from planner.planfile import Plan, write_plan
+from planner.cli.cmd_calibrate import Run, apply_factors, calibrate, predict
+from planner.plan.planfile import Plan, write_plan
 from profiles.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -63,7 +63,7 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
 def test_planner_reads_the_profile():
     """A measured profile through the planner's own loader and `planner estimate` (the cost model
     reads the measured tables); `planner plan --cluster` too once the plan command exists."""
-    from planner.inputs import load_cluster_sized
+    from planner.plan.inputs import load_cluster_sized
     prof = ROOT / "profiles" / "measured" / "cpu-2x2-netns.yaml"
     spec = load_cluster_sized(str(prof), 4)
     assert (spec.nodes, spec.gpus_per_node) == (2, 2)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.planfile import read_plan, write_plan
-from planner.replan import (COMPATIBLE_SLACK, TooFewGpus, changed_cluster, describe_changes, has_shape,
+from planner.plan.planfile import read_plan, write_plan
+from planner.search.replan import (COMPATIBLE_SLACK, TooFewGpus, changed_cluster, describe_changes, has_shape,
                             layout_unchanged, replan, world_sizes_upto)
-from planner.result import plans_from_result
+from planner.cli.result import plans_from_result
 from runtime.local import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_a_world_size_without_a_plan_rounds_down():
     from costmodel.catalog import get_model
     from costmodel.specs import Workload
     from profiles.clusters import load_cluster
-    from planner.solver import solve
+    from planner.search.bnb import solve
     model, wl = get_model("tiny-llama"), Workload(global_batch=8, seq_len=128)
     cluster = load_cluster("cpu").with_gpus(8)
     old = plans_from_result(solve(model, cluster, wl, {}), model, cluster, wl)[0]
@@ -247,9 +247,9 @@ def test_one_search_over_several_world_sizes_equals_the_best_of_each_alone():
     import math
     from costmodel.catalog import get_model
     from costmodel.specs import Workload
-    from planner.errors import InfeasibleError
-    from planner.replan import sized
-    from planner.solver import solve
+    from planner.plan.errors import InfeasibleError
+    from planner.search.replan import sized
+    from planner.search.bnb import solve
     from profiles.clusters import load_cluster
     model, wl = get_model("llama-3-8b"), Workload(global_batch=96, seq_len=4096)
     cluster = load_cluster("dgx-a100-40gb").with_gpus(120)          # 15 nodes

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.planfile import write_plan
+from planner.plan.planfile import write_plan
 from profiles.clusters import load_cluster
 from runtime.local import make_plan
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.planfile import write_plan
+from planner.plan.planfile import write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_one_gpu_1b_model_against_prediction(tmp_path):
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, Workload, default_stages
     from costmodel.training import estimate
-    from planner.planfile import Plan
+    from planner.plan.planfile import Plan
     from profiles.clusters import load_cluster
 
     name = torch.cuda.get_device_name(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.planfile import write_plan
+from planner.plan.planfile import write_plan
 from runtime.local import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_crash_and_elastic_restart_match_the_uninterrupted_run(plan_dp4, tmp_pat
     """Issue 8's proof: 4 processes, rank 2 killed at step 5, a checkpoint every 2 steps,
     ``--max-restarts 1``: the job resumes from step 4 and every loss equals the uninterrupted
     run's within 1e-6. The uninterrupted run is the same plan and code in a local pool."""
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
     from runtime.local import LocalPool
     from runtime.train import Options
     with LocalPool(4) as pool:

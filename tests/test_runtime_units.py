@@ -14,7 +14,7 @@ import torch
 
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, StageSpec
-from planner.planfile import write_plan
+from planner.plan.planfile import write_plan
 from runtime.checkpoint import CheckpointMismatch, check_compatible, find_latest
 from runtime.data import DataError, TokenStream
 from runtime.local import make_plan
@@ -180,14 +180,14 @@ def test_train_entry_point_refuses_bad_input_in_one_line(tmp_path):
 
 
 def test_launch_module_starts_without_torch():
-    r = _run(["-c", "import sys, planner.cmd_launch, runtime.checkpoint; print('torch' in sys.modules)"])
+    r = _run(["-c", "import sys, planner.cli.cmd_launch, runtime.checkpoint; print('torch' in sys.modules)"])
     assert r.stdout.strip() == "False", r.stderr
 
 
 def test_launch_builds_the_torchrun_command(tmp_path):
     import argparse
 
-    from planner.cmd_launch import _check_args, add_arguments, torchrun_command
+    from planner.cli.cmd_launch import _check_args, add_arguments, torchrun_command
     p = tmp_path / "p.yaml"
     plan = make_plan("tiny-llama", dp=4, zero=3, grad_accum=2)
     write_plan(plan, p)
@@ -201,7 +201,7 @@ def test_launch_builds_the_torchrun_command(tmp_path):
     s = " ".join(cmd)
     assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4 --max-restarts 2" in s
     assert "-m runtime.train --plan" in s and "--checkpoint-every 2" in s and "--json-out /tmp/s.json" in s
-    from planner.errors import UsageError
+    from planner.plan.errors import UsageError
     for bad, msg in ((["--nnodes", "3"], "needs --rdzv-endpoint"),
                      (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--nproc-per-node", "4"], "= 8"),
                      (["--max-restarts", "1"], "needs --checkpoint-dir"),
@@ -211,8 +211,8 @@ def test_launch_builds_the_torchrun_command(tmp_path):
 
 
 def test_launch_names_the_failed_rank_from_torchrun_report(tmp_path):
-    from planner.cmd_launch import _failure
-    from planner.errors import CheckFailed, UsageError
+    from planner.cli.cmd_launch import _failure
+    from planner.plan.errors import CheckFailed, UsageError
     report = """Failures:
 [1]:
   rank      : 0 (local_rank: 0)

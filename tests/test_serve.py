@@ -56,7 +56,7 @@ def serving_plan(model: str = "tiny-llama", batch: int = 4, stages: list[int] | 
     test_inference_cli; one of them runs below under torchrun)."""
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, Workload, default_stages, stages_from_counts
-    from planner.planfile import Plan
+    from planner.plan.planfile import Plan
     from profiles.clusters import load_cluster
     spec = get_model(model)
     p = ParallelConfig(**par)
@@ -173,7 +173,7 @@ def test_cli_under_torchrun_and_alone(pool, tmp_path, capsys):
 
 
 def test_refusals_exit_2_without_a_traceback(tmp_path):
-    from planner.planfile import write_plan
+    from planner.plan.planfile import write_plan
     from runtime.local import make_plan
     train = write_plan(make_plan("tiny-llama"), tmp_path / "infer_train.yaml")
     two = write_plan(serving_plan(tp=2), tmp_path / "infer_two.yaml")
@@ -192,7 +192,7 @@ def test_refusals_exit_2_without_a_traceback(tmp_path):
 
 @pytest.mark.gpu
 def test_serve_on_one_gpu(tmp_path):  # pragma: no cover - needs a GPU
-    from planner.planfile import write_plan
+    from planner.plan.planfile import write_plan
     plan = serving_plan("tiny-llama")
     path = write_plan(plan, tmp_path / "infer_gpu.yaml")
     out = tmp_path / "gpu.json"

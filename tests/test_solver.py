@@ -9,10 +9,10 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.specs import ModelSpec, Workload
-from planner.check import check_plan
-from planner.errors import InfeasibleError, UsageError
-from planner.result import plans_from_result
-from planner.solver import solve
+from planner.plan.check import check_plan
+from planner.plan.errors import InfeasibleError, UsageError
+from planner.cli.result import plans_from_result
+from planner.search.bnb import solve
 from profiles.clusters import cluster_from_dict, load_cluster
 
 
@@ -150,7 +150,7 @@ def test_conflicting_fixed_dimensions():
 
 
 def test_time_limit_reports_feasible_with_gap_or_stops():
-    from planner.errors import SolverStopped
+    from planner.plan.errors import SolverStopped
     m, c = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
     for limit in (0.05, 1.0):
         try:

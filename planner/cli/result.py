@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, Workload
-from planner.planfile import Plan, provenance
-from planner.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
+from planner.plan.planfile import Plan, provenance
+from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
                             throughput_line)
-from planner.solver import SolveResult
+from planner.search.problem import SolveResult
 
 
 def solver_json(res: SolveResult) -> dict[str, Any]:

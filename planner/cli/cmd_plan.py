@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.args import add_degree_args, add_problem_args, fixed_degrees, load_problem, mesh_order
+from planner.cli.args import (add_degree_args, add_problem_args, check_writable, cluster_source_of, fixed_degrees,
+                              load_problem, mesh_order)
 
 HELP = "solve for the best plan (any dimension may be fixed); --out writes the plan file"
 
@@ -25,58 +26,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="print the result as JSON (the stable contract)")
     o.add_argument("--out", help="write the best plan to this YAML file")
     o.add_argument("--csv", help="write every scored candidate to this CSV file")
-    from planner import infer_args
+    from planner.cli import infer_args
     infer_args.add_arguments(p)
-
-
-def _check_writable(path: str | None) -> None:
-    import os
-    from pathlib import Path
-
-    from planner.errors import UsageError
-    if not path:
-        return
-    d = Path(path).resolve().parent
-    if not d.exists():
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the directory for {path}: {e.strerror}") from None
-    if not os.access(d, os.W_OK):
-        raise UsageError(f"cannot write {path}: {d} is not writable")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.mode == "infer":
-        from planner import infer_plan
+        from planner.cli import infer_plan
         return infer_plan.run(args)
-    from planner.errors import UsageError
+    from planner.plan.errors import UsageError
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if args.max_time <= 0:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
-    _check_writable(args.out)
-    _check_writable(args.csv)
+    check_writable(args.out)
+    check_writable(args.csv)
     model, cluster, wl = load_problem(args)
     fixed = fixed_degrees(args)
     order = mesh_order(args)
     if order:
         fixed["mesh_order"] = order
-    from planner.solver import solve
-    from planner.result import plans_from_result, result_json, print_result
+    from planner.search.bnb import solve
+    from planner.cli.result import plans_from_result, result_json, print_result
 
     res = solve(model, cluster, wl, fixed, gpus=cluster.total_gpus, objective=args.objective,
                 price_per_gpu_hour=args.price_per_gpu_hour, top=args.top, max_time_s=args.max_time,
                 exhaustive=args.exhaustive, score_all=bool(args.csv))
-    plans = plans_from_result(res, model, cluster, wl, cluster_source=_source(args.cluster))
+    plans = plans_from_result(res, model, cluster, wl, cluster_source=cluster_source_of(args.cluster))
     if args.out:
-        from planner.planfile import write_plan
+        from planner.plan.planfile import write_plan
         write_plan(plans[0], args.out)
     if args.csv:
         import pandas as pd
         pd.DataFrame(res.scored).to_csv(args.csv, index=False)
     if args.json:
-        from planner.report import print_json
+        from planner.cli.report import print_json
         print_json(result_json(res, plans))
     else:
         print_result(res, plans, args.out)
@@ -84,7 +68,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
-
-def _source(cluster_arg: str) -> str:
-    from profiles.clusters import cluster_names
-    return "catalog" if cluster_arg in cluster_names() else cluster_arg

@@ -1,4 +1,4 @@
-"""Regenerate the emitters' golden files: ``python -m emitters.regen_golden [--check]``.
+"""Regenerate the emitters' golden files: ``python -m planner.cli.regen_golden [--check]``.
 
 For every example plan (the plan files in ``plans/*.yaml`` and the built-in examples below,
 which cover the cases the plan files may not: uneven splits, virtual stages, HSDP, experts,
@@ -17,10 +17,10 @@ from pathlib import Path
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, StageSpec, Workload
 from emitters import TARGETS, CannotExpress, get
-from planner.planfile import Plan, default_stages, read_plan
+from planner.plan.planfile import Plan, default_stages, read_plan
 from profiles.clusters import cluster_from_dict, load_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "emitters"
 PLANS = ROOT / "plans"
 REFUSED = "REFUSED.txt"
@@ -136,7 +136,7 @@ def on_disk() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m emitters.regen_golden", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m planner.cli.regen_golden", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare only; exit 1 on any difference")
     args = ap.parse_args(argv)
     want = expected()

@@ -1,7 +1,7 @@
 """Flags of ``planner plan --mode infer`` (serving), added to the ``plan`` parser.
 
 The shared flags (``--model --cluster --gpus --dtype --tp --pp --dp --ep --top --json --out``)
-come from ``planner.args`` and ``planner.cmd_plan``; in serving ``--dp`` is the number of
+come from ``planner.cli.args`` and ``planner.cli.cmd_plan``; in serving ``--dp`` is the number of
 replicas and ``--dtype`` the weights' precision (bf16, fp16, fp8, int8, int4).
 """
 from __future__ import annotations

@@ -10,8 +10,8 @@ import io
 from typing import Any
 
 from costmodel.training import Estimate, estimate
-from planner.planfile import Plan
-from planner.report import describe_parallel
+from planner.plan.planfile import Plan
+from planner.cli.report import describe_parallel
 
 TIME_WORDS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "tensor-parallel communication",
               "cp_comm_s": "context-parallel communication", "ep_comm_s": "expert all-to-all",
@@ -25,7 +25,7 @@ def plan_estimate(plan: Plan) -> Estimate:
 
 
 def _solve(plan: Plan, cluster=None, workload=None, top: int = 2, max_time: float = 30.0):
-    from planner.solver import solve
+    from planner.search.bnb import solve
     c = cluster or plan.cluster
     return solve(plan.model, c, workload or plan.workload, {}, gpus=c.total_gpus, top=top, max_time_s=max_time)
 

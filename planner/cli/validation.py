@@ -26,7 +26,7 @@ from costmodel.memory import model_state_bytes
 from costmodel.training import estimate
 from profiles.clusters import load_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "calibration" / "published_runs.yaml"
 HOLDOUT = ROOT / "calibration" / "holdout_runs.yaml"
 
@@ -116,7 +116,7 @@ def markdown(rows: list[Row]) -> str:
     out = ["# Cost-model validation", "",
            "Regenerate with `make validation` (`planner validate --write costmodel/VALIDATION.md`).",
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
-           "source's software implies are set once per source in `planner/validation.py`.", ""]
+           "source's software implies are set once per source in `planner/cli/validation.py`.", ""]
     out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),

@@ -14,8 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.report import print_json
-    from planner.validation import all_rows, markdown
+    from planner.cli.report import print_json
+    from planner.cli.validation import all_rows, markdown
 
     rows = all_rows()
     if args.json:

@@ -17,10 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.errors import UsageError
-    from planner.explain import explain, explain_json, html_report, text
-    from planner.planfile import read_plan
-    from planner.report import print_json
+    from planner.plan.errors import UsageError
+    from planner.cli.explain import explain, explain_json, html_report, text
+    from planner.plan.planfile import read_plan
+    from planner.cli.report import print_json
 
     plan = read_plan(args.plan)
     if plan.mode != "train":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
+from planner.cli.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
 
 HELP = "the cost model alone for one configuration: memory per GPU and step time, term by term"
 
@@ -17,11 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from costmodel.training import estimate
-    from planner.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
+    from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
                                 print_json, throughput_line)
 
     if args.plan:
-        from planner.planfile import read_plan
+        from planner.plan.planfile import read_plan
         plan = read_plan(args.plan)
         model, cluster, wl, par = plan.model, plan.cluster, plan.workload, plan.parallel
         stages, order = plan.stages, plan.mesh_order
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 def _serving(plan, as_json: bool) -> int:
     """An inference plan: the serving cost model, not the training one."""
     from costmodel.inference import estimate_inference
-    from planner.report import console, parallel_json, print_json
+    from planner.cli.report import console, parallel_json, print_json
 
     est = estimate_inference(plan.model, plan.cluster, plan.workload, plan.parallel, order=plan.mesh_order,
                              stages=plan.stages)

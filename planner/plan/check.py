@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from costmodel.specs import SpecError, validate
 from costmodel.training import estimate, stage_groups
-from planner.planfile import Plan
+from planner.plan.planfile import Plan
 
 MEMORY_TOLERANCE = 1e-6   # relative; float re-evaluation of the same plan
 

@@ -34,7 +34,7 @@ class SolverStopped(PlannerError):
 
 def exit_code_for(e: BaseException) -> int | None:
     """The exit code for an expected error, or None for a programmer error."""
-    from planner.planfile import PlanError
+    from planner.plan.planfile import PlanError
     if isinstance(e, PlannerError):
         return e.exit_code
     if isinstance(e, (SpecError, PlanError)):

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from planner.errors import UsageError
+from planner.plan.errors import UsageError
 
 HELP = "write launch files for a target (torchrun, slurm, kubernetes, megatron, deepspeed, ...) from a plan"
 
@@ -79,7 +79,7 @@ def _check_out(out: Path, names: set[str], force: bool) -> None:
 
 def run(args) -> int:
     from emitters import TARGETS, CannotExpress
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
 
     if args.list:
         return _list(args.json)

@@ -16,7 +16,7 @@ resumes from the newest complete checkpoint).
 ``--on-failure replan`` (one node): this command restarts the job itself, so that it sees which
 rank failed each time. A device (a GPU; on the CPU, a process slot) whose rank fails
 ``--dead-after`` times (default 2) is dead: it is excluded, the plan is replanned for the
-devices left (``planner.replan``: the checkpoint's layout kept where that costs little, the
+devices left (``planner.search.replan``: the checkpoint's layout kept where that costs little, the
 global batch kept, the world size rounded down to one that has a plan), the new plan is
 written next to the checkpoint directory (``D.replan-1.yaml``, ...) and the job resumes from the
 last complete checkpoint under it. Other failures restart on the same plan, at most
@@ -42,10 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.errors import CheckFailed, UsageError
+from planner.plan.errors import CheckFailed, UsageError
 
 HELP = "run a plan with the built-in runtime (torchrun) and compare measured with predicted"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -367,10 +367,10 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
                     metrics: str) -> tuple[dict[str, Any], Any, list[dict[str, Any]], int]:
     """Run the job; on a dead device, exclude it, replan, resume (see the module docstring).
     Returns (rank 0's summary, the plan that finished, the replans, the relaunches in all)."""
-    from planner.errors import PlannerError
-    from planner.planfile import write_plan
-    from planner.replan import changed_cluster, describe_changes, replan
-    from planner.result import plans_from_result
+    from planner.plan.errors import PlannerError
+    from planner.plan.planfile import write_plan
+    from planner.search.replan import changed_cluster, describe_changes, replan
+    from planner.cli.result import plans_from_result
 
     slots = _device_slots(device, nproc)
     if len(slots) < nproc:
@@ -558,7 +558,7 @@ def print_table(out: dict[str, Any], plan) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.planfile import read_plan
+    from planner.plan.planfile import read_plan
     plan = read_plan(args.plan)
     args._mode = plan.mode
     nproc, device = _check_args(args, plan)

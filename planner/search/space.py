@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
-from planner.errors import UsageError
+from planner.plan.errors import UsageError
 
 MIN_TOKENS_PER_CP_RANK = 4096
 MICRO_BATCHES = (1, 2, 4, 8)

@@ -35,7 +35,7 @@ checkpoint's layout costs.
 Too few GPUs (no world size up to ``N`` has a plan): ``TooFewGpus`` (exit 1) naming the
 smallest number of GPUs, in whole nodes, that has one (``minimum_gpus``).
 
-Pure planning: no I/O; ``planner.cmd_replan`` is the command.
+Pure planning: no I/O; ``planner.cli.cmd_replan`` is the command.
 """
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.specs import ClusterSpec, SpecError, Workload
-from planner.errors import InfeasibleError, SolverStopped, UsageError
-from planner.planfile import Plan
-from planner.solver import Problem, SolveResult, Solution, solve
-from planner.space import enumerate_candidates, outer_shapes
+from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
+from planner.plan.planfile import Plan
+from planner.search import bounds
+from planner.search.bnb import solve
+from planner.search.problem import Problem, Solution, SolveResult
+from planner.search.space import enumerate_candidates, outer_shapes
 
 COMPATIBLE_SLACK = 0.05      # keep the checkpoint's layout when it is within 5 % of the best plan
 MAX_SEARCH_GPUS = 1 << 17    # the upward search for the minimum stops here (131,072 GPUs)
@@ -121,7 +123,7 @@ def changed_cluster(cluster: ClusterSpec, *, gpus: int | None = None, lose_nodes
 
 def has_shape(model, workload: Workload, gpn: int, world: int, fixed: dict | None = None) -> bool:
     """Whether some (tp, cp, pp, dp) with ``dp`` dividing the global batch uses exactly ``world``
-    GPUs (``planner.space.outer_shapes``; the inner choices are never empty), with a fixed
+    GPUs (``planner.search.space.outer_shapes``; the inner choices are never empty), with a fixed
     expert-parallel degree dividing ``dp * cp``."""
     fixed = fixed or {}
     ep = fixed.get("ep") if model.is_moe else None
@@ -311,7 +313,7 @@ def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
         if has_shape(model, workload, min(gpn, w), w):
             c = cluster.with_gpus(w)
             prob = Problem(model, c, workload)
-            if any(prob.lower_bound(x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
+            if any(bounds.lower_bound(prob, x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
                 try:
                     solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)))
                     return w, w

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.errors import CheckFailed, UsageError
+    from planner.plan.errors import CheckFailed, UsageError
     from profiles.profile import ProfileInputError, ProfileOptions, RankFailed, run_profile, under_torchrun
 
     if args.timeout <= 0:

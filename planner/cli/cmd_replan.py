@@ -1,5 +1,5 @@
 """``planner replan``: a new plan for a changed cluster, warm-started from the old plan and
-keeping its checkpoint's layout where that costs little (``planner.replan``).
+keeping its checkpoint's layout where that costs little (``planner.search.replan``).
 
     planner replan PLAN (--gpus N | --lose-nodes K | --add-nodes K | --cluster NEW [--gpus N])
         [--global-batch G] [--json] [--out FILE] [--max-time S] [--compatible-within PCT]
@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def new_cluster(args: argparse.Namespace, plan):
     """The plan's cluster (or ``--cluster``) with the change applied; UsageError if none given."""
-    from planner.errors import UsageError
-    from planner.replan import changed_cluster
+    from planner.plan.errors import UsageError
+    from planner.search.replan import changed_cluster
     if args.gpus is None and args.lose_nodes is None and args.add_nodes is None and not args.cluster:
         raise UsageError("say what changed: --gpus N, --lose-nodes K, --add-nodes K or --cluster NEW")
     cluster = plan.cluster
@@ -61,8 +61,8 @@ def new_cluster(args: argparse.Namespace, plan):
 
 def checkpoint_compatible(old, new) -> bool:
     """The old run's checkpoint loads under ``new`` as it is: the runtime accepts it (same model
-    and workload) and no layer changes rank (``planner.replan.layout_unchanged``)."""
-    from planner.replan import layout_unchanged
+    and workload) and no layer changes rank (``planner.search.replan.layout_unchanged``)."""
+    from planner.search.replan import layout_unchanged
     from runtime.checkpoint import CheckpointMismatch, check_compatible
     try:
         check_compatible({"model": old.model.to_dict(), "workload": old.workload.to_dict()}, new.model.to_dict(),
@@ -73,8 +73,8 @@ def checkpoint_compatible(old, new) -> bool:
 
 
 def replan_json(rp, new_plan, changes: list[str], compatible: bool) -> dict[str, Any]:
-    from planner.result import plan_json, solver_json
-    from planner.report import parallel_json
+    from planner.cli.result import plan_json, solver_json
+    from planner.cli.report import parallel_json
     old = rp.old
     new_s = rp.solution.estimate.step_time_s
     out = {"status": rp.result.status, "plans": [plan_json(new_plan)], "solver": solver_json(rp.result),
@@ -93,7 +93,7 @@ def replan_json(rp, new_plan, changes: list[str], compatible: bool) -> dict[str,
 
 
 def print_replan(out: dict[str, Any], rp, new_plan, path: str | None) -> None:
-    from planner.report import console, describe_parallel
+    from planner.cli.report import console, describe_parallel
     c = console()
     old = rp.old
     c.print(f"[bold]{old.model.name}[/bold]: {old.world_size} -> {out['gpus_available']} GPUs available "
@@ -122,11 +122,11 @@ def print_replan(out: dict[str, Any], rp, new_plan, path: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.errors import UsageError
-    from planner.planfile import read_plan, write_plan
-    from planner.replan import COMPATIBLE_SLACK, TooFewGpus, describe_changes, replan
-    from planner.result import plans_from_result
-    from planner.cmd_plan import _check_writable
+    from planner.plan.errors import UsageError
+    from planner.plan.planfile import read_plan, write_plan
+    from planner.search.replan import COMPATIBLE_SLACK, TooFewGpus, describe_changes, replan
+    from planner.cli.result import plans_from_result
+    from planner.cli.args import check_writable
     if args.max_time <= 0:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
     if args.global_batch is not None and args.global_batch <= 0:
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     slack = COMPATIBLE_SLACK if args.compatible_within is None else args.compatible_within / 100
     if slack < 0:
         raise UsageError(f"--compatible-within must be >= 0, got {args.compatible_within}")
-    _check_writable(args.out)
+    check_writable(args.out)
     old = read_plan(args.plan)
     if old.mode != "train":
         raise UsageError(f"{args.plan} is a {old.mode!r} plan; replan handles training plans "
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         rp = replan(old, cluster, wl, max_time_s=args.max_time, slack=slack)
     except TooFewGpus as e:
         if args.json:
-            from planner.report import print_json
+            from planner.cli.report import print_json
             print_json({"status": "INFEASIBLE", "error": str(e), "minimum_gpus": e.minimum_gpus,
                         "gpus_available": cluster.total_gpus})
         raise
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_plan(new, args.out)
     if args.json:
-        from planner.report import print_json
+        from planner.cli.report import print_json
         print_json(out)
     else:
         print_replan(out, rp, new, args.out)

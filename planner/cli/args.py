@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
-from planner.errors import UsageError
-from planner.inputs import load_cluster_sized, load_model
+from planner.plan.errors import UsageError
+from planner.plan.inputs import load_cluster_sized, load_model
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
@@ -102,3 +102,26 @@ def complete_config(fixed: dict, gpus: int, workload: Workload) -> ParallelConfi
         d["sp"] = d["tp"] > 1
     d.pop("dp_shard", None) if d.get("dp_shard") is None else None
     return ParallelConfig(**d)
+
+
+def check_writable(path: str | None) -> None:
+    """Refuse an output path whose directory cannot be created or written, before any solving."""
+    import os
+    from pathlib import Path
+
+    if not path:
+        return
+    d = Path(path).resolve().parent
+    if not d.exists():
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the directory for {path}: {e.strerror}") from None
+    if not os.access(d, os.W_OK):
+        raise UsageError(f"cannot write {path}: {d} is not writable")
+
+
+def cluster_source_of(cluster_arg: str) -> str:
+    """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
+    from profiles.clusters import cluster_names
+    return "catalog" if cluster_arg in cluster_names() else cluster_arg

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 
-from planner.errors import exit_code_for
+from planner.plan.errors import exit_code_for
 
 COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
 
@@ -33,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
-            mod = importlib.import_module(f"planner.cmd_{name}")
+            mod = importlib.import_module(f"planner.cli.cmd_{name}")
         except ModuleNotFoundError as e:
-            if e.name == f"planner.cmd_{name}":
+            if e.name == f"planner.cli.cmd_{name}":
                 continue
             raise
         sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)

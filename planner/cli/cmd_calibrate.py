@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @dataclasses.dataclass
 class Run:
     name: str
-    plan: Any                    # planner.planfile.Plan
+    plan: Any                    # planner.plan.planfile.Plan
     measured_step_time_s: float
 
 
@@ -169,8 +169,8 @@ def _summary(errors: list[float]) -> dict:
 def load_runs(path: Path) -> list[Run]:
     import yaml
 
-    from planner.errors import UsageError
-    from planner.planfile import read_plan
+    from planner.plan.errors import UsageError
+    from planner.plan.planfile import read_plan
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from planner.errors import UsageError
+    from planner.plan.errors import UsageError
     from profiles.clusters import cluster_to_dict, load_cluster
 
     fit = tuple(f.strip() for f in args.fit.split(",") if f.strip())

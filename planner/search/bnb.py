@@ -1,0 +1,253 @@
+"""The training search: branch and bound over outer configurations, CP-SAT for the pipeline.
+
+1. ``space.enumerate_candidates`` lists every legal outer configuration (degrees, ZeRO stage,
+   micro-batch, virtual stages, base recompute policy, mesh order).
+2. Each gets a valid lower bound on its objective from the cost model: with stage times linear
+   in their layer counts, ``m*max(t) + (sum(t) - max(t))/v >= (m - 1/v) * sum(t)/p + sum(t)/v``,
+   recomputation and exposed data-parallel time counted as zero.
+3. Candidates are solved in increasing bound order; the search stops when the next bound is no
+   better than the K-th best plan found, which proves those K optimal under the cost model.
+4. Solving one candidate is a CP-SAT model (``cpsat.PipelineModel``): integer layers per stage
+   ``n_i`` (contiguous blocks, summing to the model's layers), for heterogeneous clusters a
+   boolean per (stage, node group) with each group's stage count, and per-stage tables from the
+   cost model -- time per micro-batch, exposed data-parallel time and optimizer time at the
+   least full recomputation that fits the stage's memory (``r*(i, n)``; infeasible ``n`` are cut
+   from the domain). The objective is the step time, ``v*m*T + S - T + v*E + v*O`` in integer
+   nanoseconds, with ``T >= t_i``, ``S = sum(t_i)``, ``E >= e_i``, ``O >= o_i``.
+5. The reported numbers come from re-running the float cost model on the chosen plan.
+
+``--exhaustive`` enumerates every stage split (and group assignment) of every candidate over
+the same tables: the reference the tests hold CP-SAT to (``exhaustive``).
+
+The parts: ``space`` (candidates), ``problem`` (tables, result types), ``bounds``, ``cpsat``
+(step 4), ``exhaustive``; this module is the search that ties them together.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import operator
+import time
+from collections.abc import Sequence
+
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.training import Estimate, estimate
+from costmodel.units import GIB
+from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
+from planner.search import bounds
+from planner.search.cpsat import cpsat_one
+from planner.search.exhaustive import exhaustive_one
+from planner.search.problem import Problem, Solution, SolveResult, finalize_par, stages_from
+from planner.search.space import Candidate, enumerate_candidates
+
+
+def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
+          objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
+          max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
+          hint: dict | None = None, cutoff: float | None = None,
+          worlds: Sequence[int] | None = None) -> SolveResult:
+    """Best plan(s) under the cost model; see the module docstring.
+
+    ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
+    with the least bound is solved before anything else, and its objective prunes the rest.
+    ``cutoff``: an objective already achieved elsewhere; only plans better than it are of
+    interest, everything whose bound is not below it is pruned. When nothing beats it the
+    result has status ``CUTOFF``, no solutions, and ``bound`` the least bound left unexplored.
+    ``worlds``: search plans on each of these GPU counts (at most ``gpus``) in one branch and
+    bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
+    estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
+    """
+    t0 = time.perf_counter()
+    gpus = gpus or cluster.total_gpus
+    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour)
+    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds)
+    mem_obj = objective == "memory"
+    # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
+    # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
+    groups: dict[tuple, list] = {}
+    for k, c in enumerate(cands):
+        p_ = c.par
+        groups.setdefault((c.world,) + _group_fields(p_), []).append((k, c))
+    heap = []
+    hinted = []
+    # a hint on the group's own fields matches a whole group or none of it
+    group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
+    for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
+        if hint and not (exhaustive or mem_obj) and (_matches(members[0][1], hint) if group_level_hint else
+                                                     any(_matches(c, hint) for _, c in members)):
+            for k, c in members:
+                lb_ = bounds.lower_bound(prob, c)
+                heap.append((lb_, 0, k, c))
+                if _matches(c, hint) and lb_ < math.inf:
+                    hinted.append((lb_, k, c))
+        elif exhaustive or mem_obj:
+            heap += [(bounds.lower_bound(prob, c), 1, k, c) for k, c in members]
+        else:
+            # the group's bound with the bubble; whether it can hold its model states at all is
+            # asked only when it comes to the front (--csv scores every candidate: there a group
+            # is only ordered, never cut for memory)
+            gb = bounds.compute_bound(prob, members) if score_all else bounds.group_bound(prob, members)
+            heap.append((gb, -1, members[0][0], members))
+    if hinted:
+        _, k, c = min(hinted, key=lambda x: (x[0], x[1]))
+        heap.append((-1.0, 2, k, c))          # solved first; its duplicate later is pruned or cheap
+    heapq.heapify(heap)
+    sols: list[Solution] = []
+    scored: list[dict] = []
+    solved = 0
+    solved_worlds: list[int] = []
+    timed_out = False
+    remaining_bound = None
+    while heap:
+        lb, strong, k, cand = heapq.heappop(heap)
+        if lb == math.inf:
+            break
+        if strong == -1:
+            kth = _kth(sols, top, cutoff)
+            if lb >= kth * (1 - 1e-9) and not score_all:
+                remaining_bound = lb
+                break
+            if not score_all and not bounds.group_may_fit(prob, cand):
+                continue
+            for kk, c in cand:
+                heapq.heappush(heap, (bounds.lower_bound(prob, c), 0, kk, c))
+            continue
+        kth = _kth(sols, top, cutoff)
+        if not exhaustive and lb >= kth * (1 - 1e-9):
+            remaining_bound = lb
+            if not score_all:
+                break
+            scored.append(_score_row(cand, lb, None, None))
+            continue
+        if strong < 2 and not exhaustive and lb >= 0 and cand.par.pp > 1:
+            # tighten lazily: the cheap strong bound first, the makespan bound only for those
+            # that still come out ahead
+            heapq.heappush(heap, (bounds.strong_bound(prob, cand, lb, makespan=strong == 1), strong + 1, k, cand))
+            continue
+        if time.perf_counter() - t0 > max_time_s:
+            timed_out = True
+            remaining_bound = lb
+            break
+        solved += 1
+        if cand.world not in solved_worlds:
+            solved_worlds.append(cand.world)
+        cut_s = kth / prob.weight(cand) if (kth < math.inf and not exhaustive and not mem_obj) else None
+        tab = prob.tables(cand, memory_objective=mem_obj, cutoff=cut_s)
+        if exhaustive:
+            res = exhaustive_one(prob, cand, tab, mem_obj)
+        else:
+            cut = kth / prob.weight(cand) if kth < math.inf else None
+            res = cpsat_one(prob, cand, tab, mem_obj, max(0.1, max_time_s - (time.perf_counter() - t0)), cut)
+        if res is None:
+            if score_all:
+                scored.append(_score_row(cand, lb, None, None))
+            continue
+        obj, ns, gs = res
+        stages = stages_from(tab, cand, ns, gs)
+        par = finalize_par(cand, stages)
+        used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
+        est = estimate(model, used, workload, par, stages=stages, order=cand.order)
+        weight = prob.weight(cand)
+        value = est.peak_bytes if mem_obj else est.step_time_s * weight
+        sols.append(Solution(cand=Candidate(par=par, order=cand.order, stage_counts=cand.stage_counts),
+                             objective=value, stages=stages, estimate=est, table_objective=obj * weight))
+        if score_all:
+            scored.append(_score_row(cand, lb, est, value))
+    if score_all:
+        scored += [_score_row(c, lb_, None, None) for lb_, _, _, c in heap]
+    sols.sort(key=lambda s: s.objective)
+    sols = sols[:top]
+    wall = time.perf_counter() - t0
+    if not sols and cutoff is not None and not timed_out:
+        return SolveResult(status="CUTOFF", solutions=[], objective=None,
+                           bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
+                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                           solved_worlds=solved_worlds)
+    if not sols:
+        if timed_out:
+            raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
+                                f"({solved} of {len(cands)} candidates tried); raise --max-time")
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus))
+    best = sols[0].objective
+    if timed_out:
+        status = "FEASIBLE"
+        bound = min(best, remaining_bound) if remaining_bound is not None else best
+    else:
+        status = "OPTIMAL"
+        bound = best
+    return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
+                       candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                       solved_worlds=solved_worlds)
+
+
+# the fields a group of candidates shares (with the world size): its bound is computed once
+_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "sp", "micro_batch", "recompute")
+_group_fields = operator.attrgetter(*_GROUP_FIELDS)
+
+
+def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:
+    """The objective a new plan must beat: the K-th best so far, or the outside cutoff."""
+    kth = sorted(s.objective for s in sols)[top - 1] if len(sols) >= top else math.inf
+    return kth if cutoff is None else min(kth, cutoff)
+
+
+def _matches(cand: Candidate, hint: dict) -> bool:
+    return all(getattr(cand.par, k) == v for k, v in hint.items())
+
+
+def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | None) -> dict:
+    row = {k: getattr(cand.par, k) for k in ("tp", "pp", "dp", "cp", "ep", "zero", "dp_shard", "sp", "vpp",
+                                             "micro_batch", "grad_accum", "recompute", "schedule")}
+    row["mesh_order"] = ",".join(cand.order)
+    row["lower_bound"] = lb
+    row["solved"] = est is not None
+    row["objective"] = value
+    if est is not None:
+        row.update(step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, mfu=est.mfu,
+                   peak_bytes=est.peak_bytes, fits=est.fits, **est.time)
+    return row
+
+
+def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                  cands: list[Candidate]) -> tuple[float, ParallelConfig, Estimate] | None:
+    """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
+    parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
+    best = None
+    for c in cands:
+        if c.par.zero < 3 and c.par.dp > 1:
+            continue
+        full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
+        try:
+            est = estimate(model, cluster, workload, full, order=c.order)
+        except SpecError:
+            continue
+        if best is None or est.peak_bytes < best[0]:
+            best = (est.peak_bytes, full, est)
+    return best
+
+
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
+    """The binding constraint and the smallest change that would make a plan exist."""
+    model, cluster, wl = prob.model, prob.cluster, prob.workload
+    if not cands:
+        return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
+                "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
+    best = _least_memory(model, cluster, wl, cands)
+    if best is None:
+        return f"no configuration of {model.name} fits on {gpus} GPUs"
+    need, par, est = best
+    hint = "; try GPUs with more memory, a shorter --seq-len or a smaller --global-batch"
+    if len(cluster.groups) == 1:
+        for mult in (2, 4, 8, 16, 32):
+            try:
+                bigger = cluster.with_gpus(gpus * mult)
+                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult))
+            except (SpecError, UsageError):
+                continue
+            if more is not None and more[2].fits:
+                hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
+                break
+    return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
+            f"dp={par.dp}, zero={par.zero}, full recompute, micro-batch {par.micro_batch}; "
+            f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")

@@ -1,0 +1,275 @@
+"""Valid lower bounds on a candidate's objective, from the cost model, cheapest first.
+
+* ``group_bound`` / ``compute_bound``: a group of candidates sharing degrees and micro-batch, by
+  the average stage's compute and TP/EP/CP communication (and the pipeline bubble); ``group_may_fit``
+  asks whether the group's least-memory member can hold its model states at all.
+* ``lower_bound``: one candidate; with stage times linear in their layer counts,
+  ``m*max(t) + (sum(t) - max(t))/v >= (m - 1/v) * sum(t)/p + sum(t)/v``, recomputation and exposed
+  data-parallel time counted as zero (exact for one stage; ``_memory_bound`` for the memory objective).
+* ``strong_bound``: tighter, for candidates near the front: the stage with the most layers at its
+  least recompute that fits, and optionally the makespan bound.
+"""
+from __future__ import annotations
+
+import math
+
+from costmodel.comm import group_layout, layout_for
+from costmodel.layers import ends_cost, layer_cost
+from costmodel.memory import model_state_bytes
+from costmodel.training import FRAGMENTATION, inflight_microbatches
+from planner.search.problem import Problem
+from planner.search.space import Candidate
+
+
+def lower_bound(prob: Problem, cand: Candidate) -> float:
+    """A valid lower bound on the candidate's objective, or inf when it cannot fit memory."""
+    par = cand.par
+    p, m, v, L = par.pp, par.grad_accum, par.vpp, prob.model.layers
+    moe_frac = prob.model.moe_layers / L
+    if not _may_fit(prob, cand, moe_frac):
+        return math.inf
+    if prob.objective == "memory":
+        return _memory_bound(prob, cand, moe_frac)
+    if p == 1:
+        # one stage, one split: the exact objective, at the least recompute that fits
+        g = prob.groups(cand)[0]
+        sm = prob.stage_model_for(cand, g, 0)
+        nd, nm = L * (1 - moe_frac), L * moe_frac
+        if par.recompute == "full":
+            r = L if par.recompute_layers < 0 else min(par.recompute_layers, L)
+        else:
+            r = least_recompute(sm, nd, nm, L, 1.0)
+        if r is None:
+            return math.inf
+        c = sm.cost(nd, nm, r)
+        return (m * c.t + sm.dp_exposed(c, 0) + c.opt) * prob.weight(cand)
+    best = math.inf
+    for g in prob.groups(cand):
+        sms = {pos: prob.stage_model_for(cand, g, i) for pos, i in
+               (("first", 0), ("mid", min(1, p - 1)), ("last", p - 1))}
+        mid = sms["mid"]
+        c1, c2 = mid.cost(1 - moe_frac, moe_frac, 0), mid.cost(2 - 2 * moe_frac, 2 * moe_frac, 0)
+        slope = (c2.t - c2.fsdp) - (c1.t - c1.fsdp)
+        cf = sms["first"].cost(1 - moe_frac, moe_frac, 0)
+        cl = sms["last"].cost(1 - moe_frac, moe_frac, 0)
+        intercepts = (cf.t - cf.fsdp - slope) + (cl.t - cl.fsdp - slope) + (p - 2) * (c1.t - c1.fsdp - slope)
+        best = min(best, slope * L + intercepts)
+    # p > 1 here: one stage returned its exact objective above
+    return ((m - 1 / v) * best / p + best / v) * prob.weight(cand)
+
+
+def compute_bound(prob: Problem, members: list) -> float:
+    """A bound shared by a group of candidates with the same degrees and micro-batch: the
+    average stage's compute and TP/EP/CP communication for all micro-batches (the least over
+    the group's mesh orders), nothing else."""
+    by_order = {c.order: c for _, c in members}
+    cand = next(iter(by_order.values()))
+    par = cand.par
+    L, p, m = prob.model.layers, par.pp, par.grad_accum
+    n_moe = prob.model.moe_layers
+    best = math.inf
+    # straight from the (memoized) layer costs: building whole stage models here costs more
+    # than the bound saves; the terms are exactly StageModel.cost's at r = 0
+    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    selective = par.recompute == "selective"
+    for c_ in by_order.values():
+        for g in prob.groups(c_):
+            grp = prob.cluster.group(g)
+            gpn = grp.gpus_per_node
+            tp_lay = group_layout(degrees, c_.order, "tp", gpn)
+            cp_lay = group_layout(degrees, c_.order, "cp", gpn)
+            stride = 1
+            for d in c_.order[c_.order.index("dp") + 1:]:
+                stride *= degrees[d]
+            ep_lay = layout_for(par.ep, stride, gpn)
+            args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
+                    grp.intra_node, tp_lay, ep_lay, cp_lay)
+            per_stage = 0.0
+            for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
+                if not n:
+                    continue
+                lc = layer_cost(prob.model, moe, *args)
+                per = 3 * lc.fwd_s + 2 * lc.tp_fwd_s + 2 * lc.ep_fwd_s + 3 * max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+                per_stage += n * (per + (lc.selective_extra_s if selective else 0.0))
+            ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
+                           prob.cluster)
+            best = min(best, m * (per_stage + 3 * ec.head_fwd_s / p))
+    if prob.objective == "memory":
+        return 0.0
+    return best * prob.weight(cand)
+
+
+def group_may_fit(prob: Problem, members: list) -> bool:
+    """Whether the group's least-memory member (highest ZeRO stage, widest shard) can hold
+    its model states; when it cannot, no member can."""
+    least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
+    return _may_fit(prob, least, prob.model.moe_layers / prob.model.layers)
+
+
+def group_bound(prob: Problem, members: list) -> float:
+    """``compute_bound`` with the pipeline bubble: the stages' summed time ``S`` has
+    ``S/p >= cb/m``, so each member's weak bound ``(m - 1/v)*S/p + S/v`` is at least
+    ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count. Memory is
+    not looked at (``group_may_fit``)."""
+    par = members[0][1].par
+    v = max(c.par.vpp for _, c in members)
+    cb = compute_bound(prob, members)
+    if prob.objective == "memory" or par.pp == 1:
+        return cb
+    return cb * (1 + (par.pp - 1) / (v * par.grad_accum))
+
+
+def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = False) -> float:
+    """A tighter valid bound, worth its cost only for candidates near the front: the stage
+    with the most layers holds at least ceil(L/p) of them, at its least recompute that fits
+    (stage time grows with layers), and every other stage at least the minimum."""
+    par = cand.par
+    p, m, v, L = par.pp, par.grad_accum, par.vpp, prob.model.layers
+    if p == 1 or prob.objective == "memory":
+        return weak
+    moe_frac = prob.model.moe_layers / L
+    lo = max(1, par.vpp)
+    big = -(-L // p)
+    t_big = t_small = math.inf
+    for g in prob.groups(cand):
+        for i in sorted({0, max(0, p - 2), p - 1}):
+            sm = prob.stage_model_for(cand, g, i)
+            inflight = inflight_microbatches(par, i)
+            for n, slot in ((big, "big"), (lo, "small")):
+                nd, nm = n * (1 - moe_frac), n * moe_frac
+                if par.recompute == "full":
+                    r = n if par.recompute_layers < 0 else min(par.recompute_layers, n)
+                else:
+                    r = least_recompute(sm, nd, nm, n, inflight)
+                if r is None:
+                    continue
+                t = sm.cost(nd, nm, r).t
+                if slot == "big":
+                    t_big = min(t_big, t)
+                else:
+                    t_small = min(t_small, t)
+    if t_big == math.inf:
+        return math.inf
+    if makespan and len(prob.groups(cand)) == 1:
+        t_big = max(t_big, _makespan_bound(prob, cand, big, lo, moe_frac))
+    w = prob.weight(cand)
+    # the weak bound's sum of stage times (no recomputation) still bounds S from below
+    s_lb = weak / w / ((m - 1 / v) / p + 1 / v)
+    s_lb = max(s_lb, t_big + (p - 1) * t_small)
+    return max(weak, ((m - 1 / v) * t_big + s_lb / v) * w)
+
+
+def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac: float, width: int = 3) -> float:
+    """The least T at which the stages can hold all layers: with stage times increasing in
+    their layer counts, a stage within T holds at most n_i(T) layers, so sum n_i(T) >= L.
+    The first and last stages (embedding, head) are counted as they are; the middle ones as
+    the most favourable middle stage (the fewest micro-batches in flight). Evaluated on a
+    window of layer counts around L/p; outside it, nothing is claimed."""
+    par = cand.par
+    p, L = par.pp, prob.model.layers
+    g = prob.groups(cand)[0]
+    n_lo = max(lo, big - width)
+    ns = list(range(n_lo, big + width + 1))
+    slots = [(0, 1), (p - 1, 1)] + ([(p - 2, p - 2)] if p > 2 else [])
+    curves = []
+    for i, count in slots:
+        sm = prob.stage_model_for(cand, g, i)
+        inflight = inflight_microbatches(par, i)
+        ts = []
+        for n in ns:
+            nd, nm = n * (1 - moe_frac), n * moe_frac
+            if par.recompute == "full":
+                r = n if par.recompute_layers < 0 else min(par.recompute_layers, n)
+            else:
+                r = least_recompute(sm, nd, nm, n, inflight)
+            ts.append(math.inf if r is None else sm.cost(nd, nm, r).t)
+        curves.append((count, ts))
+    for tau in sorted({t for _, ts in curves for t in ts if t < math.inf}):
+        cap = 0
+        for count, ts in curves:
+            fits = [n for n, t in zip(ns, ts) if t <= tau]
+            if not fits:
+                if n_lo == lo:
+                    cap = -1          # this stage cannot hold even the minimum within tau
+                    break
+                cap += count * (n_lo - 1)   # below the window: at most n_lo - 1 layers
+                continue
+            if fits[-1] == ns[-1]:
+                return tau            # could hold more than the window: no bound beyond tau
+            cap += count * fits[-1]
+        if cap >= L:
+            return tau
+    finite = [t for _, ts in curves for t in ts if t < math.inf]
+    return max(finite) if finite else math.inf
+
+
+def _memory_bound(prob: Problem, cand: Candidate, moe_frac: float) -> float:
+    """A lower bound on the peak memory of any split, as the memory objective's tables count
+    it (every layer recomputed: the least activation memory). A stage's peak grows with its
+    layers, so the peak is at least (a) the fullest stage's, which holds ``ceil(L/p)`` layers
+    at some position: the least over positions; (b) the first and the last stage's with the
+    fewest layers a stage may hold (the embedding, the head and their in-flight
+    activations)."""
+    par = cand.par
+    p, L = par.pp, prob.model.layers
+    frag = 1 + FRAGMENTATION
+    big, lo = -(-L // p), max(1, par.vpp)
+
+    def peak(g: str, i: int, n: int) -> float:
+        sm = prob.stage_model_for(cand, g, i)
+        c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
+        w, gr, op = c.states
+        acts = inflight_microbatches(par, i) * (c.act_stored + c.embed_act) + c.act_fixed
+        return w + gr + op + sm.reserved + c.buffers + frag * acts
+
+    groups = prob.groups(cand)
+    if p == 1:
+        return min(peak(g, 0, L) for g in groups)
+    # each part on its own least node group: on a mixed cluster the fullest, the first and
+    # the last stage may each run on another group
+    fullest = min(peak(g, i, big) for g in groups for i in range(p))
+    return max(fullest, min(peak(g, 0, lo) for g in groups), min(peak(g, p - 1, lo) for g in groups))
+
+
+def _may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
+    """Necessary condition: the average stage's model states plus the fixed overheads fit
+    (the fullest stage holds at least the average; recomputation cannot shrink states)."""
+    par = cand.par
+    L, p = prob.model.layers, par.pp
+    for g in prob.groups(cand):
+        sm = prob.stage_model_for(cand, g, min(1, p - 1))
+        n = L / p
+        c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
+        w, gr, o = c.states
+        ends = (prob.model.embedding_params() + prob.model.vocab * prob.model.hidden) / par.tp / p
+        ends_b = model_state_bytes(ends, par.dp_shard, par.zero, prob.workload.dtype, prob.workload.optimizer).total
+        if w + gr + o + ends_b + sm.reserved <= sm.capacity:
+            return True
+    return False
+
+
+def least_recompute(sm, nd: float, nm: float, n: int, inflight: float) -> int | None:
+    """The fewest fully recomputed layers that fit the stage in memory (memory falls
+    linearly in r once r > 0), or None if even full recomputation does not fit."""
+    cap = sm.capacity
+    c0 = sm.cost(nd, nm, 0)
+    if sm.memory(c0, inflight)["peak_bytes"] <= cap:
+        return 0
+    c1 = sm.cost(nd, nm, 1)
+    m1 = sm.memory(c1, inflight)["peak_bytes"]
+    if m1 <= cap:
+        return 1
+    if n == 1:
+        return None
+    cn = sm.cost(nd, nm, n)
+    mn = sm.memory(cn, inflight)["peak_bytes"]
+    if mn > cap:
+        return None
+    per = (m1 - mn) / (n - 1)
+    r = 1 + math.ceil((m1 - cap) / per - 1e-9)
+    r = min(max(r, 1), n)
+    while r > 1 and sm.memory(sm.cost(nd, nm, r - 1), inflight)["peak_bytes"] <= cap:
+        r -= 1
+    while r < n and sm.memory(sm.cost(nd, nm, r), inflight)["peak_bytes"] > cap:
+        r += 1
+    return r

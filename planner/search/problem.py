@@ -1,0 +1,206 @@
+"""A training problem for the search: the model, cluster and workload, what one second of step
+time is worth under the objective, each stage's cost model, and a candidate's per-stage tables
+(time, exposed data-parallel time, optimizer time and memory at the least full recomputation that
+fits, per layer count and node group) that the CP-SAT model and the brute force both read. Also
+the result types (``Solution``, ``SolveResult``) and what turns a split into plan stages.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload
+from costmodel.training import FRAGMENTATION, Estimate, inflight_microbatches, stage_model
+from planner.search.space import Candidate
+
+NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
+KIB = 1024             # integer memory unit for the memory objective
+
+
+@dataclass
+class Solution:
+    cand: Candidate
+    objective: float                  # seconds (throughput), dollars/step (cost) or bytes (memory)
+    stages: tuple[StageSpec, ...]
+    estimate: Estimate
+    table_objective: float = 0.0      # the same objective from the integer tables CP-SAT saw
+    status: str = "OPTIMAL"
+
+    @property
+    def par(self) -> ParallelConfig:
+        return self.cand.par
+
+
+@dataclass
+class SolveResult:
+    status: str                       # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN
+    solutions: list[Solution]
+    objective: float | None
+    bound: float | None
+    wall_time_s: float
+    candidates: int
+    solved: int
+    objective_name: str
+    scored: list[dict[str, Any]] = field(default_factory=list)
+    solved_worlds: list[int] = field(default_factory=list)   # GPU counts of the candidates solved
+
+    @property
+    def gap(self) -> float:
+        if self.objective is None or self.bound is None or self.objective == 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+@dataclass
+class StageTables:
+    """For stage i on group g and n layers: integer time, exposed DP, optimizer, memory; and r*."""
+
+    lo: int
+    hi: int
+    t: dict[tuple[int, str], list]      # (stage, group) -> [value or None for n in lo..hi]
+    e: dict[tuple[int, str], list]
+    o: dict[tuple[int, str], list]
+    mem: dict[tuple[int, str], list]
+    r: dict[tuple[int, str], list]
+
+
+class Problem:
+    """One training problem; ``objective`` is throughput, cost or memory."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, objective: str = "throughput",
+                 price_per_gpu_hour: float | None = None):
+        self.model, self.cluster, self.workload = model, cluster, workload
+        self.objective = objective
+        self.price = price_per_gpu_hour
+
+    # objective scale: what one second of step time is worth
+    def weight(self, cand: Candidate) -> float:
+        if self.objective == "cost":
+            price = self.price if self.price is not None else self.cluster.gpu.price_per_hour or 1.0
+            return cand.world * price / 3600.0
+        return 1.0
+
+    def groups(self, cand: Candidate) -> list[str]:
+        return [g for g, c in cand.stage_counts if c > 0]
+
+    def stage_model_for(self, cand: Candidate, group: str, i: int):
+        p = cand.par.pp
+        hetero = len(self.cluster.groups) > 1
+        gpn = self.cluster.group(group).gpus_per_node
+        degrees = {"pp": p, "dp": cand.par.dp, "cp": cand.par.cp, "tp": cand.par.tp}
+        order = cand.order
+        stride = 1
+        for d in order[order.index("pp") + 1:]:
+            stride *= degrees[d]
+        crosses = hetero or stride >= gpn or stride * p > gpn
+        return stage_model(self.model, self.cluster, self.workload, cand.par, order, group, i == 0, i == p - 1,
+                           crosses and p > 1)
+
+    def tables(self, cand: Candidate, memory_objective: bool = False, cutoff: float | None = None) -> StageTables:
+        """Per stage (and node group) and layer count n: the least full recomputation r* that
+        fits memory, and the stage's time, exposed DP time, optimizer time and memory there.
+
+        A stage's cost is linear in r for r >= 1 (each recomputed layer swaps its stored
+        activations for its input and adds one forward), so two cost-model calls per
+        (position, n) give every stage's entry in closed form; the chosen plans are re-scored
+        with the full float model afterwards.
+        """
+        par = cand.par
+        p, L = par.pp, self.model.layers
+        lo = max(1, par.vpp)
+        hi = L - lo * (p - 1)
+        moe_frac = self.model.moe_layers / L
+        t, e, o, mem, rr = {}, {}, {}, {}, {}
+        frag = 1 + FRAGMENTATION
+        for g in self.groups(cand):
+            rows_by_pos: dict[tuple[bool, bool], list] = {}
+            for i in range(p):
+                pos = (i == 0, i == p - 1)
+                if pos not in rows_by_pos:
+                    sm = self.stage_model_for(cand, g, i)
+                    rows = []
+                    for n in range(lo, hi + 1):
+                        nd, nm = n * (1 - moe_frac), n * moe_frac
+                        c0 = sm.cost(nd, nm, 0)
+                        if cutoff is not None and par.grad_accum * c0.t > cutoff:
+                            break                      # this many layers alone exceed the incumbent
+                        cn = sm.cost(nd, nm, n)
+                        w, gr, op = c0.states
+                        rows.append((n, c0, cn, w + gr + op + sm.reserved + c0.buffers, sm.capacity))
+                    rows_by_pos[pos] = (sm, rows)
+                sm, rows = rows_by_pos[pos]
+                inflight = inflight_microbatches(par, i)
+                key = (i, g)
+                tl, el, ol, ml, rl = [], [], [], [], []
+                for n, c0, cn, base, cap in rows:
+                    a0 = inflight * (c0.act_stored + c0.embed_act)
+                    an = inflight * (cn.act_stored + cn.embed_act)
+                    peak0 = base + frag * (a0 + c0.act_fixed)
+                    if memory_objective or (par.recompute == "full" and par.recompute_layers < 0):
+                        r = n
+                    elif par.recompute == "full":
+                        r = min(par.recompute_layers, n)
+                    elif peak0 <= cap:
+                        r = 0
+                    else:
+                        per = (a0 - an) / n            # memory freed per recomputed layer
+                        need = base + frag * (a0 + cn.act_fixed) - cap
+                        r = max(1, math.ceil(need / (frag * per) - 1e-9)) if per > 0 else n + 1
+                    peak = (base + frag * (a0 + (an - a0) * r / n + (cn.act_fixed if r else c0.act_fixed))
+                            if r <= n else math.inf)
+                    if r > n or peak > cap:
+                        tl.append(None), el.append(None), ol.append(None), ml.append(None), rl.append(None)
+                        continue
+                    time_r = c0.t + (cn.t - c0.t) * r / n
+                    tl.append(int(round(time_r * NS)))
+                    el.append(int(round(sm.dp_exposed(c0, i) * NS)))
+                    ol.append(int(round(c0.opt * NS)))
+                    ml.append(int(math.ceil(peak / KIB)))
+                    rl.append(r)
+                pad = (hi - lo + 1) - len(tl)
+                for lst in (tl, el, ol, ml, rl):
+                    lst.extend([None] * pad)
+                t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
+        return StageTables(lo=lo, hi=hi, t=t, e=e, o=o, mem=mem, r=rr)
+
+
+def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[int], gs: list[str],
+                    memory_objective: bool = False) -> float | None:
+    """The solver's objective for a given split, from the same integer tables (exhaustive mode
+    and the tests use this)."""
+    par = cand.par
+    ts, es, os_, ms = [], [], [], []
+    for i, (n, g) in enumerate(zip(ns, gs)):
+        k = n - tab.lo
+        if not 0 <= k <= tab.hi - tab.lo or tab.t[(i, g)][k] is None:
+            return None
+        ts.append(tab.t[(i, g)][k])
+        es.append(tab.e[(i, g)][k])
+        os_.append(tab.o[(i, g)][k])
+        ms.append(tab.mem[(i, g)][k])
+    if memory_objective:
+        return float(max(ms))
+    v, m = par.vpp, par.grad_accum
+    if par.pp == 1:
+        return (m * ts[0] + es[0] + os_[0]) / NS
+    return (v * m * max(ts) + sum(ts) - max(ts) + v * max(es) + v * max(os_)) / v / NS
+
+
+def stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str]) -> tuple[StageSpec, ...]:
+    out, first = [], 0
+    for i, (n, g) in enumerate(zip(ns, gs)):
+        r = tab.r[(i, g)][n - tab.lo]
+        out.append(StageSpec(first_layer=first, num_layers=n, recompute_layers=int(r),
+                             group=g if len(cand.stage_counts) > 1 else ""))
+        first += n
+    return tuple(out)
+
+
+def finalize_par(cand: Candidate, stages: tuple[StageSpec, ...]) -> ParallelConfig:
+    """Record the recompute choice: all layers full -> recompute=full; else per stage."""
+    par = cand.par
+    if par.recompute != "full" and stages and all(s.recompute_layers == s.num_layers for s in stages):
+        return dataclasses.replace(par, recompute="full", recompute_layers=-1)
+    return par
