@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -36,15 +37,25 @@ from costmodel.specs import ParallelConfig, SpecError, StageSpec, Workload  # no
 from costmodel.training import estimate  # noqa: E402
 from profiles.clusters import load_cluster  # noqa: E402
 
-try:                                       # the search package, wherever it lives
-    from planner.search.solver import Problem  # type: ignore  # noqa: E402
-    from planner.search.space import enumerate_candidates  # type: ignore  # noqa: E402
-except ImportError:                        # pragma: no cover - the layout before issue 11
-    try:
-        from planner.search import Problem, enumerate_candidates  # type: ignore  # noqa: E402
-    except ImportError:
-        from planner.solver import Problem  # noqa: E402
-        from planner.space import enumerate_candidates  # noqa: E402
+try:                                       # the search package (issue 11's layout)
+    from planner.search import bounds as _bounds  # noqa: E402
+    from planner.search.problem import Problem  # noqa: E402
+    from planner.search.space import enumerate_candidates  # noqa: E402
+
+    def _lower_bound(prob, cand):
+        return _bounds.lower_bound(prob, cand)
+
+    def _strong_bound(prob, cand, lb):
+        return _bounds.strong_bound(prob, cand, lb, makespan=True)
+except ImportError:                        # the layout before it, to dump the baseline
+    from planner.solver import Problem  # noqa: E402
+    from planner.space import enumerate_candidates  # noqa: E402
+
+    def _lower_bound(prob, cand):
+        return prob.lower_bound(cand)
+
+    def _strong_bound(prob, cand, lb):
+        return prob.strong_bound(cand, lb, makespan=True)
 
 # (model, cluster, gpus, global batch, sequence length)
 TRAIN = [
@@ -122,10 +133,10 @@ def dump() -> dict:
                 except SpecError as e:
                     out[tag + "|uneven.error"] = str(e)
             if j % TABLE_EVERY == 0:
-                lb = prob.lower_bound(cand)
+                lb = _lower_bound(prob, cand)
                 out[tag + "|lower_bound"] = lb
                 if lb < math.inf:
-                    out[tag + "|strong_bound"] = prob.strong_bound(cand, lb, makespan=True)
+                    out[tag + "|strong_bound"] = _strong_bound(prob, cand, lb)
                     tab = prob.tables(cand)
                     for field in ("t", "e", "o", "mem", "r"):
                         for (i, g), lst in sorted(getattr(tab, field).items()):
@@ -165,8 +176,10 @@ def diff(before: dict, after: dict, rel: float) -> int:
                 continue
         else:
             d = math.inf
-        quantity = k.split("|", 1)[1] if "|" in k else k
-        quantity = "".join(c if not c.isdigit() else "#" for c in quantity.split("]")[-1] if c != "[")
+        # the quantity: the last part of the key, list indices dropped (stage rows, table entries)
+        quantity = re.sub(r"\[\d+\]", "[]", k.split("|")[-1])
+        if k.startswith("serve:"):
+            quantity = "serve." + k.split("|")[-1].split(".", 1)[-1]
         changed[quantity].append((d, k, a, b))
     n = sum(len(v) for v in changed.values())
     print(f"{len(before)} values before, {len(after)} after; {n} changed beyond {rel:g}; "

@@ -49,16 +49,29 @@ class GroupLayout(NamedTuple):
         return self.n > self.k
 
 
+def axis_stride(degrees: dict[str, int], order: tuple[str, ...], dim: str) -> int:
+    """Rank distance between neighbours of a ``dim`` group: the product of the degrees of the
+    dimensions inside it in the mesh ``order`` (outermost first)."""
+    stride = 1
+    for d in order[order.index(dim) + 1:]:
+        stride *= degrees.get(d, 1)
+    return stride
+
+
 def group_layout(degrees: dict[str, int], order: tuple[str, ...], dim: str, gpus_per_node: int,
                  inner_stride: int = 1) -> GroupLayout:
     """Layout of the ``dim`` group; ``inner_stride`` multiplies the stride (EP inside dp)."""
     n = degrees.get(dim, 1)
     if n <= 1:
         return GroupLayout(1, 1)
-    stride = inner_stride
-    for d in order[order.index(dim) + 1:]:
-        stride *= degrees.get(d, 1)
-    return layout_for(n, stride, gpus_per_node)
+    return layout_for(n, inner_stride * axis_stride(degrees, order, dim), gpus_per_node)
+
+
+def crosses_nodes(degrees: dict[str, int], order: tuple[str, ...], dim: str, gpus_per_node: int) -> bool:
+    """Does the ``dim`` group span more than one node, so that some neighbours talk across the
+    network? The one rule for pipeline neighbours in training (``training.stage_crosses``), in the
+    solver's tables, and in serving."""
+    return group_layout(degrees, order, dim, gpus_per_node).crosses_nodes
 
 
 @lru_cache(maxsize=4096)

@@ -76,8 +76,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from .comm import GroupLayout, Network, layout_for
+from .comm import GroupLayout, Network, crosses_nodes, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
+from .layers import ends_params, kv_heads_per_rank, kv_width_per_rank, layer_matrices, layer_params
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes
@@ -110,6 +111,9 @@ QUANT_GROUP = 128
 RUNTIME_EXTRA_BYTES = 0.5 * GIB  # CUDA graphs, sampler and scheduler buffers (vLLM logs 0.3-1 GiB)
 KV_BLOCK_TOKENS = 16             # paged KV block (vLLM default)
 LOGITS_BYTES = 4                 # sampling upcasts logits to fp32
+
+# serving's mesh, outermost first: replicas of tp x pp, TP ranks consecutive
+SERVING_MESH = ("pp", "dp", "tp")
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
 KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
@@ -166,8 +170,8 @@ def compute_dtype(dtype: str, cluster: ClusterSpec) -> str:
 # --------------------------------------------------------------------------------------
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
-    """KV heads a TP rank holds: kv_heads / tp, or one (replicated) when tp > kv_heads."""
-    return 1 if tp >= model.kv_heads else math.ceil(model.kv_heads / tp)
+    """KV heads a TP rank holds (``costmodel.layers.kv_heads_per_rank``, the one rule)."""
+    return kv_heads_per_rank(model, tp)
 
 
 def kv_bytes_per_token_layer(model: ModelSpec, tp: int, kv_dtype: str) -> float:
@@ -340,7 +344,7 @@ class _Serving:
         # tp x ep/tp consecutive ranks of ep/tp neighbouring replicas
         self.tp_lay = layout_for(par.tp, 1, gpn)
         self.ep_lay = layout_for(par.ep, 1, gpn) if par.ep > 1 else GroupLayout(1, 1)
-        self.pp_cross = par.pp > 1 and (par.tp * par.dp >= gpn or par.tp * par.dp * par.pp > gpn)
+        self.pp_cross = crosses_nodes({"pp": par.pp, "dp": par.dp, "tp": par.tp}, SERVING_MESH, "pp", gpn)
         self.etp = expert_tp(par)
         self.kv_layer = kv_bytes_per_token_layer(model, par.tp, self.kvdt)
         self.kvh = kv_heads_per_gpu(model, par.tp) if model.attention == "mha" else 0
@@ -382,23 +386,12 @@ class _Serving:
         m, par, out = self.m, self.par, _Pass()
         t, h, T = par.tp, self.m.hidden, tokens
         wb = self.wb
-        # attention projections
-        if m.attention == "mla":
-            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            if m.q_lora_rank:
-                self._gemm(T, m.q_lora_rank, h, 1, h * m.q_lora_rank * wb, out)
-                self._gemm(T, m.heads * qk / t, m.q_lora_rank, 1, m.q_lora_rank * m.heads * qk / t * wb, out)
-            else:
-                self._gemm(T, m.heads * qk / t, h, 1, h * m.heads * qk / t * wb, out)
-            r = m.kv_lora_rank + m.qk_rope_head_dim
-            self._gemm(T, r, h, 1, h * r * wb, out)
-            up = m.heads * (m.qk_nope_head_dim + m.v_head_dim) / t
-            self._gemm(T, up, m.kv_lora_rank, 1, m.kv_lora_rank * up * wb, out)
-            self._gemm(T, h, m.heads * m.v_head_dim / t, 1, m.heads * m.v_head_dim / t * h * wb, out)
-        else:
-            n_qkv = m.q_dim / t + 2 * self.kvh * m.head_dim
-            self._gemm(T, n_qkv, h, 1, h * n_qkv * wb, out)
-            self._gemm(T, h, m.attn_out_dim / t, 1, m.attn_out_dim / t * h * wb, out)
+        # the layer's matrices (``costmodel.layers.layer_matrices``, shared with training): every
+        # token through the attention and dense ones; the experts further down
+        matrices = layer_matrices(m, moe, t, par.ep, self.etp)
+        for mx in matrices:
+            if mx.role == "dense" and not mx.name.startswith("shared_expert"):
+                self._gemm(T, mx.n, mx.k, mx.count, mx.k * mx.n * mx.count * wb, out)
         # attention core
         heads = m.heads / t
         if prefill:
@@ -423,34 +416,29 @@ class _Serving:
         out.attn_compute += comp
         out.kv += mem
         out.attn += soft_roofline(comp, mem)
-        # MLP
-        mats = 3 if m.mlp == "swiglu" else 2
+        # MLP (MoE: router, shared experts, then the routed experts some token touches)
         kernels = KERNELS_PER_LAYER
         if moe:
             E, k = m.num_experts, m.top_k
-            self._gemm(T, E, h, 1, h * E * self.eb, out)                 # router (16-bit)
-            if m.shared_experts:
-                fs = m.shared_expert_ffn_hidden * m.shared_experts / t
-                self._gemm(T, (mats - 1) * fs, h, 1, (mats - 1) * fs * h * wb, out)
-                self._gemm(T, h, fs, 1, fs * h * wb, out)
-            fe = m.expert_ffn_hidden / self.etp
             local = E / par.ep
             # tokens whose experts live in this GPU's EP group: its replica's, times ep/tp replicas
             group_tokens = T * (par.ep / t if par.ep > 1 else 1)
             touched = local * expected_experts_touched(E, k, group_tokens) / E
             copies = group_tokens * k * local / E                        # routed token copies here
+            for mx in matrices:
+                if mx.role == "router":
+                    self._gemm(T, mx.n, mx.k, 1, mx.k * mx.n * self.eb, out)      # 16-bit router
+                elif mx.name.startswith("shared_expert"):
+                    self._gemm(T, mx.n, mx.k, 1, mx.k * mx.n * wb, out)
             if touched > 0:
                 per = copies / touched
-                self._gemm(per, (mats - 1) * fe, h, touched, touched * (mats - 1) * fe * h * wb, out)
-                self._gemm(per, h, fe, touched, touched * fe * h * wb, out)
+                for mx in matrices:
+                    if mx.role == "expert":
+                        self._gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
             if par.ep > 1:
                 sent = T / t * k * h * self.ab       # each TP rank dispatches its share of the tokens
                 out.ep += 2 * (self.net.all_to_all(sent, self.ep_lay) + COLLECTIVE_LAUNCH_S)
             kernels += MOE_EXTRA_KERNELS
-        else:
-            f = m.ffn_hidden / t
-            self._gemm(T, (mats - 1) * f, h, 1, (mats - 1) * f * h * wb, out)
-            self._gemm(T, h, f, 1, f * h * wb, out)
         out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm
         out.overhead += kernels * KERNEL_OVERHEAD_S
         out.tp += 2 * self._allreduce(T * h * self.ab)
@@ -496,25 +484,19 @@ class _Serving:
         return self._weights[key]
 
     def _stage_weights(self, st: StageSpec, index: int) -> float:
+        """Weight bytes of a stage on one GPU, from the layer description training uses
+        (``layers.layer_params``, ``layers.ends_params``): layer matrices and routed experts in the
+        weight dtype, router, norms, embedding and head in 16 bits (module docstring)."""
         m, par = self.m, self.par
-        t = par.tp
         n_moe = m.moe_layers_in(st.first_layer, st.last_layer)
         n_dense = st.num_layers - n_moe
-        norms = 2 * m.norm_params() * 2.0
-        w = n_dense * ((m.attention_params() + m.dense_mlp_params()) / t * self.wb + norms)
-        if n_moe:
-            routed = m.num_experts * m.expert_params()
-            shared_router = m.moe_mlp_params() - routed - m.hidden * m.num_experts
-            w += n_moe * ((m.attention_params() + shared_router) / t * self.wb + norms
-                          + m.hidden * m.num_experts * self.eb
-                          + routed / (par.ep * self.etp) * self.wb)
-        if index == 0:
-            w += m.embedding_params() / t * self.eb
-        if index == par.pp - 1:
-            if not (m.tied_embeddings and par.pp == 1):
-                w += m.vocab * m.hidden / t * self.eb
-            w += m.norm_params() * 2.0
-        return w
+        w = 0.0
+        for moe, n in ((False, n_dense), (True, n_moe)):
+            if n:
+                lp = layer_params(m, moe, par.tp, par.ep, self.etp)
+                w += n * ((lp.matrices + lp.experts) * self.wb + (lp.router + lp.norms) * self.eb)
+        ends = ends_params(m, par.tp, par.pp, index == 0, index == par.pp - 1)
+        return w + ends.total * self.eb
 
     def activation_bytes(self, chunk_tokens: float, rows: float, last: bool) -> float:
         """One layer's live tensors for ``chunk_tokens`` tokens, plus fp32 logits of ``rows``."""
@@ -606,18 +588,10 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     out_tps = per_replica * par.dp
 
     # ---- memory --------------------------------------------------------------------------
-    per_chunk, _, chunk_tokens = _chunking(P, B)
     stage_rows = []
     for i, st in enumerate(stages):
-        last = i == pp - 1
-        w = sv.stage_weights(st, i)
         kv_tok = st.num_layers * sv.kv_layer
-        kv = B * ctx_total * kv_tok
-        act = max(sv.activation_bytes(chunk_tokens, per_chunk, last), sv.activation_bytes(b, b, last))
-        waste = B * KV_BLOCK_TOKENS / 2 * kv_tok
-        other = gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste
-        mem = {"peak_bytes": w + kv + act + other, "weights_bytes": w, "kv_cache_bytes": kv,
-               "activations_bytes": act, "other_bytes": other}
+        mem = serving_stage_memory(sv, st, i, P, ctx_total, B)
         stage_rows.append({"layers": [st.first_layer, st.last_layer], "device_group": st.group,
                            "memory": mem, "kv_cache_bytes_per_token": kv_tok,
                            "decode_s": dec[i].total, "prefill_s": pre1_passes[i].total,
@@ -661,21 +635,27 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         memory=mem, time=time, capacity_bytes=gpu.memory_bytes, batch=B, gpus=world, stages=stage_rows)
 
 
-def stage_peak_bytes(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, batch: int) -> float:
-    """Largest peak over the stages at ``batch`` sequences (the memory part of the estimate)."""
-    pp = len(stages)
-    micro = min(pp, batch)
+def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, ctx: int,
+                         batch: int) -> dict[str, float]:
+    """Peak memory of one GPU of stage ``index`` serving ``batch`` sequences of context ``ctx``
+    (module docstring), by category: the one rule for the estimate and for ``max_batch``."""
+    last = index == sv.par.pp - 1
+    micro = min(sv.par.pp, batch)
     per_chunk, _, chunk_tokens = _chunking(prompt, batch)
-    worst = 0.0
-    for i, st in enumerate(stages):
-        last = i == pp - 1
-        kv_tok = st.num_layers * sv.kv_layer
-        act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
-                  sv.activation_bytes(batch / micro, batch / micro, last))
-        peak = (sv.stage_weights(st, i) + batch * (ctx + KV_BLOCK_TOKENS / 2) * kv_tok + act
-                + sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES)
-        worst = max(worst, peak)
-    return worst
+    kv_tok = st.num_layers * sv.kv_layer
+    w = sv.stage_weights(st, index)
+    kv = batch * ctx * kv_tok
+    act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
+              sv.activation_bytes(batch / micro, batch / micro, last))
+    waste = batch * KV_BLOCK_TOKENS / 2 * kv_tok            # the partly filled last block per sequence
+    other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste
+    return {"peak_bytes": w + kv + act + other, "weights_bytes": w, "kv_cache_bytes": kv,
+            "activations_bytes": act, "other_bytes": other}
+
+
+def stage_peak_bytes(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, batch: int) -> float:
+    """Largest peak over the stages at ``batch`` sequences (``serving_stage_memory``)."""
+    return max(serving_stage_memory(sv, st, i, prompt, ctx, batch)["peak_bytes"] for i, st in enumerate(stages))
 
 
 def max_batch(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, capacity: float) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from .comm import GroupLayout, Network
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency, memory_time_s
@@ -37,6 +38,151 @@ from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
 FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
+
+
+# --------------------------------------------------------------------------------------
+# The layer description training and serving share: which weight matrices a layer has, their
+# shapes on one GPU, and the parameters that follows
+# --------------------------------------------------------------------------------------
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """KV heads one tensor-parallel rank holds (grouped-query attention): ``kv_heads / tp``, or
+    one head, replicated on ``tp / kv_heads`` ranks, when ``tp > kv_heads``. That is what vLLM and
+    TensorRT-LLM do (vLLM's ``QKVParallelLinear`` replicates KV heads when tp exceeds them) and
+    what our runtime would have to do; Megatron-LM refuses ``tp > num_query_groups`` instead
+    (``divide(num_query_groups, tp)``). ``tp_problems`` admits only tp dividing or divided by
+    ``kv_heads``."""
+    return 1 if tp >= model.kv_heads else -(-model.kv_heads // tp)
+
+
+def kv_width_per_rank(model: ModelSpec, tp: int) -> float:
+    """Width of one of K or V on one TP rank: its KV heads times ``head_dim`` (MHA/GQA), or for
+    multi-latent attention the up-projected per-head values, split with the heads."""
+    if model.attention == "mla":
+        return model.kv_dim / tp
+    return kv_heads_per_rank(model, tp) * model.head_dim
+
+
+class Matrix(NamedTuple):
+    """One weight matrix of a layer as one GPU holds it: ``x[m, k] @ W[k, n]``, ``count`` copies
+    (the local experts of a routed-expert matrix), ``bias`` parameters per copy."""
+
+    name: str
+    k: float             # input width on this GPU
+    n: float             # output width on this GPU
+    count: float         # copies on this GPU
+    role: str            # "dense" (every token; attention, dense MLP, shared experts) |
+    #                      "router" (every token; kept whole, 16-bit in serving) | "expert" (routed tokens)
+    bias: float = 0.0    # bias parameters per copy (column-parallel: split with n; row-parallel: whole)
+
+    @property
+    def params(self) -> float:
+        return (self.k * self.n + self.bias) * self.count
+
+
+def _mlp(name: str, model: ModelSpec, ffn: float, split: int, count: float, role: str) -> tuple[Matrix, ...]:
+    """The MLP's input matrix (SwiGLU: gate and up fused; GELU: fc1), column-parallel, and its
+    output matrix, row-parallel (Megatron's MLP, Shoeybi et al. 2019 Sec. 3)."""
+    mats = 3 if model.mlp == "swiglu" else 2
+    h = model.hidden
+    b = model.bias
+    return (Matrix(f"{name}_in", h, (mats - 1) * ffn / split, count, role, (mats - 1) * ffn / split if b else 0.0),
+            Matrix(f"{name}_out", ffn / split, h, count, role, h if b else 0.0))
+
+
+@lru_cache(maxsize=4096)
+def layer_matrices(model: ModelSpec, moe: bool, tp: int, ep: int = 1, expert_tp: int | None = None
+                   ) -> tuple[Matrix, ...]:
+    """A layer's weight matrices on one GPU under tensor parallel ``tp``, expert parallel ``ep``
+    and expert tensor parallel ``expert_tp`` (default ``tp``; the serving runtimes' expert
+    parallel keeps experts whole, ``expert_tp = 1``), in the order the layer runs them.
+
+    Attention (Megatron-LM's column-parallel QKV, row-parallel output; Shoeybi et al. 2019,
+    Fig. 3): query heads split over TP, KV heads per ``kv_heads_per_rank``. Multi-latent
+    attention (DeepSeek-V2 report, Sec. 2.1): the down-projections to the latents are replicated
+    on every TP rank (vLLM's ``ReplicatedLinear``, Megatron's duplicated down-projections), the
+    up-projections and the output split with the heads. MoE: the router whole on every rank,
+    ``num_experts / ep`` local experts each split over ``expert_tp``, shared experts split over
+    TP as a dense MLP is."""
+    t = tp
+    et = t if expert_tp is None else expert_tp
+    h, b = model.hidden, model.bias
+    out: list[Matrix] = []
+    if model.attention == "mla":
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        if model.q_lora_rank:
+            out.append(Matrix("q_down", h, model.q_lora_rank, 1, "dense"))
+            out.append(Matrix("q_up", model.q_lora_rank, model.heads * qk / t, 1, "dense"))
+        else:
+            out.append(Matrix("q", h, model.heads * qk / t, 1, "dense"))
+        out.append(Matrix("kv_down", h, model.kv_lora_rank + model.qk_rope_head_dim, 1, "dense"))
+        out.append(Matrix("kv_up", model.kv_lora_rank, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t,
+                          1, "dense"))
+        out.append(Matrix("attn_out", model.heads * model.v_head_dim / t, h, 1, "dense"))
+    else:
+        qkv = model.q_dim / t + 2 * kv_width_per_rank(model, t)
+        out.append(Matrix("qkv", h, qkv, 1, "dense", qkv if b else 0.0))
+        out.append(Matrix("attn_out", model.attn_out_dim / t, h, 1, "dense", h if b else 0.0))
+    if moe:
+        E = model.num_experts
+        out.append(Matrix("router", h, E, 1, "router"))
+        out += _mlp("expert", model, model.expert_ffn_hidden, et, E / ep, "expert")
+        if model.shared_experts:
+            out += _mlp("shared_expert", model, model.shared_expert_ffn_hidden * model.shared_experts, t, 1, "dense")
+    else:
+        out += _mlp("mlp", model, model.ffn_hidden, t, 1, "dense")
+    return tuple(out)
+
+
+class LayerParams(NamedTuple):
+    """Parameters of one layer on one GPU, by how they are stored and sharded."""
+
+    matrices: float      # dense weight matrices and their biases (attention, dense MLP, shared experts)
+    router: float        # the MoE router, whole on every TP rank
+    experts: float       # routed experts (sharded over ep x expert_tp; ZeRO shards them separately)
+    norms: float         # norm weights (and MLA's latent norms), replicated
+
+    @property
+    def total(self) -> float:
+        return self.matrices + self.router + self.experts + self.norms
+
+
+@lru_cache(maxsize=4096)
+def layer_params(model: ModelSpec, moe: bool, tp: int, ep: int = 1, expert_tp: int | None = None) -> LayerParams:
+    """One layer's parameters on one GPU, from ``layer_matrices`` (at tp = ep = 1 they sum to
+    ``ModelSpec.layer_params``; a test keeps it so)."""
+    mats = layer_matrices(model, moe, tp, ep, expert_tp)
+    norms = 2 * model.norm_params()
+    if model.attention == "mla":
+        norms += model.kv_lora_rank + model.q_lora_rank       # the latents' RMSNorms
+    return LayerParams(matrices=sum(m.params for m in mats if m.role == "dense"),
+                       router=sum(m.params for m in mats if m.role == "router"),
+                       experts=sum(m.params for m in mats if m.role == "expert"), norms=norms)
+
+
+class EndsParams(NamedTuple):
+    """Embedding and output-head parameters on one GPU of a stage (vocab-parallel over TP)."""
+
+    embedding: float
+    head: float
+    norm: float          # the final norm, on the last stage
+
+    @property
+    def total(self) -> float:
+        return self.embedding + self.head + self.norm
+
+
+def ends_params(model: ModelSpec, tp: int, pp: int, first: bool, last: bool) -> EndsParams:
+    """The embedding on the first stage and the output head with the final norm on the last,
+    both split over TP (vocab-parallel). Tied embeddings share the embedding's matrix when one
+    stage holds both; with ``pp > 1`` the last stage keeps its own copy, as Megatron-LM does."""
+    emb = model.embedding_params() / tp if first else 0.0
+    head = norm = 0.0
+    if last:
+        norm = model.norm_params()
+        if not (model.tied_embeddings and pp == 1):
+            head = model.vocab * model.hidden / tp
+    return EndsParams(emb, head, norm)
 
 
 @dataclass(frozen=True)
@@ -74,53 +220,30 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     h = model.hidden
     flash = workload.attention_kernel == "flash"
 
-    # ---- GEMMs (forward): attention projections --------------------------------------
-    gemms: list[tuple[float, float, float, float]] = []   # (m, n, k, count)
-    if model.attention == "mla":
-        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-        if model.q_lora_rank:
-            gemms.append((T, model.q_lora_rank, h, 1))
-            gemms.append((T, model.heads * qk / t, model.q_lora_rank, 1))
-        else:
-            gemms.append((T, model.heads * qk / t, h, 1))
-        gemms.append((T, model.kv_lora_rank + model.qk_rope_head_dim, h, 1))
-        gemms.append((T, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / t, model.kv_lora_rank, 1))
-        gemms.append((T, h, model.heads * model.v_head_dim / t, 1))
-    else:
-        gemms.append((T, (model.q_dim + 2 * model.kv_dim) / t, h, 1))
-        gemms.append((T, h, model.attn_out_dim / t, 1))
+    # ---- GEMMs (forward), from the layer's matrices -----------------------------------
     mats = 3 if model.mlp == "swiglu" else 2
-    params = model.attention_params() / t + 2 * model.norm_params()
-    expert_params = 0.0
+    matrices = layer_matrices(model, moe, t, ep)
+    lp = layer_params(model, moe, t, ep)
+    params, expert_params = lp.total, lp.experts
+    # expert matrices see their share of the routed token copies (balanced routing)
+    tokens_per_expert = T * model.top_k * ep / model.num_experts if moe else 0.0
+    gemms = [(tokens_per_expert if mx.role == "expert" else T, mx.n, mx.k, mx.count) for mx in matrices]
     mlp_act = 0.0          # stored MLP bytes per token, TP-sharded part
     moe_extra_act = 0.0
     ep_fwd_s = 0.0
     if moe:
         E, k = model.num_experts, model.top_k
         fe = model.expert_ffn_hidden
-        gemms.append((T, E, h, 1))                                  # router
-        tokens_per_expert = T * k * ep / E                          # balanced routing
-        local_experts = E / ep
-        gemms.append((tokens_per_expert, (mats - 1) * fe / t, h, local_experts))
-        gemms.append((tokens_per_expert, h, fe / t, local_experts))
         if model.shared_experts:
             fs = model.shared_expert_ffn_hidden * model.shared_experts
-            gemms.append((T, (mats - 1) * fs / t, h, 1))
-            gemms.append((T, h, fs / t, 1))
             mlp_act += mats * a_bytes * fs / t
-        expert_params = local_experts * model.expert_params() / t
-        params += expert_params + (model.moe_mlp_params() - E * model.expert_params() - h * E) / t + h * E
         # routed copies: permuted inputs, expert intermediates (k copies of each token)
         mlp_act += k * (a_bytes * h + mats * a_bytes * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
         tokens_sent = T * k * h * a_bytes / (t if sp else 1)
         ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
     else:
-        f = model.ffn_hidden
-        gemms.append((T, (mats - 1) * f / t, h, 1))
-        gemms.append((T, h, f / t, 1))
-        params += model.dense_mlp_params() / t
-        mlp_act += mats * a_bytes * f / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
+        mlp_act += mats * a_bytes * model.ffn_hidden / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
 
     gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
     gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
@@ -142,7 +265,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     replicated += 2 * h * a_bytes           # QKV input (attn norm out) + MLP input (mlp norm out)
     if model.dropout:
         replicated += 2 * h                 # two 1-byte dropout masks after the projections
-    sharded = a_bytes * (model.q_dim + 2 * model.kv_dim) / t      # Q, K, V
+    kv_width = kv_width_per_rank(model, t)
+    sharded = a_bytes * (model.q_dim / t + 2 * kv_width)           # Q, K, V
     sharded += a_bytes * model.attn_out_dim / t                   # output-projection input
     sharded += mlp_act + moe_extra_act
     if model.attention == "mla":
@@ -188,7 +312,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         tp_fwd_s = 2 * (net.all_gather(tp_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
     else:
         tp_fwd_s = 2 * net.all_reduce(tp_bytes, tp_lay)
-    kv_bytes = T * 2 * model.kv_dim / t * a_bytes
+    kv_bytes = T * 2 * kv_width * a_bytes
     cp_fwd_s = (cp - 1) * net.p2p(kv_bytes, cp_lay.crosses_nodes) if cp > 1 else 0.0
 
     model_flops_fwd = gemm_flops + attn_model_flops

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .layers import ends_params, layer_params
 from .specs import ModelSpec, ParallelConfig, StageSpec
-from .units import dtype_bytes
+from .units import MIB, dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,21 @@ def bytes_per_param(dtype: str, optimizer: str = "adamw") -> tuple[float, float,
     return w, g, k
 
 
+def zero_divisors(zero: int, shard: int) -> tuple[int, int, int]:
+    """What divides the (weights, gradients, optimizer state) of parameters sharded over
+    ``shard`` ranks at ZeRO stage ``zero``: stage 1 shards the optimizer state, 2 also the
+    gradients, 3 also the weights (ZeRO, Sec. 5)."""
+    d = max(1, shard)
+    return (d if zero >= 3 else 1, d if zero >= 2 else 1, d if zero >= 1 else 1)
+
+
 def model_state_bytes(params: float, shard: int, zero: int, dtype: str = "fp16",
                       optimizer: str = "adamw") -> StateBytes:
     """Weights, gradients and optimizer state per GPU for ``params`` parameters sharded over
     ``shard`` data-parallel ranks at ZeRO stage ``zero``."""
     w, g, k = bytes_per_param(dtype, optimizer)
-    d = max(1, shard)
-    return StateBytes(weights=params * w / (d if zero >= 3 else 1),
-                      grads=params * g / (d if zero >= 2 else 1),
-                      optimizer=params * k / (d if zero >= 1 else 1))
+    dw, dg, dk = zero_divisors(zero, shard)
+    return StateBytes(weights=params * w / dw, grads=params * g / dg, optimizer=params * k / dk)
 
 
 def expert_shard(par: ParallelConfig) -> int:
@@ -57,29 +64,73 @@ def expert_shard(par: ParallelConfig) -> int:
     return max(1, min(par.dp_shard, par.dp * par.cp // par.ep))
 
 
+def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw") -> float:
+    """HBM bytes the optimizer step moves per local parameter: it reads the optimizer state
+    (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
+    state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
+    Adam with fp32 gradients: 2 x 12 + 4 + 2 = 30 bytes (what Megatron's fused Adam and
+    torch's ``foreach`` AdamW touch); fp16 gradients 28; fp32 training 2 x 8 + 4 + 4 = 24."""
+    w, g, k = bytes_per_param(dtype, optimizer)
+    return 2 * k + g + w
+
+
+# Allocator fragmentation, as a fraction of the activation memory: PyTorch's caching allocator
+# keeps freed blocks of one size for reuse, so tensors of changing sizes (activations of
+# micro-batches in flight, recompute buffers) leave reserved-but-unallocated memory. 5% is an
+# assumption inside the 3-10% gap between ``memory_reserved`` and ``memory_allocated`` commonly
+# seen in steady-state training; it has not been measured on a GPU by this project.
+FRAGMENTATION = 0.05
+# Data-parallel gradient buckets in flight for ZeRO 0-2: torch DDP fills buckets of
+# ``bucket_cap_mb = 25`` (MiB) and reduces one while the next fills, so two are live.
+DDP_BUCKET_BYTES = 2 * 25 * MIB
+
+
+def activations_in_flight(inflight: float, per_microbatch_bytes: float, fixed_bytes: float) -> float:
+    """Activation memory of a stage: what one micro-batch stores for its backward times the
+    micro-batches in flight (``costmodel.training.inflight_microbatches``), plus what does not
+    scale with them (the recompute working set, the logits on the last stage)."""
+    return inflight * per_microbatch_bytes + fixed_bytes
+
+
+def other_bytes(activations_bytes: float, reserved_bytes: float, buffers_bytes: float) -> float:
+    """A stage's memory besides model states and activations: the GPU's reserved memory (CUDA
+    context, library workspaces), communication buffers (DDP buckets or ZeRO-3 prefetch) and
+    ``FRAGMENTATION`` of the activations."""
+    return reserved_bytes + buffers_bytes + FRAGMENTATION * activations_bytes
+
+
+def stage_memory(weights_bytes: float, grads_bytes: float, optimizer_bytes: float, activations_bytes: float,
+                 reserved_bytes: float, buffers_bytes: float) -> dict[str, float]:
+    """The peak memory of one GPU of a training stage by category (the ``memory`` of
+    ``planner estimate --json``): model states (ZeRO, Rajbhandari et al. Sec. 3.1), activations
+    in flight, and ``other_bytes``; the categories add up to ``peak_bytes``. The one rule for a
+    stage's peak: ``estimate``, the solver's tables (``stage_peak_bytes``) and its bounds."""
+    other = other_bytes(activations_bytes, reserved_bytes, buffers_bytes)
+    return {"peak_bytes": weights_bytes + grads_bytes + optimizer_bytes + activations_bytes + other,
+            "weights_bytes": weights_bytes, "grads_bytes": grads_bytes, "optimizer_bytes": optimizer_bytes,
+            "activations_bytes": activations_bytes, "other_bytes": other}
+
+
+def stage_peak_bytes(states_bytes: float, activations_bytes: float, reserved_bytes: float,
+                     buffers_bytes: float) -> float:
+    """``stage_memory(...)["peak_bytes"]`` from the summed model states (the solver's hot path)."""
+    return states_bytes + activations_bytes + other_bytes(activations_bytes, reserved_bytes, buffers_bytes)
+
+
 def stage_param_counts(model: ModelSpec, par: ParallelConfig, stage_index: int,
                        stages: tuple[StageSpec, ...]) -> tuple[float, float]:
     """Parameters per GPU of one pipeline stage, after TP and EP sharding and before ZeRO:
-    ``(dense, routed_expert)``. The embedding sits on the first stage and the output head
-    (with the final norm) on the last, both split over TP (vocab-parallel); with tied
-    embeddings and ``pp > 1`` the last stage keeps its own copy, as Megatron-LM does."""
+    ``(dense, routed_expert)``, from the layer description (``costmodel.layers.layer_params``)
+    and the embedding and head (``ends_params``)."""
     st = stages[stage_index]
-    t = par.tp
-    norms = 2 * model.norm_params()
     n_moe = model.moe_layers_in(st.first_layer, st.last_layer)
     n_dense = st.num_layers - n_moe
-    dense = n_dense * ((model.attention_params() + model.dense_mlp_params()) / t + norms)
+    dense = layer_params(model, False, par.tp, par.ep)
     expert = 0.0
+    total = n_dense * dense.total if n_dense else 0.0
     if n_moe:
-        routed = model.num_experts * model.expert_params()
-        expert = n_moe * routed / (par.ep * t)
-        router = model.hidden * model.num_experts     # kept whole on every TP rank (Megatron, our runtime)
-        dense += n_moe * ((model.attention_params() + model.moe_mlp_params() - routed - router) / t + router + norms)
-    if stage_index == 0:
-        dense += model.embedding_params() / t
-    if stage_index == len(stages) - 1:
-        if model.tied_embeddings and len(stages) == 1:
-            dense += model.norm_params()
-        else:
-            dense += model.vocab * model.hidden / t + model.norm_params()
-    return dense, expert
+        moe = layer_params(model, True, par.tp, par.ep)
+        total += n_moe * (moe.total - moe.experts)
+        expert = n_moe * moe.experts
+    total += ends_params(model, par.tp, len(stages), stage_index == 0, stage_index == len(stages) - 1).total
+    return total, expert

@@ -574,6 +574,22 @@ class ParallelConfig:
     def hsdp(self) -> bool:
         return self.dp_shard < self.dp
 
+    def policy_recompute_layers(self, num_layers: int) -> int | None:
+        """Layers of a stage of ``num_layers`` that recompute fully by the policy alone: under
+        ``recompute=full`` all of them, or ``recompute_layers`` of them (Megatron-LM's
+        ``--recompute-num-layers`` with the block method); ``None`` otherwise, where each stage
+        gets its own count (``StageSpec.recompute_layers``, chosen by the planner under the
+        stage's memory)."""
+        if self.recompute != "full":
+            return None
+        return num_layers if self.recompute_layers < 0 else min(self.recompute_layers, num_layers)
+
+    def full_recompute_layers(self, num_layers: int, stage_recompute_layers: int = 0) -> int:
+        """Layers of a stage that recompute fully: the policy's count, else the stage's own. The
+        one rule for the cost model, the solver and the runtime."""
+        fixed = self.policy_recompute_layers(num_layers)
+        return min(stage_recompute_layers, num_layers) if fixed is None else fixed
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

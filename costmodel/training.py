@@ -18,28 +18,32 @@ Memory: model states per ``costmodel/memory.py``; activations per ``costmodel/la
 times the micro-batches in flight (1F1B: ``p - i`` on stage ``i``; interleaved: times
 ``1 + (p-1)/(p*v)``, Korthikanti et al. Sec. 4.2.3; GPipe: all ``m``), plus the logits on the
 last stage; other = the CUDA context and library workspaces, communication buffers, ZeRO-3
-prefetch buffers (two layers of gathered weights) and 5% allocator fragmentation on top of the
-activations.
+prefetch buffers (two layers of gathered weights) and allocator fragmentation on top of the
+activations (``costmodel.memory.stage_memory``, the one rule for a stage's peak).
 
-Optimizer: Adam reads and writes the fp32 master weights and both moments and reads the
-gradient: about 30 bytes of HBM traffic per local parameter.
+Optimizer: Adam reads and writes the fp32 master weights and both moments, reads the gradient
+and writes the working-precision weights (``memory.optimizer_traffic_bytes_per_param``: 30
+bytes per local parameter in bf16 with fp32 gradients), bound by HBM bandwidth.
+
+Layers that recompute fully: ``ParallelConfig.full_recompute_layers`` (the policy, or each
+stage's own count); the fewest that fit a stage's memory: ``fewest_full_recompute_layers``.
+Whether a stage's pipeline neighbour is on another node: ``stage_crosses``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import itemgetter
+from typing import Any, Callable, NamedTuple
 
-from .comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
-from .layers import EndsCost, LayerCost, ends_cost, layer_cost
-from .memory import bytes_per_param, expert_shard
-from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
-                    validate)
+from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
+from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_params
+from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
+                     optimizer_traffic_bytes_per_param, stage_memory, zero_divisors)
+from .specs import (ClusterSpec, ModelSpec, NodeGroup, ParallelConfig, SpecError, StageSpec, Workload,
+                    default_stages, validate)
 from .units import dtype_bytes
-
-ADAM_TRAFFIC_BYTES_PER_PARAM = 30.0
-FRAGMENTATION = 0.05
-DDP_BUCKET_BYTES = 2 * 25e6 * 4          # two 25M-element fp32 buckets in flight
 
 
 @dataclass
@@ -130,44 +134,142 @@ def stage_groups(cluster: ClusterSpec, par: ParallelConfig, stages: tuple[StageS
     return names
 
 
-def _recompute_layers(par: ParallelConfig, st: StageSpec) -> int:
-    if par.recompute == "full":
-        return st.num_layers if par.recompute_layers < 0 else min(par.recompute_layers, st.num_layers)
-    return min(st.recompute_layers, st.num_layers)
+def _degrees(par: ParallelConfig) -> dict[str, int]:
+    return {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
 
 
-def _stride(order: tuple[str, ...], degrees: dict[str, int], dim: str) -> int:
-    stride = 1
-    for d in order[order.index(dim) + 1:]:
-        stride *= degrees[d]
-    return stride
+def stage_crosses(cluster: ClusterSpec, par: ParallelConfig, order: tuple[str, ...], groups: list[str] | None,
+                  i: int) -> bool:
+    """Does stage ``i``'s pipeline neighbour sit on another node? Yes when the neighbour runs on
+    another node group, or when the pipeline group spans nodes (``comm.crosses_nodes``). With
+    ``groups`` unknown (the solver's tables, before the stages are assigned to node groups) a
+    cluster of several groups counts as crossing: the slower hand-off, never the faster."""
+    if par.pp == 1:
+        return False
+    if groups is None:
+        if len(cluster.groups) > 1:
+            return True
+        grp = cluster.groups[0]
+    else:
+        grp = cluster.group(groups[i])
+        nxt = groups[i + 1] if i + 1 < par.pp else groups[max(0, i - 1)]
+        if nxt != grp.name:
+            return True
+    return crosses_nodes(_degrees(par), order, "pp", grp.gpus_per_node)
 
 
-@dataclass
+class LayerTerms(NamedTuple):
+    """One layer's terms per micro-batch, which a stage multiplies by its layer counts
+    (``StageModel.cost``). Backward costs twice the forward (Narayanan et al., SC'21, eq. 2)."""
+
+    compute_s: float             # forward + backward: 3 x forward
+    tp_comm_s: float             # TP collectives, forward and backward
+    ep_comm_s: float             # EP all-to-alls, forward and backward
+    cp_comm_s: float             # exposed CP ring traffic: backward moves K, V and their gradients
+    recompute_s: float           # one more forward, with its communication (full recompute)
+    model_flops: float           # forward + backward, paper convention
+    hw_flops: float
+    recompute_flops: float       # the extra forward of a fully recomputed layer
+    selective_s: float           # extra backward time under selective recompute
+    selective_flops: float
+    act_selective_bytes: float   # stored under selective recompute
+    act_bytes: float             # stored without recompute
+    act_input_bytes: float       # stored under full recompute (the layer input)
+
+
+def layer_terms(lc: LayerCost, slowdown: float) -> LayerTerms:
+    """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
+    (0 gives the terms without it, which bound them from below)."""
+    cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * lc.tp_fwd_s, ep_comm_s=2 * lc.ep_fwd_s,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_fwd,
+                      model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
+                      recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
+                      selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
+                      act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes)
+
+
+@dataclass(slots=True)
 class StageCost:
-    """A stage's cost per micro-batch (times) and its memory parts, before in-flight scaling."""
+    """A stage's cost per micro-batch (times), its FLOPs, and its memory parts before the
+    micro-batches in flight are counted (``StageModel.memory``)."""
 
-    comp: float
-    rec: float
-    tp: float
-    ep: float
-    cp: float
-    pp: float
-    fsdp: float
-    grad_s: float
-    gather_s: float
-    opt: float
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    fsdp_comm_s: float             # exposed ZeRO-3 gathers and scatters, ZeRO-2 scatters, per micro-batch
+    dp_grad_s: float               # once per step: gradient reduction (before overlap)
+    dp_gather_s: float             # once per step: ZeRO-1/2 weight all-gather (before overlap)
+    optimizer_s: float
     model_flops: float
     hw_flops: float
-    act_stored: float        # per micro-batch in flight
-    act_fixed: float         # recompute working set + logits (last stage)
-    embed_act: float         # per micro-batch in flight, first stage
-    states: tuple[float, float, float]
-    buffers: float
+    act_stored_bytes: float        # per micro-batch in flight
+    act_fixed_bytes: float         # recompute working set + logits (last stage)
+    embed_act_bytes: float         # per micro-batch in flight, first stage
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    buffers_bytes: float
 
     @property
-    def t(self) -> float:
-        return self.comp + self.rec + self.tp + self.ep + self.cp + self.pp + self.fsdp
+    def time_s(self) -> float:
+        """Time per micro-batch on the critical path."""
+        return (self.compute_s + self.recompute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s
+                + self.pp_comm_s + self.fsdp_comm_s)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def act_per_microbatch_bytes(self) -> float:
+        return self.act_stored_bytes + self.embed_act_bytes
+
+
+class ZeroSharding(NamedTuple):
+    """ZeRO stage and what divides the model states of dense and routed-expert parameters
+    (``memory.zero_divisors`` of their shard groups)."""
+
+    zero: int
+    dense_shard: int
+    expert_shard: int
+    dense: tuple[int, int, int]        # (weights, grads, optimizer) divisors
+    expert: tuple[int, int, int]
+
+
+@dataclass(slots=True)
+class StageMesh:
+    """What a stage's cost needs that is fixed by the node group, the mesh and the micro-batch
+    (not by ZeRO, recompute or the stage's position): its layers' costs and terms, its ends,
+    its parameters per layer, and the collective-time functions of the groups it reduces
+    gradients over (``comm.Network.*_fn``: bytes -> seconds on that group)."""
+
+    group: NodeGroup
+    network: Network
+    dense: LayerCost
+    dense_terms: LayerTerms
+    moe: LayerCost | None
+    moe_terms: LayerTerms | None
+    ends: EndsCost
+    head_compute_s: float              # output head forward + backward
+    head_model_flops: float
+    boundary_bytes: float              # activations crossing a stage boundary, per micro-batch
+    dense_layer_params: float          # per GPU
+    moe_layer_params: float            # per GPU, routed experts apart
+    routed_per_gpu: float              # routed-expert parameters of one MoE layer on a GPU
+    expert_shard: int
+    replicas: int                      # dense replica group size (HSDP; 1 without)
+    expert_replicas: int
+    all_gather_shard: Callable[[float], float]     # = reduce-scatter on the ZeRO shard group
+    all_gather_expert: Callable[[float], float]
+    all_reduce_dp: Callable[[float], float]
+    all_reduce_expert_dp: Callable[[float], float]
+    all_reduce_replicas: Callable[[float], float]
+    all_reduce_expert_replicas: Callable[[float], float]
+    placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
 
 
 class _Shared:
@@ -182,16 +284,8 @@ class _Shared:
         dt = workload.dtype
         self.a_bytes = dtype_bytes(dt)
         self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer)
-        self.norms = 2 * model.norm_params()
-        self.attn_dense = model.attention_params() + model.dense_mlp_params()
-        self.routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
-        self.router = model.hidden * model.num_experts     # replicated on every TP rank
-        self.moe_rest = (model.attention_params() + model.moe_mlp_params() - self.routed - self.router
-                         if model.is_moe else 0)
+        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer)
         self.total_params = model.total_params()
-        self.embedding = model.embedding_params()
-        self.head = model.vocab * model.hidden
-        self.norm = model.norm_params()
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
         # the fraction of overlapped communication that still costs compute time (measured by
@@ -199,34 +293,21 @@ class _Shared:
         self.slowdown = cluster.compute_comm_slowdown
         # node group -> (group, network, peak FLOP/s in the workload's dtype)
         self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
-        # the StageModel attributes fixed by the node group
-        self.group_core = {g.name: {
-            "model": model, "cluster": cluster, "workload": workload, "grp": g, "w_b": self.w_b, "g_b": self.g_b,
-            "_k_b": self.k_b, "net": self.groups[g.name][1], "routed": self.routed,
-            "reserved": g.gpu.reserved_bytes, "capacity": g.gpu.memory_bytes, "hbm": g.gpu.hbm_bandwidth_bytes_per_s,
-            "slowdown": self.slowdown, "_sh": self} for g in cluster.groups}
         # sub-terms, each keyed on what it depends on (never on a whole configuration)
-        self.layers: dict[tuple, tuple[LayerCost, tuple]] = {}
+        self.layers: dict[tuple, tuple[LayerCost, LayerTerms]] = {}
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
-        self.meshes: dict[tuple, dict] = {}
+        self.meshes: dict[tuple, StageMesh] = {}
         self.flights: dict[tuple, list[float]] = {}
 
-    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, tuple]:
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
         key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
         hit = self.layers.get(key)
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay)
-            cp_exposed_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, self.slowdown)
-            terms = (3 * lc.fwd_s, 2 * lc.tp_fwd_s, 2 * lc.ep_fwd_s,
-                     3 * cp_exposed_fwd,      # backward moves K, V and their gradients: twice forward
-                     lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed_fwd,   # one recomputed forward
-                     3 * lc.model_flops_fwd, 3 * lc.hw_flops_fwd, lc.hw_flops_fwd,
-                     lc.selective_extra_s, lc.selective_extra_flops,
-                     lc.act_selective_bytes, lc.act_bytes, lc.act_input_bytes)
-            hit = self.layers[key] = (lc, terms)
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown))
         return hit
 
     def inflight(self, par: ParallelConfig) -> list[float]:
@@ -237,48 +318,47 @@ class _Shared:
             fl = self.flights[key] = [inflight_microbatches(par, i) for i in range(par.pp)]
         return fl
 
-    def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> dict:
-        """The ``StageModel`` attributes fixed by the node group, the mesh and the micro-batch
-        (not by ZeRO, recompute or the schedule): where the dp, ZeRO-shard and replica groups sit,
-        by the mesh order, with the collective-time functions ``StageModel.cost`` reduces
+    def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> StageMesh:
+        """The ``StageMesh`` of a node group, mesh order and micro-batch: where the dp, ZeRO-shard
+        and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
         key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.dp_shard, par.sp, par.micro_batch, grp.name)
         mesh = self.meshes.get(key)
-        if mesh is None:
-            model, t = self.model, par.tp
-            gpn = grp.gpus_per_node
-            net = self.groups[grp.name][1]
-            degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-            dp_stride = _stride(order, degrees, "dp")
-            tp_lay = group_layout(degrees, order, "tp", gpn)
-            cp_lay = group_layout(degrees, order, "cp", gpn)
-            dp_lay = group_layout(degrees, order, "dp", gpn)
-            ep_lay = layout_for(par.ep, dp_stride, gpn)
-            e_shard = expert_shard(par)
-            shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
-            e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
-            rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
-            e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
-            e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
-            dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
-            moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
-            ends = self.ends_of(par, grp)
-            mesh = self.meshes[key] = {
-                **self.group_core[grp.name],       # the node group's constants
-                "dp_lay": dp_lay, "shard_lay": shard_lay, "e_shard": e_shard, "e_lay": e_lay, "rep_lay": rep_lay,
-                "e_rep_lay": e_rep_lay, "e_all_lay": e_all_lay,
-                "_ag_shard": net.all_gather_fn(shard_lay), "_ag_e": net.all_gather_fn(e_lay),
-                "_ar_dp": net.all_reduce_fn(dp_lay), "_ar_e_all": net.all_reduce_fn(e_all_lay),
-                "_ar_rep": net.all_reduce_fn(rep_lay), "_ar_e_rep": net.all_reduce_fn(e_rep_lay),
-                "dense": dense, "_dense_terms": dense_terms, "moe": moe, "_moe_terms": moe_terms, "ends": ends,
-                "_head3": (3 * ends.head_fwd_s, 3 * ends.head_model_flops_fwd),
-                # activations crossing a stage boundary, per micro-batch
-                "_boundary": (par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
-                              / (t if par.sp else 1)),
-                "dense_layer_params": self.attn_dense / t + self.norms,
-                "moe_layer_params": self.moe_rest / t + self.router + self.norms if model.is_moe else 0.0,
-                "routed_per_gpu": self.routed / (par.ep * t),
-                "_placements": {}}     # StageModel._placement, by (first, last, crosses)
+        if mesh is not None:
+            return mesh
+        model, t = self.model, par.tp
+        gpn = grp.gpus_per_node
+        net = self.groups[grp.name][1]
+        degrees = _degrees(par)
+        dp_stride = axis_stride(degrees, order, "dp")
+        tp_lay = group_layout(degrees, order, "tp", gpn)
+        cp_lay = group_layout(degrees, order, "cp", gpn)
+        dp_lay = group_layout(degrees, order, "dp", gpn)
+        ep_lay = layout_for(par.ep, dp_stride, gpn)
+        e_shard = expert_shard(par)
+        shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+        e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
+        rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
+        e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
+        e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+        dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
+        moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
+        ends = self.ends_of(par, grp)
+        dense_p = layer_params(model, False, t, par.ep)
+        moe_p = layer_params(model, True, t, par.ep) if model.is_moe else None
+        mesh = self.meshes[key] = StageMesh(
+            group=grp, network=net, dense=dense, dense_terms=dense_terms, moe=moe, moe_terms=moe_terms, ends=ends,
+            head_compute_s=3 * ends.head_fwd_s, head_model_flops=3 * ends.head_model_flops_fwd,
+            boundary_bytes=(par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
+                            / (t if par.sp else 1)),
+            dense_layer_params=dense_p.total,
+            moe_layer_params=moe_p.total - moe_p.experts if moe_p else 0.0,
+            routed_per_gpu=moe_p.experts if moe_p else 0.0,
+            expert_shard=e_shard, replicas=rep_lay.n, expert_replicas=e_rep_lay.n,
+            all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
+            all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
+            all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
+            placements={})
         return mesh
 
     def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
@@ -289,14 +369,13 @@ class _Shared:
                                             grp.gpu, self.cluster)
         return ec
 
-    def split(self, par: ParallelConfig, order: tuple[str, ...], full: bool, rl: int) -> tuple:
+    def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:
         """The default even split into ``par.pp`` stages on the one node group, and its stage kinds:
         ``(stages, first layers, kind of each stage, _per_stage of those, kinds)``, a kind being
         ``(group, first, last, neighbour on another node, layers, MoE layers, layers recomputed
-        fully, index of its first stage)``: stages of one kind cost the same. ``full`` and ``rl``:
-        full recompute and of how many layers per stage (-1: all)."""
+        fully, index of its first stage)``: stages of one kind cost the same."""
         pp = par.pp
-        key = (pp, order, par.dp, par.cp, par.tp, full, rl)
+        key = (pp, order, par.dp, par.cp, par.tp, par.recompute, par.recompute_layers)
         sp = self.splits.get(key)
         if sp is None:
             stages = default_stages(self.model.layers, pp)
@@ -306,10 +385,8 @@ class _Shared:
                 shape = (i == 0, i == pp - 1, st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer))
                 ids.append(shapes.setdefault(shape, len(shapes)))
             g = self.main
-            gpn = self.groups[g][0].gpus_per_node
-            pp_stride = _stride(order, {"pp": pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}, "pp")
-            crosses = pp_stride >= gpn or pp_stride * pp > gpn          # stage_crosses, one group
-            descs = [(g, first, last, crosses, n, n_moe, (n if rl < 0 else min(rl, n)) if full else 0, ids.index(s))
+            crosses = stage_crosses(self.cluster, par, order, None, 0)
+            descs = [(g, first, last, crosses, n, n_moe, par.full_recompute_layers(n, 0), ids.index(s))
                      for (first, last, n, n_moe), s in shapes.items()]
             sp = self.splits[key] = (stages, [st.first_layer for st in stages], ids, _per_stage(ids), descs)
         return sp
@@ -337,165 +414,151 @@ def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shar
     return sh
 
 
-def _stage_core(sh: _Shared, par: ParallelConfig, order: tuple[str, ...], grp) -> dict:
-    """The attributes of a ``StageModel`` that do not depend on the stage's position: the mesh's
-    (``_Shared.mesh``) and those of ZeRO and recompute."""
-    core = sh.mesh(par, order, grp).copy()
-    z = par.zero
-    if z >= 3:
-        moe = core["moe"]
-        biggest = max(core["dense"].params, moe.params if moe else 0.0)
-        buffers = 2 * biggest * sh.w_b if par.dp_shard > 1 else 0.0
-    else:
-        whole = sh.total_params / (par.tp * par.pp) * sh.g_b
-        buffers = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
-    e_shard = core["e_shard"]
-    d, e = max(1, par.dp_shard), max(1, e_shard)
-    core["par"] = par
-    core["buffers"] = buffers
-    core["selective"] = par.recompute == "selective"
-    # ZeRO: the stage, its shard groups, and what divides the weights, gradients and optimizer
-    # states of the dense and the expert parameters (model_state_bytes' divisors)
-    core["_zero"] = (z, par.dp_shard, e_shard, d if z >= 3 else 1, e if z >= 3 else 1, d if z >= 2 else 1,
-                     e if z >= 2 else 1, d if z >= 1 else 1, e if z >= 1 else 1)
-    return core
-
-
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
     (configuration, node group, position) for the solver's tables; ``estimate`` builds one per
     node group and ``place``s it at each kind of stage in turn; both call ``cost``, so the two
-    always agree. The position-free part comes from ``_stage_core``."""
+    always agree."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
-                 order: tuple[str, ...], grp, first: bool, last: bool, crosses: bool):
-        self.__dict__ = _stage_core(_shared(model, cluster, workload), par, order, grp)
-        self.place(first, last, crosses)
+    __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
+                 "hbm_bytes_per_s", "slowdown", "first", "last", "pp_comm_s", "ends_params")
 
-    @classmethod
-    def unplaced(cls, core: dict) -> "StageModel":
-        """A stage model on ``core`` (owned from now on) for ``place`` to move between positions."""
-        sm = cls.__new__(cls)
-        sm.__dict__ = core
-        return sm
+    def __init__(self, sh: _Shared, par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
+        mesh = sh.mesh(par, order, grp)
+        self.sh, self.par, self.mesh = sh, par, mesh
+        z = par.zero
+        if z >= 3:
+            biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
+            # FSDP prefetches the next layer's weights while the current one runs: two
+            # layers of gathered weights live
+            self.buffers_bytes = 2 * biggest * sh.w_b if par.dp_shard > 1 else 0.0
+        else:
+            whole = sh.total_params / (par.tp * par.pp) * sh.g_b
+            self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
+        self.zero = ZeroSharding(z, par.dp_shard, mesh.expert_shard, zero_divisors(z, par.dp_shard),
+                                 zero_divisors(z, mesh.expert_shard))
+        self.selective = par.recompute == "selective"
+        gpu = grp.gpu
+        self.reserved_bytes, self.capacity_bytes = gpu.reserved_bytes, gpu.memory_bytes
+        self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
+        self.slowdown = sh.slowdown
+        self.first = self.last = False
+        self.pp_comm_s = self.ends_params = 0.0
 
-    def place(self, first: bool, last: bool, crosses: bool) -> None:
+    def place(self, first: bool, last: bool, crosses: bool) -> "StageModel":
         """Put the stage first and/or last in the pipeline, its neighbour on another node or not."""
         self.first, self.last = first, last
-        self.pp_s, self.ends_params = self._placements.get((first, last, crosses)) or self._placement(
-            first, last, crosses)
+        pl = self.mesh.placements.get((first, last, crosses))
+        if pl is None:
+            pl = self.mesh.placements[first, last, crosses] = self._placement(first, last, crosses)
+        self.pp_comm_s, self.ends_params = pl
+        return self
 
     def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
-        """(pipeline send/receive time per micro-batch, embedding and head parameters), kept per
-        mesh (``_Shared.mesh``)."""
-        par, sh = self.par, self._sh
-        p, t = par.pp, par.tp
+        """(pipeline send/receive time per micro-batch, embedding and head parameters)."""
+        par, mesh = self.par, self.mesh
         pp_s = 0.0
-        if p > 1:
+        if par.pp > 1:
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            pp_s = (1 if (first or last) else 2) * self.net.p2p(self._boundary, crosses)
-        ends_params = (sh.embedding / t if first else 0.0)
-        if last:
-            ends_params += (sh.norm if self.model.tied_embeddings and p == 1 else sh.head / t + sh.norm)
-        pl = self._placements[first, last, crosses] = (pp_s, ends_params)
-        return pl
-
-    def params(self, n_dense: float, n_moe: float) -> tuple[float, float]:
-        return (n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params,
-                n_moe * self.routed_per_gpu)
+            pp_s = (1 if (first or last) else 2) * mesh.network.p2p(mesh.boundary_bytes, crosses)
+        return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
-        par = self.par
+        """The stage's ``StageCost`` with ``n_dense + n_moe`` layers, ``r`` of them recomputed
+        fully (spread over the two kinds in proportion; the cost is linear in ``r``)."""
+        par, mesh, sh = self.par, self.mesh, self.sh
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
         comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
         selective = self.selective
-        # per-layer terms of each kind (_Shared.layer): forward x3 (forward + backward), TP and
-        # EP collectives x2, exposed CP ring x3, one recomputed forward, FLOPs, activations
-        for terms, k, kr in ((self._dense_terms, n_dense, r - r_moe), (self._moe_terms, n_moe, r_moe)):
+        for lt, k, kr in ((mesh.dense_terms, n_dense, r - r_moe), (mesh.moe_terms, n_moe, r_moe)):
             if not k:
                 continue
-            fwd3, tp2, ep2, cp3, fwd1, mf3, hw3, hw1, sel_s, sel_flops, act_sel, act, act_in = terms
-            comp += fwd3 * k
-            tp += tp2 * k
-            ep += ep2 * k
-            cp += cp3 * k
-            rec += kr * fwd1
-            model_flops += mf3 * k
-            hw_flops += hw3 * k + kr * hw1
+            comp += lt.compute_s * k
+            tp += lt.tp_comm_s * k
+            ep += lt.ep_comm_s * k
+            cp += lt.cp_comm_s * k
+            rec += kr * lt.recompute_s
+            model_flops += lt.model_flops * k
+            hw_flops += lt.hw_flops * k + kr * lt.recompute_flops
             if selective:
-                rec += (k - kr) * sel_s
-                hw_flops += (k - kr) * sel_flops
-                act_stored += (k - kr) * act_sel
+                rec += (k - kr) * lt.selective_s
+                hw_flops += (k - kr) * lt.selective_flops
+                act_stored += (k - kr) * lt.act_selective_bytes
             else:
-                act_stored += (k - kr) * act
-            act_stored += kr * act_in
+                act_stored += (k - kr) * lt.act_bytes
+            act_stored += kr * lt.act_input_bytes
             if kr > 0:
-                act_work = max(act_work, act)
-        ec = self.ends
+                act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
+        ec = mesh.ends
         if self.last:
-            head3, head_flops3 = self._head3
-            comp += head3
-            model_flops += head_flops3
-            hw_flops += head_flops3
-        # self.params(n_dense, n_moe), inlined
-        dense_params = n_dense * self.dense_layer_params + n_moe * self.moe_layer_params + self.ends_params
-        expert_params = n_moe * self.routed_per_gpu
-        w_b, g_b, k_b = self.w_b, self.g_b, self._k_b
-        zero, dp_shard, e_shard, w_d, w_e, g_d, g_e, k_d, k_e = self._zero
+            comp += mesh.head_compute_s
+            model_flops += mesh.head_model_flops
+            hw_flops += mesh.head_model_flops
+        dense_params = n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
+        expert_params = n_moe * mesh.routed_per_gpu
+        w_b, g_b, k_b = sh.w_b, sh.g_b, sh.k_b
+        zs = self.zero
+        zero = zs.zero
+        slowdown = self.slowdown
         # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
-        # nothing); the _ag/_ar functions are all_gather (= reduce_scatter) and all_reduce on the
-        # stage's groups (_stage_core)
+        # nothing); all_gather = reduce_scatter in time
         fsdp = 0.0
         if zero >= 3:
-            ag = self._ag_shard(dense_params * w_b)
-            rs = self._ag_shard(dense_params * g_b)
+            ag = mesh.all_gather_shard(dense_params * w_b)
+            rs = mesh.all_gather_shard(dense_params * g_b)
             if expert_params:
-                ag += self._ag_e(expert_params * w_b)
-                rs += self._ag_e(expert_params * g_b)
-            fsdp = overlapped(ag, comp / 3, self.slowdown) + overlapped(ag + rs, 2 * comp / 3, self.slowdown)
+                ag += mesh.all_gather_expert(expert_params * w_b)
+                rs += mesh.all_gather_expert(expert_params * g_b)
+            fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
         grad_s = gather_s = 0.0
         if par.dp > 1:
             if zero == 0:
-                grad_s = self._ar_dp(dense_params * g_b)
+                grad_s = mesh.all_reduce_dp(dense_params * g_b)
                 if expert_params:
-                    grad_s += self._ar_e_all(expert_params * g_b)
+                    grad_s += mesh.all_reduce_expert_dp(expert_params * g_b)
             else:
                 # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
-                if self.rep_lay[0] > 1:
-                    grad_s = self._ar_rep(dense_params * g_b / dp_shard)
-                if expert_params and self.e_rep_lay[0] > 1:
-                    grad_s += self._ar_e_rep(expert_params * g_b / e_shard)
+                if mesh.replicas > 1:
+                    grad_s = mesh.all_reduce_replicas(dense_params * g_b / zs.dense_shard)
+                if expert_params and mesh.expert_replicas > 1:
+                    grad_s += mesh.all_reduce_expert_replicas(expert_params * g_b / zs.expert_shard)
                 if zero < 3:
-                    rs = self._ag_shard(dense_params * g_b)
-                    gather_s = self._ag_shard(dense_params * w_b)
+                    rs = mesh.all_gather_shard(dense_params * g_b)
+                    gather_s = mesh.all_gather_shard(dense_params * w_b)
                     if expert_params:
-                        rs += self._ag_e(expert_params * g_b)
-                        gather_s += self._ag_e(expert_params * w_b)
+                        rs += mesh.all_gather_expert(expert_params * g_b)
+                        gather_s += mesh.all_gather_expert(expert_params * w_b)
                     if zero == 1:
                         grad_s += rs
                     else:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward
-                        fsdp = overlapped(rs, 2 * comp / 3, self.slowdown)
-        local = dense_params / k_d + expert_params / k_e     # what ZeRO-1 and up shard: the optimizer
-        opt = ADAM_TRAFFIC_BYTES_PER_PARAM * local / self.hbm
-        # model states (memory.model_state_bytes of the dense and the expert parameters)
-        states = (dense_params * w_b / w_d + expert_params * w_b / w_e,
-                  dense_params * g_b / g_d + expert_params * g_b / g_e,
-                  dense_params * k_b / k_d + expert_params * k_b / k_e)
-        return StageCost(comp, rec, tp, ep, cp, self.pp_s, fsdp, grad_s, gather_s, opt, model_flops, hw_flops,
-                         act_stored, act_work + (ec.head_act_bytes if self.last else 0.0),
-                         ec.embed_act_bytes if self.first else 0.0, states, self.buffers)
+                        fsdp = overlapped(rs, 2 * comp / 3, slowdown)
+        (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
+        local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
+        return StageCost(
+            compute_s=comp, recompute_s=rec, tp_comm_s=tp, ep_comm_s=ep, cp_comm_s=cp, pp_comm_s=self.pp_comm_s,
+            fsdp_comm_s=fsdp, dp_grad_s=grad_s, dp_gather_s=gather_s,
+            optimizer_s=sh.opt_traffic * local / self.hbm_bytes_per_s,
+            model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
+            act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
+            embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
+            weights_bytes=dense_params * w_b / dw + expert_params * w_b / ew,
+            grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
+            optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
+            buffers_bytes=self.buffers_bytes)
+
+    def activations(self, c: StageCost, inflight: float) -> float:
+        """The stage's activation memory with ``inflight`` micro-batches in flight."""
+        return activations_in_flight(inflight, c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes)
 
     def memory(self, c: StageCost, inflight: float) -> dict[str, float]:
-        acts = inflight * (c.act_stored + c.embed_act) + c.act_fixed
-        other = self.reserved + c.buffers + FRAGMENTATION * acts
-        w, g, o = c.states
-        return {"peak_bytes": w + g + o + acts + other, "weights_bytes": w, "grads_bytes": g, "optimizer_bytes": o,
-                "activations_bytes": acts, "other_bytes": other}
+        """The stage's peak memory by category (``memory.stage_memory``)."""
+        return stage_memory(c.weights_bytes, c.grads_bytes, c.optimizer_bytes, self.activations(c, inflight),
+                            self.reserved_bytes, c.buffers_bytes)
 
     def dp_exposed(self, c: StageCost, index: int) -> float:
         """Once-per-step DP communication left exposed by stage ``index`` (``exposed_dp_time``)."""
@@ -516,12 +579,15 @@ def exposed_dp_time(c: StageCost, index: int, par: ParallelConfig, slowdown: flo
     if par.dp <= 1:
         return 0.0
     if not par.overlap_dp_comm:
-        return c.grad_s + c.gather_s
-    bwd = 2 * c.comp / 3
-    return overlapped(c.grad_s, bwd + index * bwd, slowdown) + overlapped(c.gather_s, c.comp / 3, slowdown)
+        return c.dp_grad_s + c.dp_gather_s
+    bwd = 2 * c.compute_s / 3
+    return (overlapped(c.dp_grad_s, bwd + index * bwd, slowdown)
+            + overlapped(c.dp_gather_s, c.compute_s / 3, slowdown))
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:
+    """Micro-batches whose activations stage ``index`` holds at its peak: 1F1B ``p - index``,
+    GPipe all ``m``, interleaved ``1 + (p-1)/(p*v)`` times 1F1B's (Korthikanti et al. 4.2.3)."""
     p, m, v = par.pp, par.grad_accum, par.vpp
     if p == 1:
         return 1.0
@@ -533,28 +599,29 @@ def inflight_microbatches(par: ParallelConfig, index: int) -> float:
     return k
 
 
-def stage_crosses(cluster: ClusterSpec, par: ParallelConfig, order: tuple[str, ...], groups: list[str],
-                  i: int) -> bool:
-    """Does stage ``i``'s pipeline neighbour sit on another node?"""
-    p = par.pp
-    grp = cluster.group(groups[i])
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    pp_stride = _stride(order, degrees, "pp")
-    nxt = groups[i + 1] if i + 1 < p else groups[max(0, i - 1)]
-    return nxt != grp.name or pp_stride >= grp.gpus_per_node or pp_stride * p > grp.gpus_per_node
+def fewest_full_recompute_layers(num_layers: int, capacity_bytes: float, peak_none: float, peak_one: float,
+                                 peak_all: float) -> int | None:
+    """The fewest of a stage's ``num_layers`` layers to recompute fully so that its peak fits
+    ``capacity_bytes``, given its peak with none, one and all of them recomputed (the peak falls
+    linearly in their number from one on: each swaps its stored activations for its input, and
+    the working set of one recomputing layer appears at the first); ``None`` if even all do not
+    fit. The one rule for the solver's tables and bounds."""
+    if peak_none <= capacity_bytes:
+        return 0
+    if peak_one <= capacity_bytes:
+        return 1
+    if num_layers <= 1 or peak_all > capacity_bytes:
+        return None
+    per_layer = (peak_one - peak_all) / (num_layers - 1)
+    r = 1 + math.ceil((peak_one - capacity_bytes) / per_layer - 1e-9)
+    return min(max(r, 1), num_layers)
 
 
 @lru_cache(maxsize=4096)
 def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
                 order: tuple[str, ...], group: str, first: bool, last: bool, crosses: bool) -> StageModel:
-    return StageModel(model, cluster, workload, par, order, cluster.group(group), first, last, crosses)
-
-
-def step_time(m: int, v: int, times: list[float], dp_exposed: float, opt: float) -> tuple[float, float]:
-    """(step time, bubble) from per-micro-batch stage times (module docstring)."""
-    t_max = max(times)
-    bubble = (sum(times) - t_max) / v if len(times) > 1 else 0.0
-    return m * t_max + bubble + dp_exposed + opt, bubble
+    """A placed ``StageModel`` (memoized: the solver's tables and bounds ask for few of them)."""
+    return StageModel(_shared(model, cluster, workload), par, order, cluster.group(group)).place(first, last, crosses)
 
 
 @lru_cache(maxsize=1024)
@@ -570,6 +637,15 @@ def _per_stage(ids: list[int]):
     return _per_stage_ids(tuple(ids))
 
 
+def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_exposed_s: float,
+                       optimizer_s: float) -> tuple[float, float]:
+    """(step time, bubble): ``m * max(t) + (sum(t) - max(t)) / v`` plus the exposed once-per-step
+    DP time and the optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2)."""
+    t_max = max(stage_times)
+    bubble = (sum(stage_times) - t_max) / v if len(stage_times) > 1 else 0.0
+    return m * t_max + bubble + dp_exposed_s + optimizer_s, bubble
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None) -> Estimate:
     """Memory per GPU and time per step of one training configuration (see module docstring).
@@ -581,13 +657,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload)
     m, p, v = par.grad_accum, par.pp, par.vpp
-    full, rl = par.recompute == "full", par.recompute_layers
     # stage kinds: (node group, first, last, neighbour on another node, layers, MoE layers,
     # layers recomputed fully, index of the kind's first stage); ids: each stage's kind
     if stages is None and sh.single:
         # the even split on the one node group: p stages of at least vpp layers each, as
         # validate() checked pp * vpp <= layers; they fill the group, as it checked the world size
-        stages, firsts, ids, per_stage_of, descs = sh.split(par, order, full, rl)
+        stages, firsts, ids, per_stage_of, descs = sh.split(par, order)
     else:
         if stages is None:
             stages = default_stages(model.layers, p)
@@ -601,7 +676,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         for i, st in enumerate(stages):
             n = st.num_layers
             key = (groups[i], i == 0, i == p - 1, stage_crosses(cluster, par, order, groups, i), n,
-                   model.moe_layers_in(st.first_layer, st.last_layer), _recompute_layers(par, st))
+                   model.moe_layers_in(st.first_layer, st.last_layer),
+                   par.full_recompute_layers(n, st.recompute_layers))
             k = seen.get(key)
             if k is None:
                 k = seen[key] = len(descs)
@@ -610,65 +686,54 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             firsts.append(st.first_layer)
         per_stage_of = _per_stage(ids)      # a kind-indexed list -> its value at every stage
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
-    kinds, kind_cost, kind_peak, kind_t, kind_mf, kind_hf = [], [], [], [], [], []
-    dp_exposed = opt_s = None
+    kind_cost: list[StageCost] = []
+    kinds = []                              # what a stage's row needs of its kind
+    kind_mf, kind_hf, kind_peak = [], [], []  # model and hardware FLOPs, peak FLOP/s
+    dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
         if sm is None:
-            sm = models[g] = StageModel.unplaced(_stage_core(sh, par, order, sh.groups[g][0]))
-        # sm.place(first, last, crosses), inlined
-        sm.first, sm.last = first, last
-        sm.pp_s, sm.ends_params = sm._placements.get((first, last, crosses)) or sm._placement(first, last, crosses)
-        c = sm.cost(n - n_moe, n_moe, n_full)
-        # StageModel.dp_exposed at the kind's first stage (it falls with the stage index, so that
-        # is the kind's largest)
-        dpe = exposed_dp_time(c, i0, par, sm.slowdown)
-        if dp_exposed is None or dpe > dp_exposed:
-            dp_exposed = dpe
-        if opt_s is None or c.opt > opt_s:
-            opt_s = c.opt
-        w, gr, o = c.states
-        t = c.comp + c.rec + c.tp + c.ep + c.cp + c.pp + c.fsdp      # c.t
-        kinds.append((c.act_stored + c.embed_act, c.act_fixed, sm.reserved + c.buffers, w + gr + o, w, gr, o,
-                      sm.capacity, n, n_full, g, t))
+            sm = models[g] = StageModel(sh, par, order, sh.groups[g][0])
+        c = sm.place(first, last, crosses).cost(n - n_moe, n_moe, n_full)
+        # the exposed DP time at the kind's first stage (it falls with the stage index, so that
+        # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
+        dp_exposed = max(dp_exposed, exposed_dp_time(c, i0, par, sm.slowdown))
+        opt_s = max(opt_s, c.optimizer_s)
         kind_cost.append(c)
-        kind_peak.append(sh.groups[g][2])
-        kind_t.append(t)
+        kinds.append((c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.act_stored_bytes + c.embed_act_bytes,
+                      c.act_fixed_bytes, sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g,
+                      c.time_s))
         kind_mf.append(c.model_flops)
         kind_hf.append(c.hw_flops)
-    inflight = sh.inflight(par)
-    # each stage's memory (StageModel.memory) and row; the stage nearest its capacity
-    st_list = []
-    add_row = st_list.append
-    ps_mem, ps_cap, ps_ratio = None, 0.0, 0.0
-    for i, kind, infl, first_layer in zip(range(p), per_stage_of(kinds), inflight, firsts):
-        act_per, act_fixed, reserved, states, w, gr, o, cap, n, n_full, g, t = kind
-        acts = infl * act_per + act_fixed
-        other = reserved + FRAGMENTATION * acts
-        peak = states + acts + other
-        mem = {"peak_bytes": peak, "weights_bytes": w, "grads_bytes": gr, "optimizer_bytes": o,
-               "activations_bytes": acts, "other_bytes": other}
-        add_row(StageEstimate(i, first_layer, n, n_full, g, t, mem, cap))
-        if ps_mem is None or peak / cap > ps_ratio:
-            ps_mem, ps_cap, ps_ratio = mem, cap, peak / cap
-    times = per_stage_of(kind_t)
-    t_max = max(times)
-    bubble = (sum(times) - t_max) / v if p > 1 else 0.0      # step_time(), inlined
-    step = m * t_max + bubble + dp_exposed + opt_s
-    j = times.index(t_max)
+        kind_peak.append(sh.groups[g][2])
+    # each stage's memory and row; the stage nearest its capacity
+    rows = []
+    fullest_mem, fullest_cap, fullest_ratio = None, 0.0, -1.0
+    for i, kind, infl, first_layer in zip(range(p), per_stage_of(kinds), sh.inflight(par), firsts):
+        w, gr, o, act_per, act_fixed, reserved, buffers, cap, n, n_full, g, t = kind
+        mem = stage_memory(w, gr, o, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
+        rows.append(StageEstimate(i, first_layer, n, n_full, g, t, mem, cap))
+        ratio = mem["peak_bytes"] / cap
+        if ratio > fullest_ratio:
+            fullest_mem, fullest_cap, fullest_ratio = mem, cap, ratio
+    times = tuple(r.time_per_microbatch_s for r in rows)
+    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
+    j = times.index(max(times))
     b = kind_cost[ids[j]]
-    time = {"compute_s": m * b.comp, "recompute_s": m * b.rec, "tp_comm_s": m * b.tp, "cp_comm_s": m * b.cp,
-            "ep_comm_s": m * b.ep, "dp_comm_s": m * b.fsdp + dp_exposed, "pp_comm_s": m * b.pp,
+    time = {"compute_s": m * b.compute_s, "recompute_s": m * b.recompute_s, "tp_comm_s": m * b.tp_comm_s,
+            "cp_comm_s": m * b.cp_comm_s, "ep_comm_s": m * b.ep_comm_s,
+            "dp_comm_s": m * b.fsdp_comm_s + dp_exposed, "pp_comm_s": m * b.pp_comm_s,
             "bubble_s": bubble, "optimizer_s": opt_s}
     gpus = par.world_size
     per_stage = par.tp * par.dp * par.cp
-    # summed stage by stage, in order, as before stages were grouped into kinds
+    # summed stage by stage, in order
     model_flops_total = sum(per_stage_of(kind_mf)) * per_stage * m
     hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
     peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    # positional, in Estimate's field order: step time, tokens/s (total, per GPU), model and
-    # hardware TFLOP/s per GPU, MFU, HFU, memory, time, stages, GPUs, capacity, bottleneck stage
-    return Estimate(step, tokens / step, tokens / step / gpus, model_flops_total / step / gpus / 1e12,
-                    hw_flops_total / step / gpus / 1e12, model_flops_total / step / peak_total,
-                    hw_flops_total / step / peak_total, dict(ps_mem), time, st_list, gpus, ps_cap, j)
+    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
+                    model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
+                    hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
+                    mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
+                    memory=dict(fullest_mem), time=time, stages=rows, gpus=gpus, capacity_bytes=fullest_cap,
+                    bottleneck_stage=j)

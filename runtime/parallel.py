@@ -299,10 +299,9 @@ def apply_ac(part: nn.Module, full_layers: int, selective: bool) -> None:
 
 
 def recompute_layers(par: ParallelConfig, num_layers: int, stage_recompute: int) -> int:
-    """Fully recomputed blocks of a stage (the cost model's rule)."""
-    if par.recompute == "full":
-        return num_layers if par.recompute_layers < 0 else min(par.recompute_layers, num_layers)
-    return min(stage_recompute, num_layers)
+    """Fully recomputed blocks of a stage: the cost model's one rule
+    (``ParallelConfig.full_recompute_layers``)."""
+    return par.full_recompute_layers(num_layers, stage_recompute)
 
 
 # --------------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.comm import DEFAULT_ORDER, Network, group_layout, layout_for
-from costmodel.layers import ends_cost, layer_cost
-from costmodel.memory import bytes_per_param, expert_shard, model_state_bytes
+from costmodel.layers import ends_cost, ends_params, layer_cost, layer_params
+from costmodel.memory import (DDP_BUCKET_BYTES, FRAGMENTATION, bytes_per_param, expert_shard, model_state_bytes,
+                              optimizer_traffic_bytes_per_param)
 from costmodel.specs import StageSpec, SpecError, Workload, default_stages, validate
-from costmodel.training import (ADAM_TRAFFIC_BYTES_PER_PARAM, DDP_BUCKET_BYTES, FRAGMENTATION, estimate,
-                                inflight_microbatches, stage_groups)
+from costmodel.training import estimate, inflight_microbatches, stage_groups
 from costmodel.units import dtype_bytes
 from planner.search.space import enumerate_candidates
 from profiles.clusters import load_cluster
@@ -87,19 +87,15 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
     e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
     e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
-    # parameters on this GPU (memory.stage_param_counts' arithmetic)
-    norms = 2 * model.norm_params()
-    routed = model.num_experts * model.expert_params() if model.is_moe else 0.0
-    router = model.hidden * model.num_experts
-    dense_params = n_dense * ((model.attention_params() + model.dense_mlp_params()) / t + norms)
+    # parameters on this GPU (the layer description's per-GPU counts, memory.stage_param_counts' sum)
+    lp_dense = layer_params(model, False, t, par.ep)
+    dense_params = n_dense * lp_dense.total
+    expert_params = 0.0
     if model.is_moe:
-        dense_params += n_moe * ((model.attention_params() + model.moe_mlp_params() - routed - router) / t
-                                 + router + norms)
-    dense_params += model.embedding_params() / t if first else 0.0
-    if last:
-        dense_params += (model.norm_params() if model.tied_embeddings and p == 1
-                         else model.vocab * model.hidden / t + model.norm_params())
-    expert_params = n_moe * (routed / (par.ep * t))
+        lp_moe = layer_params(model, True, t, par.ep)
+        dense_params += n_moe * (lp_moe.total - lp_moe.experts)
+        expert_params = n_moe * lp_moe.experts
+    dense_params += ends_params(model, t, p, first, last).total
     if par.zero >= 3:
         biggest = max(dense.params, moe.params if moe else 0.0)
         buffers = 2 * biggest * w_b if par.dp_shard > 1 else 0.0
@@ -160,7 +156,8 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, workload.dtype, workload.optimizer)
     st_e = model_state_bytes(expert_params, e_shard, par.zero, workload.dtype, workload.optimizer)
     return dict(comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp, grad_s=grad_s, gather_s=gather_s,
-                opt=ADAM_TRAFFIC_BYTES_PER_PARAM * local / grp.gpu.hbm_bandwidth_bytes_per_s,
+                opt=optimizer_traffic_bytes_per_param(workload.dtype, workload.optimizer) * local
+                / grp.gpu.hbm_bandwidth_bytes_per_s,
                 model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored,
                 act_fixed=act_work + (ec.head_act_bytes if last else 0.0),
                 embed_act=ec.embed_act_bytes if first else 0.0,

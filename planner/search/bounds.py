@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from costmodel.comm import group_layout, layout_for
-from costmodel.layers import ends_cost, layer_cost
+from costmodel.comm import axis_stride, group_layout, layout_for
+from costmodel.layers import ends_cost, ends_params, layer_cost
 from costmodel.memory import model_state_bytes
-from costmodel.training import FRAGMENTATION, inflight_microbatches
+from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, layer_terms
 from planner.search.problem import Problem
 from planner.search.space import Candidate
 
@@ -35,24 +35,24 @@ def lower_bound(prob: Problem, cand: Candidate) -> float:
         g = prob.groups(cand)[0]
         sm = prob.stage_model_for(cand, g, 0)
         nd, nm = L * (1 - moe_frac), L * moe_frac
-        if par.recompute == "full":
-            r = L if par.recompute_layers < 0 else min(par.recompute_layers, L)
-        else:
+        r = par.policy_recompute_layers(L)
+        if r is None:
             r = least_recompute(sm, nd, nm, L, 1.0)
         if r is None:
             return math.inf
         c = sm.cost(nd, nm, r)
-        return (m * c.t + sm.dp_exposed(c, 0) + c.opt) * prob.weight(cand)
+        return (m * c.time_s + sm.dp_exposed(c, 0) + c.optimizer_s) * prob.weight(cand)
     best = math.inf
     for g in prob.groups(cand):
         sms = {pos: prob.stage_model_for(cand, g, i) for pos, i in
                (("first", 0), ("mid", min(1, p - 1)), ("last", p - 1))}
         mid = sms["mid"]
         c1, c2 = mid.cost(1 - moe_frac, moe_frac, 0), mid.cost(2 - 2 * moe_frac, 2 * moe_frac, 0)
-        slope = (c2.t - c2.fsdp) - (c1.t - c1.fsdp)
+        slope = (c2.time_s - c2.fsdp_comm_s) - (c1.time_s - c1.fsdp_comm_s)
         cf = sms["first"].cost(1 - moe_frac, moe_frac, 0)
         cl = sms["last"].cost(1 - moe_frac, moe_frac, 0)
-        intercepts = (cf.t - cf.fsdp - slope) + (cl.t - cl.fsdp - slope) + (p - 2) * (c1.t - c1.fsdp - slope)
+        intercepts = ((cf.time_s - cf.fsdp_comm_s - slope) + (cl.time_s - cl.fsdp_comm_s - slope)
+                      + (p - 2) * (c1.time_s - c1.fsdp_comm_s - slope))
         best = min(best, slope * L + intercepts)
     # p > 1 here: one stage returned its exact objective above
     return ((m - 1 / v) * best / p + best / v) * prob.weight(cand)
@@ -78,19 +78,17 @@ def compute_bound(prob: Problem, members: list) -> float:
             gpn = grp.gpus_per_node
             tp_lay = group_layout(degrees, c_.order, "tp", gpn)
             cp_lay = group_layout(degrees, c_.order, "cp", gpn)
-            stride = 1
-            for d in c_.order[c_.order.index("dp") + 1:]:
-                stride *= degrees[d]
-            ep_lay = layout_for(par.ep, stride, gpn)
+            ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
             args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
                     grp.intra_node, tp_lay, ep_lay, cp_lay)
             per_stage = 0.0
             for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
                 if not n:
                     continue
-                lc = layer_cost(prob.model, moe, *args)
-                per = 3 * lc.fwd_s + 2 * lc.tp_fwd_s + 2 * lc.ep_fwd_s + 3 * max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
-                per_stage += n * (per + (lc.selective_extra_s if selective else 0.0))
+                # the layer's terms without the overlap slowdown (which only adds)
+                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0)
+                per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
+                per_stage += n * (per + (lt.selective_s if selective else 0.0))
             ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
                            prob.cluster)
             best = min(best, m * (per_stage + 3 * ec.head_fwd_s / p))
@@ -137,13 +135,12 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
             inflight = inflight_microbatches(par, i)
             for n, slot in ((big, "big"), (lo, "small")):
                 nd, nm = n * (1 - moe_frac), n * moe_frac
-                if par.recompute == "full":
-                    r = n if par.recompute_layers < 0 else min(par.recompute_layers, n)
-                else:
+                r = par.policy_recompute_layers(n)
+                if r is None:
                     r = least_recompute(sm, nd, nm, n, inflight)
                 if r is None:
                     continue
-                t = sm.cost(nd, nm, r).t
+                t = sm.cost(nd, nm, r).time_s
                 if slot == "big":
                     t_big = min(t_big, t)
                 else:
@@ -178,11 +175,10 @@ def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac:
         ts = []
         for n in ns:
             nd, nm = n * (1 - moe_frac), n * moe_frac
-            if par.recompute == "full":
-                r = n if par.recompute_layers < 0 else min(par.recompute_layers, n)
-            else:
+            r = par.policy_recompute_layers(n)
+            if r is None:
                 r = least_recompute(sm, nd, nm, n, inflight)
-            ts.append(math.inf if r is None else sm.cost(nd, nm, r).t)
+            ts.append(math.inf if r is None else sm.cost(nd, nm, r).time_s)
         curves.append((count, ts))
     for tau in sorted({t for _, ts in curves for t in ts if t < math.inf}):
         cap = 0
@@ -212,15 +208,11 @@ def _memory_bound(prob: Problem, cand: Candidate, moe_frac: float) -> float:
     activations)."""
     par = cand.par
     p, L = par.pp, prob.model.layers
-    frag = 1 + FRAGMENTATION
     big, lo = -(-L // p), max(1, par.vpp)
 
     def peak(g: str, i: int, n: int) -> float:
         sm = prob.stage_model_for(cand, g, i)
-        c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
-        w, gr, op = c.states
-        acts = inflight_microbatches(par, i) * (c.act_stored + c.embed_act) + c.act_fixed
-        return w + gr + op + sm.reserved + c.buffers + frag * acts
+        return sm.memory(sm.cost(n * (1 - moe_frac), n * moe_frac, n), inflight_microbatches(par, i))["peak_bytes"]
 
     groups = prob.groups(cand)
     if p == 1:
@@ -240,36 +232,33 @@ def _may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
         sm = prob.stage_model_for(cand, g, min(1, p - 1))
         n = L / p
         c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
-        w, gr, o = c.states
-        ends = (prob.model.embedding_params() + prob.model.vocab * prob.model.hidden) / par.tp / p
+        # the embedding and the head, spread over the stages
+        ends = (ends_params(prob.model, par.tp, p, True, False).total
+                + ends_params(prob.model, par.tp, p, False, True).total) / p
         ends_b = model_state_bytes(ends, par.dp_shard, par.zero, prob.workload.dtype, prob.workload.optimizer).total
-        if w + gr + o + ends_b + sm.reserved <= sm.capacity:
+        if c.states_bytes + ends_b + sm.reserved_bytes <= sm.capacity_bytes:
             return True
     return False
 
 
 def least_recompute(sm, nd: float, nm: float, n: int, inflight: float) -> int | None:
-    """The fewest fully recomputed layers that fit the stage in memory (memory falls
-    linearly in r once r > 0), or None if even full recomputation does not fit."""
-    cap = sm.capacity
-    c0 = sm.cost(nd, nm, 0)
-    if sm.memory(c0, inflight)["peak_bytes"] <= cap:
+    """The fewest fully recomputed layers that fit the stage in memory
+    (``training.fewest_full_recompute_layers`` on the stage's peaks), or None if even full
+    recomputation does not fit; checked against the float model on both sides, so that a
+    bound built on it never counts more recomputation than needed."""
+    cap = sm.capacity_bytes
+
+    def peak(r: int) -> float:
+        return sm.memory(sm.cost(nd, nm, r), inflight)["peak_bytes"]
+
+    p0 = peak(0)
+    if p0 <= cap:
         return 0
-    c1 = sm.cost(nd, nm, 1)
-    m1 = sm.memory(c1, inflight)["peak_bytes"]
-    if m1 <= cap:
-        return 1
-    if n == 1:
+    r = fewest_full_recompute_layers(n, cap, p0, peak(1), peak(n) if n > 1 else math.inf)
+    if r is None:
         return None
-    cn = sm.cost(nd, nm, n)
-    mn = sm.memory(cn, inflight)["peak_bytes"]
-    if mn > cap:
-        return None
-    per = (m1 - mn) / (n - 1)
-    r = 1 + math.ceil((m1 - cap) / per - 1e-9)
-    r = min(max(r, 1), n)
-    while r > 1 and sm.memory(sm.cost(nd, nm, r - 1), inflight)["peak_bytes"] <= cap:
+    while r > 1 and peak(r - 1) <= cap:
         r -= 1
-    while r < n and sm.memory(sm.cost(nd, nm, r), inflight)["peak_bytes"] > cap:
+    while r < n and peak(r) > cap:
         r += 1
     return r

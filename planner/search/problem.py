@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload
-from costmodel.training import FRAGMENTATION, Estimate, inflight_microbatches, stage_model
+from costmodel.memory import activations_in_flight, stage_peak_bytes
+from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, inflight_microbatches,
+                                stage_crosses, stage_model)
 from planner.search.space import Candidate
 
 NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
@@ -86,17 +88,12 @@ class Problem:
         return [g for g, c in cand.stage_counts if c > 0]
 
     def stage_model_for(self, cand: Candidate, group: str, i: int):
+        """Stage ``i``'s cost model on node group ``group`` (its neighbour's group is not known
+        yet: ``stage_crosses`` counts a mixed cluster's stages as crossing nodes)."""
         p = cand.par.pp
-        hetero = len(self.cluster.groups) > 1
-        gpn = self.cluster.group(group).gpus_per_node
-        degrees = {"pp": p, "dp": cand.par.dp, "cp": cand.par.cp, "tp": cand.par.tp}
-        order = cand.order
-        stride = 1
-        for d in order[order.index("pp") + 1:]:
-            stride *= degrees[d]
-        crosses = hetero or stride >= gpn or stride * p > gpn
-        return stage_model(self.model, self.cluster, self.workload, cand.par, order, group, i == 0, i == p - 1,
-                           crosses and p > 1)
+        crosses = stage_crosses(self.cluster, cand.par, cand.order, None, i)
+        return stage_model(self.model, self.cluster, self.workload, cand.par, cand.order, group, i == 0, i == p - 1,
+                           crosses)
 
     def tables(self, cand: Candidate, memory_objective: bool = False, cutoff: float | None = None) -> StageTables:
         """Per stage (and node group) and layer count n: the least full recomputation r* that
@@ -113,7 +110,6 @@ class Problem:
         hi = L - lo * (p - 1)
         moe_frac = self.model.moe_layers / L
         t, e, o, mem, rr = {}, {}, {}, {}, {}
-        frag = 1 + FRAGMENTATION
         for g in self.groups(cand):
             rows_by_pos: dict[tuple[bool, bool], list] = {}
             for i in range(p):
@@ -124,39 +120,29 @@ class Problem:
                     for n in range(lo, hi + 1):
                         nd, nm = n * (1 - moe_frac), n * moe_frac
                         c0 = sm.cost(nd, nm, 0)
-                        if cutoff is not None and par.grad_accum * c0.t > cutoff:
+                        if cutoff is not None and par.grad_accum * c0.time_s > cutoff:
                             break                      # this many layers alone exceed the incumbent
-                        cn = sm.cost(nd, nm, n)
-                        w, gr, op = c0.states
-                        rows.append((n, c0, cn, w + gr + op + sm.reserved + c0.buffers, sm.capacity))
+                        rows.append((n, c0, sm.cost(nd, nm, n)))
                     rows_by_pos[pos] = (sm, rows)
                 sm, rows = rows_by_pos[pos]
                 inflight = inflight_microbatches(par, i)
+                cap, reserved = sm.capacity_bytes, sm.reserved_bytes
                 key = (i, g)
                 tl, el, ol, ml, rl = [], [], [], [], []
-                for n, c0, cn, base, cap in rows:
-                    a0 = inflight * (c0.act_stored + c0.embed_act)
-                    an = inflight * (cn.act_stored + cn.embed_act)
-                    peak0 = base + frag * (a0 + c0.act_fixed)
-                    if memory_objective or (par.recompute == "full" and par.recompute_layers < 0):
-                        r = n
-                    elif par.recompute == "full":
-                        r = min(par.recompute_layers, n)
-                    elif peak0 <= cap:
-                        r = 0
-                    else:
-                        per = (a0 - an) / n            # memory freed per recomputed layer
-                        need = base + frag * (a0 + cn.act_fixed) - cap
-                        r = max(1, math.ceil(need / (frag * per) - 1e-9)) if per > 0 else n + 1
-                    peak = (base + frag * (a0 + (an - a0) * r / n + (cn.act_fixed if r else c0.act_fixed))
-                            if r <= n else math.inf)
-                    if r > n or peak > cap:
+                for n, c0, cn in rows:
+                    r = n if memory_objective else par.policy_recompute_layers(n)
+                    if r is None:
+                        r = fewest_full_recompute_layers(n, cap, _peak(c0, cn, n, 0, inflight, reserved),
+                                                         _peak(c0, cn, n, 1, inflight, reserved),
+                                                         _peak(c0, cn, n, n, inflight, reserved))
+                    peak = math.inf if r is None else _peak(c0, cn, n, r, inflight, reserved)
+                    if peak > cap:
                         tl.append(None), el.append(None), ol.append(None), ml.append(None), rl.append(None)
                         continue
-                    time_r = c0.t + (cn.t - c0.t) * r / n
+                    time_r = c0.time_s + (cn.time_s - c0.time_s) * r / n
                     tl.append(int(round(time_r * NS)))
                     el.append(int(round(sm.dp_exposed(c0, i) * NS)))
-                    ol.append(int(round(c0.opt * NS)))
+                    ol.append(int(round(c0.optimizer_s * NS)))
                     ml.append(int(math.ceil(peak / KIB)))
                     rl.append(r)
                 pad = (hi - lo + 1) - len(tl)
@@ -164,6 +150,15 @@ class Problem:
                     lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
         return StageTables(lo=lo, hi=hi, t=t, e=e, o=o, mem=mem, r=rr)
+
+
+def _peak(c0: StageCost, cn: StageCost, n: int, r: int, inflight: float, reserved: float) -> float:
+    """A stage's peak (``memory.stage_peak_bytes``) with ``r`` of its ``n`` layers recomputed
+    fully, from its costs with none and all of them: ``StageModel.cost`` is linear in ``r``, and
+    the working set of one recomputing layer is there from ``r = 1`` on."""
+    per0, pern = c0.act_per_microbatch_bytes, cn.act_per_microbatch_bytes
+    acts = activations_in_flight(inflight, per0 + (pern - per0) * r / n, cn.act_fixed_bytes if r else c0.act_fixed_bytes)
+    return stage_peak_bytes(c0.states_bytes, acts, reserved, c0.buffers_bytes)
 
 
 def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[int], gs: list[str],
