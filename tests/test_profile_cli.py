@@ -14,6 +14,8 @@ import pytest
 
 from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -15,6 +15,8 @@ from planner.cli.result import plans_from_result
 from planner.search.bnb import solve
 from profiles.clusters import cluster_from_dict, load_cluster
 
+pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
+
 
 def small_cluster(rng: random.Random, mixed: bool):
     """A100/H100 nodes shrunk to a few GiB so that memory binds on small models."""
