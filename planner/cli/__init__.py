@@ -1,6 +1,6 @@
 """The ``planner`` command: one argparse front, one module per subcommand.
 
-Each subcommand lives in ``planner/cmd_<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
+Each subcommand lives in ``planner/cli/cmd_<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``. Modules are imported when the parser is built, so none may import torch at
 module level (planning must start fast); heavy imports go inside ``run``.
 
