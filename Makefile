@@ -1,12 +1,13 @@
 # make setup: create or refresh .venv (idempotent; fast when nothing changed)
 # make demo:  setup, then the main job on an embedded default
-# make test:  setup, then the whole test suite
+# make test:  setup, then the whole test suite (CI)
+# make test-fast: setup, then the fast tier: no test that starts a process or runs CP-SAT (seconds)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean validation plans
+.PHONY: setup demo test test-fast bench clean validation plans
 
 setup: $(STAMP)
 
@@ -25,6 +26,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest tests -q -x --timeout=600
+
+test-fast: setup
+	$(BIN)/python -m pytest tests -q --fast --timeout=120
 
 bench: setup
 	$(BIN)/python bench/bench_estimate.py

@@ -15,7 +15,7 @@ import math
 import shlex
 from typing import Iterable, Sequence
 
-from costmodel.specs import StageSpec
+from costmodel.specs import MESH_AXES, StageSpec
 from planner.plan.planfile import Plan, dump_plan
 
 PLAN_FILE = "plan.yaml"
@@ -105,7 +105,7 @@ def require_order(plan: Plan, target: str, *orders: Sequence[str], note: str = "
     names = " or ".join("[" + ", ".join(o) + "]" for o in orders)
     raise CannotExpress(target, f"mesh order {list(plan.mesh_order)}",
                         f"{target} orders ranks {names} (outermost first){note}",
-                        "plan with the default mesh order [pp, dp, cp, tp]")
+                        f"plan with the default mesh order [{', '.join(MESH_AXES)}]")
 
 
 def stage_layers(plan: Plan) -> list[int]:

@@ -48,9 +48,9 @@ from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
 from .clusters import cluster_from_dict, cluster_to_dict, load_cluster
 from .probe import ProbeResult, ReplayNVML, RecordingNVML, load_nvml, probe
+from .version import tool_version
 
 CLUSTER_FILE = "cluster.yaml"
-PLANNER_VERSION = "0.1.0"
 
 
 class ProfileInputError(ValueError):
@@ -605,7 +605,7 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         measured["compute_comm_slowdown"] = _r(overlap["compute_slowdown"])
     now = _dt.datetime.now(_dt.timezone.utc)
     provenance = {
-        "tool": f"planner profile {PLANNER_VERSION}", "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "tool": f"planner profile {tool_version()}", "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "hosts": hosts, "nodes": {n: per_node[n] for n in node_keys}, "method": method, "quick": quick,
         "versions": {"python": platform.python_version(), "torch": result["torch"], "backend": result["backend"],
                      "cuda": result.get("cuda"), "nccl": result.get("nccl"),

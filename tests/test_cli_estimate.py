@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ESTIMATE_KEYS = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
                  "hardware_tflops_per_gpu", "mfu", "hfu", "memory", "time"}
 MEMORY_KEYS = {"peak_bytes", "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"}

@@ -149,6 +149,7 @@ def test_usage_errors(plan_file, tmp_path, capsys):
     assert emit(plan_file, "--target", "torchrun") == 2
 
 
+@pytest.mark.subprocess
 def test_no_torch_imported():
     code = ("import sys, tempfile\n"
             "from planner.cli import main\n"

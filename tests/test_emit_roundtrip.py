@@ -32,6 +32,8 @@ from planner.plan.planfile import plan_from_dict, plan_to_dict
 
 from test_emit_support import examples, make_plan, run_script, split_module_args, write
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 TRAIN = [n for n, p in examples().items() if p.mode == "train"]
 INFER = [n for n, p in examples().items() if p.mode == "infer"]
 

@@ -19,5 +19,6 @@ def test_example_plan_is_valid(name):
     assert plan.solver["status"] == "OPTIMAL"
 
 
+@pytest.mark.solver
 def test_examples_are_current():
     assert main(["--check"]) == 0, "run `python -m planner.cli.examples`"

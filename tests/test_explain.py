@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from planner.cli import main
 
+pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
+
 BASE = ["plan", "--mode", "infer", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--gpus", "8",
         "--prompt-len", "1000", "--output-len", "200"]
 ESTIMATE_KEYS = {"ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "max_batch",

@@ -12,6 +12,8 @@ import pytest
 from planner.plan.check import check_plan
 from planner.plan.planfile import read_plan
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

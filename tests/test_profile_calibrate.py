@@ -64,6 +64,7 @@ def _cli(*args):
                           text=True, timeout=120)
 
 
+@pytest.mark.subprocess
 def test_calibrate_command_writes_a_calibrated_cluster(tmp_path):
     cluster = load_cluster(str(PROFILE))
     plans = _plans(cluster)
@@ -88,6 +89,7 @@ def test_calibrate_command_writes_a_calibrated_cluster(tmp_path):
     assert p.returncode == 0 and "before" in p.stdout and "after" in p.stdout
 
 
+@pytest.mark.subprocess
 def test_calibrate_bad_input_exits_2(tmp_path):
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump([{"plan": "missing.yaml", "measured_step_time_s": 1.0}]))
     p = _cli("--cluster", str(PROFILE), "--measured", str(tmp_path / "runs.yaml"))

@@ -21,6 +21,8 @@ from planner.search.replan import (COMPATIBLE_SLACK, TooFewGpus, changed_cluster
 from planner.cli.result import plans_from_result
 from runtime.local import make_plan
 
+pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_70B = ROOT / "plans" / "llama-3-70b-64xh100.yaml"
 ENVELOPE = {"status", "plans", "solver", "changes", "checkpoint_compatible"}
@@ -49,6 +51,7 @@ def tp2dp2(tmp_path_factory):
 # The command, end to end
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.subprocess
 def test_lose_a_node_json_contract_and_words(tmp_path):
     """70B on 64 H100 loses a node: planner plan's envelope plus the changes and the flag; the
     plan uses at most the 56 GPUs left, keeps the global batch, and the words name every
@@ -96,6 +99,7 @@ def test_dp_shrinks_with_the_layout_kept_in_words(tmp_path, capsys):
     assert "step time" in out and "->" in out
 
 
+@pytest.mark.subprocess
 def test_too_few_gpus_exits_1_with_the_minimum():
     """70B (batch 512 x 8192) cannot fit one node of H100s: exit 1, and the minimum (searched
     upward over whole nodes) is a count that does have a plan."""
@@ -134,6 +138,7 @@ def test_bad_input_exits_2_in_one_line(argv, message, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.subprocess
 def test_bad_plan_and_conflicting_flags_exit_2(tmp_path):
     r = planner("replan", str(tmp_path / "missing.yaml"), "--gpus", "8")
     assert r.returncode == 2 and "cannot read plan file" in r.stderr and "Traceback" not in r.stderr

@@ -21,6 +21,8 @@ from planner.plan.planfile import write_plan
 from profiles.clusters import load_cluster
 from runtime.local import make_plan
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

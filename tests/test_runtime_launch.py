@@ -21,6 +21,8 @@ import pytest
 from planner.plan.planfile import write_plan
 from runtime.local import make_plan
 
+pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
+
 ROOT = Path(__file__).resolve().parents[1]
 JSON_KEYS = {"losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_bytes_per_rank",
              "mfu", "predicted", "world_size", "device", "metrics_file"}

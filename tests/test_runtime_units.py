@@ -167,6 +167,7 @@ def _run(args: list[str], env: dict | None = None) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=e, timeout=120, cwd=ROOT)
 
 
+@pytest.mark.subprocess
 def test_train_entry_point_refuses_bad_input_in_one_line(tmp_path):
     p = tmp_path / "dp2.yaml"
     write_plan(make_plan("tiny-llama", dp=2, grad_accum=4), p)
@@ -179,6 +180,7 @@ def test_train_entry_point_refuses_bad_input_in_one_line(tmp_path):
     assert r.returncode == 2 and "expected rank=R,step=S" in r.stderr
 
 
+@pytest.mark.subprocess
 def test_launch_module_starts_without_torch():
     r = _run(["-c", "import sys, planner.cli.cmd_launch, runtime.checkpoint; print('torch' in sys.modules)"])
     assert r.stdout.strip() == "False", r.stderr

@@ -1,6 +1,6 @@
 """The ``planner`` command: one argparse front, one module per subcommand.
 
-Each subcommand lives in ``planner/cmd_<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
+Each subcommand lives in ``planner/cli/cmd_<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``. Modules are imported when the parser is built, so none may import torch at
 module level (planning must start fast); heavy imports go inside ``run``.
 
@@ -15,6 +15,7 @@ import importlib
 import sys
 
 from planner.plan.errors import exit_code_for
+from profiles.version import tool_version
 
 COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
 
@@ -29,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="planner", description="Auto-sharding planner for large models: profile the "
                 "hardware, score every parallel split, prove the best one, emit and run it.")
-    p.add_argument("--version", action="version", version="planner 0.1.0")
+    p.add_argument("--version", action="version", version=f"planner {tool_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:

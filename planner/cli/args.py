@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
 from planner.plan.errors import UsageError
 from planner.plan.inputs import load_cluster_sized, load_model
 
@@ -57,8 +57,8 @@ def mesh_order(args: argparse.Namespace) -> tuple[str, ...] | None:
     if not getattr(args, "mesh_order", None):
         return None
     order = tuple(x.strip() for x in args.mesh_order.split(","))
-    if sorted(order) != sorted(("pp", "dp", "cp", "tp")):
-        raise UsageError(f"--mesh-order {args.mesh_order!r} must be a permutation of pp,dp,cp,tp")
+    if sorted(order) != sorted(MESH_AXES):
+        raise UsageError(f"--mesh-order {args.mesh_order!r} must be a permutation of {','.join(MESH_AXES)}")
     return order
 
 

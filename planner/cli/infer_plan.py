@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 from costmodel.inference import kv_dtype_of
-from costmodel.specs import ClusterSpec, ModelSpec, Workload, default_stages
+from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, Workload, default_stages
 from planner.plan.errors import UsageError
 from planner.search.serving import ServeResult, ServingInfeasible, solve_serving
 from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate
 
-SERVING_ORDER = ("pp", "dp", "cp", "tp")
+SERVING_ORDER = MESH_AXES
 TRAINING_ONLY = ("cp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers", "zero", "sp",
                  "recompute", "schedule")
 

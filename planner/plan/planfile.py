@@ -18,14 +18,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from costmodel.specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
+from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                              default_stages)
 from profiles.clusters import cluster_from_dict, cluster_to_dict
+from profiles.version import tool_version
 
 SCHEMA = 1
-TOOL_VERSION = "0.1.0"
-DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
-MESH_DIMS = frozenset(DEFAULT_ORDER)
+DEFAULT_ORDER = MESH_AXES            # outermost first; also the set of mesh-axis names
+MESH_DIMS = frozenset(MESH_AXES)
 
 
 class PlanError(ValueError):
@@ -180,6 +180,6 @@ def provenance(cluster_source: str = "catalog") -> dict:
         ort = ortools.__version__
     except Exception:  # pragma: no cover - ortools is a dependency
         ort = "unknown"
-    return {"planner": TOOL_VERSION, "ortools": ort,
+    return {"planner": tool_version(), "ortools": ort,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "cluster_source": cluster_source}

@@ -38,7 +38,7 @@ from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
 from planner.search import bounds
 from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
-from planner.search.problem import Problem, Solution, SolveResult, finalize_par, stages_from
+from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
 
 
@@ -46,7 +46,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
-          worlds: Sequence[int] | None = None) -> SolveResult:
+          worlds: Sequence[int] | None = None, candidate_time_s: float | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -57,6 +57,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     ``worlds``: search plans on each of these GPU counts (at most ``gpus``) in one branch and
     bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
     estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
+    ``candidate_time_s``: CP-SAT's time limit per candidate (default: the time left of ``max_time_s``,
+    which every candidate's solve and the brute force also stop at).
+
+    Status: OPTIMAL only when every candidate solved was proved and the search ended by its
+    bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
+    UNKNOWN, a brute force cut short), it is FEASIBLE, with ``bound`` the smallest bound left
+    open: the candidates not reached, and each stopped candidate's own bound.
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
@@ -99,6 +106,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     solved_worlds: list[int] = []
     timed_out = False
     remaining_bound = None
+    open_bounds: list[float] = []         # bounds of the candidates whose solve stopped unproved
     while heap:
         lb, strong, k, cand = heapq.heappop(heap)
         if lb == math.inf:
@@ -134,16 +142,25 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             solved_worlds.append(cand.world)
         cut_s = kth / prob.weight(cand) if (kth < math.inf and not exhaustive and not mem_obj) else None
         tab = prob.tables(cand, memory_objective=mem_obj, cutoff=cut_s)
+        left = max_time_s - (time.perf_counter() - t0)
         if exhaustive:
-            res = exhaustive_one(prob, cand, tab, mem_obj)
+            out = exhaustive_one(prob, cand, tab, mem_obj, deadline=t0 + max_time_s)
+        elif left <= 0:
+            out = Outcome(None, proved=False)      # the tables took the time that was left
         else:
             cut = kth / prob.weight(cand) if kth < math.inf else None
-            res = cpsat_one(prob, cand, tab, mem_obj, max(0.1, max_time_s - (time.perf_counter() - t0)), cut)
-        if res is None:
+            limit = left if candidate_time_s is None else min(left, candidate_time_s)
+            out = cpsat_one(prob, cand, tab, mem_obj, limit, cut)
+        if not out.proved:
+            own = -math.inf
+            if out.bound is not None:      # CP-SAT's bound, from table units to the objective's
+                own = (out.bound - 1) * KIB if mem_obj else out.bound * prob.weight(cand)
+            open_bounds.append(max(0.0, lb, own))
+        if out.split is None:
             if score_all:
                 scored.append(_score_row(cand, lb, None, None))
             continue
-        obj, ns, gs = res
+        obj, ns, gs = out.split
         stages = stages_from(tab, cand, ns, gs)
         par = finalize_par(cand, stages)
         used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
@@ -159,26 +176,29 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols.sort(key=lambda s: s.objective)
     sols = sols[:top]
     wall = time.perf_counter() - t0
-    if not sols and cutoff is not None and not timed_out:
+    stopped = timed_out or bool(open_bounds)
+    if not sols and cutoff is not None and not stopped:
         return SolveResult(status="CUTOFF", solutions=[], objective=None,
                            bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
                            candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
                            solved_worlds=solved_worlds)
     if not sols:
-        if timed_out:
+        if stopped:
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
-                                f"({solved} of {len(cands)} candidates tried); raise --max-time")
+                                f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
+                                "short by the time limit); raise --max-time")
         raise InfeasibleError(_why_infeasible(prob, cands, gpus))
     best = sols[0].objective
-    if timed_out:
+    if stopped:
         status = "FEASIBLE"
-        bound = min(best, remaining_bound) if remaining_bound is not None else best
+        left_open = open_bounds + ([remaining_bound] if timed_out and remaining_bound is not None else [])
+        bound = min([best] + left_open)
     else:
         status = "OPTIMAL"
         bound = best
     return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
                        candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
-                       solved_worlds=solved_worlds)
+                       solved_worlds=solved_worlds, stopped=len(open_bounds))
 
 
 # the fields a group of candidates shares (with the world size): its bound is computed once

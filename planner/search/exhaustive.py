@@ -4,8 +4,10 @@ to it)."""
 from __future__ import annotations
 
 import itertools
+import math
+import time
 
-from planner.search.problem import Problem, StageTables, objective_value
+from planner.search.problem import Outcome, Problem, StageTables, objective_value
 from planner.search.space import Candidate
 
 
@@ -20,7 +22,10 @@ def compositions(total: int, parts: int, lo: int, hi: int):
             yield (first,) + rest
 
 
-def exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bool):
+def exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bool,
+                   deadline: float = math.inf) -> Outcome:
+    """The best split by enumeration; past ``deadline`` (a ``time.perf_counter()`` value) it stops
+    with the best split so far, not proved."""
     groups = prob.groups(cand)
     counts = dict(cand.stage_counts)
     p = cand.par.pp
@@ -31,8 +36,10 @@ def exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bo
         assigns = [tuple([groups[0]] * p)]
     best = None
     for ns in compositions(prob.model.layers, p, tab.lo, tab.hi):
+        if time.perf_counter() > deadline:
+            return Outcome(best, proved=False)
         for gs in assigns:
             val = objective_value(prob, cand, tab, list(ns), list(gs), mem_obj)
             if val is not None and (best is None or val < best[0]):
                 best = (val, list(ns), list(gs))
-    return best
+    return Outcome(best)

@@ -36,6 +36,19 @@ class Solution:
 
 
 @dataclass
+class Outcome:
+    """One candidate's solve. ``split`` is ``(objective, layers per stage, group per stage)`` from
+    the integer tables (objective in seconds of step time, or KiB for the memory objective), or
+    None. ``proved``: the split is this candidate's optimum, or it has none. Otherwise the solve
+    stopped at its time limit and ``bound`` (same units; None when nothing better than the
+    candidate's own lower bound is known) bounds what it leaves open."""
+
+    split: tuple[float, list[int], list[str]] | None
+    proved: bool = True
+    bound: float | None = None
+
+
+@dataclass
 class SolveResult:
     status: str                       # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN
     solutions: list[Solution]
@@ -47,6 +60,7 @@ class SolveResult:
     objective_name: str
     scored: list[dict[str, Any]] = field(default_factory=list)
     solved_worlds: list[int] = field(default_factory=list)   # GPU counts of the candidates solved
+    stopped: int = 0                  # candidates whose solve stopped at its time limit, unproved
 
     @property
     def gap(self) -> float:

@@ -14,13 +14,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
+from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
 MIN_TOKENS_PER_CP_RANK = 4096
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)
-ORDERS = (("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp"))
+ORDERS = (MESH_AXES, ("dp", "pp", "cp", "tp"))
 
 
 @dataclass(frozen=True)
