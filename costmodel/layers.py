@@ -209,8 +209,10 @@ class LayerCost:
 @lru_cache(maxsize=65536)
 def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int, ep: int, sp: bool,
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
-               ep_lay: GroupLayout, cp_lay: GroupLayout) -> LayerCost:
-    """Memoized: the solver asks for the same few layer shapes many thousands of times."""
+               ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0) -> LayerCost:
+    """Memoized: the solver asks for the same few layer shapes many thousands of times.
+    ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
+    efficiency curve (``costmodel.frameworks``)."""
     net = Network(cluster, intra)
     dt = workload.dtype
     a_bytes = dtype_bytes(dt)
@@ -246,6 +248,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += mats * a_bytes * model.ffn_hidden / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
 
     gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+    if kernel_efficiency != 1.0:
+        gemm_s /= kernel_efficiency
     gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
 
     # ---- attention core ------------------------------------------------------------------
@@ -257,7 +261,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
     if flash:
         attn_eff *= FLASH_ATTENTION_EFFICIENCY
-    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff)
+    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
 
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t
@@ -338,12 +342,12 @@ class EndsCost:
 
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
-              cluster: ClusterSpec) -> EndsCost:
+              cluster: ClusterSpec, kernel_efficiency: float = 1.0) -> EndsCost:
     a_bytes = dtype_bytes(workload.dtype)
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h)
+    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     head_s += memory_time_s(gpu, 2 * logits_bytes)   # softmax / cross-entropy over the logits
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,

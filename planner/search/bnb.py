@@ -46,7 +46,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
-          worlds: Sequence[int] | None = None, candidate_time_s: float | None = None) -> SolveResult:
+          worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
+          framework: str = "generic") -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -57,6 +58,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     ``worlds``: search plans on each of these GPU counts (at most ``gpus``) in one branch and
     bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
     estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
+    ``framework``: the execution framework whose speed and memory headroom price the plans
+    (``costmodel.frameworks``).
     ``candidate_time_s``: CP-SAT's time limit per candidate (default: the time left of ``max_time_s``,
     which every candidate's solve and the brute force also stop at).
 
@@ -67,7 +70,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
-    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour)
+    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
     cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds)
     mem_obj = objective == "memory"
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
@@ -164,7 +167,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         stages = stages_from(tab, cand, ns, gs)
         par = finalize_par(cand, stages)
         used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
-        est = estimate(model, used, workload, par, stages=stages, order=cand.order)
+        est = estimate(model, used, workload, par, stages=stages, order=cand.order, framework=framework)
         weight = prob.weight(cand)
         value = est.peak_bytes if mem_obj else est.step_time_s * weight
         sols.append(Solution(cand=Candidate(par=par, order=cand.order, stage_counts=cand.stage_counts),
@@ -230,7 +233,7 @@ def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | 
 
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cands: list[Candidate]) -> tuple[float, ParallelConfig, Estimate] | None:
+                  cands: list[Candidate], framework: str = "generic") -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
@@ -239,7 +242,7 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             continue
         full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
         try:
-            est = estimate(model, cluster, workload, full, order=c.order)
+            est = estimate(model, cluster, workload, full, order=c.order, framework=framework)
         except SpecError:
             continue
         if best is None or est.peak_bytes < best[0]:
@@ -253,7 +256,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
     if not cands:
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands)
+    best = _least_memory(model, cluster, wl, cands, prob.framework)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
