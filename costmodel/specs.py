@@ -19,6 +19,14 @@ from typing import Any, Mapping
 
 from .units import GIB, US, dtype_bytes
 
+# What communication overlapped with compute still costs when nothing measured it: NCCL's
+# kernels occupy SMs while they run (an H100 all-gather takes 24 of 132 SMs, 18%: NVIDIA developer
+# forum, "Compute-communication overlap causes severe GEMM performance degradation", 2025), so the
+# overlapped GEMMs slow down by about that much; Lee et al., "Characterizing Compute-Communication
+# Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025) measure 18.9% on
+# average (up to 40%). 0.18 of the overlapped time, until `planner profile` measures the cluster.
+OVERLAP_SLOWDOWN = 0.18
+
 # The mesh axes a training plan orders (outermost first by default); the one copy of this tuple.
 MESH_AXES = ("pp", "dp", "cp", "tp")
 
@@ -398,9 +406,10 @@ class ClusterSpec:
     inter_node: LinkSpec
     matmul_table: tuple[tuple[float, float], ...] = ()
     collective_table: tuple[tuple[str, str, int, float, float], ...] = ()
-    # measured: what overlapped communication C beside compute T still costs, as a fraction of
-    # min(C, T) (0: hidden completely; 1: no better than one after the other)
-    compute_comm_slowdown: float = 0.0
+    # what overlapped communication C beside compute T still costs, as a fraction of min(C, T)
+    # (0: hidden completely; 1: no better than one after the other); measured by `planner
+    # profile`, else OVERLAP_SLOWDOWN
+    compute_comm_slowdown: float = OVERLAP_SLOWDOWN
     source: str = "datasheet"
 
     def __post_init__(self) -> None:

@@ -26,6 +26,11 @@ from profiles.clusters import load_cluster
 
 # ---- the reference: one stage at a time, nothing shared or precomputed ---------------------
 
+def _ov(comm: float, compute: float, slowdown: float) -> float:
+    """Communication beside compute: the part longer than it, and ``slowdown`` of the rest."""
+    return max(0.0, comm - compute) + slowdown * min(comm, compute)
+
+
 def _all_reduce(net: Network, size: float, lay) -> float:
     if lay.n <= 1 or size <= 0:
         return 0.0
@@ -119,7 +124,7 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         comp += 3 * lc.fwd_s * k
         tp += 2 * lc.tp_fwd_s * k
         ep += 2 * lc.ep_fwd_s * k
-        cp_exposed = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+        cp_exposed = _ov(lc.cp_fwd_s, lc.attn_fwd_s, cluster.compute_comm_slowdown)
         cp += 3 * cp_exposed * k
         rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed)
         model_flops += 3 * lc.model_flops_fwd * k
@@ -147,7 +152,8 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         lat_e = _all_gather(net, 1e-300, e_lay) if expert_params else 0.0
         ag += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
         rs += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
-        fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
+        sl = cluster.compute_comm_slowdown
+        fsdp = _ov(ag, comp / 3, sl) + _ov(ag + rs, 2 * comp / 3, sl)
     grad_s = gather_s = 0.0
     if dcp > 1:
         if par.zero == 0:
@@ -161,7 +167,7 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
                 if par.zero == 1:
                     grad_s += rs
                 else:
-                    fsdp = max(0.0, rs - 2 * comp / 3)
+                    fsdp = _ov(rs, 2 * comp / 3, cluster.compute_comm_slowdown)
                 gather_s = (_all_gather(net, dense_params * w_b, shard_lay)
                             + _all_gather(net, expert_params * w_b, e_lay))
     shard = dense_shard if par.zero >= 1 else 1
@@ -206,7 +212,8 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
             c["dp_exposed"] = c["grad_s"] + c["gather_s"]
         else:
             bwd = 2 * c["comp"] / 3
-            c["dp_exposed"] = max(0.0, c["grad_s"] - bwd - i * bwd) + max(0.0, c["gather_s"] - c["comp"] / 3)
+            sl = cluster.compute_comm_slowdown
+            c["dp_exposed"] = _ov(c["grad_s"], bwd + i * bwd, sl) + _ov(c["gather_s"], c["comp"] / 3, sl)
         acts = inflight_microbatches(par, i) * (c["act_stored"] + c["embed_act"]) + c["act_fixed"]
         other = c["reserved"] + c["buffers"] + FRAGMENTATION * acts
         w, g, o = c["states"]
