@@ -506,8 +506,9 @@ def _fmt(v, kind: str) -> str:
 
 
 def print_table(out: dict[str, Any], plan) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from planner.console import make_console
     if plan.mode == "infer":
         from runtime.serve import compare_rows
         t = Table(title=f"{plan.model.name} serving: predicted vs measured ({out['world_size']} {out['device']} "
@@ -517,7 +518,7 @@ def print_table(out: dict[str, Any], plan) -> None:
             t.add_column(c, justify="right" if c else "left")
         for label, p, m, kind in compare_rows({**out, "predicted": out.get("predicted_run")}):
             t.add_row(label, _fmt(p, kind), _fmt(m, kind), f"{m / p:.2f}" if (p and m is not None) else "-")
-        c = Console(highlight=False)
+        c = make_console()
         c.print(t)
         if out["device"] == "cpu":
             c.print("[dim]CPU processes over gloo; predictions are for the plan's GPUs[/dim]")
@@ -535,7 +536,7 @@ def print_table(out: dict[str, Any], plan) -> None:
         p, m = pred.get(key), out.get(key)
         ratio = f"{m / p:.2f}" if (p and m is not None) else "-"
         t.add_row(label, _fmt(p, kind), _fmt(m, kind), ratio)
-    c = Console(highlight=False)
+    c = make_console()
     c.print(t)
     per = out.get("peak_memory_bytes_per_rank") or []
     if per:

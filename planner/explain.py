@@ -56,17 +56,23 @@ def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[st
 
 
 def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
+    """Re-solve under one change at a time. Each label names everything the case changes: twice
+    the GPUs keeps the global batch (the same job, faster or not), twice the sequence length keeps
+    the number of sequences (so twice the tokens per step), the slower link keeps everything else."""
     rows = []
     c, wl = plan.cluster, plan.workload
+    base_s = plan_estimate(plan).step_time_s
     cases = []
     if len(c.groups) == 1:
-        cases.append(("twice the GPUs", c.with_gpus(plan.world_size * 2), dataclasses.replace(
-            wl, global_batch=wl.global_batch * 2)))
+        cases.append((f"twice the GPUs ({plan.world_size * 2:,}), same global batch ({wl.global_batch:,})",
+                      c.with_gpus(plan.world_size * 2), wl))
     if plan.model.max_seq_len >= wl.seq_len * 2 or plan.model.positions != "learned":
-        cases.append(("twice the sequence length", c, dataclasses.replace(wl, seq_len=wl.seq_len * 2)))
+        cases.append((f"twice the sequence length ({wl.seq_len * 2:,} tokens), same {wl.global_batch:,} sequences "
+                      "(twice the tokens per step)", c, dataclasses.replace(wl, seq_len=wl.seq_len * 2)))
+    gbps = c.inter_node.bandwidth_bytes_per_s / 1e9
     slow = dataclasses.replace(c, inter_node=dataclasses.replace(
         c.inter_node, bandwidth_bytes_per_s=c.inter_node.bandwidth_bytes_per_s / 4))
-    cases.append(("a 4x slower inter-node link", slow, wl))
+    cases.append((f"a 4x slower inter-node link ({gbps / 4:.3g} instead of {gbps:.3g} GB/s per GPU)", slow, wl))
     for label, cl, w in cases:
         try:
             r = _solve(plan, cluster=cl, workload=w, top=1, max_time=max_time)
@@ -74,10 +80,12 @@ def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
             same = (s.par.tp, s.par.pp, s.par.cp, s.par.ep) == (plan.parallel.tp, plan.parallel.pp, plan.parallel.cp,
                                                                 plan.parallel.ep)
             rows.append({"case": label, "plan": describe_parallel(s.par), "same_shape": same,
-                         "step_time_s": s.estimate.step_time_s, "mfu": s.estimate.mfu})
+                         "step_time_s": s.estimate.step_time_s, "mfu": s.estimate.mfu,
+                         "step_time_ratio": s.estimate.step_time_s / base_s,
+                         "tokens_per_s_per_gpu": s.estimate.tokens_per_s_per_gpu})
         except Exception as e:  # an infeasible what-if is an answer too
             rows.append({"case": label, "plan": f"no plan ({str(e).splitlines()[0][:120]})", "same_shape": False,
-                         "step_time_s": None, "mfu": None})
+                         "step_time_s": None, "mfu": None, "step_time_ratio": None, "tokens_per_s_per_gpu": None})
     return rows
 
 
@@ -104,9 +112,12 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
     if info.get("what_if"):
         lines += ["", "What would change the answer:"]
         for r in info["what_if"]:
-            tail = (f" ({'same shape' if r['same_shape'] else 'a different shape'}, step {r['step_time_s']:.3f} s)"
-                    if r["step_time_s"] else "")
-            lines.append(f"  {r['case']}: {r['plan']}{tail}")
+            lines.append(f"  {r['case']}:")
+            tail = ""
+            if r["step_time_s"]:
+                tail = (f" ({'same shape' if r['same_shape'] else 'a different shape'}); step {r['step_time_s']:.3f} s "
+                        f"({(r['step_time_ratio'] - 1) * 100:+.1f}%), {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU")
+            lines.append(f"    {r['plan']}{tail}")
     return "\n".join(lines) + "\n"
 
 
