@@ -227,15 +227,18 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
             "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-distributed-optimizer-instances",
             "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
-            "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval"]
+            "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval", "--rotary-base",
+            "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters"]
     for f in ints:
         p.add_argument(f, type=int)
-    for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout"]:
+    for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout", "--norm-epsilon",
+              "--rope-scaling-factor", "--init-method-std", "--weight-decay", "--adam-beta1", "--adam-beta2",
+              "--adam-eps"]:
         p.add_argument(f, type=float)
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
-             "--bf16", "--fp16", "--mock-data"]
+             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
@@ -251,11 +254,21 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     p.add_argument("--optimizer", choices=["adam", "sgd"])
     p.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    p.add_argument("--tokenizer-type")
+    p.add_argument("--tokenizer-type", choices=["NullTokenizer", "HuggingFaceTokenizer"])
+    p.add_argument("--tokenizer-model")
+    p.add_argument("--data-path", nargs="*")
     p.add_argument("--split")
     p.add_argument("--save")
     p.add_argument("--load")
     return p
+
+
+def fake_megatron(tmp_path) -> str:
+    """A folder the script accepts as a Megatron-LM checkout (it checks for pretrain_gpt.py)."""
+    d = tmp_path / "Megatron-LM"
+    d.mkdir(exist_ok=True)
+    (d / "pretrain_gpt.py").write_text("# stand-in: the fake torchrun records its arguments\n")
+    return str(d)
 
 
 def megatron_layers_per_stage(a: argparse.Namespace) -> list[int]:
@@ -280,9 +293,12 @@ def test_megatron_round_trip(name, tmp_path):
     plan = examples()[name]
     p, m, w = plan.parallel, plan.model, plan.workload
     out = write(plan, "megatron", tmp_path / "out")
-    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": "/opt/Megatron-LM"})
+    meg = fake_megatron(tmp_path)
+    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "100000",
+                                                            "DATA_PATH": "/data/corpus_text_document",
+                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B"})
     argv = calls[0]["argv"]
-    i = argv.index("/opt/Megatron-LM/pretrain_gpt.py")
+    i = argv.index(f"{meg}/pretrain_gpt.py")
     t = torchrun_args(argv[:i + 1])
     world = int(t.nnodes) * int(t.nproc_per_node)
     assert world == plan.world_size
@@ -334,6 +350,22 @@ def test_megatron_round_trip(name, tmp_path):
     if a.overlap_param_gather:
         assert a.overlap_grad_reduce and (a.use_distributed_optimizer or a.use_megatron_fsdp)
     assert a.bf16 == (w.dtype == "bf16")
+    # the model's own settings and the schedule
+    assert a.norm_epsilon == m.norm_eps
+    if m.positions == "rotary":
+        assert a.position_embedding_type == "rope" and a.rotary_base == m.rope_theta
+        assert a.use_rope_scaling == bool(m.rope_scaling)
+    assert a.untie_embeddings_and_output_weights == (not m.tied_embeddings)
+    assert a.swiglu == (m.mlp == "swiglu")
+    # Megatron pads the vocabulary to a multiple of divisor * tp (build_tokenizer.vocab_size_with_padding)
+    k = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
+    if m.vocab % p.tp == 0:
+        assert m.vocab % k == 0
+    assert (a.data_path, a.tokenizer_type, a.tokenizer_model) == \
+        (["/data/corpus_text_document"], "HuggingFaceTokenizer", "meta-llama/Meta-Llama-3-8B")
+    assert a.train_iters == a.lr_decay_iters == 100000 and 0 < a.lr_warmup_iters < a.train_iters
+    assert a.lr_decay_style == "cosine" and a.min_lr == pytest.approx(a.lr / 10, rel=0.01)
+    assert (a.weight_decay, a.clip_grad, a.adam_beta1, a.adam_beta2) == (0.1, 1.0, 0.9, 0.95)
 
 
 
@@ -344,8 +376,11 @@ def test_megatron_uneven_splits(counts, tmp_path):
     plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8, seq=64, pp=len(counts), grad_accum=8,
                      stages=stages_from_counts(counts))
     out = write(plan, "megatron", tmp_path / "out")
-    argv = run_script(out / "megatron.sh", ["torchrun"])[0]["argv"]
-    a = megatron_parser().parse_args(argv[argv.index("./pretrain_gpt.py") + 1:])
+    meg = fake_megatron(tmp_path)
+    argv = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000",
+                                                           "MOCK_DATA": "1"})[0]["argv"]
+    a = megatron_parser().parse_args(argv[argv.index(f"{meg}/pretrain_gpt.py") + 1:])
+    assert a.mock_data and a.tokenizer_type == "NullTokenizer" and a.vocab_size == plan.model.vocab
     assert megatron_layers_per_stage(a) == counts
 
 
