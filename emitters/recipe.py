@@ -66,15 +66,18 @@ class Recipe:
     eps: float = ADAM_EPS
     init_std: float = 0.02
 
-    def comment(self, steps_var: str = "TRAIN_ITERS", warmup_var: str = "WARMUP_ITERS") -> list[str]:
-        """Lines for a script header saying what the schedule is and where it comes from."""
+    def comment(self, steps_var: str = "TRAIN_ITERS", warmup_var: str = "WARMUP_ITERS", init: bool = True) -> list[str]:
+        """Lines for a script header saying what the schedule is and where it comes from
+        (``warmup_var=""``: the script sets no warmup itself; the user's code does)."""
+        over = f"; ${warmup_var} overrides" if warmup_var else ""
+        end = f"at ${steps_var}" if steps_var else "at the run's last step"
         return [f"Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):",
                 f"  AdamW lr {sci(self.lr)} (Table 2.1 at {self.params / 1e9:.3g}B parameters), betas "
                 f"{self.beta1}/{self.beta2}, eps {self.eps:g}, weight decay {self.weight_decay}, grad clip "
                 f"{self.grad_clip};",
-                f"  linear warmup {self.warmup_steps} steps (375M tokens; a tenth of ${steps_var} if less; "
-                f"${warmup_var} overrides), cosine decay to {sci(self.min_lr)} "
-                f"(10%) at ${steps_var}; init std {self.init_std:.3g} = sqrt(2 / (5 * hidden))."]
+                f"  linear warmup {self.warmup_steps} steps (375M tokens; a tenth of the run if less{over}), "
+                f"cosine decay to {sci(self.min_lr)} (10%) {end}"
+                + (f"; init std {self.init_std:.3g} = sqrt(2 / (5 * hidden))." if init else ".")]
 
 
 def recipe(plan: Plan) -> Recipe:
@@ -112,7 +115,8 @@ class Need:
     """One value the user supplies as an environment variable.
 
     ``kind``: ``set`` (non-empty), ``int`` (a positive integer, above ``more_than`` if given),
-    ``file``/``dir`` (exists), ``cmd`` (``var`` is a command that must be on PATH; nothing to set).
+    ``file``/``dir`` (exists), ``cmd`` (``var`` is a command that must be on PATH; nothing to set),
+    ``py`` (``var`` is a module that ``$PYTHON`` (default python3) must find; nothing to set).
     ``unless``: another variable that, when set, makes this one unnecessary (e.g. MOCK_DATA).
     """
     var: str
@@ -125,11 +129,12 @@ class Need:
 
 def needs_block(script: str, needs: Sequence[Need]) -> str:
     """Bash: the list of values to supply, then a check of each (exit 2 with what to set)."""
-    lines = ["# ---- values you supply (environment variables; each is checked below, exit 2 if missing) ----"]
+    lines = ["# ---- what you supply (each is checked below; exit 2 says what is missing) ----"]
     width = max(len(n.var) for n in needs)
     for n in needs:
         opt = f" (not needed with {n.unless}=1)" if n.unless else ""
-        lines.append(f"#   {n.var.ljust(width)}  {n.what}{opt}")
+        kind = {"cmd": "on PATH: ", "py": "importable: "}.get(n.kind, "")
+        lines.append(f"#   {n.var.ljust(width)}  {kind}{n.what}{opt}")
     out = "\n".join(lines) + "\n"
     out += (f'stop() {{ echo "{script}: $*" >&2; exit 2; }}\n'
             'need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }\n')
@@ -151,6 +156,9 @@ def needs_block(script: str, needs: Sequence[Need]) -> str:
 def _checks(n: Need) -> list[str]:
     if n.kind == "cmd":
         return [f'command -v {n.var} >/dev/null 2>&1 || stop "{n.var} is not on PATH: {n.what}"']
+    if n.kind == "py":
+        return [f'"${{PYTHON:-python3}}" -c \'import importlib.util as u, sys; sys.exit(u.find_spec("{n.var}") is None)\' '
+                f'2>/dev/null || stop "${{PYTHON:-python3}} cannot import {n.var}: {n.what}"']
     out = [f'need {n.var} "{n.what}"']
     if n.kind == "int":
         out.append(f'[[ "${n.var}" =~ ^[0-9]+$ ]] && [ "${n.var}" -gt "{n.more_than}" ] || '

@@ -425,8 +425,13 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
             def get_data_parallel_world_size(self):
                 return p.dp + 1
         dsc.DeepSpeedConfig(str(out / "ds_config.json"), mpu=Wrong())
-    calls = run_script(out / "deepspeed.sh", ["deepspeed"], args=["--lr", "1"])
+    script = tmp_path / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "deepspeed.sh", ["deepspeed"], {"TRAIN_SCRIPT": str(script), "TRAIN_STEPS": "2000"},
+                       args=["--lr", "1"])
     a = runner.parse_args(calls[0]["argv"])
+    run_cfg = dsc.DeepSpeedConfig(str(out / "ds_config.run.json"), mpu=Mpu())
+    assert run_cfg.scheduler_params["total_num_steps"] == 2000
     hosts = runner.fetch_hostfile(a.hostfile)
     assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
     assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
@@ -441,7 +446,8 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
 TT_KEYS = {
     "job": {"dump_folder", "description"},
     "model": {"name", "flavor", "hf_assets_path"},
-    "optimizer": {"name", "lr"},
+    "optimizer": {"name", "lr", "beta1", "beta2", "eps", "weight_decay"},
+    "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "dataset",
                  "mixed_precision_param", "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
@@ -488,11 +494,26 @@ def test_torchtitan_toml(name, tmp_path):
     for section, keys in cfg.items():
         assert set(keys) <= TT_KEYS[section], f"[{section}] has keys torchtitan 0.2.2 does not know"
     _check_titan(cfg, plan)
-    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h"})
+    assets = tmp_path / "tokenizer"
+    assets.mkdir()
+    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h", "TRAIN_STEPS": "5000",
+                                                              "HF_ASSETS": str(assets), "DATASET": "c4"})
     own, prog = split_module_args(calls[0]["argv"])
     a = torchrun_args(own)
     assert a.training_script == "torchtitan.train" and int(a.nnodes) * int(a.nproc_per_node) == plan.world_size
-    assert prog == ["--job.config_file", str(out / "torchtitan.toml")]
+    warmup = min(500, cfg["lr_scheduler"]["warmup_steps"])      # at most a tenth of the run
+    assert prog == ["--job.config_file", str(out / "torchtitan.toml"), "--training.steps", "5000",
+                    "--lr_scheduler.warmup_steps", str(warmup), "--model.hf_assets_path", str(assets),
+                    "--training.dataset", "c4"]
+    m = plan.model
+    from emitters.recipe import recipe
+    assert cfg["optimizer"]["lr"] == recipe(plan).lr and cfg["lr_scheduler"]["decay_type"] == "cosine"
+    if tt_emitter.flavor(plan) == tt_emitter.CUSTOM_FLAVOR:
+        mod = (out / f"{tt_emitter.CUSTOM_MODULE}.py").read_text()
+        assert f"rope_theta={m.rope_theta!r}" in mod and f"norm_eps={m.norm_eps!r}" in mod
+        assert f"RoPEScalingArgs(scaling_factor={float(m.rope_scaling or 1.0)!r})" in mod
+    else:
+        assert (m.rope_theta, m.norm_eps, m.rope_scaling) == tt_emitter.STOCK_SETTINGS
 
 
 def test_torchtitan_ffn_rule():
@@ -573,7 +594,9 @@ def test_accelerate_round_trip(name, tmp_path, monkeypatch):
     out = write(plan, "accelerate", tmp_path / "out")
     cfg = yaml.safe_load((out / "accelerate.yaml").read_text())
     assert cfg["num_processes"] == plan.world_size
-    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h"})
+    script = tmp_path / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h", "TRAIN_SCRIPT": str(script)})
     assert calls[0]["argv"][0] == "launch"
     assert calls[0]["env"]["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == str(p.grad_accum)
     pytest.importorskip("accelerate")
