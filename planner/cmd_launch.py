@@ -544,6 +544,9 @@ def print_table(out: dict[str, Any], plan) -> None:
     if out["device"] == "cpu":
         c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
                 "predictions are for the plan's GPUs[/dim]")
+        c.print("[dim]On CPU stand-ins, eager PyTorch's distributed wrappers (DTensor dispatch, FSDP2 hooks) "
+                "cost host time the prediction leaves out; on GPUs that time hides behind the kernels "
+                "(README: Running a plan)[/dim]")
         cores = os.cpu_count() or 1
         if out["world_size"] > cores:
             c.print(f"[yellow]{out['world_size']} processes share {cores} CPU cores: measured step times include "

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
+from rich.rule import Rule
 from rich.table import Table
 
 _UNBOUNDED = 100_000     # a width no table reaches: measure at the natural width
@@ -22,6 +23,8 @@ class PipeSafeConsole(Console):
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
         tables = [o for o in objects if isinstance(o, Table)]
+        if not self.is_terminal and any(isinstance(o, Rule) for o in objects):
+            kwargs.setdefault("soft_wrap", False)
         for t in tables:
             for col in t.columns:
                 if col.overflow == "ellipsis":
@@ -31,6 +34,8 @@ class PipeSafeConsole(Console):
             return
         kwargs.setdefault("soft_wrap", not tables)
         need = max((natural_width(self, t) for t in tables), default=0)
+        rules = [o for o in objects if isinstance(o, Rule)]
+        need = max([need] + [len(str(r.title)) + 6 for r in rules])   # a rule cuts its title to fit
         if need <= self.width:
             super().print(*objects, **kwargs)
             return

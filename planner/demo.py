@@ -38,7 +38,7 @@ def compare_configs() -> None:
     from costmodel.training import estimate
     from profiles.clusters import load_cluster
 
-    c.print(Rule("1. the cost model: five ways to split llama-3-70b over 64 H100s (512 x 8k tokens)"))
+    c.print(Rule("1. cost model: five splits of llama-3-70b over 64 H100s (512 x 8k tokens)"))
     m, cl = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
     wl = Workload(global_batch=512, seq_len=8192)
     configs = [
@@ -74,7 +74,7 @@ def main() -> int:
             "--seq-len", "8192", "--top", "3", "--out", str(plan70))
     planner("explain", str(plan70), "--html", str(OUT / "llama-3-70b-explain.html"))
 
-    c.print(Rule("3. launch files for that plan (a target that cannot express it refuses and says why)"))
+    c.print(Rule("3. launch files (a target that cannot express the plan says why)"))
     for target in ("torchrun", "slurm", "kubernetes", "megatron"):
         planner("emit", str(plan70), "--target", target, "--out", str(OUT / "emit" / target), "--force",
                 check=False)
