@@ -131,8 +131,8 @@ def cpu_note(out: dict, plan) -> str:
     else:
         head = f"[bold]Why measured is {r:.1f}x the prediction here:[/bold]"
     p = plan.parallel
-    wrapped = [w for w, on in (("DTensor's per-operator dispatch (tp)", p.tp > 1),
-                               ("FSDP2's per-module hooks (zero 2/3)", p.zero >= 2 and p.dp > 1),
+    wrapped = [w for w, on in (("DTensor's per-operator dispatch for tp", p.tp > 1),
+                               ("FSDP2's per-module hooks for zero 2/3", p.zero >= 2 and p.dp > 1),
                                ("pipeline send/recv over gloo", p.pp > 1)) if on]
     hold = [abs(r.error) for r in all_rows() if r.split == "holdout"]
     import statistics
@@ -144,7 +144,7 @@ def cpu_note(out: dict, plan) -> str:
         f"processes standing in for GPUs, training in {out.get('dtype')} over gloo. The prediction uses this "
         "machine's profile (matmul speed, gloo bandwidth, the host time of a plain layer) but not what "
         "eager PyTorch's distributed wrappers add on a CPU"
-        + (f" ({', '.join(wrapped)})" if wrapped else "")
+        + (f" (here: {', '.join(wrapped)})" if wrapped else "")
         + f", nor other jobs sharing these cores; a layer of {plan.model.name} is so small that this overhead, "
         "not arithmetic, sets the step time.\n"
         "[bold]On real GPUs[/bold] kernel launches are asynchronous and hide that host time behind the "

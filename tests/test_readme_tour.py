@@ -116,3 +116,20 @@ def test_demo_table_and_narrow_terminals_keep_cells():
     first = "".join(r[1] for r in rows).replace(" ", "")
     second = "".join(r[2] for r in rows).replace(" ", "")
     assert first == long.replace(" ", "") and second == ("8/0" * 16)
+
+
+def test_demo_says_why_cpu_measurements_differ():
+    import statistics
+
+    from planner.demo import cpu_note
+    from planner.validation import all_rows
+    from test_emit_support import make_plan
+
+    plan = make_plan(gpus=2, tp=2, sp=True, micro_batch=8, grad_accum=1)
+    out = {"world_size": 2, "dtype": "fp32", "device": "cpu", "step_time_s": 0.310, "predicted": {"step_time_s": 0.1}}
+    note = cpu_note(out, plan)
+    assert "3.1x the prediction" in note and "DTensor" in note and "On real GPUs" in note
+    hold = [abs(r.error) for r in all_rows() if r.split == "holdout"]
+    assert f"within {statistics.median(hold) * 100:.1f}%" in note and f"{len(hold)} published GPU runs" in note
+    close = cpu_note({**out, "step_time_s": 0.105}, plan)
+    assert "1.05x the prediction here, close" in close
