@@ -97,6 +97,10 @@ class ModelSpec:
     tied_embeddings: bool = False
     bias: bool = False                # linear-layer biases (GPT-2, BLOOM, OPT)
     dropout: bool = False             # dropout masks kept for backward (Megatron GPT)
+    # settings that change no cost but the model itself; the emitters pass them to each framework
+    rope_theta: float = 10000.0       # RoPE base (Llama 3: 500000; Mixtral, Qwen3: 1e6)
+    rope_scaling: float = 0.0         # Llama 3.1-style RoPE frequency scaling factor (0: none; 3.1: 8)
+    norm_eps: float = 1e-5            # epsilon of every RMSNorm / LayerNorm
     # mixture of experts
     num_experts: int = 0
     top_k: int = 0
@@ -133,6 +137,9 @@ class ModelSpec:
             raise SpecError(f"{where}: norm must be rmsnorm or layernorm, got {self.norm!r}")
         if self.positions not in ("rotary", "learned", "alibi"):
             raise SpecError(f"{where}: positions must be rotary, learned or alibi, got {self.positions!r}")
+        if not self.rope_theta > 0 or not 0 < self.norm_eps < 1 or not (self.rope_scaling == 0 or self.rope_scaling >= 1):
+            raise SpecError(f"{where}: rope_theta {self.rope_theta} must be > 0, norm_eps {self.norm_eps} in (0, 1) "
+                            f"and rope_scaling {self.rope_scaling} 0 (none) or >= 1")
         if self.attention not in ("mha", "mla"):
             raise SpecError(f"{where}: attention must be mha or mla, got {self.attention!r}")
         if self.num_experts:
