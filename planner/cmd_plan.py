@@ -36,6 +36,8 @@ def _check_writable(path: str | None) -> None:
     from planner.errors import UsageError
     if not path:
         return
+    from profiles.safeio import check_output
+    check_output(path, "output")     # a link, FIFO, device or folder there: exit 2 before any work
     d = Path(path).resolve().parent
     if not d.exists():
         try:
@@ -74,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         write_plan(plans[0], args.out)
     if args.csv:
         import pandas as pd
-        pd.DataFrame(res.scored).to_csv(args.csv, index=False)
+
+        from profiles.safeio import write_text
+        write_text(args.csv, pd.DataFrame(res.scored).to_csv(index=False), "--csv")
     if args.json:
         from planner.report import print_json
         print_json(result_json(res, plans))
