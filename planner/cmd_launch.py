@@ -334,6 +334,10 @@ def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
         if hasattr(e, "stopped"):
             e.stopped = n
         raise
+    from planner.procs import stop_orphans
+    left = stop_orphans()        # workers of a torchrun that died before them (adopted by this process)
+    if left:
+        _say(f"torchrun exited ({rc}) with {left} worker process(es) still running; stopped them")
     t.join(timeout=5)
     return rc, "".join(tail)
 

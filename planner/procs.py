@@ -189,5 +189,33 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> int:
     return len(tree)
 
 
-__all__ = ["Terminated", "sigterm_as_exception", "become_subreaper", "descendants", "stop_tree",
+def stop_orphans(grace_s: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL, every living descendant of this process (after its launcher ended:
+    the orphans it adopted as subreaper); returns how many there were."""
+    left = descendants(os.getpid())
+    if not left:
+        _reap()
+        return 0
+    for p in left:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace_s
+    alive = left
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        _reap()
+        alive = [p for p in alive if _alive(p)]
+    for p in alive:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
+    _reap()
+    return len(left)
+
+
+__all__ = ["Terminated", "stop_orphans", "sigterm_as_exception", "become_subreaper", "descendants", "stop_tree",
            "check_cpu_processes", "cores", "EXIT_SIGTERM", "EXIT_SIGINT", "CPU_PER_CORE"]

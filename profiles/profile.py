@@ -207,7 +207,11 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
     # spawned ranks: the launcher's watchdog (timeout_s without progress) names a hung rank
     # first; the process-group timeout is the backstop, and the only guard under torchrun
     pg_timeout = cfg["timeout_s"] + (10.0 if cfg.get("progress_files") else 0.0)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=pg_timeout), **kw)
+    timeout = datetime.timedelta(seconds=pg_timeout)
+    if cfg.get("loopback_store"):      # spawned here: the store listens on 127.0.0.1 only
+        kw["store"] = _loopback_store(rank, world, timeout)
+        kw.update(rank=rank, world_size=world)
+    dist.init_process_group(backend, timeout=timeout, **kw)
     everyone: list[Any] = []
     try:
         store = _default_store()
@@ -266,6 +270,21 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
 
 
 _STORE_PREFIX = "planner_profile/progress/"
+
+
+def _loopback_store(rank: int, world: int, timeout: Any) -> Any:
+    """The rendezvous store of spawned ranks at 127.0.0.1:MASTER_PORT. A TCPStore server listens
+    on every interface whatever host it is given, so rank 0 hands it a socket bound to loopback."""
+    import torch.distributed as dist
+    port = int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(1024)
+    return dist.TCPStore("127.0.0.1", port, world, True, timeout, wait_for_workers=False,
+                         master_listen_fd=s.detach())
 
 
 def _default_store() -> Any:
@@ -389,7 +408,7 @@ def launch_local(cfg: dict, nproc: int, raw: Path, timeout_s: float, progress: _
     run where no rank progresses for ``timeout_s``, stops all ranks and raises ``RankFailed``
     naming the rank, its host and what it was doing."""
     cfg_path = raw / "config.json"
-    cfg_path.write_text(json.dumps(cfg))
+    cfg_path.write_text(json.dumps(dict(cfg, loopback_store=True)))
     port = _free_port()
     host = socket.gethostname()
     procs = []
