@@ -81,7 +81,7 @@ def check_output(path: str | os.PathLike, what: str = "output") -> Path:
     p = Path(path)
     try:
         st = os.lstat(p)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # nothing there (the writer says why it cannot)
         return p
     except OSError as e:
         raise OutputError(f"{what} {p}: cannot inspect it: {e.strerror}") from None
@@ -102,7 +102,7 @@ def check_output_folder(path: str | os.PathLike, what: str = "output folder") ->
     p = Path(path)
     try:
         st = os.lstat(p)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # nothing there (the writer says why it cannot)
         return p
     except OSError as e:
         raise OutputError(f"{what} {p}: cannot inspect it: {e.strerror}") from None
@@ -133,7 +133,7 @@ def write_bytes(path: str | os.PathLike, data: bytes, what: str = "output", exec
     p = check_output(path, what)
     try:
         keep = stat.S_IMODE(os.stat(p).st_mode)      # replacing a file keeps its permissions
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         keep = None
     mode = keep if keep is not None else default_mode(executable)
     try:
