@@ -30,11 +30,20 @@ from test_emit_support import ROOT, examples, make_plan, run_script
 EVIL = "evil\n$(touch PWNED1)\ntouch PWNED2 `touch PWNED3`; touch PWNED4 \u2028touch PWNED5 '\"x"
 
 
+def _renamed(obj, **fields):
+    """A copy of a frozen spec with other field values, set past its validation: the emitters must
+    be safe even with a name no loader would accept."""
+    new = dataclasses.replace(obj)
+    for k, v in fields.items():
+        object.__setattr__(new, k, v)
+    new.__dict__.pop("_hash", None)
+    return new
+
+
 def _hostile(plan):
-    model = dataclasses.replace(plan.model, name=EVIL)
-    groups = tuple(dataclasses.replace(g, name=f"g{i}\ntouch PWNED6") for i, g in enumerate(plan.cluster.groups))
-    cluster = dataclasses.replace(plan.cluster, name="cl\n$(touch PWNED7)", groups=groups)
-    return dataclasses.replace(plan, model=model, cluster=cluster)
+    groups = tuple(_renamed(g, name=f"g{i}\ntouch PWNED6") for i, g in enumerate(plan.cluster.groups))
+    return _renamed(plan, model=_renamed(plan.model, name=EVIL),
+                    cluster=_renamed(plan.cluster, name="cl\n$(touch PWNED7)", groups=groups))
 
 
 def _write(files: dict[str, str], out: Path) -> Path:
@@ -76,8 +85,10 @@ def _exposed(script: str) -> list[int]:
     return out
 
 
-def _pwned(*dirs: Path) -> list[str]:
-    return sorted(str(p) for d in dirs for p in d.rglob("PWNED*"))
+def _pwned(tmp: Path, *dirs: Path) -> list[str]:
+    """Files the payloads would create: anywhere under the test's folder, or in the folders the
+    scripts ran from."""
+    return sorted(str(p) for p in list(tmp.rglob("PWNED*")) + [q for d in dirs for q in d.glob("PWNED*")])
 
 
 TRAIN_TARGETS = ["torchrun", "slurm", "megatron", "deepspeed", "accelerate", "torchtitan"]
