@@ -44,9 +44,9 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> "DirectoryLock":
-        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / LOCK_FILE
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise RuntimeUsageError(f"cannot lock checkpoint directory {self.root}: {e.strerror}") from None
