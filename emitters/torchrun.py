@@ -8,7 +8,7 @@ each node starts as many processes as its group has GPUs.
 """
 from __future__ import annotations
 
-from emitters.base import (PLAN_FILE, CannotExpress, Raw, bash_array, nodes_and_procs, plan_text,
+from emitters.base import (PLAN_FILE, CannotExpress, Raw, ascii_id, bash_array, nodes_and_procs, one_line, plan_text,
                            require_mode, script_header)
 from emitters.recipe import Need, needs_block
 from planner.plan.planfile import Plan
@@ -93,7 +93,7 @@ def emit(plan: Plan) -> dict[str, str]:
                  ': "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"\n')
         cases = []
         for lo, gpn, name in reversed(rows):
-            cases.append(f'if [ -z "${{NPROC:-}}" ] && [ "$NODE_RANK" -ge {lo} ]; then NPROC={gpn}; fi  # {name}')
+            cases.append(f'if [ -z "${{NPROC:-}}" ] && [ "$NODE_RANK" -ge {lo} ]; then NPROC={gpn}; fi  # {one_line(name)}')
         body += "NPROC=\n" + "\n".join(cases) + "\n"
         body += f'if [ "$NODE_RANK" -ge {nnodes} ]; then echo "NODE_RANK must be < {nnodes}" >&2; exit 2; fi\n'
         body += bash_array("TORCHRUN_ARGS", [
@@ -106,4 +106,4 @@ def emit(plan: Plan) -> dict[str, str]:
 
 
 def _rdzv_id(plan: Plan) -> str:
-    return "".join(c if c.isalnum() else "-" for c in plan.model.name.lower())
+    return ascii_id(plan.model.name)

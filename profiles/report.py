@@ -410,6 +410,7 @@ def write_report(prof: Any, out: Path) -> dict[str, str]:
     md, page = out / "report.md", out / "report.html"
     prof.summary.setdefault("files", {})
     prof.summary["files"].update({"report_md": str(md), "report_html": str(page)})
-    md.write_text(_md(_blocks(prof, plots=False)))
-    page.write_text(_html(_blocks(prof, plots=True), f"Hardware profile: {prof.cluster['name']}"))
+    from .safeio import write_text
+    write_text(md, _md(_blocks(prof, plots=False)), "--out")
+    write_text(page, _html(_blocks(prof, plots=True), f"Hardware profile: {prof.cluster['name']}"), "--out")
     return {"report_md": str(md), "report_html": str(page)}

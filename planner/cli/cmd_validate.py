@@ -12,8 +12,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from planner.cli.report import print_json
     from planner.cli.validation import all_rows, markdown
 
@@ -24,5 +22,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown(rows), end="")
     if args.write:
-        Path(args.write).write_text(markdown(rows))
+        from profiles.safeio import write_text
+        write_text(args.write, markdown(rows), "--write")
     return 0
