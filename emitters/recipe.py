@@ -27,6 +27,7 @@ import math
 from typing import Sequence
 
 from planner.plan.planfile import Plan
+from emitters.base import one_line, sh
 
 # (parameters, peak learning rate): GPT-3 Table 2.1
 GPT3_LR = ((125e6, 6.0e-4), (350e6, 3.0e-4), (760e6, 2.5e-4), (1.3e9, 2.0e-4), (2.7e9, 1.6e-4),
@@ -134,7 +135,7 @@ def needs_block(script: str, needs: Sequence[Need]) -> str:
     for n in needs:
         opt = f" (not needed with {n.unless}=1)" if n.unless else ""
         kind = {"cmd": "on PATH: ", "py": "importable: "}.get(n.kind, "")
-        lines.append(f"#   {n.var.ljust(width)}  {kind}{n.what}{opt}")
+        lines.append(f"#   {n.var.ljust(width)}  {kind}{one_line(n.what)}{opt}")
     out = "\n".join(lines) + "\n"
     out += (f'stop() {{ echo "{script}: $*" >&2; exit 2; }}\n'
             'need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }\n')
@@ -155,11 +156,12 @@ def needs_block(script: str, needs: Sequence[Need]) -> str:
 
 def _checks(n: Need) -> list[str]:
     if n.kind == "cmd":
-        return [f'command -v {n.var} >/dev/null 2>&1 || stop "{n.var} is not on PATH: {n.what}"']
+        return [f'command -v {n.var} >/dev/null 2>&1 || stop "{n.var} is not on PATH:" {sh(n.what)}']
     if n.kind == "py":
         return [f'"${{PYTHON:-python3}}" -c \'import importlib.util as u, sys; sys.exit(u.find_spec("{n.var}") is None)\' '
-                f'2>/dev/null || stop "${{PYTHON:-python3}} cannot import {n.var}: {n.what}"']
-    out = [f'need {n.var} "{n.what}"']
+                f'2>/dev/null || stop "${{PYTHON:-python3}} cannot import {n.var}:" {sh(n.what)}']
+    # what the user supplies may name the model (from a file): single-quoted, one line
+    out = [f'need {n.var} {sh(one_line(n.what))}']
     if n.kind == "int":
         out.append(f'[[ "${n.var}" =~ ^[0-9]+$ ]] && [ "${n.var}" -gt "{n.more_than}" ] || '
                    f'stop "{n.var} must be an integer above {n.more_than}, got ${n.var}"')

@@ -27,6 +27,8 @@ from emitters import get
 from planner.plan.planfile import read_plan, write_plan
 from test_emit_support import ROOT, examples, make_plan, run_script
 
+pytestmark = pytest.mark.subprocess     # the emitted scripts run under bash
+
 EVIL = "evil\n$(touch PWNED1)\ntouch PWNED2 `touch PWNED3`; touch PWNED4 \u2028touch PWNED5 '\"x"
 
 
@@ -137,7 +139,7 @@ def test_hostile_names_executed_create_nothing(tmp_path):
     work.mkdir()
     train = _hostile(make_plan("tiny-llama", gpus=2, gb=4, seq=32, tp=2, micro_batch=2, grad_accum=2))
     out = _write(get("torchrun").emit(train), work / "torchrun")
-    calls = run_script(out / "torchrun.sh", ["torchrun"], env={"STEPS": "1"})
+    calls = run_script(out / "torchrun.sh", ["torchrun"], env={"STEPS": "1", "PYTHONPATH": str(ROOT)})
     assert calls and calls[0]["prog"] == "torchrun"
     rdzv = calls[0]["argv"][calls[0]["argv"].index("--rdzv-id") + 1]
     assert rdzv.replace("-", "").isalnum() and rdzv.isascii()

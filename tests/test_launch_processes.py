@@ -409,6 +409,7 @@ def test_corrupted_latest_shard_falls_back(plan_dp2, saved, tmp_path):
 # Bounds
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.subprocess
 def test_nproc_beyond_the_machine_is_refused(tmp_path):
     from planner.cli.procs import CPU_PER_CORE, cores
     n = CPU_PER_CORE * cores() + 1

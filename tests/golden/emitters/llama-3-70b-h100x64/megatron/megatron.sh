@@ -18,14 +18,14 @@ set -euo pipefail
 #   TOKENIZER    the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens) (not needed with MOCK_DATA=1)
 stop() { echo "megatron.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-need MEGATRON "your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py"
+need MEGATRON 'your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py'
 [ -f "$MEGATRON/pretrain_gpt.py" ] || stop "MEGATRON: no file $MEGATRON/pretrain_gpt.py"
-command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH: activate the Python environment that has torch and Megatron-LM's requirements (e.g. source /path/to/venv/bin/activate)"
-need TRAIN_ITERS "the run's optimizer steps (the cosine schedule ends there)"
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the Python environment that has torch and Megatron-LM'"'"'s requirements (e.g. source /path/to/venv/bin/activate)'
+need TRAIN_ITERS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_ITERS" =~ ^[0-9]+$ ]] && [ "$TRAIN_ITERS" -gt "0" ] || stop "TRAIN_ITERS must be an integer above 0, got $TRAIN_ITERS"
 if [ -z "${MOCK_DATA:-}" ]; then
-  need DATA_PATH "your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx)"
-  need TOKENIZER "the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens)"
+  need DATA_PATH 'your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx)'
+  need TOKENIZER 'the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens)'
 fi
 WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 90 ? TRAIN_ITERS / 10 : 90 ))}"  # 375M tokens = 90 steps, or a tenth of the run
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"

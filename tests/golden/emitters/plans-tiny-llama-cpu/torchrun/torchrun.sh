@@ -11,8 +11,8 @@ set -euo pipefail
 #   runtime   importable: run from the planner's repository, or activate its environment, or set PYTHONPATH=<repo>
 stop() { echo "torchrun.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH: activate the planner's environment (source <repo>/.venv/bin/activate)"
-"${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("runtime") is None)' 2>/dev/null || stop "${PYTHON:-python3} cannot import runtime: run from the planner's repository, or activate its environment, or set PYTHONPATH=<repo>"
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the planner'"'"'s environment (source <repo>/.venv/bin/activate)'
+"${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("runtime") is None)' 2>/dev/null || stop "${PYTHON:-python3} cannot import runtime:" 'run from the planner'"'"'s repository, or activate its environment, or set PYTHONPATH=<repo>'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K] [--resume]
 RUNTIME_ARGS=(

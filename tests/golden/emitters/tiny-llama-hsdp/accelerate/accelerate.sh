@@ -14,8 +14,8 @@ set -euo pipefail
 #   TRAIN_SCRIPT  your training script (it builds the model, optimizer and data; per-device batch 1)
 stop() { echo "accelerate.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-command -v accelerate >/dev/null 2>&1 || stop "accelerate is not on PATH: activate the Python environment that has Accelerate 1.x and its torch"
-need TRAIN_SCRIPT "your training script (it builds the model, optimizer and data; per-device batch 1)"
+command -v accelerate >/dev/null 2>&1 || stop "accelerate is not on PATH:" 'activate the Python environment that has Accelerate 1.x and its torch'
+need TRAIN_SCRIPT 'your training script (it builds the model, optimizer and data; per-device batch 1)'
 [ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export ACCELERATE_GRADIENT_ACCUMULATION_STEPS=1

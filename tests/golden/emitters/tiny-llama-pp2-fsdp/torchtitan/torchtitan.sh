@@ -16,13 +16,13 @@ set -euo pipefail
 #   DATASET      a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy (not needed with MOCK_DATA=1)
 stop() { echo "torchtitan.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH: activate the Python environment that has torchtitan 0.2.2 and its torch"
-need TRAIN_STEPS "the run's optimizer steps (the cosine schedule ends there)"
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the Python environment that has torchtitan 0.2.2 and its torch'
+need TRAIN_STEPS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_STEPS" =~ ^[0-9]+$ ]] && [ "$TRAIN_STEPS" -gt "0" ] || stop "TRAIN_STEPS must be an integer above 0, got $TRAIN_STEPS"
 if [ -z "${MOCK_DATA:-}" ]; then
-  need HF_ASSETS "the folder with tiny-llama's tokenizer (torchtitan's scripts/download_hf_assets.py writes it)"
+  need HF_ASSETS 'the folder with tiny-llama'"'"'s tokenizer (torchtitan'"'"'s scripts/download_hf_assets.py writes it)'
   [ -d "$HF_ASSETS" ] || stop "HF_ASSETS: no dir $HF_ASSETS"
-  need DATASET "a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy"
+  need DATASET 'a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy'
 fi
 WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 732422 ? TRAIN_STEPS / 10 : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run
 [[ "$WARMUP_STEPS" =~ ^[0-9]+$ ]] && [ "$WARMUP_STEPS" -lt "$TRAIN_STEPS" ] || stop "WARMUP_STEPS must be an integer below TRAIN_STEPS ($TRAIN_STEPS), got $WARMUP_STEPS"

@@ -17,10 +17,10 @@ set -euo pipefail
 #   TRAIN_STEPS   the run's optimizer steps (the cosine schedule ends there)
 stop() { echo "deepspeed.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-command -v deepspeed >/dev/null 2>&1 || stop "deepspeed is not on PATH: activate the Python environment that has DeepSpeed 0.19 and its torch"
-need TRAIN_SCRIPT "your training script (it calls deepspeed.initialize; it builds the model, the data and the tokenizer)"
+command -v deepspeed >/dev/null 2>&1 || stop "deepspeed is not on PATH:" 'activate the Python environment that has DeepSpeed 0.19 and its torch'
+need TRAIN_SCRIPT 'your training script (it calls deepspeed.initialize; it builds the model, the data and the tokenizer)'
 [ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
-need TRAIN_STEPS "the run's optimizer steps (the cosine schedule ends there)"
+need TRAIN_STEPS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_STEPS" =~ ^[0-9]+$ ]] && [ "$TRAIN_STEPS" -gt "0" ] || stop "TRAIN_STEPS must be an integer above 0, got $TRAIN_STEPS"
 WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 732422 ? TRAIN_STEPS / 10 : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run
 [[ "$WARMUP_STEPS" =~ ^[0-9]+$ ]] && [ "$WARMUP_STEPS" -lt "$TRAIN_STEPS" ] || stop "WARMUP_STEPS must be an integer below TRAIN_STEPS ($TRAIN_STEPS), got $WARMUP_STEPS"
