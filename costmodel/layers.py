@@ -193,6 +193,7 @@ class LayerCost:
     hw_flops_fwd: float         # same convention; recomputation is added on top (HFU >= MFU)
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
+    gemm_fwd_s: float           # of which the GEMMs (for TP communication overlap)
     elementwise_fwd_s: float    # of which memory-bound
     selective_extra_s: float    # extra backward time under selective recompute
     selective_extra_flops: float
@@ -322,7 +323,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
-        attn_fwd_s=attn_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
+        attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params)

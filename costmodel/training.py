@@ -178,12 +178,15 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
-    (0 gives the terms without it, which bound them from below)."""
+    (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
+    framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
+    communication costs what overlapped communication costs, against the layer's GEMMs."""
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * lc.tp_fwd_s, ep_comm_s=2 * lc.ep_fwd_s,
-                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_fwd,
+    tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * lc.ep_fwd_s,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + lc.ep_fwd_s + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
                       selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
@@ -313,7 +316,9 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             self.framework.kernel_efficiency)
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown))
+            # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
+            tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap))
         return hit
 
     def inflight(self, par: ParallelConfig) -> list[float]:

@@ -21,6 +21,7 @@ source, never per case:
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,18 @@ def _model(d: dict, name: str) -> ModelSpec:
     return ModelSpec(**base)
 
 
+# what a case's hardware note says when its machines are not the catalog cluster it names: lower
+# power limits and HBM2e H100s (torchtitan's Grand Teton runs), half the inter-node links (Jean Zay's
+# four Omni-Path links, GPT-NeoX's four HCAs per node)
+_OTHER_HARDWARE = ("500 W", "lower TDP", "Omni-Path", "4 ConnectX", "HBM2e")
+
+
+def hardware_matches(case: dict) -> bool:
+    """Whether the run's machines are the catalog cluster it names (else reported apart, not fitted)."""
+    note = str(case.get("hardware_note", ""))
+    return not any(k in note for k in _OTHER_HARDWARE)
+
+
 def framework_of(case: dict) -> str:
     """The software that produced a published figure (module docstring)."""
     if case.get("framework"):
@@ -91,11 +104,20 @@ def case_rows(case: dict, split: str) -> list[Row]:
     mb = par_d.pop("micro_batch", 1)
     dp = par_d.get("dp", 1) * par_d.get("cp", 1) // max(1, par_d.get("cp", 1))
     ga = max(1, case["global_batch"] // (dp * mb))
-    par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=par_d.pop("zero", 1 if megatron else 3), **par_d)
+    # a ZeRO stage the source does not give: FSDP's (3) for torchtitan and Accelerate, the
+    # distributed optimizer / ZeRO-1 otherwise (DeepSpeed's pipeline engine takes no higher)
+    zero = par_d.pop("zero", 3 if fw in ("torchtitan", "accelerate") else 1)
+    par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=zero, **par_d)
     dtype = case.get("dtype") or ("fp16" if "fp16" in str(case.get("precision", "")) else "bf16")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
                   attention_kernel="materialized" if materialized else "flash")
-    est = estimate(model, cluster, wl, par, framework=fw if fw in FRAMEWORKS else "generic")
+    prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
+    if materialized:
+        # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
+        prof = dataclasses.replace(prof, tp_comm_overlap=False)
+    elif "async" in str(case.get("execution", "")).lower():
+        prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
+    est = estimate(model, cluster, wl, par, framework=prof)
     rep = case["reported"]
     rows = []
     if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", None):
@@ -137,7 +159,7 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
             if c.get("dtype") == "fp8" or "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
                 skipped += 1
                 continue
-            rows += case_rows(c, "frameworks")
+            rows += case_rows(c, "frameworks" if hardware_matches(c) else "frameworks-hardware")
     all_rows.skipped_fp8 = skipped
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
@@ -155,6 +177,8 @@ def markdown(rows: list[Row]) -> str:
     out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
                                  ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml; "
                                                 "FP8 rows left out until issue 13)"),
+                                 ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
+                                                         "(reported, not fitted: see each case's hardware_note)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
@@ -165,7 +189,8 @@ def markdown(rows: list[Row]) -> str:
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
     sel = [r for r in rows if r.split in ("calibration", "frameworks", "holdout")]
-    out = ["## Error by framework", "", "| framework | figures | median error | largest error | profile |",
+    out = ["## Error by framework", "", "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
+           "| framework | figures | median error | largest error | profile |",
            "|---|---:|---:|---:|---|"]
     for fw in sorted({r.framework for r in sel}):
         errs = [abs(r.error) for r in sel if r.framework == fw]

@@ -88,7 +88,9 @@ def compute_bound(prob: Problem, members: list) -> float:
                 if not n:
                     continue
                 # the layer's terms without the overlap slowdown (which only adds)
-                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0)
+                fw = framework_profile(prob.framework)
+                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
+                                 fw.tp_comm_overlap and par.sp and par.tp > 1)
                 per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
                 per_stage += n * (per + (lt.selective_s if selective else 0.0))
             ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
