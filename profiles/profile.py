@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import yaml
 
+from costmodel.specs import SpecError
 from costmodel.units import GB, GIB, TERA, US
 
 from . import bench_collectives as bc
@@ -735,13 +736,24 @@ def keep_partial(out: Path, error: str) -> dict:
 def _probe_for(opts: ProfileOptions) -> ProbeResult:
     nvml = None
     if opts.nvml_replay:
-        nvml = ReplayNVML.from_file(opts.nvml_replay)
+        try:
+            nvml = ReplayNVML.from_file(opts.nvml_replay)
+        except SpecError as e:
+            raise ProfileInputError(str(e)) from None
     elif opts.record_nvml:
         real, note = load_nvml()
         if real is None:
             raise ProfileInputError(f"--record-nvml: {note}")
         nvml = RecordingNVML(real)
-    pr = probe(nvml)
+    if isinstance(nvml, ReplayNVML):
+        try:
+            pr = probe(nvml)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise ProfileInputError(f"--nvml-replay {opts.nvml_replay}: the recording cannot answer the probe "
+                                    f"({type(e).__name__}: {str(msg)[:200]}); record it again with --record-nvml") from None
+    else:
+        pr = probe(nvml)
     if opts.record_nvml and isinstance(nvml, RecordingNVML):
         nvml.save(opts.record_nvml, f"recorded by planner profile on {pr.host} "
                   f"({_dt.date.today().isoformat()}): {pr.summary()}")
