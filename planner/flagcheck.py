@@ -26,9 +26,9 @@ INF = math.inf
 
 # (lo, hi, lo_exclusive, note) by dest; per-command rules override the common ones.
 _COMMON: dict[str, tuple[float, float, bool, str]] = {
-    "gpus": (1, MAX_GPUS, False, "GPUs this planner handles"),
-    "global_batch": (1, MAX_BATCH, False, ""),
-    "seq_len": (1, MAX_SEQ, False, "tokens"),
+    "gpus": (0, MAX_GPUS, True, "GPUs this planner handles"),
+    "global_batch": (0, MAX_BATCH, True, ""),
+    "seq_len": (0, MAX_SEQ, True, "tokens"),
     "seed": (0, MAX_SEED, False, ""),
     **{k: (1, MAX_GPUS, False, "") for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "dp_shard")},
     "micro_batch": (1, MAX_BATCH, False, ""),
@@ -41,7 +41,7 @@ _BY_COMMAND: dict[str, dict[str, tuple[float, float, bool, str]]] = {
              "prompt_len": (1, MAX_SEQ, False, "tokens"), "output_len": (1, MAX_SEQ, False, "tokens"),
              "batch": (1, MAX_BATCH, False, ""), "max_batch": (1, MAX_BATCH, False, ""),
              "ttft_slo_ms": (0, INF, True, "ms"), "tpot_slo_ms": (0, INF, True, "ms")},
-    "replan": {"lose_nodes": (1, MAX_NODES, False, ""), "add_nodes": (1, MAX_NODES, False, ""),
+    "replan": {"gpus": (1, MAX_GPUS, False, "GPUs this planner handles"), "lose_nodes": (1, MAX_NODES, False, ""), "add_nodes": (1, MAX_NODES, False, ""),
                "compatible_within": (0, 1000, False, "%")},
     "profile": {"timeout": (0, INF, True, "seconds"), "max_bytes": (1, 1 << 40, False, "bytes"),
                 "nproc": (1, INF, False, "")},
