@@ -206,13 +206,12 @@ def _hardware(c: Any) -> list[tuple[str, int]]:
 
 
 def _check_same_hardware(cluster: Any, runs: list[Run], name: str) -> None:
-    """Each run's plan was made for this cluster's hardware (GPU and node size of every node
-    group; the node count may differ): a fit to runs on other hardware would be written as this
-    cluster's and mislead every plan made from it."""
+    """Each run's plan was made for this cluster's hardware: the GPU and node size of every node
+    group once the cluster is sized to the plan's world (as ``predict`` sizes it). A fit to runs
+    on other hardware would be written as this cluster's and mislead every plan made from it."""
     from planner.errors import UsageError
-    want = _hardware(cluster)
     for r in runs:
-        got = _hardware(r.plan.cluster)
+        got, want = _hardware(r.plan.cluster), _hardware(_sized(cluster, r.plan.world_size))
         if got != want:
             show = lambda hw: " + ".join(f"{n}/node x {g}" for g, n in hw)  # noqa: E731
             raise UsageError(f"run {r.name!r}: its plan was made for {r.plan.world_size} GPUs of "

@@ -146,6 +146,11 @@ def check_applicable(command: str, args: argparse.Namespace, given: set[str]) ->
                              "--list (it lists the targets); drop them, or drop --list to write files")
     if command == "profile" and "nvml_replay" in given and "record_nvml" in given:
         raise UsageError("--record-nvml records the real NVML, and --nvml-replay replaces it; give one")
+    if command == "launch" and {"prompt_len", "output_len", "batch"} & given:
+        from planner.planfile import read_plan
+        if read_plan(args.plan).mode == "train":
+            ignored = [d for d in ("prompt_len", "output_len", "batch") if d in given]
+            raise UsageError(f"{_flags(ignored)}: serving options; {args.plan} is a training plan")
     if command == "replan" and "group" in given and not ({"lose_nodes", "add_nodes"} & given):
         raise UsageError("--group says which node group loses or gains nodes; give --lose-nodes K or --add-nodes K")
 

@@ -133,8 +133,13 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     if missing:
         raise PlanError(f"{where}: missing section(s) {', '.join(missing)} (truncated file?)")
     for k in ("mesh", "estimate", "solver", "provenance"):
-        if d[k] is not None and not isinstance(d[k], Mapping):
-            raise PlanError(f"{where}: section {k!r} must be a mapping, got {describe(d[k])}")
+        if not isinstance(d[k], Mapping):        # an empty section is {}; nothing at all is a cut file
+            raise PlanError(f"{where}: section {k!r} must be a mapping, got {describe(d[k])} (truncated file?)")
+    groups = d["cluster"].get("groups") if isinstance(d["cluster"], Mapping) else None
+    if isinstance(d["cluster"], Mapping) and ("extends" in d["cluster"] or any(
+            isinstance(g, Mapping) and "extends" in g for g in (groups if isinstance(groups, list) else []))):
+        raise PlanError(f"{where}: cluster: a plan holds its cluster in full, without 'extends' (which would read "
+                        "another file); write the plan again with `planner plan --out`")
     try:
         model = ModelSpec.from_dict(d["model"], f"{where}.model")
         cluster = cluster_from_dict(d["cluster"], f"{where}.cluster")

@@ -412,6 +412,37 @@ def check_recording(data: Any, where: str) -> None:
                                 f"0..{MAX_REPLAY_GPUS}, got {describe(ans)}")
 
 
+# what a replayed probe may find per GPU: (field, kind, lo, hi); None allowed where the field is optional
+_GPU_FIELDS = (("memory_total_bytes", int, 0, 1 << 50), ("memory_free_bytes", int, 0, 1 << 50),
+               ("pcie_gen_max", int, 1, 16), ("pcie_width_max", int, 1, 64), ("pcie_gen_current", int, 1, 16),
+               ("pcie_width_current", int, 1, 64), ("numa_node", int, -1, 1 << 16), ("nvlink_version", int, 0, 1 << 16),
+               ("sm_clock_max_mhz", int, 0, 1 << 20), ("power_limit_w", float, 0, 1e6))
+
+
+def check_probe_result(pr: "ProbeResult", where: str) -> None:
+    """What a replayed recording answered, held to NVML's own types and ranges (a recording is a
+    file someone may have edited); SpecError naming the GPU and the field."""
+    import math
+    import re
+
+    from costmodel.limits import describe
+    from costmodel.specs import SpecError
+    for g in pr.gpus:
+        gw = f"{where}: GPU {g.index}"
+        if not g.name or len(g.name) > 256:
+            raise SpecError(f"{gw}: name must be 1 to 256 characters, got {describe(g.name)}")
+        if g.compute_capability and not re.fullmatch(r"\d{1,2}\.\d{1,2}", g.compute_capability):
+            raise SpecError(f"{gw}: compute capability must be two small integers, got {describe(g.compute_capability)}")
+        for name, kind, lo, hi in _GPU_FIELDS:
+            v = getattr(g, name)
+            if v is None and name not in ("memory_total_bytes", "memory_free_bytes"):
+                continue
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int)
+                  and math.isfinite(v) and lo <= v <= hi)
+            if not ok:
+                raise SpecError(f"{gw}: {name} must be a number in {lo}..{hi}, got {describe(v)}")
+
+
 class ReplayNVML(types.SimpleNamespace):
     """A ``pynvml`` stand-in answering from a recording (see the module docstring).
 

@@ -48,7 +48,7 @@ from . import bench_collectives as bc
 from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
 from .clusters import cluster_from_dict, cluster_to_dict, load_cluster
-from .probe import ProbeResult, ReplayNVML, RecordingNVML, load_nvml, probe
+from .probe import ProbeResult, ReplayNVML, RecordingNVML, check_probe_result, load_nvml, probe
 
 CLUSTER_FILE = "cluster.yaml"
 PLANNER_VERSION = "0.1.0"
@@ -748,7 +748,11 @@ def _probe_for(opts: ProfileOptions) -> ProbeResult:
     if isinstance(nvml, ReplayNVML):
         try:
             pr = probe(nvml)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+            check_probe_result(pr, f"--nvml-replay {opts.nvml_replay}")
+            pr.summary(), pr.to_dict()
+        except SpecError as e:
+            raise ProfileInputError(str(e)) from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise ProfileInputError(f"--nvml-replay {opts.nvml_replay}: the recording cannot answer the probe "
                                     f"({type(e).__name__}: {str(msg)[:200]}); record it again with --record-nvml") from None

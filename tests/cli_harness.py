@@ -8,6 +8,8 @@ import contextlib
 import io
 import json
 import math
+import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -56,6 +58,11 @@ def run(argv: list[str], timeout_s: int = 20) -> Result:
         signal.signal(signal.SIGALRM, old)
         if outer:
             signal.alarm(max(1, outer - int(time.monotonic() - t0)))
+    try:                                  # for --hypothesis-show-statistics: how often each exit code came
+        from hypothesis import event
+        event(f"exit {code}" + (os.environ.get("FUZZ_DEBUG") and ": " + re.sub(r"[0-9.]+", "N", err.getvalue()[:90].split(": error: ")[-1]) or ""))
+    except Exception:
+        pass
     return Result([str(a) for a in argv], code, out.getvalue(), err.getvalue())
 
 
