@@ -40,6 +40,22 @@ def _alarm(signum, frame):
     raise Hang("no answer within the time limit")
 
 
+def _event(code: int, err: str) -> None:
+    """For ``--hypothesis-show-statistics``: how often each exit code came (with FUZZ_DEBUG=1, and
+    which message, numbers blanked)."""
+    try:
+        from hypothesis import event
+    except ImportError:
+        return
+    msg = ""
+    if os.environ.get("FUZZ_DEBUG") and err:
+        msg = ": " + re.sub(r"[0-9.]+", "N", err.split(": error: ")[-1][:90])
+    try:
+        event(f"exit {code}{msg}")
+    except Exception:          # outside a hypothesis test
+        pass
+
+
 def run(argv: list[str], timeout_s: int = 20) -> Result:
     """``planner ARGV`` in process; a command that runs past ``timeout_s`` raises ``Hang``."""
     out, err = io.StringIO(), io.StringIO()
@@ -58,11 +74,7 @@ def run(argv: list[str], timeout_s: int = 20) -> Result:
         signal.signal(signal.SIGALRM, old)
         if outer:
             signal.alarm(max(1, outer - int(time.monotonic() - t0)))
-    try:                                  # for --hypothesis-show-statistics: how often each exit code came
-        from hypothesis import event
-        event(f"exit {code}" + (os.environ.get("FUZZ_DEBUG") and ": " + re.sub(r"[0-9.]+", "N", err.getvalue()[:90].split(": error: ")[-1]) or ""))
-    except Exception:
-        pass
+    _event(code, err.getvalue())
     return Result([str(a) for a in argv], code, out.getvalue(), err.getvalue())
 
 
