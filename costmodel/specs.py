@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping
 
-from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num, range_problem,
+from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
+                     range_problem,
                      type_problem)
 from .units import GIB, US, dtype_bytes
 
@@ -787,5 +787,6 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages", "RECOMPUTE", "SCHEDULES", "ceil_div",
+    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages",
+    "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

@@ -2,7 +2,6 @@
 passes the independent checker, fixed dimensions are respected, statuses are honest."""
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
-                             default_stages)
+                             default_stages)  # noqa: F401  (re-exported: the plan file's readers use it)
 from costmodel.limits import describe
 from profiles.clusters import cluster_from_dict, cluster_to_dict
 from profiles.readers import parse_yaml, read_text
