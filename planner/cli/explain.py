@@ -146,8 +146,11 @@ def figure_objects(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str, Any
 
     est: Estimate = info["estimate"]
     sols = info["solver"].solutions
-    chosen = [s for s in sols if s.par == plan.parallel and s.stages == plan.stages]
-    others = [s for s in sols if not (s.par == plan.parallel and s.stages == plan.stages)]
+    def same(s) -> bool:          # the plan itself: degrees, stages and mesh order
+        return s.par == plan.parallel and s.stages == plan.stages and tuple(s.cand.order) == tuple(plan.mesh_order)
+
+    chosen = [s for s in sols if same(s)]
+    others = [s for s in sols if not same(s)]
     out = []
     where = plan.cluster.gpu.name if len(plan.cluster.groups) == 1 else f"{plan.cluster.name} (node groups)"
     fig = F.memory_figure(est, f"memory per GPU on each pipeline stage\n{plan.model.name} on {where}")
