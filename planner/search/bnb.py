@@ -40,13 +40,15 @@ from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
+from planner.search.targets import framework_kwargs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
           objective: str = "throughput", price_per_gpu_hour: float | None = None, top: int = 1,
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
-          worlds: Sequence[int] | None = None, candidate_time_s: float | None = None) -> SolveResult:
+          worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
+          target: str | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -59,6 +61,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
     ``candidate_time_s``: CP-SAT's time limit per candidate (default: the time left of ``max_time_s``,
     which every candidate's solve and the brute force also stop at).
+    ``target``: only plans that execution target runs (``planner.search.targets``), priced with
+    its framework's profile; None (or ``generic``) searches every layout the cost model knows.
 
     Status: OPTIMAL only when every candidate solved was proved and the search ended by its
     bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
@@ -67,8 +71,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
-    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour)
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds)
+    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, **framework_kwargs(Problem, target))
+    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
@@ -164,10 +168,11 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         stages = stages_from(tab, cand, ns, gs)
         par = finalize_par(cand, stages)
         used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
-        est = estimate(model, used, workload, par, stages=stages, order=cand.order)
+        est = estimate(model, used, workload, par, stages=stages, order=cand.order,
+                       **framework_kwargs(estimate, target))
         weight = prob.weight(cand)
         value = est.peak_bytes if mem_obj else est.step_time_s * weight
-        sols.append(Solution(cand=Candidate(par=par, order=cand.order, stage_counts=cand.stage_counts),
+        sols.append(Solution(cand=dataclasses.replace(cand, par=par),
                              objective=value, stages=stages, estimate=est, table_objective=obj * weight))
         if score_all:
             scored.append(_score_row(cand, lb, est, value))
@@ -187,7 +192,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
                                 f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
-        raise InfeasibleError(_why_infeasible(prob, cands, gpus))
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target))
     best = sols[0].objective
     if stopped:
         status = "FEASIBLE"
@@ -247,10 +252,13 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return best
 
 
-def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None) -> str:
     """The binding constraint and the smallest change that would make a plan exist."""
     model, cluster, wl = prob.model, prob.cluster, prob.workload
     if not cands:
+        if widened(target):
+            from planner.search.targets import why_no_candidate
+            return why_no_candidate(model, cluster, wl, gpus, target)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
     best = _least_memory(model, cluster, wl, cands)
@@ -262,7 +270,8 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
         for mult in (2, 4, 8, 16, 32):
             try:
                 bigger = cluster.with_gpus(gpus * mult)
-                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult))
+                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult,
+                                                                             target=target))
             except (SpecError, UsageError):
                 continue
             if more is not None and more[2].fits:
