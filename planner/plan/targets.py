@@ -627,7 +627,7 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
                     f"{max(1, m // par.pp)} rounds")
     # recompute (whole-model policy)
     if par.recompute not in t.recompute:
-        add(f"{par.recompute} recompute: {name} offers {_join(sorted(t.recompute))} recompute; plan --recompute "
+        add(f"recompute {par.recompute}: {name} offers {_join(sorted(t.recompute))} recompute; plan --recompute "
             f"{'full' if 'full' in t.recompute else sorted(t.recompute)[0]}")
     elif par.recompute == "full" and par.recompute_layers >= 0 and not t.recompute_block:
         add(f"full recompute of {par.recompute_layers} layers per stage: {name} recomputes every layer or none; "
@@ -690,8 +690,8 @@ def stage_problems(target: str | TrainTarget, model: ModelSpec, par: ParallelCon
     if not per_stage:
         extra = [s.recompute_layers for s in stages]
         if par.recompute != "full" and any(extra):
-            out.append(f"{par.recompute} recompute plus full recompute of {extra} layers per stage: {name} sets one "
-                       f"recompute policy for the whole model; plan --target {name}")
+            out.append(f"per-stage recompute {extra} (on top of {par.recompute}): {name} sets one recompute "
+                       f"policy for the whole model; plan --target {name}")
         if par.recompute == "full" and par.recompute_layers >= 0:
             short = [n for n in counts if n < par.recompute_layers]
             if short:
@@ -849,3 +849,43 @@ def _round_up(x: int, k: int) -> int:
 
 def _largest_divisor(n: int, below: int) -> int:
     return max(d for d in range(1, min(n, below) + 1) if n % d == 0)
+
+
+# --------------------------------------------------------------------------------------
+# The command that plans for a target
+# --------------------------------------------------------------------------------------
+
+def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
+    """The ``planner plan --target T ...`` command for ``plan``'s problem (same model, cluster,
+    GPUs, batch and sequence, dtype and optimizer): a plan ``target`` runs, or the reason it
+    has none. A model that is not the catalog's entry of its name is read back from the plan
+    file itself (``--like PLAN``)."""
+    import shlex
+
+    from costmodel.catalog import get_model, model_names
+    w = plan.workload
+    target = {"torchrun": "builtin", "slurm": "slurm", "kubernetes": "kubernetes"}.get(target, target)
+    catalog_model = plan.model.name in model_names() and get_model(plan.model.name) == plan.model
+    src = (plan.provenance or {}).get("cluster_source", "catalog")
+    if not catalog_model or (src == "catalog" and ":" in plan.cluster.name):
+        if plan_path:
+            return f"planner plan --like {shlex.quote(str(plan_path))} --target {target}"
+    args = ["planner", "plan"]
+    if w.mode == "infer":
+        args += ["--mode", "infer"]
+    args += ["--model", plan.model.name if catalog_model else f"<{plan.model.name} model file>"]
+    whole_file = src != "catalog"
+    cluster = src if whole_file else plan.cluster.name
+    args += ["--cluster", cluster]
+    if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
+        args += ["--gpus", str(plan.world_size)]
+    if w.mode == "infer":
+        args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
+    else:
+        args += ["--global-batch", str(w.global_batch), "--seq-len", str(w.seq_len)]
+    if w.dtype != "bf16":
+        args += ["--dtype", w.dtype]
+    if w.mode == "train" and w.optimizer != "adamw":
+        args += ["--optimizer", w.optimizer]
+    args += ["--target", target]
+    return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
