@@ -88,6 +88,9 @@ class TrainTarget:
     sources: Mapping[str, str]
     extra: tuple[Extra, ...] = ()
     variants: tuple[tuple[str, Callable[[ParallelConfig], bool], "TrainTarget"], ...] = ()
+    # ZeRO-1 runs as ZeRO-0 (DDP: the optimizer state is not sharded): never planned, and a plan
+    # of ZeRO-1 is accepted when it fits as ZeRO-0 (``problems``)
+    zero1_as_zero0: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -424,7 +427,7 @@ BUILTIN = TrainTarget(
     sp="optional", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
     orders=ALL_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32"}),
     mla=False, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=True,
-    sources=BUILTIN_SOURCES,
+    sources=BUILTIN_SOURCES, zero1_as_zero0=True,
     extra=(Extra(what="shapes", source="runtime/parallel.py Dims.from_plan", check=_builtin_shapes),),
 )
 
@@ -540,8 +543,10 @@ def _zero_sets(t: TrainTarget, par: ParallelConfig) -> frozenset[int]:
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
-                    order: Sequence[str] = ("pp", "dp", "cp", "tp")) -> list[str]:
-    """What training target ``target`` cannot run in this configuration, stage split aside."""
+                    order: Sequence[str] = ("pp", "dp", "cp", "tp"), plan_check: bool = False) -> list[str]:
+    """What training target ``target`` cannot run in this configuration, stage split aside.
+    ``plan_check``: checking a finished plan rather than searching (ZeRO-1 on a target that runs it
+    as ZeRO-0 is then left to ``problems``' memory check)."""
     base = get(target) if isinstance(target, str) else target
     t = base.for_config(par)
     name = base.name
@@ -567,6 +572,8 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
     # data parallel sharding
     if par.dp * par.cp > 1:
         allowed = _zero_sets(t, par)
+        if plan_check and t.zero1_as_zero0:
+            allowed = allowed | {1}
         if par.zero not in allowed:
             with_pp = f" with pp={par.pp}" if par.pp > 1 else ""
             if allowed:
@@ -764,8 +771,25 @@ def problems(target: str, plan: Any) -> list[str]:
                               len(plan.cluster.groups))
     if target not in TRAIN:
         return [f"{target}: a training plan; {target} is not a training target ({', '.join(names('train'))})"]
-    return (config_problems(target, plan.model, plan.workload, plan.parallel, plan.mesh_order)
-            + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups)))
+    out = (config_problems(target, plan.model, plan.workload, plan.parallel, plan.mesh_order, plan_check=True)
+           + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups)))
+    par = plan.parallel
+    if not out and TRAIN[target].zero1_as_zero0 and par.zero == 1 and par.dp > 1:
+        out += _zero1_as_zero0(target, plan)
+    return out
+
+
+def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
+    """A ZeRO-1 plan on a target that runs ZeRO-1 as DDP: fine when it fits unsharded."""
+    from costmodel.training import estimate
+    par = dataclasses.replace(plan.parallel, zero=0)
+    est = estimate(plan.model, plan.cluster, plan.workload, par, stages=plan.stages, order=plan.mesh_order)
+    worst = max(est.stages, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
+    peak, cap = worst.memory["peak_bytes"], worst.capacity_bytes
+    if peak <= cap:
+        return []
+    return [f"{target}: ZeRO-1 runs as DDP here (the optimizer state is not sharded): stage {worst.index} then "
+            f"needs {peak / 2**30:.1f} GiB per GPU of {cap / 2**30:.1f} GiB; plan --zero 0, 2 or 3"]
 
 
 # --------------------------------------------------------------------------------------

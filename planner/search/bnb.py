@@ -40,7 +40,7 @@ from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
-from planner.search.targets import framework_kwargs, widened
+from planner.search.targets import framework_kwargs, runs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
@@ -235,14 +235,24 @@ def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | 
 
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cands: list[Candidate]) -> tuple[float, ParallelConfig, Estimate] | None:
+                  cands: list[Candidate], target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
+    if widened(target):
+        # the target may shard less than ZeRO-3: its most sharded shape of each degree tuple
+        most: dict = {}
+        for c in cands:
+            key = (c.par.tp, c.par.pp, c.par.dp, c.par.cp, c.par.ep, c.par.micro_batch, c.order)
+            if key not in most or (c.par.zero, -c.par.dp_shard) > (most[key].par.zero, -most[key].par.dp_shard):
+                most[key] = c
+        cands = list(most.values())
     for c in cands:
-        if c.par.zero < 3 and c.par.dp > 1:
+        if not widened(target) and c.par.zero < 3 and c.par.dp > 1:
             continue
         full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
+        if widened(target) and not runs(target, model, workload, full, c.order):
+            full = c.par                      # the target has no full recompute here
         try:
             est = estimate(model, cluster, workload, full, order=c.order)
         except SpecError:
@@ -261,7 +271,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             return why_no_candidate(model, cluster, wl, gpus, target)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands)
+    best = _least_memory(model, cluster, wl, cands, target)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
@@ -271,12 +281,13 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             try:
                 bigger = cluster.with_gpus(gpus * mult)
                 more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult,
-                                                                             target=target))
+                                                                             target=target), target)
             except (SpecError, UsageError):
                 continue
             if more is not None and more[2].fits:
                 hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
                 break
     return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
-            f"dp={par.dp}, zero={par.zero}, full recompute, micro-batch {par.micro_batch}; "
+            f"dp={par.dp}, zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
+            + (f" (the most {target} can shard)" if widened(target) else "") + "; "
             f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")
