@@ -44,10 +44,10 @@ def refusal(name: str, plan, plan_path: str) -> str | None:
     table = T.TRAIN if plan.mode == "train" else T.SERVE
     if name not in table:
         return None
-    why = T.problems(name, plan)
+    why = [m.split(": ", 1)[1] if m.startswith(f"{name}: ") else m for m in T.problems(name, plan)]
     if not why:
         return None
-    return with_command("; ".join(why), name, plan, plan_path)
+    return with_command(f"{name} cannot run this plan: " + "; ".join(why), name, plan, plan_path)
 
 
 def with_command(message: str, name: str, plan, plan_path: str) -> str:

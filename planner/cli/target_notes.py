@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from costmodel.specs import default_stages
+from costmodel.specs import MESH_AXES, default_stages
 from planner.plan import targets as T
 from planner.plan.errors import UsageError
 
@@ -23,8 +23,7 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     if target not in T.TRAIN:
         raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}")
     plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par,
-                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or T_ORDER))
+                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES))
     return target, T.problems(target, plan), framework_kwargs(estimate, target)
 
 
-T_ORDER = ("pp", "dp", "cp", "tp")

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.specs import ModelSpec, ParallelConfig, StageSpec, Workload
+from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload
 
 REF = "reference/training-targets.md"       # /work/shared/reference/, see the module docstring
 LREF = "reference/launchers.md"
@@ -130,7 +130,7 @@ def _titan_cp(par: ParallelConfig) -> int:
 
 
 ALL_ORDERS = None
-MEGATRON_ORDERS = (("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp"))
+MEGATRON_ORDERS = (MESH_AXES, ("dp", "pp", "cp", "tp"))
 
 
 def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
@@ -252,7 +252,7 @@ TORCHTITAN = TrainTarget(
     vpp=True, vpp_split="even", split="any",
     recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
-    orders=(("pp", "dp", "cp", "tp"),), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
+    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
     mla=False, moe=False, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{REF} 2.2 and 2.6: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
@@ -292,7 +292,7 @@ DEEPSPEED = TrainTarget(
     vpp=False, vpp_split="even", split="even",
     recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="never", schedules=frozenset({"1f1b"}), microbatches="none",
-    orders=(("pp", "dp", "cp", "tp"),), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
+    orders=(MESH_AXES,), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
         "zero": f"{REF} 3.2: zero_optimization.stage 0-3",
@@ -329,7 +329,7 @@ _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
-    orders=(("pp", "dp", "cp", "tp"),), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
+    orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
              "zero": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
@@ -349,7 +349,7 @@ _ACCEL_FSDP = TrainTarget(
     vpp=False, vpp_split="even", split="even",
     recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b"}), microbatches="none",
-    orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), tp_with_pp=True,
+    orders=(MESH_AXES, ("dp", "pp", "cp", "tp")), tp_with_pp=True,
     dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
@@ -543,7 +543,7 @@ def _zero_sets(t: TrainTarget, par: ParallelConfig) -> frozenset[int]:
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
-                    order: Sequence[str] = ("pp", "dp", "cp", "tp"), plan_check: bool = False) -> list[str]:
+                    order: Sequence[str] = MESH_AXES, plan_check: bool = False) -> list[str]:
     """What training target ``target`` cannot run in this configuration, stage split aside.
     ``plan_check``: checking a finished plan rather than searching (ZeRO-1 on a target that runs it
     as ZeRO-0 is then left to ``problems``' memory check)."""
