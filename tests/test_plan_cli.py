@@ -27,7 +27,7 @@ BASE = ["--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--glo
 
 def test_plan_json_out_and_csv(tmp_path):
     out, csv = tmp_path / "plan.yaml", tmp_path / "cands.csv"
-    r = planner("plan", *BASE, "--top", "2", "--json", "--out", str(out), "--csv", str(csv))
+    r = planner("plan", *BASE, "--target", "builtin", "--top", "2", "--json", "--out", str(out), "--csv", str(csv))
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["status"] == "OPTIMAL" and d["solver"]["status"] == "OPTIMAL"

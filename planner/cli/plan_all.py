@@ -108,22 +108,29 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
     from planner.cli.args import cluster_source_of
     from planner.cli.infer_plan import _fixed, make_plan, plan_json, print_table, solve_serving_for, solver_json
     from planner.cli.report import console, print_json
-    from planner.plan.errors import PlannerError
+    from planner.plan.errors import InfeasibleError as _Infeasible
 
     rows: list[tuple[str, Any, str]] = []
+    errors: list = []
     for t in T.planning_targets("infer"):
         try:
             res = solve_serving_for(t, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
                                     tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time,
                                     batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)))
             rows.append((t, res, ""))
-        except PlannerError as e:
+        except (_Infeasible, SolverStopped) as e:
             rows.append((t, None, str(e)))
+            errors.append(e)
     ok = [(t, r) for t, r, _ in rows if r is not None]
     if not ok:
+        first = errors[0]
         if args.json:
-            print_json({"status": "INFEASIBLE", "plans": [], "solver": {"status": "INFEASIBLE", "objective": None,
-                                                                        "bound": None}})
+            from planner.cli.infer_plan import _candidate_json
+            print_json({"status": "INFEASIBLE", "plans": [], "reason": getattr(first, "reason", ""),
+                        "message": str(first), "closest": _candidate_json(getattr(first, "closest", None)),
+                        "solver": {"status": "INFEASIBLE", "objective": None, "bound": None}})
+        if len({str(e) for e in errors}) == 1:
+            raise first                   # the same reason for every target (the model, the context, ...)
         raise InfeasibleError("no serving target has a plan: " + "; ".join(f"{t}: {e}" for t, _, e in rows))
     lower_better = ok[0][1].objective_name == "request_latency_s"
     ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
@@ -131,6 +138,12 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
     plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t) for c in r.solutions] for t, r in ok}
     order = [t for t, _ in ok]
     written = _write(plans, order, args.out) if args.out else []
+    if getattr(args, "csv", None):
+        import pandas as pd
+
+        from planner.cli.infer_plan import _csv_rows
+        pd.DataFrame([{"target": t, **row} for t, r in ok for row in _csv_rows(r.scored)]).to_csv(args.csv,
+                                                                                                 index=False)
     if args.json:
         every = [(p, r) for t, r in ok for p in plans[t]]
         print_json({"status": _status([r.status for _, r in ok]),

@@ -114,6 +114,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     while heap:
         lb, strong, k, cand = heapq.heappop(heap)
         if lb == math.inf:
+            if score_all:                 # it cannot fit: scored as unsolved like the rest of the heap
+                scored += [_score_row(c, lb, None, None) for _, c in cand] if strong == -1 else \
+                    [_score_row(cand, lb, None, None)]
             break
         if strong == -1:
             kth = _kth(sols, top, cutoff)
@@ -177,7 +180,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         if score_all:
             scored.append(_score_row(cand, lb, est, value))
     if score_all:
-        scored += [_score_row(c, lb_, None, None) for lb_, _, _, c in heap]
+        for lb_, level, _, c in heap:
+            scored += [_score_row(x, lb_, None, None) for _, x in c] if level == -1 else [_score_row(c, lb_, None, None)]
     sols.sort(key=lambda s: s.objective)
     sols = sols[:top]
     wall = time.perf_counter() - t0

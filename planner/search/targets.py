@@ -139,7 +139,7 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
                 "check that the global batch is divisible by a data-parallel degree")
     seen: Counter = Counter()
     for c in cands:
-        seen.update(set(T.config_problems(target, model, workload, c.par, c.order)))
+        seen.update(dict.fromkeys(T.config_problems(target, model, workload, c.par, c.order), 1))
     common = [m for m, k in seen.most_common() if k == len(cands)]
     shown = common or [m for m, _ in seen.most_common(3)]
     return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs: "
@@ -198,13 +198,13 @@ def solve_target(model: ModelSpec, cluster, workload: Workload, fixed: dict, tar
 def solve_all(model: ModelSpec, cluster, workload: Workload, fixed: dict, targets: Sequence[str],
               **kw) -> list[TargetResult]:
     """One solve per target; the results best first (targets without a plan last)."""
-    from planner.plan.errors import PlannerError
+    from planner.plan.errors import InfeasibleError, SolverStopped
     out = []
     for t in targets:
         try:
             res, used = solve_target(model, cluster, workload, fixed, t, **kw)
             out.append(TargetResult(t, res, used))
-        except PlannerError as e:
+        except (InfeasibleError, SolverStopped) as e:     # bad input is every target's: it propagates
             out.append(TargetResult(t, None, None, str(e), e.exit_code))
     order = {t: i for i, t in enumerate(targets)}
     out.sort(key=lambda r: (r.result is None, r.result.objective if r.result else 0.0, order[r.target]))
