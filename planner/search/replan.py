@@ -230,7 +230,7 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
         one = hetero or len(worlds) == 1
         try:
             res = solve(model, sized(cluster, worlds[0]) if one else cluster, wl, fixed, gpus=worlds[0],
-                        max_time_s=left, worlds=None if one else worlds, **kw)
+                        max_time_s=left, worlds=None if one else worlds, target=old.target or None, **kw)
         except InfeasibleError:
             return None
         except SolverStopped:
