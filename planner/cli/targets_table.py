@@ -81,9 +81,9 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
     c = console or make_console()
     ok = [r for r in results if r.result is not None]
     best_plan = plans[ok[0].target][0] if ok else None
-    t = Table(title="the best plan of each target (best first)", header_style="bold")
-    for col in ("target", "plan [layers/recomputed per stage]", "step", "MFU", "peak mem", "vs best",
-                "why it loses: what it cannot run of the best plan"):
+    t = Table(title="the best plan of each target (best first)", header_style="bold",
+              caption="plan: degrees [layers/recomputed per stage]; why it loses: what it cannot run of the best plan")
+    for col in ("target", "plan", "step", "MFU", "peak mem", "vs best", "why it loses"):
         t.add_column(col, justify="right" if col in ("step", "MFU", "peak mem", "vs best") else "left",
                      overflow="fold")
     for r in results:

@@ -902,7 +902,7 @@ def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
     cluster = src if whole_file else plan.cluster.name
     args += ["--cluster", cluster]
     if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
-        args += ["--gpus", str(plan.world_size)]
+        args += ["--gpus", str(plan.cluster.total_gpus)]
     if w.mode == "infer":
         args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
     else:
