@@ -43,3 +43,8 @@ plans: setup
 
 clean:
 	rm -rf $(VENV)
+
+# make readme: rerun the README's five-minute tour, rewrite its section and the report screenshot
+.PHONY: readme
+readme: setup
+	$(BIN)/python -m planner.cli.tour --write README.md --screenshot docs

@@ -12,15 +12,16 @@ from typing import Any, Mapping
 from .specs import ModelSpec, SpecError
 
 _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
-               head_dim=128, kv_heads=8, max_seq_len=131072)
+               head_dim=128, kv_heads=8, max_seq_len=131072, rope_theta=500000.0, rope_scaling=8.0)
+_LLAMA3_0 = dict(_LLAMA3, rope_scaling=0.0)   # Llama 3 (not 3.1): no RoPE scaling, 8k context
 _GPT = dict(family="gpt", mlp="gelu", norm="layernorm", positions="learned", tied_embeddings=True,
             bias=True, dropout=True, max_seq_len=2048)
 
 MODELS: dict[str, dict[str, Any]] = {
     # Llama 3 / 3.1 (Meta, "The Llama 3 Herd of Models", 2024, Table 3)
-    "llama-3-8b": dict(_LLAMA3, layers=32, hidden=4096, ffn_hidden=14336, heads=32, max_seq_len=8192,
+    "llama-3-8b": dict(_LLAMA3_0, layers=32, hidden=4096, ffn_hidden=14336, heads=32, max_seq_len=8192,
                        published_params=8.03e9),
-    "llama-3-70b": dict(_LLAMA3, layers=80, hidden=8192, ffn_hidden=28672, heads=64, max_seq_len=8192,
+    "llama-3-70b": dict(_LLAMA3_0, layers=80, hidden=8192, ffn_hidden=28672, heads=64, max_seq_len=8192,
                         published_params=70.6e9),
     "llama-3.1-8b": dict(_LLAMA3, layers=32, hidden=4096, ffn_hidden=14336, heads=32, published_params=8.03e9),
     "llama-3.1-70b": dict(_LLAMA3, layers=80, hidden=8192, ffn_hidden=28672, heads=64, published_params=70.6e9),
@@ -34,20 +35,20 @@ MODELS: dict[str, dict[str, Any]] = {
                         vocab=32000, max_seq_len=4096, published_params=69.0e9),
     # Mixtral (Mistral AI, "Mixtral of Experts", 2024): 46.7B total / 12.9B active
     "mixtral-8x7b": dict(family="mixtral", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
-                         vocab=32000, max_seq_len=32768, num_experts=8, top_k=2, published_params=46.7e9),
+                         vocab=32000, max_seq_len=32768, rope_theta=1e6, num_experts=8, top_k=2, published_params=46.7e9),
     # Mixtral 8x22B (v0.1 model card): 141B total / 39B active
     "mixtral-8x22b": dict(family="mixtral", layers=56, hidden=6144, ffn_hidden=16384, heads=48, kv_heads=8,
-                          vocab=32000, max_seq_len=65536, num_experts=8, top_k=2, published_params=141e9),
+                          vocab=32000, max_seq_len=65536, rope_theta=1e6, num_experts=8, top_k=2, published_params=141e9),
     # DeepSeek-V3 (technical report, 2024): 671B total / 37B active, MLA, 1 shared + 256 routed
     "deepseek-v3": dict(family="deepseek", layers=61, hidden=7168, ffn_hidden=18432, heads=128,
                         vocab=129280, max_seq_len=163840, num_experts=256, top_k=8, shared_experts=1,
                         expert_ffn_hidden=2048, first_dense_layers=3, attention="mla", q_lora_rank=1536,
                         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                        head_dim=192, published_params=671e9),
+                        head_dim=192, norm_eps=1e-6, published_params=671e9),
     # Qwen3-235B-A22B (Qwen3 technical report, 2025): 235B total / 22B active
     "qwen3-235b-a22b": dict(family="qwen3", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
                             head_dim=128, vocab=151936, max_seq_len=40960, num_experts=128, top_k=8,
-                            expert_ffn_hidden=1536, published_params=235e9),
+                            expert_ffn_hidden=1536, rope_theta=1e6, norm_eps=1e-6, published_params=235e9),
     # GPT-3 (Brown et al., 2020, Table 2.1)
     "gpt3-175b": dict(_GPT, layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=50257,
                       published_params=175e9),
@@ -85,6 +86,31 @@ def get_model(name: str) -> ModelSpec:
 # Hugging Face config.json (read as plain JSON, no transformers package)
 # --------------------------------------------------------------------------------------
 
+def _rope_scaling(cfg: Mapping[str, Any]) -> float:
+    """The Llama 3.1-style scaling factor of ``rope_scaling`` (0 for none or another kind: YaRN,
+    linear and dynamic scaling are not expressed by the emitters)."""
+    rs = cfg.get("rope_scaling") or {}
+    if isinstance(rs, Mapping) and (rs.get("rope_type") or rs.get("type")) == "llama3":
+        return float(rs.get("factor") or 0.0)
+    return 0.0
+
+
+def _settings(cfg: Mapping[str, Any], *eps_keys: str, theta_keys: tuple[str, ...] = ("rope_theta",)) -> dict:
+    """rope_theta, rope_scaling and norm_eps where the config states them (else the defaults)."""
+    d: dict[str, Any] = {}
+    for k in theta_keys:
+        if cfg.get(k):
+            d["rope_theta"] = float(cfg[k])
+            break
+    for k in eps_keys:
+        if cfg.get(k):
+            d["norm_eps"] = float(cfg[k])
+            break
+    if _rope_scaling(cfg):
+        d["rope_scaling"] = _rope_scaling(cfg)
+    return d
+
+
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt2",
                   "gptj", "gpt_neox", "bloom", "opt", "falcon", "deepseek_v3")
 
@@ -115,6 +141,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
                  tied_embeddings=bool(opt("tie_word_embeddings", False)),
                  max_seq_len=opt("max_position_embeddings") or 8192,
                  bias=False)  # qwen2 q/k/v biases: a few M params, ignored
+        d.update(_settings(cfg, "rms_norm_eps"))
         if mt == "mixtral":
             d.update(num_experts=g("num_local_experts"), top_k=g("num_experts_per_tok"))
         if mt in ("qwen2_moe", "qwen3_moe"):
@@ -136,21 +163,25 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
         d.update(layers=g("n_layer"), hidden=h, heads=g("n_head"), vocab=g("vocab_size"),
                  ffn_hidden=opt("n_inner") or 4 * h, mlp="gelu", norm="layernorm", positions="learned",
                  tied_embeddings=True, bias=True, max_seq_len=opt("n_positions") or 1024)
+        d.update(_settings(cfg, "layer_norm_epsilon"))
     elif mt == "gptj":
         h = g("n_embd")
         d.update(layers=g("n_layer"), hidden=h, heads=g("n_head"), vocab=g("vocab_size"),
                  ffn_hidden=opt("n_inner") or 4 * h, mlp="gelu", norm="layernorm", positions="rotary",
                  tied_embeddings=bool(opt("tie_word_embeddings", False)), max_seq_len=opt("n_positions") or 2048)
+        d.update(_settings(cfg, "layer_norm_epsilon"))
     elif mt == "gpt_neox":
         d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
                  vocab=g("vocab_size"), ffn_hidden=g("intermediate_size"), mlp="gelu", norm="layernorm",
                  positions="rotary", tied_embeddings=bool(opt("tie_word_embeddings", False)), bias=True,
                  max_seq_len=opt("max_position_embeddings") or 2048)
+        d.update(_settings(cfg, "layer_norm_eps", theta_keys=("rotary_emb_base", "rope_theta")))
     elif mt == "bloom":
         h = g("hidden_size", "n_embed")
         d.update(layers=g("n_layer", "num_hidden_layers"), hidden=h, heads=g("n_head", "num_attention_heads"),
                  vocab=g("vocab_size"), ffn_hidden=4 * h, mlp="gelu", norm="layernorm", positions="alibi",
                  tied_embeddings=True, bias=True, max_seq_len=opt("seq_length") or 2048)
+        d.update(_settings(cfg, "layer_norm_epsilon"))
     elif mt == "opt":
         d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
                  vocab=g("vocab_size"), ffn_hidden=g("ffn_dim"), mlp="gelu", norm="layernorm", positions="learned",
@@ -164,6 +195,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
                  ffn_hidden=opt("ffn_hidden_size") or 4 * h, mlp="gelu", norm="layernorm",
                  positions="alibi" if opt("alibi") else "rotary", tied_embeddings=bool(opt("tie_word_embeddings", True)),
                  bias=bool(opt("bias", False)), max_seq_len=opt("max_position_embeddings") or 2048)
+        d.update(_settings(cfg, "layer_norm_epsilon"))
     for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden"):
         v = d.get(k)
         if not isinstance(v, int) or v <= 0:

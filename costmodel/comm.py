@@ -136,11 +136,29 @@ class Network:
 
     def _coefficients(self, lay: GroupLayout, factor: int) -> tuple:
         """The constants of a two-tier collective on ``lay`` (``factor`` 2 for all-reduce, 1 for
-        all-gather): whether each tier is used, its ``factor * (k-1)/k`` and latency term."""
+        all-gather): whether each tier is used, its ``factor * (k-1)/k`` and latency term.
+
+        Latency as NCCL's tuner counts it (``src/graph/tuning.cc``): a ring takes ``n - 1`` steps
+        per pass (all-gather, reduce-scatter: one pass; all-reduce: two), so its latency grows
+        linearly with the ring; all-reduce may also run as a tree, ``2 log2(nodes)`` steps across
+        nodes, and the tuner picks the faster, so all-reduce's inter-node latency is the tree's
+        once it is shorter. All-gather and reduce-scatter have no tree (NVIDIA/nccl#1473): their
+        latency stays linear in the nodes -- what makes ZeRO-3 at thousands of GPUs slow."""
         n, k = lay
         m = max(1, n // k)
+        inter_steps = factor * (m - 1)
+        if factor == 2 and m > 2:
+            inter_steps = min(inter_steps, 2 * math.log2(m))
         return (k > 1, factor * (k - 1) / k, factor * (k - 1) * self._intra_lat, k,
-                m > 1, factor * (m - 1) / m, factor * (m - 1) * self._inter_lat)
+                m > 1, factor * (m - 1) / m, inter_steps * self._inter_lat)
+
+    def latency_s(self, lay: GroupLayout, factor: int = 1) -> float:
+        """The fixed (size-independent) time of one collective on ``lay``: ``factor`` 1 for an
+        all-gather or reduce-scatter, 2 for an all-reduce."""
+        if lay[0] <= 1:
+            return 0.0
+        c = self._coefficients(lay, factor)
+        return (c[2] if c[0] else 0.0) + (c[6] if c[4] else 0.0)
 
     def all_reduce(self, size: float, lay: GroupLayout) -> float:
         return self._collective("all_reduce", 2, self._ar, size, lay)
@@ -212,7 +230,8 @@ class Network:
             t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + factor * (k - 1) * self._intra_lat
         if m > 1:
             shard = size / k
-            t += factor * (m - 1) / m * shard / self._bw("inter", op, m, shard) + factor * (m - 1) * self._inter_lat
+            steps = factor * (m - 1) if not (factor == 2 and m > 2) else min(2 * (m - 1), 2 * math.log2(m))
+            t += factor * (m - 1) / m * shard / self._bw("inter", op, m, shard) + steps * self._inter_lat
         return t
 
     reduce_scatter = all_gather

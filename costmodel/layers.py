@@ -193,6 +193,7 @@ class LayerCost:
     hw_flops_fwd: float         # same convention; recomputation is added on top (HFU >= MFU)
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
+    gemm_fwd_s: float           # of which the GEMMs (for TP communication overlap)
     elementwise_fwd_s: float    # of which memory-bound
     selective_extra_s: float    # extra backward time under selective recompute
     selective_extra_flops: float
@@ -209,8 +210,10 @@ class LayerCost:
 @lru_cache(maxsize=65536)
 def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int, ep: int, sp: bool,
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
-               ep_lay: GroupLayout, cp_lay: GroupLayout) -> LayerCost:
-    """Memoized: the solver asks for the same few layer shapes many thousands of times."""
+               ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0) -> LayerCost:
+    """Memoized: the solver asks for the same few layer shapes many thousands of times.
+    ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
+    efficiency curve (``costmodel.frameworks``)."""
     net = Network(cluster, intra)
     dt = workload.dtype
     a_bytes = dtype_bytes(dt)
@@ -246,6 +249,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += mats * a_bytes * model.ffn_hidden / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
 
     gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+    if kernel_efficiency != 1.0:
+        gemm_s /= kernel_efficiency
     gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
 
     # ---- attention core ------------------------------------------------------------------
@@ -257,7 +262,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
     if flash:
         attn_eff *= FLASH_ATTENTION_EFFICIENCY
-    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff)
+    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
 
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t
@@ -318,7 +323,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
-        attn_fwd_s=attn_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
+        attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params)
@@ -338,12 +343,12 @@ class EndsCost:
 
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
-              cluster: ClusterSpec) -> EndsCost:
+              cluster: ClusterSpec, kernel_efficiency: float = 1.0) -> EndsCost:
     a_bytes = dtype_bytes(workload.dtype)
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h)
+    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     head_s += memory_time_s(gpu, 2 * logits_bytes)   # softmax / cross-entropy over the logits
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,

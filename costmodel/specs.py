@@ -19,6 +19,14 @@ from typing import Any, Mapping
 
 from .units import GIB, US, dtype_bytes
 
+# What communication overlapped with compute still costs when nothing measured it: NCCL's
+# kernels occupy SMs while they run (an H100 all-gather takes 24 of 132 SMs, 18%: NVIDIA developer
+# forum, "Compute-communication overlap causes severe GEMM performance degradation", 2025), so the
+# overlapped GEMMs slow down by about that much; Lee et al., "Characterizing Compute-Communication
+# Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025) measure 18.9% on
+# average (up to 40%). 0.18 of the overlapped time, until `planner profile` measures the cluster.
+OVERLAP_SLOWDOWN = 0.18
+
 # The mesh axes a training plan orders (outermost first by default); the one copy of this tuple.
 MESH_AXES = ("pp", "dp", "cp", "tp")
 
@@ -89,6 +97,10 @@ class ModelSpec:
     tied_embeddings: bool = False
     bias: bool = False                # linear-layer biases (GPT-2, BLOOM, OPT)
     dropout: bool = False             # dropout masks kept for backward (Megatron GPT)
+    # settings that change no cost but the model itself; the emitters pass them to each framework
+    rope_theta: float = 10000.0       # RoPE base (Llama 3: 500000; Mixtral, Qwen3: 1e6)
+    rope_scaling: float = 0.0         # Llama 3.1-style RoPE frequency scaling factor (0: none; 3.1: 8)
+    norm_eps: float = 1e-5            # epsilon of every RMSNorm / LayerNorm
     # mixture of experts
     num_experts: int = 0
     top_k: int = 0
@@ -125,6 +137,9 @@ class ModelSpec:
             raise SpecError(f"{where}: norm must be rmsnorm or layernorm, got {self.norm!r}")
         if self.positions not in ("rotary", "learned", "alibi"):
             raise SpecError(f"{where}: positions must be rotary, learned or alibi, got {self.positions!r}")
+        if not self.rope_theta > 0 or not 0 < self.norm_eps < 1 or not (self.rope_scaling == 0 or self.rope_scaling >= 1):
+            raise SpecError(f"{where}: rope_theta {self.rope_theta} must be > 0, norm_eps {self.norm_eps} in (0, 1) "
+                            f"and rope_scaling {self.rope_scaling} 0 (none) or >= 1")
         if self.attention not in ("mha", "mla"):
             raise SpecError(f"{where}: attention must be mha or mla, got {self.attention!r}")
         if self.num_experts:
@@ -398,9 +413,10 @@ class ClusterSpec:
     inter_node: LinkSpec
     matmul_table: tuple[tuple[float, float], ...] = ()
     collective_table: tuple[tuple[str, str, int, float, float], ...] = ()
-    # measured: what overlapped communication C beside compute T still costs, as a fraction of
-    # min(C, T) (0: hidden completely; 1: no better than one after the other)
-    compute_comm_slowdown: float = 0.0
+    # what overlapped communication C beside compute T still costs, as a fraction of min(C, T)
+    # (0: hidden completely; 1: no better than one after the other); measured by `planner
+    # profile`, else OVERLAP_SLOWDOWN
+    compute_comm_slowdown: float = OVERLAP_SLOWDOWN
     source: str = "datasheet"
 
     def __post_init__(self) -> None:

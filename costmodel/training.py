@@ -38,6 +38,7 @@ from operator import itemgetter
 from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
+from .frameworks import FrameworkProfile, framework_profile
 from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_params
 from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, stage_memory, zero_divisors)
@@ -177,12 +178,15 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
-    (0 gives the terms without it, which bound them from below)."""
+    (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
+    framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
+    communication costs what overlapped communication costs, against the layer's GEMMs."""
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * lc.tp_fwd_s, ep_comm_s=2 * lc.ep_fwd_s,
-                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_fwd,
+    tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * lc.ep_fwd_s,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + lc.ep_fwd_s + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
                       selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
@@ -261,6 +265,10 @@ class StageMesh:
     moe_layer_params: float            # per GPU, routed experts apart
     routed_per_gpu: float              # routed-expert parameters of one MoE layer on a GPU
     expert_shard: int
+    data_parallel: int                 # ranks holding the same dense weights: dp x cp
+    dense_shard: int                   # ZeRO shard group of the dense weights: dp_shard x cp
+    shard_latency_s: float             # fixed time of one all-gather / reduce-scatter on it
+    expert_latency_s: float
     replicas: int                      # dense replica group size (HSDP; 1 without)
     expert_replicas: int
     all_gather_shard: Callable[[float], float]     # = reduce-scatter on the ZeRO shard group
@@ -279,8 +287,8 @@ class _Shared:
     the stage kinds of an even split, micro-batches in flight -- under plain-tuple keys (cheaper
     than hashing the specs again)."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
-        self.model, self.cluster, self.workload = model, cluster, workload
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile):
+        self.model, self.cluster, self.workload, self.framework = model, cluster, workload, framework
         dt = workload.dtype
         self.a_bytes = dtype_bytes(dt)
         self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer)
@@ -306,8 +314,11 @@ class _Shared:
         hit = self.layers.get(key)
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
-                            grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay)
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown))
+                            grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
+                            self.framework.kernel_efficiency)
+            # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
+            tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap))
         return hit
 
     def inflight(self, par: ParallelConfig) -> list[float]:
@@ -333,10 +344,16 @@ class _Shared:
         dp_stride = axis_stride(degrees, order, "dp")
         tp_lay = group_layout(degrees, order, "tp", gpn)
         cp_lay = group_layout(degrees, order, "cp", gpn)
-        dp_lay = group_layout(degrees, order, "dp", gpn)
+        dp_only = group_layout(degrees, order, "dp", gpn)
         ep_lay = layout_for(par.ep, dp_stride, gpn)
         e_shard = expert_shard(par)
-        shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+        # the ranks that hold the same dense weights are the dp x cp ranks (context parallel
+        # ranks hold the whole layer, each for part of the sequence): gradients are reduced, and
+        # ZeRO shards, over dp x cp, as Megatron's distributed optimizer (``intra_dp_cp_group``)
+        # and torchtitan's FSDP mesh (``dp_shard_cp``) do; members per node multiply
+        shard_only = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+        dp_lay = _joint(dp_only, cp_lay, gpn)
+        shard_lay = _joint(shard_only, cp_lay, gpn)
         e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
         rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
         e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
@@ -354,7 +371,9 @@ class _Shared:
             dense_layer_params=dense_p.total,
             moe_layer_params=moe_p.total - moe_p.experts if moe_p else 0.0,
             routed_per_gpu=moe_p.experts if moe_p else 0.0,
-            expert_shard=e_shard, replicas=rep_lay.n, expert_replicas=e_rep_lay.n,
+            expert_shard=e_shard, data_parallel=par.dp * par.cp, dense_shard=par.dp_shard * par.cp,
+            shard_latency_s=net.latency_s(shard_lay), expert_latency_s=net.latency_s(e_lay),
+            replicas=rep_lay.n, expert_replicas=e_rep_lay.n,
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
@@ -366,7 +385,7 @@ class _Shared:
         ec = self.ends.get(key)
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
-                                            grp.gpu, self.cluster)
+                                            grp.gpu, self.cluster, self.framework.kernel_efficiency)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:
@@ -392,22 +411,32 @@ class _Shared:
         return sp
 
 
+def _joint(a: GroupLayout, b: GroupLayout, gpus_per_node: int) -> GroupLayout:
+    """The layout of the group spanned by two orthogonal groups (dp and cp): ``a.n * b.n``
+    members, the per-node members of each multiplied."""
+    n = a.n * b.n
+    if n <= 1:
+        return GroupLayout(1, 1)
+    return GroupLayout(n, max(1, min(gpus_per_node, a.k * b.k, n)))
+
+
 @lru_cache(maxsize=64)
-def _shared_equal(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
-    return _Shared(model, cluster, workload)
+def _shared_equal(model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile) -> _Shared:
+    return _Shared(model, cluster, workload, framework)
 
 
-_SHARED_BY_ID: dict[tuple[int, int, int], _Shared] = {}
+_SHARED_BY_ID: dict[tuple[int, int, int, int], _Shared] = {}
 
 
-def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> _Shared:
+def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile) -> _Shared:
     """The ``_Shared`` of these specs: looked up by identity first (hashing three specs costs more
     than the rest of a small estimate), then by equality. An identity hit is taken only when the
     entry's specs are these very objects, so a reused id never finds another's entry."""
-    key = (id(model), id(cluster), id(workload))
+    key = (id(model), id(cluster), id(workload), id(framework))
     sh = _SHARED_BY_ID.get(key)
-    if sh is None or sh.model is not model or sh.cluster is not cluster or sh.workload is not workload:
-        sh = _shared_equal(model, cluster, workload)
+    if (sh is None or sh.model is not model or sh.cluster is not cluster or sh.workload is not workload
+            or sh.framework is not framework):
+        sh = _shared_equal(model, cluster, workload, framework)
         if len(_SHARED_BY_ID) >= 64:
             del _SHARED_BY_ID[next(iter(_SHARED_BY_ID))]
         _SHARED_BY_ID[key] = sh
@@ -422,7 +451,8 @@ class StageModel:
     always agree."""
 
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
-                 "hbm_bytes_per_s", "slowdown", "first", "last", "pp_comm_s", "ends_params")
+                 "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
+                 "ends_params")
 
     def __init__(self, sh: _Shared, par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -432,15 +462,20 @@ class StageModel:
             biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
             # FSDP prefetches the next layer's weights while the current one runs: two
             # layers of gathered weights live
-            self.buffers_bytes = 2 * biggest * sh.w_b if par.dp_shard > 1 else 0.0
+            self.buffers_bytes = 2 * biggest * sh.w_b if mesh.dense_shard > 1 else 0.0
         else:
             whole = sh.total_params / (par.tp * par.pp) * sh.g_b
-            self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if par.dp > 1 else 0.0
-        self.zero = ZeroSharding(z, par.dp_shard, mesh.expert_shard, zero_divisors(z, par.dp_shard),
+            self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if mesh.data_parallel > 1 else 0.0
+        self.zero = ZeroSharding(z, mesh.dense_shard, mesh.expert_shard, zero_divisors(z, mesh.dense_shard),
                                  zero_divisors(z, mesh.expert_shard))
         self.selective = par.recompute == "selective"
         gpu = grp.gpu
-        self.reserved_bytes, self.capacity_bytes = gpu.reserved_bytes, gpu.memory_bytes
+        fw = sh.framework
+        # what a plan may use: the GPU's memory less the framework's headroom (costmodel.frameworks)
+        self.reserved_bytes = gpu.reserved_bytes
+        self.capacity_bytes = gpu.memory_bytes * (1.0 - fw.memory_headroom_fraction)
+        self.overlap_grad = par.overlap_dp_comm and fw.overlap_grad_reduce
+        self.overlap_gather = par.overlap_dp_comm and fw.overlap_param_gather
         self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
         self.slowdown = sh.slowdown
         self.first = self.last = False
@@ -506,14 +541,19 @@ class StageModel:
         # nothing); all_gather = reduce_scatter in time
         fsdp = 0.0
         if zero >= 3:
-            ag = mesh.all_gather_shard(dense_params * w_b)
-            rs = mesh.all_gather_shard(dense_params * g_b)
+            # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
+            # the whole stage, and one collective's fixed time per layer (the ring's latency
+            # grows with the nodes: comm.Network._coefficients)
+            extra = max(0.0, n - 1)
+            ag = mesh.all_gather_shard(dense_params * w_b) + extra * mesh.shard_latency_s
+            rs = mesh.all_gather_shard(dense_params * g_b) + extra * mesh.shard_latency_s
             if expert_params:
-                ag += mesh.all_gather_expert(expert_params * w_b)
-                rs += mesh.all_gather_expert(expert_params * g_b)
+                extra_e = max(0.0, n_moe - 1)
+                ag += mesh.all_gather_expert(expert_params * w_b) + extra_e * mesh.expert_latency_s
+                rs += mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
         grad_s = gather_s = 0.0
-        if par.dp > 1:
+        if mesh.data_parallel > 1:
             if zero == 0:
                 grad_s = mesh.all_reduce_dp(dense_params * g_b)
                 if expert_params:
@@ -535,8 +575,8 @@ class StageModel:
                     else:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
-                        # stage 2), overlapped with that backward
-                        fsdp = overlapped(rs, 2 * comp / 3, slowdown)
+                        # stage 2), overlapped with that backward where the framework does
+                        fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         return StageCost(
@@ -562,7 +602,7 @@ class StageModel:
 
     def dp_exposed(self, c: StageCost, index: int) -> float:
         """Once-per-step DP communication left exposed by stage ``index`` (``exposed_dp_time``)."""
-        return exposed_dp_time(c, index, self.par, self.slowdown)
+        return exposed_dp_time(c, index, self.overlap_grad, self.overlap_gather, self.slowdown)
 
 
 def overlapped(comm: float, compute: float, slowdown: float) -> float:
@@ -572,17 +612,15 @@ def overlapped(comm: float, compute: float, slowdown: float) -> float:
     return t + slowdown * min(comm, compute) if slowdown else t
 
 
-def exposed_dp_time(c: StageCost, index: int, par: ParallelConfig, slowdown: float) -> float:
+def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather: bool, slowdown: float) -> float:
     """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the last
     backward and the ``index`` backward passes of earlier stages still draining; the weight
-    all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1)."""
-    if par.dp <= 1:
-        return 0.0
-    if not par.overlap_dp_comm:
-        return c.dp_grad_s + c.dp_gather_s
+    all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1). Without
+    the framework's overlap (``StageModel.overlap_*``) each is exposed whole."""
     bwd = 2 * c.compute_s / 3
-    return (overlapped(c.dp_grad_s, bwd + index * bwd, slowdown)
-            + overlapped(c.dp_gather_s, c.compute_s / 3, slowdown))
+    grad = overlapped(c.dp_grad_s, bwd + index * bwd, slowdown) if overlap_grad else c.dp_grad_s
+    gather = overlapped(c.dp_gather_s, c.compute_s / 3, slowdown) if overlap_gather else c.dp_gather_s
+    return grad + gather
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:
@@ -617,11 +655,18 @@ def fewest_full_recompute_layers(num_layers: int, capacity_bytes: float, peak_no
     return min(max(r, 1), num_layers)
 
 
-@lru_cache(maxsize=4096)
 def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
-                order: tuple[str, ...], group: str, first: bool, last: bool, crosses: bool) -> StageModel:
+                order: tuple[str, ...], group: str, first: bool, last: bool, crosses: bool,
+                framework: "str | FrameworkProfile" = "generic") -> StageModel:
     """A placed ``StageModel`` (memoized: the solver's tables and bounds ask for few of them)."""
-    return StageModel(_shared(model, cluster, workload), par, order, cluster.group(group)).place(first, last, crosses)
+    return _stage_model(model, cluster, workload, par, order, group, first, last, crosses,
+                        framework_profile(framework))
+
+
+@lru_cache(maxsize=4096)
+def _stage_model(model, cluster, workload, par, order, group, first, last, crosses, framework) -> StageModel:
+    return StageModel(_shared(model, cluster, workload, framework), par, order, cluster.group(group)).place(
+        first, last, crosses)
 
 
 @lru_cache(maxsize=1024)
@@ -647,15 +692,17 @@ def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_expose
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
-             stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None) -> Estimate:
-    """Memory per GPU and time per step of one training configuration (see module docstring).
+             stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None,
+             framework: "str | FrameworkProfile" = "generic") -> Estimate:
+    """Memory per GPU and time per step of one training configuration (see module docstring),
+    as ``framework`` runs it (``costmodel.frameworks``: its overlaps, kernels, memory headroom).
 
     Stages with the same node group, position (first, last, middle), neighbour placement and
     layer counts cost the same: each such kind is costed once, then every stage gets its own
     in-flight micro-batches, memory and row."""
     validate(model, cluster, workload, par)
     order = tuple(order or DEFAULT_ORDER)
-    sh = _shared(model, cluster, workload)
+    sh = _shared(model, cluster, workload, framework_profile(framework))
     m, p, v = par.grad_accum, par.pp, par.vpp
     # stage kinds: (node group, first, last, neighbour on another node, layers, MoE layers,
     # layers recomputed fully, index of the kind's first stage); ids: each stage's kind
@@ -697,7 +744,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         c = sm.place(first, last, crosses).cost(n - n_moe, n_moe, n_full)
         # the exposed DP time at the kind's first stage (it falls with the stage index, so that
         # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
-        dp_exposed = max(dp_exposed, exposed_dp_time(c, i0, par, sm.slowdown))
+        dp_exposed = max(dp_exposed, sm.dp_exposed(c, i0))
         opt_s = max(opt_s, c.optimizer_s)
         kind_cost.append(c)
         kinds.append((c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.act_stored_bytes + c.embed_act_bytes,

@@ -15,6 +15,7 @@ import yaml
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
+from emitters.recipe import Need, model_settings, needs_block, recipe
 from planner.plan.planfile import Plan
 
 TARGET = "accelerate"
@@ -153,13 +154,20 @@ def emit(plan: Plan) -> dict[str, str]:
     if nnodes > 1:
         header += "# main_process_ip: replace with node 0's address (or set MAIN_PROCESS_IP for accelerate.sh)\n"
     text = header + yaml.safe_dump(cfg, sort_keys=True, default_flow_style=False)
-    usage = ["Run on every node: TRAIN_SCRIPT=train.py bash accelerate.sh [script args]"]
-    body = 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    usage = ["Run on every node: TRAIN_SCRIPT=train.py bash accelerate.sh [script args]",
+             "Your script builds the model, the optimizer, the data and the tokenizer; build this model:",
+             model_settings(plan)]
+    usage += recipe(plan).comment("", "")
+    body = needs_block("accelerate.sh", [
+        Need("accelerate", "activate the Python environment that has Accelerate 1.x and its torch", kind="cmd"),
+        Need("TRAIN_SCRIPT", "your training script (it builds the model, optimizer and data; per-device batch "
+             f"{p.micro_batch})", kind="file")])
+    body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
     body += f"export ACCELERATE_GRADIENT_ACCUMULATION_STEPS={p.grad_accum}\n"
     args: list = ["--config_file", Raw('"$HERE/accelerate.yaml"')]
     if nnodes > 1:
         args += ["--machine_rank", Raw('"${MACHINE_RANK:-0}"'),
                  "--main_process_ip", Raw('"${MAIN_PROCESS_IP:?set MAIN_PROCESS_IP to node 0}"')]
     body += bash_array("LAUNCH_ARGS", args)
-    body += 'exec accelerate launch "${LAUNCH_ARGS[@]}" "${TRAIN_SCRIPT:-train.py}" "$@"\n'
+    body += 'exec accelerate launch "${LAUNCH_ARGS[@]}" "$TRAIN_SCRIPT" "$@"\n'
     return {"accelerate.yaml": text, "accelerate.sh": script_header(plan, TARGET, FORMAT, usage) + body}

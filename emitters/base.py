@@ -1,6 +1,11 @@
 """What every emitter shares: the refusal type, the checks most targets make on a plan, and
 quoting helpers for the shell, YAML and TOML text they write.
 
+Every value that came from a file is quoted where it becomes shell (``sh``, ``bash_array``,
+``sh_default``), and names are made inert where they become comments, job names or ids
+(``one_line``, ``comment_block``, ``job_name``, ``ascii_id``): a model or cluster name holding a
+newline or ``$(...)`` cannot start a line or a command in an emitted script.
+
 An emitter is one module in ``emitters/`` with ``TARGET``, ``MODE`` (``train`` or ``infer``),
 ``FORMAT`` (the tool and the version of its format the output targets), ``SUMMARY`` and a pure
 ``emit(plan) -> dict[str, str]`` (file name -> text). It raises ``CannotExpress`` naming the
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import unicodedata
 from typing import Iterable, Sequence
 
 from costmodel.specs import MESH_AXES, StageSpec
@@ -44,7 +50,7 @@ def describe(plan: Plan) -> str:
     """One line: model, cluster, degrees and batch, for headers and READMEs."""
     p = plan.parallel
     w = plan.workload
-    head = (f"{plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs), {w.mode}: "
+    head = (f"{one_line(plan.model.name)} on {one_line(plan.cluster.name)} ({plan.world_size} GPUs), {w.mode}: "
             f"tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}")
     if w.mode == "train":
         return (head + f" zero={p.zero} sp={str(p.sp).lower()} vpp={p.vpp} recompute={p.recompute}; "
@@ -184,9 +190,15 @@ def plan_text(plan: Plan) -> str:
     return dump_plan(plan)
 
 
+def ascii_id(text: str) -> str:
+    """``text`` with every character but ASCII letters and digits turned into ``-`` (lower case):
+    safe as a job name, an id, or a word in a shell script."""
+    return "".join(c if c.isascii() and c.isalnum() else "-" for c in text.lower())
+
+
 def job_name(plan: Plan) -> str:
     """A DNS-1123 name (Kubernetes, Slurm job names) from the model name."""
-    out = "".join(c if c.isalnum() else "-" for c in plan.model.name.lower()).strip("-")
+    out = ascii_id(plan.model.name).strip("-")
     while "--" in out:
         out = out.replace("--", "-")
     return ("planner-" + out)[:52].rstrip("-")
@@ -197,7 +209,27 @@ def job_name(plan: Plan) -> str:
 # --------------------------------------------------------------------------------------
 
 class Raw(str):
-    """Shell text written as is (a "$VAR" reference), not quoted."""
+    """Shell text written as is (a "$VAR" reference), not quoted. Never built from a file's value."""
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: control, format and line/paragraph-separator characters (a newline,
+    a carriage return, U+2028...) are written as escapes (``\\n``), so that a name from a file
+    cannot end a comment line and start a command."""
+    out = []
+    for c in str(text):
+        cat = unicodedata.category(c)
+        if cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            out.append(c.encode("unicode_escape", "backslashreplace").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def sh_default(var: str, value: object) -> str:
+    """``VAR`` from the environment, else ``value`` (quoted for the shell): one line of bash."""
+    assert var.isidentifier(), var
+    return f'if [ -z "${{{var}:-}}" ]; then {var}={sh(value)}; fi\n'
 
 
 def sh(value: object) -> str:
@@ -226,7 +258,8 @@ def bash_array(name: str, args: Iterable[object], comment: str = "") -> str:
 
 
 def comment_block(lines: Iterable[str], prefix: str = "# ") -> str:
-    return "".join(f"{prefix}{line}".rstrip() + "\n" for line in lines)
+    """One comment line per item; any line break inside an item is escaped (``one_line``)."""
+    return "".join(f"{prefix}{one_line(line)}".rstrip() + "\n" for line in lines)
 
 
 def script_header(plan: Plan, target: str, fmt: str, usage: Sequence[str]) -> str:

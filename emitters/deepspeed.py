@@ -15,6 +15,7 @@ import json
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
+from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "deepspeed"
@@ -22,7 +23,9 @@ MODE = "train"
 FORMAT = "DeepSpeed 0.19 config JSON (deepspeed/runtime/config.py) + deepspeed launcher (launcher/runner.py)"
 SUMMARY = "DeepSpeed config JSON (batch rule, ZeRO, bf16, pipeline) and launcher command with a hostfile"
 RUN = ("Edit `hostfile` to name your nodes (one line per node, `slots=` GPUs), then "
-       "`TRAIN_SCRIPT=your_train.py bash deepspeed.sh` on the first node. The script must call "
+       "`TRAIN_SCRIPT=your_train.py TRAIN_STEPS=<steps> bash deepspeed.sh` on the first node (it writes "
+       "`ds_config.run.json`, the config with the run's length, next to itself: multi-node, keep this folder "
+       "at the same path on every node, as TRAIN_SCRIPT must be). The script must call "
        "`deepspeed.initialize(..., config=ds_config.json)` (the launcher passes "
        "`--deepspeed --deepspeed_config`) and, with pipeline stages, build "
        "`PipelineModule(num_stages=config['pipeline']['stages'])`.")
@@ -76,9 +79,17 @@ def config(plan: Plan) -> dict:
         "train_batch_size": w.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.grad_accum,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": recipe(plan).grad_clip,
         "steps_per_print": 10,
     }
+    r = recipe(plan)
+    if w.optimizer in ("adam", "adamw"):
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": r.lr, "betas": [r.beta1, r.beta2], "eps": r.eps,
+                                                        "weight_decay": r.weight_decay}}
+    # total_num_steps is the run's: deepspeed.sh writes it (and the warmup) from TRAIN_STEPS
+    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": 0, "warmup_num_steps": r.warmup_steps, "warmup_min_ratio": 0.0,
+        "cos_min_ratio": 0.1, "warmup_type": "linear"}}
     if w.dtype in ("bf16", "bfloat16"):
         cfg["bf16"] = {"enabled": True}
     elif w.dtype in ("fp16", "float16"):
@@ -111,16 +122,36 @@ def emit(plan: Plan) -> dict[str, str]:
     nnodes, nproc = nodes_and_procs(plan, TARGET)
     cfg = config(plan)
     p = plan.parallel
-    usage = [f"Edit hostfile, then on the first node: TRAIN_SCRIPT=train.py bash deepspeed.sh [script args]",
+    usage = [f"Edit hostfile, then on the first node: TRAIN_SCRIPT=train.py TRAIN_STEPS=N bash deepspeed.sh [script args]",
              f"train_batch_size {plan.workload.global_batch} = micro {p.micro_batch} x accumulation "
-             f"{p.grad_accum} x data-parallel {p.dp}"]
+             f"{p.grad_accum} x data-parallel {p.dp}",
+             "Your script builds the model, the data and the tokenizer; build this model:", model_settings(plan)]
+    usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS")
+    usage.append("ds_config.json holds the optimizer and a WarmupCosineLR schedule; this script writes "
+                 "ds_config.run.json with the run's steps.")
     text = script_header(plan, TARGET, FORMAT, usage)
+    text += needs_block("deepspeed.sh", needs(plan))
+    text += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")
     text += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    text += ('RUN_CONFIG="$HERE/ds_config.run.json"\n'
+             'sed -e "s/\\"total_num_steps\\": 0/\\"total_num_steps\\": $TRAIN_STEPS/" '
+             '-e "s/\\"warmup_num_steps\\": [0-9]*/\\"warmup_num_steps\\": $WARMUP_STEPS/" '
+             '"$HERE/ds_config.json" > "$RUN_CONFIG.tmp"\n'
+             'mv "$RUN_CONFIG.tmp" "$RUN_CONFIG"\n')
     text += bash_array("LAUNCHER_ARGS", [
         "--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes, "--num_gpus", nproc,
         "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
     ])
-    text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "${TRAIN_SCRIPT:-train.py}" '
-             '--deepspeed --deepspeed_config "$HERE/ds_config.json" "$@"\n')
+    text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
+             '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
     return {"ds_config.json": json.dumps(cfg, indent=2) + "\n", "hostfile": hostfile(plan, nnodes, nproc),
             "deepspeed.sh": text}
+
+
+def needs(plan: Plan) -> list[Need]:
+    return [
+        Need("deepspeed", "activate the Python environment that has DeepSpeed 0.19 and its torch", kind="cmd"),
+        Need("TRAIN_SCRIPT", "your training script (it calls deepspeed.initialize; it builds the model, "
+             "the data and the tokenizer)", kind="file"),
+        Need("TRAIN_STEPS", "the run's optimizer steps (the cosine schedule ends there)", kind="int"),
+    ]

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
+from emitters.recipe import Need, model_settings, needs_block, recipe, sci, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "megatron"
 MODE = "train"
 FORMAT = "Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py, core_r0.13+ / 2026 main)"
 SUMMARY = "Megatron-LM pretrain_gpt.py arguments with a torchrun launch line"
-RUN = ("From a Megatron-LM checkout: `MEGATRON=/path/to/Megatron-LM bash megatron.sh` on every node "
-       "(multi-node: also `NODE_RANK` and `MASTER_ADDR`). It trains on mock data with the "
-       "NullTokenizer; replace DATA_ARGS with your --data-path and tokenizer.")
+RUN = ("`MEGATRON=/path/to/Megatron-LM DATA_PATH=<indexed dataset prefix> TOKENIZER=<HF tokenizer> "
+       "TRAIN_ITERS=<steps> bash megatron.sh` on every node (multi-node: also `NODE_RANK` and `MASTER_ADDR`); "
+       "`MOCK_DATA=1` instead of DATA_PATH and TOKENIZER trains on synthetic tokens. The script checks each "
+       "value before it starts.")
 
 MASTER_PORT = 6000
 
@@ -59,7 +61,13 @@ def model_args(plan: Plan) -> list:
         raise CannotExpress(TARGET, "ALiBi positions", f"{m.name} uses ALiBi and Megatron-Core GPT offers "
                             "learned_absolute, rope, mrope, relative and none")
     a += ["--position-embedding-type", "rope" if m.positions == "rotary" else "learned_absolute"]
-    a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.positions == "rotary":
+        require(float(m.rope_theta).is_integer(), TARGET, f"rope_theta {m.rope_theta}",
+                "--rotary-base takes an integer")
+        a += ["--rotary-base", int(m.rope_theta)]
+        if m.rope_scaling:
+            a += ["--use-rope-scaling", "--rope-scaling-factor", m.rope_scaling]
+    a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm", "--norm-epsilon", m.norm_eps]
     if m.mlp == "swiglu":
         a.append("--swiglu")
     if not m.tied_embeddings:
@@ -68,6 +76,8 @@ def model_args(plan: Plan) -> list:
         a.append("--disable-bias-linear")
     if not m.dropout:
         a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    a += ["--make-vocab-size-divisible-by", vocab_divisor(m.vocab, plan.parallel.tp),
+          "--init-method-std", recipe(plan).init_std]
     a += ["--attention-backend", "flash" if w.attention_kernel == "flash" else "unfused"]
     if m.is_moe:
         a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
@@ -101,6 +111,22 @@ def layout(plan: Plan) -> str:
     last = len(counts) - 1
     return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if s == last else "")
                     for s, n in enumerate(counts))
+
+
+def vocab_divisor(vocab: int, tp: int) -> int:
+    """``--make-vocab-size-divisible-by``: the largest power of two up to Megatron's default 128
+    for which Megatron's padding (to a multiple of divisor * tp) leaves the model's vocabulary as
+    it is; 1 when no divisor does (vocab not a multiple of tp: Megatron pads, see padded_vocab)."""
+    d = 128
+    while d > 1 and vocab % (d * tp):
+        d //= 2
+    return d
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The embedding rows Megatron builds: vocab rounded up to a multiple of divisor * tp."""
+    k = vocab_divisor(vocab, tp) * tp
+    return -(-vocab // k) * k
 
 
 def _pipeline_split_args(plan: Plan) -> list:
@@ -209,12 +235,33 @@ def training_args(plan: Plan) -> list:
              "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"]}.get(w.dtype)
     if dtype is None:
         raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16 or fp8 (TE)")
+    r = recipe(plan)
+    opt: list = ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam"]
+    if w.optimizer != "sgd":   # Megatron's adam is AdamW (decoupled weight decay)
+        opt += ["--adam-beta1", r.beta1, "--adam-beta2", r.beta2, "--adam-eps", r.eps]
     return (["--micro-batch-size", p.micro_batch, "--global-batch-size", w.global_batch]
-            + dtype
-            + ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam", "--seed", w.seed,
-               "--train-iters", Raw('"${TRAIN_ITERS:-100}"'), "--lr", Raw('"${LR:-3.0e-4}"'),
-               "--min-lr", Raw('"${MIN_LR:-3.0e-5}"'), "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+            + dtype + opt
+            + ["--seed", w.seed, "--train-iters", Raw('"$TRAIN_ITERS"'),
+               "--lr", Raw(f'"${{LR:-{sci(r.lr)}}}"'), "--min-lr", Raw(f'"${{MIN_LR:-{sci(r.min_lr)}}}"'),
+               "--lr-warmup-iters", Raw('"$WARMUP_ITERS"'),
+               "--lr-decay-iters", Raw('"$TRAIN_ITERS"'),
+               "--lr-decay-style", "cosine", "--weight-decay", r.weight_decay, "--clip-grad", r.grad_clip,
                "--log-interval", "1"])
+
+
+def needs(plan: Plan) -> list[Need]:
+    m = plan.model
+    return [
+        Need("MEGATRON", "your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py",
+             kind="file", path_in="pretrain_gpt.py"),
+        Need("torchrun", "activate the Python environment that has torch and Megatron-LM's requirements "
+             "(e.g. source /path/to/venv/bin/activate)", kind="cmd"),
+        Need("TRAIN_ITERS", "the run's optimizer steps (the cosine schedule ends there)", kind="int"),
+        Need("DATA_PATH", "your Megatron indexed dataset prefix (tools/preprocess_data.py output, without "
+             ".bin/.idx)", unless="MOCK_DATA"),
+        Need("TOKENIZER", f"the Hugging Face tokenizer of {m.name} (name or path; HuggingFaceTokenizer, "
+             f"{m.vocab} tokens)", unless="MOCK_DATA"),
+    ]
 
 
 def emit(plan: Plan) -> dict[str, str]:
@@ -223,15 +270,21 @@ def emit(plan: Plan) -> dict[str, str]:
     nnodes, nproc = nodes_and_procs(plan, TARGET)
     par, fsdp = parallel_args(plan)
     p = plan.parallel
-    usage = ["Run from anywhere with MEGATRON=<Megatron-LM checkout>; multi-node: on every node with",
-             "NODE_RANK=<i> MASTER_ADDR=<node 0>. Mock data + NullTokenizer: replace DATA_ARGS for real data.",
+    usage = ["Run from anywhere with the values below set; multi-node: on every node with",
+             "NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).",
              f"Megatron derives dp = world / (tp*pp*cp) = {plan.world_size} / "
              f"({p.tp}*{p.pp}*{p.cp}) = {p.dp} and micro-batches per step = "
              f"global / (micro * dp) = {plan.workload.global_batch} / ({p.micro_batch}*{p.dp}) = {p.grad_accum}."]
-    env = 'MEGATRON="${MEGATRON:-.}"\n'
+    env = ""
     if (p.tp > 1 or p.cp > 1) and not fsdp:
         env += "export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)\n"
-    text = script_header(plan, TARGET, FORMAT, usage) + env
+    m = plan.model
+    pad = padded_vocab(m.vocab, p.tp)
+    usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"
+                                      if pad != m.vocab else "; vocabulary kept unpadded")]
+    usage += recipe(plan).comment()
+    text = script_header(plan, TARGET, FORMAT, usage) + needs_block("megatron.sh", needs(plan))
+    text += warmup_shell(recipe(plan)) + env
     text += bash_array("DISTRIBUTED_ARGS", [
         "--nproc-per-node", nproc, "--nnodes", nnodes, "--node-rank", Raw('"${NODE_RANK:-0}"'),
         "--master-addr", Raw('"${MASTER_ADDR:-localhost}"'), "--master-port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
@@ -239,8 +292,14 @@ def emit(plan: Plan) -> dict[str, str]:
     text += bash_array("MODEL_ARGS", model_args(plan))
     text += bash_array("PARALLEL_ARGS", par)
     text += bash_array("TRAINING_ARGS", training_args(plan))
-    text += bash_array("DATA_ARGS", ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                                     "--vocab-size", plan.model.vocab, "--split", "949,50,1"])
+    text += ('if [ -n "${MOCK_DATA:-}" ]; then\n'
+             + _indent(bash_array("DATA_ARGS", ["--mock-data", "--tokenizer-type", "NullTokenizer",
+                                                "--vocab-size", m.vocab]))
+             + "else\n"
+             + _indent(bash_array("DATA_ARGS", ["--data-path", Raw('"$DATA_PATH"'), "--tokenizer-type",
+                                                "HuggingFaceTokenizer", "--tokenizer-model", Raw('"$TOKENIZER"')]))
+             + "fi\n"
+             + 'DATA_ARGS+=(--split 949,50,1)\n')
     text += bash_array("CHECKPOINT_ARGS", ["--eval-iters", 0, "--eval-interval", 1000])
     text += ('if [ -n "${CHECKPOINT_DIR:-}" ]; then\n'
              '  CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" '
@@ -250,3 +309,7 @@ def emit(plan: Plan) -> dict[str, str]:
              '  "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" '
              '"${CHECKPOINT_ARGS[@]}"\n')
     return {"megatron.sh": text}
+
+
+def _indent(text: str) -> str:
+    return "".join("  " + line + "\n" for line in text.splitlines())

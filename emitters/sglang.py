@@ -10,7 +10,7 @@ with ep > 1 are refused here (the vllm target expresses them).
 """
 from __future__ import annotations
 
-from emitters.base import CannotExpress, Raw, bash_array, script_header
+from emitters.base import CannotExpress, Raw, bash_array, script_header, sh_default
 from emitters.serving import WEIGHT_DTYPES, check, fraction, layout, memory
 from planner.plan.planfile import Plan
 
@@ -63,7 +63,7 @@ def emit(plan: Plan) -> dict[str, str]:
     args, notes = launch_args(plan)
     lay = layout(plan, TARGET)
     usage = ["MODEL=<hf id or local path> bash sglang.sh [extra server flags]"] + notes
-    body = f'MODEL="${{MODEL:-{plan.model.name}}}"\nPYTHON="${{PYTHON:-python3}}"\n'
+    body = sh_default("MODEL", plan.model.name) + 'PYTHON="${PYTHON:-python3}"\n'
     if lay.nnodes > 1:
         usage.append(f"On each of the {lay.nnodes} nodes: NODE_RANK=<0..{lay.nnodes - 1}> HEAD_ADDR=<node 0> bash sglang.sh")
         body += (': "${NODE_RANK:?set NODE_RANK (0 on the head node)}"\n'

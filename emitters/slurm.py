@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from emitters.base import (PLAN_FILE, Raw, bash_array, comment_block, describe, job_name, nodes_and_procs,
                            plan_text, require_mode, require_one_group)
-from emitters.torchrun import DEFAULT_STEPS
+from emitters.recipe import needs_block
+from emitters.torchrun import DEFAULT_STEPS, runtime_needs
 from planner.plan.planfile import Plan
 
 TARGET = "slurm"
@@ -44,7 +45,8 @@ def emit(plan: Plan) -> dict[str, str]:
                              f"{nnodes} node(s) x {nproc} process(es): one srun task per node runs torchrun, "
                              "which starts the node's processes."])
             + "set -euo pipefail\n")
-    body = (
+    body = needs_block("slurm.sbatch", runtime_needs())
+    body += (
         'SUBMIT_DIR="${SLURM_SUBMIT_DIR:-$(pwd)}"\n'
         f'PLAN="${{PLAN:-$SUBMIT_DIR/{PLAN_FILE}}}"\n'
         "# the first node of the allocation hosts the rendezvous\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 
-from emitters.base import CannotExpress, Raw, bash_array, require, script_header
+from emitters.base import CannotExpress, Raw, bash_array, require, script_header, sh_default
 from emitters.serving import WEIGHT_DTYPES, check, fraction, layout, memory
 from planner.plan.planfile import Plan
 
@@ -72,7 +72,7 @@ def serve_args(plan: Plan) -> tuple[list, dict, list[str]]:
 def emit(plan: Plan) -> dict[str, str]:
     args, extra, notes = serve_args(plan)
     usage = ["MODEL=<hf id or local path> bash trtllm.sh [extra trtllm-serve flags]"] + notes
-    body = (f'MODEL="${{MODEL:-{plan.model.name}}}"\n'
+    body = (sh_default("MODEL", plan.model.name) +
             'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n')
     body += bash_array("SERVE_ARGS", args + ["--extra_llm_api_options", Raw('"$HERE/trtllm_extra.yaml"')])
     body += 'exec trtllm-serve "$MODEL" "${SERVE_ARGS[@]}" "$@"\n'

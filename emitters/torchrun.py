@@ -8,8 +8,9 @@ each node starts as many processes as its group has GPUs.
 """
 from __future__ import annotations
 
-from emitters.base import (PLAN_FILE, CannotExpress, Raw, bash_array, nodes_and_procs, plan_text,
+from emitters.base import (PLAN_FILE, CannotExpress, Raw, ascii_id, bash_array, nodes_and_procs, one_line, plan_text,
                            require_mode, script_header)
+from emitters.recipe import Need, needs_block
 from planner.plan.planfile import Plan
 
 TARGET = "torchrun"
@@ -26,6 +27,13 @@ C10D_PORT = 29400
 STATIC_PORT = 29500
 
 
+def runtime_needs() -> list[Need]:
+    """The environment the built-in runtime needs on every node."""
+    return [Need("torchrun", "activate the planner's environment (source <repo>/.venv/bin/activate)", kind="cmd"),
+            Need("runtime", "run from the planner's repository, or activate its environment, or set "
+                 "PYTHONPATH=<repo>", kind="py")]
+
+
 def runtime_args() -> str:
     """The runtime's own flags, from environment variables with defaults."""
     return (bash_array("RUNTIME_ARGS", ["--plan", Raw('"${PLAN:-$HERE/' + PLAN_FILE + '}"'),
@@ -36,7 +44,8 @@ def runtime_args() -> str:
             '  RUNTIME_ARGS+=(--checkpoint-dir "$CHECKPOINT_DIR")\n'
             '  if [ -n "${CHECKPOINT_EVERY:-}" ]; then RUNTIME_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY"); fi\n'
             'fi\n'
-            'if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi\n')
+            'if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi\n'
+            'if [ -n "${DATA:-}" ]; then RUNTIME_ARGS+=(--data "$DATA"); fi  # a token file; default synthetic tokens\n')
 
 
 def _groups_table(plan: Plan) -> tuple[list[tuple[int, int, str]], int]:
@@ -52,7 +61,9 @@ def emit(plan: Plan) -> dict[str, str]:
     require_mode(plan, TARGET, "train")
     hetero = len(plan.cluster.groups) > 1
     usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH."]
-    body = 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + runtime_args()
+    usage.append("DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.")
+    body = needs_block("torchrun.sh", runtime_needs())
+    body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + runtime_args()
     if not hetero:
         nnodes, nproc = nodes_and_procs(plan, TARGET)
         if nnodes == 1:
@@ -82,7 +93,7 @@ def emit(plan: Plan) -> dict[str, str]:
                  ': "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"\n')
         cases = []
         for lo, gpn, name in reversed(rows):
-            cases.append(f'if [ -z "${{NPROC:-}}" ] && [ "$NODE_RANK" -ge {lo} ]; then NPROC={gpn}; fi  # {name}')
+            cases.append(f'if [ -z "${{NPROC:-}}" ] && [ "$NODE_RANK" -ge {lo} ]; then NPROC={gpn}; fi  # {one_line(name)}')
         body += "NPROC=\n" + "\n".join(cases) + "\n"
         body += f'if [ "$NODE_RANK" -ge {nnodes} ]; then echo "NODE_RANK must be < {nnodes}" >&2; exit 2; fi\n'
         body += bash_array("TORCHRUN_ARGS", [
@@ -95,4 +106,4 @@ def emit(plan: Plan) -> dict[str, str]:
 
 
 def _rdzv_id(plan: Plan) -> str:
-    return "".join(c if c.isalnum() else "-" for c in plan.model.name.lower())
+    return ascii_id(plan.model.name)

@@ -12,7 +12,7 @@ replicas that fit a node spread with ``--data-parallel-size-local``/``--data-par
 """
 from __future__ import annotations
 
-from emitters.base import CannotExpress, Raw, bash_array, require, script_header
+from emitters.base import CannotExpress, Raw, bash_array, require, script_header, sh_default
 from emitters.serving import WEIGHT_DTYPES, check, fraction, layout, memory
 from planner.plan.planfile import Plan
 
@@ -72,7 +72,7 @@ def emit(plan: Plan) -> dict[str, str]:
     lay = layout(plan, TARGET)
     p = plan.parallel
     usage = ["MODEL=<hf id or local path> bash vllm.sh [extra vllm serve flags]"] + notes
-    body = f'MODEL="${{MODEL:-{plan.model.name}}}"\n'
+    body = sh_default("MODEL", plan.model.name)
     if lay.nnodes > 1:
         usage.append(f"On each of the {lay.nnodes} nodes: NODE_RANK=<0..{lay.nnodes - 1}> HEAD_ADDR=<node 0> bash vllm.sh")
         body += (': "${NODE_RANK:?set NODE_RANK (0 on the head node)}"\n'

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from costmodel.specs import ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
+from costmodel.specs import OVERLAP_SLOWDOWN, ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
 from costmodel.units import GB, GIB, TERA, US
 
 CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
@@ -251,7 +251,7 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
     if c.collective_table:
         m["collectives"] = [{"tier": t, "op": op, "group_size": n, "bytes": b, "busbw_gb_per_s": _r(bw / GB)}
                             for t, op, n, b, bw in c.collective_table]
-    if c.compute_comm_slowdown:
+    if c.compute_comm_slowdown != OVERLAP_SLOWDOWN:     # measured (the default is not written)
         m["compute_comm_slowdown"] = c.compute_comm_slowdown
     if m:
         d["measured"] = m

@@ -467,8 +467,8 @@ class RecordingNVML:
         return call
 
     def save(self, path: str | os.PathLike, source: str) -> None:
-        with open(path, "w") as f:
-            json.dump({"source": source, "calls": self.calls}, f, indent=1, sort_keys=True)
+        from .safeio import write_text
+        write_text(path, json.dumps({"source": source, "calls": self.calls}, indent=1, sort_keys=True), "--record-nvml")
 
 
 def _error_name(nvml: Any, code: int) -> str:

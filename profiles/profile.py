@@ -48,9 +48,12 @@ from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
 from .clusters import cluster_from_dict, cluster_to_dict, load_cluster
 from .probe import ProbeResult, ReplayNVML, RecordingNVML, load_nvml, probe
+from .safeio import OutputError, check_output, check_output_folder, write_text
 from .version import tool_version
 
 CLUSTER_FILE = "cluster.yaml"
+OUTPUT_FILES = (CLUSTER_FILE, "collectives.csv", "matmul.csv", "memory.csv", "fits.csv", "probe.json",
+                "summary.json", "report.md", "report.html")
 
 
 class ProfileInputError(ValueError):
@@ -89,6 +92,14 @@ def check_output_dir(out: Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ProfileInputError(f"--out {out} is a file, not a folder; give a folder for the profile")
+    try:
+        # a link, FIFO or device where an output goes is refused before anything is measured
+        check_output_folder(out, "--out")
+        check_output_folder(out / "raw", "--out")
+        for name in OUTPUT_FILES:
+            check_output(out / name, "--out")
+    except OutputError as e:
+        raise ProfileInputError(str(e)) from None
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".write-test-")
@@ -196,7 +207,11 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
     # spawned ranks: the launcher's watchdog (timeout_s without progress) names a hung rank
     # first; the process-group timeout is the backstop, and the only guard under torchrun
     pg_timeout = cfg["timeout_s"] + (10.0 if cfg.get("progress_files") else 0.0)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=pg_timeout), **kw)
+    timeout = datetime.timedelta(seconds=pg_timeout)
+    if cfg.get("loopback_store"):      # spawned here: the store listens on 127.0.0.1 only
+        kw["store"] = _loopback_store(rank, world, timeout)
+        kw.update(rank=rank, world_size=world)
+    dist.init_process_group(backend, timeout=timeout, **kw)
     everyone: list[Any] = []
     try:
         store = _default_store()
@@ -255,6 +270,21 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
 
 
 _STORE_PREFIX = "planner_profile/progress/"
+
+
+def _loopback_store(rank: int, world: int, timeout: Any) -> Any:
+    """The rendezvous store of spawned ranks at 127.0.0.1:MASTER_PORT. A TCPStore server listens
+    on every interface whatever host it is given, so rank 0 hands it a socket bound to loopback."""
+    import torch.distributed as dist
+    port = int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(1024)
+    return dist.TCPStore("127.0.0.1", port, world, True, timeout, wait_for_workers=False,
+                         master_listen_fd=s.detach())
 
 
 def _default_store() -> Any:
@@ -378,7 +408,7 @@ def launch_local(cfg: dict, nproc: int, raw: Path, timeout_s: float, progress: _
     run where no rank progresses for ``timeout_s``, stops all ranks and raises ``RankFailed``
     naming the rank, its host and what it was doing."""
     cfg_path = raw / "config.json"
-    cfg_path.write_text(json.dumps(cfg))
+    cfg_path.write_text(json.dumps(dict(cfg, loopback_store=True)))
     port = _free_port()
     host = socket.gethostname()
     procs = []
@@ -679,7 +709,7 @@ def write_csvs(result: dict, fits: list[bc.AlphaBeta], out: Path) -> dict[str, s
     paths = {}
     for name, df in _frames(result, fits).items():
         p = out / f"{name}.csv"
-        df.to_csv(p, index=False)
+        write_text(p, df.to_csv(index=False), "--out")
         paths[name] = str(p)
     return paths
 
@@ -691,11 +721,11 @@ def write_outputs(prof: Profile, out: Path, report: bool = True) -> dict:
     header = ("# Cluster file written by `planner profile` (measured). Human units; see\n"
               "# profiles/catalog/clusters.yaml for the format. Use: planner plan --cluster "
               f"{cpath.name}\n")
-    cpath.write_text(header + yaml.safe_dump(prof.cluster, sort_keys=False, default_flow_style=None, width=110))
+    write_text(cpath, header + yaml.safe_dump(prof.cluster, sort_keys=False, default_flow_style=None, width=110), "--out")
     files = {"cluster": str(cpath)}
     files.update(write_csvs(prof.result, prof.fits, out))
-    (out / "probe.json").write_text(json.dumps({"this_host": prof.probe.to_dict(),
-                                                "nodes": prof.result.get("probes", {})}, indent=1))
+    write_text(out / "probe.json", json.dumps({"this_host": prof.probe.to_dict(),
+                                               "nodes": prof.result.get("probes", {})}, indent=1), "--out")
     files["probe"] = str(out / "probe.json")
     files["summary"] = str(out / "summary.json")
     prof.summary["files"] = files
@@ -703,7 +733,7 @@ def write_outputs(prof: Profile, out: Path, report: bool = True) -> dict:
     if report:
         from .report import write_report
         write_report(prof, out)       # adds report_md and report_html to summary["files"]
-    (out / "summary.json").write_text(json.dumps(prof.summary, indent=1))
+    write_text(out / "summary.json", json.dumps(prof.summary, indent=1), "--out")
     return prof.summary
 
 
@@ -724,7 +754,7 @@ def keep_partial(out: Path, error: str) -> dict:
     files = write_csvs(part, fits, out)
     summary = {"status": "failed", "error": error, "files": files,
                "measurements": {k: len(v) for k, v in part.items()}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_text(out / "summary.json", json.dumps(summary, indent=1), "--out")
     return summary
 
 
@@ -815,7 +845,7 @@ def run_profile(opts: ProfileOptions, log: Callable[[str], None] = lambda m: Non
     prof = analyze(pr, result, name=opts.name, quick=opts.quick, started=started, method=method)
     summary = write_outputs(prof, out, report=opts.report)
     summary["wall_time_s"] = round(time.time() - started, 2)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_text(out / "summary.json", json.dumps(summary, indent=1), "--out")
     return summary
 
 

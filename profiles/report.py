@@ -116,7 +116,7 @@ def _plot_collectives(prof: Any) -> bytes | None:
             for ax in axes[0]:
                 ax.axhline(sheet, color="grey", lw=0.8, ls="-." if tier == "inter" else "-")
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Bus bandwidth against message size (dotted: alpha-beta fit; grey: datasheet link)", fontsize=9)
+    fig.suptitle("Bus bandwidth against message size (dotted: alpha-beta fit; grey: datasheet link)", fontsize=9, wrap=True)
     return _png(fig)
 
 
@@ -137,7 +137,7 @@ def _plot_matmul(prof: Any) -> bytes | None:
     a1.set_xscale("log", base=2)
     a1.set_xlabel("square GEMM size", fontsize=8)
     a1.set_ylabel("TFLOP/s", fontsize=8)
-    a1.set_title("Achieved throughput (dotted: peak used)", fontsize=9)
+    a1.set_title("Achieved throughput (dotted: peak used)", fontsize=9, wrap=True)
     a1.legend(fontsize=7)
     table = prof.cluster.get("measured", {}).get("matmul") or []
     if table:
@@ -154,7 +154,7 @@ def _plot_matmul(prof: Any) -> bytes | None:
         a2.set_ylim(0, 1.05)
         a2.set_xlabel("GEMM size (geometric mean of m, n, k)", fontsize=8)
         a2.set_ylabel("efficiency (achieved / peak)", fontsize=8)
-        a2.set_title("Matmul efficiency", fontsize=9)
+        a2.set_title("Matmul efficiency", fontsize=9, wrap=True)
         a2.legend(fontsize=7)
     for a in (a1, a2):
         a.grid(alpha=0.3)
@@ -210,7 +210,7 @@ def _plot_topology(prof: Any) -> bytes | None:
         key = "NV" if v.startswith("NV") else v
         return _LEVEL_ORDER.index(key) if key in _LEVEL_ORDER else len(_LEVEL_ORDER)
 
-    fig = Figure(layout="constrained", figsize=(0.55 * n + 2, 0.55 * n + 1.2))
+    fig = Figure(layout="constrained", figsize=(max(4.5, 0.55 * n + 2), 0.55 * n + 1.6))
     ax = fig.subplots()
     ax.imshow([[level(v) for v in row] for row in m], cmap="viridis_r", vmin=0, vmax=len(_LEVEL_ORDER))
     for i in range(n):
@@ -218,7 +218,7 @@ def _plot_topology(prof: Any) -> bytes | None:
             ax.text(j, i, m[i][j], ha="center", va="center", fontsize=7, color="white" if level(m[i][j]) > 4 else "black")
     ax.set_xticks(range(n), labels, rotation=60, fontsize=7)
     ax.set_yticks(range(n), labels, fontsize=7)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=9, wrap=True)   # wrapped to the figure's width: never clipped
     return _png(fig)
 
 
@@ -410,6 +410,7 @@ def write_report(prof: Any, out: Path) -> dict[str, str]:
     md, page = out / "report.md", out / "report.html"
     prof.summary.setdefault("files", {})
     prof.summary["files"].update({"report_md": str(md), "report_html": str(page)})
-    md.write_text(_md(_blocks(prof, plots=False)))
-    page.write_text(_html(_blocks(prof, plots=True), f"Hardware profile: {prof.cluster['name']}"))
+    from .safeio import write_text
+    write_text(md, _md(_blocks(prof, plots=False)), "--out")
+    write_text(page, _html(_blocks(prof, plots=True), f"Hardware profile: {prof.cluster['name']}"), "--out")
     return {"report_md": str(md), "report_html": str(page)}

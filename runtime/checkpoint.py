@@ -2,15 +2,21 @@
 
 Layout of a checkpoint directory ``D``::
 
-    D/step-00000004/       one complete checkpoint: DCP shards + .metadata + meta.json
+    D/step-00000004/       one complete checkpoint: DCP shards + .metadata + meta.json + manifest.json
     D/step-00000006/
     D/latest               the name of the newest complete one (replaced atomically)
     D/.tmp-step-00000008/  a write in progress (or one a crash interrupted): never read
+    D/.lock                held by the run using D (``runtime.lock``)
 
-A save writes into ``.tmp-step-N``; only when every rank has finished and ``meta.json`` is
-written does rank 0 rename it to ``step-N`` and then repoint ``latest``. A crash at any point
-leaves the previous checkpoint complete and ``latest`` pointing at it. The newest
+A save writes into ``.tmp-step-N``; when every rank has finished its shards (and hashed them),
+rank 0 writes ``meta.json`` and, last, ``manifest.json`` (the digest of every file,
+``runtime.manifest``), renames the folder to ``step-N`` and then repoints ``latest``. A crash at
+any point leaves the previous checkpoint complete and ``latest`` pointing at it. The newest
 ``KEEP`` checkpoints are kept.
+
+A resume reads only an intact step (``find_intact``: its manifest matches every file, and its
+DCP index holds nothing but tensors), the newest one, naming each newer step it skipped and why;
+nothing of a step is unpickled before that check, and the load re-checks the bytes it reads.
 
 What is saved, keyed by canonical parameter name (no wrapper prefixes), so that a load
 reshards whatever mesh wrote it (DCP's load-time resharding, the tensors being DTensors or
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -49,22 +56,79 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+_STEP = re.compile(r"^step-\d{8}$")
+
+
 def _complete(p: Path) -> bool:
-    return p.is_dir() and (p / META).is_file() and (p / ".metadata").is_file()
+    """A committed step (its manifest written): cheap; ``find_intact`` checks it for real."""
+    from .manifest import MANIFEST
+    return (p.is_dir() and not p.is_symlink() and (p / META).is_file() and (p / ".metadata").is_file()
+            and (p / MANIFEST).is_file())
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Step folders, newest first: the one ``latest`` names, then the others by step."""
+    steps = sorted((p for p in root.glob("step-*") if _STEP.match(p.name)), reverse=True)
+    ptr = root / LATEST
+    try:
+        name = ptr.read_text().strip() if ptr.is_file() and not ptr.is_symlink() else ""
+    except OSError:
+        name = ""
+    first = [root / name] if _STEP.match(name) and (root / name) in steps else []
+    return first + [p for p in steps if p not in first]
 
 
 def find_latest(root: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint under ``root`` (``latest`` first, then a scan)."""
+    """The newest committed checkpoint under ``root`` (``latest`` first, then a scan); for
+    messages. A resume uses ``find_intact``."""
     root = Path(root)
     if not root.is_dir():
         return None
-    ptr = root / LATEST
-    if ptr.is_file():
-        cand = root / ptr.read_text().strip()
-        if _complete(cand):
-            return cand
-    done = sorted(p for p in root.glob("step-*") if _complete(p))
-    return done[-1] if done else None
+    for p in _candidates(root):
+        if _complete(p):
+            return p
+    return None
+
+
+VERIFIED_ENV = "PLANNER_CHECKPOINT_VERIFIED"
+
+
+def verified_token(step_dir: str | os.PathLike) -> str:
+    """What ``planner launch`` hands its workers after verifying a step (so that rank 0 does not
+    hash the whole checkpoint a second time): its real path and the digest of its manifest."""
+    from .manifest import MANIFEST, sha256_file
+    return f"{os.path.realpath(step_dir)}|{sha256_file(Path(step_dir) / MANIFEST)}"
+
+
+def find_intact(root: str | os.PathLike, log: Callable[[str], None] | None = None,
+                trusted: str | None = None) -> Path | None:
+    """The newest intact checkpoint under ``root`` (``runtime.manifest.verify``), naming each
+    newer step it skipped through ``log``. Raises ``UnsafeCheckpoint`` when there are steps and
+    none is intact (a resume must not start over silently over them). ``trusted`` (a
+    ``verified_token``) spares the shard digests of a step verified by the launcher whose manifest
+    is unchanged; its index is still checked, and the load checks the bytes it unpickles."""
+    from .manifest import UnsafeCheckpoint, verify
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    skipped = []
+    for p in _candidates(root):
+        try:
+            shortcut = bool(trusted) and verified_token(p) == trusted
+        except OSError:
+            shortcut = False
+        why = verify(p, digests=not shortcut)
+        if why is None:
+            if skipped and log:
+                log(f"resuming from {p.name}, the newest intact checkpoint")
+            return p
+        skipped.append(f"{p.name}: {why}")
+        if log:
+            log(f"skipping checkpoint {p}: {why}")
+    if skipped:
+        raise UnsafeCheckpoint(f"no intact checkpoint in {root} ({'; '.join(skipped[:3])}); nothing was loaded. "
+                               "Move those steps away (or pass --overwrite-checkpoints to start afresh over them)")
+    return None
 
 
 def read_meta(path: str | os.PathLike) -> dict:
@@ -164,6 +228,8 @@ def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.
          before_commit: Callable[[], None] | None = None) -> Path:
     """Collective: every rank calls it. Returns the final directory."""
     import torch.distributed.checkpoint as dcp
+
+    from .manifest import write_manifest, write_rank_digests
     root = Path(root)
     name = step_name(step)
     tmp, final = root / f".tmp-{name}", root / name
@@ -175,9 +241,11 @@ def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.
     dcp.save(state_tensors(parts, opt, tied), checkpoint_id=str(tmp))
     if before_commit is not None:
         before_commit()           # fault injection: a crash after the shards, before the commit
+    write_rank_digests(tmp, rank)
     barrier()
     if rank == 0:
         _write_text_atomic(tmp / META, json.dumps(dict(meta, step=step), indent=1))
+        write_manifest(tmp, step)     # last: a step without it is not complete
         if final.exists():        # the same step saved again after a restart
             old = root / f".old-{name}"
             shutil.rmtree(old, ignore_errors=True)
@@ -207,12 +275,16 @@ def _fsync_dir(p: Path) -> None:
 
 
 def load(path: str | os.PathLike, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool) -> dict:
-    """Collective: fill parameters and optimizer state in place from ``path``; returns its meta."""
+    """Collective: fill parameters and optimizer state in place from ``path`` (an intact step,
+    ``find_intact``), through the reader that checks what it unpickles; returns its meta."""
     import torch.distributed.checkpoint as dcp
+
+    from .manifest import safe_reader
     ensure_optim_state(opt)
-    dcp.load(state_tensors(parts, opt, tied, for_load=True), checkpoint_id=str(path))
+    dcp.load(state_tensors(parts, opt, tied, for_load=True), checkpoint_id=str(path),
+             storage_reader=safe_reader(path))
     return read_meta(path)
 
 
-__all__ = ["find_latest", "read_meta", "check_compatible", "save", "load", "state_tensors", "ensure_optim_state",
+__all__ = ["find_latest", "find_intact", "verified_token", "VERIFIED_ENV", "read_meta", "check_compatible", "save", "load", "state_tensors", "ensure_optim_state",
            "CheckpointMismatch", "step_name", "KEEP"]

@@ -5,15 +5,21 @@ contract; keep them). Under torchrun it reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_
 joins the process group (NCCL on GPUs, gloo on CPUs); without torchrun it runs as one process.
 
     python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K]
-        [--resume] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
+        [--resume | --overwrite-checkpoints] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
         [--inject-failure rank=R,step=S[,phase=step|save][,permanent]] [--device auto|cpu|cuda] [--lr LR]
 
 Set-up, in order: check the plan against the launch (world size, what the runtime can run);
 build the mesh in the plan's order; for each pipeline stage this rank holds, build the model
 part on the meta device, apply TP, experts, activation checkpointing and FSDP/DDP
 (``runtime.parallel``), then materialise only the local shards and fill them with their
-slice of the deterministic initial model; resume from the newest complete checkpoint when
-asked (or after an elastic restart). Then train: each step's global batch comes from the
+slice of the deterministic initial model; resume from the newest intact checkpoint when
+asked (or after an elastic restart): ``checkpoint.find_intact`` checks its manifest before any
+of its files is read and names the newer steps it skipped.
+
+The checkpoint directory belongs to one run (``runtime.lock``): rank 0 locks it (unless the
+``planner launch`` that started the job holds the lock), and a fresh run (no ``--resume``, first
+attempt) into a directory that holds checkpoints is refused unless ``--overwrite-checkpoints``
+(which removes them first). Then train: each step's global batch comes from the
 workload's token stream, the loss is the mean over the global batch, and rank 0 writes one
 metrics line per step and, at the end, the JSON summary ``planner launch`` reads.
 
@@ -94,6 +100,7 @@ class Options:
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite_checkpoints: bool = False
     metrics: str = ""
     json_out: str = ""
     data: str = ""
@@ -354,11 +361,87 @@ def train(plan, opts: Options) -> dict:
         raise RuntimeUsageError(f"--steps must be >= 1, got {opts.steps}")
     if opts.checkpoint_every and not opts.checkpoint_dir:
         raise RuntimeUsageError("--checkpoint-every needs --checkpoint-dir")
+    if opts.resume and opts.overwrite_checkpoints:
+        raise RuntimeUsageError("--resume continues the checkpoints that --overwrite-checkpoints would remove; "
+                                "give one of them")
     device_type = _device_type(opts.device)
     rank, world = init_distributed(device_type)
     if opts.inject is not None and not 0 <= opts.inject.rank < world:
         raise RuntimeUsageError(f"--inject-failure rank {opts.inject.rank} is not a rank of this "
                                 f"{world}-process job")
+    lock = _claim_checkpoint_dir(opts, rank, world) if opts.checkpoint_dir else None
+    try:
+        return _train(plan, opts, ckpt, device_type, rank, world)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _agree(ok: bool, world: int) -> bool:
+    """Collective: True when every rank is ok."""
+    if world == 1:
+        return ok
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return not t.item()
+
+
+def _claim_checkpoint_dir(opts: Options, rank: int, world: int):
+    """Rank 0: lock the directory (unless the launcher holds it) and refuse another run's
+    checkpoints on a fresh start (or remove them, ``--overwrite-checkpoints``). Collective: every
+    rank refuses when rank 0 does. Returns the lock held here, or None."""
+    from .lock import DirectoryLock, clear_checkpoints, held_by_launcher, refuse_other_run
+    lock, error = None, None
+    if rank == 0:
+        try:
+            if not held_by_launcher(opts.checkpoint_dir):
+                lock = DirectoryLock(opts.checkpoint_dir, "python -m runtime.train").acquire()
+            if not opts.resume and restart_count() == 0:
+                if opts.overwrite_checkpoints:
+                    gone = clear_checkpoints(opts.checkpoint_dir)
+                    if gone:
+                        _log(opts, rank, f"--overwrite-checkpoints: removed {', '.join(gone)} from "
+                                         f"{opts.checkpoint_dir}")
+                else:
+                    refuse_other_run(opts.checkpoint_dir)
+        except RuntimeUsageError as e:
+            error = e
+            if lock is not None:
+                lock.release()
+                lock = None
+    if not _agree(error is None, world):
+        raise error or RuntimeUsageError(f"rank 0 refused checkpoint directory {opts.checkpoint_dir} (its message "
+                                         "says why)")
+    return lock
+
+
+def _resume_point(opts: Options, rank: int, world: int):
+    """The intact checkpoint to resume from (chosen by rank 0, which names what it skipped), or
+    None. Collective."""
+    from . import checkpoint as ckpt
+    from .manifest import UnsafeCheckpoint
+    step, error = 0, None
+    if rank == 0:
+        try:
+            path = ckpt.find_intact(opts.checkpoint_dir, log=lambda m: _log(opts, rank, m),
+                                    trusted=os.environ.get(ckpt.VERIFIED_ENV))
+            step = -1 if path is None else int(path.name.split("-")[1])
+        except UnsafeCheckpoint as e:
+            error, step = e, -2
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([step if rank == 0 else -3], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        step = int(t.item())
+    if step == -2:
+        raise error or UnsafeCheckpoint(f"rank 0 found no intact checkpoint in {opts.checkpoint_dir}")
+    return None if step < 0 else Path(opts.checkpoint_dir) / ckpt.step_name(step)
+
+
+def _train(plan, opts: Options, ckpt, device_type: str, rank: int, world: int) -> dict:
     t_setup = time.perf_counter()
     tr = Trainer(plan, opts, device_type, rank, world)
     setup_s = time.perf_counter() - t_setup
@@ -367,7 +450,7 @@ def train(plan, opts: Options) -> dict:
     start = 1
     resumed_from = None
     if opts.checkpoint_dir and (opts.resume or restart_count() > 0):
-        path = ckpt.find_latest(opts.checkpoint_dir)
+        path = _resume_point(opts, rank, world)
         if path is None:
             _log(opts, rank, f"no complete checkpoint in {opts.checkpoint_dir}; starting at step 1")
         else:
@@ -496,7 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
     p.add_argument("--checkpoint-dir", default="", help="directory for DCP checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (and at the end)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint")
+    p.add_argument("--overwrite-checkpoints", action="store_true",
+                   help="a fresh run into a directory that holds checkpoints: remove them first (refused otherwise)")
     p.add_argument("--metrics", default="", help="append one JSON line per step (rank 0)")
     p.add_argument("--json-out", default="", help="write the run summary as JSON (rank 0)")
     p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
@@ -512,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> Options:
     return Options(steps=args.steps, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                   resume=args.resume, metrics=args.metrics, json_out=args.json_out, data=args.data,
+                   resume=args.resume, overwrite_checkpoints=args.overwrite_checkpoints, metrics=args.metrics,
+                   json_out=args.json_out, data=args.data,
                    data_dtype=args.data_dtype,
                    inject=Failure.parse(args.inject_failure) if args.inject_failure else None,
                    device=args.device, lr=args.lr, quiet=args.quiet)
@@ -521,8 +607,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
 def expected_errors() -> tuple[type[BaseException], ...]:
     from costmodel.specs import SpecError
     from planner.plan.planfile import PlanError
+
+    from .manifest import UnsafeCheckpoint
     return (RuntimeUsageError, PlanError, SpecError, CheckpointMismatch, DataError, RuntimeModelError,
-            PlanNotRunnable)
+            PlanNotRunnable, UnsafeCheckpoint)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -229,15 +229,18 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
             "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-distributed-optimizer-instances",
             "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
-            "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval"]
+            "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval", "--rotary-base",
+            "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters"]
     for f in ints:
         p.add_argument(f, type=int)
-    for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout"]:
+    for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout", "--norm-epsilon",
+              "--rope-scaling-factor", "--init-method-std", "--weight-decay", "--adam-beta1", "--adam-beta2",
+              "--adam-eps"]:
         p.add_argument(f, type=float)
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
-             "--bf16", "--fp16", "--mock-data"]
+             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
@@ -253,11 +256,21 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     p.add_argument("--optimizer", choices=["adam", "sgd"])
     p.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    p.add_argument("--tokenizer-type")
+    p.add_argument("--tokenizer-type", choices=["NullTokenizer", "HuggingFaceTokenizer"])
+    p.add_argument("--tokenizer-model")
+    p.add_argument("--data-path", nargs="*")
     p.add_argument("--split")
     p.add_argument("--save")
     p.add_argument("--load")
     return p
+
+
+def fake_megatron(tmp_path) -> str:
+    """A folder the script accepts as a Megatron-LM checkout (it checks for pretrain_gpt.py)."""
+    d = tmp_path / "Megatron-LM"
+    d.mkdir(exist_ok=True)
+    (d / "pretrain_gpt.py").write_text("# stand-in: the fake torchrun records its arguments\n")
+    return str(d)
 
 
 def megatron_layers_per_stage(a: argparse.Namespace) -> list[int]:
@@ -282,9 +295,12 @@ def test_megatron_round_trip(name, tmp_path):
     plan = examples()[name]
     p, m, w = plan.parallel, plan.model, plan.workload
     out = write(plan, "megatron", tmp_path / "out")
-    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": "/opt/Megatron-LM"})
+    meg = fake_megatron(tmp_path)
+    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "100000",
+                                                            "DATA_PATH": "/data/corpus_text_document",
+                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B"})
     argv = calls[0]["argv"]
-    i = argv.index("/opt/Megatron-LM/pretrain_gpt.py")
+    i = argv.index(f"{meg}/pretrain_gpt.py")
     t = torchrun_args(argv[:i + 1])
     world = int(t.nnodes) * int(t.nproc_per_node)
     assert world == plan.world_size
@@ -336,6 +352,22 @@ def test_megatron_round_trip(name, tmp_path):
     if a.overlap_param_gather:
         assert a.overlap_grad_reduce and (a.use_distributed_optimizer or a.use_megatron_fsdp)
     assert a.bf16 == (w.dtype == "bf16")
+    # the model's own settings and the schedule
+    assert a.norm_epsilon == m.norm_eps
+    if m.positions == "rotary":
+        assert a.position_embedding_type == "rope" and a.rotary_base == m.rope_theta
+        assert a.use_rope_scaling == bool(m.rope_scaling)
+    assert a.untie_embeddings_and_output_weights == (not m.tied_embeddings)
+    assert a.swiglu == (m.mlp == "swiglu")
+    # Megatron pads the vocabulary to a multiple of divisor * tp (build_tokenizer.vocab_size_with_padding)
+    k = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
+    if m.vocab % p.tp == 0:
+        assert m.vocab % k == 0
+    assert (a.data_path, a.tokenizer_type, a.tokenizer_model) == \
+        (["/data/corpus_text_document"], "HuggingFaceTokenizer", "meta-llama/Meta-Llama-3-8B")
+    assert a.train_iters == a.lr_decay_iters == 100000 and 0 < a.lr_warmup_iters < a.train_iters
+    assert a.lr_decay_style == "cosine" and a.min_lr == pytest.approx(a.lr / 10, rel=0.01)
+    assert (a.weight_decay, a.clip_grad, a.adam_beta1, a.adam_beta2) == (0.1, 1.0, 0.9, 0.95)
 
 
 
@@ -346,8 +378,11 @@ def test_megatron_uneven_splits(counts, tmp_path):
     plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8, seq=64, pp=len(counts), grad_accum=8,
                      stages=stages_from_counts(counts))
     out = write(plan, "megatron", tmp_path / "out")
-    argv = run_script(out / "megatron.sh", ["torchrun"])[0]["argv"]
-    a = megatron_parser().parse_args(argv[argv.index("./pretrain_gpt.py") + 1:])
+    meg = fake_megatron(tmp_path)
+    argv = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000",
+                                                           "MOCK_DATA": "1"})[0]["argv"]
+    a = megatron_parser().parse_args(argv[argv.index(f"{meg}/pretrain_gpt.py") + 1:])
+    assert a.mock_data and a.tokenizer_type == "NullTokenizer" and a.vocab_size == plan.model.vocab
     assert megatron_layers_per_stage(a) == counts
 
 
@@ -392,8 +427,13 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
             def get_data_parallel_world_size(self):
                 return p.dp + 1
         dsc.DeepSpeedConfig(str(out / "ds_config.json"), mpu=Wrong())
-    calls = run_script(out / "deepspeed.sh", ["deepspeed"], args=["--lr", "1"])
+    script = tmp_path / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "deepspeed.sh", ["deepspeed"], {"TRAIN_SCRIPT": str(script), "TRAIN_STEPS": "2000"},
+                       args=["--lr", "1"])
     a = runner.parse_args(calls[0]["argv"])
+    run_cfg = dsc.DeepSpeedConfig(str(out / "ds_config.run.json"), mpu=Mpu())
+    assert run_cfg.scheduler_params["total_num_steps"] == 2000
     hosts = runner.fetch_hostfile(a.hostfile)
     assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
     assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
@@ -408,7 +448,8 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
 TT_KEYS = {
     "job": {"dump_folder", "description"},
     "model": {"name", "flavor", "hf_assets_path"},
-    "optimizer": {"name", "lr"},
+    "optimizer": {"name", "lr", "beta1", "beta2", "eps", "weight_decay"},
+    "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "dataset",
                  "mixed_precision_param", "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
@@ -455,11 +496,26 @@ def test_torchtitan_toml(name, tmp_path):
     for section, keys in cfg.items():
         assert set(keys) <= TT_KEYS[section], f"[{section}] has keys torchtitan 0.2.2 does not know"
     _check_titan(cfg, plan)
-    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h"})
+    assets = tmp_path / "tokenizer"
+    assets.mkdir()
+    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h", "TRAIN_STEPS": "5000",
+                                                              "HF_ASSETS": str(assets), "DATASET": "c4"})
     own, prog = split_module_args(calls[0]["argv"])
     a = torchrun_args(own)
     assert a.training_script == "torchtitan.train" and int(a.nnodes) * int(a.nproc_per_node) == plan.world_size
-    assert prog == ["--job.config_file", str(out / "torchtitan.toml")]
+    warmup = min(500, cfg["lr_scheduler"]["warmup_steps"])      # at most a tenth of the run
+    assert prog == ["--job.config_file", str(out / "torchtitan.toml"), "--training.steps", "5000",
+                    "--lr_scheduler.warmup_steps", str(warmup), "--model.hf_assets_path", str(assets),
+                    "--training.dataset", "c4"]
+    m = plan.model
+    from emitters.recipe import recipe
+    assert cfg["optimizer"]["lr"] == recipe(plan).lr and cfg["lr_scheduler"]["decay_type"] == "cosine"
+    if tt_emitter.flavor(plan) == tt_emitter.CUSTOM_FLAVOR:
+        mod = (out / f"{tt_emitter.CUSTOM_MODULE}.py").read_text()
+        assert f"rope_theta={m.rope_theta!r}" in mod and f"norm_eps={m.norm_eps!r}" in mod
+        assert f"RoPEScalingArgs(scaling_factor={float(m.rope_scaling or 1.0)!r})" in mod
+    else:
+        assert (m.rope_theta, m.norm_eps, m.rope_scaling) == tt_emitter.STOCK_SETTINGS
 
 
 def test_torchtitan_ffn_rule():
@@ -540,7 +596,9 @@ def test_accelerate_round_trip(name, tmp_path, monkeypatch):
     out = write(plan, "accelerate", tmp_path / "out")
     cfg = yaml.safe_load((out / "accelerate.yaml").read_text())
     assert cfg["num_processes"] == plan.world_size
-    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h"})
+    script = tmp_path / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h", "TRAIN_SCRIPT": str(script)})
     assert calls[0]["argv"][0] == "launch"
     assert calls[0]["env"]["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == str(p.grad_accum)
     pytest.importorskip("accelerate")

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.comm import DEFAULT_ORDER, Network, group_layout, layout_for
+from costmodel.comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
 from costmodel.layers import ends_cost, ends_params, layer_cost, layer_params
 from costmodel.memory import (DDP_BUCKET_BYTES, FRAGMENTATION, bytes_per_param, expert_shard, model_state_bytes,
                               optimizer_traffic_bytes_per_param)
@@ -26,6 +26,11 @@ from profiles.clusters import load_cluster
 
 # ---- the reference: one stage at a time, nothing shared or precomputed ---------------------
 
+def _ov(comm: float, compute: float, slowdown: float) -> float:
+    """Communication beside compute: the part longer than it, and ``slowdown`` of the rest."""
+    return max(0.0, comm - compute) + slowdown * min(comm, compute)
+
+
 def _all_reduce(net: Network, size: float, lay) -> float:
     if lay.n <= 1 or size <= 0:
         return 0.0
@@ -35,7 +40,9 @@ def _all_reduce(net: Network, size: float, lay) -> float:
         t += 2 * (k - 1) / k * size / net._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * net.intra.latency_s
     if m > 1:
         shard = size / k
-        t += 2 * (m - 1) / m * shard / net._bw("inter", "all_reduce", m, shard) + 2 * (m - 1) * net.inter.latency_s
+        # NCCL picks a tree across nodes once its 2 log2(m) steps beat the ring's 2 (m - 1)
+        steps = min(2 * (m - 1), 2 * math.log2(m)) if m > 2 else 2 * (m - 1)
+        t += 2 * (m - 1) / m * shard / net._bw("inter", "all_reduce", m, shard) + steps * net.inter.latency_s
     return t
 
 
@@ -83,6 +90,12 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
     e_shard = expert_shard(par)
     shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else layout_for(1, 1, gpn)
+    # dense weights are held by the dp x cp ranks: reduce and shard over both
+    dcp = par.dp * par.cp
+    dense_shard = par.dp_shard * par.cp
+    dp_lay = GroupLayout(dcp, min(gpn, dp_lay.k * cp_lay.k, dcp)) if dcp > 1 else GroupLayout(1, 1)
+    shard_lay = (GroupLayout(dense_shard, min(gpn, shard_lay.k * cp_lay.k, dense_shard)) if dense_shard > 1
+                 else GroupLayout(1, 1))
     e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
     rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
     e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
@@ -98,9 +111,9 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     dense_params += ends_params(model, t, p, first, last).total
     if par.zero >= 3:
         biggest = max(dense.params, moe.params if moe else 0.0)
-        buffers = 2 * biggest * w_b if par.dp_shard > 1 else 0.0
+        buffers = 2 * biggest * w_b if dense_shard > 1 else 0.0
     else:
-        buffers = min(DDP_BUCKET_BYTES, model.total_params() / (par.tp * par.pp) * g_b) if par.dp > 1 else 0.0
+        buffers = min(DDP_BUCKET_BYTES, model.total_params() / (par.tp * par.pp) * g_b) if dcp > 1 else 0.0
     # layers
     n = n_dense + n_moe
     r_moe = r * n_moe / n if n else 0.0
@@ -111,7 +124,7 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         comp += 3 * lc.fwd_s * k
         tp += 2 * lc.tp_fwd_s * k
         ep += 2 * lc.ep_fwd_s * k
-        cp_exposed = max(0.0, lc.cp_fwd_s - lc.attn_fwd_s)
+        cp_exposed = _ov(lc.cp_fwd_s, lc.attn_fwd_s, cluster.compute_comm_slowdown)
         cp += 3 * cp_exposed * k
         rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed)
         model_flops += 3 * lc.model_flops_fwd * k
@@ -134,26 +147,32 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     if par.zero >= 3:
         ag = _all_gather(net, dense_params * w_b, shard_lay) + _all_gather(net, expert_params * w_b, e_lay)
         rs = _all_gather(net, dense_params * g_b, shard_lay) + _all_gather(net, expert_params * g_b, e_lay)
-        fsdp = max(0.0, ag - comp / 3) + max(0.0, ag + rs - 2 * comp / 3)
+        # one all-gather and one reduce-scatter per layer: their fixed times, beyond the first
+        lat = _all_gather(net, 1e-300, shard_lay)
+        lat_e = _all_gather(net, 1e-300, e_lay) if expert_params else 0.0
+        ag += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
+        rs += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
+        sl = cluster.compute_comm_slowdown
+        fsdp = _ov(ag, comp / 3, sl) + _ov(ag + rs, 2 * comp / 3, sl)
     grad_s = gather_s = 0.0
-    if par.dp > 1:
+    if dcp > 1:
         if par.zero == 0:
             grad_s = (_all_reduce(net, dense_params * g_b, dp_lay)
                       + _all_reduce(net, expert_params * g_b, e_all_lay))
         else:
-            grad_s = (_all_reduce(net, dense_params * g_b / par.dp_shard, rep_lay)
+            grad_s = (_all_reduce(net, dense_params * g_b / dense_shard, rep_lay)
                       + _all_reduce(net, expert_params * g_b / e_shard, e_rep_lay))
             if par.zero in (1, 2):
                 rs = _all_gather(net, dense_params * g_b, shard_lay) + _all_gather(net, expert_params * g_b, e_lay)
                 if par.zero == 1:
                     grad_s += rs
                 else:
-                    fsdp = max(0.0, rs - 2 * comp / 3)
+                    fsdp = _ov(rs, 2 * comp / 3, cluster.compute_comm_slowdown)
                 gather_s = (_all_gather(net, dense_params * w_b, shard_lay)
                             + _all_gather(net, expert_params * w_b, e_lay))
-    shard = par.dp_shard if par.zero >= 1 else 1
+    shard = dense_shard if par.zero >= 1 else 1
     local = dense_params / shard + expert_params / (e_shard if par.zero >= 1 else 1)
-    st_d = model_state_bytes(dense_params, par.dp_shard, par.zero, workload.dtype, workload.optimizer)
+    st_d = model_state_bytes(dense_params, dense_shard, par.zero, workload.dtype, workload.optimizer)
     st_e = model_state_bytes(expert_params, e_shard, par.zero, workload.dtype, workload.optimizer)
     return dict(comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp, grad_s=grad_s, gather_s=gather_s,
                 opt=optimizer_traffic_bytes_per_param(workload.dtype, workload.optimizer) * local
@@ -187,13 +206,14 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
         c = _stage(model, cluster, workload, par, order, grp, i == 0, i == p - 1, crosses, st.num_layers - n_moe,
                    n_moe, r)
         c["t"] = c["comp"] + c["rec"] + c["tp"] + c["ep"] + c["cp"] + c["pp"] + c["fsdp"]
-        if par.dp <= 1:
+        if par.dp * par.cp <= 1:
             c["dp_exposed"] = 0.0
         elif not par.overlap_dp_comm:
             c["dp_exposed"] = c["grad_s"] + c["gather_s"]
         else:
             bwd = 2 * c["comp"] / 3
-            c["dp_exposed"] = max(0.0, c["grad_s"] - bwd - i * bwd) + max(0.0, c["gather_s"] - c["comp"] / 3)
+            sl = cluster.compute_comm_slowdown
+            c["dp_exposed"] = _ov(c["grad_s"], bwd + i * bwd, sl) + _ov(c["gather_s"], c["comp"] / 3, sl)
         acts = inflight_microbatches(par, i) * (c["act_stored"] + c["embed_act"]) + c["act_fixed"]
         other = c["reserved"] + c["buffers"] + FRAGMENTATION * acts
         w, g, o = c["states"]

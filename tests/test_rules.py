@@ -142,3 +142,21 @@ def test_optimizer_traffic_is_derived_from_the_state_layout():
     assert optimizer_traffic_bytes_per_param("bf16") == 30       # 2 x 12 state + 4 grad + 2 weight
     assert optimizer_traffic_bytes_per_param("fp16") == 28
     assert optimizer_traffic_bytes_per_param("fp32") == 24
+
+
+def test_zero3_without_model_parallelism_collapses_at_scale():
+    """From the collectives alone: ZeRO-3 gathers and scatters each layer, and an all-gather's
+    ring latency grows with the nodes (no tree for all-gather in NCCL), so pure ZeRO-3 data
+    parallelism keeps up with tp=2 + ZeRO-1 on 64 GPUs and falls far behind on thousands."""
+    m = get_model("llama-3-8b")
+    ratio = {}
+    for gpus in (64, 4096, 16384):
+        c = load_cluster("dgx-h100").with_gpus(gpus)
+        wl = Workload(global_batch=gpus, seq_len=4096)
+        z3 = estimate(m, c, wl, ParallelConfig(dp=gpus, zero=3, recompute="selective"), framework="torchtitan")
+        tp2 = estimate(m, c, wl, ParallelConfig(tp=2, dp=gpus // 2, zero=1, sp=True, grad_accum=2,
+                                                recompute="selective"), framework="torchtitan")
+        ratio[gpus] = z3.step_time_s / tp2.step_time_s
+    assert ratio[64] < 1.05
+    assert ratio[4096] > 1.25
+    assert ratio[16384] > 2.0 > ratio[4096]

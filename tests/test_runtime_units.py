@@ -144,6 +144,7 @@ def test_latest_checkpoint_ignores_partial_writes(tmp_path):
         (d / ".metadata").write_text("x")
         if complete:
             (d / "meta.json").write_text(json.dumps({"step": int(name[-8:])}))
+            (d / "manifest.json").write_text("{}")       # committed (find_intact checks it for real)
     assert find_latest(tmp_path) == tmp_path / "step-00000004"      # 8 has no meta.json, 6 is a temp
     (tmp_path / "latest").write_text("step-00000002\n")
     assert find_latest(tmp_path) == tmp_path / "step-00000002"      # the pointer wins when complete
@@ -201,7 +202,8 @@ def test_launch_builds_the_torchrun_command(tmp_path):
     assert (nproc, device) == (4, "cpu")
     cmd = torchrun_command(args, nproc, device, "/tmp/s.json", "/tmp/m.jsonl")
     s = " ".join(cmd)
-    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4 --max-restarts 2" in s
+    assert "-m runtime.launcher --nnodes 1 --nproc-per-node 4 --max-restarts 2" in s
+    assert "--rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1" in s      # one node: loopback only
     assert "-m runtime.train --plan" in s and "--checkpoint-every 2" in s and "--json-out /tmp/s.json" in s
     from planner.plan.errors import UsageError
     for bad, msg in ((["--nnodes", "3"], "needs --rdzv-endpoint"),

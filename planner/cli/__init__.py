@@ -29,7 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="planner", description="Auto-sharding planner for large models: profile the "
-                "hardware, score every parallel split, prove the best one, emit and run it.")
+                "hardware, score every parallel split, prove the best one, emit and run it.",
+                epilog="Tables and text are for people (they keep every cell when piped). Scripts should "
+                "pass --json: one JSON object on stdout, the stable, tested contract. Exit codes: 0 done, "
+                "1 no feasible plan or a failed check, 2 bad usage or input, 3 solver stopped first.")
     p.add_argument("--version", action="version", version=f"planner {tool_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

@@ -111,6 +111,8 @@ def check_writable(path: str | None) -> None:
 
     if not path:
         return
+    from profiles.safeio import check_output
+    check_output(path, "output")     # a link, FIFO, device or folder there: exit 2 before any work
     d = Path(path).resolve().parent
     if not d.exists():
         try:

@@ -246,12 +246,9 @@ def run(args: argparse.Namespace) -> int:
         "error_before": {k: round(v, 4) for k, v in _summary(eb).items()},
         "error_after": {k: round(v, 4) for k, v in _summary(ea).items()},
     }
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("# Calibrated by `planner calibrate` (see provenance.calibration)\n"
-                       + yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110))
-    except OSError as e:
-        raise UsageError(f"cannot write {out}: {e.strerror}") from None
+    from profiles.safeio import write_text
+    write_text(out, "# Calibrated by `planner calibrate` (see provenance.calibration)\n"
+               + yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110), "calibrated cluster file")
     result = {"cluster": str(args.cluster), "out": str(out), "factors": res["factors"],
               "not_fitted": res["inactive"],
               "runs": [{"name": r.name, "world_size": r.plan.world_size, "measured_step_time_s": r.measured_step_time_s,

@@ -10,12 +10,14 @@ it cannot state and the ``planner plan --target T ...`` command that gives a pla
 1); with ``--target all`` the others are still written, the README lists the refusals, and the
 exit code is 4 (some written, some refused). Without ``--target``, the plan's own target. A bad
 plan file or an unknown target is exit 2; so is an existing output folder holding files this
-command would not write, unless ``--force``. No torch here: emitters are pure text.
+command would not write, or a file it would change, unless ``--force`` (with ``--force`` the
+other files stay). The folder is written in one step (``profiles.safeio.write_folder``): a run
+killed at any point leaves the old folder or the new one, never a mix. No torch here: emitters
+are pure text.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("plan", nargs="?", help="plan file (YAML) written by `planner plan`")
     p.add_argument("--target", "-t", help="target name, or 'all' for every target of the plan's mode")
     p.add_argument("--out", "-o", help="output folder (created if missing)")
-    p.add_argument("--force", action="store_true", help="write into a folder that holds other files")
+    p.add_argument("--force", action="store_true",
+                   help="write into a folder that holds other files, replacing the files this command writes")
     p.add_argument("--list", action="store_true", help="list the targets and exit")
     p.add_argument("--json", action="store_true", help="with --list or after writing: machine-readable output")
 
@@ -68,16 +71,38 @@ def _readme(plan, written: dict[str, list[str]], refused: dict[str, str], skippe
     return "\n".join(lines)
 
 
-def _check_out(out: Path, names: set[str], force: bool) -> None:
-    if out.exists() and not out.is_dir():
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
+    """Refuse, before writing anything: a folder holding other files, or a file this command
+    would change (unless ``force``); a link, FIFO or device where a file goes (always)."""
+    from profiles.safeio import check_output, check_output_folder
+    if out.exists() and not out.is_dir() and not out.is_symlink():
         raise UsageError(f"--out {out} exists and is not a folder")
+    check_output_folder(out, "--out")
+    for name in files:
+        check_output(out / name, "--out")
     if not out.exists() or force:
         return
-    others = sorted(p.name for p in out.iterdir() if p.name not in names)
+    others = sorted(p.name for p in out.iterdir() if p.name not in files)
     if others:
-        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        raise UsageError(f"--out {out} already holds other files ({shown}); choose an empty folder or "
+        raise UsageError(f"--out {out} already holds other files ({_shown(others)}); choose an empty folder or "
                          "pass --force to write into it")
+    changed = []
+    for name, text in files.items():
+        try:
+            same = (out / name).read_bytes() == text.encode("utf-8")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            same = False
+        if not same:
+            changed.append(name)
+    if changed:
+        raise UsageError(f"--out {out} already holds {_shown(sorted(changed))}, which this plan would change; "
+                         "pass --force to replace them, or choose another folder")
 
 
 def run(args) -> int:
@@ -131,16 +156,10 @@ def run(args) -> int:
             print(f"planner emit: {msg}", file=sys.stderr)
         return 1
     out_dir = Path(args.out)
-    _check_out(out_dir, set(files) | {"README.md"}, args.force)
-    out_dir.mkdir(parents=True, exist_ok=True)
     files["README.md"] = _readme(plan, written, refused, skipped)
-    for fname, text in files.items():
-        path = out_dir / fname
-        tmp = path.with_name(f".{fname}.tmp")
-        tmp.write_text(text)
-        if fname.endswith(".sh") or fname.endswith(".sbatch"):
-            os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+    _check_out(out_dir, files, args.force)
+    from profiles.safeio import write_folder
+    write_folder(out_dir, files, executable={f for f in files if f.endswith((".sh", ".sbatch"))}, what="--out")
     if args.json:
         print(json.dumps({"out": str(out_dir), "written": written, "refused": refused, "skipped": skipped},
                          indent=2))

@@ -11,7 +11,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if re-solves")
     p.add_argument("--max-time", type=float, default=30.0, help="time limit of each re-solve")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract; scripts read this, not the text)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.mode != "train":
         raise UsageError(f"{args.plan} is an inference plan; explain covers training plans")
     if args.html:
+        from profiles.safeio import check_output
+        check_output(args.html, "--html")
         d = Path(args.html).resolve().parent
         if not d.is_dir():
             raise UsageError(f"cannot write {args.html}: {d} does not exist")
@@ -35,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text(plan, info), end="")
     if args.html:
-        Path(args.html).write_text(html_report(plan, info))
+        from profiles.safeio import write_text
+        write_text(args.html, html_report(plan, info), "--html")
         if not args.json:
             print(f"wrote {args.html}")
     return 0

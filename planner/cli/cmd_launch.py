@@ -22,6 +22,16 @@ written next to the checkpoint directory (``D.replan-1.yaml``, ...) and the job 
 last complete checkpoint under it. Other failures restart on the same plan, at most
 ``max(--max-restarts, --dead-after - 1)`` times in a row.
 
+Files and processes (issue 15): on one node this command locks ``--checkpoint-dir`` for the
+whole job (``runtime.lock``; a second launch into it is refused, exit 2) and refuses, before any
+process starts, a directory that already holds checkpoints unless ``--resume`` (continue them)
+or ``--overwrite-checkpoints`` (remove them first); a resume reads only an intact step
+(``runtime.manifest``). The one-node rendezvous listens on 127.0.0.1 only (``runtime.launcher``,
+``GLOO_SOCKET_IFNAME=lo``). CPU processes are bounded by the cores unless ``--force``
+(``planner.cli.procs``). SIGTERM is handled like Ctrl-C: torchrun and every worker are stopped
+(none is left behind, even if torchrun itself dies first), the last complete checkpoint stays,
+and the command exits 143 (Ctrl-C: 130) with a message on stderr.
+
 No torch import at module level: the CLI must start fast.
 """
 from __future__ import annotations
@@ -43,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.plan.errors import CheckFailed, UsageError
+from planner.cli.launch_report import launch_json, print_table
 
 HELP = "run a plan with the built-in runtime (torchrun) and compare measured with predicted"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
     p.add_argument("--checkpoint-dir", default="", help="directory for DCP checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint")
+    p.add_argument("--overwrite-checkpoints", action="store_true",
+                   help="start afresh in a --checkpoint-dir that holds checkpoints, removing them first "
+                        "(without it, or --resume, such a launch is refused)")
+    p.add_argument("--force", action="store_true",
+                   help="start more CPU processes than this machine's cores take (memory still bounds them)")
     p.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node)")
     p.add_argument("--rdzv-endpoint", default="", help="host:port of the c10d rendezvous (multi-node)")
@@ -125,6 +141,8 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
         raise UsageError(f"{args.plan} is a {plan.mode!r} plan; `planner launch` runs train and infer plans")
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.resume and getattr(args, "overwrite_checkpoints", False):
+        raise UsageError("--resume continues the checkpoints that --overwrite-checkpoints would remove; give one")
     if args.checkpoint_every < 0 or args.max_restarts < 0:
         raise UsageError("--checkpoint-every and --max-restarts must be >= 0")
     if args.checkpoint_every and not args.checkpoint_dir:
@@ -173,6 +191,10 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
                          f"{plan.cluster.gpu.name}), but it has no GPUs for them; as CPU processes that is more "
                          f"than {CPU_PROCESS_LIMIT} (about 0.35 GiB each). Run it on its cluster (`planner emit`), "
                          f"or plan for this machine: `planner plan --cluster cpu --gpus N ...`")
+    if device == "cpu":
+        from planner.cli.procs import check_cpu_processes
+        check_cpu_processes(nproc, "--nproc-per-node" if args.nproc_per_node is not None else "the plan's",
+                            getattr(args, "force", False), "CPU processes standing in for GPUs")
     if plan.mode == "train":
         # the runtime's own checks, before any process starts (otherwise every rank refuses alone)
         from runtime.errors import PlanNotRunnable
@@ -220,12 +242,18 @@ def _train_args(args: argparse.Namespace, device: str, json_out: str, metrics: s
     return a
 
 
+def _one_node(args: argparse.Namespace) -> bool:
+    return args.nnodes == 1 and not args.rdzv_endpoint
+
+
 def torchrun_command(args: argparse.Namespace, nproc: int, device: str, json_out: str, metrics: str) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
+    # one node: torchrun with its stores on loopback only (runtime.launcher); several: torchrun itself
+    runner = "runtime.launcher" if _one_node(args) else "torch.distributed.run"
+    cmd = [sys.executable, "-m", runner, "--nnodes", str(args.nnodes),
            "--nproc-per-node", str(nproc), "--max-restarts", str(args.max_restarts),
            "--monitor-interval", "0.2", "--rdzv-backend", "c10d"]
-    if args.nnodes == 1 and not args.rdzv_endpoint:
-        cmd += ["--rdzv-endpoint", "localhost:0", "--rdzv-id", f"launch-{os.getpid()}"]
+    if _one_node(args):
+        cmd += ["--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--rdzv-id", f"launch-{os.getpid()}"]
     else:
         cmd += ["--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", "planner-launch"]
     if args.node_rank is not None:
@@ -275,9 +303,13 @@ def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
                   env_extra: dict[str, str] | None = None) -> tuple[int, str]:
     env = dict(os.environ)
     env.update(env_extra or {})
+    env.update(_SESSION_ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if "runtime.launcher" in cmd:        # one node: the workers' sockets on loopback too
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     # the workers' output goes to our stderr (stdout is for data); keep a tail to name a failure
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, text=True, start_new_session=True)
@@ -298,17 +330,20 @@ def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
     try:
         rc = proc.wait(timeout=timeout_s or None)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        from planner.cli.procs import stop_tree
+        stop_tree(proc, grace_s=10)
         t.join(timeout=5)
         raise CheckFailed(f"the job did not finish in --timeout {timeout_s:g} s; stopped it") from None
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
+    except BaseException as e:     # Ctrl-C, SIGTERM (planner.cli.procs.Terminated): stop the whole tree
+        from planner.cli.procs import stop_tree
+        n = stop_tree(proc)
+        if hasattr(e, "stopped"):
+            e.stopped = n
         raise
+    from planner.cli.procs import stop_orphans
+    left = stop_orphans()        # workers of a torchrun that died before them (adopted by this process)
+    if left:
+        _say(f"torchrun exited ({rc}) with {left} worker process(es) still running; stopped them")
     t.join(timeout=5)
     return rc, "".join(tail)
 
@@ -456,118 +491,86 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
 # Report
 # --------------------------------------------------------------------------------------
 
-def predicted_figures(estimate: dict) -> dict[str, Any]:
-    """The estimate's figures this command compares (None where the plan has none)."""
-    est = dict(estimate or {})
-    mem = est.get("memory") or {}
-    return {"step_time_s": est.get("step_time_s"), "tokens_per_s": est.get("tokens_per_s"),
-            "peak_memory_bytes": mem.get("peak_bytes", est.get("peak_memory_bytes")), "mfu": est.get("mfu")}
-
-
-def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
-    if plan.mode == "infer":
-        out = {k: v for k, v in summary.items() if k != "predicted"}
-        out["predicted"] = dict(plan.estimate or {})
-        out["predicted_run"] = summary.get("predicted")
-        return out
-    out = {k: summary.get(k) for k in ("losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes",
-                                       "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
-                                       "resumed_from_step", "last_checkpoint_step", "restart_count")}
-    out["predicted"] = dict(plan.estimate or {})
-    ran = summary.get("dtype")
-    if out["predicted"] and ran and ran != plan.workload.dtype:
-        again = estimate_as_run(plan, ran)
-        if again is not None:
-            out["predicted"] = again
-            out["predicted_for_dtype"] = ran
-    out["metrics_file"] = metrics
-    return out
-
-
-def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
-    """The plan's estimate for the precision the runtime actually used (the CPU runtime trains in
-    fp32 whatever the plan says: comparing with a bf16 prediction would charge the precision to
-    the cost model). None when the cluster has no peak for that precision."""
-    from costmodel.specs import SpecError
-    from costmodel.training import estimate
-    try:
-        wl = dataclasses.replace(plan.workload, dtype=dtype)
-        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages,
-                        order=plan.mesh_order).to_dict()
-    except (SpecError, ValueError):
-        return None
-
-
-def _fmt(v, kind: str) -> str:
-    if v is None:
-        return "-"
-    if kind == "s":
-        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
-    if kind == "bytes":
-        return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
-    if kind == "pct":
-        return f"{v * 100:.1f}%"
-    return f"{v:,.0f}"
-
-
-def print_table(out: dict[str, Any], plan) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    if plan.mode == "infer":
-        from runtime.serve import compare_rows
-        t = Table(title=f"{plan.model.name} serving: predicted vs measured ({out['world_size']} {out['device']} "
-                        f"processes, {out['dtype']}, batch {out['batch']} x {out['replicas']} replicas, "
-                        f"prompt {out['prompt_len']} + output {out['output_len']})", header_style="bold")
-        for c in ("", "predicted", "measured", "measured / predicted"):
-            t.add_column(c, justify="right" if c else "left")
-        for label, p, m, kind in compare_rows({**out, "predicted": out.get("predicted_run")}):
-            t.add_row(label, _fmt(p, kind), _fmt(m, kind), f"{m / p:.2f}" if (p and m is not None) else "-")
-        c = Console(highlight=False)
-        c.print(t)
-        if out["device"] == "cpu":
-            c.print("[dim]CPU processes over gloo; predictions are for the plan's GPUs[/dim]")
-        return
-    pred = predicted_figures(out["predicted"])
-    again = (f"; predicted for {out['predicted_for_dtype']}, the plan says {plan.workload.dtype}"
-             if out.get("predicted_for_dtype") else "")
-    t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
-                    f"{out['dtype']}{again})", header_style="bold")
-    for c in ("", "predicted", "measured", "measured / predicted"):
-        t.add_column(c, justify="right" if c else "left")
-    rows = [("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "n"),
-            ("peak memory per rank (max)", "peak_memory_bytes", "bytes"), ("MFU", "mfu", "pct")]
-    for label, key, kind in rows:
-        p, m = pred.get(key), out.get(key)
-        ratio = f"{m / p:.2f}" if (p and m is not None) else "-"
-        t.add_row(label, _fmt(p, kind), _fmt(m, kind), ratio)
-    c = Console(highlight=False)
-    c.print(t)
-    per = out.get("peak_memory_bytes_per_rank") or []
-    if per:
-        c.print("peak memory by rank: " + ", ".join(f"{i}: {_fmt(b, 'bytes')}" for i, b in enumerate(per)))
-    if out["device"] == "cpu":
-        c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
-                "predictions are for the plan's GPUs[/dim]")
-        cores = os.cpu_count() or 1
-        if out["world_size"] > cores:
-            c.print(f"[yellow]{out['world_size']} processes share {cores} CPU cores: measured step times include "
-                    f"about {out['world_size'] / cores:.1f}x of time-sharing the prediction does not have[/yellow]")
-    losses = out.get("losses") or []
-    if losses:
-        c.print(f"loss: step {out['steps'][0]} {losses[0]:.4f} -> step {out['steps'][-1]} {losses[-1]:.4f}"
-                + (f" (resumed from step {out['resumed_from_step']})" if out.get("resumed_from_step") else ""))
-    for r in out.get("replans") or []:
-        c.print(f"replanned after rank {r['failed_rank']} failed (devices excluded: {', '.join(r['excluded_devices'])}): "
-                f"{'; '.join(r['changes'])}; plan {r['plan']}")
-    c.print(f"metrics: {out['metrics_file']}")
+_SESSION_ENV: dict[str, str] = {}     # what every torchrun of this command gets (the lock it holds)
+_LOCKS: list = []                      # the checkpoint-directory lock this command holds
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command (``_run``), with SIGTERM handled like Ctrl-C and the checkpoint directory
+    locked on one node (module docstring)."""
+    if _in_torchrun():
+        return _run(args)
+    from planner.cli.procs import EXIT_SIGTERM, Terminated, become_subreaper, sigterm_as_exception
+    become_subreaper()
+    with sigterm_as_exception():
+        try:
+            return _run(args)
+        except Terminated as e:
+            where = ""
+            if args.checkpoint_dir:
+                from runtime.checkpoint import find_latest
+                latest = find_latest(args.checkpoint_dir)
+                where = f"; last complete checkpoint: {latest}" if latest else "; no complete checkpoint"
+            stopped = f"stopped torchrun and its workers ({e.stopped} process(es))" if e.stopped else "nothing was running"
+            _say(f"{e}: {stopped}{where}; exit {EXIT_SIGTERM}")
+            return EXIT_SIGTERM
+        finally:
+            while _LOCKS:
+                _LOCKS.pop().release()
+            _SESSION_ENV.clear()
+
+
+def _claim_checkpoint_dir(args: argparse.Namespace):
+    """One node, before any process starts: lock ``--checkpoint-dir`` and refuse another run's
+    checkpoints (or remove them, ``--overwrite-checkpoints``). Returns the lock (or None)."""
+    if not args.checkpoint_dir or not _one_node(args):
+        return None       # several nodes: rank 0 of the job locks it (runtime.train)
+    from runtime.errors import RuntimeUsageError
+    from runtime.lock import ENV_HELD, DirectoryLock, clear_checkpoints, refuse_other_run
+    try:
+        lock = DirectoryLock(args.checkpoint_dir, "planner launch").acquire()
+    except RuntimeUsageError as e:
+        raise UsageError(str(e)) from None
+    try:
+        if args.resume:
+            # the step a resume starts from, checked before any process starts (and never unpickled)
+            from runtime.checkpoint import VERIFIED_ENV, find_intact, verified_token
+            from runtime.manifest import UnsafeCheckpoint
+            try:
+                step = find_intact(args.checkpoint_dir, log=_say)
+            except UnsafeCheckpoint as e:
+                raise UsageError(str(e)) from None
+            if step is not None:
+                _SESSION_ENV[VERIFIED_ENV] = verified_token(step)
+        else:
+            if getattr(args, "overwrite_checkpoints", False):
+                gone = clear_checkpoints(args.checkpoint_dir)
+                if gone:
+                    _say(f"--overwrite-checkpoints: removed {', '.join(gone)} from {args.checkpoint_dir}")
+            else:
+                refuse_other_run(args.checkpoint_dir)
+    except (RuntimeUsageError, OSError) as e:
+        lock.release()
+        raise UsageError(str(e)) from None
+    except BaseException:
+        lock.release()
+        raise
+    _SESSION_ENV[ENV_HELD] = os.path.realpath(args.checkpoint_dir)
+    return lock
+
+
+def _run(args: argparse.Namespace) -> int:
     from planner.plan.planfile import read_plan
     plan = read_plan(args.plan)
     args._mode = plan.mode
     nproc, device = _check_args(args, plan)
     metrics = args.metrics or _default_metrics()
+    from profiles.safeio import check_append
+    check_append(metrics, "--metrics")
+    if not _in_torchrun():
+        lock = _claim_checkpoint_dir(args)
+        if lock is not None:
+            _LOCKS.append(lock)
     Path(metrics).parent.mkdir(parents=True, exist_ok=True)
     if _in_torchrun():
         summary = _run_inside(args, plan, device, metrics)

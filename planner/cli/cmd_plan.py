@@ -109,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
         write_plan(plans[0], args.out)
     if args.csv:
         import pandas as pd
-        pd.DataFrame(res.scored).to_csv(args.csv, index=False)
+
+        from profiles.safeio import write_text
+        write_text(args.csv, pd.DataFrame(res.scored).to_csv(index=False), "--csv")
     if args.json:
         from planner.cli.report import print_json
         print_json(result_json(res, plans))

@@ -4,8 +4,11 @@ cluster file, raw CSVs and a report.
 Standalone it spawns ``--nproc`` ranks here (NCCL on GPUs, gloo on CPUs); under torchrun
 (``torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m planner
 profile --out DIR``) every rank measures and rank 0 writes. Exit codes: 0 done; 1 a rank died,
-hung or failed (partial results kept in ``--out``); 2 bad input (an unwritable ``--out`` is
-refused before anything is measured).
+hung or failed (partial results kept in ``--out``); 2 bad input (an unwritable ``--out``, or a
+link, FIFO or device where an output goes, is refused before anything is measured); 143 stopped
+by SIGTERM (handled like Ctrl-C, 130: every spawned rank is stopped, the partial results stay).
+``--nproc`` is bounded by this machine's cores unless ``--force`` (``planner.cli.procs``); the spawned
+ranks' store and gloo sockets listen on 127.0.0.1 only.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="ranks to spawn on this machine (default: one per GPU; 2 CPU processes with --quick, else 4); "
                         "ignored under torchrun")
+    p.add_argument("--force", action="store_true",
+                   help="spawn more ranks than this machine's cores take (memory still bounds them)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--name", default=None, help="the cluster's name in the file (default: measured-<host>)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -46,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.nvml_replay and not Path(args.nvml_replay).is_file():
         raise UsageError(f"--nvml-replay {args.nvml_replay}: no such file")
+    from planner.cli.procs import EXIT_SIGTERM, Terminated, check_cpu_processes, sigterm_as_exception
+    if args.nproc is not None and args.nproc >= 1 and not under_torchrun():
+        check_cpu_processes(args.nproc, "--nproc", args.force, "ranks")
+    if args.record_nvml:
+        from profiles.safeio import check_output
+        check_output(args.record_nvml, "--record-nvml")
     rank0 = not under_torchrun() or __import__("os").environ.get("RANK", "0") == "0"
     opts = ProfileOptions(out_dir=Path(args.out), quick=args.quick, nproc=args.nproc, timeout_s=args.timeout,
                           name=args.name, max_bytes=args.max_bytes, nvml_replay=args.nvml_replay,
@@ -57,7 +68,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"planner profile: {msg}", file=sys.stderr)
 
     try:
-        summary = run_profile(opts, log=log)
+        with sigterm_as_exception():
+            summary = run_profile(opts, log=log)
+    except Terminated as e:
+        print(f"planner profile: {e}: stopped every rank it had started; partial results stay in {args.out}; "
+              f"exit {EXIT_SIGTERM}", file=sys.stderr)
+        return EXIT_SIGTERM
     except ProfileInputError as e:
         raise UsageError(str(e)) from None
     except RankFailed as e:

@@ -8,12 +8,10 @@ HELP = "hold the cost model against published training runs (calibration and hol
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write", metavar="FILE", help="write the Markdown table to FILE")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the stable contract; scripts read this, not the table)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from planner.cli.report import print_json
     from planner.cli.validation import all_rows, markdown
 
@@ -24,5 +22,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown(rows), end="")
     if args.write:
-        Path(args.write).write_text(markdown(rows))
+        from profiles.safeio import write_text
+        write_text(args.write, markdown(rows), "--write")
     return 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import io
 from typing import Any
 
 from costmodel.training import Estimate, estimate
@@ -17,6 +16,9 @@ TIME_WORDS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s
               "cp_comm_s": "context-parallel communication", "ep_comm_s": "expert all-to-all",
               "dp_comm_s": "exposed data-parallel communication", "pp_comm_s": "pipeline sends",
               "bubble_s": "the pipeline bubble", "optimizer_s": "the optimizer step"}
+
+
+TOP_K = 5    # plans the report compares: the solver's best five (the runner-up is the best other one)
 
 
 def plan_estimate(plan: Plan) -> Estimate:
@@ -44,7 +46,7 @@ def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[st
     mem = est.memory
     out["memory_words"] = [f"{k.removesuffix('_bytes')} {mem[k] / 2**30:.1f} GiB" for k in
                            ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")]
-    res = _solve(plan, top=2, max_time=max_time)
+    res = _solve(plan, top=TOP_K, max_time=max_time)
     out["solver"] = res
     ranked = [s for s in res.solutions if not (s.par == plan.parallel and s.stages == plan.stages)]
     if ranked:
@@ -60,17 +62,23 @@ def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[st
 
 
 def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
+    """Re-solve under one change at a time. Each label names everything the case changes: twice
+    the GPUs keeps the global batch (the same job, faster or not), twice the sequence length keeps
+    the number of sequences (so twice the tokens per step), the slower link keeps everything else."""
     rows = []
     c, wl = plan.cluster, plan.workload
+    base_s = plan_estimate(plan).step_time_s
     cases = []
     if len(c.groups) == 1:
-        cases.append(("twice the GPUs", c.with_gpus(plan.world_size * 2), dataclasses.replace(
-            wl, global_batch=wl.global_batch * 2)))
+        cases.append((f"twice the GPUs ({plan.world_size * 2:,}), same global batch ({wl.global_batch:,})",
+                      c.with_gpus(plan.world_size * 2), wl))
     if plan.model.max_seq_len >= wl.seq_len * 2 or plan.model.positions != "learned":
-        cases.append(("twice the sequence length", c, dataclasses.replace(wl, seq_len=wl.seq_len * 2)))
+        cases.append((f"twice the sequence length ({wl.seq_len * 2:,} tokens), same {wl.global_batch:,} sequences "
+                      "(twice the tokens per step)", c, dataclasses.replace(wl, seq_len=wl.seq_len * 2)))
+    gbps = c.inter_node.bandwidth_bytes_per_s / 1e9
     slow = dataclasses.replace(c, inter_node=dataclasses.replace(
         c.inter_node, bandwidth_bytes_per_s=c.inter_node.bandwidth_bytes_per_s / 4))
-    cases.append(("a 4x slower inter-node link", slow, wl))
+    cases.append((f"a 4x slower inter-node link ({gbps / 4:.3g} instead of {gbps:.3g} GB/s per GPU)", slow, wl))
     for label, cl, w in cases:
         try:
             r = _solve(plan, cluster=cl, workload=w, top=1, max_time=max_time)
@@ -78,10 +86,12 @@ def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
             same = (s.par.tp, s.par.pp, s.par.cp, s.par.ep) == (plan.parallel.tp, plan.parallel.pp, plan.parallel.cp,
                                                                 plan.parallel.ep)
             rows.append({"case": label, "plan": describe_parallel(s.par), "same_shape": same,
-                         "step_time_s": s.estimate.step_time_s, "mfu": s.estimate.mfu})
+                         "step_time_s": s.estimate.step_time_s, "mfu": s.estimate.mfu,
+                         "step_time_ratio": s.estimate.step_time_s / base_s,
+                         "tokens_per_s_per_gpu": s.estimate.tokens_per_s_per_gpu})
         except Exception as e:  # an infeasible what-if is an answer too
             rows.append({"case": label, "plan": f"no plan ({str(e).splitlines()[0][:120]})", "same_shape": False,
-                         "step_time_s": None, "mfu": None})
+                         "step_time_s": None, "mfu": None, "step_time_ratio": None, "tokens_per_s_per_gpu": None})
     return rows
 
 
@@ -108,9 +118,12 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
     if info.get("what_if"):
         lines += ["", "What would change the answer:"]
         for r in info["what_if"]:
-            tail = (f" ({'same shape' if r['same_shape'] else 'a different shape'}, step {r['step_time_s']:.3f} s)"
-                    if r["step_time_s"] else "")
-            lines.append(f"  {r['case']}: {r['plan']}{tail}")
+            lines.append(f"  {r['case']}:")
+            tail = ""
+            if r["step_time_s"]:
+                tail = (f" ({'same shape' if r['same_shape'] else 'a different shape'}); step {r['step_time_s']:.3f} s "
+                        f"({(r['step_time_ratio'] - 1) * 100:+.1f}%), {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU")
+            lines.append(f"    {r['plan']}{tail}")
     return "\n".join(lines) + "\n"
 
 
@@ -118,85 +131,55 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
 # HTML report
 # --------------------------------------------------------------------------------------
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
+def _label(par) -> str:
+    """A plan's degrees on two lines, for figure axes."""
+    d = describe_parallel(par)
+    i = d.find(" mb=")
+    return d if i < 0 else d[:i] + "\n" + d[i + 1:]
 
 
-def _figures(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str]]:
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+def _figures(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(title, caption, base64 PNG) per figure of the report."""
+    from planner.cli.figures import png
+    return [(t, c, base64.b64encode(png(f)).decode()) for t, c, f in figure_objects(plan, info)]
+
+
+def figure_objects(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(title, caption, matplotlib Figure) per figure; the drawing is in ``planner.cli.figures``."""
+    from planner.cli import figures as F
 
     est: Estimate = info["estimate"]
-    figs = []
-    # memory per stage by category against capacity
-    fig = Figure(figsize=(7, 3.2))
-    ax = fig.subplots()
-    cats = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-    bottom = [0.0] * len(est.stages)
-    for cat in cats:
-        vals = [s.memory[cat] / 2**30 for s in est.stages]
-        ax.bar(range(len(vals)), vals, bottom=bottom, label=cat.removesuffix("_bytes"))
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    for k, s in enumerate(est.stages):
-        ax.hlines(s.capacity_bytes / 2**30, k - 0.4, k + 0.4, colors="red")
-    ax.set_xlabel("pipeline stage")
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title("memory per stage (red: GPU capacity)")
-    ax.legend(fontsize=7, ncol=3)
-    figs.append(("Memory per stage", _png(fig)))
-    # step time by term
-    fig = Figure(figsize=(7, 2.8))
-    ax = fig.subplots()
-    items = [(k.removesuffix("_s"), v) for k, v in est.time.items()]
-    ax.barh([k for k, _ in items], [v for _, v in items])
-    ax.set_xlabel("seconds per step")
-    ax.set_title(f"step time by term ({est.step_time_s:.3f} s)")
-    figs.append(("Step time by term", _png(fig)))
-    # pipeline schedule timeline (1F1B, first micro-batches)
-    fig = Figure(figsize=(8, 0.5 + 0.35 * plan.parallel.pp))
-    ax = fig.subplots()
-    for stage, (f, b) in enumerate(_timeline(plan, est)):
-        ax.broken_barh(f, (stage - 0.4, 0.8), facecolors="tab:blue")
-        ax.broken_barh(b, (stage - 0.4, 0.8), facecolors="tab:orange")
-    ax.set_yticks(range(plan.parallel.pp))
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (blue forward, orange backward, white idle)")
-    ax.set_ylabel("stage")
-    ax.set_title("pipeline schedule (1F1B, first micro-batches)")
-    figs.append(("Pipeline schedule", _png(fig)))
-    # top plans: throughput against memory with the Pareto front
     sols = info["solver"].solutions
-    pts = [(s.estimate.peak_bytes / 2**30, s.estimate.tokens_per_s_per_gpu, describe_parallel(s.par)) for s in sols]
-    pts.append((est.peak_bytes / 2**30, est.tokens_per_s_per_gpu, "this plan"))
-    if info.get("runner_up"):
-        r = info["runner_up"]["estimate"]
-        pts.append((r.peak_bytes / 2**30, r.tokens_per_s_per_gpu, "runner-up"))
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts])
-    front = sorted(pts)
-    best, pareto = -1.0, []
-    for p in front:
-        if p[1] > best:
-            pareto.append(p)
-            best = p[1]
-    ax.plot([p[0] for p in pareto], [p[1] for p in pareto], "r--", label="Pareto front")
-    for p in pts:
-        if p[2] in ("this plan", "runner-up"):
-            ax.annotate(p[2], (p[0], p[1]), fontsize=7)
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("tokens/s per GPU")
-    ax.legend(fontsize=7)
-    ax.set_title("top plans")
-    figs.append(("Top plans", _png(fig)))
-    return figs
+    chosen = [s for s in sols if s.par == plan.parallel and s.stages == plan.stages]
+    others = [s for s in sols if not (s.par == plan.parallel and s.stages == plan.stages)]
+    out = []
+    where = plan.cluster.gpu.name if len(plan.cluster.groups) == 1 else f"{plan.cluster.name} (node groups)"
+    fig = F.memory_figure(est, f"memory per GPU on each pipeline stage\n{plan.model.name} on {where}")
+    out.append(("Memory per stage", "Each bar is one pipeline stage's GPU, by category; the dashed line is the "
+                "GPU's usable memory.", fig))
+    rows = [("this plan\n" + _label(plan.parallel), est)] + [(f"#{k}\n" + _label(s.par), s.estimate)
+                                                          for k, s in enumerate(others[:TOP_K - 1], 2)]
+    out.append(("Step time by term", "One bar per plan: the chosen plan on top, then the runners-up the solver "
+                "found, each cut into the terms that add up to its step time.", F.time_figure(rows)))
+    p = plan.parallel
+    if p.pp > 1:
+        shown = min(p.grad_accum, 8)
+        out.append(("Pipeline schedule", "When each stage runs which micro-batch's forward and backward pass; "
+                    "the gaps are the pipeline bubble.",
+                    F.timeline_figure(_timeline(plan, est), p.pp, shown, p.grad_accum, p.schedule, p.vpp)))
+    top = [(_label(s.par), s.estimate, bool(chosen) and s is chosen[0]) for s in sols]
+    if not chosen:
+        top.append(("this plan\n" + _label(plan.parallel), est, True))
+        top.sort(key=lambda r: r[1].step_time_s)
+    if len(top) > 1:
+        out.append(("Top plans", "Step time of the best plans relative to the best one: how much choosing "
+                    "another would cost.", F.topk_figure(top)))
+    return out
 
 
 def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
-    """Forward/backward intervals per stage for a 1F1B schedule of the first micro-batches."""
+    """Forward/backward blocks (start, length, micro-batch) per stage for a 1F1B schedule of the
+    first micro-batches."""
     p = plan.parallel.pp
     m = min(plan.parallel.grad_accum, max_mb)
     t = [s.time_per_microbatch_s for s in est.stages]
@@ -234,7 +217,7 @@ def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
                     continue
                 start = max(free[s], dep)
                 f_end[s][k] = start + fwd[s]
-                intervals[s][0].append((start, fwd[s]))
+                intervals[s][0].append((start, fwd[s], k))
             else:
                 if s < p - 1 and b_end[s + 1][k] == 0.0:
                     continue
@@ -243,7 +226,7 @@ def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
                 dep = b_end[s + 1][k] if s < p - 1 else f_end[s][k]
                 start = max(free[s], dep)
                 b_end[s][k] = start + bwd[s]
-                intervals[s][1].append((start, bwd[s]))
+                intervals[s][1].append((start, bwd[s], k))
             free[s] = (f_end[s][k] if kind == "f" else b_end[s][k])
             ptr[s] += 1
             done += 1
@@ -254,11 +237,13 @@ def html_report(plan: Plan, info: dict[str, Any]) -> str:
     figs = _figures(plan, info)
     body = [f"<h1>Plan: {html.escape(plan.model.name)} on {plan.world_size} x {html.escape(plan.cluster.gpu.name)}</h1>",
             f"<pre>{html.escape(text(plan, info))}</pre>"]
-    for title, png in figs:
-        body.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'/>")
+    for title, caption, png in figs:
+        body.append(f"<h2>{html.escape(title)}</h2><p class='cap'>{html.escape(caption)}</p>"
+                    f"<img alt='{html.escape(title)}' src='data:image/png;base64,{png}'/>")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>planner explain</title>"
-            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}pre{background:#f6f6f6;padding:1em;"
-            "white-space:pre-wrap}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+            "<style>body{font-family:sans-serif;max-width:62em;margin:2em auto;padding:0 1em}"
+            "pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}img{max-width:100%;height:auto}"
+            ".cap{color:#555;margin:0.2em 0 0.5em}</style></head><body>" + "\n".join(body) + "</body></html>\n")
 
 
 def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:

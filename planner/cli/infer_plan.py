@@ -227,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         write_plan(plans[0], args.out)
     if getattr(args, "csv", None):
         import pandas as pd
-        pd.DataFrame(_csv_rows(res.scored)).to_csv(args.csv, index=False)
+        from profiles.safeio import write_text
+        write_text(args.csv, pd.DataFrame(_csv_rows(res.scored)).to_csv(index=False), "--csv")
     if args.json:
         print_json({"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj})
     else:

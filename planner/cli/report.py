@@ -31,8 +31,9 @@ def print_json(obj: Any) -> None:
 
 
 def console():
-    from rich.console import Console
-    return Console(highlight=False)
+    """The console for human output: tables keep every cell when piped (``planner.cli.console``)."""
+    from planner.cli.console import make_console
+    return make_console()
 
 
 def describe_parallel(par: ParallelConfig) -> str:
@@ -80,4 +81,15 @@ def estimate_tables(est, title: str = ""):
 def throughput_line(est) -> str:
     return (f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
             f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%, "
-            f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU")
+            f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
+
+
+def sig(x: float, digits: int = 3) -> str:
+    """``x`` with at least ``digits`` significant digits, never in exponent form: 526, 52.6,
+    0.0823 (a small figure is a small number, not a zero), 1,093 (no digit dropped above)."""
+    import math
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    rounded = float(f"{x:.{digits}g}")      # 9.996 -> 10.0: count the digits after rounding
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    return f"{x:,.{decimals}f}"

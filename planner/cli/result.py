@@ -51,8 +51,6 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
     for k, (p, s) in enumerate(zip(plans, res.solutions), 1):
         e = s.estimate
         st = " ".join(f"{x.num_layers}/{x.recompute_layers}" + (f"@{x.group}" if x.group else "") for x in p.stages)
-        if len(st) > 40:
-            st = st[:37] + "..."
         t.add_row(str(k), describe_parallel(p.parallel) + f" order={','.join(p.mesh_order)}", st,
                   f"{e.step_time_s:.3f} s", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu * 100:.1f}%",
                   f"{e.peak_bytes / 2**30:.1f} GiB")

@@ -11,9 +11,17 @@ source, never per case:
   Megatron-LM in 2023): ``attention_kernel: materialized``; GPT models there use dropout.
 * torchtitan runs use fused SDPA (flash) attention, bf16 and AdamW.
 * A micro-batch size the source does not give is 1 (Megatron's default).
+* Every case is predicted with its own framework's profile (``costmodel.frameworks``): the
+  ``framework`` field of ``calibration/published_runs_frameworks.yaml``, else the software the
+  source names (Narayanan/Korthikanti: megatron; torchtitan); Meta's Llama 3 stack is none of the
+  targets and is predicted with the neutral profile. Megatron-LM runs from 2023 on use
+  Transformer Engine's fused attention; only the 2021-22 ones (``published_runs.yaml``) write the
+  score matrix.
+* FP8 rows are left out until FP8 training is modelled (issue 13); the table says how many.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +31,14 @@ import yaml
 
 from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from costmodel.memory import model_state_bytes
+from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
 from profiles.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "calibration" / "published_runs.yaml"
 HOLDOUT = ROOT / "calibration" / "holdout_runs.yaml"
+FRAMEWORK_RUNS = ROOT / "calibration" / "published_runs_frameworks.yaml"
 
 
 @dataclass
@@ -39,6 +49,7 @@ class Row:
     predicted: float
     source: str
     split: str = "calibration"
+    framework: str = "generic"
 
     @property
     def error(self) -> float:
@@ -57,33 +68,69 @@ def _model(d: dict, name: str) -> ModelSpec:
     return ModelSpec(**base)
 
 
+# what a case's hardware note says when its machines are not the catalog cluster it names: lower
+# power limits and HBM2e H100s (torchtitan's Grand Teton runs), half the inter-node links (Jean Zay's
+# four Omni-Path links, GPT-NeoX's four HCAs per node)
+_OTHER_HARDWARE = ("500 W", "lower TDP", "Omni-Path", "4 ConnectX", "HBM2e")
+
+
+def hardware_matches(case: dict) -> bool:
+    """Whether the run's machines are the catalog cluster it names (else reported apart, not fitted)."""
+    note = str(case.get("hardware_note", ""))
+    return not any(k in note for k in _OTHER_HARDWARE)
+
+
+def framework_of(case: dict) -> str:
+    """The software that produced a published figure (module docstring)."""
+    if case.get("framework"):
+        return str(case["framework"])
+    src = case["source"]
+    if "Korthikanti" in src or "Narayanan" in src or "Megatron" in src:
+        return "megatron"
+    if "torchtitan" in src:
+        return "torchtitan"
+    return "generic"
+
+
 def case_rows(case: dict, split: str) -> list[Row]:
     md = case["model"]
     model = _model(md, case["name"])
     cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
     par_d = dict(case["parallel"])
-    megatron = "Megatron" in case["source"] or "Korthikanti" in case["source"] or "Narayanan" in case["source"]
+    fw = framework_of(case)
+    megatron = fw == "megatron"
+    # 2021-22 Megatron-LM wrote the score matrix; its runs are the ones without a framework field
+    materialized = megatron and "framework" not in case
     mb = par_d.pop("micro_batch", 1)
-    dp = par_d.get("dp", 1)
-    ga = case["global_batch"] // (dp * mb)
-    par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=par_d.pop("zero", 1 if megatron else 3), **par_d)
-    dtype = "fp16" if "fp16" in str(case.get("precision", "")) else "bf16"
+    dp = par_d.get("dp", 1) * par_d.get("cp", 1) // max(1, par_d.get("cp", 1))
+    ga = max(1, case["global_batch"] // (dp * mb))
+    # a ZeRO stage the source does not give: FSDP's (3) for torchtitan and Accelerate, the
+    # distributed optimizer / ZeRO-1 otherwise (DeepSpeed's pipeline engine takes no higher)
+    zero = par_d.pop("zero", 3 if fw in ("torchtitan", "accelerate") else 1)
+    par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=zero, **par_d)
+    dtype = case.get("dtype") or ("fp16" if "fp16" in str(case.get("precision", "")) else "bf16")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
-                  attention_kernel="materialized" if megatron else "flash")
-    est = estimate(model, cluster, wl, par)
+                  attention_kernel="materialized" if materialized else "flash")
+    prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
+    if materialized:
+        # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
+        prof = dataclasses.replace(prof, tp_comm_overlap=False)
+    elif "async" in str(case.get("execution", "")).lower():
+        prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
+    est = estimate(model, cluster, wl, par, framework=prof)
     rep = case["reported"]
     rows = []
-    if "tflops_per_gpu" in rep:
+    if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", None):
         pred = est.hardware_tflops_per_gpu if rep.get("tflops_kind") == "hardware" else est.model_tflops_per_gpu
         rows.append(Row(case["name"], f"{rep.get('tflops_kind', 'model')} TFLOP/s per GPU", rep["tflops_per_gpu"],
-                        pred, case["source"], split))
+                        pred, case["source"], split, fw))
     if "step_time_s" in rep:
-        rows.append(Row(case["name"], "step time (s)", rep["step_time_s"], est.step_time_s, case["source"], split))
+        rows.append(Row(case["name"], "step time (s)", rep["step_time_s"], est.step_time_s, case["source"], split, fw))
     if "mfu" in rep:
-        rows.append(Row(case["name"], "MFU", rep["mfu"], est.mfu, case["source"], split))
+        rows.append(Row(case["name"], "MFU", rep["mfu"], est.mfu, case["source"], split, fw))
     if "tokens_per_s_per_gpu" in rep:
         rows.append(Row(case["name"], "tokens/s per GPU", rep["tokens_per_s_per_gpu"], est.tokens_per_s_per_gpu,
-                        case["source"], split))
+                        case["source"], split, fw))
     return rows
 
 
@@ -104,6 +151,16 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
         rows += case_rows(c, "calibration")
     for r in cal.get("memory_references", []):
         rows += memory_rows(r)
+    skipped = 0
+    if FRAMEWORK_RUNS.exists():
+        with open(FRAMEWORK_RUNS) as f:
+            fwk = yaml.safe_load(f) or {}
+        for c in fwk.get("cases", []):
+            if c.get("dtype") == "fp8" or "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
+                skipped += 1
+                continue
+            rows += case_rows(c, "frameworks" if hardware_matches(c) else "frameworks-hardware")
+    all_rows.skipped_fp8 = skipped
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
             hold = yaml.safe_load(f) or {}
@@ -118,10 +175,29 @@ def markdown(rows: list[Row]) -> str:
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
            "source's software implies are set once per source in `planner/cli/validation.py`.", ""]
     out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
+                                 ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml; "
+                                                "FP8 rows left out until issue 13)"),
+                                 ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
+                                                         "(reported, not fitted: see each case's hardware_note)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
+    out += by_framework(rows)
     return "\n".join(out) + "\n"
+
+
+def by_framework(rows: list[Row]) -> list[str]:
+    """Markdown lines: median and largest error of each framework's figures (training runs)."""
+    sel = [r for r in rows if r.split in ("calibration", "frameworks", "holdout")]
+    out = ["## Error by framework", "", "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
+           "| framework | figures | median error | largest error | profile |",
+           "|---|---:|---:|---:|---|"]
+    for fw in sorted({r.framework for r in sel}):
+        errs = [abs(r.error) for r in sel if r.framework == fw]
+        prof = FRAMEWORKS.get(fw)
+        state = ("calibrated" if prof and prof.calibrated else "not fitted") if prof else "-"
+        out.append(f"| {fw} | {len(errs)} | {statistics.median(errs) * 100:.1f}% | {max(errs) * 100:.1f}% | {state} |")
+    return out + [""]
 
 
 def table_sections(rows: list[Row], splits) -> list[str]:

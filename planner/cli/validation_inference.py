@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     text = validation_markdown(validation_rows())
     if a.write_validation:
-        Path(a.write_validation).write_text(text)
+        from profiles.safeio import write_text
+        write_text(a.write_validation, text, "--write-validation")
     else:
         sys.stdout.write(text)
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -170,14 +169,10 @@ def dump_plan(plan: Plan) -> str:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Atomic write: a crash never leaves a half-written plan."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(dump_plan(plan))
-    os.replace(tmp, p)
-    return p
+    """Atomic write with the user's umask, to a regular file only (``profiles.safeio``): a crash
+    never leaves a half-written plan, and a link, FIFO or device at ``path`` is refused."""
+    from profiles.safeio import write_text
+    return write_text(path, dump_plan(plan), "plan file")
 
 
 def provenance(cluster_source: str = "catalog") -> dict:

@@ -40,7 +40,8 @@ from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
-from planner.search.targets import framework_kwargs, runs, widened
+from planner.plan.targets import framework_of
+from planner.search.targets import runs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
@@ -48,7 +49,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
           worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
-          target: str | None = None) -> SolveResult:
+          framework: str | None = None, target: str | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -59,10 +60,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     ``worlds``: search plans on each of these GPU counts (at most ``gpus``) in one branch and
     bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
     estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
+    ``framework``: the execution framework whose speed and memory headroom price the plans
+    (``costmodel.frameworks``; default: the target's, ``generic`` without one).
     ``candidate_time_s``: CP-SAT's time limit per candidate (default: the time left of ``max_time_s``,
     which every candidate's solve and the brute force also stop at).
-    ``target``: only plans that execution target runs (``planner.search.targets``), priced with
-    its framework's profile; None (or ``generic``) searches every layout the cost model knows.
+    ``target``: only plans that execution target runs (``planner.search.targets``); None (or
+    ``generic``) searches every layout the cost model knows.
 
     Status: OPTIMAL only when every candidate solved was proved and the search ended by its
     bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
@@ -71,7 +74,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
-    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, **framework_kwargs(Problem, target))
+    framework = framework or framework_of(target)
+    prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
     cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
@@ -171,8 +175,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         stages = stages_from(tab, cand, ns, gs)
         par = finalize_par(cand, stages)
         used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
-        est = estimate(model, used, workload, par, stages=stages, order=cand.order,
-                       **framework_kwargs(estimate, target))
+        est = estimate(model, used, workload, par, stages=stages, order=cand.order, framework=framework)
         weight = prob.weight(cand)
         value = est.peak_bytes if mem_obj else est.step_time_s * weight
         sols.append(Solution(cand=dataclasses.replace(cand, par=par),
@@ -239,7 +242,8 @@ def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | 
 
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cands: list[Candidate], target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
+                  cands: list[Candidate], framework: str = "generic",
+                  target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
@@ -258,7 +262,7 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         if widened(target) and not runs(target, model, workload, full, c.order):
             full = c.par                      # the target has no full recompute here
         try:
-            est = estimate(model, cluster, workload, full, order=c.order)
+            est = estimate(model, cluster, workload, full, order=c.order, framework=framework)
         except SpecError:
             continue
         if best is None or est.peak_bytes < best[0]:
@@ -275,7 +279,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             return why_no_candidate(model, cluster, wl, gpus, target)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands, target)
+    best = _least_memory(model, cluster, wl, cands, prob.framework, target)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
@@ -285,7 +289,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             try:
                 bigger = cluster.with_gpus(gpus * mult)
                 more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult,
-                                                                             target=target), target)
+                                                                             target=target), prob.framework, target)
             except (SpecError, UsageError):
                 continue
             if more is not None and more[2].fits:

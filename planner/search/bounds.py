@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from costmodel.comm import axis_stride, group_layout, layout_for
+from costmodel.frameworks import framework_profile
 from costmodel.layers import ends_cost, ends_params, layer_cost
 from costmodel.memory import model_state_bytes
 from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, layer_terms
@@ -79,18 +80,21 @@ def compute_bound(prob: Problem, members: list) -> float:
             tp_lay = group_layout(degrees, c_.order, "tp", gpn)
             cp_lay = group_layout(degrees, c_.order, "cp", gpn)
             ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
+            eff = framework_profile(prob.framework).kernel_efficiency
             args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
-                    grp.intra_node, tp_lay, ep_lay, cp_lay)
+                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff)
             per_stage = 0.0
             for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
                 if not n:
                     continue
                 # the layer's terms without the overlap slowdown (which only adds)
-                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0)
+                fw = framework_profile(prob.framework)
+                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
+                                 fw.tp_comm_overlap and par.sp and par.tp > 1)
                 per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
                 per_stage += n * (per + (lt.selective_s if selective else 0.0))
             ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
-                           prob.cluster)
+                           prob.cluster, eff)
             best = min(best, m * (per_stage + 3 * ec.head_fwd_s / p))
     if prob.objective == "memory":
         return 0.0

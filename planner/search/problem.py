@@ -86,8 +86,9 @@ class Problem:
     """One training problem; ``objective`` is throughput, cost or memory."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, objective: str = "throughput",
-                 price_per_gpu_hour: float | None = None):
+                 price_per_gpu_hour: float | None = None, framework: str = "generic"):
         self.model, self.cluster, self.workload = model, cluster, workload
+        self.framework = framework
         self.objective = objective
         self.price = price_per_gpu_hour
 
@@ -107,7 +108,7 @@ class Problem:
         p = cand.par.pp
         crosses = stage_crosses(self.cluster, cand.par, cand.order, None, i)
         return stage_model(self.model, self.cluster, self.workload, cand.par, cand.order, group, i == 0, i == p - 1,
-                           crosses)
+                           crosses, self.framework)
 
     def tables(self, cand: Candidate, memory_objective: bool = False, cutoff: float | None = None) -> StageTables:
         """Per stage (and node group) and layer count n: the least full recomputation r* that

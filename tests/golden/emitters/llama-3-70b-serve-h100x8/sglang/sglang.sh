@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash sglang.sh [extra server flags]
 # --mem-fraction-static 0.29 = (weights 16.44 + KV cache 6.25 GiB) / 80.00 GiB per GPU, rounded up
 set -euo pipefail
-MODEL="${MODEL:-llama-3-70b}"
+if [ -z "${MODEL:-}" ]; then MODEL=llama-3-70b; fi
 PYTHON="${PYTHON:-python3}"
 SERVER_ARGS=(
   --tp-size 8

@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash trtllm.sh [extra trtllm-serve flags]
 # --kv_cache_free_gpu_memory_fraction 0.11 = KV cache 6.25 GiB / 60.06 GiB left after weights and buffers, rounded up
 set -euo pipefail
-MODEL="${MODEL:-llama-3-70b}"
+if [ -z "${MODEL:-}" ]; then MODEL=llama-3-70b; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVE_ARGS=(
   --backend pytorch

@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash vllm.sh [extra vllm serve flags]
 # --gpu-memory-utilization 0.33 = estimated peak 26.19 GiB / 80.00 GiB per GPU, rounded up
 set -euo pipefail
-MODEL="${MODEL:-llama-3-70b}"
+if [ -z "${MODEL:-}" ]; then MODEL=llama-3-70b; fi
 SERVE_ARGS=(
   --tensor-parallel-size 8
   --pipeline-parallel-size 1

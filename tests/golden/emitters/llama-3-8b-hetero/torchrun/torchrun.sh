@@ -3,10 +3,18 @@
 # llama-3-8b on h100-a100 (16 GPUs), train: tp=8 pp=2 dp=1 cp=1 ep=1 zero=1 sp=true vpp=1 recompute=none; micro_batch=1 x grad_accum=64 x dp=1 = global_batch=64, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
+# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
 # Run on each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0's address> bash torchrun.sh
 #   node ranks 0..0: group h100 (8 x H100-SXM5-80GB)
 #   node ranks 1..1: group a100 (8 x A100-SXM4-80GB)
 set -euo pipefail
+# ---- what you supply (each is checked below; exit 2 says what is missing) ----
+#   torchrun  on PATH: activate the planner's environment (source <repo>/.venv/bin/activate)
+#   runtime   importable: run from the planner's repository, or activate its environment, or set PYTHONPATH=<repo>
+stop() { echo "torchrun.sh: $*" >&2; exit 2; }
+need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the planner'"'"'s environment (source <repo>/.venv/bin/activate)'
+"${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("runtime") is None)' 2>/dev/null || stop "${PYTHON:-python3} cannot import runtime:" 'run from the planner'"'"'s repository, or activate its environment, or set PYTHONPATH=<repo>'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K] [--resume]
 RUNTIME_ARGS=(
@@ -18,6 +26,7 @@ if [ -n "${CHECKPOINT_DIR:-}" ]; then
   if [ -n "${CHECKPOINT_EVERY:-}" ]; then RUNTIME_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY"); fi
 fi
 if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi
+if [ -n "${DATA:-}" ]; then RUNTIME_ARGS+=(--data "$DATA"); fi  # a token file; default synthetic tokens
 : "${NODE_RANK:?set NODE_RANK: nodes of the first group of the plan take the first ranks}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"
 NPROC=

@@ -3,8 +3,16 @@
 # mixtral-8x7b on dgx-h100 (32 GPUs), train: tp=2 pp=1 dp=16 cp=1 ep=8 zero=1 sp=true vpp=1 recompute=none; micro_batch=1 x grad_accum=16 x dp=16 = global_batch=256, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
+# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
 # Run on each of the 4 nodes: HEAD_ADDR=<first node's address> bash torchrun.sh
 set -euo pipefail
+# ---- what you supply (each is checked below; exit 2 says what is missing) ----
+#   torchrun  on PATH: activate the planner's environment (source <repo>/.venv/bin/activate)
+#   runtime   importable: run from the planner's repository, or activate its environment, or set PYTHONPATH=<repo>
+stop() { echo "torchrun.sh: $*" >&2; exit 2; }
+need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the planner'"'"'s environment (source <repo>/.venv/bin/activate)'
+"${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("runtime") is None)' 2>/dev/null || stop "${PYTHON:-python3} cannot import runtime:" 'run from the planner'"'"'s repository, or activate its environment, or set PYTHONPATH=<repo>'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K] [--resume]
 RUNTIME_ARGS=(
@@ -16,6 +24,7 @@ if [ -n "${CHECKPOINT_DIR:-}" ]; then
   if [ -n "${CHECKPOINT_EVERY:-}" ]; then RUNTIME_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY"); fi
 fi
 if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi
+if [ -n "${DATA:-}" ]; then RUNTIME_ARGS+=(--data "$DATA"); fi  # a token file; default synthetic tokens
 : "${HEAD_ADDR:?set HEAD_ADDR to the first node address, the same on every node}"
 # c10d rendezvous: every node runs this same command
 TORCHRUN_ARGS=(

@@ -3,8 +3,16 @@
 # tiny-llama on cpu (4 GPUs), train: tp=1 pp=1 dp=4 cp=1 ep=1 zero=1 sp=false vpp=1 recompute=none; micro_batch=2 x grad_accum=1 x dp=4 = global_batch=8, seq_len=128, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
+# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
 # Run: bash torchrun.sh
 set -euo pipefail
+# ---- what you supply (each is checked below; exit 2 says what is missing) ----
+#   torchrun  on PATH: activate the planner's environment (source <repo>/.venv/bin/activate)
+#   runtime   importable: run from the planner's repository, or activate its environment, or set PYTHONPATH=<repo>
+stop() { echo "torchrun.sh: $*" >&2; exit 2; }
+need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the planner'"'"'s environment (source <repo>/.venv/bin/activate)'
+"${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("runtime") is None)' 2>/dev/null || stop "${PYTHON:-python3} cannot import runtime:" 'run from the planner'"'"'s repository, or activate its environment, or set PYTHONPATH=<repo>'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K] [--resume]
 RUNTIME_ARGS=(
@@ -16,6 +24,7 @@ if [ -n "${CHECKPOINT_DIR:-}" ]; then
   if [ -n "${CHECKPOINT_EVERY:-}" ]; then RUNTIME_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY"); fi
 fi
 if [ -n "${RESUME:-}" ]; then RUNTIME_ARGS+=(--resume); fi
+if [ -n "${DATA:-}" ]; then RUNTIME_ARGS+=(--data "$DATA"); fi  # a token file; default synthetic tokens
 # c10d rendezvous: every node runs this same command
 TORCHRUN_ARGS=(
   --nnodes 1

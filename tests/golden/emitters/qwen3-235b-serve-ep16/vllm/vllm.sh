@@ -7,7 +7,7 @@
 # On each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0> bash vllm.sh
 # 8 replica(s) of tp*pp = 1 GPUs per node
 set -euo pipefail
-MODEL="${MODEL:-qwen3-235b-a22b}"
+if [ -z "${MODEL:-}" ]; then MODEL=qwen3-235b-a22b; fi
 : "${NODE_RANK:?set NODE_RANK (0 on the head node)}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"
 SERVE_ARGS=(

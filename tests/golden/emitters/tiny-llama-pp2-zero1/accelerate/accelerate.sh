@@ -3,10 +3,23 @@
 # tiny-llama on cpu (4 GPUs), train: tp=1 pp=2 dp=2 cp=1 ep=1 zero=1 sp=false vpp=1 recompute=full; micro_batch=1 x grad_accum=4 x dp=2 = global_batch=8, seq_len=64, bf16
 #
 # Run on every node: TRAIN_SCRIPT=train.py bash accelerate.sh [script args]
+# Your script builds the model, the optimizer, the data and the tokenizer; build this model:
+# Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling
+# Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
+#   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
+#   linear warmup 732422 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
 set -euo pipefail
+# ---- what you supply (each is checked below; exit 2 says what is missing) ----
+#   accelerate    on PATH: activate the Python environment that has Accelerate 1.x and its torch
+#   TRAIN_SCRIPT  your training script (it builds the model, optimizer and data; per-device batch 1)
+stop() { echo "accelerate.sh: $*" >&2; exit 2; }
+need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
+command -v accelerate >/dev/null 2>&1 || stop "accelerate is not on PATH:" 'activate the Python environment that has Accelerate 1.x and its torch'
+need TRAIN_SCRIPT 'your training script (it builds the model, optimizer and data; per-device batch 1)'
+[ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4
 LAUNCH_ARGS=(
   --config_file "$HERE/accelerate.yaml"
 )
-exec accelerate launch "${LAUNCH_ARGS[@]}" "${TRAIN_SCRIPT:-train.py}" "$@"
+exec accelerate launch "${LAUNCH_ARGS[@]}" "$TRAIN_SCRIPT" "$@"

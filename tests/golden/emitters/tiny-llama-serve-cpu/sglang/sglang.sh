@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash sglang.sh [extra server flags]
 # the plan has no memory estimate: SGLang picks --mem-fraction-static itself
 set -euo pipefail
-MODEL="${MODEL:-tiny-llama}"
+if [ -z "${MODEL:-}" ]; then MODEL=tiny-llama; fi
 PYTHON="${PYTHON:-python3}"
 SERVER_ARGS=(
   --tp-size 2

@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash trtllm.sh [extra trtllm-serve flags]
 # the plan has no memory estimate: TensorRT-LLM's default KV fraction (0.9) applies
 set -euo pipefail
-MODEL="${MODEL:-tiny-llama}"
+if [ -z "${MODEL:-}" ]; then MODEL=tiny-llama; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVE_ARGS=(
   --backend pytorch

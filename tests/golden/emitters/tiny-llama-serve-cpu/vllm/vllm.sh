@@ -5,7 +5,7 @@
 # MODEL=<hf id or local path> bash vllm.sh [extra vllm serve flags]
 # the plan has no memory estimate: vLLM's default --gpu-memory-utilization (0.9) applies
 set -euo pipefail
-MODEL="${MODEL:-tiny-llama}"
+if [ -z "${MODEL:-}" ]; then MODEL=tiny-llama; fi
 SERVE_ARGS=(
   --tensor-parallel-size 2
   --pipeline-parallel-size 1

@@ -1,0 +1,118 @@
+"""What ``planner launch`` prints: the measured run beside the plan's prediction (also the demo's
+last table)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def predicted_figures(estimate: dict) -> dict[str, Any]:
+    """The estimate's figures this command compares (None where the plan has none)."""
+    est = dict(estimate or {})
+    mem = est.get("memory") or {}
+    return {"step_time_s": est.get("step_time_s"), "tokens_per_s": est.get("tokens_per_s"),
+            "peak_memory_bytes": mem.get("peak_bytes", est.get("peak_memory_bytes")), "mfu": est.get("mfu")}
+
+
+def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
+    if plan.mode == "infer":
+        out = {k: v for k, v in summary.items() if k != "predicted"}
+        out["predicted"] = dict(plan.estimate or {})
+        out["predicted_run"] = summary.get("predicted")
+        return out
+    out = {k: summary.get(k) for k in ("losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes",
+                                       "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
+                                       "resumed_from_step", "last_checkpoint_step", "restart_count")}
+    out["predicted"] = dict(plan.estimate or {})
+    ran = summary.get("dtype")
+    if out["predicted"] and ran and ran != plan.workload.dtype:
+        again = estimate_as_run(plan, ran)
+        if again is not None:
+            out["predicted"] = again
+            out["predicted_for_dtype"] = ran
+    out["metrics_file"] = metrics
+    return out
+
+
+def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
+    """The plan's estimate for the precision the runtime actually used (the CPU runtime trains in
+    fp32 whatever the plan says: comparing with a bf16 prediction would charge the precision to
+    the cost model). None when the cluster has no peak for that precision."""
+    from costmodel.specs import SpecError
+    from costmodel.training import estimate
+    try:
+        wl = dataclasses.replace(plan.workload, dtype=dtype)
+        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages,
+                        order=plan.mesh_order).to_dict()
+    except (SpecError, ValueError):
+        return None
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "-"
+    if kind == "s":
+        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+    if kind == "bytes":
+        return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+    if kind == "pct":
+        return f"{v * 100:.1f}%"
+    return f"{v:,.0f}"
+
+
+def print_table(out: dict[str, Any], plan) -> None:
+    from rich.table import Table
+
+    from planner.cli.console import make_console
+    if plan.mode == "infer":
+        from runtime.serve import compare_rows
+        t = Table(title=f"{plan.model.name} serving: predicted vs measured ({out['world_size']} {out['device']} "
+                        f"processes, {out['dtype']}, batch {out['batch']} x {out['replicas']} replicas, "
+                        f"prompt {out['prompt_len']} + output {out['output_len']})", header_style="bold")
+        for c in ("", "predicted", "measured", "measured / predicted"):
+            t.add_column(c, justify="right" if c else "left")
+        for label, p, m, kind in compare_rows({**out, "predicted": out.get("predicted_run")}):
+            t.add_row(label, _fmt(p, kind), _fmt(m, kind), f"{m / p:.2f}" if (p and m is not None) else "-")
+        c = make_console()
+        c.print(t)
+        if out["device"] == "cpu":
+            c.print("[dim]CPU processes over gloo; predictions are for the plan's GPUs[/dim]")
+        return
+    pred = predicted_figures(out["predicted"])
+    again = (f"; predicted for {out['predicted_for_dtype']}, the plan says {plan.workload.dtype}"
+             if out.get("predicted_for_dtype") else "")
+    t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
+                    f"{out['dtype']}{again})", header_style="bold")
+    for c in ("", "predicted", "measured", "measured / predicted"):
+        t.add_column(c, justify="right" if c else "left")
+    rows = [("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "n"),
+            ("peak memory per rank (max)", "peak_memory_bytes", "bytes"), ("MFU", "mfu", "pct")]
+    for label, key, kind in rows:
+        p, m = pred.get(key), out.get(key)
+        ratio = f"{m / p:.2f}" if (p and m is not None) else "-"
+        t.add_row(label, _fmt(p, kind), _fmt(m, kind), ratio)
+    c = make_console()
+    c.print(t)
+    per = out.get("peak_memory_bytes_per_rank") or []
+    if per:
+        c.print("peak memory by rank: " + ", ".join(f"{i}: {_fmt(b, 'bytes')}" for i, b in enumerate(per)))
+    if out["device"] == "cpu":
+        c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
+                "predictions are for the plan's GPUs[/dim]")
+        c.print("[dim]On CPU stand-ins, eager PyTorch's distributed wrappers (DTensor dispatch, FSDP2 hooks) "
+                "cost host time the prediction leaves out; on GPUs that time hides behind the kernels "
+                "(README: Running a plan)[/dim]")
+        cores = os.cpu_count() or 1
+        if out["world_size"] > cores:
+            c.print(f"[yellow]{out['world_size']} processes share {cores} CPU cores: measured step times include "
+                    f"about {out['world_size'] / cores:.1f}x of time-sharing the prediction does not have[/yellow]")
+    losses = out.get("losses") or []
+    if losses:
+        c.print(f"loss: step {out['steps'][0]} {losses[0]:.4f} -> step {out['steps'][-1]} {losses[-1]:.4f}"
+                + (f" (resumed from step {out['resumed_from_step']})" if out.get("resumed_from_step") else ""))
+    for r in out.get("replans") or []:
+        c.print(f"replanned after rank {r['failed_rank']} failed (devices excluded: {', '.join(r['excluded_devices'])}): "
+                f"{'; '.join(r['changes'])}; plan {r['plan']}")
+    c.print(f"metrics: {out['metrics_file']}")
+
+

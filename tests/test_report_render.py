@@ -1,0 +1,195 @@
+"""The HTML reports as a reader sees them.
+
+Two levels. Always: every matplotlib figure of `planner explain --html` and of the profile report
+is drawn and checked itself: something is drawn (ink on the page), nothing reaches outside the
+canvas (each axes with its ticks, title and annotations, each legend and text), no figure legend
+covers an axes or its title; and what each chart must show is there (integer stage ticks, a
+capacity line in a colour no memory category uses, one bar per plan, numbered micro-batches, an
+axis in % of the best). When Chromium is installed (`.ci/run` installs it; `apt-get install -y
+chromium`), the page is also rendered headless: every image loads and decodes, none sticks out of
+the page, nothing scrolls sideways, and a screenshot of the page has ink throughout.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import planner.cli.figures as F
+from planner.cli.explain import explain, figure_objects, html_report
+from planner.plan.planfile import read_plan
+
+pytestmark = [pytest.mark.solver, pytest.mark.subprocess]
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ["llama-3-70b-64xh100", "llama-3.1-405b-16384xh100", "llama-3-70b-mixed-h100-a100", "llama-3-8b-dgx-h100"]
+
+
+@functools.lru_cache(maxsize=None)
+def _info(name):
+    plan = read_plan(ROOT / "plans" / f"{name}.yaml")
+    return plan, explain(plan, what_if=False)
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_explain_figures_are_drawn_whole(name):
+    plan, info = _info(name)
+    figs = figure_objects(plan, info)
+    titles = [t for t, _, _ in figs]
+    assert titles[:2] == ["Memory per stage", "Step time by term"] and titles[-1] == "Top plans"
+    assert ("Pipeline schedule" in titles) == (plan.parallel.pp > 1)
+    for title, _, fig in figs:
+        assert F.layout_problems(fig) == [], title
+        assert F.ink_fraction(F.png(fig)) > 0.04, f"{title} is (nearly) blank"
+
+
+def test_what_each_chart_shows():
+    plan, info = _info("llama-3-70b-64xh100")
+    figs = {t: f for t, _, f in figure_objects(plan, info)}
+    # memory: one integer tick per stage, the capacity a dashed black line no category shares
+    ax = figs["Memory per stage"].axes[0]
+    assert list(ax.get_xticks()) == list(range(plan.parallel.pp))
+    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [f"stage {i}" for i in range(4)]
+    cap = [c for c in ax.collections if c.get_linestyle()[0][1]]          # the dashed hlines
+    assert len(cap) == plan.parallel.pp
+    bar_colours = {tuple(p.get_facecolor()[:3]) for p in ax.patches}
+    assert all(tuple(c.get_color()[0][:3]) not in bar_colours for c in cap)
+    legend = figs["Memory per stage"].legends[0]
+    assert [t.get_text() for t in legend.get_texts()][0] == "GPU capacity"
+    # time by term: one stacked bar per plan, the chosen plan first, up to five plans
+    ax = figs["Step time by term"].axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    n = min(5, len(info["solver"].solutions))
+    assert len(labels) == n and labels[0].startswith("this plan")
+    rights = {}
+    for p in ax.patches:
+        y = round(p.get_y() + p.get_height() / 2)
+        rights[y] = max(rights.get(y, 0.0), p.get_x() + p.get_width())
+    est = info["estimate"]
+    assert rights[0] == pytest.approx(est.step_time_s, rel=1e-9)          # the terms add up to the step
+    # the schedule: outlined blocks, each numbered with its micro-batch
+    ax = figs["Pipeline schedule"].axes[0]
+    numbers = [t.get_text() for t in ax.texts]
+    shown = min(plan.parallel.grad_accum, 8)
+    assert sorted(numbers, key=int) == sorted([str(k) for k in range(1, shown + 1)] * 2 * plan.parallel.pp, key=int)
+    assert all(c.get_edgecolor()[0][:3].tolist() == [0, 0, 0] for c in ax.collections)
+    # top plans: % slower than the best, starting at 0 and wide enough for the real spread
+    ax = figs["Top plans"].axes[0]
+    assert "% slower than the best" in ax.get_xlabel() and ax.get_xlim()[0] == 0
+    steps = [s.estimate.step_time_s for s in info["solver"].solutions]
+    spread = (max(steps) / min(steps) - 1) * 100
+    assert spread < ax.get_xlim()[1] < 5 * spread
+
+
+def test_profile_report_figures_are_whole(tmp_path, monkeypatch):
+    """The profile report's plots, from a synthetic CPU measurement (two nodes of two ranks: the
+    topology plot titled with the rank/tier explanation that used to be cut off)."""
+    import profiles.report as R
+    from profiles.probe import ReplayNVML, probe
+    from profiles.profile import analyze, write_outputs
+    from test_profile_fit import DATA, _result
+
+    pr = probe(ReplayNVML.from_file(DATA / "no_driver.json"), host="vm")
+    res = _result("cpu", nodes=2, gpn=2, best_tflops=0.5, intra_bw=1.0 * 2**30, inter_bw=0.025 * 2**30)
+    prof = analyze(pr, res, name=None, quick=True, started=time.time(), method="test")
+    seen = []
+    real_png = R._png
+
+    def keep(fig):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        FigureCanvasAgg(fig)
+        seen.append(fig)
+        return real_png(fig)
+    monkeypatch.setattr(R, "_png", keep)
+    write_outputs(prof, tmp_path, report=True)
+    assert len(seen) >= 3
+    for fig in seen:
+        title = fig.axes[0].get_title() or fig.get_suptitle()
+        assert F.layout_problems(fig) == [], title
+        assert F.ink_fraction(real_png(fig)) > 0.03, title
+    assert any("tier joining each pair" in ax.get_title() for fig in seen for ax in fig.axes)
+
+
+# --------------------------------------------------------------------------------------
+# Headless Chromium: the page itself
+# --------------------------------------------------------------------------------------
+
+PROBE = """<script>window.addEventListener('load', function () {
+  var d = document.documentElement;
+  var r = {images: [].slice.call(document.images).map(function (i) {
+             var b = i.getBoundingClientRect();
+             return {alt: i.alt, complete: i.complete, nw: i.naturalWidth, nh: i.naturalHeight,
+                     w: b.width, left: b.left, right: b.right}; }),
+           scrollWidth: d.scrollWidth, clientWidth: d.clientWidth, height: d.scrollHeight};
+  var p = document.createElement('pre'); p.id = 'probe'; p.textContent = JSON.stringify(r);
+  document.body.appendChild(p); });</script>"""
+
+
+def chromium() -> str | None:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def render(page: Path, width: int = 1280) -> tuple[dict, Path]:
+    """(layout measured in the page, a screenshot of the whole page) from headless Chromium."""
+    exe = chromium()
+    probed = page.with_suffix(".probe.html")
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},1000",
+             "--virtual-time-budget=5000"]
+    r = subprocess.run(flags + ["--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=120)
+    m = re.search(r'<pre id="probe">(.*?)</pre>', r.stdout, re.S)
+    assert m, f"chromium rendered no page: {r.stderr[-500:]}"
+    layout = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    shot = page.with_suffix(".png")
+    flags[5] = f"--window-size={width},{layout['height'] + 20}"
+    subprocess.run(flags + [f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 0
+    return layout, shot
+
+
+def check_page(layout: dict, shot: Path, images: int) -> None:
+    assert len(layout["images"]) == images
+    for im in layout["images"]:
+        assert im["complete"] and im["nw"] > 0 and im["nh"] > 0, f"image {im['alt']!r} did not load"
+        assert im["left"] >= 0 and im["right"] <= layout["clientWidth"] + 1, f"image {im['alt']!r} sticks out"
+        assert im["w"] >= 0.6 * min(im["nw"], layout["clientWidth"]), f"image {im['alt']!r} squeezed"
+    assert layout["scrollWidth"] <= layout["clientWidth"] + 1, "the page scrolls sideways"
+    png = shot.read_bytes()
+    assert F.ink_fraction(png) > 0.05, "the screenshot is (nearly) blank"
+    # ink in every tenth of the page's height but the last: no blank stretch where a figure should be
+    import io
+
+    import matplotlib.image as mpimg
+    img = mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+    h = img.shape[0]
+    bands = [((img[k * h // 10:(k + 1) * h // 10] < 0.94).any(axis=-1)).mean() for k in range(9)]
+    assert min(bands) > 0.005, f"blank bands in the screenshot: {[round(b, 3) for b in bands]}"
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (apt-get install -y chromium; .ci/run does)")
+def test_explain_page_renders_in_chromium(tmp_path):
+    plan, info = _info("llama-3-70b-64xh100")
+    page = tmp_path / "explain.html"
+    page.write_text(html_report(plan, info))
+    layout, shot = render(page)
+    check_page(layout, shot, images=4)
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (apt-get install -y chromium; .ci/run does)")
+def test_profile_page_renders_in_chromium(tmp_path):
+    from profiles.probe import ReplayNVML, probe
+    from profiles.profile import analyze, write_outputs
+    from test_profile_fit import DATA, _result
+
+    pr = probe(ReplayNVML.from_file(DATA / "dgx_h100.json"), host="dgx")
+    res = _result("cuda", nodes=2, gpn=8, best_tflops=700.0, intra_bw=360 * 2**30, inter_bw=45 * 2**30)
+    prof = analyze(pr, res, name="h100-test", quick=False, started=time.time(), method="test")
+    write_outputs(prof, tmp_path, report=True)
+    layout, shot = render(tmp_path / "report.html")
+    check_page(layout, shot, images=4)
