@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench clean validation plans
+.PHONY: setup demo test test-fast lint bench clean validation plans
 
 setup: $(STAMP)
 
@@ -48,3 +48,6 @@ clean:
 .PHONY: readme
 readme: setup
 	$(BIN)/python -m planner.cli.tour --write README.md --screenshot docs
+
+lint: setup
+	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping
 
+from .limits import describe
 from .specs import ModelSpec, SpecError
 
 _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
@@ -123,11 +124,36 @@ def _req(cfg: Mapping[str, Any], where: str, *keys: str) -> Any:
                     f"(model_type {cfg.get('model_type')!r})")
 
 
+# the config.json fields read below: counts (an integer >= 0, or null) and switches (true/false, or null)
+_HF_COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+              "intermediate_size", "head_dim", "max_position_embeddings", "n_layer", "n_embd", "n_embed", "n_head",
+              "n_inner", "n_positions", "num_local_experts", "num_experts_per_tok", "num_experts",
+              "moe_intermediate_size", "decoder_sparse_step", "shared_expert_intermediate_size", "n_routed_experts",
+              "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "kv_lora_rank",
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "ffn_dim", "seq_length", "num_kv_heads",
+              "ffn_hidden_size")
+_HF_SWITCHES = ("tie_word_embeddings", "multi_query", "alibi", "bias")
+
+
+def _check_hf_types(cfg: Mapping[str, Any], where: str) -> None:
+    """The fields this parser reads have the types config.json gives them (a bool is not a count,
+    "32" is not a number, -8 heads do not exist); named by their config.json names."""
+    for k in _HF_COUNTS:
+        v = cfg.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise SpecError(f"{where}: field {k!r} must be a non-negative integer (or null), got {describe(v)}")
+    for k in _HF_SWITCHES:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise SpecError(f"{where}: field {k!r} must be true or false (or null), got {describe(v)}")
+
+
 def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
     """A ``ModelSpec`` from a Hugging Face ``config.json`` dict."""
     mt = cfg.get("model_type")
+    _check_hf_types(cfg, where)
     if mt not in HF_MODEL_TYPES:
-        raise SpecError(f"{where}: field 'model_type' is {mt!r}, which is not supported; supported: "
+        raise SpecError(f"{where}: field 'model_type' is {describe(mt)}, which is not supported; supported: "
                         f"{', '.join(HF_MODEL_TYPES)}")
     name = name or cfg.get("_name_or_path") or mt
     g = lambda *k: _req(cfg, where, *k)  # noqa: E731

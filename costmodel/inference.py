@@ -71,14 +71,13 @@ Reported, per replica and with in-flight (continuous) batching at B concurrent s
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from .comm import GroupLayout, Network, crosses_nodes, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
-from .layers import ends_params, kv_heads_per_rank, kv_width_per_rank, layer_matrices, layer_params
+from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping
 
+from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
+                     range_problem,
+                     type_problem)
 from .units import GIB, US, dtype_bytes
 
 # What communication overlapped with compute still costs when nothing measured it: NCCL's
@@ -60,8 +62,10 @@ class SpecError(ValueError):
 
 
 def _check_keys(cls, data: Mapping[str, Any], where: str) -> None:
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping of {cls.__name__} fields, got {describe(data)}")
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(str(k) for k in set(data) - names)
     if unknown:
         raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
 
@@ -119,7 +123,8 @@ class ModelSpec:
     published_params: float = 0.0     # the figure the model card quotes, for the record
 
     def __post_init__(self) -> None:
-        where = f"model {self.name!r}"
+        where = f"model {describe(self.name)}"
+        check_types(self, where, SpecError)
         _positive(where, layers=self.layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
                   heads=self.heads, vocab=self.vocab)
         if self.kv_heads == 0:
@@ -155,6 +160,7 @@ class ModelSpec:
         if self.attention == "mla":
             _positive(where, kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
                       qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim)
+        check_ranges(self, where, SpecError)
 
     # ---- structure ---------------------------------------------------------------------
     @property
@@ -306,7 +312,7 @@ class ModelSpec:
         _check_keys(cls, data, where)
         try:
             return cls(**data)
-        except TypeError as e:
+        except (TypeError, SpecError) as e:
             raise SpecError(f"{where}: {e}") from None
 
 
@@ -336,14 +342,23 @@ class GpuSpec:
     layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self, f"gpu {describe(self.name)}", SpecError)
         _positive(f"gpu {self.name!r}", memory_bytes=self.memory_bytes,
                   hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s)
         if not self.peak_flops_per_s:
             raise SpecError(f"gpu {self.name!r}: peak_flops_per_s needs at least one dtype")
+        for k, v in self.peak_flops_per_s.items():
+            bad = type_problem("str", k) or type_problem("float", v) or range_problem(v, (0, MAX_FLOPS, True))
+            if bad:
+                raise SpecError(f"gpu {self.name!r}: peak FLOP/s for dtype {describe(k)} {bad}")
+        if self.reserved_bytes >= self.memory_bytes:
+            raise SpecError(f"gpu {self.name!r}: reserved memory {self.reserved_bytes / GIB:g} GiB leaves nothing of "
+                            f"its {self.memory_bytes / GIB:g} GiB; reserved_gib must be less than memory_gib")
         if not 0 < self.matmul_efficiency <= 1:
             raise SpecError(f"gpu {self.name!r}: matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}")
         if self.layer_overhead_s < 0:
             raise SpecError(f"gpu {self.name!r}: layer overhead must be >= 0, got {self.layer_overhead_s * 1e6:g} us")
+        check_ranges(self, f"gpu {self.name!r}", SpecError)
 
     def peak(self, dtype: str) -> float:
         key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
@@ -370,9 +385,11 @@ class LinkSpec:
     efficiency: float = 0.8
 
     def __post_init__(self) -> None:
+        check_types(self, f"link {describe(self.name)}", SpecError)
         _positive(f"link {self.name!r}", bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
         if self.latency_s < 0 or not 0 < self.efficiency <= 1:
             raise SpecError(f"link {self.name!r}: latency_s must be >= 0 and efficiency in (0, 1]")
+        check_ranges(self, f"link {self.name!r}", SpecError)
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -391,7 +408,14 @@ class NodeGroup:
     intra_node: LinkSpec
 
     def __post_init__(self) -> None:
+        check_types(self, f"node group {describe(self.name)}", SpecError)
         _positive(f"node group {self.name!r}", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
+        check_ranges(self, f"node group {self.name!r}", SpecError)
+        if not isinstance(self.gpu, GpuSpec) or not isinstance(self.intra_node, LinkSpec):
+            raise SpecError(f"node group {self.name!r}: gpu must be a GpuSpec and intra_node a LinkSpec")
+        if self.gpus > MAX_GPUS:
+            raise SpecError(f"node group {self.name!r}: {self.nodes:,} nodes x {self.gpus_per_node} GPUs = "
+                            f"{self.gpus:,} GPUs, more than the {num(MAX_GPUS)} this planner handles")
 
     @property
     def gpus(self) -> int:
@@ -420,14 +444,22 @@ class ClusterSpec:
     source: str = "datasheet"
 
     def __post_init__(self) -> None:
+        check_types(self, f"cluster {describe(self.name)}", SpecError)
         if not self.groups:
             raise SpecError(f"cluster {self.name!r}: needs at least one node group")
+        if not all(isinstance(g, NodeGroup) for g in self.groups) or not isinstance(self.inter_node, LinkSpec):
+            raise SpecError(f"cluster {self.name!r}: groups must be NodeGroups and inter_node a LinkSpec")
+        if self.total_gpus > MAX_GPUS:
+            raise SpecError(f"cluster {self.name!r}: {self.total_gpus:,} GPUs, more than the {num(MAX_GPUS)} this "
+                            "planner handles")
+        _check_tables(self)
         if not 0 <= self.compute_comm_slowdown <= 1:
             raise SpecError(f"cluster {self.name!r}: measured.compute_comm_slowdown must be in [0, 1] (0: "
                             f"communication hides behind compute; 1: it does not), got {self.compute_comm_slowdown}")
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise SpecError(f"cluster {self.name!r}: node group names repeat: {names}")
+        check_ranges(self, f"cluster {self.name!r}", SpecError)
 
     @property
     def heterogeneous(self) -> bool:
@@ -490,12 +522,32 @@ class ClusterSpec:
         return dataclasses.replace(self, groups=(ng,))
 
 
+def _check_tables(c: "ClusterSpec") -> None:
+    """The measured tables: every row of the right shape, every number finite and in range."""
+    where = f"cluster {c.name!r}: measured"
+    for i, row in enumerate(c.matmul_table):
+        ok = isinstance(row, tuple) and len(row) == 2 and all(
+            not isinstance(x, bool) and isinstance(x, (int, float)) and x == x for x in row)
+        if not ok or range_problem(row[0], (0, MAX_MESSAGE_BYTES, True)) or range_problem(row[1], (0, 1, True)):
+            raise SpecError(f"{where}.matmul[{i}]: expected [size > 0, efficiency in (0, 1]], got {describe(row)}")
+    for i, row in enumerate(c.collective_table):
+        ok = (isinstance(row, tuple) and len(row) == 5 and row[0] in ("intra", "inter") and isinstance(row[1], str)
+              and isinstance(row[2], int) and not isinstance(row[2], bool)
+              and all(not isinstance(x, bool) and isinstance(x, (int, float)) and x == x for x in row[3:]))
+        if (not ok or range_problem(row[2], (1, MAX_GPUS, False)) or range_problem(row[3], (0, MAX_MESSAGE_BYTES, True))
+                or range_problem(row[4], (0, MAX_BANDWIDTH, True))):
+            raise SpecError(f"{where}.collectives[{i}]: expected tier intra|inter, an op, group_size >= 1, bytes > 0 "
+                            f"and a bus bandwidth > 0, got {describe(row)}")
+
+
 # --------------------------------------------------------------------------------------
 # Workload and parallel configuration
 # --------------------------------------------------------------------------------------
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -519,6 +571,7 @@ class Workload:
     kv_dtype: str = ""               # "" -> dtype
 
     def __post_init__(self) -> None:
+        check_types(self, "workload", SpecError)
         _positive("workload", global_batch=self.global_batch, seq_len=self.seq_len)
         if self.kv_dtype:
             dtype_bytes(self.kv_dtype)
@@ -529,6 +582,13 @@ class Workload:
             raise SpecError(f"workload: optimizer must be adamw, adam or sgd, got {self.optimizer!r}")
         if self.attention_kernel not in ("flash", "materialized"):
             raise SpecError(f"workload: attention_kernel must be flash or materialized, got {self.attention_kernel!r}")
+        if self.mode == "train" and self.dtype.lower() in TRAINING_REFUSED_DTYPES:
+            raise SpecError(f"workload: training in {self.dtype} is not supported (integer weights have no gradients); "
+                            f"train in {', '.join(TRAINING_DTYPES)}, or plan serving with --mode infer")
+        if self.mode == "train" and self.kv_dtype:
+            raise SpecError(f"workload: kv_dtype {self.kv_dtype!r} is a serving setting (the KV cache); a training "
+                            "workload has none")
+        check_ranges(self, "workload", SpecError)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -564,7 +624,8 @@ class ParallelConfig:
         for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SpecError(f"parallel: {k} must be an integer >= 1, got {v!r}")
+                raise SpecError(f"parallel: {k} must be an integer >= 1, got {describe(v)}")
+        check_types(self, "parallel", SpecError)
         if self.zero not in (0, 1, 2, 3):
             raise SpecError(f"parallel: zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
@@ -581,6 +642,7 @@ class ParallelConfig:
             raise SpecError(f"parallel: vpp {self.vpp} > 1 needs the interleaved schedule, got {self.schedule!r}")
         if self.sp and self.tp == 1:
             object.__setattr__(self, "sp", False)
+        check_ranges(self, "parallel", SpecError)
 
     @property
     def world_size(self) -> int:
@@ -725,5 +787,6 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages", "RECOMPUTE", "SCHEDULES", "ceil_div",
+    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages",
+    "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

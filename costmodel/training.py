@@ -502,7 +502,7 @@ class StageModel:
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
         """The stage's ``StageCost`` with ``n_dense + n_moe`` layers, ``r`` of them recomputed
         fully (spread over the two kinds in proportion; the cost is linear in ``r``)."""
-        par, mesh, sh = self.par, self.mesh, self.sh
+        mesh, sh = self.mesh, self.sh
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
         comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0

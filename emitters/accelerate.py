@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import yaml
 
-from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all,
+                           nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe

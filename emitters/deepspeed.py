@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all, nodes_and_procs,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all,
+                           nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
@@ -122,7 +123,7 @@ def emit(plan: Plan) -> dict[str, str]:
     nnodes, nproc = nodes_and_procs(plan, TARGET)
     cfg = config(plan)
     p = plan.parallel
-    usage = [f"Edit hostfile, then on the first node: TRAIN_SCRIPT=train.py TRAIN_STEPS=N bash deepspeed.sh [script args]",
+    usage = ["Edit hostfile, then on the first node: TRAIN_SCRIPT=train.py TRAIN_STEPS=N bash deepspeed.sh [script args]",
              f"train_batch_size {plan.workload.global_batch} = micro {p.micro_batch} x accumulation "
              f"{p.grad_accum} x data-parallel {p.dp}",
              "Your script builds the model, the data and the tokenizer; build this model:", model_settings(plan)]

@@ -72,7 +72,7 @@ class Recipe:
         (``warmup_var=""``: the script sets no warmup itself; the user's code does)."""
         over = f"; ${warmup_var} overrides" if warmup_var else ""
         end = f"at ${steps_var}" if steps_var else "at the run's last step"
-        return [f"Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):",
+        return ["Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):",
                 f"  AdamW lr {sci(self.lr)} (Table 2.1 at {self.params / 1e9:.3g}B parameters), betas "
                 f"{self.beta1}/{self.beta2}, eps {self.eps:g}, weight decay {self.weight_decay}, grad clip "
                 f"{self.grad_clip};",

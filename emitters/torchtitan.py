@@ -11,7 +11,8 @@ llama3 flavors is registered as flavor ``planner`` by a small module the config 
 """
 from __future__ import annotations
 
-from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs, require,
+from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs,
+                           require,
                            require_mode, require_one_group, require_order, script_header, toml_table,
                            virtual_stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell

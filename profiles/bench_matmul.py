@@ -80,7 +80,7 @@ def bench_matmul(device: Any, dtypes: list[str], shapes: list[tuple[int, int, in
                 a = torch.randn(m, k, device=dev).to(tdt)
                 b = torch.randn(k, n, device=dev).to(tdt)
                 c = torch.empty(m, n, device=dev, dtype=tdt)
-                t, iters = time_op(lambda: torch.matmul(a, b, out=c), dev, target_s)
+                t, iters = time_op(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), dev, target_s)
                 row = {"dtype": dt, "m": m, "n": n, "k": k, "size": round((m * n * k) ** (1 / 3), 1),
                        "time_s": t, "flops_per_s": 2.0 * m * n * k / t, "iters": iters}
                 rows.append(row)

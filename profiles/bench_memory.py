@@ -32,7 +32,7 @@ def bench_copy(device: Any, sizes: list[int], target_s: float = 0.05,
         for nbytes in sizes:
             src = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
             dst = torch.empty_like(src)
-            t, iters = time_op(lambda: dst.copy_(src), dev, target_s)
+            t, iters = time_op(lambda src=src, dst=dst: dst.copy_(src), dev, target_s)
             row = {"bytes": nbytes, "time_s": t, "bandwidth_bytes_per_s": 2.0 * nbytes / t, "iters": iters}
             rows.append(row)
             if on_row:

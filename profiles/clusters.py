@@ -28,8 +28,11 @@ from typing import Any, Mapping
 
 import yaml
 
+from costmodel.limits import describe
 from costmodel.specs import OVERLAP_SLOWDOWN, ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
 from costmodel.units import GB, GIB, TERA, US
+
+from .readers import load_yaml
 
 CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
@@ -65,10 +68,15 @@ def _resolve(entry: Mapping, where: str, base_dir: Path | None, depth: int = 0) 
     """Follow ``extends:`` chains (catalog names or file paths) and merge the overrides."""
     if depth > 8:
         raise SpecError(f"{where}: 'extends' chain is deeper than 8 (a cycle?)")
+    if not isinstance(entry, Mapping):
+        raise SpecError(f"{where}: expected a mapping of cluster fields, got {describe(entry)}")
     entry = dict(entry)
     parent = entry.pop("extends", None)
     if parent is None:
         return entry
+    if not isinstance(parent, str) or not parent:
+        raise SpecError(f"{where}: extends must name a catalog cluster or a cluster file, got {describe(parent)}; "
+                        f"catalog: {', '.join(cluster_names())}")
     cat = _catalog()
     if parent in cat:
         base = _resolve(cat[parent], f"catalog entry {parent!r}", None, depth + 1)
@@ -87,13 +95,7 @@ def _resolve(entry: Mapping, where: str, base_dir: Path | None, depth: int = 0) 
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise SpecError(f"cannot read cluster file {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"cluster file {path} is not valid YAML: {e}") from None
+    data = load_yaml(path, "cluster file")   # bounded, UTF-8, no alias bomb, finite numbers
     if not isinstance(data, dict):
         raise SpecError(f"cluster file {path}: expected a mapping at the top, got {type(data).__name__}")
     return data
@@ -105,37 +107,74 @@ def _unknown(d: Mapping, known: set, where: str) -> None:
         raise SpecError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
 
 
-def _num(d: Mapping, key: str, where: str, default: Any = None) -> float:
+def _num(d: Mapping, key: str, where: str, default: Any = None, above: float | None = None,
+         at_least: float | None = None, at_most: float | None = None) -> float:
+    """A finite number, in the file's own unit (named in ``key``), optionally > ``above``,
+    >= ``at_least``, <= ``at_most``."""
+    v = _finite(d, key, where, default)
+    if above is not None and not v > above:
+        raise SpecError(f"{where}: {key!r} must be > {above:g}, got {v:g}")
+    if at_least is not None and v < at_least:
+        raise SpecError(f"{where}: {key!r} must be >= {at_least:g}, got {v:g}")
+    if at_most is not None and v > at_most:
+        raise SpecError(f"{where}: {key!r} must be at most {at_most:g}, got {v:g}")
+    return v
+
+
+def _finite(d: Mapping, key: str, where: str, default: Any = None) -> float:
     v = d.get(key, default)
     if v is None:
         raise SpecError(f"{where}: missing {key!r}")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise SpecError(f"{where}: {key!r} must be a number, got {v!r}")
+        raise SpecError(f"{where}: {key!r} must be a number, got {describe(v)}")
+    if v != v or v in (float("inf"), float("-inf")):
+        raise SpecError(f"{where}: {key!r} must be a finite number, got {v}")
     return float(v)
 
 
+def _int(d: Mapping, key: str, where: str, default: Any = None) -> int:
+    """A count: an integer (a float only if whole: 8.0 is 8; 2.5 is refused, never truncated)."""
+    v = _num(d, key, where, default, at_least=1)
+    if not v.is_integer():
+        raise SpecError(f"{where}: {key!r} must be a whole number, got {d.get(key, default)!r}")
+    return int(v)
+
+
+def _str(d: Mapping, key: str, where: str, default: str) -> str:
+    """A name: a string (a number is taken as its text: ``name: 4090``)."""
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise SpecError(f"{where}: {key!r} must be a string, got {describe(v)}")
+    return str(v)
+
+
 def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: expected a mapping of GPU fields, got {describe(d)}")
     _unknown(d, _GPU_KEYS, where)
     tf = d.get("tflops")
     if not isinstance(tf, Mapping) or not tf:
         raise SpecError(f"{where}: 'tflops' must map dtypes to dense TFLOP/s, e.g. {{bf16: 989}}")
     return GpuSpec(
-        name=str(d.get("name", "unknown")),
-        memory_bytes=_num(d, "memory_gib", where) * GIB,
-        peak_flops_per_s={k: float(v) * TERA for k, v in tf.items()},
-        hbm_bandwidth_bytes_per_s=_num(d, "hbm_gb_per_s", where) * GB,
-        matmul_efficiency=_num(d, "matmul_efficiency", where, 0.7),
-        matmul_half_size=_num(d, "matmul_half_size", where, 160.0),
-        reserved_bytes=_num(d, "reserved_gib", where, 1.0) * GIB,
-        price_per_hour=_num(d, "price_per_hour", where, 0.0),
-        layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0) * US,
+        name=_str(d, "name", where, "unknown"),
+        memory_bytes=_num(d, "memory_gib", where, above=0) * GIB,
+        peak_flops_per_s={str(k): _num(tf, k, f"{where}.tflops", above=0) * TERA for k in tf},
+        hbm_bandwidth_bytes_per_s=_num(d, "hbm_gb_per_s", where, above=0) * GB,
+        matmul_efficiency=_num(d, "matmul_efficiency", where, 0.7, above=0, at_most=1),
+        matmul_half_size=_num(d, "matmul_half_size", where, 160.0, at_least=0),
+        reserved_bytes=_num(d, "reserved_gib", where, 1.0, at_least=0) * GIB,
+        price_per_hour=_num(d, "price_per_hour", where, 0.0, at_least=0),
+        layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0, at_least=0) * US,
     )
 
 
 def link_from_dict(d: Mapping, where: str) -> LinkSpec:
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: expected a mapping of link fields (gb_per_s, latency_us, ...), got {describe(d)}")
     _unknown(d, _LINK_KEYS, where)
-    return LinkSpec(name=str(d.get("name", "link")), bandwidth_bytes_per_s=_num(d, "gb_per_s", where) * GB,
-                    latency_s=_num(d, "latency_us", where, 5.0) * US, efficiency=_num(d, "efficiency", where, 0.8))
+    return LinkSpec(name=_str(d, "name", where, "link"), bandwidth_bytes_per_s=_num(d, "gb_per_s", where, above=0) * GB,
+                    latency_s=_num(d, "latency_us", where, 5.0, at_least=0) * US,
+                    efficiency=_num(d, "efficiency", where, 0.8, above=0, at_most=1))
 
 
 def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
@@ -144,23 +183,50 @@ def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
         if k not in d:
             raise SpecError(f"{where}: missing {k!r} (or 'extends: <catalog name>')")
     return NodeGroup(name=name, gpu=gpu_from_dict(d["gpu"], f"{where}.gpu"),
-                     gpus_per_node=int(_num(d, "gpus_per_node", where)), nodes=int(_num(d, "nodes", where, 1)),
+                     gpus_per_node=_int(d, "gpus_per_node", where), nodes=_int(d, "nodes", where, 1),
                      intra_node=link_from_dict(d["intra_node"], f"{where}.intra_node"))
+
+
+_COLLECTIVE_KEYS = {"tier", "op", "group_size", "bytes", "busbw_gb_per_s"}
+
+
+def _rows(m: Mapping, key: str, where: str) -> list:
+    rows = m.get(key)
+    if not isinstance(rows, list):
+        raise SpecError(f"{where}.measured: {key!r} must be a list of rows, got {describe(rows)}")
+    return rows
 
 
 def _measured(d: Mapping, where: str) -> dict:
     m = d.get("measured") or {}
+    if not isinstance(m, Mapping):
+        raise SpecError(f"{where}: 'measured' must be a mapping (matmul, collectives, compute_comm_slowdown), "
+                        f"got {describe(m)}")
+    _unknown(m, {"matmul", "collectives", "compute_comm_slowdown"}, f"{where}.measured")
     out: dict[str, Any] = {}
     if "matmul" in m:
-        out["matmul_table"] = tuple(sorted((float(s), float(e)) for s, e in m["matmul"]))
+        table = []
+        for i, row in enumerate(_rows(m, "matmul", where)):
+            if not isinstance(row, list) or len(row) != 2:
+                raise SpecError(f"{where}.measured.matmul[{i}]: expected [size, efficiency], got {describe(row)}")
+            rw = f"{where}.measured.matmul[{i}]"
+            table.append((_num({"size": row[0]}, "size", rw), _num({"efficiency": row[1]}, "efficiency", rw)))
+        out["matmul_table"] = tuple(sorted(table))
     if "collectives" in m:
         rows = []
-        for r in m["collectives"]:
-            rows.append((str(r["tier"]), str(r["op"]), int(r["group_size"]), float(r["bytes"]),
-                         float(r["busbw_gb_per_s"]) * GB))
+        for i, r in enumerate(_rows(m, "collectives", where)):
+            rw = f"{where}.measured.collectives[{i}]"
+            if not isinstance(r, Mapping):
+                raise SpecError(f"{rw}: expected a mapping with {', '.join(sorted(_COLLECTIVE_KEYS))}")
+            _unknown(r, _COLLECTIVE_KEYS, rw)
+            missing = sorted(_COLLECTIVE_KEYS - set(r))
+            if missing:
+                raise SpecError(f"{rw}: missing {', '.join(missing)}")
+            rows.append((_str(r, "tier", rw, ""), _str(r, "op", rw, ""), _int(r, "group_size", rw),
+                         _num(r, "bytes", rw), _num(r, "busbw_gb_per_s", rw) * GB))
         out["collective_table"] = tuple(sorted(rows))
     if "compute_comm_slowdown" in m:
-        out["compute_comm_slowdown"] = float(m["compute_comm_slowdown"])
+        out["compute_comm_slowdown"] = _num(m, "compute_comm_slowdown", f"{where}.measured")
     return out
 
 
@@ -170,13 +236,16 @@ def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | No
         raise SpecError(f"{where}: expected a mapping")
     data = _resolve(data, where, base_dir)
     _unknown(data, _TOP_KEYS, where)
-    name = str(data.get("name", "cluster"))
+    name = _str(data, "name", where, "cluster")
     if "groups" in data:
+        if not isinstance(data["groups"], list) or not data["groups"]:
+            raise SpecError(f"{where}: 'groups' must list at least one node group, e.g. "
+                            f"[{{name: h100, extends: dgx-h100, nodes: 4}}], got {describe(data['groups'])}")
         groups = []
         for i, g in enumerate(data["groups"]):
             gw = f"{where}.groups[{i}]"
             g = _resolve(g, gw, base_dir)
-            gname = str(g.get("name", f"group{i}"))
+            gname = _str(g, "name", gw, f"group{i}")
             groups.append(_group_from_dict({k: v for k, v in g.items() if k not in ("name", "inter_node",
                                             "description", "measured", "source", "provenance")}, gname, gw))
         inter = data.get("inter_node")
@@ -191,7 +260,7 @@ def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | No
         if inter is None:
             raise SpecError(f"{where}: missing 'inter_node'")
     return ClusterSpec(name=name, groups=tuple(groups), inter_node=link_from_dict(inter, f"{where}.inter_node"),
-                       source=str(data.get("source", "datasheet")), **_measured(data, where))
+                       source=_str(data, "source", where, "datasheet"), **_measured(data, where))
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:

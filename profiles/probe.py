@@ -380,6 +380,69 @@ def _error_classes() -> types.SimpleNamespace:
     return ns
 
 
+MAX_REPLAY_GPUS = 256     # GPUs one host's NVML reports (today's largest hosts: 16)
+
+
+def check_recording(data: Any, where: str) -> None:
+    """The shape of a recording (see the module docstring), before the probe asks it anything;
+    SpecError naming the first bad part. A call the probe asks that is missing or mistyped is
+    caught where the probe runs (``profiles.profile``)."""
+    from costmodel.limits import describe
+    from costmodel.specs import SpecError
+    if not isinstance(data, dict) or not isinstance(data.get("calls", {}), dict):
+        raise SpecError(f"{where}: expected {{\"source\": ..., \"calls\": {{function: {{args: answer}}}}}}")
+    unknown = sorted(set(data) - {"source", "calls"})
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: calls, source")
+    if not isinstance(data.get("source", ""), str):
+        raise SpecError(f"{where}: source must be a string, got {describe(data['source'])}")
+    errors = set(vars(_error_classes()))
+    for fn, table in data.get("calls", {}).items():
+        if not fn.startswith("nvml") or not isinstance(table, dict):
+            raise SpecError(f"{where}: calls.{fn}: expected an nvml* function mapping argument keys to answers")
+        for key, ans in table.items():
+            if isinstance(ans, dict) and "error" in ans and not (
+                    (isinstance(ans["error"], str) and ans["error"] in errors)
+                    or (isinstance(ans["error"], int) and not isinstance(ans["error"], bool))):
+                raise SpecError(f"{where}: calls.{fn}[{key!r}]: error {describe(ans['error'])} is not an NVML "
+                                "error name (NVML_ERROR_...) or code")
+            if fn == "nvmlDeviceGetCount" and not isinstance(ans, dict) and (
+                    isinstance(ans, bool) or not isinstance(ans, int) or not 0 <= ans <= MAX_REPLAY_GPUS):
+                raise SpecError(f"{where}: calls.nvmlDeviceGetCount: the GPU count must be an integer in "
+                                f"0..{MAX_REPLAY_GPUS}, got {describe(ans)}")
+
+
+# what a replayed probe may find per GPU: (field, kind, lo, hi); None allowed where the field is optional
+_GPU_FIELDS = (("memory_total_bytes", int, 0, 1 << 50), ("memory_free_bytes", int, 0, 1 << 50),
+               ("pcie_gen_max", int, 1, 16), ("pcie_width_max", int, 1, 64), ("pcie_gen_current", int, 1, 16),
+               ("pcie_width_current", int, 1, 64), ("numa_node", int, -1, 1 << 16), ("nvlink_version", int, 0, 1 << 16),
+               ("sm_clock_max_mhz", int, 0, 1 << 20), ("power_limit_w", float, 0, 1e6))
+
+
+def check_probe_result(pr: "ProbeResult", where: str) -> None:
+    """What a replayed recording answered, held to NVML's own types and ranges (a recording is a
+    file someone may have edited); SpecError naming the GPU and the field."""
+    import math
+    import re
+
+    from costmodel.limits import describe
+    from costmodel.specs import SpecError
+    for g in pr.gpus:
+        gw = f"{where}: GPU {g.index}"
+        if not g.name or len(g.name) > 256:
+            raise SpecError(f"{gw}: name must be 1 to 256 characters, got {describe(g.name)}")
+        if g.compute_capability and not re.fullmatch(r"\d{1,2}\.\d{1,2}", g.compute_capability):
+            raise SpecError(f"{gw}: compute capability must be two small integers, got {describe(g.compute_capability)}")
+        for name, kind, lo, hi in _GPU_FIELDS:
+            v = getattr(g, name)
+            if v is None and name not in ("memory_total_bytes", "memory_free_bytes"):
+                continue
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int)
+                  and math.isfinite(v) and lo <= v <= hi)
+            if not ok:
+                raise SpecError(f"{gw}: {name} must be a number in {lo}..{hi}, got {describe(v)}")
+
+
 class ReplayNVML(types.SimpleNamespace):
     """A ``pynvml`` stand-in answering from a recording (see the module docstring).
 
@@ -395,8 +458,10 @@ class ReplayNVML(types.SimpleNamespace):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "ReplayNVML":
-        with open(path) as f:
-            return cls(json.load(f), str(path))
+        from .readers import load_json
+        data = load_json(path, "NVML recording")     # bounded, UTF-8, finite numbers
+        check_recording(data, str(path))
+        return cls(data, str(path))
 
     def _answer(self, fn: str, *args: Any) -> Any:
         table = self._calls.get(fn)

@@ -41,13 +41,14 @@ from typing import Any, Callable
 
 import yaml
 
+from costmodel.specs import SpecError
 from costmodel.units import GB, GIB, TERA, US
 
 from . import bench_collectives as bc
 from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
 from .clusters import cluster_from_dict, cluster_to_dict, load_cluster
-from .probe import ProbeResult, ReplayNVML, RecordingNVML, load_nvml, probe
+from .probe import ProbeResult, ReplayNVML, RecordingNVML, check_probe_result, load_nvml, probe
 from .safeio import OutputError, check_output, check_output_folder, write_text
 from .version import tool_version
 
@@ -765,13 +766,28 @@ def keep_partial(out: Path, error: str) -> dict:
 def _probe_for(opts: ProfileOptions) -> ProbeResult:
     nvml = None
     if opts.nvml_replay:
-        nvml = ReplayNVML.from_file(opts.nvml_replay)
+        try:
+            nvml = ReplayNVML.from_file(opts.nvml_replay)
+        except SpecError as e:
+            raise ProfileInputError(str(e)) from None
     elif opts.record_nvml:
         real, note = load_nvml()
         if real is None:
             raise ProfileInputError(f"--record-nvml: {note}")
         nvml = RecordingNVML(real)
-    pr = probe(nvml)
+    if isinstance(nvml, ReplayNVML):
+        try:
+            pr = probe(nvml)
+            check_probe_result(pr, f"--nvml-replay {opts.nvml_replay}")
+            pr.summary(), pr.to_dict()
+        except SpecError as e:
+            raise ProfileInputError(str(e)) from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise ProfileInputError(f"--nvml-replay {opts.nvml_replay}: the recording cannot answer the probe "
+                                    f"({type(e).__name__}: {str(msg)[:200]}); record it again with --record-nvml") from None
+    else:
+        pr = probe(nvml)
     if opts.record_nvml and isinstance(nvml, RecordingNVML):
         nvml.save(opts.record_nvml, f"recorded by planner profile on {pr.host} "
                   f"({_dt.date.today().isoformat()}): {pr.summary()}")

@@ -38,9 +38,13 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .errors import CheckpointMismatch
+
+if TYPE_CHECKING:                      # annotations only: torch is imported where it runs
+    import torch
+    from torch import nn
 
 # torch is imported where it is used: ``find_latest`` and ``read_meta`` serve the CLI, which
 # must start fast
@@ -286,5 +290,6 @@ def load(path: str | os.PathLike, parts: list[nn.Module], opt: torch.optim.Optim
     return read_meta(path)
 
 
-__all__ = ["find_latest", "find_intact", "verified_token", "VERIFIED_ENV", "read_meta", "check_compatible", "save", "load", "state_tensors", "ensure_optim_state",
+__all__ = ["find_latest", "find_intact", "verified_token", "VERIFIED_ENV", "read_meta", "check_compatible", "save", "load",
+           "state_tensors", "ensure_optim_state",
            "CheckpointMismatch", "step_name", "KEEP"]

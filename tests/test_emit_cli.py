@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from costmodel.specs import Workload
 from planner.cli import main

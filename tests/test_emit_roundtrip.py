@@ -15,7 +15,6 @@ import argparse
 import ast
 import json
 import os
-import shlex
 import sys
 import tomllib
 import types
@@ -545,7 +544,7 @@ def _torchtitan_pkg():
 
 @pytest.mark.parametrize("name", plans_for("torchtitan", TRAIN))
 def test_torchtitan_real_parser(name, tmp_path, monkeypatch):
-    root = _torchtitan_pkg()
+    _torchtitan_pkg()
     from torchtitan.config import ConfigManager
     plan = examples()[name]
     out = write(plan, "torchtitan", tmp_path / "out")
@@ -614,7 +613,8 @@ def test_accelerate_round_trip(name, tmp_path, monkeypatch):
             (str(p.zero), str(p.grad_accum))
         return
     env = prepare_multi_gpu_env(args)
-    assert int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", 1)) * int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", p.dp)) == p.dp
+    assert (int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", 1))
+            * int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", p.dp)) == p.dp)
     if args.use_fsdp:
         assert env["FSDP_VERSION"] == "2"
         assert env["FSDP_RESHARD_AFTER_FORWARD"] == str(p.zero == 3).lower()

@@ -320,7 +320,7 @@ def test_estimate_matches_stage_by_stage_reference(name, cluster_name, gpus, wl)
             stages = tuple(st)
         try:
             want = reference_estimate(model, cluster, workload, par, stages=stages, order=cand.order)
-        except SpecError as e:
+        except SpecError:
             with pytest.raises(SpecError, match="."):
                 estimate(model, cluster, workload, par, stages=stages, order=cand.order)
             continue

@@ -168,7 +168,7 @@ def test_training_flags_are_usage_errors(capsys):
 def test_context_longer_than_the_model_is_infeasible_with_closest(capsys):
     rc, d = run_json(capsys, "plan", "--mode", "infer", "--model", "llama-3-8b", "--cluster", "dgx-h100",
                      "--gpus", "1", "--prompt-len", "8000", "--output-len", "500")
-    err = capsys.readouterr().err
+    capsys.readouterr()
     assert rc == 1
     assert d["status"] == "INFEASIBLE" and d["reason"] == "context"
     assert "8500" in d["message"] and "8192" in d["message"]

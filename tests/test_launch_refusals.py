@@ -26,7 +26,7 @@ def test_a_gpu_cluster_plan_is_not_started_as_64_cpu_processes():
 def test_context_parallel_is_refused_before_launch(tmp_path):
     plan = tmp_path / "cp.yaml"
     r = planner("plan", "--model", "tiny-llama", "--cluster", "cpu", "--gpus", "4", "--global-batch", "8",
-                "--seq-len", "4096", "--cp", "2", "--out", str(plan))
+                "--seq-len", "512", "--cp", "2", "--out", str(plan))
     assert r.returncode == 0, r.stderr
     r = planner("launch", str(plan), "--steps", "1")
     assert r.returncode == 2

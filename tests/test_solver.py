@@ -2,7 +2,6 @@
 passes the independent checker, fixed dimensions are respected, statuses are honest."""
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -20,8 +19,8 @@ pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
 
 def small_cluster(rng: random.Random, mixed: bool):
     """A100/H100 nodes shrunk to a few GiB so that memory binds on small models."""
-    def node(base, mem):
-        return {"extends": base, "gpu": {"memory_gib": mem}, "gpus_per_node": 4}
+    def node(base, mem):   # the catalog's 1 GiB reserve, less on a 1 GiB GPU (reserved must be < memory)
+        return {"extends": base, "gpu": {"memory_gib": mem, "reserved_gib": min(1.0, mem - 0.5)}, "gpus_per_node": 4}
     if mixed:
         a, b = rng.choice([(1, 1), (1, 2), (2, 1)])
         return cluster_from_dict({"name": "mixed", "groups": [

@@ -5,25 +5,29 @@ Each subcommand lives in ``planner/cli/cmd_<name>.py`` with ``HELP``, ``add_argu
 module level (planning must start fast); heavy imports go inside ``run``.
 
 Data goes to stdout, messages to stderr. Exit codes: 0 done; 1 no feasible plan or a failed
-check; 2 bad usage or input; 3 solver stopped before any solution. Expected errors print one
-clear message, never a traceback.
+check; 2 bad usage or input; 3 solver stopped before any solution; 70 an internal error (a bug:
+one line asking for a report; the traceback with ``--debug`` or ``PLANNER_DEBUG=1``). Expected
+errors print one clear message, never a traceback. Every flag is checked by
+``planner.cli.flagcheck`` before the command runs.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
+import traceback
 
-from planner.plan.errors import exit_code_for
+from planner.plan.errors import EXIT_BUG, exit_code_for
 from profiles.version import tool_version
 
 COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default exits 2 too; keep the hint short
-        self.print_usage(sys.stderr)
-        print(f"planner: error: {message}", file=sys.stderr)
+    def error(self, message: str) -> None:  # argparse's default exits 2 too; one line, with the hint
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -34,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "pass --json: one JSON object on stdout, the stable, tested contract. Exit codes: 0 done, "
                 "1 no feasible plan or a failed check, 2 bad usage or input, 3 solver stopped first.")
     p.add_argument("--version", action="version", version=f"planner {tool_version()}")
+    p.add_argument("--debug", action="store_true", help="on an internal error, print the traceback")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -44,17 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(sp)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="on an internal error, print the traceback")
         sp.set_defaults(_run=mod.run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return 2
     try:
+        from planner.cli.flagcheck import check_args
+        check_args(args, argv, build_parser)
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
@@ -64,9 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # expected errors become one line and their exit code
         code = exit_code_for(e)
         if code is None:
-            raise
+            return _bug(e, args, argv)
         print(f"planner {args.command}: error: {e}", file=sys.stderr)
         return code
+
+
+def _bug(e: BaseException, args: argparse.Namespace, argv: list[str]) -> int:
+    """An exception no check anticipated: a bug. One line asking for a report (exit 70); the
+    traceback only with --debug (or PLANNER_DEBUG=1)."""
+    if getattr(args, "debug", False) or os.environ.get("PLANNER_DEBUG") not in (None, "", "0"):
+        traceback.print_exc()
+    what = str(e).splitlines()[0][:200] if str(e) else ""
+    print(f"planner {args.command}: internal error ({type(e).__name__}{': ' + what if what else ''}); this is a "
+          f"bug in planner {tool_version()}: please report it with the command line `planner {shlex.join(argv)[:500]}` "
+          "(rerun with --debug for the traceback)", file=sys.stderr)
+    return EXIT_BUG
 
 
 if __name__ == "__main__":

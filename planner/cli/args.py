@@ -28,6 +28,9 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--attention-kernel", default="flash", choices=["flash", "materialized"],
                    help="fused (flash) attention, or scores written to memory")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--allow-long-context", action="store_true",
+                   help="train on sequences longer than the model's position limit (max_seq_len), e.g. with "
+                        "RoPE scaling; without it such a --seq-len is refused")
 
 
 def add_degree_args(p: argparse.ArgumentParser) -> None:
@@ -75,6 +78,14 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
     cluster = load_cluster_sized(args.cluster, args.gpus)
     wl = Workload(global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
                   attention_kernel=args.attention_kernel, seed=args.seed, mode=mode)
+    if mode == "train" and wl.seq_len > model.max_seq_len:
+        over = f"--seq-len {wl.seq_len} is {wl.seq_len / model.max_seq_len:.3g}x the position limit of " \
+               f"{model.name} (max_seq_len {model.max_seq_len})"
+        if not getattr(args, "allow_long_context", False):
+            raise UsageError(f"{over}; lower --seq-len, or pass --allow-long-context to plan it anyway "
+                             "(a model extended to longer contexts, e.g. RoPE scaling)")
+        import sys
+        print(f"planner: warning: {over}; planned anyway (--allow-long-context)", file=sys.stderr)
     return model, cluster, wl
 
 

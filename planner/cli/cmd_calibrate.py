@@ -167,16 +167,10 @@ def _summary(errors: list[float]) -> dict:
 # --------------------------------------------------------------------------------------
 
 def load_runs(path: Path) -> list[Run]:
-    import yaml
-
     from planner.plan.errors import UsageError
     from planner.plan.planfile import read_plan
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise UsageError(f"cannot read measured step times {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    from profiles.readers import load_yaml
+    data = load_yaml(path, "measured step times")     # bounded, UTF-8, no alias bomb, finite numbers
     if isinstance(data, dict) and "runs" in data:
         data = data["runs"]
     if not isinstance(data, list) or not data:
@@ -192,8 +186,11 @@ def load_runs(path: Path) -> list[Run]:
         if "plan" not in item or "measured_step_time_s" not in item:
             raise UsageError(f"{where}: needs plan and measured_step_time_s")
         t = item["measured_step_time_s"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9:
             raise UsageError(f"{where}: measured_step_time_s must be a positive number of seconds, got {t!r}")
+        for k in ("plan", "name", "note"):
+            if k in item and not isinstance(item[k], str):
+                raise UsageError(f"{where}: {k} must be a string, got {type(item[k]).__name__}")
         ppath = Path(item["plan"])
         if not ppath.is_absolute():
             ppath = path.parent / ppath
@@ -202,6 +199,24 @@ def load_runs(path: Path) -> list[Run]:
             raise UsageError(f"{where}: {ppath} is a {plan.mode} plan; calibrate fits training step times")
         runs.append(Run(name=str(item.get("name") or ppath.stem), plan=plan, measured_step_time_s=float(t)))
     return runs
+
+
+def _hardware(c: Any) -> list[tuple[str, int]]:
+    return [(g.gpu.name, g.gpus_per_node) for g in c.groups]
+
+
+def _check_same_hardware(cluster: Any, runs: list[Run], name: str) -> None:
+    """Each run's plan was made for this cluster's hardware: the GPU and node size of every node
+    group once the cluster is sized to the plan's world (as ``predict`` sizes it). A fit to runs
+    on other hardware would be written as this cluster's and mislead every plan made from it."""
+    from planner.plan.errors import UsageError
+    for r in runs:
+        got, want = _hardware(r.plan.cluster), _hardware(_sized(cluster, r.plan.world_size))
+        if got != want:
+            show = lambda hw: " + ".join(f"{n}/node x {g}" for g, n in hw)  # noqa: E731
+            raise UsageError(f"run {r.name!r}: its plan was made for {r.plan.world_size} GPUs of "
+                             f"{r.plan.cluster.name!r} ({show(got)}), not for --cluster {name} ({show(want)}); "
+                             "calibrate a cluster with runs measured on it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -221,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
                          f"known: {', '.join(FACTORS)}")
     cluster = load_cluster(args.cluster)
     runs = load_runs(Path(args.measured))
+    _check_same_hardware(cluster, runs, args.cluster)
     res = calibrate(cluster, runs, fit)
     eb, ea = _errors(res["before"], runs), _errors(res["after"], runs)
     src = Path(args.cluster)

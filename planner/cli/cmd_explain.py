@@ -11,7 +11,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if re-solves")
     p.add_argument("--max-time", type=float, default=30.0, help="time limit of each re-solve")
-    p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract; scripts read this, not the text)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (the stable contract; scripts read this, not the text)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ HELP = "hold the cost model against published training runs (calibration and hol
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write", metavar="FILE", help="write the Markdown table to FILE")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (the stable contract; scripts read this, not the table)")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as JSON (the stable contract; scripts read this, not the table)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 last table)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 

@@ -189,7 +189,8 @@ def markdown(rows: list[Row]) -> str:
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
     sel = [r for r in rows if r.split in ("calibration", "frameworks", "holdout")]
-    out = ["## Error by framework", "", "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
+    out = ["## Error by framework", "",
+           "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",
            "|---|---:|---:|---:|---|"]
     for fw in sorted({r.framework for r in sel}):

@@ -1,11 +1,15 @@
 """Error types a user can cause, each with its documented exit code.
 
 0 done; 1 no feasible plan or a failed check; 2 bad usage or input; 3 solver stopped before
-any solution.
+any solution; 70 (``EXIT_BUG``, sysexits' EX_SOFTWARE) an internal error: a bug, reported as one
+line asking for a report (the traceback with ``--debug``).
 """
 from __future__ import annotations
 
 from costmodel.specs import SpecError
+
+
+EXIT_BUG = 70
 
 
 class PlannerError(Exception):

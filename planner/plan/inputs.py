@@ -1,15 +1,15 @@
 """Reading the user's inputs: a model (catalog name, our YAML, or a Hugging Face config.json)
-and a cluster (catalog name or cluster YAML), with errors that name the file and the field."""
+and a cluster (catalog name or cluster YAML), with errors that name the file and the field.
+Files are read through ``profiles.readers`` (bounded, UTF-8, no alias bombs, finite numbers)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
-
 from costmodel.catalog import from_hf_config, get_model
+from costmodel.limits import describe
 from costmodel.specs import ClusterSpec, ModelSpec, SpecError
 from profiles.clusters import load_cluster
+from profiles.readers import parse_json, parse_yaml, read_text
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -21,30 +21,24 @@ def load_model(name_or_path: str) -> ModelSpec:
         p = p / "config.json"
     if not p.exists():
         raise SpecError(f"model file {p} does not exist")
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read model file {p}: {e.strerror}") from None
+    text = read_text(p, "model file")
     if p.suffix == ".json":
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        cfg = parse_json(text, str(p))
         if not isinstance(cfg, dict):
             raise SpecError(f"{p}: expected a JSON object")
         if "model_type" in cfg:
             return from_hf_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem, where=str(p))
         return ModelSpec.from_dict(cfg, str(p))
-    try:
-        d = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    d = parse_yaml(text, str(p))
     if not isinstance(d, dict):
         raise SpecError(f"{p}: expected a mapping of model fields")
     if "model_type" in d:
         return from_hf_config(d, name=p.stem, where=str(p))
     if "extends" in d:
-        base = get_model(d.pop("extends")).to_dict()
+        parent = d.pop("extends")
+        if not isinstance(parent, str):
+            raise SpecError(f"{p}: extends must name a catalog model, got {describe(parent)}")
+        base = get_model(parent).to_dict()
         base.update(d)
         d = base
     d.setdefault("name", p.stem)

@@ -18,13 +18,18 @@ from typing import Any, Mapping
 import yaml
 
 from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
-                             default_stages)
+                             default_stages)  # noqa: F401  (re-exported: the plan file's readers use it)
+from costmodel.limits import describe
 from profiles.clusters import cluster_from_dict, cluster_to_dict
+from profiles.readers import parse_yaml, read_text
 from profiles.version import tool_version
 
 SCHEMA = 1
+
 DEFAULT_ORDER = MESH_AXES            # outermost first; also the set of mesh-axis names
 MESH_DIMS = frozenset(MESH_AXES)
+# every section a plan file holds, in the order it is written (a file cut short lacks the last ones)
+SECTIONS = ("model", "cluster", "workload", "parallel", "mesh", "stages", "estimate", "solver", "provenance")
 
 
 class PlanError(ValueError):
@@ -118,25 +123,34 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     if "schema" not in d:
         raise PlanError(f"{where}: not a plan file (no 'schema' key)")
     schema = d["schema"]
-    if not isinstance(schema, int):
-        raise PlanError(f"{where}: schema must be an integer, got {schema!r}")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise PlanError(f"{where}: schema must be an integer, got {describe(schema)}")
     if schema > SCHEMA:
         raise PlanError(f"{where}: schema {schema} is newer than this planner understands ({SCHEMA}); "
                         "upgrade the planner")
-    missing = [k for k in ("model", "cluster", "workload", "parallel", "stages") if k not in d]
+    if schema < 1:
+        raise PlanError(f"{where}: schema {schema} is not a plan schema (this planner reads 1..{SCHEMA}); "
+                        "write the plan again with `planner plan --out`")
+    missing = [k for k in SECTIONS if k not in d]
     if missing:
         raise PlanError(f"{where}: missing section(s) {', '.join(missing)} (truncated file?)")
+    for k in ("mesh", "estimate", "solver", "provenance"):
+        if not isinstance(d[k], Mapping):        # an empty section is {}; nothing at all is a cut file
+            raise PlanError(f"{where}: section {k!r} must be a mapping, got {describe(d[k])} (truncated file?)")
+    groups = d["cluster"].get("groups") if isinstance(d["cluster"], Mapping) else None
+    if isinstance(d["cluster"], Mapping) and ("extends" in d["cluster"] or any(
+            isinstance(g, Mapping) and "extends" in g for g in (groups if isinstance(groups, list) else []))):
+        raise PlanError(f"{where}: cluster: a plan holds its cluster in full, without 'extends' (which would read "
+                        "another file); write the plan again with `planner plan --out`")
     try:
         model = ModelSpec.from_dict(d["model"], f"{where}.model")
         cluster = cluster_from_dict(d["cluster"], f"{where}.cluster")
         workload = Workload.from_dict(d["workload"], f"{where}.workload")
         par = ParallelConfig.from_dict(d["parallel"], f"{where}.parallel")
-        stages = []
-        for i, s in enumerate(d["stages"] or []):
-            lo, hi = s["layers"]
-            stages.append(StageSpec(first_layer=int(lo), num_layers=int(hi) - int(lo),
-                                    recompute_layers=int(s.get("recompute_layers", 0)),
-                                    group=str(s.get("device_group", ""))))
+        if d.get("mode", workload.mode) != workload.mode:
+            raise PlanError(f"{where}: mode {describe(d['mode'])} but workload.mode {workload.mode!r}; "
+                            "which is it? (write the plan again with `planner plan --out`)")
+        stages = _stages(d["stages"], model, cluster, where)
         order = tuple((d.get("mesh") or {}).get("order", DEFAULT_ORDER))
         target = d.get("target") or ""
         if target:
@@ -148,19 +162,55 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     except (SpecError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, PlanError):
             raise
-        raise PlanError(f"{where}: {e}") from None
+        msg = str(e)
+        raise PlanError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+_STAGE_KEYS = {"layers", "recompute_layers", "device_group"}
+
+
+def _stages(rows: Any, model: ModelSpec, cluster: ClusterSpec, where: str) -> list[StageSpec]:
+    """The stage split: contiguous from layer 0, covering the model, recompute counts within each
+    stage, node groups of the cluster (refused here, before a launch starts any process)."""
+    if not isinstance(rows, list) or not rows:
+        raise PlanError(f"{where}: stages must list at least one stage, got {describe(rows)}")
+    groups = {g.name for g in cluster.groups}
+    stages, first = [], 0
+    for i, s in enumerate(rows):
+        sw = f"{where}.stages[{i}]"
+        if not isinstance(s, Mapping):
+            raise PlanError(f"{sw}: expected a mapping with layers, recompute_layers, device_group")
+        unknown = sorted(str(k) for k in set(s) - _STAGE_KEYS)
+        if unknown:
+            raise PlanError(f"{sw}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_STAGE_KEYS))}")
+        span, rl, grp = s.get("layers"), s.get("recompute_layers", 0), s.get("device_group", "")
+        if (not isinstance(span, list) or len(span) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in span)):
+            raise PlanError(f"{sw}: layers must be [first, end] (two integers), got {describe(span)}")
+        lo, hi = span
+        if lo != first or hi <= lo:
+            raise PlanError(f"{sw}: layers [{lo}, {hi}] must start at layer {first} and hold at least one layer "
+                            "(stages are contiguous from layer 0)")
+        if isinstance(rl, bool) or not isinstance(rl, int) or not 0 <= rl <= hi - lo:
+            raise PlanError(f"{sw}: recompute_layers must be an integer in 0..{hi - lo} (the stage's layers), "
+                            f"got {describe(rl)}")
+        if not isinstance(grp, str) or (grp and grp not in groups):
+            raise PlanError(f"{sw}: device_group {describe(grp)} is not a node group of the plan's cluster "
+                            f"({', '.join(sorted(groups))})")
+        stages.append(StageSpec(first_layer=lo, num_layers=hi - lo, recompute_layers=rl, group=grp))
+        first = hi
+    if first != model.layers:
+        raise PlanError(f"{where}: the stages cover layers 0..{first}; {model.name} has {model.layers}")
+    return stages
 
 
 def read_plan(path: str | os.PathLike) -> Plan:
+    """A plan file, read through ``profiles.readers`` (bounded, UTF-8, no alias bomb, finite)."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise PlanError(f"cannot read plan file {p}: {e.strerror}") from None
-    try:
-        d = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PlanError(f"{p}: not valid YAML (truncated?): {str(e).splitlines()[0]}") from None
+        d = parse_yaml(read_text(p, "plan file"), str(p))
+    except SpecError as e:
+        raise PlanError(str(e).replace("not valid YAML (", "not valid YAML (truncated?) (", 1)) from None
     return plan_from_dict(d, str(p))
 
 
