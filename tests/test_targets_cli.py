@@ -168,8 +168,9 @@ def test_split_rules_hold_in_cpsat_as_in_the_brute_force(target):
 @pytest.mark.multiproc
 def test_the_builtin_plan_for_tiny_llama_launches_on_cpu(tmp_path):
     plan = tmp_path / "tiny.yaml"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "planner", *a], capture_output=True, text=True,
-                                    cwd=ROOT, timeout=600)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "planner", *a], capture_output=True, text=True, cwd=ROOT,
+                              timeout=600)
     r = run("plan", *_problem_args("tiny-llama-cpu"), "--target", "builtin", "--out", str(plan))
     assert r.returncode == 0, r.stderr
     assert read_plan(plan).target == "builtin"

@@ -99,7 +99,8 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
         split = " ".join(f"{x.num_layers}" + (f"/{x.recompute_layers}" if x.recompute_layers else "")
                          for x in p.stages) if p.parallel.pp > 1 else ""
         split = split if len(split) <= 30 else split[:27] + "..."
-        t.add_row(r.target, compact(p.parallel) + where + (f" [{split}]" if split else ""), f"{step:.3f} s", f"{e['mfu'] * 100:.1f}%",
+        t.add_row(r.target, compact(p.parallel) + where + (f" [{split}]" if split else ""), f"{step:.3f} s",
+                  f"{e['mfu'] * 100:.1f}%",
                   f"{e['memory']['peak_bytes'] / 2**30:.1f} GiB", "best" if p is best_plan else f"+{rel * 100:.1f}%",
                   why)
     c.print(t)

@@ -22,7 +22,7 @@ proves best must be one that runs.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload
@@ -225,7 +225,7 @@ MEGATRON_SOURCES = {
     "orders": f"{REF} 1.2: order tp-cp-ep-dp-pp (parallel_state.py ~617), or --use-tp-pp-dp-mapping",
     "tp_with_pp": f"{REF} 1.2: DP = world / (TP x PP x CP)",
     "dtypes": "emitters/megatron.py training_args: --bf16, --fp16, fp32, fp8 through TE --fp8-format",
-    "models": f"emitters/megatron.py model_args: Megatron-Core GPT has no ALiBi; MLA (--multi-latent-attention) "
+    "models": "emitters/megatron.py model_args: Megatron-Core GPT has no ALiBi; MLA (--multi-latent-attention) "
               "and MoE supported",
     "kv_heads_divisible": "megatron/core/transformer/attention.py: num_query_groups_per_partition = "
                           "divide(num_query_groups, tp)",
@@ -648,7 +648,7 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
         eff = _eff_order(par, order)
         if not any(tuple(d for d in o if d in eff) == eff for o in t.orders):
             add(f"mesh order {','.join(order)}: {name} orders ranks "
-                + " or ".join(",".join(o) for o in t.orders) + f" (outermost first); plan --mesh-order "
+                + " or ".join(",".join(o) for o in t.orders) + " (outermost first); plan --mesh-order "
                 + ",".join(t.orders[0]))
     for rule in t.extra:
         msg = rule.check(model, workload, par, order)
