@@ -75,6 +75,7 @@ def rows_json(results: list, plans: dict[str, list], best_plan) -> list[dict[str
 
 def print_side_by_side(results: list, plans: dict[str, list], console=None) -> None:
     """Each target's best plan: degrees, step time, MFU, peak memory, and why it loses."""
+    from rich.markup import escape
     from rich.table import Table
 
     from planner.cli.report import console as make_console
@@ -82,13 +83,14 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
     ok = [r for r in results if r.result is not None]
     best_plan = plans[ok[0].target][0] if ok else None
     t = Table(title="the best plan of each target (best first)", header_style="bold",
-              caption="plan: degrees [layers/recomputed per stage]; why it loses: what it cannot run of the best plan")
+              caption=escape("plan: degrees [layers/recomputed per stage]; why it loses: what it cannot run of the "
+                             "best plan"))
     for col in ("target", "plan", "step", "MFU", "peak mem", "vs best", "why it loses"):
         t.add_column(col, justify="right" if col in ("step", "MFU", "peak mem", "vs best") else "left",
                      overflow="fold")
     for r in results:
         if r.result is None:
-            t.add_row(r.target, "[red]no plan[/red]", "", "", "", "", r.error)
+            t.add_row(r.target, "[red]no plan[/red]", "", "", "", "", escape(r.error))
             continue
         p = plans[r.target][0]
         e = p.estimate
@@ -99,10 +101,10 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
         split = " ".join(f"{x.num_layers}" + (f"/{x.recompute_layers}" if x.recompute_layers else "")
                          for x in p.stages) if p.parallel.pp > 1 else ""
         split = split if len(split) <= 30 else split[:27] + "..."
-        t.add_row(r.target, compact(p.parallel) + where + (f" [{split}]" if split else ""), f"{step:.3f} s",
+        t.add_row(r.target, escape(compact(p.parallel) + where + (f" [{split}]" if split else "")), f"{step:.3f} s",
                   f"{e['mfu'] * 100:.1f}%",
                   f"{e['memory']['peak_bytes'] / 2**30:.1f} GiB", "best" if p is best_plan else f"+{rel * 100:.1f}%",
-                  why)
+                  escape(why))
     c.print(t)
     if not ok:
         return

@@ -161,6 +161,9 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                 policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
                             for sched in scheds:
                                 for base, rl in policies:
+                                    kind = (mb, ep, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
+                                    if wide and memo.get(kind) is False:
+                                        continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
                                     try:
                                         par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
                                                              dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
@@ -168,20 +171,22 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                                              recompute_layers=rl)
                                     except SpecError:
                                         continue
+                                    any_order = False
                                     for order in orders:
                                         order = tuple(order)
                                         if not wide:
                                             out.append(Candidate(par=par, order=order, stage_counts=stage_counts))
                                             continue
-                                        # one check per policy kind: no rule depends on Megatron's N
-                                        # beyond N % vpp, which recompute_choices keeps at 0
-                                        mk = (mb, ep, zero, dp_shard, sp, vpp, sched, base, rl >= 0, order)
+                                        mk = kind + (order,)
                                         ok = memo.get(mk)
                                         if ok is None:
                                             ok = memo[mk] = tg.runs(target, model, workload, par, order)
                                         if ok:
+                                            any_order = True
                                             found.append(((mb, ep, zero, dp_shard, sp, vpp, sched, base, rl, order),
                                                           par))
+                                    if wide:
+                                        memo[kind] = any_order
     if wide:
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **tg.split_of(target, par, fixed))
                for key, par in tg.prune_dominated(found)]
