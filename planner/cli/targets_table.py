@@ -47,9 +47,9 @@ def print_capabilities(names: Sequence[str] | None = None, console=None) -> None
     names = list(names or T.TRAIN_TARGETS)
     rows = {n: T.summary(n) for n in names}
     t = Table(title="what each training target runs (planner/plan/targets.py; sources there)", header_style="bold")
-    t.add_column("feature")
+    t.add_column("feature", overflow="fold")
     for n in names:
-        t.add_column(n)
+        t.add_column(n, overflow="fold")
     for _, title in T.FEATURES:
         t.add_row(title, *[rows[n][title] for n in names])
     c.print(t)

@@ -783,7 +783,8 @@ def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
     """A ZeRO-1 plan on a target that runs ZeRO-1 as DDP: fine when it fits unsharded."""
     from costmodel.training import estimate
     par = dataclasses.replace(plan.parallel, zero=0)
-    est = estimate(plan.model, plan.cluster, plan.workload, par, stages=plan.stages, order=plan.mesh_order)
+    est = estimate(plan.model, plan.cluster, plan.workload, par, stages=plan.stages, order=plan.mesh_order,
+                   framework=framework_of(target))
     worst = max(est.stages, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
     peak, cap = worst.memory["peak_bytes"], worst.capacity_bytes
     if peak <= cap:
