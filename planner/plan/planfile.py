@@ -44,6 +44,10 @@ class Plan:
     solver: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA
+    # serving plans: the batching the figures assume, the engine's scheduler settings, the model's
+    # Hugging Face id, and for disaggregated plans the prefill pool (``parallel`` is then the
+    # decode pool); see planner/cli/infer_plan.py. Empty for training plans.
+    serving: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if sorted(self.mesh_order) != sorted(DEFAULT_ORDER):
@@ -57,7 +61,8 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.parallel.world_size
+        pre = (self.serving or {}).get("disaggregation", {}).get("prefill") if self.serving else None
+        return self.parallel.world_size + (int(pre["tp"]) * int(pre["pp"]) * int(pre["replicas"]) if pre else 0)
 
     def degree(self, dim: str) -> int:
         return getattr(self.parallel, dim)
@@ -108,6 +113,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "estimate": dict(plan.estimate),
         "solver": dict(plan.solver),
         "provenance": dict(plan.provenance),
+        **({"serving": dict(plan.serving)} if plan.serving else {}),
     })
 
 
@@ -139,7 +145,7 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
         order = tuple((d.get("mesh") or {}).get("order", DEFAULT_ORDER))
         return Plan(model=model, cluster=cluster, workload=workload, parallel=par, stages=tuple(stages),
                     mesh_order=order, estimate=d.get("estimate") or {}, solver=d.get("solver") or {},
-                    provenance=d.get("provenance") or {}, schema=schema)
+                    provenance=d.get("provenance") or {}, schema=schema, serving=d.get("serving") or {})
     except (SpecError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, PlanError):
             raise
