@@ -143,6 +143,10 @@ def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: d
                                                     prefill_sched)
     else:
         cands, max_b = candidates
+    if not cands and max_b and any(max_b.values()) and (batch is not None or rate_per_s is not None):
+        raise _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, sched, rate_per_s)
+    if not cands and sched is not None and not any((max_b or {}).values()) and disaggregation != "only":
+        raise _no_kv_room(model, cluster, wl, fixed, sched)
     if not cands:
         if disaggregation == "only":
             raise ServingInfeasible(f"no disaggregated layout of {model.name} over {cluster.total_gpus} GPUs meets "
@@ -251,13 +255,23 @@ def _slo_text(ttft_slo_s: float | None, tpot_slo_s: float | None) -> str:
     return " and ".join(parts)
 
 
-def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, sched=None) -> ServingInfeasible:
+def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, sched=None,
+                    rate_per_s=None) -> ServingInfeasible:
     cap = cluster.gpu.memory_bytes
     fitting = [c for c in cands if _memory_ppm(c, cap) <= MEMORY_SCALE]
     gib = 2**30
+    if not fitting and rate_per_s is not None and max_b and any(max_b.values()):
+        best_deg = max(max_b, key=lambda d: (max_b[d], -d[1], d))
+        closest = _evaluate(model, cluster, wl, best_deg, max_b[best_deg], sched)
+        top = closest.est.schedule.get("request_rate_per_s", 0.0) * best_deg[2]
+        return ServingInfeasible(
+            f"no split of {model.name} over {cluster.total_gpus} GPUs sustains {rate_per_s:g} requests/s of "
+            f"{wl.prompt_len}+{wl.output_len} tokens; the most is {top:.3g}/s (tp={best_deg[0]} pp={best_deg[1]} "
+            f"replicas={best_deg[2]}); use more GPUs or --kv-dtype fp8. Closest: {closest.describe()}", closest,
+            "load")
     if not fitting:
         best_deg = max(max_b, key=lambda d: (max_b[d], -d[1], d)) if max_b else None
-        if best_deg is None or max_b[best_deg] == 0:
+        if (best_deg is None or max_b[best_deg] == 0) and cands:
             one = min(cands, key=lambda c: c.est.peak_bytes)
             if one.batch != 1 and not one.disaggregated:
                 one = _evaluate(model, cluster, wl, one.degrees, 1)
@@ -283,7 +297,7 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
             v = max(v, c.est.tpot_s / tpot_slo_s)
         return v
 
-    closest = min(fitting, key=lambda c: (violation(c), -c.est.output_tokens_per_s_per_gpu, c.degrees, c.batch))
+    closest = min(fitting, key=lambda c: (violation(c), -c.est.output_tokens_per_s_per_gpu, str(c.degrees), c.batch))
     best_ttft = min(c.est.ttft_s for c in fitting)
     best_tpot = min(c.est.tpot_s for c in fitting)
     binds = [n for n, s in slo.items() if s is not None and
@@ -295,6 +309,26 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
     return ServingInfeasible(
         f"no split of {model.name} over {cluster.total_gpus} GPUs meets {_slo_text(ttft_slo_s, tpot_slo_s)}"
         f"{at_batch}{what}. Closest: {closest.describe()}", closest, "latency")
+
+
+def _no_kv_room(model, cluster, wl, fixed, sched) -> ServingInfeasible:
+    """In-flight: no split leaves the engine a KV pool for one request."""
+    from planner.search.serving_space import degree_tuples
+    gib = 2**30
+    tuples = degree_tuples(model, cluster, fixed)
+    if not tuples:
+        return ServingInfeasible(f"no legal split of {model.name} over {cluster.total_gpus} GPUs with the fixed "
+                                 f"dimensions {fixed or '{}'}", None, "no legal split")
+    deg = max(tuples, key=lambda d: (d[0] * d[1], d[3], d))
+    one = _evaluate(model, cluster, wl, deg, 1)
+    limit = sched.gpu_memory_utilization * cluster.gpu.memory_bytes
+    return ServingInfeasible(
+        f"{model.name} does not fit {cluster.total_gpus} x {cluster.gpu.name}: at the largest sharding (tp={one.tp} "
+        f"pp={one.pp} ep={one.ep}) the weights take {one.est.memory['weights_bytes'] / gib:.2f} GiB per GPU and even "
+        f"one sequence of {wl.prompt_len}+{wl.output_len} tokens needs {one.est.peak_bytes / gib:.2f} GiB, over "
+        f"the engine's {sched.gpu_memory_utilization:g} x {cluster.gpu.memory_bytes / gib:.2f} = {limit / gib:.2f} "
+        "GiB; use more GPUs (--gpus), smaller weights (--dtype fp8/int4) or a higher --gpu-memory-utilization. "
+        f"Closest: {one.describe()}", one, "memory")
 
 
 def _evaluate(model, cluster, wl, degrees, batch, sched=None) -> Candidate:

@@ -195,6 +195,8 @@ def enumerate_inflight(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fix
         max_n[(tp, pp, dp, ep)] = int(rep.top.concurrency) if rep.fits else 0
         if not rep.fits:
             continue
+        if batch is not None and batch > rep.top.concurrency:
+            continue            # more users than run at once: they would only queue (the plan's cap)
         if batch is not None or rate_per_s is not None:
             try:
                 ests = [rep.at(concurrency=batch, rate_per_s=None if rate_per_s is None else rate_per_s / dp)]
