@@ -171,7 +171,7 @@ def emit_disaggregated(plan: Plan) -> dict[str, str]:
     usage = ["PROXY=<vllm repo>/tests/v1/kv_connector/nixl_integration/toy_proxy_server.py "
              "NODE_ADDRS='<node 0 addr> <node 1 addr> ...' bash proxy.sh",
              "serves the OpenAI API on port ${PORT:-8000}; requests go prefill first, then decode"]
-    body = (': "${PROXY:?set PROXY to vLLM'"'"'s tests/v1/kv_connector/nixl_integration/toy_proxy_server.py}"\n'
+    body = (': "${PROXY:?set PROXY to tests/v1/kv_connector/nixl_integration/toy_proxy_server.py of the vLLM repository}"\n'
             'read -r -a ADDRS <<< "${NODE_ADDRS:-localhost}"\n'
             'addr() { if [ "$1" -lt "${#ADDRS[@]}" ]; then echo "${ADDRS[$1]}"; else echo localhost; fi; }\n')
     body += "PROXY_ARGS=(\n  --port \"${PORT:-8000}\"\n"
