@@ -720,7 +720,29 @@ def estimate_disaggregated(model: ModelSpec, cluster: ClusterSpec, workload: Wor
     return disagg_estimate(pt, pre, dec, gpus)
 
 
-__all__ = ["SchedulerConfig", "scheduler_defaults", "StepModel", "KvCapacity", "kv_capacity", "Schedule",
+def estimate_serving(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                     serving: dict | None, stages: tuple[StageSpec, ...] | None = None) -> InferenceEstimate:
+    """The estimate a serving plan's figures came from, rebuilt from its ``serving`` section (the
+    batching, the scheduler, the operating point or the pools): static plans and plans without a
+    section use ``estimate_inference`` at the workload's batch."""
+    from .inference import estimate_inference
+    serving = dict(serving or {})
+    batching = serving.get("batching", "static")
+    if batching == "static" or not serving.get("scheduler"):
+        return estimate_inference(model, cluster, workload, par, stages=stages)
+    sched = SchedulerConfig(**serving["scheduler"])
+    if batching == "disaggregated":
+        dis = serving["disaggregation"]
+        pools = [Pool(**{k: int(dis[r][k]) for k in ("tp", "pp", "ep", "replicas")}) for r in ("prefill", "decode")]
+        return estimate_disaggregated(model, cluster, workload, pools[0], pools[1], sched,
+                                      decode_batch=float(dis["decode_batch"]))
+    d = (serving.get("operating_point") or {}).get("decode_batch")
+    if d:
+        return estimate_inflight(model, cluster, workload, par, sched, decode_batch=float(d), stages=stages)
+    return estimate_inflight(model, cluster, workload, par, sched, concurrency=workload.global_batch, stages=stages)
+
+
+__all__ = ["estimate_serving", "SchedulerConfig", "scheduler_defaults", "StepModel", "KvCapacity", "kv_capacity", "Schedule",
            "inflight_point", "inflight_at", "max_decode_batch", "decode_grid", "InflightReplica", "estimate_inflight",
            "Pool", "PrefillPool", "kv_transfer_s", "DisaggPoint", "disagg_point", "disagg_estimate",
            "estimate_disaggregated", "transfer_crosses_nodes", "decode_capacity", "SERVERS", "BATCHING",

@@ -12,7 +12,9 @@ settings, the Hugging Face id and, for disaggregated plans, the prefill pool (``
 then the decode pool).
 
 The model: the plan's Hugging Face id (``serving.hf_id``: from ``--hf-id``, the config's
-``_name_or_path`` or the catalog), never a catalog nickname; without one, ``MODEL`` must be set.
+``_name_or_path`` or the catalog's id), never a catalog nickname; without one, ``MODEL`` must be
+set. Older plans without a ``serving`` section leave the scheduler flags at the engine's
+defaults, as their figures (static batches) assumed no particular budget.
 
 Memory: in-flight plans sized the engine's KV pool at ``serving.scheduler.gpu_memory_utilization``
 (default 0.90), and the files pass that value, so the server sizes its pool as the plan did. Older
@@ -26,13 +28,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from costmodel.batching import DEFAULT_UTILIZATION, scheduler_defaults
-from costmodel.catalog import hf_id as catalog_hf_id
 from emitters.base import CannotExpress, ceil_fraction, estimate_memory, require, require_mode, require_one_group
 from planner.plan.planfile import Plan
 
+DEFAULT_UTILIZATION = 0.90   # vLLM's CacheConfig default before 0.11 (0.92 after), TensorRT-LLM's free fraction
 HEADROOM = 0.05          # of GPU memory, above the estimated peak, for plans without a serving section
 MAX_UTILIZATION = 0.95   # the most of a GPU the files give an engine
+MEMORY_FLAG = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static",
+               "tensorrt-llm": "--kv_cache_free_gpu_memory_fraction"}
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,9 @@ class Settings:
     model_id: str | None          # Hugging Face id (or absolute path), None: MODEL must be set
     batching: str                 # static | inflight | disaggregated
     engine: str                   # the engine whose scheduler the plan modelled
-    token_budget: int             # tokens per scheduler step
+    token_budget: int | None      # tokens per scheduler step (None: the engine's default)
     max_num_seqs: int             # running requests per replica (decode instance)
-    block_tokens: int
+    block_tokens: int | None
     utilization: float            # share of GPU memory for the engine
     note: str                     # how utilization was chosen
 
@@ -112,8 +115,7 @@ def fraction(target: str, what: str, need_bytes: float, of_bytes: float) -> floa
 
 
 def model_id(plan: Plan) -> str | None:
-    sid = (plan.serving or {}).get("hf_id")
-    return sid or catalog_hf_id(plan.model.name)
+    return (plan.serving or {}).get("hf_id") or None
 
 
 def model_line(plan: Plan, var: str = "MODEL") -> str:
@@ -131,38 +133,40 @@ def settings(plan: Plan, target: str) -> Settings:
     sched = srv.get("scheduler") or {}
     engine = srv.get("engine") or target
     batching = srv.get("batching") or "static"
-    defaults = scheduler_defaults(target if target in ("vllm", "sglang", "tensorrt-llm") else "vllm",
-                                  plan.cluster.gpu)
     total = plan.cluster.gpu.memory_bytes
     mem = memory(plan)
     need = mem.get("peak_bytes", 0.0) / total if mem else 0.0
     if sched:
         util = float(sched["gpu_memory_utilization"])
-        require(need <= util + 1e-9, target, f"--gpu-memory-utilization {util:g}",
+        require(need <= util + 1e-9, target, f"{MEMORY_FLAG.get(target, 'memory share')} at {util:g}",
                 f"the estimate needs {need:.3f} of the GPU", "re-plan with a higher --gpu-memory-utilization")
         note = (f"memory share {util:.2f}: the plan sized the KV pool at this share "
                 f"(the operating point needs {need:.2f})")
     else:
         util = max(DEFAULT_UTILIZATION, ceil_fraction(need + HEADROOM))
         if util > MAX_UTILIZATION + 1e-9:
-            raise CannotExpress(target, "the memory share", f"the estimate needs {need:.3f} of the GPU, which leaves "
+            raise CannotExpress(target, f"the memory share ({MEMORY_FLAG.get(target, 'memory')})",
+                                f"the estimate needs {need:.3f} of the GPU, which leaves "
                                 f"less than {HEADROOM:g} headroom under {MAX_UTILIZATION:g}",
                                 "re-plan with more sharding or fp8 KV cache")
         note = (f"memory share {util:.2f} = max(the engines' default {DEFAULT_UTILIZATION:g}, estimated peak "
                 f"{need:.2f} + {HEADROOM:g} headroom), so the KV pool holds more than the plan's batch")
     dis = disaggregation(plan)
-    budget = int(sched.get("token_budget") or defaults.token_budget)
+    budget = int(sched["token_budget"]) if sched.get("token_budget") else None
     if dis:
         seqs = max(1, math.ceil(float(dis.get("decode_batch", plan.workload.global_batch)))) + 1
     else:
         op = srv.get("operating_point") or {}
         seqs = max(plan.workload.global_batch, math.ceil(float(op.get("concurrency", 0.0)) - 1e-9))
     return Settings(model_id=model_id(plan), batching=batching, engine=engine, token_budget=budget,
-                    max_num_seqs=int(seqs), block_tokens=int(sched.get("block_tokens") or defaults.block_tokens),
+                    max_num_seqs=int(seqs), block_tokens=int(sched["block_tokens"]) if sched.get("block_tokens") else None,
                     utilization=round(util, 4), note=note)
 
 
 def batching_note(s: Settings, target: str) -> str:
+    if s.token_budget is None:
+        return (f"the plan assumed static batches and no scheduler settings; {target} batches continuously with "
+                "its default token budget, so expect the figures of `planner plan --batching inflight`")
     if s.batching == "static":
         return (f"the plan assumed static batches; {target} batches continuously, so expect the figures of "
                 "`planner plan --batching inflight` for the same split")

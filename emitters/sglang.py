@@ -69,8 +69,10 @@ def _dtypes(plan: Plan) -> list:
 
 def _scheduler(plan: Plan, s, running: int) -> tuple[list, list[str]]:
     w = plan.workload
-    a: list = ["--context-length", w.seq_len, "--chunked-prefill-size", s.token_budget, "--enable-mixed-chunk",
-               "--max-running-requests", running]
+    a: list = ["--context-length", w.seq_len]
+    if s.token_budget is not None:
+        a += ["--chunked-prefill-size", s.token_budget, "--enable-mixed-chunk"]
+    a += ["--max-running-requests", running]
     notes = []
     mem = memory(plan)
     total = plan.cluster.gpu.memory_bytes
@@ -134,7 +136,7 @@ def emit_disaggregated(plan: Plan) -> dict[str, str]:
         mine = [i for i in insts if i.role == role]
         a, notes = _parallel(plan, tp, pp, 1, 1)
         a += _dtypes(plan)
-        running = s.max_num_seqs if role == "decode" else max(1, s.token_budget // max(1, plan.workload.prompt_len))
+        running = s.max_num_seqs if role == "decode" else max(1, (s.token_budget or 8192) // max(1, plan.workload.prompt_len))
         sa, sn = _scheduler(plan, s, running)
         a += sa + ["--disaggregation-mode", role,
                    "--disaggregation-transfer-backend", Raw('"${TRANSFER_BACKEND:-mooncake}"'),

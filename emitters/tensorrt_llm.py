@@ -64,12 +64,15 @@ def serve_args(plan: Plan) -> tuple[list, dict, list[str]]:
     elif kv not in WEIGHT_DTYPES:
         raise CannotExpress(TARGET, f"KV cache in {kv}", "TensorRT-LLM stores the KV cache in the model dtype or fp8")
     s = settings(plan, TARGET)
-    extra["enable_chunked_prefill"] = True
+    if s.token_budget is not None:
+        extra["enable_chunked_prefill"] = True
     a: list = ["--backend", "pytorch", "--tp_size", tp_size, "--pp_size", p.pp]
     if ep_size > 1:
         a += ["--ep_size", ep_size]
-    a += ["--gpus_per_node", plan.cluster.gpus_per_node, "--max_batch_size", s.max_num_seqs,
-          "--max_num_tokens", s.token_budget, "--max_seq_len", w.seq_len]
+    a += ["--gpus_per_node", plan.cluster.gpus_per_node, "--max_batch_size", s.max_num_seqs]
+    if s.token_budget is not None:
+        a += ["--max_num_tokens", s.token_budget]
+    a += ["--max_seq_len", w.seq_len]
     mem = memory(plan)
     if {"weights_bytes", "activations_bytes", "other_bytes"} <= set(mem):
         total = plan.cluster.gpu.memory_bytes

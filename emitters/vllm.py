@@ -84,9 +84,13 @@ def serve_args(plan: Plan) -> tuple[list, list[str]]:
 
 def _scheduler(plan: Plan, s, seqs: int) -> list:
     w = plan.workload
-    return ["--max-model-len", w.seq_len, "--enable-chunked-prefill", "--max-num-batched-tokens", s.token_budget,
-            "--max-num-seqs", seqs, "--block-size", s.block_tokens,
-            "--gpu-memory-utilization", f"{s.utilization:.2f}", "--seed", w.seed]
+    a: list = ["--max-model-len", w.seq_len]
+    if s.token_budget is not None:
+        a += ["--enable-chunked-prefill", "--max-num-batched-tokens", s.token_budget]
+    a += ["--max-num-seqs", seqs]
+    if s.block_tokens is not None:
+        a += ["--block-size", s.block_tokens]
+    return a + ["--gpu-memory-utilization", f"{s.utilization:.2f}", "--seed", w.seed]
 
 
 def emit(plan: Plan) -> dict[str, str]:
@@ -150,7 +154,7 @@ def emit_disaggregated(plan: Plan) -> dict[str, str]:
                 "each disaggregated instance is its own vllm serve; expert parallel across instances needs "
                 "one engine per pool", "plan the pool's ep within one instance (ep <= tp)")
         a, notes = _common(plan, int(pool["tp"]), int(pool["pp"]), 1, min(ep, int(pool["tp"])) if ep > 1 else 1)
-        seqs = s.max_num_seqs if role == "decode" else max(1, s.token_budget // max(1, plan.workload.prompt_len))
+        seqs = s.max_num_seqs if role == "decode" else max(1, (s.token_budget or 8192) // max(1, plan.workload.prompt_len))
         a += _scheduler(plan, s, seqs)
         a += ["--port", Raw('"$PORT"'), "--kv-transfer-config", KV_TRANSFER]
         usage = [f"INSTANCE=<0..{len(mine) - 1}> bash {role}.sh  on the node the case below names "

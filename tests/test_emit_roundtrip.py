@@ -646,7 +646,12 @@ def test_vllm_round_trip(name, tmp_path):
             if p.ep > 1:
                 assert a.tensor_parallel_size * a.data_parallel_size == p.ep
             assert a.max_model_len == w.seq_len and a.max_num_seqs >= w.global_batch
-            assert a.enable_chunked_prefill is True and a.max_num_batched_tokens >= 1
+            sched = (plan.serving or {}).get("scheduler")
+            if sched:         # the scheduler the plan assumed; plans without one keep the engine's defaults
+                assert a.enable_chunked_prefill is True and a.max_num_batched_tokens == sched["token_budget"]
+                assert a.block_size == sched["block_tokens"]
+            else:
+                assert a.max_num_batched_tokens is None
             mem = plan.estimate.get("memory", {})
             util = float(a.gpu_memory_utilization)
             assert util == pytest.approx(_expected_util(plan))
@@ -709,7 +714,9 @@ def test_sglang_round_trip(name, tmp_path):
         else:
             assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
         assert a.context_length == w.seq_len and a.max_running_requests >= w.global_batch
-        assert a.enable_mixed_chunk and a.chunked_prefill_size >= 1
+        sched = (plan.serving or {}).get("scheduler")
+        assert a.enable_mixed_chunk == bool(sched)
+        assert a.chunked_prefill_size == (sched["token_budget"] if sched else None)
         mem = plan.estimate.get("memory", {})
         if mem:
             total = plan.cluster.gpu.memory_bytes
@@ -747,7 +754,9 @@ def test_trtllm_round_trip(name, tmp_path):
     else:
         assert a.tensor_parallel_size == p.tp
     assert (a.pipeline_parallel_size, a.max_seq_len) == (p.pp, w.seq_len) and a.max_batch_size >= w.global_batch
-    assert extra["dtype"] == "bfloat16" and extra["enable_chunked_prefill"] is True and a.max_num_tokens >= 1
+    sched = (plan.serving or {}).get("scheduler")
+    assert extra["dtype"] == "bfloat16" and extra.get("enable_chunked_prefill", False) == bool(sched)
+    assert a.max_num_tokens == (sched["token_budget"] if sched else None)
     mem = plan.estimate.get("memory", {})
     if mem:
         total = plan.cluster.gpu.memory_bytes
@@ -773,12 +782,12 @@ def test_serving_one_replica_over_two_nodes(tmp_path):
     plan = make_plan("llama-3-70b", gpus=16, gb=8, seq=4096, cluster="dgx-h100", mode="infer", tp=8, pp=2)
     out = write(plan, "vllm", tmp_path / "vllm")
     for rank in (0, 1):
-        argv = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h"})[0]["argv"]
+        argv = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h", "MODEL": "m"})[0]["argv"]
         a = vllm_parser().parse_args(argv[1:])
         assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.nnodes, a.node_rank, a.master_addr) == \
             (8, 2, 2, rank, "h")
         assert a.headless == (rank == 1)
     out = write(plan, "sglang", tmp_path / "sglang")
-    argv = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "1", "HEAD_ADDR": "h"})[0]["argv"]
+    argv = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "1", "HEAD_ADDR": "h", "MODEL": "m"})[0]["argv"]
     a = sglang_parser().parse_args(argv[2:])
     assert (a.tp_size, a.pp_size, a.nnodes, a.node_rank, a.dist_init_addr) == (8, 2, 2, 1, "h:50000")

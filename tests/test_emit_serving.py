@@ -143,16 +143,19 @@ def test_tensorrt_llm_refuses_disaggregated_and_says_what_writes_it():
 
 
 def test_model_id_is_the_hf_id_never_a_catalog_nickname(tmp_path):
-    for name in ("llama-3.1-70b-serve-agg-h100x8", "llama-3-70b-serve-h100x8"):
-        plan = examples()[name]
-        out = write(plan, "vllm", tmp_path / name)
-        rc, calls, err = run(out / "vllm.sh", ["vllm"], {})
+    plan = examples()["llama-3.1-70b-serve-agg-h100x8"]
+    for target, fake, at in (("vllm", "vllm", 1), ("sglang", "python-fake", 3), ("tensorrt-llm", "trtllm-serve", 0)):
+        out = write(plan, target, tmp_path / target)
+        script = next(p for p in out.iterdir() if p.suffix == ".sh")
+        rc, calls, err = run(script, [fake], {})
         assert rc == 0, err
-        assert "/" in calls[0]["argv"][1] and calls[0]["argv"][1] != plan.model.name
-    # a model with no public checkpoint: the script stops and says to set MODEL
-    out = write(examples()["tiny-llama-serve-cpu"], "vllm", tmp_path / "tiny")
-    rc, calls, err = run(out / "vllm.sh", ["vllm"], {})
-    assert rc != 0 and not calls and "set MODEL" in err
+        assert calls[0]["argv"][at] == "meta-llama/Llama-3.1-70B-Instruct" != plan.model.name
+    # a plan with no Hugging Face id (a model without a public checkpoint, or an old plan): the script
+    # stops and says to set MODEL rather than pass a catalog nickname
+    for name in ("tiny-llama-serve-cpu", "llama-3-70b-serve-h100x8"):
+        out = write(examples()[name], "vllm", tmp_path / name)
+        rc, calls, err = run(out / "vllm.sh", ["vllm"], {})
+        assert rc != 0 and not calls and "set MODEL" in err
 
 
 def test_wide_ep_emits_data_parallel_attention(tmp_path):

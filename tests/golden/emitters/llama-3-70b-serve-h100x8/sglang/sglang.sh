@@ -5,9 +5,9 @@
 # bash sglang.sh [extra server flags]  (MODEL=<hf id or local path> overrides the model)
 # --mem-fraction-static 0.86 = (engine share 0.90 x 80.00 GiB - activations and buffers 3.50 GiB) / 80.00 GiB: weights plus the KV pool
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.33 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; sglang batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; sglang batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Meta-Llama-3-70B-Instruct}"
+: "${MODEL:?set MODEL to the Hugging Face id or local path of llama-3-70b (the plan has no Hugging Face id: plan with --hf-id)}"
 PYTHON="${PYTHON:-python3}"
 SERVER_ARGS=(
   --tp-size 8
@@ -15,8 +15,6 @@ SERVER_ARGS=(
   --dp-size 1
   --dtype bfloat16
   --context-length 2560
-  --chunked-prefill-size 8192
-  --enable-mixed-chunk
   --max-running-requests 64
   --mem-fraction-static 0.86
   --random-seed 0

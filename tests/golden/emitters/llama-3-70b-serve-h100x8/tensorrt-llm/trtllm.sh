@@ -5,9 +5,9 @@
 # bash trtllm.sh [extra trtllm-serve flags]  (MODEL=<hf id or local path> overrides the model)
 # --kv_cache_free_gpu_memory_fraction 0.87 = the plan's KV pool 52.06 GiB / 60.06 GiB left after weights and buffers, rounded up
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.33 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; tensorrt-llm batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; tensorrt-llm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Meta-Llama-3-70B-Instruct}"
+: "${MODEL:?set MODEL to the Hugging Face id or local path of llama-3-70b (the plan has no Hugging Face id: plan with --hf-id)}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVE_ARGS=(
   --backend pytorch
@@ -15,7 +15,6 @@ SERVE_ARGS=(
   --pp_size 1
   --gpus_per_node 8
   --max_batch_size 64
-  --max_num_tokens 8192
   --max_seq_len 2560
   --kv_cache_free_gpu_memory_fraction 0.87
   --extra_llm_api_options "$HERE/trtllm_extra.yaml"

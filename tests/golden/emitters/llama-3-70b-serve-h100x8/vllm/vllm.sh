@@ -4,19 +4,16 @@
 #
 # bash vllm.sh [extra vllm serve flags]  (MODEL=<hf id or local path> overrides the model)
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.33 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; vllm batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; vllm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Meta-Llama-3-70B-Instruct}"
+: "${MODEL:?set MODEL to the Hugging Face id or local path of llama-3-70b (the plan has no Hugging Face id: plan with --hf-id)}"
 SERVE_ARGS=(
   --tensor-parallel-size 8
   --pipeline-parallel-size 1
   --data-parallel-size 1
   --dtype bfloat16
   --max-model-len 2560
-  --enable-chunked-prefill
-  --max-num-batched-tokens 8192
   --max-num-seqs 64
-  --block-size 16
   --gpu-memory-utilization 0.90
   --seed 0
 )

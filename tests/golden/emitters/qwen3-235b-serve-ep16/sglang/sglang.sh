@@ -6,10 +6,10 @@
 # data-parallel attention: 16 attention replicas of tp1, experts over 16 GPUs
 # --mem-fraction-static 0.87 = (engine share 0.90 x 141.00 GiB - activations and buffers 5.00 GiB) / 141.00 GiB: weights plus the KV pool
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.67 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; sglang batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; sglang batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 # On each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0> bash sglang.sh
 set -euo pipefail
-MODEL="${MODEL:-Qwen/Qwen3-235B-A22B}"
+: "${MODEL:?set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)}"
 PYTHON="${PYTHON:-python3}"
 : "${NODE_RANK:?set NODE_RANK (0 on the head node)}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"
@@ -21,8 +21,6 @@ SERVER_ARGS=(
   --ep-size 16
   --dtype bfloat16
   --context-length 5120
-  --chunked-prefill-size 8192
-  --enable-mixed-chunk
   --max-running-requests 32
   --mem-fraction-static 0.87
   --random-seed 0

@@ -5,11 +5,11 @@
 # bash vllm.sh [extra vllm serve flags]  (MODEL=<hf id or local path> overrides the model)
 # expert parallel over 16 GPUs with data-parallel attention (16 attention replicas of tp1)
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.67 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; vllm batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; vllm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 # On each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0> bash vllm.sh
 # 8 replica(s) of tp*pp = 1 GPUs per node
 set -euo pipefail
-MODEL="${MODEL:-Qwen/Qwen3-235B-A22B}"
+: "${MODEL:?set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)}"
 : "${NODE_RANK:?set NODE_RANK (0 on the head node)}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"
 SERVE_ARGS=(
@@ -19,10 +19,7 @@ SERVE_ARGS=(
   --enable-expert-parallel
   --dtype bfloat16
   --max-model-len 5120
-  --enable-chunked-prefill
-  --max-num-batched-tokens 8192
   --max-num-seqs 32
-  --block-size 16
   --gpu-memory-utilization 0.90
   --seed 0
   --data-parallel-size-local 8

@@ -5,7 +5,7 @@
 # bash sglang.sh [extra server flags]  (MODEL=<hf id or local path> overrides the model)
 # the plan has no memory estimate: SGLang picks --mem-fraction-static itself
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.00 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; sglang batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; sglang batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
 : "${MODEL:?set MODEL to the Hugging Face id or local path of tiny-llama (the plan has no Hugging Face id: plan with --hf-id)}"
 PYTHON="${PYTHON:-python3}"
@@ -15,8 +15,6 @@ SERVER_ARGS=(
   --dp-size 1
   --dtype bfloat16
   --context-length 64
-  --chunked-prefill-size 2048
-  --enable-mixed-chunk
   --max-running-requests 4
   --random-seed 0
 )

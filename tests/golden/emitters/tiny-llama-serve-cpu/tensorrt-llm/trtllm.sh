@@ -5,7 +5,7 @@
 # bash trtllm.sh [extra trtllm-serve flags]  (MODEL=<hf id or local path> overrides the model)
 # the plan has no memory estimate: TensorRT-LLM's default KV fraction (0.9) applies
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.00 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; tensorrt-llm batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; tensorrt-llm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
 : "${MODEL:?set MODEL to the Hugging Face id or local path of tiny-llama (the plan has no Hugging Face id: plan with --hf-id)}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,6 @@ SERVE_ARGS=(
   --pp_size 1
   --gpus_per_node 2
   --max_batch_size 4
-  --max_num_tokens 8192
   --max_seq_len 64
   --extra_llm_api_options "$HERE/trtllm_extra.yaml"
 )

@@ -4,7 +4,7 @@
 #
 # bash vllm.sh [extra vllm serve flags]  (MODEL=<hf id or local path> overrides the model)
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.00 + 0.05 headroom), so the KV pool holds more than the plan's batch
-# the plan assumed static batches; vllm batches continuously, so expect the figures of `planner plan --batching inflight` for the same split
+# the plan assumed static batches and no scheduler settings; vllm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
 : "${MODEL:?set MODEL to the Hugging Face id or local path of tiny-llama (the plan has no Hugging Face id: plan with --hf-id)}"
 SERVE_ARGS=(
@@ -13,10 +13,7 @@ SERVE_ARGS=(
   --data-parallel-size 1
   --dtype bfloat16
   --max-model-len 64
-  --enable-chunked-prefill
-  --max-num-batched-tokens 2048
   --max-num-seqs 4
-  --block-size 16
   --gpu-memory-utilization 0.90
   --seed 0
 )
