@@ -437,6 +437,14 @@ def _memory_at(kv: KvCapacity, running: float, sm: StepModel) -> dict[str, float
             "activations_bytes": m["activations_bytes"], "other_bytes": m["other_bytes"]}
 
 
+def _engine_bytes(kv: KvCapacity) -> float:
+    """The memory the engine takes per GPU: weights, activations, buffers and its KV pool
+    (``gpu_memory_utilization x GPU`` for vLLM and SGLang; TensorRT-LLM's pool is a share of
+    what is left after the rest)."""
+    m = kv.memory
+    return m["weights_bytes"] + m["activations_bytes"] + m["other_bytes"] + kv.pool_bytes
+
+
 def _time_terms(pt: Schedule, static_time: dict | None = None) -> dict[str, float]:
     dec, mix = pt.passes["decode"], pt.passes["mixed"]
     t = {"decode_step_s": pt.decode_step_s, "mixed_step_s": pt.mixed_step_s, "mean_step_s": pt.mean_step_s,
@@ -465,7 +473,7 @@ def _estimate_from(pt: Schedule, kv: KvCapacity, sm: StepModel, sched: Scheduler
         max_batch=max(1, int(top.concurrency)), kv_cache_bytes_per_gpu=mem["kv_cache_bytes"],
         kv_cache_bytes_per_token=kv_tok, kv_cache_capacity_tokens=kv.capacity_tokens,
         request_latency_s=pt.ttft_s + (sm.O - 1) * pt.tpot_s, prefill_s=pt.prefill_s, memory=mem,
-        time=_time_terms(pt), capacity_bytes=sm.cluster.gpu.memory_bytes * sched.gpu_memory_utilization,
+        time=_time_terms(pt), capacity_bytes=_engine_bytes(kv),
         batch=max(1, int(round(pt.concurrency))), gpus=gpus, batching="inflight", schedule=schedule)
     est.stages = [{"layers": [st.first_layer, st.last_layer], "device_group": st.group,
                    "memory": mem, "capacity_bytes": est.capacity_bytes,
@@ -655,7 +663,7 @@ def disagg_estimate(pt: DisaggPoint, pre: PrefillPool, dec: InflightReplica, gpu
     dmem = {"peak_bytes": m["weights_bytes"] + held + m["activations_bytes"] + m["other_bytes"],
             "weights_bytes": m["weights_bytes"], "kv_cache_bytes": held, "activations_bytes": m["activations_bytes"],
             "other_bytes": m["other_bytes"]}
-    cap = sm.cluster.gpu.memory_bytes * dec.sched.gpu_memory_utilization
+    cap = _engine_bytes(dec.kv)
     mem = dmem if dmem["peak_bytes"] >= pre.memory["peak_bytes"] else dict(pre.memory)
     out_tps = pt.output_tokens_per_s
     sched = dec.sched
