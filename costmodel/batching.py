@@ -728,6 +728,31 @@ def estimate_disaggregated(model: ModelSpec, cluster: ClusterSpec, workload: Wor
     return disagg_estimate(pt, pre, dec, gpus)
 
 
+def synchronized_ttft(rep: InflightReplica, users: float) -> float:
+    """Mean TTFT of a closed loop's first round when all ``users`` send at once, as fixed-length
+    concurrency benchmarks start: the prompts fill full-budget steps in arrival order beside the
+    decodes of the prompts already done; users beyond the running cap wait as in the steady state.
+    An upper reference for benchmark TTFTs (their later rounds spread out towards the steady
+    state, ``inflight_point``, the lower one)."""
+    sm, sched = rep.sm, rep.sched
+    P, C = sm.P, sched.token_budget
+    R = min(float(users), float(rep.kv.max_running))
+    done = t = total = 0.0
+    left = R * P
+    while left > 1e-9:
+        b = max(C - done, 1.0)
+        c = min(b, left)
+        tau, _ = sm.step(done, P, c, max(1.0, c / P), 0.0)
+        t += tau
+        total += c / P * t
+        done += c / P
+        left -= c
+    wave = total / R
+    if users > R:
+        return (R * wave + (users - R) * rep.at(concurrency=users).ttft_s) / users
+    return wave
+
+
 def estimate_serving(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
                      serving: dict | None, stages: tuple[StageSpec, ...] | None = None) -> InferenceEstimate:
     """The estimate a serving plan's figures came from, rebuilt from its ``serving`` section (the
@@ -750,7 +775,7 @@ def estimate_serving(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return estimate_inflight(model, cluster, workload, par, sched, concurrency=workload.global_batch, stages=stages)
 
 
-__all__ = ["estimate_serving", "SchedulerConfig", "scheduler_defaults", "StepModel", "KvCapacity", "kv_capacity", "Schedule",
+__all__ = ["estimate_serving", "synchronized_ttft", "SchedulerConfig", "scheduler_defaults", "StepModel", "KvCapacity", "kv_capacity", "Schedule",
            "inflight_point", "inflight_at", "max_decode_batch", "decode_grid", "InflightReplica", "estimate_inflight",
            "Pool", "PrefillPool", "kv_transfer_s", "DisaggPoint", "disagg_point", "disagg_estimate",
            "estimate_disaggregated", "transfer_crosses_nodes", "decode_capacity", "SERVERS", "BATCHING",
