@@ -186,9 +186,13 @@ def test_refusals_exit_2_without_a_traceback(tmp_path):
     from runtime.local import make_plan
     train = write_plan(make_plan("tiny-llama"), tmp_path / "infer_train.yaml")
     two = write_plan(serving_plan(tp=2), tmp_path / "infer_two.yaml")
-    ep = write_plan(serving_plan("tiny-moe", dp=2, ep=2, batch=2), tmp_path / "infer_ep.yaml")
+    ep = write_plan(serving_plan("tiny-moe", dp=2, ep=4, batch=2), tmp_path / "infer_ep.yaml")
+    pd = write_plan(serving_plan().replace(serving={"batching": "disaggregated", "disaggregation": {
+        "prefill": {"tp": 1, "pp": 1, "ep": 1, "replicas": 1}, "decode": {"tp": 1, "pp": 1, "ep": 1, "replicas": 1}}}),
+        tmp_path / "infer_pd.yaml")
     for path, msg in ((train, "serves inference plans"), (two, "needs tp*pp*replicas = 2*1*1 = 2 processes"),
-                      (ep, "expert parallel")):
+                      (ep, "ep 4 must be a multiple of tp 1 dividing tp*replicas = 2"),
+                      (pd, "disaggregated prefill/decode")):
         r = subprocess.run([sys.executable, "-m", "runtime.serve", "--plan", str(path)], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, r.stderr
