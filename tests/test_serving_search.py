@@ -90,7 +90,7 @@ def test_static_batching_keeps_the_old_model(capsys):
     assert rc == 0
     e = d["plans"][0]["estimate"]
     assert "batching" not in e and d["plans"][0]["serving"]["batching"] == "static"
-    assert "comparison" not in d["solver"] or d["solver"]["comparison"]["disaggregated"] is None
+    assert d["solver"]["comparison"].get("disaggregated") is None
 
 
 def test_request_rate_is_served_with_the_lowest_latency(capsys):
@@ -163,3 +163,15 @@ def test_bad_serving_flags_are_usage_errors(capsys, flags, words):
     rc = main(BASE + flags)
     err = capsys.readouterr().err
     assert rc == 2 and words in err and "Traceback" not in err
+
+
+def test_explain_a_serving_plan_draws_the_frontier(tmp_path, capsys):
+    out, report = tmp_path / "p.yaml", tmp_path / "r.html"
+    assert main(BASE + SLO + ["--disaggregation", "off", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(out), "--html", str(report)]) == 0     # no frontier in the file: solved again
+    text = capsys.readouterr().out
+    assert "steady state" in text and "TTFT =" in text and "best aggregated" in text
+    assert "best disaggregated" not in text                            # not searched for this plan
+    page = report.read_text()
+    assert "Serving frontier" in page and "data:image/png;base64," in page and page.count("<tr>") > 5

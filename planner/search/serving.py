@@ -160,7 +160,8 @@ def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: d
     if exhaustive:
         res = _exhaustive(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_slo_s, top, t0, sched,
                           minimize_latency)
-        res.comparison = _comparison(res.scored, cluster.gpu.memory_bytes, ttft_slo_s, tpot_slo_s, minimize_latency)
+        res.comparison = _comparison(res.scored, cluster.gpu.memory_bytes, ttft_slo_s, tpot_slo_s, minimize_latency,
+                                     _kinds(disaggregation, sched, batch, rate_per_s, cands))
         return res
     sm = _ServingModel(cands, cluster.gpu.memory_bytes, ttft_slo_s, tpot_slo_s, minimize_latency)
     sols: list[Candidate] = []
@@ -192,7 +193,17 @@ def solve_serving(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: d
                        objective_name="request_latency_s" if minimize_latency else "output_tokens_per_s_per_gpu",
                        scored=cands,
                        comparison=_comparison(cands, cluster.gpu.memory_bytes, ttft_slo_s, tpot_slo_s,
-                                              minimize_latency))
+                                              minimize_latency, _kinds(disaggregation, sched, batch, rate_per_s, cands)))
+
+
+def _kinds(disaggregation: str, sched, batch, rate_per_s, cands) -> tuple[str, ...]:
+    """The kinds of plan the search considered (or that the given candidates hold)."""
+    pd = sched is not None and disaggregation in ("auto", "only") and batch is None and rate_per_s is None
+    kinds = {"disaggregated"} if pd else set()
+    if disaggregation != "only":
+        kinds.add("aggregated")
+    kinds |= {"disaggregated" if c.disaggregated else "aggregated" for c in cands}
+    return tuple(k for k in ("aggregated", "disaggregated") if k in kinds)
 
 
 def _feasible(c: Candidate, capacity: float, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
@@ -209,10 +220,14 @@ def _rank_key(c: Candidate, minimize_latency: bool):
             min(TIE_SCALE - 1, round(c.est.request_latency_s * 1e6)))
 
 
-def _comparison(cands: list[Candidate], capacity: float, ttft_slo_s, tpot_slo_s, minimize_latency: bool) -> dict:
-    """The best aggregated and the best disaggregated candidate under the goals (None: none)."""
+def _comparison(cands: list[Candidate], capacity: float, ttft_slo_s, tpot_slo_s, minimize_latency: bool,
+                kinds: tuple[str, ...] = ("aggregated", "disaggregated")) -> dict:
+    """The best aggregated and the best disaggregated candidate under the goals (None: none meets
+    them), for the kinds the search considered."""
     out: dict = {}
     for kind, want in (("aggregated", False), ("disaggregated", True)):
+        if kind not in kinds:
+            continue
         ok = [c for c in cands if c.disaggregated == want and _feasible(c, capacity, ttft_slo_s, tpot_slo_s)]
         out[kind] = min(ok, key=lambda c: _rank_key(c, minimize_latency)) if ok else None
     return out
