@@ -290,8 +290,7 @@ class Schedule:
     passes: dict = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "passes"}
-        return d
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "passes"}
 
 
 def _lockstep(par: ParallelConfig) -> int:
@@ -346,8 +345,8 @@ def inflight_point(sm: StepModel, sched: SchedulerConfig, d: float) -> Schedule:
 
 def max_decode_batch(sm: StepModel, sched: SchedulerConfig, kv: KvCapacity) -> float:
     """The largest ``d`` the replica sustains: prefill demand within the budget (``d P / (O-1) <
-    budget - d``, kept 0.5% below the pole of the M/D/1 wait) and running requests within the KV
-    pool and ``max_num_seqs``."""
+    budget - d``, kept 0.5% below the pole of the M/D/1 wait) and running requests (``d`` plus
+    the prompts being prefilled, ``X k tau_mix``) within the KV pool and ``max_num_seqs``."""
     P, O, C = sm.P, sm.O, sched.token_budget
     hi = C * (O - 1) / (P + O - 1) * 0.995 if O > 1 else 1.0
     hi = min(hi, float(kv.max_running), C - 1.0)
@@ -356,14 +355,20 @@ def max_decode_batch(sm: StepModel, sched: SchedulerConfig, kv: KvCapacity) -> f
     pt = inflight_point(sm, sched, hi)
     if pt.running <= kv.max_running:
         return hi
-    lo = 0.0
-    for _ in range(BISECT_STEPS):
-        mid = (lo + hi) / 2
-        if inflight_point(sm, sched, mid).running <= kv.max_running:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # running = d + X(d) * prefill(d): the correction is small and smooth, so a fixed point on
+    # d = max_running - X prefill converges in a few steps; then step down until it holds
+    d = hi
+    for _ in range(8):
+        extra = pt.running - pt.decode_batch
+        nd = min(hi, max(kv.max_running - extra, 1e-6))
+        if abs(nd - d) <= 1e-6 * max(1.0, d):
+            break
+        d = nd
+        pt = inflight_point(sm, sched, d)
+    while pt.running > kv.max_running * (1 + 1e-12) and d > 1e-6:
+        d *= 0.999
+        pt = inflight_point(sm, sched, d)
+    return d
 
 
 def inflight_at(sm: StepModel, sched: SchedulerConfig, kv: KvCapacity, *, concurrency: float | None = None,
@@ -490,9 +495,24 @@ class InflightReplica:
         self.sm = StepModel(model, cluster, workload, par, stages)
         self.sched = sched
         self.kv = kv_capacity(self.sm, sched)
-        self.d_max = max_decode_batch(self.sm, sched, self.kv) if self.kv.fits else 0.0
-        self.top = inflight_point(self.sm, sched, self.d_max) if self.d_max > 0 else None
         self.par = par
+        self._top: tuple | None = None
+
+    def _limits(self) -> tuple:
+        if self._top is None:
+            d_max = max_decode_batch(self.sm, self.sched, self.kv) if self.kv.fits else 0.0
+            self._top = (d_max, inflight_point(self.sm, self.sched, d_max) if d_max > 0 else None)
+        return self._top
+
+    @property
+    def d_max(self) -> float:
+        """The largest decode batch the replica sustains (``max_decode_batch``)."""
+        return self._limits()[0]
+
+    @property
+    def top(self) -> Schedule | None:
+        """The steady state at ``d_max``: the most this replica serves."""
+        return self._limits()[1]
 
     @property
     def fits(self) -> bool:

@@ -306,29 +306,39 @@ def soft_roofline(compute_s: float, memory_s: float, p: float = ROOFLINE_SHARPNE
     return hi * ((compute_s / hi) ** p + (memory_s / hi) ** p) ** (1.0 / p)
 
 
-@dataclass
 class _Pass:
     """Time of one pass of ``tokens`` through one stage, by term."""
 
-    gemm_compute: float = 0.0      # GEMM time at the compute roof
-    weights: float = 0.0           # weight reads at the memory roof
-    gemm: float = 0.0              # GEMMs, combined roofline
-    attn_compute: float = 0.0
-    kv: float = 0.0                # KV-cache reads (decode) / writes (prefill)
-    attn: float = 0.0              # attention core, combined roofline
-    elementwise: float = 0.0
-    overhead: float = 0.0
-    tp: float = 0.0
-    ep: float = 0.0
+    __slots__ = ("gemm_compute", "weights", "gemm", "attn_compute", "kv", "attn", "elementwise", "overhead",
+                 "tp", "ep")
+
+    def __init__(self) -> None:
+        self.gemm_compute = 0.0    # GEMM time at the compute roof
+        self.weights = 0.0         # weight reads at the memory roof
+        self.gemm = 0.0            # GEMMs, combined roofline
+        self.attn_compute = 0.0
+        self.kv = 0.0              # KV-cache reads (decode) / writes (prefill)
+        self.attn = 0.0            # attention core, combined roofline
+        self.elementwise = 0.0
+        self.overhead = 0.0
+        self.tp = 0.0
+        self.ep = 0.0
 
     @property
     def total(self) -> float:
         return self.gemm + self.attn + self.elementwise + self.overhead + self.tp + self.ep
 
     def add(self, o: "_Pass", k: float = 1.0) -> None:
-        for f in ("gemm_compute", "weights", "gemm", "attn_compute", "kv", "attn", "elementwise", "overhead",
-                  "tp", "ep"):
-            setattr(self, f, getattr(self, f) + k * getattr(o, f))
+        self.gemm_compute += k * o.gemm_compute
+        self.weights += k * o.weights
+        self.gemm += k * o.gemm
+        self.attn_compute += k * o.attn_compute
+        self.kv += k * o.kv
+        self.attn += k * o.attn
+        self.elementwise += k * o.elementwise
+        self.overhead += k * o.overhead
+        self.tp += k * o.tp
+        self.ep += k * o.ep
 
 
 class _Serving:

@@ -1,9 +1,10 @@
 """Disaggregated serving layouts: a prefill pool and a decode pool over all of a cluster's GPUs.
 
 1. Instance shapes: ``(tp, pp)`` with tp legal for the model and inside a node, an instance
-   filling part of a node evenly or whole nodes; MoE pools may spread their experts over the
-   pool (``ep`` a multiple of tp dividing ``tp x replicas`` and the experts: wide EP with data-
-   parallel attention when tp = 1).
+   filling part of a node evenly or whole nodes. Each instance is its own engine (as the P/D
+   deployments of vLLM and SGLang run them), so a MoE pool's experts are split inside one
+   instance: ``ep`` 1 (each expert over TP) or ``tp`` (whole experts over the TP ranks); wide EP
+   across instances is left to aggregated plans.
 2. Every split of the GPUs ``r_p g_p + r_d g_d = G`` into ``r_p`` prefill instances of ``g_p``
    GPUs and ``r_d`` decode instances of ``g_d`` (the pool ratio), each pool with its own shape.
 3. Per layout, the decode batch ``d``: the decode pool's steady states on a grid of ``d``
@@ -57,10 +58,13 @@ def instance_shapes(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, int
 
 
 def _eps(model: ModelSpec, tp: int, replicas: int, fixed: dict[str, int]) -> list[int]:
+    """Expert parallel inside one instance (module docstring): 1, or tp."""
     if not model.is_moe:
         return [1]
     eps = [1] if model.expert_ffn_hidden % tp == 0 else []
-    eps += [e for e in _divisors(tp * replicas) if e > 1 and e % tp == 0 and model.num_experts % e == 0]
+    if tp > 1 and model.num_experts % tp == 0:
+        eps.append(tp)
+    del replicas
     if "ep" in fixed:
         eps = [e for e in eps if e == fixed["ep"]]
     return eps
