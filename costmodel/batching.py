@@ -107,7 +107,7 @@ class SchedulerConfig:
             raise SpecError(f"reserve must be on_demand or full, got {self.reserve!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def _sglang_chunk(memory_bytes: float) -> int:
@@ -181,8 +181,16 @@ class StepModel:
         pp = self.par.pp
         reqs = dec + pre_seqs
         micro = max(1.0, min(float(pp), reqs)) if pp > 1 else 1.0
-        passes = [self.sv.mixed_stage_pass(st, i, dec / micro, ctx, pre / micro, pre_seqs / micro, past,
-                                           self._memo) for i, st in enumerate(self.stages)]
+        # stages with the same layers (dense and MoE) and the same ends cost the same: once each
+        last = len(self.stages) - 1
+        same: dict = {}
+        passes = []
+        for i, st in enumerate(self.stages):
+            sig = (st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer), i == 0, i == last)
+            if sig not in same:
+                same[sig] = self.sv.mixed_stage_pass(st, i, dec / micro, ctx, pre / micro, pre_seqs / micro, past,
+                                                     self._memo)
+            passes.append(same[sig])
         times = [p.total for p in passes]
         t = _pipeline(times, self._hop((dec + pre) / micro), micro)
         k = max(range(len(times)), key=lambda i: times[i])
