@@ -423,10 +423,14 @@ def _log(opts: ServeOptions, rank: int, msg: str) -> None:
 
 
 def predicted(plan, P: int, O: int, B: int) -> dict[str, Any]:
-    """The plan's prediction; recomputed by the cost model when the lengths or batch differ."""
+    """The plan's prediction; recomputed by the cost model when the lengths or batch differ, or when
+    the plan's figures assume continuous batching."""
     w = plan.workload
     est = dict(plan.estimate or {})
-    if (P, O, B) != (w.prompt_len, w.output_len, w.global_batch) or "tpot_s" not in est:
+    # this runtime serves static batches: an in-flight or disaggregated plan's figures are not the
+    # ones it can reproduce, so its prediction is the static model's at the same batch
+    static = est.get("batching", "static") == "static"
+    if (P, O, B) != (w.prompt_len, w.output_len, w.global_batch) or "tpot_s" not in est or not static:
         import dataclasses
 
         from costmodel.inference import estimate_inference
