@@ -159,6 +159,9 @@ class StepModel:
         self.stages = tuple(stages) if stages is not None else default_stages(model.layers, par.pp)
         self.sv = _Serving(model, cluster, workload, par)
         self.P, self.O = lengths(workload)
+        if self.O < 2:
+            raise SpecError(f"continuous batching needs at least 2 output tokens (the first comes from the prefill, "
+                            f"the rest from decode steps), got {self.O}; a prompt-only workload is a static batch")
         self._memo: dict = {}
         self._steps: dict = {}
 

@@ -158,6 +158,7 @@ def test_builtin_target_is_static_and_hf_id_comes_from_the_config(tmp_path, caps
     (["--batching", "static", "--request-rate", "3"], "continuous batching"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1"),
     (["--hf-id", "not an id"], "Hugging Face id"),
+    (["--output-len", "1"], "at least 2 output tokens"),
 ])
 def test_bad_serving_flags_are_usage_errors(capsys, flags, words):
     rc = main(BASE + flags)

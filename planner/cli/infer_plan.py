@@ -91,6 +91,9 @@ def engine_and_batching(args: argparse.Namespace) -> tuple[str, str]:
     if target not in ENGINES:
         raise UsageError(f"--target {target}: serving plans are for {', '.join(ENGINES)} or builtin")
     batching = batching or "inflight"
+    if batching == "inflight" and args.output_len is not None and args.output_len < 2:
+        raise UsageError(f"--output-len {args.output_len}: continuous batching needs at least 2 output tokens (the "
+                         "first comes from the prefill); plan a prompt-only workload with --batching static")
     if batching == "static":
         for k in ("request_rate", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
             if getattr(args, k, None) is not None:
