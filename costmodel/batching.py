@@ -486,7 +486,7 @@ def _estimate_from(pt: Schedule, kv: KvCapacity, sm: StepModel, sched: Scheduler
                 "max_running": kv.max_running, "kv_limited": kv.kv_limited, "replicas": replicas}
     est = InferenceEstimate(
         ttft_s=pt.ttft_s, tpot_s=pt.tpot_s, output_tokens_per_s=out_tps, output_tokens_per_s_per_gpu=out_tps / gpus,
-        max_batch=max(1, int(top.concurrency)), kv_cache_bytes_per_gpu=mem["kv_cache_bytes"],
+        max_batch=max(1, int(round(top.concurrency))), kv_cache_bytes_per_gpu=mem["kv_cache_bytes"],
         kv_cache_bytes_per_token=kv_tok, kv_cache_capacity_tokens=kv.capacity_tokens,
         request_latency_s=pt.ttft_s + (sm.O - 1) * pt.tpot_s, prefill_s=pt.prefill_s, memory=mem,
         time=_time_terms(pt), capacity_bytes=_engine_bytes(kv),

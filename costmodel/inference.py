@@ -59,7 +59,9 @@ curves; ``p -> infinity`` is the ideal roofline, ``p = 1`` no overlap at all).
   that step together (``ep`` a multiple of ``tp`` dividing ``tp x replicas``); ``ep = 1`` splits
   every expert over TP.
 
-Reported, per replica and with in-flight (continuous) batching at B concurrent sequences:
+Reported by ``estimate_inference``, per replica, for static batches of B sequences (``--batching
+static``; the figures of continuous batching, where prefill chunks share steps with running
+decodes, are ``costmodel.batching``'s, built on ``_Serving.mixed_layer`` here):
 
 * ``ttft_s``: a request joining B - 1 running sequences: its prompt's prefill, plus one decode
   step of the others that shares its scheduler step (0 when B = 1);
