@@ -316,6 +316,8 @@ def goodput(*, step_time_s: float, nodes: int, node_mtbf_s: float, checkpoint: C
     daly = daly_interval_s(max(delta, 1e-9), m)
     if interval_steps is None:
         best = best_interval_s(max(delta, 1e-9), r, m)
+        if checkpoint.asynchronous:         # one write at a time: the next starts after the last is durable
+            best = max(best, checkpoint.write_s)
         cands = {max(1, math.floor(best / step_time_s)), max(1, math.ceil(best / step_time_s))}
         interval_steps = max(cands, key=lambda k: useful_fraction(k * step_time_s, delta, r, m))
     if interval_steps < 1:

@@ -223,7 +223,7 @@ def decide(session_file: str, nodes: list[str], local_world: int) -> dict[str, A
     if len(active) > cur.world_size:        # more ranks than the plan uses: the last ones leave
         active = active[:cur.world_size]
     used = _unique([nodes[r] for r in active])
-    sess["attempts"].append({"attempt": attempt, "time": _now(), "nodes": used, "present": present,
+    sess["attempts"].append({"attempt": attempt, "time": _now(), "unix_time": time.time(), "nodes": used, "present": present,
                              "world_size": len(active), "plan": cur_path, "lost_nodes": lost})
     sess["current"] = cur_path
     _write(Path(session_file), sess)
@@ -346,7 +346,7 @@ def report(session: Path) -> dict[str, Any]:
         return {"replans": [], "rounds": 0, "stragglers": [], "plan": None}
     return {"replans": s.get("replans", []), "rounds": len(s.get("attempts", [])),
             "stragglers": s.get("stragglers", []), "excluded_nodes": s.get("excluded_nodes", []),
-            "plan": s.get("current"), "session": str(session)}
+            "plan": s.get("current"), "session": str(session), "round_log": s.get("attempts", [])}
 
 
 if __name__ == "__main__":
@@ -389,5 +389,6 @@ def launch(args: argparse.Namespace, nproc: int, device: str, metrics: str, trai
     if not rep["plan"]:
         raise CheckFailed(f"the job finished but its session file {session} is unreadable")
     summary["rounds"] = rep["rounds"]
+    summary["round_log"] = rep["round_log"]
     summary["stragglers_excluded"] = rep["stragglers"]
     return summary, read_plan(rep["plan"]), rep["replans"], max(0, rep["rounds"] - 1)

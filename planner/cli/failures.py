@@ -12,9 +12,11 @@ state size and the cluster's storage (``costmodel.reliability``):
 * the restart: ``--restart-overhead-s`` (default 150 s: detection, rendezvous, process group),
   the checkpoint read back at the same bandwidth, and two warm-up steps;
 * the best checkpoint interval (Young 1974, Daly 2006) in seconds and steps;
-* the layout on fewer nodes: the plan's tp, pp, cp, stages and micro-batch kept, data parallelism
-  cut to the largest degree that fits the nodes left and divides the global batch (what
-  ``planner replan`` keeps when the checkpoint's layout costs little);
+* the layout on fewer nodes: the plan's tp, pp, cp (and ep, virtual stages) kept, data
+  parallelism cut to the largest degree that fits the nodes left and divides the global batch
+  (what ``planner replan`` keeps when the checkpoint's layout costs little); the stage split,
+  recompute and micro-batch kept too when that still fits, else solved again with the degrees
+  fixed;
 * spare nodes: how many to hold back so that the nodes down at once (repairs take
   ``--repair-hours``, default 24, an assumption) exceed them but 1 % of the time, and two ways to
   run: on every node without spares (degraded while nodes are down), or the layout on ``N - S``
@@ -96,13 +98,31 @@ def same_layout(model, cluster, workload, par, stages, order, nodes: int):
         new = dataclasses.replace(par, dp=dp, dp_shard=shard,
                                   grad_accum=workload.global_batch // (dp * par.micro_batch))
         try:
-            est = estimate(model, cluster.with_gpus(world), workload, new, stages=stages, order=order)
+            sized = cluster.with_gpus(world)
+            est = estimate(model, sized, workload, new, stages=stages, order=order)
         except (SpecError, ValueError):
             continue
         if est.fits:
             return new, est
-        return None          # fewer replicas only need more memory per GPU
+        return _resolved(model, sized, workload, par, dp)    # more recompute, another stage split
     return None
+
+
+def _resolved(model, cluster, workload, par, dp: int):
+    """The best plan with the layout (tp, pp, cp, ep, virtual stages) and ``dp`` fixed, the rest
+    (recompute, stage split, micro-batch, ZeRO) solved: ``planner replan``'s compatible plan at
+    that size. None when nothing fits."""
+    from planner.plan.errors import InfeasibleError, SolverStopped
+    from planner.search.bnb import solve
+    fixed = {"tp": par.tp, "pp": par.pp, "cp": par.cp, "vpp": par.vpp, "dp": dp}
+    if model.is_moe:
+        fixed["ep"] = par.ep
+    try:
+        res = solve(model, cluster, workload, fixed, gpus=cluster.total_gpus, max_time_s=20.0)
+    except (InfeasibleError, SolverStopped):
+        return None
+    s = res.solutions[0]
+    return s.par, s.estimate
 
 
 def _degraded(model, cluster, workload, par, stages, order, nodes: int) -> list[float | None]:

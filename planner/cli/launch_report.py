@@ -24,7 +24,7 @@ def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
                                        "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
                                        "resumed_from_step", "last_checkpoint_step", "restart_count",
                                        "hosts", "stragglers", "checkpoints")}
-    for k in ("rounds", "stragglers_excluded"):          # a multi-node elastic job (planner.cli.elastic)
+    for k in ("rounds", "round_log", "stragglers_excluded"):          # a multi-node elastic job (planner.cli.elastic)
         if k in summary:
             out[k] = summary[k]
     out["predicted"] = dict(plan.estimate or {})
