@@ -395,6 +395,7 @@ def train(plan, opts: Options) -> dict:
                                 "give one of them")
     device_type = _device_type(opts.device)
     rank, world = init_distributed(device_type)
+    _subgroup_timeouts()
     if opts.inject is not None and not 0 <= opts.inject.rank < world:
         raise RuntimeUsageError(f"--inject-failure rank {opts.inject.rank} is not a rank of this "
                                 f"{world}-process job")
@@ -404,6 +405,19 @@ def train(plan, opts: Options) -> dict:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _subgroup_timeouts() -> None:
+    """The groups made from here on (the mesh's, the tied pair's, async checkpoints') wait as long
+    as the world group (``RUNTIME_TIMEOUT_S``), not torch's 30-minute default for new groups: a
+    rank that stops answering fails every collective within that time (``--dead-after Ts``)."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+    t = datetime.timedelta(seconds=float(os.environ.get("RUNTIME_TIMEOUT_S", "300")))
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if isinstance(getattr(c10d, name, None), datetime.timedelta):
+            setattr(c10d, name, t)
 
 
 def _agree(ok: bool, world: int) -> bool:

@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         new_rank, new_world = active.index(rank), len(active)
         os.environ.update(RANK=str(new_rank), WORLD_SIZE=str(new_world),
-                          TORCHELASTIC_RESTART_COUNT=str(d["attempt"]))
+                          TORCHELASTIC_RESTART_COUNT=str(d["attempt"]), RUNTIME_TIMEOUT_S=f"{args.dead_after_s:g}")
         device = args.device
         kw = {}
         if device == "cuda" or (device == "auto" and _cuda()):
