@@ -14,6 +14,12 @@ rank 0 writes ``meta.json`` and, last, ``manifest.json`` (the digest of every fi
 any point leaves the previous checkpoint complete and ``latest`` pointing at it. The newest
 ``KEEP`` checkpoints are kept.
 
+Asynchronous saves (``save_async``, ``--async-checkpoint``): the state is staged in host memory by
+``torch.distributed.checkpoint.async_save`` over a process group of its own, and written by a
+background thread into ``.tmp-step-N`` while training goes on; ``PendingSave.commit`` (collective,
+once the write is done on every rank) then does what ``save`` does after its write: the digests,
+``meta.json`` and, last, the manifest. Until then the step is not complete.
+
 A resume reads only an intact step (``find_intact``: its manifest matches every file, and its
 DCP index holds nothing but tensors), the newest one, naming each newer step it skipped and why;
 nothing of a step is unpickled before that check, and the load re-checks the bytes it reads.

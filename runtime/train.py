@@ -6,7 +6,9 @@ joins the process group (NCCL on GPUs, gloo on CPUs); without torchrun it runs a
 
     python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K]
         [--resume | --overwrite-checkpoints] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
-        [--inject-failure rank=R,step=S[,phase=step|save][,permanent]] [--device auto|cpu|cuda] [--lr LR]
+        [--inject-failure rank=R,step=S[,phase=step|save][,permanent] | rank=R,slow=X[,step=S]]
+        [--device auto|cpu|cuda] [--lr LR] [--async-checkpoint]
+        [--straggler-factor F] [--straggler-steps K] [--on-straggler report|replan]
 
 Set-up, in order: check the plan against the launch (world size, what the runtime can run);
 build the mesh in the plan's order; for each pipeline stage this rank holds, build the model
@@ -22,6 +24,13 @@ attempt) into a directory that holds checkpoints is refused unless ``--overwrite
 (which removes them first). Then train: each step's global batch comes from the
 workload's token stream, the loss is the mean over the global batch, and rank 0 writes one
 metrics line per step and, at the end, the JSON summary ``planner launch`` reads.
+
+Every step the ranks exchange their working time (``runtime.stragglers``): a rank above F x the
+median for K steps in a row is reported with its host (``stragglers`` in the summary);
+``--on-straggler replan`` saves the step and stops the job (the straggler leaves with exit 75) so
+that the launcher replans without it. ``--async-checkpoint`` writes checkpoints in the
+background (``checkpoint.save_async``); a step is committed (its manifest written) at the first
+step boundary where every rank's write is done, and always before the next save and at the end.
 
 Exit codes: 0 done; 2 a plan, checkpoint or input this launch cannot use (one line on
 stderr, no traceback); anything else is a crash, reported by torchrun with the rank.

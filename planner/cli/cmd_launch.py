@@ -22,6 +22,16 @@ written next to the checkpoint directory (``D.replan-1.yaml``, ...) and the job 
 last complete checkpoint under it. Other failures restart on the same plan, at most
 ``max(--max-restarts, --dead-after - 1)`` times in a row.
 
+``--on-failure replan`` on several nodes (``--nnodes N --node-rank I --rdzv-endpoint H:P``, every
+node): an elastic torchrun job whose rounds are agreed in the c10d rendezvous; a node that is
+killed or silent for ``--dead-after Ts`` is dropped, the survivors replan for the nodes left and
+resume from the last intact checkpoint with resharding (``planner.cli.elastic``).
+
+Stragglers: ``--straggler-factor F --straggler-steps K`` (1.5, 5) name a rank slower than F x the
+median for K steps, with its host; ``--on-straggler replan`` treats it as lost (its device, or its
+node, is excluded and replanned away). ``--inject-failure rank=R,slow=X`` makes a rank X times
+slower. ``--async-checkpoint`` saves with ``torch.distributed.checkpoint.async_save``.
+
 Files and processes (issue 15): on one node this command locks ``--checkpoint-dir`` for the
 whole job (``runtime.lock``; a second launch into it is refused, exit 2) and refuses, before any
 process starts, a directory that already holds checkpoints unless ``--resume`` (continue them)

@@ -200,7 +200,12 @@ def decide(session_file: str, nodes: list[str], local_world: int) -> dict[str, A
         else:
             ckpt_dir = str(checkpoint_dir_of(session_file))
             try:
-                cluster = changed_cluster(cur.cluster, gpus=len(active))
+                c = cur.cluster
+                whole = (len(c.groups) == 1 and c.gpus_per_node == local_world and c.total_gpus == cur.world_size
+                         and len(active) % local_world == 0)
+                # as `planner replan --lose-nodes K` (whole nodes of the plan's cluster), else --gpus N
+                cluster = (changed_cluster(c, lose_nodes=c.nodes - len(active) // local_world) if whole
+                           else changed_cluster(c, gpus=len(active)))
                 rp = replan(cur, cluster, max_time_s=60.0)
             except PlannerError as e:
                 return {"error": f"{len(active)} ranks on {len(alive)} node(s) are left "
