@@ -442,6 +442,12 @@ class ClusterSpec:
     # profile`, else OVERLAP_SLOWDOWN
     compute_comm_slowdown: float = OVERLAP_SLOWDOWN
     source: str = "datasheet"
+    # checkpoint storage (cluster file ``storage: {gb_per_s, total_gb_per_s}``): write bandwidth
+    # per node and the storage's own cap; 0 -> unknown (costmodel.reliability's default, no cap)
+    storage_bytes_per_s_per_node: float = 0.0
+    storage_total_bytes_per_s: float = 0.0
+    # failures (cluster file ``reliability: {node_mtbf_hours}``): 0 -> unknown
+    node_mtbf_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, f"cluster {describe(self.name)}", SpecError)
@@ -453,6 +459,10 @@ class ClusterSpec:
             raise SpecError(f"cluster {self.name!r}: {self.total_gpus:,} GPUs, more than the {num(MAX_GPUS)} this "
                             "planner handles")
         _check_tables(self)
+        for k in ("storage_bytes_per_s_per_node", "storage_total_bytes_per_s", "node_mtbf_s"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+                raise SpecError(f"cluster {self.name!r}: {k} must be a finite number >= 0, got {v!r}")
         if not 0 <= self.compute_comm_slowdown <= 1:
             raise SpecError(f"cluster {self.name!r}: measured.compute_comm_slowdown must be in [0, 1] (0: "
                             f"communication hides behind compute; 1: it does not), got {self.compute_comm_slowdown}")

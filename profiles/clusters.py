@@ -15,6 +15,16 @@ or, for a heterogeneous cluster, node groups::
       - {name: a100, extends: dgx-a100-80gb, nodes: 8}
     inter_node: {name: ib, gb_per_s: 25}
 
+Two optional keys describe what failures cost (``costmodel.reliability``; the planner reports
+goodput with them)::
+
+    storage: {gb_per_s: 1.0, total_gb_per_s: 2000}   # checkpoint writes: per node, and the storage's cap
+    reliability: {node_mtbf_hours: 6335}            # mean time between failures of one node
+
+Without ``storage`` a checkpoint is written at 1 GB/s per node, uncapped: Meta's Tectonic
+sustains 2 TB/s for the 2,048 nodes of the Llama 3 405B job (The Llama 3 Herd of Models, 2024,
+section 3.3.1). Without ``reliability`` (or ``--mtbf-hours``) no goodput is reported.
+
 Units are converted here, once: ``memory_gib`` -> bytes, ``tflops`` -> FLOP/s, ``gb_per_s`` ->
 bytes/s, ``latency_us`` -> s.
 """
@@ -41,7 +51,9 @@ _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency"
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
-_TOP_KEYS = _GROUP_KEYS | {"groups"}
+_TOP_KEYS = _GROUP_KEYS | {"groups", "storage", "reliability"}
+_STORAGE_KEYS = {"name", "gb_per_s", "total_gb_per_s"}
+_RELIABILITY_KEYS = {"node_mtbf_hours"}
 
 
 @lru_cache(maxsize=1)
@@ -247,7 +259,8 @@ def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | No
             g = _resolve(g, gw, base_dir)
             gname = _str(g, "name", gw, f"group{i}")
             groups.append(_group_from_dict({k: v for k, v in g.items() if k not in ("name", "inter_node",
-                                            "description", "measured", "source", "provenance")}, gname, gw))
+                                            "description", "measured", "source", "provenance", "storage",
+                                            "reliability")}, gname, gw))
         inter = data.get("inter_node")
         if inter is None:
             inter = _resolve(data["groups"][0], where, base_dir).get("inter_node")
@@ -255,12 +268,42 @@ def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | No
             raise SpecError(f"{where}: missing 'inter_node' for a grouped cluster")
     else:
         groups = [_group_from_dict({k: v for k, v in data.items() if k not in ("name", "inter_node", "description",
-                                    "measured", "source", "provenance")}, "main", where)]
+                                    "measured", "source", "provenance", "storage", "reliability")}, "main", where)]
         inter = data.get("inter_node")
         if inter is None:
             raise SpecError(f"{where}: missing 'inter_node'")
     return ClusterSpec(name=name, groups=tuple(groups), inter_node=link_from_dict(inter, f"{where}.inter_node"),
-                       source=_str(data, "source", where, "datasheet"), **_measured(data, where))
+                       source=_str(data, "source", where, "datasheet"), **_measured(data, where),
+                       **_storage_and_reliability(data, where))
+
+
+def _storage_and_reliability(d: Mapping, where: str) -> dict:
+    """``storage: {gb_per_s: per node, total_gb_per_s: the storage's cap}`` (checkpoint writes;
+    default: costmodel.reliability.DEFAULT_STORAGE_BYTES_PER_S_PER_NODE, Meta's Tectonic 2 TB/s
+    over 2,048 nodes) and ``reliability: {node_mtbf_hours: ...}`` (failures per node)."""
+    out: dict[str, Any] = {}
+    st = d.get("storage")
+    if st is not None:
+        if not isinstance(st, Mapping):
+            raise SpecError(f"{where}.storage: expected a mapping like {{gb_per_s: 1.0}}, got {st!r}")
+        _unknown(st, _STORAGE_KEYS, f"{where}.storage")
+        for key, field in (("gb_per_s", "storage_bytes_per_s_per_node"), ("total_gb_per_s", "storage_total_bytes_per_s")):
+            if key in st:
+                v = _num(st, key, f"{where}.storage")
+                if v <= 0:
+                    raise SpecError(f"{where}.storage: {key!r} must be > 0 (GB/s), got {v:g}")
+                out[field] = v * GB
+    rel = d.get("reliability")
+    if rel is not None:
+        if not isinstance(rel, Mapping):
+            raise SpecError(f"{where}.reliability: expected a mapping like {{node_mtbf_hours: 6335}}, got {rel!r}")
+        _unknown(rel, _RELIABILITY_KEYS, f"{where}.reliability")
+        if "node_mtbf_hours" in rel:
+            v = _num(rel, "node_mtbf_hours", f"{where}.reliability")
+            if v <= 0:
+                raise SpecError(f"{where}.reliability: 'node_mtbf_hours' must be > 0, got {v:g}")
+            out["node_mtbf_s"] = v * 3600.0
+    return out
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
@@ -324,5 +367,10 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
         m["compute_comm_slowdown"] = c.compute_comm_slowdown
     if m:
         d["measured"] = m
+    if c.storage_bytes_per_s_per_node or c.storage_total_bytes_per_s:    # given (the default is not written)
+        d["storage"] = {k: _r(v / GB) for k, v in (("gb_per_s", c.storage_bytes_per_s_per_node),
+                                                   ("total_gb_per_s", c.storage_total_bytes_per_s)) if v}
+    if c.node_mtbf_s:
+        d["reliability"] = {"node_mtbf_hours": _r(c.node_mtbf_s / 3600.0)}
     d["source"] = c.source
     return d

@@ -14,6 +14,12 @@ rank 0 writes ``meta.json`` and, last, ``manifest.json`` (the digest of every fi
 any point leaves the previous checkpoint complete and ``latest`` pointing at it. The newest
 ``KEEP`` checkpoints are kept.
 
+Asynchronous saves (``save_async``, ``--async-checkpoint``): the state is staged in host memory by
+``torch.distributed.checkpoint.async_save`` over a process group of its own, and written by a
+background thread into ``.tmp-step-N`` while training goes on; ``PendingSave.commit`` (collective,
+once the write is done on every rank) then does what ``save`` does after its write: the digests,
+``meta.json`` and, last, the manifest. Until then the step is not complete.
+
 A resume reads only an intact step (``find_intact``: its manifest matches every file, and its
 DCP index holds nothing but tensors), the newest one, naming each newer step it skipped and why;
 nothing of a step is unpickled before that check, and the load re-checks the bytes it reads.
@@ -227,14 +233,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool,
-         meta: dict[str, Any], rank: int, barrier: Callable[[], None],
-         before_commit: Callable[[], None] | None = None) -> Path:
-    """Collective: every rank calls it. Returns the final directory."""
-    import torch.distributed.checkpoint as dcp
-
-    from .manifest import write_manifest, write_rank_digests
-    root = Path(root)
+def _prepare(root: Path, step: int, rank: int, barrier: Callable[[], None]) -> tuple[Path, Path]:
     name = step_name(step)
     tmp, final = root / f".tmp-{name}", root / name
     if rank == 0:
@@ -242,7 +241,15 @@ def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     barrier()
-    dcp.save(state_tensors(parts, opt, tied), checkpoint_id=str(tmp))
+    return tmp, final
+
+
+def _commit(root: Path, step: int, tmp: Path, final: Path, meta: dict[str, Any], rank: int,
+            barrier: Callable[[], None], before_commit: Callable[[], None] | None) -> Path:
+    """Collective, once every rank's shards are written: digests, then rank 0 writes meta.json and,
+    last, the manifest, renames the folder and repoints ``latest``."""
+    from .manifest import write_manifest, write_rank_digests
+    name = step_name(step)
     if before_commit is not None:
         before_commit()           # fault injection: a crash after the shards, before the commit
     write_rank_digests(tmp, rank)
@@ -265,6 +272,67 @@ def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.
             shutil.rmtree(p, ignore_errors=True)
     barrier()
     return final
+
+
+def save(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool,
+         meta: dict[str, Any], rank: int, barrier: Callable[[], None],
+         before_commit: Callable[[], None] | None = None) -> Path:
+    """Collective: every rank calls it. Returns the final directory."""
+    import torch.distributed.checkpoint as dcp
+    root = Path(root)
+    tmp, final = _prepare(root, step, rank, barrier)
+    dcp.save(state_tensors(parts, opt, tied), checkpoint_id=str(tmp))
+    return _commit(root, step, tmp, final, meta, rank, barrier, before_commit)
+
+
+ASYNC_DELAY_ENV = "PLANNER_TEST_ASYNC_SAVE_DELAY_S"   # tests: hold the background write this long
+
+
+class PendingSave:
+    """An asynchronous save in flight (``save_async``): its shards are being written by a
+    background thread; ``commit`` (collective, once ``done`` on every rank) writes the digests,
+    meta.json and the manifest, last, as ``save`` does. Until then the step does not exist for a
+    resume (no manifest), and the previous checkpoint stays the newest complete one."""
+
+    def __init__(self, root: Path, step: int, tmp: Path, final: Path, future, meta: dict[str, Any]):
+        self.root, self.step, self.tmp, self.final, self.future, self.meta = root, step, tmp, final, future, meta
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def commit(self, rank: int, barrier: Callable[[], None],
+               before_commit: Callable[[], None] | None = None) -> Path:
+        self.future.result()          # raises what the background write raised
+        return _commit(self.root, self.step, self.tmp, self.final, self.meta, rank, barrier, before_commit)
+
+
+def _delayed_writer(path: Path, delay_s: float):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class DelayedWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            import time
+            time.sleep(delay_s)
+            return super().write_data(plan, planner)
+
+    return DelayedWriter(str(path))
+
+
+def save_async(root: str | os.PathLike, step: int, parts: list[nn.Module], opt: torch.optim.Optimizer, tied: bool,
+               meta: dict[str, Any], rank: int, barrier: Callable[[], None], group) -> PendingSave:
+    """Collective: stage this rank's state in host memory and write it in a background thread
+    (``torch.distributed.checkpoint.async_save``, over ``group``: a process group of its own, so
+    that its collectives never interleave with training's). Returns when the state is staged;
+    training may change the parameters from then on."""
+    import torch.distributed.checkpoint as dcp
+    root = Path(root)
+    tmp, final = _prepare(root, step, rank, barrier)
+    kw = {}
+    delay = float(os.environ.get(ASYNC_DELAY_ENV, "0") or 0)
+    if delay > 0:
+        kw["storage_writer"] = _delayed_writer(tmp, delay)
+    fut = dcp.async_save(state_tensors(parts, opt, tied), checkpoint_id=str(tmp), process_group=group, **kw)
+    return PendingSave(root, step, tmp, final, fut, dict(meta))
 
 
 def _fsync_dir(p: Path) -> None:
@@ -291,5 +359,5 @@ def load(path: str | os.PathLike, parts: list[nn.Module], opt: torch.optim.Optim
 
 
 __all__ = ["find_latest", "find_intact", "verified_token", "VERIFIED_ENV", "read_meta", "check_compatible", "save", "load",
-           "state_tensors", "ensure_optim_state",
+           "save_async", "PendingSave", "state_tensors", "ensure_optim_state",
            "CheckpointMismatch", "step_name", "KEEP"]

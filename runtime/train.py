@@ -6,7 +6,9 @@ joins the process group (NCCL on GPUs, gloo on CPUs); without torchrun it runs a
 
     python -m runtime.train --plan PLAN [--steps N] [--checkpoint-dir D] [--checkpoint-every K]
         [--resume | --overwrite-checkpoints] [--metrics FILE.jsonl] [--json-out FILE] [--data TOKENS.bin]
-        [--inject-failure rank=R,step=S[,phase=step|save][,permanent]] [--device auto|cpu|cuda] [--lr LR]
+        [--inject-failure rank=R,step=S[,phase=step|save][,permanent] | rank=R,slow=X[,step=S]]
+        [--device auto|cpu|cuda] [--lr LR] [--async-checkpoint]
+        [--straggler-factor F] [--straggler-steps K] [--on-straggler report|replan]
 
 Set-up, in order: check the plan against the launch (world size, what the runtime can run);
 build the mesh in the plan's order; for each pipeline stage this rank holds, build the model
@@ -22,6 +24,13 @@ attempt) into a directory that holds checkpoints is refused unless ``--overwrite
 (which removes them first). Then train: each step's global batch comes from the
 workload's token stream, the loss is the mean over the global batch, and rank 0 writes one
 metrics line per step and, at the end, the JSON summary ``planner launch`` reads.
+
+Every step the ranks exchange their working time (``runtime.stragglers``): a rank above F x the
+median for K steps in a row is reported with its host (``stragglers`` in the summary);
+``--on-straggler replan`` saves the step and stops the job (the straggler leaves with exit 75) so
+that the launcher replans without it. ``--async-checkpoint`` writes checkpoints in the
+background (``checkpoint.save_async``); a step is committed (its manifest written) at the first
+step boundary where every rank's write is done, and always before the next save and at the end.
 
 Exit codes: 0 done; 2 a plan, checkpoint or input this launch cannot use (one line on
 stderr, no traceback); anything else is a crash, reported by torchrun with the rank.
@@ -52,14 +61,18 @@ class Failure:
     """``--inject-failure rank=R,step=S[,phase=step|save][,permanent]``: kill rank R at step S
     (before the step, or while saving its checkpoint). On the first attempt only (a transient
     fault: an elastic restart gets past it), or, ``permanent``, on every attempt (a dead device:
-    only a launch without that rank gets past it)."""
+    only a launch without that rank gets past it).
+
+    ``rank=R,slow=X[,step=S][,permanent]``: rank R runs X times slower from step S (default 1)
+    on (``runtime.stragglers``), a straggler rather than a crash."""
 
     rank: int
     step: int
     phase: str = "step"
     permanent: bool = False
+    slow: float = 0.0
 
-    USAGE = "expected rank=R,step=S[,phase=step|save][,permanent]"
+    USAGE = "expected rank=R,step=S[,phase=step|save][,permanent] or rank=R,slow=X[,step=S][,permanent]"
 
     @classmethod
     def parse(cls, text: str) -> "Failure":
@@ -68,12 +81,15 @@ class Failure:
         items = [item for item in items if item != "permanent"]
         try:
             kv = dict(item.split("=", 1) for item in items)
-            f = cls(rank=int(kv.pop("rank")), step=int(kv.pop("step")), phase=kv.pop("phase", "step"),
-                    permanent=permanent)
+            slow = float(kv.pop("slow", 0.0))
+            step = int(kv.pop("step")) if (not slow or "step" in kv) else 1
+            f = cls(rank=int(kv.pop("rank")), step=step, phase=kv.pop("phase", "step"), permanent=permanent,
+                    slow=slow)
         except (KeyError, ValueError):
             raise RuntimeUsageError(f"--inject-failure {text!r}: {cls.USAGE}") from None
-        if kv or f.phase not in ("step", "save"):
-            raise RuntimeUsageError(f"--inject-failure {text!r}: {cls.USAGE}")
+        if kv or f.phase not in ("step", "save") or (f.slow and (f.slow <= 1 or f.phase != "step")) \
+                or f.step < 1 or f.rank < 0 or not (f.slow == f.slow) or f.slow == float("inf"):
+            raise RuntimeUsageError(f"--inject-failure {text!r}: {cls.USAGE} (slow=X needs X > 1)")
         return f
 
     def active(self, attempt: int) -> bool:
@@ -109,6 +125,10 @@ class Options:
     device: str = "auto"
     lr: float = DEFAULT_LR
     quiet: bool = False
+    async_checkpoint: bool = False          # torch.distributed.checkpoint.async_save; manifest after the write
+    straggler_factor: float = 1.5           # a rank above this x the median working time ...
+    straggler_steps: int = 5                # ... this many steps in a row is a straggler
+    on_straggler: str = "report"            # report | replan (save, then stop without it: StragglerFound)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -250,6 +270,17 @@ class Trainer:
         self.stream = TokenStream(global_batch=wl.global_batch, seq_len=wl.seq_len, vocab=spec.vocab,
                                   seed=wl.seed, path=opts.data, dtype=opts.data_dtype)
         self._dist = dist
+        # where each rank runs (straggler reports name it), and async checkpoints' own group
+        node = os.environ.get("PLANNER_NODE") or ""
+        import socket
+        me = socket.gethostname() + (f" ({node})" if node and node != socket.gethostname() else "")
+        if world > 1:
+            hosts: list = [None] * world
+            dist.all_gather_object(hosts, me)
+            self.hosts = [str(h) for h in hosts]
+        else:
+            self.hosts = [me]
+        self.ckpt_group = dist.new_group(backend="gloo") if (opts.async_checkpoint and world > 1) else None
 
     # ---- one optimizer step ---------------------------------------------------------------
     def _context(self):
@@ -319,6 +350,13 @@ class Trainer:
     def barrier(self) -> None:
         self._dist.barrier()
 
+    def gather_floats(self, v: float) -> list[float]:
+        import torch
+        t = torch.zeros(self.world, dtype=torch.float64, device=self.device)
+        t[self.rank] = v
+        self._dist.all_reduce(t)
+        return [float(a) for a in t.tolist()]
+
 
 # --------------------------------------------------------------------------------------
 # The run
@@ -366,6 +404,7 @@ def train(plan, opts: Options) -> dict:
                                 "give one of them")
     device_type = _device_type(opts.device)
     rank, world = init_distributed(device_type)
+    _subgroup_timeouts()
     if opts.inject is not None and not 0 <= opts.inject.rank < world:
         raise RuntimeUsageError(f"--inject-failure rank {opts.inject.rank} is not a rank of this "
                                 f"{world}-process job")
@@ -375,6 +414,19 @@ def train(plan, opts: Options) -> dict:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _subgroup_timeouts() -> None:
+    """The groups made from here on (the mesh's, the tied pair's, async checkpoints') wait as long
+    as the world group (``RUNTIME_TIMEOUT_S``), not torch's 30-minute default for new groups: a
+    rank that stops answering fails every collective within that time (``--dead-after Ts``)."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+    t = datetime.timedelta(seconds=float(os.environ.get("RUNTIME_TIMEOUT_S", "300")))
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if isinstance(getattr(c10d, name, None), datetime.timedelta):
+            setattr(c10d, name, t)
 
 
 def _agree(ok: bool, world: int) -> bool:
@@ -474,18 +526,55 @@ def _train(plan, opts: Options, ckpt, device_type: str, rank: int, world: int) -
     tokens_per_step = plan.workload.global_batch * plan.workload.seq_len
     times: list[float] = []
     fail = opts.inject if (opts.inject is not None and opts.inject.active(restart_count())) else None
+    slow = fail if (fail and fail.slow) else None
+    if slow:
+        fail = None
     last_saved = resumed_from
+    from .stragglers import StragglerFound, StragglerWatch, slow_down, work_clock
+    watch = StragglerWatch(tr.hosts, factor=opts.straggler_factor, steps=opts.straggler_steps)
+    clock = work_clock(device_type)
+    pending = None             # an asynchronous save in flight
+    found = None               # StragglerFound to raise once the step is saved (--on-straggler replan)
+    saves: list[dict[str, Any]] = []
+
+    def hook_for(save_step: int):
+        if not (fail and fail.phase == "save" and fail.step == save_step and fail.rank == rank):
+            return None
+
+        def hook():
+            print(f"runtime: rank {rank}: injected failure while saving step {save_step}", file=sys.stderr, flush=True)
+            _die()
+        return hook
+
+    def commit(pending, step_now: int) -> None:
+        t = time.perf_counter()
+        pending.commit(rank, tr.barrier, before_commit=hook_for(pending.step))
+        saves[-1].update(committed_after_step=step_now, commit_s=time.perf_counter() - t)
+        _log(opts, rank, f"checkpoint {ckpt.step_name(pending.step)} complete (written beside steps "
+                         f"{pending.step + 1}-{step_now})" if step_now > pending.step else
+                         f"checkpoint {ckpt.step_name(pending.step)} complete")
+
     try:
         for step in range(start, opts.steps + 1):
             if fail and fail.phase == "step" and fail.step == step and fail.rank == rank:
                 print(f"runtime: rank {rank}: injected failure at step {step}", file=sys.stderr, flush=True)
                 _die()
             t0 = time.perf_counter()
+            w0 = clock()
             loss = tr.step(step)
             if device_type == "cuda":
                 import torch
                 torch.cuda.synchronize()
+            work = clock() - w0
+            if slow and slow.rank == rank and step >= slow.step:
+                slow_down(work, slow.slow, clock)
+                work = clock() - w0
             dt = time.perf_counter() - t0
+            if world > 1:
+                for s in watch.observe(step, tr.gather_floats(work)):
+                    _log(opts, rank, f"straggler: {s.describe()}")
+                    if opts.on_straggler == "replan":
+                        found = StragglerFound(s)
             times.append(dt)
             history.append([step, loss])
             if metrics_f:
@@ -494,22 +583,38 @@ def _train(plan, opts: Options, ckpt, device_type: str, rank: int, world: int) -
                                             "peak_memory_bytes": tr.peak_memory_bytes()}) + "\n")
                 metrics_f.flush()
             _log(opts, rank, f"step {step}: loss {loss:.6f} ({dt * 1e3:.0f} ms)")
+            stop = found is not None
             if opts.checkpoint_dir:
                 trigger = Path(opts.checkpoint_dir) / "save-now"
                 asked = tr.any_rank(_SAVE_REQUESTED or trigger.exists())
-                due = (opts.checkpoint_every and step % opts.checkpoint_every == 0) or step == opts.steps or asked
+                if pending is not None and not tr.any_rank(not pending.done()):
+                    commit(pending, step)
+                    pending = None
+                due = ((opts.checkpoint_every and step % opts.checkpoint_every == 0) or step == opts.steps or asked
+                       or stop)
                 if due:
-                    hook = None
-                    if fail and fail.phase == "save" and fail.step == step and fail.rank == rank:
-                        def hook(step=step):
-                            print(f"runtime: rank {rank}: injected failure while saving step {step}",
-                                  file=sys.stderr, flush=True)
-                            _die()
-                    ckpt.save(opts.checkpoint_dir, step, tr.parts, tr.opt, tr.tied_split,
-                              _checkpoint_meta(plan, history), rank, tr.barrier, before_commit=hook)
+                    if pending is not None:           # the previous one first (it is older)
+                        commit(pending, step)
+                        pending = None
+                    t = time.perf_counter()
+                    meta = _checkpoint_meta(plan, history)
+                    if opts.async_checkpoint and not stop and step != opts.steps:
+                        pending = ckpt.save_async(opts.checkpoint_dir, step, tr.parts, tr.opt, tr.tied_split, meta,
+                                                  rank, tr.barrier, tr.ckpt_group)
+                        saves.append({"step": step, "stall_s": time.perf_counter() - t, "async": True})
+                    else:
+                        ckpt.save(opts.checkpoint_dir, step, tr.parts, tr.opt, tr.tied_split, meta, rank, tr.barrier,
+                                  before_commit=hook_for(step))
+                        saves.append({"step": step, "stall_s": time.perf_counter() - t, "async": False,
+                                      "committed_after_step": step})
                     last_saved = step
                     if asked:
                         _clear_request(trigger, rank)
+            if stop:
+                raise found
+        if pending is not None:
+            commit(pending, opts.steps)
+            pending = None
         peak = tr.peak_memory_bytes()
         per_rank = tr.gather_ints(peak)
     finally:
@@ -534,6 +639,9 @@ def _train(plan, opts: Options, ckpt, device_type: str, rank: int, world: int) -
         "resumed_from_step": resumed_from,
         "last_checkpoint_step": last_saved,
         "restart_count": restart_count(),
+        "hosts": tr.hosts,
+        "stragglers": [x.to_dict() for x in watch.reported],
+        "checkpoints": saves,
         "parallel": plan.parallel.to_dict(),
         "predicted": dict(plan.estimate),
     }
@@ -592,7 +700,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--quiet", action="store_true")
+    add_resilience_args(p)
     return p
+
+
+def add_resilience_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared with ``planner launch``: asynchronous checkpoints and straggler handling."""
+    p.add_argument("--async-checkpoint", action="store_true",
+                   help="save checkpoints with torch.distributed.checkpoint.async_save (the job stalls only while "
+                        "the state is copied; the manifest is written after the write completes)")
+    p.add_argument("--straggler-factor", type=float, default=1.5, metavar="F",
+                   help="a rank whose working time stays above F x the median rank's is a straggler (default 1.5)")
+    p.add_argument("--straggler-steps", type=int, default=5, metavar="K",
+                   help="... for K steps in a row (default 5)")
+    p.add_argument("--on-straggler", choices=("report", "replan"), default="report",
+                   help="report: name it (rank and host); replan: save a checkpoint and stop, so that the launcher "
+                        "replans without the straggler's device (or node) and resumes")
+
+
+def check_resilience_args(args) -> None:
+    if not (args.straggler_factor > 1 and args.straggler_factor < float("inf")):
+        raise RuntimeUsageError(f"--straggler-factor must be > 1, got {args.straggler_factor:g}")
+    if args.straggler_steps < 1:
+        raise RuntimeUsageError(f"--straggler-steps must be >= 1, got {args.straggler_steps}")
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -601,7 +731,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    json_out=args.json_out, data=args.data,
                    data_dtype=args.data_dtype,
                    inject=Failure.parse(args.inject_failure) if args.inject_failure else None,
-                   device=args.device, lr=args.lr, quiet=args.quiet)
+                   device=args.device, lr=args.lr, quiet=args.quiet, async_checkpoint=args.async_checkpoint,
+                   straggler_factor=args.straggler_factor, straggler_steps=args.straggler_steps,
+                   on_straggler=args.on_straggler)
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
@@ -618,12 +750,31 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         from planner.plan.planfile import read_plan
+        check_resilience_args(args)
         plan = read_plan(args.plan)
         if plan.mode != "train":
             raise RuntimeUsageError(f"{args.plan} is a {plan.mode!r} plan; the runtime trains (mode train)")
-        train(plan, options_from_args(args))
+        run_training(plan, options_from_args(args))
 
     return worker.run("runtime", body, expected_errors())
+
+
+def run_training(plan, opts: Options) -> dict | None:
+    """``train`` in a worker process: a straggler found under ``--on-straggler replan`` (the step
+    saved) makes the straggling rank leave with ``STRAGGLER_EXIT``, naming itself, so that torchrun
+    and the launcher see it as the failed rank; the others wait to be stopped."""
+    from .stragglers import STRAGGLER_EXIT, StragglerFound
+    try:
+        return train(plan, opts)
+    except StragglerFound as e:
+        import torch.distributed as dist
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == e.report.rank:
+            print(f"runtime: rank {rank}: straggler: {e}; leaving the job (exit {STRAGGLER_EXIT})",
+                  file=sys.stderr, flush=True)
+            worker.exit_now(STRAGGLER_EXIT)
+        time.sleep(3600)       # torchrun stops the rest once the straggler has left
+        raise
 
 
 if __name__ == "__main__":

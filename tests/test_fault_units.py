@@ -59,7 +59,7 @@ def test_on_failure_replan_refusals(tmp_path):
     add_arguments(ap)
     for bad, msg in ((["--on-failure", "replan"], "needs --checkpoint-dir"),
                      (["--on-failure", "replan", "--checkpoint-dir", "d", "--nnodes", "2", "--rdzv-endpoint", "h:1"],
-                      "not available with --nnodes > 1"),
+                      "with --nnodes 2 needs --node-rank"),      # several nodes: planner.cli.elastic
                      (["--on-failure", "replan", "--checkpoint-dir", "d", "--dead-after", "0"], "--dead-after must be >= 1"),
                      (["--inject-failure", "rank=1,step=2,sometimes"], r"\[,permanent\]")):
         with pytest.raises(UsageError, match=msg):

@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-time", type=float, default=30.0, help="time limit of each re-solve")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (the stable contract; scripts read this, not the text)")
+    from planner.cli import failures
+    failures.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,11 +35,14 @@ def run(args: argparse.Namespace) -> int:
         d = Path(args.html).resolve().parent
         if not d.is_dir():
             raise UsageError(f"cannot write {args.html}: {d} does not exist")
+    from planner.cli import failures
+    failures.node_mtbf_s(args, plan.cluster)          # bad failure flags: exit 2 before any solve
     info = explain(plan, what_if=not args.no_what_if, max_time=args.max_time)
+    fail = failures.for_explain(args, plan, info)
     if args.json:
-        print_json(explain_json(plan, info))
+        print_json(dict(explain_json(plan, info), **({"failures": fail} if fail else {})))
     else:
-        print(text(plan, info), end="")
+        print(text(plan, info) + failures.text(fail), end="")
     if args.html:
         from profiles.safeio import write_text
         write_text(args.html, html_report(plan, info), "--html")

@@ -22,6 +22,16 @@ written next to the checkpoint directory (``D.replan-1.yaml``, ...) and the job 
 last complete checkpoint under it. Other failures restart on the same plan, at most
 ``max(--max-restarts, --dead-after - 1)`` times in a row.
 
+``--on-failure replan`` on several nodes (``--nnodes N --node-rank I --rdzv-endpoint H:P``, every
+node): an elastic torchrun job whose rounds are agreed in the c10d rendezvous; a node that is
+killed or silent for ``--dead-after Ts`` is dropped, the survivors replan for the nodes left and
+resume from the last intact checkpoint with resharding (``planner.cli.elastic``).
+
+Stragglers: ``--straggler-factor F --straggler-steps K`` (1.5, 5) name a rank slower than F x the
+median for K steps, with its host; ``--on-straggler replan`` treats it as lost (its device, or its
+node, is excluded and replanned away). ``--inject-failure rank=R,slow=X`` makes a rank X times
+slower. ``--async-checkpoint`` saves with ``torch.distributed.checkpoint.async_save``.
+
 Files and processes (issue 15): on one node this command locks ``--checkpoint-dir`` for the
 whole job (``runtime.lock``; a second launch into it is refused, exit 2) and refuses, before any
 process starts, a directory that already holds checkpoints unless ``--resume`` (continue them)
@@ -79,12 +89,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="elastic restarts after a failure; each resumes from the last complete checkpoint")
     p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
                    help="for tests: kill rank R at step S on the first attempt (phase=save: while saving; "
-                        "permanent: on every attempt that uses that device)")
+                        "permanent: on every attempt that uses that device); rank=R,slow=X[,step=S]: make "
+                        "rank R X times slower (a straggler)")
     p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
                    help="stop: report the failed rank (after --max-restarts); replan: exclude a device whose "
-                        "rank keeps failing, replan for the rest and resume (one node)")
-    p.add_argument("--dead-after", type=int, default=2, metavar="N",
-                   help="with --on-failure replan: a device whose rank fails N times is dead (default 2)")
+                        "rank keeps failing (one node) or a node that is gone (--nnodes > 1), replan for the rest "
+                        "and resume")
+    p.add_argument("--dead-after", default="2", metavar="N|Ts",
+                   help="with --on-failure replan: N: a device whose rank fails N times is dead (default 2); "
+                        "Ts: a rank or node silent for T seconds is dead (default 30s with --nnodes > 1)")
+    p.add_argument("--local-addr", default="", help="this node's address in a multi-node job (as the others reach it)")
+    from runtime.train import add_resilience_args
+    add_resilience_args(p)
     p.add_argument("--metrics", default="", help="JSONL of per-step metrics (default runs/launch-<time>.jsonl)")
     p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -149,11 +165,26 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
         raise UsageError("--checkpoint-every needs --checkpoint-dir")
     if args.max_restarts and not args.checkpoint_dir:
         raise UsageError("--max-restarts needs --checkpoint-dir (a restart resumes from the last checkpoint)")
+    if isinstance(args.dead_after, str):
+        from planner.cli.elastic import parse_dead_after
+        args.dead_after, args.dead_after_s = parse_dead_after(args.dead_after)
+    from runtime.errors import RuntimeUsageError
+    from runtime.train import Failure, check_resilience_args
+    try:
+        check_resilience_args(args)
+    except RuntimeUsageError as e:
+        raise UsageError(str(e)) from None
+    if args.on_straggler == "replan" and args.on_failure != "replan":
+        raise UsageError("--on-straggler replan needs --on-failure replan (the straggler is then treated as lost)")
     if args.inject_failure:
-        m = re.fullmatch(r"rank=(\d+),step=(\d+)(,phase=(step|save))?(,permanent)?", args.inject_failure)
+        m = re.match(r"rank=(\d+),", args.inject_failure + ",")
+        try:
+            Failure.parse(args.inject_failure)
+        except RuntimeUsageError:
+            m = None
         if not m:
             raise UsageError(f"--inject-failure {args.inject_failure!r}: expected "
-                             "rank=R,step=S[,phase=step|save][,permanent]")
+                             "rank=R,step=S[,phase=step|save][,permanent] or rank=R,slow=X[,step=S][,permanent]")
         if int(m.group(1)) >= world:
             raise UsageError(f"--inject-failure rank {m.group(1)} is not a rank of this {world}-process plan")
     if args.nnodes < 1:
@@ -161,11 +192,12 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     if args.on_failure == "replan":
         if not args.checkpoint_dir:
             raise UsageError("--on-failure replan needs --checkpoint-dir (the job resumes from the last checkpoint)")
-        if args.nnodes > 1 or _in_torchrun():
-            raise UsageError("--on-failure replan runs the job on this node itself; it is not available with "
-                             "--nnodes > 1 or inside torchrun (replan with `planner replan` and relaunch)")
-        if args.dead_after < 1:
-            raise UsageError(f"--dead-after must be >= 1, got {args.dead_after}")
+        if _in_torchrun():
+            raise UsageError("--on-failure replan runs the job itself; it is not available inside torchrun "
+                             "(replan with `planner replan` and relaunch)")
+        if args.nnodes > 1 and args.node_rank is None:
+            raise UsageError(f"--on-failure replan with --nnodes {args.nnodes} needs --node-rank (0 on the node "
+                             "that writes the job's session file)")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if _in_torchrun():
@@ -239,6 +271,11 @@ def _train_args(args: argparse.Namespace, device: str, json_out: str, metrics: s
         a += ["--inject-failure", args.inject_failure]
     if args.data:
         a += ["--data", str(Path(args.data).resolve())]
+    if getattr(args, "async_checkpoint", False):
+        a.append("--async-checkpoint")
+    for flag in ("straggler_factor", "straggler_steps", "on_straggler"):
+        if getattr(args, flag, None) is not None:
+            a += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     return a
 
 
@@ -362,7 +399,9 @@ def _run_inside(args: argparse.Namespace, plan, device: str, metrics: str) -> di
     from runtime.train import Failure, Options, expected_errors, train
     opts = Options(steps=args.steps, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                    resume=args.resume, metrics=metrics, data=args.data,
-                   inject=Failure.parse(args.inject_failure) if args.inject_failure else None, device=device)
+                   inject=Failure.parse(args.inject_failure) if args.inject_failure else None, device=device,
+                   async_checkpoint=args.async_checkpoint, straggler_factor=args.straggler_factor,
+                   straggler_steps=args.straggler_steps, on_straggler=args.on_straggler)
     try:
         summary = train(plan, opts)
     except expected_errors() as e:
@@ -450,6 +489,9 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
             failures[slot] = failures.get(slot, 0) + 1
             what = f"rank {rank} (device {slot})"
             total += 1
+            if re.search(rf"runtime: rank {rank}: straggler:", tail):       # --on-straggler replan
+                failures[slot] = max(failures[slot], args.dead_after)
+                what += " straggled and"
             if failures[slot] < args.dead_after:
                 restarts += 1
                 if restarts > budget:
@@ -564,6 +606,8 @@ def _run(args: argparse.Namespace) -> int:
     plan = read_plan(args.plan)
     args._mode = plan.mode
     nproc, device = _check_args(args, plan)
+    if getattr(args, "dead_after_s", None):      # a collective waits at most this long for a rank
+        _SESSION_ENV["RUNTIME_TIMEOUT_S"] = f"{args.dead_after_s:g}"
     metrics = args.metrics or _default_metrics()
     from profiles.safeio import check_append
     check_append(metrics, "--metrics")
@@ -576,6 +620,12 @@ def _run(args: argparse.Namespace) -> int:
         summary = _run_inside(args, plan, device, metrics)
         if summary is None:
             return 0
+    elif args.on_failure == "replan" and not _one_node(args):        # several nodes: planner.cli.elastic
+        from planner.cli.elastic import launch as elastic_launch
+        got = elastic_launch(args, nproc, device, metrics, _train_args, _run_torchrun, _failure)
+        if got is None:
+            return 0         # rank 0 ran on another node and reports there
+        summary, plan, replans, restarts = got
     elif args.on_failure == "replan":
         summary, plan, replans, restarts = _run_replanning(args, plan, nproc, device, metrics)
     else:

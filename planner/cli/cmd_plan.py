@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--csv", help="write every scored candidate to this CSV file")
     from planner.cli import infer_args
     infer_args.add_arguments(p)
+    from planner.cli import failures
+    failures.add_arguments(p)
 
 
 def _check_target(args: argparse.Namespace) -> None:
@@ -112,12 +114,15 @@ def run(args: argparse.Namespace) -> int:
 
         from profiles.safeio import write_text
         write_text(args.csv, pd.DataFrame(res.scored).to_csv(index=False), "--csv")
+    from planner.cli.failures import for_plan_command, text as failures_text
+    fail = for_plan_command(args, res, plans)       # None without a failure rate
     if args.json:
         from planner.cli.report import print_json
-        print_json(result_json(res, plans))
+        print_json(dict(result_json(res, plans), **({"failures": fail} if fail else {})))
     else:
         print(f"target: {target}" + (f" (on {used.name})" if used is not cluster else ""))
         print_result(res, plans, args.out)
+        print(failures_text(fail), end="")
     if args.out and not args.json:
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

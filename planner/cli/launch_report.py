@@ -23,7 +23,11 @@ def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
         return out
     out = {k: summary.get(k) for k in ("losses", "steps", "step_time_s", "tokens_per_s", "peak_memory_bytes",
                                        "peak_memory_bytes_per_rank", "mfu", "world_size", "device", "dtype",
-                                       "resumed_from_step", "last_checkpoint_step", "restart_count")}
+                                       "resumed_from_step", "last_checkpoint_step", "restart_count",
+                                       "hosts", "stragglers", "checkpoints")}
+    for k in ("rounds", "round_log", "stragglers_excluded"):          # a multi-node elastic job (planner.cli.elastic)
+        if k in summary:
+            out[k] = summary[k]
     out["predicted"] = dict(plan.estimate or {})
     ran = summary.get("dtype")
     if out["predicted"] and ran and ran != plan.workload.dtype:
