@@ -67,6 +67,7 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "efficiency": (0, 1, _POS)}.items()},
     ("NodeGroup", "gpus_per_node"): (1, MAX_GPUS_PER_NODE, _NN),
     ("NodeGroup", "nodes"): (1, MAX_NODES, _NN),
+    ("NodeGroup", "nvlink_domain"): (0, MAX_GPUS_PER_NODE, _NN),
     ("ClusterSpec", "compute_comm_slowdown"): (0, 1, _NN),
     **{("Workload", k): v for k, v in {
         "global_batch": (1, MAX_BATCH, _NN), "seq_len": (1, MAX_SEQ, _NN), "seed": (0, MAX_SEED, _NN),

@@ -398,7 +398,13 @@ class LinkSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeGroup:
-    """Identical nodes: ``nodes`` x ``gpus_per_node`` GPUs joined by ``intra_node``."""
+    """Identical nodes: ``nodes`` hosts of ``gpus_per_node`` GPUs, joined by ``intra_node``
+    within an NVLink domain of ``nvlink_domain`` GPUs.
+
+    The host (``gpus_per_node``: what one launcher process group, one ``torchrun`` node, holds)
+    and the NVLink domain (the GPUs one GPU reaches over ``intra_node``) are the same on an
+    8-GPU HGX/DGX board; on a GB200/GB300 NVL72 rack the domain is 72 GPUs over 18 hosts of 4.
+    A domain is whole hosts; a job may use part of one (``nvlink_gpus``)."""
     __hash__ = _cached_hash
 
     name: str
@@ -406,11 +412,18 @@ class NodeGroup:
     gpus_per_node: int
     nodes: int
     intra_node: LinkSpec
+    nvlink_domain: int = 0           # GPUs in one NVLink domain; 0: the host (stays 0 under replace())
 
     def __post_init__(self) -> None:
         check_types(self, f"node group {describe(self.name)}", SpecError)
         _positive(f"node group {self.name!r}", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
         check_ranges(self, f"node group {self.name!r}", SpecError)
+        if self.nvlink_domain == self.gpus_per_node:
+            object.__setattr__(self, "nvlink_domain", 0)        # one spelling of "the host" (hash, equality)
+        if self.nvlink_domain % self.gpus_per_node:
+            raise SpecError(f"node group {self.name!r}: nvlink_domain {self.nvlink_domain} must be a whole number of "
+                            f"hosts of gpus_per_node {self.gpus_per_node} (e.g. NVL72: nvlink_domain 72, "
+                            f"gpus_per_node 4)")
         if not isinstance(self.gpu, GpuSpec) or not isinstance(self.intra_node, LinkSpec):
             raise SpecError(f"node group {self.name!r}: gpu must be a GpuSpec and intra_node a LinkSpec")
         if self.gpus > MAX_GPUS:
@@ -420,6 +433,12 @@ class NodeGroup:
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def nvlink_gpus(self) -> int:
+        """GPUs of this group one GPU reaches over NVLink (the intra tier of the communication
+        model): the NVLink domain, or the whole group when it uses only part of one."""
+        return min(self.nvlink_domain or self.gpus_per_node, self.gpus)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -478,6 +497,11 @@ class ClusterSpec:
         return self.groups[0].gpus_per_node
 
     @property
+    def nvlink_gpus(self) -> int:
+        """GPUs of the first group one GPU reaches over NVLink (``NodeGroup.nvlink_gpus``)."""
+        return self.groups[0].nvlink_gpus
+
+    @property
     def intra_node(self) -> LinkSpec:
         return self.groups[0].intra_node
 
@@ -500,8 +524,9 @@ class ClusterSpec:
     def with_gpus(self, n: int) -> "ClusterSpec":
         """The same hardware sized to ``n`` GPUs (homogeneous clusters only).
 
-        Fewer GPUs than one node: one node of ``n`` GPUs. Otherwise ``n`` must fill whole
-        nodes.
+        Fewer GPUs than one host: one host of ``n`` GPUs. Otherwise ``n`` must fill whole
+        hosts (not whole NVLink domains: 256 GPUs on NVL72 racks are 64 hosts of 4, three full
+        domains and part of a fourth).
         """
         if n <= 0:
             raise SpecError(f"cluster {self.name!r}: --gpus must be > 0, got {n}")
@@ -512,7 +537,7 @@ class ClusterSpec:
                             f"{len(self.groups)} groups); --gpus {n} must equal {self.total_gpus}")
         g = self.groups[0]
         if n < g.gpus_per_node:
-            ng = dataclasses.replace(g, gpus_per_node=n, nodes=1)
+            ng = dataclasses.replace(g, gpus_per_node=n, nodes=1, nvlink_domain=0)
         elif n % g.gpus_per_node:
             raise SpecError(f"--gpus {n} does not fill whole nodes of {g.gpus_per_node} GPUs on "
                             f"{self.name!r}; try {n // g.gpus_per_node * g.gpus_per_node} or "
