@@ -643,7 +643,8 @@ def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, c
     per_chunk, _, chunk_tokens = _chunking(prompt, batch)
     kv_tok = st.num_layers * sv.kv_layer
     w = sv.stage_weights(st, index)
-    kv = batch * ctx * kv_tok
+    # a sliding-window layer caches at most its window (ModelSpec.kv_tokens_in; num_layers * ctx without one)
+    kv = batch * sv.m.kv_tokens_in(st.first_layer, st.last_layer, ctx) * sv.kv_layer
     act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
               sv.activation_bytes(batch / micro, batch / micro, last))
     waste = batch * KV_BLOCK_TOKENS / 2 * kv_tok            # the partly filled last block per sequence

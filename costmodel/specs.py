@@ -120,6 +120,14 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # local attention (Mistral v0.1, Phi-3, Gemma 2/3, gpt-oss; Llama 4's chunked attention): a
+    # local layer attends to at most ``sliding_window`` tokens, so its KV cache holds no more
+    sliding_window: int = 0           # tokens a local layer sees; 0: every layer attends fully
+    sliding_window_pattern: int = 0   # with a window: layers i with (i+1) % n == 0 attend fully (Gemma 3: 6,
+    #                                   Gemma 2 and gpt-oss: 2, Llama 4: 4); 0: every layer is local
+    attention_sinks: bool = False     # a learned sink logit per head per layer (gpt-oss)
+    attn_softcap: float = 0.0         # tanh soft-capping of attention logits (Gemma 2: 50; 0: none)
+    final_softcap: float = 0.0        # ... of the output logits (Gemma 2: 30; 0: none)
     published_params: float = 0.0     # the figure the model card quotes, for the record
 
     def __post_init__(self) -> None:
@@ -160,6 +168,14 @@ class ModelSpec:
         if self.attention == "mla":
             _positive(where, kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
                       qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim)
+        if self.sliding_window_pattern and not self.sliding_window:
+            raise SpecError(f"{where}: sliding_window_pattern {self.sliding_window_pattern} needs a sliding_window "
+                            "(the tokens a local layer attends to); give one, or drop the pattern")
+        if self.sliding_window_pattern == 1:
+            raise SpecError(f"{where}: sliding_window_pattern 1 makes every layer global; use 0 (every layer local "
+                            "with the window) or n >= 2 (every n-th layer global), or drop sliding_window")
+        if self.attention_sinks and self.attention != "mha":
+            raise SpecError(f"{where}: attention_sinks are per attention head of mha/GQA attention, not {self.attention}")
         check_ranges(self, where, SpecError)
 
     # ---- structure ---------------------------------------------------------------------
@@ -188,6 +204,31 @@ class ModelSpec:
             return 0 if k <= 0 else (k - 1) // f + 1
 
         return upto(min(hi, self.layers)) - upto(max(lo, 0))
+
+    def is_local_attention_layer(self, i: int) -> bool:
+        """Does layer ``i`` attend to a sliding window (``sliding_window``) rather than the whole
+        context?"""
+        if not self.sliding_window:
+            return False
+        p = self.sliding_window_pattern
+        return p == 0 or (i + 1) % p != 0
+
+    def local_attention_layers_in(self, lo: int, hi: int) -> int:
+        """Local (sliding-window) layers among layers [lo, hi), by arithmetic."""
+        lo, hi = max(lo, 0), min(hi, self.layers)
+        if not self.sliding_window or hi <= lo:
+            return 0
+        p = self.sliding_window_pattern
+        if p == 0:
+            return hi - lo
+        return (hi - lo) - (hi // p - lo // p)      # global layers: i + 1 a multiple of p
+
+    def kv_tokens_in(self, lo: int, hi: int, ctx: float) -> float:
+        """Cached tokens summed over layers [lo, hi) at context ``ctx``: ``ctx`` for a layer
+        that attends fully, at most ``sliding_window`` for a local one. ``(hi - lo) * ctx`` for
+        a model without a window."""
+        local = self.local_attention_layers_in(lo, hi)
+        return (hi - lo - local) * ctx + local * min(ctx, self.sliding_window)
 
     @property
     def q_dim(self) -> int:
@@ -234,6 +275,8 @@ class ModelSpec:
         p = h * self.q_dim + 2 * h * self.kv_dim + self.attn_out_dim * h
         if self.bias:
             p += self.q_dim + 2 * self.kv_dim + h
+        if self.attention_sinks:
+            p += self.heads
         return p
 
     def _mlp_params(self, ffn: int) -> int:
