@@ -125,7 +125,7 @@ class ModelSpec:
     sliding_window: int = 0           # tokens a local layer sees; 0: every layer attends fully
     sliding_window_pattern: int = 0   # with a window: layers i with (i+1) % n == 0 attend fully (Gemma 3: 6,
     #                                   Gemma 2 and gpt-oss: 2, Llama 4: 4); 0: every layer is local
-    attention_sinks: bool = False     # a learned sink logit per head per layer (gpt-oss)
+    attention_sinks: bool = False     # a learned sink logit per head per layer (gpt-oss; 64 numbers a layer, not counted)
     attn_softcap: float = 0.0         # tanh soft-capping of attention logits (Gemma 2: 50; 0: none)
     final_softcap: float = 0.0        # ... of the output logits (Gemma 2: 30; 0: none)
     published_params: float = 0.0     # the figure the model card quotes, for the record
@@ -275,8 +275,6 @@ class ModelSpec:
         p = h * self.q_dim + 2 * h * self.kv_dim + self.attn_out_dim * h
         if self.bias:
             p += self.q_dim + 2 * self.kv_dim + h
-        if self.attention_sinks:
-            p += self.heads
         return p
 
     def _mlp_params(self, ffn: int) -> int:

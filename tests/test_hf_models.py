@@ -32,9 +32,10 @@ def test_gpt_oss_alternating_window_sinks_and_biased_experts():
     for name, active in (("gpt-oss-20b", 3.61e9), ("gpt-oss-120b", 5.13e9)):
         m = load_model(str(HF / f"{name}.json"))
         assert m.active_params() - m.embedding_params() == pytest.approx(active, rel=0.01)
-    # sinks are one logit per head per layer; biases are on q, k, v, o and the experts
-    plain = dataclasses.replace(m, attention_sinks=False)
-    assert m.total_params() - plain.total_params() == m.layers * m.heads
+    # biases on q, k, v, o and on the experts (gate_up 2 x 2880, down 2880): 36 x 128 x 8,640 of them
+    plain = dataclasses.replace(m, bias=False)
+    assert m.total_params() - plain.total_params() == m.layers * (
+        m.num_experts * 3 * 2880 + (m.q_dim + 2 * m.kv_dim + m.hidden))
 
 
 def test_gemma_windows_softcaps_and_tied_embeddings():
