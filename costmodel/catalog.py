@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping
 
-from .limits import describe
+from .limits import MAX_LAYERS, describe
 from .specs import ModelSpec, SpecError
 
 _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
@@ -17,6 +17,12 @@ _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary",
 _LLAMA3_0 = dict(_LLAMA3, rope_scaling=0.0)   # Llama 3 (not 3.1): no RoPE scaling, 8k context
 _GPT = dict(family="gpt", mlp="gelu", norm="layernorm", positions="learned", tied_embeddings=True,
             bias=True, dropout=True, max_seq_len=2048)
+
+_GPT_OSS = dict(family="gpt_oss", hidden=2880, ffn_hidden=2880, expert_ffn_hidden=2880, heads=64, kv_heads=8,
+                head_dim=64, vocab=201088, max_seq_len=131072, top_k=4, bias=True, attention_sinks=True,
+                sliding_window=128, sliding_window_pattern=2, rope_theta=150000.0)
+_GEMMA2 = dict(family="gemma2", vocab=256000, max_seq_len=8192, tied_embeddings=True, norm_eps=1e-6,
+               sliding_window=4096, sliding_window_pattern=2, attn_softcap=50.0, final_softcap=30.0)
 
 MODELS: dict[str, dict[str, Any]] = {
     # Llama 3 / 3.1 (Meta, "The Llama 3 Herd of Models", 2024, Table 3)
@@ -50,6 +56,29 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen3-235b-a22b": dict(family="qwen3", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
                             head_dim=128, vocab=151936, max_seq_len=40960, num_experts=128, top_k=8,
                             expert_ffn_hidden=1536, rope_theta=1e6, norm_eps=1e-6, published_params=235e9),
+    # gpt-oss (OpenAI model card, 2025): 20.91B / 116.83B total; MoE every layer, biases, attention
+    # sinks, 128-token sliding window on every other layer (layer 0 sliding)
+    "gpt-oss-20b": dict(_GPT_OSS, layers=24, num_experts=32, published_params=20.91e9),
+    "gpt-oss-120b": dict(_GPT_OSS, layers=36, num_experts=128, published_params=116.83e9),
+    # Gemma 2 (report, 2024): local 4,096-token window on every other layer, logit soft-capping, tied
+    "gemma-2-9b": dict(_GEMMA2, layers=42, hidden=3584, ffn_hidden=14336, heads=16, kv_heads=8, head_dim=256,
+                       published_params=9.242e9),
+    "gemma-2-27b": dict(_GEMMA2, layers=46, hidden=4608, ffn_hidden=36864, heads=32, kv_heads=16, head_dim=128,
+                        published_params=27.227e9),
+    # Gemma 3 27B, text model (report, Table 1: 1,416M embedding + 25,600M non-embedding): five
+    # 1,024-token local layers to one global
+    "gemma-3-27b": dict(family="gemma3_text", layers=62, hidden=5376, ffn_hidden=21504, heads=32, kv_heads=16,
+                        head_dim=128, vocab=262208, max_seq_len=131072, tied_embeddings=True, rope_theta=1e6,
+                        norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6, published_params=27.016e9),
+    # Phi-3-mini-4k (Phi-3 report, 2024: 3.8B): a 2,047-token window on every layer
+    "phi-3-mini-4k": dict(family="phi3", layers=32, hidden=3072, ffn_hidden=8192, heads=32, vocab=32064,
+                          max_seq_len=4096, sliding_window=2047, published_params=3.8e9),
+    # Llama 4 Scout, text model (Meta card: 17B active, 109B total with the vision encoder): 16
+    # experts + 1 shared on every layer, 8,192-token attention chunks on 3 of 4 layers
+    "llama-4-scout-17b-16e": dict(_LLAMA3, layers=48, hidden=5120, ffn_hidden=16384, heads=40, vocab=202048,
+                                  max_seq_len=10485760, num_experts=16, top_k=1, shared_experts=1,
+                                  expert_ffn_hidden=8192, sliding_window=8192, sliding_window_pattern=4,
+                                  published_params=109e9),
     # GPT-3 (Brown et al., 2020, Table 2.1)
     "gpt3-175b": dict(_GPT, layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=50257,
                       published_params=175e9),
@@ -113,7 +142,19 @@ def _settings(cfg: Mapping[str, Any], *eps_keys: str, theta_keys: tuple[str, ...
 
 
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt2",
-                  "gptj", "gpt_neox", "bloom", "opt", "falcon", "deepseek_v3")
+                  "gptj", "gpt_neox", "bloom", "opt", "falcon", "deepseek_v3", "deepseek_v2", "nemotron",
+                  "gpt_oss", "gemma2", "gemma3", "gemma3_text", "phi3", "llama4", "llama4_text")
+# multimodal wrappers whose language model is their ``text_config`` (the vision tower is not planned)
+_HF_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+# transformers' Gemma3TextConfig defaults (models/gemma3/configuration_gemma3.py): a published
+# text_config leaves out what equals them (gemma-3-4b's names neither its heads nor its vocabulary)
+_GEMMA3_TEXT_DEFAULTS = dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                             num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                             max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                             rope_theta=1e6, sliding_window=4096, sliding_window_pattern=6)
+# the llama-shaped types: RMSNorm, rotary, q/k/v/o and a gated MLP (Nemotron's is squared-ReLU, 2 matrices)
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3",
+               "deepseek_v2", "nemotron", "gpt_oss", "gemma2", "gemma3_text", "phi3", "llama4_text")
 
 
 def _req(cfg: Mapping[str, Any], where: str, *keys: str) -> Any:
@@ -131,8 +172,12 @@ _HF_COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_ke
               "moe_intermediate_size", "decoder_sparse_step", "shared_expert_intermediate_size", "n_routed_experts",
               "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "kv_lora_rank",
               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "ffn_dim", "seq_length", "num_kv_heads",
-              "ffn_hidden_size")
-_HF_SWITCHES = ("tie_word_embeddings", "multi_query", "alibi", "bias")
+              "ffn_hidden_size", "sliding_window", "sliding_window_pattern", "attention_chunk_size",
+              "interleave_moe_layer_step", "intermediate_size_mlp", "kv_channels", "experts_per_token",
+              "no_rope_layer_interval")
+_HF_SWITCHES = ("tie_word_embeddings", "multi_query", "alibi", "bias", "attention_bias")
+_HF_NUMBERS = ("attn_logit_softcapping", "final_logit_softcapping")       # a number >= 0, or null
+_HF_LISTS = {"layer_types": str, "moe_layers": int, "no_rope_layers": int}   # a list of these, or null
 
 
 def _check_hf_types(cfg: Mapping[str, Any], where: str) -> None:
@@ -146,6 +191,61 @@ def _check_hf_types(cfg: Mapping[str, Any], where: str) -> None:
         v = cfg.get(k)
         if v is not None and not isinstance(v, bool):
             raise SpecError(f"{where}: field {k!r} must be true or false (or null), got {describe(v)}")
+    for k in _HF_NUMBERS:
+        v = cfg.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf")):
+            raise SpecError(f"{where}: field {k!r} must be a number >= 0 (or null), got {describe(v)}")
+    for k, kind in _HF_LISTS.items():
+        v = cfg.get(k)
+        if v is not None and (not isinstance(v, list) or len(v) > MAX_LAYERS
+                              or any(isinstance(x, bool) or not isinstance(x, kind) for x in v)):
+            raise SpecError(f"{where}: field {k!r} must be a list of {kind.__name__}s, one per layer at most "
+                            f"(or null), got {describe(v)}")
+
+
+def _periodic(marked: list[int], layers: int, what: str, where: str) -> tuple[int, int]:
+    """``(first, step)`` of layers ``marked`` = first, first + step, ... (the only layouts
+    ``ModelSpec`` expresses); SpecError naming the field otherwise."""
+    if not marked:
+        return 0, 0
+    step = marked[1] - marked[0] if len(marked) > 1 else layers
+    if step <= 0 or marked != list(range(marked[0], layers, step)) or (len(marked) == 1 and marked[0] >= layers):
+        raise SpecError(f"{where}: {what} {marked[:8]}{'...' if len(marked) > 8 else ''} are not evenly spaced "
+                        f"over the {layers} layers; the planner expresses every n-th layer only")
+    return marked[0], step
+
+
+def _window(cfg: Mapping[str, Any], where: str, layers: int, default_pattern: int, window_key: str = "sliding_window",
+            local_flags: str = "") -> dict:
+    """``sliding_window`` and ``sliding_window_pattern`` from a config: the window, and which
+    layers attend fully, from ``layer_types`` (gpt-oss, recent Gemma), ``sliding_window_pattern``
+    (Gemma 3), a list of 1 = local flags (Llama 4's ``no_rope_layers``), or the type's rule."""
+    w = cfg.get(window_key)
+    if not w:
+        return {}
+    lt, flags = cfg.get("layer_types"), cfg.get(local_flags) if local_flags else None
+    if lt:
+        if len(lt) != layers:
+            raise SpecError(f"{where}: field 'layer_types' lists {len(lt)} layers, num_hidden_layers is {layers}")
+        bad = sorted({t for t in lt if t not in ("sliding_attention", "full_attention", "chunked_attention")})
+        if bad:
+            raise SpecError(f"{where}: field 'layer_types' has {', '.join(map(repr, bad))}; known: sliding_attention, "
+                            "full_attention, chunked_attention")
+        full = [i for i, t in enumerate(lt) if t == "full_attention"]
+    elif flags:
+        if len(flags) != layers:
+            raise SpecError(f"{where}: field {local_flags!r} lists {len(flags)} layers, num_hidden_layers is {layers}")
+        full = [i for i, f in enumerate(flags) if not f]
+    else:
+        p = cfg.get("sliding_window_pattern") or default_pattern
+        full = list(range(p - 1, layers, p)) if p else []
+    if len(full) == layers:
+        return {}                                   # every layer global: the window is never used
+    first, step = _periodic(full, layers, "the full-attention layers", where)
+    if full and first != step - 1:
+        raise SpecError(f"{where}: full-attention layers {full[:4]}... start at layer {first}, not {step - 1}; the "
+                        "planner expresses 'every n-th layer global' (layers n-1, 2n-1, ...) only")
+    return dict(sliding_window=int(w), sliding_window_pattern=step if full else 0)
 
 
 def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
@@ -156,27 +256,81 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
         raise SpecError(f"{where}: field 'model_type' is {describe(mt)}, which is not supported; supported: "
                         f"{', '.join(HF_MODEL_TYPES)}")
     name = name or cfg.get("_name_or_path") or mt
+    if mt in _HF_WRAPPERS:
+        tc = cfg.get("text_config")
+        if not isinstance(tc, Mapping):
+            raise SpecError(f"{where}: model_type {mt!r} is a multimodal wrapper; its language model is field "
+                            f"'text_config', which must be a mapping, got {describe(tc)}")
+        inner = dict(tc)
+        inner["model_type"] = _HF_WRAPPERS[mt]
+        if "tie_word_embeddings" not in inner and cfg.get("tie_word_embeddings") is not None:
+            inner["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+        return from_hf_config(inner, str(name), f"{where}: text_config")
+    if mt == "gemma3_text":
+        cfg = {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
     g = lambda *k: _req(cfg, where, *k)  # noqa: E731
     opt = cfg.get
     d: dict[str, Any] = dict(name=str(name), family=mt)
-    if mt in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3"):
+    if mt in _LLAMA_LIKE:
+        gemma = mt in ("gemma2", "gemma3_text")          # Gemma ties its embeddings unless told otherwise
         d.update(layers=g("num_hidden_layers"), hidden=g("hidden_size"), heads=g("num_attention_heads"),
                  vocab=g("vocab_size"), ffn_hidden=g("intermediate_size"),
                  kv_heads=opt("num_key_value_heads") or g("num_attention_heads"),
                  head_dim=opt("head_dim") or 0, mlp="swiglu", norm="rmsnorm", positions="rotary",
-                 tied_embeddings=bool(opt("tie_word_embeddings", False)),
+                 tied_embeddings=bool(opt("tie_word_embeddings", gemma)),
                  max_seq_len=opt("max_position_embeddings") or 8192,
                  bias=False)  # qwen2 q/k/v biases: a few M params, ignored
         d.update(_settings(cfg, "rms_norm_eps"))
+        layers = d["layers"]
         if mt == "mixtral":
             d.update(num_experts=g("num_local_experts"), top_k=g("num_experts_per_tok"))
+        if mt == "nemotron":
+            # Nemotron-4 / Minitron: squared-ReLU MLP (up and down: 2 matrices, counted as the gelu
+            # kind), LayerNorm1P (weight and bias), partial rotary; head_dim may be kv_channels
+            d.update(mlp="gelu", norm="layernorm", head_dim=opt("head_dim") or opt("kv_channels") or 0,
+                     bias=bool(opt("attention_bias", False)))
+            d.update(_settings(cfg, "norm_eps", "layer_norm_eps"))
+        if mt == "phi3":                  # Phi-3: fused qkv and gate_up (same counts); the window on every layer
+            d.update(_window(cfg, where, layers, 0))
+        if gemma:
+            # Gemma 2: local and global layers alternate (layer 0 local); Gemma 3: 5 local, 1 global.
+            # GeGLU counts as the gated kind (3 matrices); soft-capping changes no count, it is kept
+            d.update(_window(cfg, where, layers, 2 if mt == "gemma2" else 6),
+                     attn_softcap=float(opt("attn_logit_softcapping") or 0.0),
+                     final_softcap=float(opt("final_logit_softcapping") or 0.0))
+        if mt == "gpt_oss":
+            # every layer MoE, biases on attention and experts, a sink logit per head, sliding and
+            # full attention alternating (``layer_types``, layer 0 sliding)
+            d.update(num_experts=g("num_local_experts"), top_k=g("num_experts_per_tok", "experts_per_token"),
+                     expert_ffn_hidden=g("intermediate_size"), bias=bool(opt("attention_bias", True)),
+                     attention_sinks=True, **_window(cfg, where, layers, 2))
+        if mt == "llama4_text":
+            # MoE every ``interleave_moe_layer_step``-th layer (layers step-1, 2*step-1, ...: ``moe_layers``)
+            # with one shared expert; dense layers use intermediate_size_mlp; chunked attention of
+            # attention_chunk_size tokens on the RoPE layers (no_rope_layers 1), every 4th layer global
+            # (NoPE): a local window for the KV cache
+            step = opt("interleave_moe_layer_step") or 1
+            moe = opt("moe_layers")
+            if moe is not None:
+                first, step_m = _periodic(list(moe), layers, "the MoE layers (field 'moe_layers')", where)
+                if moe and (first, step_m) != (step - 1, step) and not (len(moe) == 1 and layers == 1):
+                    raise SpecError(f"{where}: field 'moe_layers' {list(moe)[:4]}... disagrees with "
+                                    f"interleave_moe_layer_step {step} (layers {step - 1}, {2 * step - 1}, ...)")
+            d.update(num_experts=g("num_local_experts"), top_k=g("num_experts_per_tok"),
+                     ffn_hidden=opt("intermediate_size_mlp") or g("intermediate_size"),
+                     expert_ffn_hidden=g("intermediate_size"), shared_experts=1,
+                     first_dense_layers=step - 1, moe_layer_freq=step)
+            interval = opt("no_rope_layer_interval") or 4
+            flags = opt("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+            d.update(_window({"attention_chunk_size": opt("attention_chunk_size"), "no_rope_layers": flags},
+                             where, layers, 0, window_key="attention_chunk_size", local_flags="no_rope_layers"))
         if mt in ("qwen2_moe", "qwen3_moe"):
             d.update(num_experts=g("num_experts"), top_k=g("num_experts_per_tok"),
                      expert_ffn_hidden=g("moe_intermediate_size"),
                      moe_layer_freq=opt("decoder_sparse_step") or 1)
             if mt == "qwen2_moe" and opt("shared_expert_intermediate_size"):
                 d.update(shared_experts=1, shared_expert_ffn_hidden=opt("shared_expert_intermediate_size"))
-        if mt == "deepseek_v3":
+        if mt in ("deepseek_v3", "deepseek_v2"):      # V2 (and V2-Lite): MLA without q compression, the same keys
             d.update(num_experts=g("n_routed_experts"), top_k=g("num_experts_per_tok"),
                      shared_experts=opt("n_shared_experts") or 0, expert_ffn_hidden=g("moe_intermediate_size"),
                      first_dense_layers=opt("first_k_dense_replace") or 0, moe_layer_freq=opt("moe_layer_freq") or 1,

@@ -2,9 +2,13 @@
 
 Placement. Ranks are laid out by the mesh order (outer -> inner, default ``pp, dp, cp, tp``):
 the innermost dimension has consecutive ranks. A group of dimension ``d`` has ``n`` members
-at rank stride ``stride = product of the degrees inside d``; with ``G`` GPUs per node,
-``k`` members share a node: ``k = n`` if ``stride * n <= G``, ``1`` if ``stride >= G``, else
-``G // stride``. That is what decides which groups cross node boundaries.
+at rank stride ``stride = product of the degrees inside d``; with ``G`` GPUs per NVLink domain
+(``NodeGroup.nvlink_gpus``: the host on an 8-GPU HGX board, 72 GPUs over 18 hosts on an NVL72
+rack), ``k`` members share a domain: ``k = n`` if ``stride * n <= G``, ``1`` if ``stride >= G``,
+else the largest divisor of ``n`` not above ``G // stride`` (``G // stride`` itself when both
+are powers of two; a domain of 72 holds 4 groups of 16 and 8 GPUs of other groups, which the
+launcher places so that no group straddles two domains). That is what decides which groups
+cross the domain boundary, the "intra" (NVLink) and "inter" (network) tiers below.
 
 Cost (alpha-beta, hierarchical, per GPU link; Thakur et al., "Optimization of Collective
 Communication Operations in MPICH", 2005, for the ring terms; NCCL's intra-node then
@@ -38,7 +42,7 @@ class GroupLayout(NamedTuple):
     as layer costs are memoized on layouts)."""
 
     n: int           # members
-    k: int           # members per node
+    k: int           # members per node (per NVLink domain: NodeGroup.nvlink_gpus)
 
     @property
     def nodes(self) -> int:
@@ -82,7 +86,10 @@ def layout_for(n: int, stride: int, gpus_per_node: int) -> GroupLayout:
         return GroupLayout(n, n)
     if stride >= gpus_per_node:
         return GroupLayout(n, 1)
-    return GroupLayout(n, max(1, gpus_per_node // stride))
+    k = max(1, gpus_per_node // stride)
+    while n % k:          # whole groups of k per domain (a power-of-two k already divides n)
+        k -= 1
+    return GroupLayout(n, k)
 
 
 def _measured_busbw(cluster: ClusterSpec, tier: str, op: str, n: int, size: float) -> float | None:

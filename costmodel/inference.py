@@ -355,7 +355,7 @@ class _Serving:
         self.kvdt = kv_dtype_of(workload)
         self.hbm = gpu.hbm_bandwidth_bytes_per_s * HBM_EFFICIENCY
         self.net = Network(cluster)
-        gpn = cluster.gpus_per_node
+        gpn = cluster.nvlink_gpus
         # default serving mesh (pp, dp, tp) outer -> inner: TP ranks consecutive, an EP group the
         # tp x ep/tp consecutive ranks of ep/tp neighbouring replicas
         self.tp_lay = layout_for(par.tp, 1, gpn)
@@ -707,7 +707,8 @@ def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, c
     per_chunk, _, chunk_tokens = _chunking(prompt, batch)
     kv_tok = st.num_layers * sv.kv_layer
     w = sv.stage_weights(st, index)
-    kv = batch * ctx * kv_tok
+    # a sliding-window layer caches at most its window (ModelSpec.kv_tokens_in; num_layers * ctx without one)
+    kv = batch * sv.m.kv_tokens_in(st.first_layer, st.last_layer, ctx) * sv.kv_layer
     act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
               sv.activation_bytes(batch / micro, batch / micro, last))
     waste = batch * KV_BLOCK_TOKENS / 2 * kv_tok            # the partly filled last block per sequence

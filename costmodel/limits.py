@@ -40,6 +40,7 @@ MAX_LAYER_OVERHEAD_S = 1.0         # host time per layer per micro-batch
 MAX_PRICE = 1e6                    # USD per accelerator-hour
 MAX_HALF_SIZE = 1e6                # GEMM size at half efficiency
 MAX_MESSAGE_BYTES = float(1 << 50)
+MAX_SOFTCAP = 1e4                  # a logit soft-cap (Gemma 2: 50 and 30)
 MAX_NAME = 256                     # characters in a model, cluster, GPU, link or group name
 
 # (lo, hi, lo_exclusive) per (class, field); a field left out has only its type checked.
@@ -56,6 +57,8 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "moe_layer_freq": (1, MAX_LAYERS, _NN), "q_lora_rank": (0, MAX_HIDDEN, _NN),
         "kv_lora_rank": (0, MAX_HIDDEN, _NN), "qk_nope_head_dim": (0, MAX_HIDDEN, _NN),
         "qk_rope_head_dim": (0, MAX_HIDDEN, _NN), "v_head_dim": (0, MAX_HIDDEN, _NN),
+        "sliding_window": (0, MAX_SEQ, _NN), "sliding_window_pattern": (0, MAX_LAYERS, _NN),
+        "attn_softcap": (0, MAX_SOFTCAP, _NN), "final_softcap": (0, MAX_SOFTCAP, _NN),
         "published_params": (0, MAX_PARAMS, _NN)}.items()},
     **{("GpuSpec", k): v for k, v in {
         "memory_bytes": (0, MAX_MEMORY_BYTES, _POS), "hbm_bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS),
@@ -67,6 +70,7 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "efficiency": (0, 1, _POS)}.items()},
     ("NodeGroup", "gpus_per_node"): (1, MAX_GPUS_PER_NODE, _NN),
     ("NodeGroup", "nodes"): (1, MAX_NODES, _NN),
+    ("NodeGroup", "nvlink_domain"): (0, MAX_GPUS_PER_NODE, _NN),
     ("ClusterSpec", "compute_comm_slowdown"): (0, 1, _NN),
     **{("Workload", k): v for k, v in {
         "global_batch": (1, MAX_BATCH, _NN), "seq_len": (1, MAX_SEQ, _NN), "seed": (0, MAX_SEED, _NN),

@@ -120,6 +120,14 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # local attention (Mistral v0.1, Phi-3, Gemma 2/3, gpt-oss; Llama 4's chunked attention): a
+    # local layer attends to at most ``sliding_window`` tokens, so its KV cache holds no more
+    sliding_window: int = 0           # tokens a local layer sees; 0: every layer attends fully
+    sliding_window_pattern: int = 0   # with a window: layers i with (i+1) % n == 0 attend fully (Gemma 3: 6,
+    #                                   Gemma 2 and gpt-oss: 2, Llama 4: 4); 0: every layer is local
+    attention_sinks: bool = False     # a learned sink logit per head per layer (gpt-oss; 64 numbers a layer, not counted)
+    attn_softcap: float = 0.0         # tanh soft-capping of attention logits (Gemma 2: 50; 0: none)
+    final_softcap: float = 0.0        # ... of the output logits (Gemma 2: 30; 0: none)
     published_params: float = 0.0     # the figure the model card quotes, for the record
 
     def __post_init__(self) -> None:
@@ -160,6 +168,14 @@ class ModelSpec:
         if self.attention == "mla":
             _positive(where, kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
                       qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim)
+        if self.sliding_window_pattern and not self.sliding_window:
+            raise SpecError(f"{where}: sliding_window_pattern {self.sliding_window_pattern} needs a sliding_window "
+                            "(the tokens a local layer attends to); give one, or drop the pattern")
+        if self.sliding_window_pattern == 1:
+            raise SpecError(f"{where}: sliding_window_pattern 1 makes every layer global; use 0 (every layer local "
+                            "with the window) or n >= 2 (every n-th layer global), or drop sliding_window")
+        if self.attention_sinks and self.attention != "mha":
+            raise SpecError(f"{where}: attention_sinks are per attention head of mha/GQA attention, not {self.attention}")
         check_ranges(self, where, SpecError)
 
     # ---- structure ---------------------------------------------------------------------
@@ -188,6 +204,31 @@ class ModelSpec:
             return 0 if k <= 0 else (k - 1) // f + 1
 
         return upto(min(hi, self.layers)) - upto(max(lo, 0))
+
+    def is_local_attention_layer(self, i: int) -> bool:
+        """Does layer ``i`` attend to a sliding window (``sliding_window``) rather than the whole
+        context?"""
+        if not self.sliding_window:
+            return False
+        p = self.sliding_window_pattern
+        return p == 0 or (i + 1) % p != 0
+
+    def local_attention_layers_in(self, lo: int, hi: int) -> int:
+        """Local (sliding-window) layers among layers [lo, hi), by arithmetic."""
+        lo, hi = max(lo, 0), min(hi, self.layers)
+        if not self.sliding_window or hi <= lo:
+            return 0
+        p = self.sliding_window_pattern
+        if p == 0:
+            return hi - lo
+        return (hi - lo) - (hi // p - lo // p)      # global layers: i + 1 a multiple of p
+
+    def kv_tokens_in(self, lo: int, hi: int, ctx: float) -> float:
+        """Cached tokens summed over layers [lo, hi) at context ``ctx``: ``ctx`` for a layer
+        that attends fully, at most ``sliding_window`` for a local one. ``(hi - lo) * ctx`` for
+        a model without a window."""
+        local = self.local_attention_layers_in(lo, hi)
+        return (hi - lo - local) * ctx + local * min(ctx, self.sliding_window)
 
     @property
     def q_dim(self) -> int:
@@ -398,7 +439,13 @@ class LinkSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeGroup:
-    """Identical nodes: ``nodes`` x ``gpus_per_node`` GPUs joined by ``intra_node``."""
+    """Identical nodes: ``nodes`` hosts of ``gpus_per_node`` GPUs, joined by ``intra_node``
+    within an NVLink domain of ``nvlink_domain`` GPUs.
+
+    The host (``gpus_per_node``: what one launcher process group, one ``torchrun`` node, holds)
+    and the NVLink domain (the GPUs one GPU reaches over ``intra_node``) are the same on an
+    8-GPU HGX/DGX board; on a GB200/GB300 NVL72 rack the domain is 72 GPUs over 18 hosts of 4.
+    A domain is whole hosts; a job may use part of one (``nvlink_gpus``)."""
     __hash__ = _cached_hash
 
     name: str
@@ -406,11 +453,18 @@ class NodeGroup:
     gpus_per_node: int
     nodes: int
     intra_node: LinkSpec
+    nvlink_domain: int = 0           # GPUs in one NVLink domain; 0: the host (stays 0 under replace())
 
     def __post_init__(self) -> None:
         check_types(self, f"node group {describe(self.name)}", SpecError)
         _positive(f"node group {self.name!r}", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
         check_ranges(self, f"node group {self.name!r}", SpecError)
+        if self.nvlink_domain == self.gpus_per_node:
+            object.__setattr__(self, "nvlink_domain", 0)        # one spelling of "the host" (hash, equality)
+        if self.nvlink_domain % self.gpus_per_node:
+            raise SpecError(f"node group {self.name!r}: nvlink_domain {self.nvlink_domain} must be a whole number of "
+                            f"hosts of gpus_per_node {self.gpus_per_node} (e.g. NVL72: nvlink_domain 72, "
+                            f"gpus_per_node 4)")
         if not isinstance(self.gpu, GpuSpec) or not isinstance(self.intra_node, LinkSpec):
             raise SpecError(f"node group {self.name!r}: gpu must be a GpuSpec and intra_node a LinkSpec")
         if self.gpus > MAX_GPUS:
@@ -420,6 +474,12 @@ class NodeGroup:
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def nvlink_gpus(self) -> int:
+        """GPUs of this group one GPU reaches over NVLink (the intra tier of the communication
+        model): the NVLink domain, or the whole group when it uses only part of one."""
+        return min(self.nvlink_domain or self.gpus_per_node, self.gpus)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -488,6 +548,11 @@ class ClusterSpec:
         return self.groups[0].gpus_per_node
 
     @property
+    def nvlink_gpus(self) -> int:
+        """GPUs of the first group one GPU reaches over NVLink (``NodeGroup.nvlink_gpus``)."""
+        return self.groups[0].nvlink_gpus
+
+    @property
     def intra_node(self) -> LinkSpec:
         return self.groups[0].intra_node
 
@@ -510,8 +575,9 @@ class ClusterSpec:
     def with_gpus(self, n: int) -> "ClusterSpec":
         """The same hardware sized to ``n`` GPUs (homogeneous clusters only).
 
-        Fewer GPUs than one node: one node of ``n`` GPUs. Otherwise ``n`` must fill whole
-        nodes.
+        Fewer GPUs than one host: one host of ``n`` GPUs. Otherwise ``n`` must fill whole
+        hosts (not whole NVLink domains: 256 GPUs on NVL72 racks are 64 hosts of 4, three full
+        domains and part of a fourth).
         """
         if n <= 0:
             raise SpecError(f"cluster {self.name!r}: --gpus must be > 0, got {n}")
@@ -522,7 +588,7 @@ class ClusterSpec:
                             f"{len(self.groups)} groups); --gpus {n} must equal {self.total_gpus}")
         g = self.groups[0]
         if n < g.gpus_per_node:
-            ng = dataclasses.replace(g, gpus_per_node=n, nodes=1)
+            ng = dataclasses.replace(g, gpus_per_node=n, nodes=1, nvlink_domain=0)
         elif n % g.gpus_per_node:
             raise SpecError(f"--gpus {n} does not fill whole nodes of {g.gpus_per_node} GPUs on "
                             f"{self.name!r}; try {n // g.gpus_per_node * g.gpus_per_node} or "

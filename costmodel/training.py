@@ -156,7 +156,7 @@ def stage_crosses(cluster: ClusterSpec, par: ParallelConfig, order: tuple[str, .
         nxt = groups[i + 1] if i + 1 < par.pp else groups[max(0, i - 1)]
         if nxt != grp.name:
             return True
-    return crosses_nodes(_degrees(par), order, "pp", grp.gpus_per_node)
+    return crosses_nodes(_degrees(par), order, "pp", grp.nvlink_gpus)
 
 
 class LayerTerms(NamedTuple):
@@ -338,7 +338,7 @@ class _Shared:
         if mesh is not None:
             return mesh
         model, t = self.model, par.tp
-        gpn = grp.gpus_per_node
+        gpn = grp.nvlink_gpus          # the NVLink domain: the fast tier of every group layout
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
         dp_stride = axis_stride(degrees, order, "dp")

@@ -4,7 +4,8 @@ human-unit dict form used by cluster files, profiles and plan files.
 A cluster file (YAML, human units)::
 
     extends: dgx-a100-80gb          # optional: start from a catalog entry (or another file)
-    nodes: 4
+    nodes: 4                        # hosts; gpus_per_node GPUs each
+    # nvlink_domain: 72             # GPUs one GPU reaches over intra_node (default gpus_per_node)
     inter_node: {gb_per_s: 6.25}    # override any key; nested dicts merge
 
 or, for a heterogeneous cluster, node groups::
@@ -49,7 +50,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
              "reserved_gib", "price_per_hour", "layer_overhead_us"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
-_GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nodes", "intra_node",
+_GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
 _TOP_KEYS = _GROUP_KEYS | {"groups", "storage", "reliability"}
 _STORAGE_KEYS = {"name", "gb_per_s", "total_gb_per_s"}
@@ -194,9 +195,14 @@ def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
     for k in ("gpu", "gpus_per_node", "intra_node"):
         if k not in d:
             raise SpecError(f"{where}: missing {k!r} (or 'extends: <catalog name>')")
+    gpn = _int(d, "gpus_per_node", where)
+    domain = _int(d, "nvlink_domain", where) if d.get("nvlink_domain") is not None else gpn
+    if domain % gpn:
+        raise SpecError(f"{where}: 'nvlink_domain' {domain} must be a whole number of hosts of 'gpus_per_node' {gpn} "
+                        f"(GB200 NVL72: nvlink_domain 72, gpus_per_node 4)")
     return NodeGroup(name=name, gpu=gpu_from_dict(d["gpu"], f"{where}.gpu"),
-                     gpus_per_node=_int(d, "gpus_per_node", where), nodes=_int(d, "nodes", where, 1),
-                     intra_node=link_from_dict(d["intra_node"], f"{where}.intra_node"))
+                     gpus_per_node=gpn, nodes=_int(d, "nodes", where, 1),
+                     intra_node=link_from_dict(d["intra_node"], f"{where}.intra_node"), nvlink_domain=domain)
 
 
 _COLLECTIVE_KEYS = {"tier", "op", "group_size", "bytes", "busbw_gb_per_s"}
@@ -347,15 +353,20 @@ def link_to_dict(link: LinkSpec) -> dict:
             "latency_us": _r(link.latency_s / US), "efficiency": link.efficiency}
 
 
+def _domain(g: NodeGroup) -> dict:
+    """``nvlink_domain``, written only where it differs from the host (older readers never see it)."""
+    return {"nvlink_domain": g.nvlink_domain} if g.nvlink_domain else {}
+
+
 def cluster_to_dict(c: ClusterSpec) -> dict:
     d: dict[str, Any] = {"name": c.name}
     if len(c.groups) == 1:
         g = c.groups[0]
         d.update(gpu=gpu_to_dict(g.gpu), gpus_per_node=g.gpus_per_node, nodes=g.nodes,
-                 intra_node=link_to_dict(g.intra_node))
+                 intra_node=link_to_dict(g.intra_node), **_domain(g))
     else:
         d["groups"] = [{"name": g.name, "gpu": gpu_to_dict(g.gpu), "gpus_per_node": g.gpus_per_node,
-                        "nodes": g.nodes, "intra_node": link_to_dict(g.intra_node)} for g in c.groups]
+                        "nodes": g.nodes, "intra_node": link_to_dict(g.intra_node), **_domain(g)} for g in c.groups]
     d["inter_node"] = link_to_dict(c.inter_node)
     m: dict[str, Any] = {}
     if c.matmul_table:

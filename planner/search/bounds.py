@@ -76,7 +76,7 @@ def compute_bound(prob: Problem, members: list) -> float:
     for c_ in by_order.values():
         for g in prob.groups(c_):
             grp = prob.cluster.group(g)
-            gpn = grp.gpus_per_node
+            gpn = grp.nvlink_gpus
             tp_lay = group_layout(degrees, c_.order, "tp", gpn)
             cp_lay = group_layout(degrees, c_.order, "cp", gpn)
             ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)

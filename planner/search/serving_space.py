@@ -98,7 +98,7 @@ def _tp_ok(model: ModelSpec, tp: int) -> bool:
 
 def degree_tuples(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, int]) -> list[tuple[int, int, int, int]]:
     """Legal (tp, pp, replicas, ep) for all of the cluster's GPUs, sorted (module docstring)."""
-    gpus, gpn = cluster.total_gpus, cluster.gpus_per_node
+    gpus, gpn = cluster.total_gpus, cluster.nvlink_gpus
     prod = 1
     for k in ("tp", "pp", "dp"):
         prod *= fixed.get(k, 1)

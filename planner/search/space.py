@@ -76,7 +76,7 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
     replan searching several world sizes at once). With ``target``, only what that execution
     target runs (``planner.search.targets``)."""
     _check_fixed(model, workload, fixed, gpus)
-    gpn = max(g.gpus_per_node for g in cluster.groups)
+    gpn = max(g.nvlink_gpus for g in cluster.groups)
     out: list[Candidate] = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
