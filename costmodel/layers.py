@@ -40,6 +40,7 @@ from .comm import GroupLayout, Network
 from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
+from .moe import load_factor, permute_bytes, router_bytes
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -237,11 +238,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     matrices = layer_matrices(model, moe, t, ep)
     lp = layer_params(model, moe, t, ep)
     params, expert_params = lp.total, lp.experts
-    # expert matrices see their share of the routed token copies (balanced routing)
-    tokens_per_expert = T * model.top_k * ep / model.num_experts if moe else 0.0
+    # expert matrices see their share of the routed token copies, on the busiest rank
+    # (``costmodel.moe.load_factor``: 1.0 is balanced routing)
+    load = load_factor() if moe else 1.0
+    tokens_per_expert = T * model.top_k * ep / model.num_experts * load if moe else 0.0
     gemms = [(tokens_per_expert if mx.role == "expert" else T, mx.n, mx.k, mx.count) for mx in matrices]
     mlp_act = 0.0          # stored MLP bytes per token, TP-sharded part
     moe_extra_act = 0.0
+    moe_ew_bytes = 0.0     # permutation and router traffic (costmodel.moe)
     ep_fwd_s = 0.0
     if moe:
         E, k = model.num_experts, model.top_k
@@ -252,8 +256,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # routed copies: permuted inputs, expert intermediates (k copies of each token)
         mlp_act += k * (lin_b * h + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
-        tokens_sent = T * k * h * a_bytes / (t if sp else 1)
+        tokens_sent = T * k * h * a_bytes / (t if sp else 1) * load
         ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
+        moe_ew_bytes = (permute_bytes(T * load / (t if sp else 1), k, h, a_bytes)
+                        + router_bytes(T / (t if sp else 1), E))
     else:
         # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product (the fc2 / w2 input: a linear input)
         mlp_act += ((mats - 1) * a_bytes + lin_b) * model.ffn_hidden / t
@@ -318,7 +324,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
-    ew_s = memory_time_s(gpu, ew_bytes) + quant_s
+    ew_s = memory_time_s(gpu, ew_bytes + moe_ew_bytes) + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
