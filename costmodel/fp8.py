@@ -17,6 +17,8 @@ framework's default, ``default_recipe``). Facts from Transformer Engine's low-pr
   with one E8M0 scale byte per 32 values. Megatron's ``--fp8-param-gather`` stores the model
   weights in FP8 instead of BF16 (the FP32 master stays in the optimizer) and all-gathers them
   in FP8. torchao casts per use and caches nothing.
+* Blockwise FP8 (DeepSeek-V3's recipe, TE's ``Float8BlockScaling``): FP32 scales per 128
+  values, runs natively on Hopper.
 * Scaling state: delayed scaling keeps an amax history of ``amax_history_len`` per quantized
   tensor (3 per GEMM forward: input, weight, output; 2 backward) and one FP32 scale and inverse
   scale each; Megatron sets the history length to 1 (TE's default is 1024).
@@ -58,7 +60,7 @@ class Fp8Recipe:
     name: str
     cast_reads: int               # reads of the BF16 tensor per quantization (1 delayed, 2 dynamic)
     weight_copies: int            # cached FP8 weight copies (TE: 1, +1 transpose on Hopper; MXFP8 2; torchao 0)
-    scale_block: int              # values per scale byte (MXFP8: 32), 0 for per-tensor/row FP32 scales
+    scale_bytes: float            # scale bytes per value (MXFP8: 1/32, blockwise 4/128), 0 for per-tensor/row
     saved_input_bytes: float      # bytes per saved linear-layer input (TE: FP8; torchao: BF16)
     amax_history: int             # per quantized tensor (delayed scaling), else 0
     param_gather: bool            # the data-parallel weight all-gather moves FP8
@@ -68,7 +70,7 @@ class Fp8Recipe:
     @property
     def copy_bytes(self) -> float:
         """Bytes of one FP8 copy per value, scales included."""
-        return 1.0 + (1.0 / self.scale_block if self.scale_block else 0.0)
+        return 1.0 + self.scale_bytes
 
     def weight_bytes_per_param(self) -> float:
         """Model-weight bytes per parameter besides the optimizer's FP32 master: the BF16
@@ -83,9 +85,9 @@ class Fp8Recipe:
 
     def scaling_state_bytes(self, gemms: float) -> float:
         """Scales and amax histories of ``gemms`` FP8 GEMM weights (3 quantized tensors forward,
-        2 backward; FP32 amax history, scale and inverse scale each). MXFP8's block scales are in
+        2 backward; FP32 amax history, scale and inverse scale each). Block scales (MXFP8, blockwise) are in
         ``copy_bytes``."""
-        if self.scale_block:
+        if self.scale_bytes:
             return 0.0
         return gemms * 5 * 4 * (self.amax_history + 2)
 
@@ -124,7 +126,13 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
         # FP8 FSDP all-gather (tensorwise only)
         return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" or param_gather, False, False)
     if name == "mxfp8":
-        return Fp8Recipe(name, 2, 2, 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
+        return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
+    if name == "blockwise":
+        # DeepSeek-V3's fine-grained FP8 (report Sec. 3.3; TE's Float8BlockScaling): an FP32 scale
+        # per 1 x 128 activation tile (weights: per 128 x 128 block, counted alike), dynamic; on
+        # Hopper the transposed copy is quantized separately
+        copies = 1 if bw else 2
+        return Fp8Recipe(name, 2, copies, 4.0 / 128, 1.0 + 4.0 / 128, 0, param_gather, param_gather, True)
     copies = 1 if bw else 2          # Hopper keeps the transposed copy
     return Fp8Recipe(name, 1 if name == "delayed" else 2, copies, 0, 1.0,
                      MEGATRON_AMAX_HISTORY if name == "delayed" else 0, param_gather, param_gather, True)

@@ -549,8 +549,8 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
 # FP8 training recipes (costmodel/fp8.py): Transformer Engine's delayed and current per-tensor
-# scaling, Blackwell's MXFP8, torchao's tensorwise and rowwise dynamic scaling
-FP8_RECIPES = ("delayed", "current", "mxfp8", "tensorwise", "rowwise")
+# scaling, Blackwell's MXFP8, DeepSeek-V3's blockwise, torchao's tensorwise and rowwise dynamic scaling
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "tensorwise", "rowwise")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -179,15 +179,18 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
     framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
-    communication costs what overlapped communication costs, against the layer's GEMMs."""
+    communication costs what overlapped communication costs, against the layer's GEMMs; with
+    ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``) the all-to-alls against the layer's
+    compute."""
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * lc.ep_fwd_s,
-                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + lc.ep_fwd_s + cp_fwd,
+    ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
                       selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
@@ -283,6 +286,19 @@ class StageMesh:
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
 
 
+def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
+                  ) -> fp8_recipes.Fp8Recipe | None:
+    """The FP8 recipe a training workload runs (None unless ``dtype == "fp8"``): the workload's,
+    else the framework's default for the first node group's GPU; every node group must run it."""
+    if workload.dtype != "fp8" or workload.mode != "train":
+        return None
+    name = framework_profile(framework).name
+    rec = fp8_recipes.resolve(workload.fp8_recipe, name, cluster.groups[0].gpu, workload.fp8_param_gather)
+    for g in cluster.groups[1:]:
+        fp8_recipes.resolve(rec.name, name, g.gpu)
+    return rec
+
+
 class _Shared:
     """What the configurations on one (model, cluster, workload) share: bytes per value, the
     model's parameter counts, each node group's network and GPU constants; and, as they come up,
@@ -295,12 +311,7 @@ class _Shared:
         dt = workload.dtype
         # FP8 training: one recipe for the run (the first node group's GPU picks the default;
         # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
-        self.fp8 = None
-        if dt == "fp8" and workload.mode == "train":
-            self.fp8 = fp8_recipes.resolve(workload.fp8_recipe, framework.name, cluster.groups[0].gpu,
-                                           workload.fp8_param_gather)
-            for g in cluster.groups[1:]:
-                fp8_recipes.resolve(self.fp8.name, framework.name, g.gpu)
+        self.fp8 = fp8_recipe_of(cluster, workload, framework)
         self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
         self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8)
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
@@ -330,7 +341,8 @@ class _Shared:
                             self.framework.kernel_efficiency, self.fp8)
             # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
             tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap))
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
+                                                      self.framework.ep_comm_overlap and moe and par.ep > 1))
         return hit
 
     def inflight(self, par: ParallelConfig) -> list[float]:

@@ -17,7 +17,7 @@ from costmodel.comm import axis_stride, group_layout, layout_for
 from costmodel.frameworks import framework_profile
 from costmodel.layers import ends_cost, ends_params, layer_cost
 from costmodel.memory import model_state_bytes
-from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, layer_terms
+from costmodel.training import fewest_full_recompute_layers, fp8_recipe_of, inflight_microbatches, layer_terms
 from planner.search.problem import Problem
 from planner.search.space import Candidate
 
@@ -82,7 +82,8 @@ def compute_bound(prob: Problem, members: list) -> float:
             ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
             eff = framework_profile(prob.framework).kernel_efficiency
             args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
-                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff)
+                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff,
+                    fp8_recipe_of(prob.cluster, prob.workload, prob.framework))
             per_stage = 0.0
             for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
                 if not n:
@@ -90,7 +91,8 @@ def compute_bound(prob: Problem, members: list) -> float:
                 # the layer's terms without the overlap slowdown (which only adds)
                 fw = framework_profile(prob.framework)
                 lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
-                                 fw.tp_comm_overlap and par.sp and par.tp > 1)
+                                 fw.tp_comm_overlap and par.sp and par.tp > 1,
+                                 fw.ep_comm_overlap and moe and par.ep > 1)
                 per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
                 per_stage += n * (per + (lt.selective_s if selective else 0.0))
             ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
