@@ -603,7 +603,10 @@ class Workload:
         check_ranges(self, "workload", SpecError)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.fp8_recipe and not self.fp8_param_gather:
+            del d["fp8_recipe"], d["fp8_param_gather"]     # plan files without FP8 stay as they were
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "workload") -> "Workload":

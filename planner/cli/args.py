@@ -25,11 +25,11 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8", "int4"],
                    help="precision of the weights and compute (training: bf16, fp16, fp32, or fp8: an FP8 recipe, "
                         "see --fp8-recipe)")
-    g.add_argument("--fp8-recipe", default="", choices=["", "delayed", "current", "mxfp8", "blockwise", "tensorwise",
-                                                         "rowwise"],
-                   help="FP8 training recipe (with --dtype fp8): Transformer Engine delayed or current scaling, MXFP8 "
-                        "(Blackwell), blockwise (DeepSeek-V3's), torchao tensorwise or rowwise; default: the target's (Megatron: delayed on "
-                        "Hopper, mxfp8 on Blackwell; torchtitan: tensorwise)")
+    g.add_argument("--fp8-recipe", default="",
+                   choices=["", "delayed", "current", "mxfp8", "blockwise", "tensorwise", "rowwise"],
+                   help="FP8 training recipe (with --dtype fp8): Transformer Engine delayed or current scaling, "
+                        "MXFP8 (Blackwell), blockwise (DeepSeek-V3's), torchao tensorwise or rowwise; default: "
+                        "delayed on Hopper, mxfp8 on Blackwell (torchtitan's runs: tensorwise)")
     g.add_argument("--fp8-param-gather", action="store_true",
                    help="store the weights in FP8 and all-gather them in FP8 (Megatron's --fp8-param-gather)")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])

@@ -263,7 +263,7 @@ def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
     sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "moe", "holdout")]
     out = ["## Error by framework", "",
-           "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
+           "Each framework's runs on catalog hardware (calibration, framework, FP8, MoE and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",
            "|---|---:|---:|---:|---|"]
     for fw in sorted({r.framework for r in sel}):
