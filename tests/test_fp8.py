@@ -123,3 +123,24 @@ def test_fp8_calibration_within_ten_percent():
     assert len(rows) >= 24
     assert {r.framework for r in rows} == {"megatron", "torchtitan"}
     assert statistics.median(abs(r.error) for r in rows) < 0.10
+
+
+def test_megatron_launch_carries_the_priced_recipe():
+    from emitters import CannotExpress
+    from emitters.megatron import training_args
+    from planner.plan.planfile import Plan, default_stages
+    m = get_model("llama-3-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    par = ParallelConfig(dp=8, grad_accum=8)
+
+    def args(**wl):
+        plan = Plan(model=m, cluster=cl, workload=Workload(global_batch=64, seq_len=4096, dtype="fp8", **wl),
+                    parallel=par, stages=default_stages(m.layers, 1))
+        return [str(a) for a in training_args(plan)]
+
+    a = args(fp8_recipe="current", fp8_param_gather=True)
+    assert a[a.index("--fp8-recipe") + 1] == "tensorwise" and "--fp8-param-gather" in a
+    d = args()                                   # the default the plan was priced with: delayed on Hopper
+    assert d[d.index("--fp8-recipe") + 1] == "delayed" and "--fp8-param-gather" not in d
+    with pytest.raises(CannotExpress, match="rowwise"):
+        args(fp8_recipe="rowwise")
