@@ -214,11 +214,11 @@ def training_args(plan: Plan) -> list:
              "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"]}.get(w.dtype)
     if dtype is None:
         raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16 or fp8 (TE)")
-    if w.dtype == "fp8":
-        from costmodel.fp8 import default_recipe
-        fp8_recipe = w.fp8_recipe or default_recipe("megatron", plan.cluster.groups[0].gpu)
-        # the recipe the plan was priced with (costmodel.fp8), in Megatron's --fp8-recipe names
-        # (Transformer Engine's current scaling is Megatron's "tensorwise")
+    fp8_recipe = w.fp8_recipe if w.dtype == "fp8" else ""
+    if fp8_recipe:
+        # the recipe the plan was priced with (the planner records it; costmodel.fp8), in
+        # Megatron's --fp8-recipe names (Transformer Engine's current scaling is "tensorwise");
+        # a plan that names none gets Megatron's default (delayed)
         name = {"delayed": "delayed", "current": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}.get(fp8_recipe)
         if name is None:
             raise CannotExpress(TARGET, f"fp8 recipe {fp8_recipe}", "Megatron's FP8 recipes are delayed, current "

@@ -125,6 +125,20 @@ def test_fp8_calibration_within_ten_percent():
     assert statistics.median(abs(r.error) for r in rows) < 0.10
 
 
+@pytest.mark.subprocess
+def test_plans_record_the_recipe_they_were_priced_with(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    out = tmp_path / "p.yaml"
+    r = subprocess.run([sys.executable, "-m", "planner", "plan", "--model", "llama-3-8b", "--cluster", "dgx-h100",
+                        "--gpus", "8", "--global-batch", "64", "--seq-len", "4096", "--dtype", "fp8", "--tp", "1",
+                        "--pp", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(out.read_text())["workload"]["fp8_recipe"] == "delayed"
+
+
 def test_megatron_launch_carries_the_priced_recipe():
     from emitters import CannotExpress
     from emitters.megatron import training_args
@@ -140,7 +154,7 @@ def test_megatron_launch_carries_the_priced_recipe():
 
     a = args(fp8_recipe="current", fp8_param_gather=True)
     assert a[a.index("--fp8-recipe") + 1] == "tensorwise" and "--fp8-param-gather" in a
-    d = args()                                   # the default the plan was priced with: delayed on Hopper
-    assert d[d.index("--fp8-recipe") + 1] == "delayed" and "--fp8-param-gather" not in d
+    d = args()                                   # none named: Megatron's own default (delayed)
+    assert "--fp8-recipe" not in d and "--fp8-param-gather" not in d
     with pytest.raises(CannotExpress, match="rowwise"):
         args(fp8_recipe="rowwise")
