@@ -139,8 +139,9 @@ def dump() -> dict:
                     out[tag + "|strong_bound"] = _strong_bound(prob, cand, lb)
                     tab = prob.tables(cand)
                     for field in ("t", "e", "o", "mem", "r"):
-                        for (i, g), lst in sorted(getattr(tab, field).items()):
-                            _flat(f"{tag}|table.{field}.{i}.{g}", [v for v in lst], out)
+                        for (i, g, bk), lst in sorted(getattr(tab, field).items()):
+                            where = f"{i}.{g}" + (f".b{bk}" if bk else "")     # first-layer bucket (StageTables)
+                            _flat(f"{tag}|table.{field}.{where}", [v for v in lst], out)
     for name, cname, gpus in SERVE:
         model = get_model(name)
         cluster = load_cluster(cname).with_gpus(gpus)

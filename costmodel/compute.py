@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import math
 
+from .fp8 import gemm_efficiency as _fp8_gemm_efficiency
 from .specs import ClusterSpec, GpuSpec
 
 FLASH_ATTENTION_EFFICIENCY = 0.75
@@ -61,3 +62,15 @@ def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float,
 
 def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
     return n_bytes / gpu.hbm_bandwidth_bytes_per_s
+
+
+def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: float, k: float,
+                    count: float = 1.0) -> float:
+    """Time of ``count`` FP8 training GEMMs (a linear layer under an FP8 recipe) at the FP8 peak
+    and the FP8 efficiency curve (``costmodel.fp8.gemm_efficiency``: smaller GEMMs gain less).
+    Serving's FP8 weights keep ``gemm_time_s`` (their GEMMs are memory-bound at decode)."""
+    if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+        return 0.0
+    g = (m * n * k) ** (1.0 / 3.0)
+    eff = _fp8_gemm_efficiency(gpu, matmul_efficiency(gpu, cluster, m, n, k), g)
+    return 2.0 * m * n * k * count / (gpu.peak("fp8") * eff)

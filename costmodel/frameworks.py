@@ -19,6 +19,10 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
   needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): the TP
   communication then costs what overlapped communication costs (``training.overlapped``).
   torchtitan's async TP does the same but needs ``torch.compile``; not assumed by default.
+* ``ep_comm_overlap``: the expert-parallel all-to-alls (dispatch, combine) run beside another
+  micro-batch's compute: Megatron's ``--overlap-moe-expert-parallel-comm`` (off by default; it
+  needs no full recompute, bf16/fp16) and DeepSeek-V3's DualPipe. Off in every profile by
+  default: a run that turns it on says so (``dataclasses.replace``).
 * ``kernel_efficiency``: the framework's achieved GEMM and fused-kernel speed relative to the
   cluster's efficiency curve, which was fitted on Megatron-LM runs (SC'21, Korthikanti et al.):
   1.0 for Megatron; for the others it is fitted on their own published runs where there are any
@@ -45,6 +49,7 @@ class FrameworkProfile:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     calibrated: bool = False          # fitted on that framework's own published runs

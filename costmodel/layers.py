@@ -24,6 +24,11 @@ Sources, per term:
   and their gradients backward; it overlaps with the attention computation.
 * Elementwise traffic: each stored activation is written once and read once forward
   (``ELEMENTWISE_TRAFFIC_PER_STORED_BYTE``) and twice that backward.
+* FP8 training (``costmodel.fp8``): the linear GEMMs (not the router, attention or head) at the
+  FP8 peak and curve (``compute.fp8_gemm_time_s``), their saved inputs at the recipe's bytes,
+  the rest BF16; quantizing the GEMM inputs (and, where the recipe caches no FP8 weights, the
+  weights) is HBM traffic, counted forward and, like all compute, twice that backward (the
+  output gradients are quantized there); SP all-gathers move FP8 where the recipe does.
 """
 from __future__ import annotations
 
@@ -32,7 +37,10 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from .comm import GroupLayout, Network
-from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency, memory_time_s
+from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
+from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
+from .fp8 import Fp8Recipe
+from .moe import load_factor, permute_bytes, router_bytes
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -210,13 +218,15 @@ class LayerCost:
 @lru_cache(maxsize=65536)
 def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int, ep: int, sp: bool,
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
-               ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0) -> LayerCost:
+               ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
+               fp8: Fp8Recipe | None = None) -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
-    efficiency curve (``costmodel.frameworks``)."""
+    efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload."""
     net = Network(cluster, intra)
-    dt = workload.dtype
+    dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
+    lin_b = fp8.saved_input_bytes if fp8 is not None else a_bytes   # a saved linear-layer input
     t = tp
     b, s = micro_batch, workload.seq_len
     T = b * s / cp
@@ -228,27 +238,45 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     matrices = layer_matrices(model, moe, t, ep)
     lp = layer_params(model, moe, t, ep)
     params, expert_params = lp.total, lp.experts
-    # expert matrices see their share of the routed token copies (balanced routing)
-    tokens_per_expert = T * model.top_k * ep / model.num_experts if moe else 0.0
+    # expert matrices see their share of the routed token copies, on the busiest rank
+    # (``costmodel.moe.load_factor``: 1.0 is balanced routing)
+    load = load_factor() if moe else 1.0
+    tokens_per_expert = T * model.top_k * ep / model.num_experts * load if moe else 0.0
     gemms = [(tokens_per_expert if mx.role == "expert" else T, mx.n, mx.k, mx.count) for mx in matrices]
     mlp_act = 0.0          # stored MLP bytes per token, TP-sharded part
     moe_extra_act = 0.0
+    moe_ew_bytes = 0.0     # permutation and router traffic (costmodel.moe)
     ep_fwd_s = 0.0
     if moe:
         E, k = model.num_experts, model.top_k
         fe = model.expert_ffn_hidden
         if model.shared_experts:
             fs = model.shared_expert_ffn_hidden * model.shared_experts
-            mlp_act += mats * a_bytes * fs / t
+            mlp_act += ((mats - 1) * a_bytes + lin_b) * fs / t
         # routed copies: permuted inputs, expert intermediates (k copies of each token)
-        mlp_act += k * (a_bytes * h + mats * a_bytes * fe / t)
+        mlp_act += k * (lin_b * h + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
-        tokens_sent = T * k * h * a_bytes / (t if sp else 1)
+        tokens_sent = T * k * h * a_bytes / (t if sp else 1) * load
         ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
+        moe_ew_bytes = (permute_bytes(T * load / (t if sp else 1), k, h, a_bytes)
+                        + router_bytes(T / (t if sp else 1), E))
     else:
-        mlp_act += mats * a_bytes * model.ffn_hidden / t     # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product
+        # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product (the fc2 / w2 input: a linear input)
+        mlp_act += ((mats - 1) * a_bytes + lin_b) * model.ffn_hidden / t
 
-    gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+    if fp8 is None:
+        gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+        quant_s = 0.0
+    else:
+        # the router is a plain (BF16) linear in Megatron and torchtitan alike
+        lin = [g for g, mx in zip(gemms, matrices) if mx.role != "router"]
+        gemm_s = (sum(fp8_gemm_time_s(gpu, cluster, m, n, kk, c) for m, n, kk, c in lin)
+                  + sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for (m, n, kk, c), mx in zip(gemms, matrices)
+                        if mx.role == "router"))
+        cast_values = sum(m * kk * c for m, n, kk, c in lin)
+        if not fp8.weight_copies:
+            cast_values += sum(n * kk * c for m, n, kk, c in lin)     # weights cast per use
+        quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values)
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
     gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
@@ -267,15 +295,15 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t
     replicated = 2 * h * a_bytes            # inputs of the two norms
-    replicated += 2 * h * a_bytes           # QKV input (attn norm out) + MLP input (mlp norm out)
+    replicated += 2 * h * lin_b             # QKV input (attn norm out) + MLP input (mlp norm out)
     if model.dropout:
         replicated += 2 * h                 # two 1-byte dropout masks after the projections
     kv_width = kv_width_per_rank(model, t)
     sharded = a_bytes * (model.q_dim / t + 2 * kv_width)           # Q, K, V
-    sharded += a_bytes * model.attn_out_dim / t                   # output-projection input
+    sharded += lin_b * model.attn_out_dim / t                     # output-projection input
     sharded += mlp_act + moe_extra_act
     if model.attention == "mla":
-        sharded += a_bytes * (model.kv_lora_rank + (model.q_lora_rank or 0))   # latent inputs
+        sharded += lin_b * (model.kv_lora_rank + (model.q_lora_rank or 0))     # latent inputs
     scores = 0.0
     if not flash:
         scores = heads_local * s * (2 * a_bytes + (1 + a_bytes if model.dropout else 0))  # softmax (+mask, dropout out)
@@ -296,7 +324,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
-    ew_s = memory_time_s(gpu, ew_bytes)
+    ew_s = memory_time_s(gpu, ew_bytes + moe_ew_bytes) + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
@@ -314,7 +342,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     tp_bytes = T * h * a_bytes
     # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter
     if sp:
-        tp_fwd_s = 2 * (net.all_gather(tp_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
+        # Transformer Engine all-gathers the quantized input of the column-parallel GEMM
+        ag_bytes = T * h * fp8.copy_bytes if fp8 is not None and fp8.tp_gather_fp8 else tp_bytes
+        tp_fwd_s = 2 * (net.all_gather(ag_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
     else:
         tp_fwd_s = 2 * net.all_reduce(tp_bytes, tp_lay)
     kv_bytes = T * 2 * kv_width * a_bytes
@@ -344,11 +374,14 @@ class EndsCost:
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
               cluster: ClusterSpec, kernel_efficiency: float = 1.0) -> EndsCost:
-    a_bytes = dtype_bytes(workload.dtype)
+    """The output head stays BF16 under FP8 recipes (Megatron's output layer is not a TE module;
+    torchtitan's Float8 converter skips it)."""
+    dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
+    a_bytes = dtype_bytes(dt)
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    head_s = gemm_time_s(gpu, cluster, workload.dtype, T, V / t, h) / kernel_efficiency
+    head_s = gemm_time_s(gpu, cluster, dt, T, V / t, h) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     head_s += memory_time_s(gpu, 2 * logits_bytes)   # softmax / cross-entropy over the logits
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .fp8 import Fp8Recipe
 from .layers import ends_params, layer_params
 from .specs import ModelSpec, ParallelConfig, StageSpec
 from .units import MIB, dtype_bytes
@@ -32,13 +33,18 @@ class StateBytes:
 
 
 @lru_cache(maxsize=64)
-def bytes_per_param(dtype: str, optimizer: str = "adamw") -> tuple[float, float, float]:
-    """(weights, grads, optimizer state) bytes per parameter."""
+def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> tuple[float, float, float]:
+    """(weights, grads, optimizer state) bytes per parameter. FP8 training (``costmodel.fp8``)
+    keeps FP32 master weights and moments (12), FP32 gradients (4) and the recipe's model weights
+    (BF16 and the cached FP8 copies: ``Fp8Recipe.weight_bytes_per_param``); without a recipe the
+    least any recipe keeps (1 byte: FP8 weights, one copy, on Blackwell), a floor for bounds."""
+    k = 12.0 if optimizer in ("adam", "adamw") else 8.0
+    if dtype == "fp8":
+        return (fp8.weight_bytes_per_param() if fp8 is not None else 1.0), 4.0, k
     w = dtype_bytes(dtype)
     g = 4.0 if dtype in ("bf16", "bfloat16") else w
     if dtype in ("fp32", "float32"):
         return 4.0, 4.0, (8.0 if optimizer in ("adam", "adamw") else 4.0)
-    k = 12.0 if optimizer in ("adam", "adamw") else 8.0
     return w, g, k
 
 
@@ -51,10 +57,10 @@ def zero_divisors(zero: int, shard: int) -> tuple[int, int, int]:
 
 
 def model_state_bytes(params: float, shard: int, zero: int, dtype: str = "fp16",
-                      optimizer: str = "adamw") -> StateBytes:
+                      optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> StateBytes:
     """Weights, gradients and optimizer state per GPU for ``params`` parameters sharded over
     ``shard`` data-parallel ranks at ZeRO stage ``zero``."""
-    w, g, k = bytes_per_param(dtype, optimizer)
+    w, g, k = bytes_per_param(dtype, optimizer, fp8)
     dw, dg, dk = zero_divisors(zero, shard)
     return StateBytes(weights=params * w / dw, grads=params * g / dg, optimizer=params * k / dk)
 
@@ -64,13 +70,30 @@ def expert_shard(par: ParallelConfig) -> int:
     return max(1, min(par.dp_shard, par.dp * par.cp // par.ep))
 
 
-def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw") -> float:
+def param_gather_bytes_per_param(dtype: str, fp8: Fp8Recipe | None = None) -> float:
+    """Bytes per parameter a weight all-gather moves (ZeRO-1/2 after the step, ZeRO-3 before
+    each use) and a gathered-weight buffer holds: the working precision (BF16 under FP8
+    training), FP8 with the recipe's FP8 parameter gather (``costmodel.fp8``)."""
+    if dtype == "fp8":
+        return fp8.copy_bytes if fp8 is not None and fp8.param_gather else 2.0
+    return bytes_per_param(dtype)[0]
+
+
+def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> float:
     """HBM bytes the optimizer step moves per local parameter: it reads the optimizer state
     (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
     state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
     Adam with fp32 gradients: 2 x 12 + 4 + 2 = 30 bytes (what Megatron's fused Adam and
-    torch's ``foreach`` AdamW touch); fp16 gradients 28; fp32 training 2 x 8 + 4 + 4 = 24."""
-    w, g, k = bytes_per_param(dtype, optimizer)
+    torch's ``foreach`` AdamW touch); fp16 gradients 28; fp32 training 2 x 8 + 4 + 4 = 24.
+    FP8 recipes that cache FP8 weights quantize them once per step after it (Megatron's
+    ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the
+    delayed recipe on Hopper: 24 + 4 + 2 + (2 + 2) = 34."""
+    w, g, k = bytes_per_param(dtype, optimizer, fp8)
+    if dtype == "fp8":
+        if fp8 is None or not fp8.weight_copies:
+            return 2 * k + g + 2.0
+        write = fp8.copy_bytes if fp8.fp8_weights else 2.0
+        return 2 * k + g + write + fp8.cast_bytes_per_value()
     return 2 * k + g + w
 
 

@@ -624,6 +624,9 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
+# FP8 training recipes (costmodel/fp8.py): Transformer Engine's delayed and current per-tensor
+# scaling, Blackwell's MXFP8, DeepSeek-V3's blockwise, torchao's tensorwise and rowwise dynamic scaling
+FP8_RECIPES = ("delayed", "current", "mxfp8", "blockwise", "tensorwise", "rowwise")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -645,9 +648,18 @@ class Workload:
     prompt_len: int = 0
     output_len: int = 0
     kv_dtype: str = ""               # "" -> dtype
+    # training with dtype fp8: the recipe ("" -> the framework's default, costmodel.fp8) and
+    # whether weights are stored and all-gathered in FP8 (Megatron's --fp8-param-gather)
+    fp8_recipe: str = ""
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "workload", SpecError)
+        if self.fp8_recipe and self.fp8_recipe not in FP8_RECIPES:
+            raise SpecError(f"workload: unknown fp8 recipe {self.fp8_recipe!r}; known: {', '.join(FP8_RECIPES)}")
+        if (self.fp8_recipe or self.fp8_param_gather) and not (self.mode == "train" and self.dtype == "fp8"):
+            raise SpecError(f"workload: an fp8 recipe is a setting of fp8 training; this workload is {self.mode} in "
+                            f"{self.dtype} (use --dtype fp8 for training, or drop the recipe)")
         _positive("workload", global_batch=self.global_batch, seq_len=self.seq_len)
         if self.kv_dtype:
             dtype_bytes(self.kv_dtype)
@@ -667,7 +679,10 @@ class Workload:
         check_ranges(self, "workload", SpecError)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.fp8_recipe and not self.fp8_param_gather:
+            del d["fp8_recipe"], d["fp8_param_gather"]     # plan files without FP8 stay as they were
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "workload") -> "Workload":

@@ -38,10 +38,11 @@ from operator import itemgetter
 from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
+from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile
-from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_params
+from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params
 from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
-                     optimizer_traffic_bytes_per_param, stage_memory, zero_divisors)
+                     optimizer_traffic_bytes_per_param, param_gather_bytes_per_param, stage_memory, zero_divisors)
 from .specs import (ClusterSpec, ModelSpec, NodeGroup, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
 from .units import dtype_bytes
@@ -178,15 +179,18 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
     framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
-    communication costs what overlapped communication costs, against the layer's GEMMs."""
+    communication costs what overlapped communication costs, against the layer's GEMMs; with
+    ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``) the all-to-alls against the layer's
+    compute."""
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * lc.ep_fwd_s,
-                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + lc.ep_fwd_s + cp_fwd,
+    ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
                       selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
@@ -262,6 +266,8 @@ class StageMesh:
     head_model_flops: float
     boundary_bytes: float              # activations crossing a stage boundary, per micro-batch
     dense_layer_params: float          # per GPU
+    dense_scale_bytes: float           # FP8 scaling state of a dense layer on a GPU (0 without FP8)
+    moe_scale_bytes: float
     moe_layer_params: float            # per GPU, routed experts apart
     routed_per_gpu: float              # routed-expert parameters of one MoE layer on a GPU
     expert_shard: int
@@ -280,6 +286,19 @@ class StageMesh:
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
 
 
+def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
+                  ) -> fp8_recipes.Fp8Recipe | None:
+    """The FP8 recipe a training workload runs (None unless ``dtype == "fp8"``): the workload's,
+    else the framework's default for the first node group's GPU; every node group must run it."""
+    if workload.dtype != "fp8" or workload.mode != "train":
+        return None
+    name = framework_profile(framework).name
+    rec = fp8_recipes.resolve(workload.fp8_recipe, name, cluster.groups[0].gpu, workload.fp8_param_gather)
+    for g in cluster.groups[1:]:
+        fp8_recipes.resolve(rec.name, name, g.gpu)
+    return rec
+
+
 class _Shared:
     """What the configurations on one (model, cluster, workload) share: bytes per value, the
     model's parameter counts, each node group's network and GPU constants; and, as they come up,
@@ -290,9 +309,13 @@ class _Shared:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile):
         self.model, self.cluster, self.workload, self.framework = model, cluster, workload, framework
         dt = workload.dtype
-        self.a_bytes = dtype_bytes(dt)
-        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer)
-        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer)
+        # FP8 training: one recipe for the run (the first node group's GPU picks the default;
+        # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
+        self.fp8 = fp8_recipe_of(cluster, workload, framework)
+        self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
+        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8)
+        self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
+        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8)
         self.total_params = model.total_params()
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
@@ -315,10 +338,11 @@ class _Shared:
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency)
+                            self.framework.kernel_efficiency, self.fp8)
             # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
             tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap))
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
+                                                      self.framework.ep_comm_overlap and moe and par.ep > 1))
         return hit
 
     def inflight(self, par: ParallelConfig) -> list[float]:
@@ -369,6 +393,7 @@ class _Shared:
             boundary_bytes=(par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
                             / (t if par.sp else 1)),
             dense_layer_params=dense_p.total,
+            dense_scale_bytes=self.scale_bytes(False, par), moe_scale_bytes=self.scale_bytes(True, par),
             moe_layer_params=moe_p.total - moe_p.experts if moe_p else 0.0,
             routed_per_gpu=moe_p.experts if moe_p else 0.0,
             expert_shard=e_shard, data_parallel=par.dp * par.cp, dense_shard=par.dp_shard * par.cp,
@@ -379,6 +404,13 @@ class _Shared:
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
             placements={})
         return mesh
+
+    def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:
+        """FP8 scaling state of one layer's GEMM weights on a GPU (``Fp8Recipe.scaling_state_bytes``)."""
+        if self.fp8 is None or (moe and not self.model.is_moe):
+            return 0.0
+        mats = layer_matrices(self.model, moe, par.tp, par.ep)
+        return self.fp8.scaling_state_bytes(sum(m.count for m in mats if m.role != "router"))
 
     def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
         key = (par.tp, par.cp, par.sp, par.micro_batch, grp.name)
@@ -462,7 +494,7 @@ class StageModel:
             biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
             # FSDP prefetches the next layer's weights while the current one runs: two
             # layers of gathered weights live
-            self.buffers_bytes = 2 * biggest * sh.w_b if mesh.dense_shard > 1 else 0.0
+            self.buffers_bytes = 2 * biggest * sh.gather_b if mesh.dense_shard > 1 else 0.0
         else:
             whole = sh.total_params / (par.tp * par.pp) * sh.g_b
             self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if mesh.data_parallel > 1 else 0.0
@@ -545,11 +577,11 @@ class StageModel:
             # the whole stage, and one collective's fixed time per layer (the ring's latency
             # grows with the nodes: comm.Network._coefficients)
             extra = max(0.0, n - 1)
-            ag = mesh.all_gather_shard(dense_params * w_b) + extra * mesh.shard_latency_s
+            ag = mesh.all_gather_shard(dense_params * sh.gather_b) + extra * mesh.shard_latency_s
             rs = mesh.all_gather_shard(dense_params * g_b) + extra * mesh.shard_latency_s
             if expert_params:
                 extra_e = max(0.0, n_moe - 1)
-                ag += mesh.all_gather_expert(expert_params * w_b) + extra_e * mesh.expert_latency_s
+                ag += mesh.all_gather_expert(expert_params * sh.gather_b) + extra_e * mesh.expert_latency_s
                 rs += mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
         grad_s = gather_s = 0.0
@@ -566,10 +598,10 @@ class StageModel:
                     grad_s += mesh.all_reduce_expert_replicas(expert_params * g_b / zs.expert_shard)
                 if zero < 3:
                     rs = mesh.all_gather_shard(dense_params * g_b)
-                    gather_s = mesh.all_gather_shard(dense_params * w_b)
+                    gather_s = mesh.all_gather_shard(dense_params * sh.gather_b)
                     if expert_params:
                         rs += mesh.all_gather_expert(expert_params * g_b)
-                        gather_s += mesh.all_gather_expert(expert_params * w_b)
+                        gather_s += mesh.all_gather_expert(expert_params * sh.gather_b)
                     if zero == 1:
                         grad_s += rs
                     else:
@@ -586,7 +618,8 @@ class StageModel:
             model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
             act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
             embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
-            weights_bytes=dense_params * w_b / dw + expert_params * w_b / ew,
+            weights_bytes=(dense_params * w_b / dw + expert_params * w_b / ew
+                           + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
             grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
             optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
             buffers_bytes=self.buffers_bytes)

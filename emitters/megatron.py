@@ -235,6 +235,18 @@ def training_args(plan: Plan) -> list:
              "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"]}.get(w.dtype)
     if dtype is None:
         raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16 or fp8 (TE)")
+    fp8_recipe = w.fp8_recipe if w.dtype == "fp8" else ""
+    if fp8_recipe:
+        # the recipe the plan was priced with (the planner records it; costmodel.fp8), in
+        # Megatron's --fp8-recipe names (Transformer Engine's current scaling is "tensorwise");
+        # a plan that names none gets Megatron's default (delayed)
+        name = {"delayed": "delayed", "current": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}.get(fp8_recipe)
+        if name is None:
+            raise CannotExpress(TARGET, f"fp8 recipe {fp8_recipe}", "Megatron's FP8 recipes are delayed, current "
+                                "(tensorwise), mxfp8 and blockwise; torchao's tensorwise/rowwise are torchtitan's")
+        dtype = dtype + ["--fp8-recipe", name]
+    if w.fp8_param_gather:
+        dtype = dtype + ["--fp8-param-gather"]
     r = recipe(plan)
     opt: list = ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam"]
     if w.optimizer != "sgd":   # Megatron's adam is AdamW (decoupled weight decay)

@@ -253,6 +253,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                                                                  "optim_grads_params"])
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
+    p.add_argument("--fp8-param-gather", action="store_true")
     p.add_argument("--optimizer", choices=["adam", "sgd"])
     p.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     p.add_argument("--tokenizer-type", choices=["NullTokenizer", "HuggingFaceTokenizer"])

@@ -232,3 +232,34 @@ def test_memory_objective_minimizes_peak():
     mem = solve(m, c, wl, {}, objective="memory")
     thr = solve(m, c, wl, {})
     assert mem.solutions[0].estimate.peak_bytes <= thr.solutions[0].estimate.peak_bytes
+
+
+MIXED_LAYER_INSTANCES = [(seed, dense, freq) for seed, (dense, freq) in
+                         enumerate([(1, 1), (2, 1), (3, 1), (0, 2), (1, 2), (2, 3)] * 2, start=300)]
+
+
+@pytest.mark.parametrize("seed,dense,freq", MIXED_LAYER_INSTANCES,
+                         ids=[f"seed{s}-dense{d}-freq{f}" for s, d, f in MIXED_LAYER_INSTANCES])
+def test_mixed_dense_and_moe_layers_are_planned_exactly(seed, dense, freq):
+    """DeepSeek-style dense first layers and Llama-4-style interleaving: each stage is costed with
+    its own dense and MoE counts (StageTables buckets), so CP-SAT equals brute force on the same
+    tables and the table objective is the float estimate of the plan it picked."""
+    rng = random.Random(seed)
+    model = small_model(rng, True)
+    model = ModelSpec(**{**model.to_dict(), "layers": max(model.layers, dense + 3), "first_dense_layers": dense,
+                         "moe_layer_freq": freq})
+    cluster = small_cluster(rng, seed % 4 == 0)
+    wl = Workload(global_batch=rng.choice([8, 16, 32]), seq_len=rng.choice([1024, 2048]))
+    fixed = {} if cluster.total_gpus <= 8 else {"micro_batch": 1}
+    try:
+        fast = solve(model, cluster, wl, fixed, top=1, max_time_s=60)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve(model, cluster, wl, fixed, exhaustive=True, max_time_s=120)
+        return
+    ref = solve(model, cluster, wl, fixed, exhaustive=True, max_time_s=120)
+    assert fast.status == "OPTIMAL" and ref.status == "OPTIMAL"
+    assert fast.solutions[0].table_objective == pytest.approx(ref.solutions[0].table_objective, rel=1e-9)
+    for plan in plans_from_result(fast, model, cluster, wl):
+        assert check_plan(plan) == []
+        assert plan.estimate["step_time_s"] == pytest.approx(fast.solutions[0].table_objective, rel=1e-3)

@@ -23,7 +23,15 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
     g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8", "int4"],
-                   help="precision of the weights and compute (training: bf16, fp16, fp32)")
+                   help="precision of the weights and compute (training: bf16, fp16, fp32, or fp8: an FP8 recipe, "
+                        "see --fp8-recipe)")
+    g.add_argument("--fp8-recipe", default="",
+                   choices=["", "delayed", "current", "mxfp8", "blockwise", "tensorwise", "rowwise"],
+                   help="FP8 training recipe (with --dtype fp8): Transformer Engine delayed or current scaling, "
+                        "MXFP8 (Blackwell), blockwise (DeepSeek-V3's), torchao tensorwise or rowwise; default: "
+                        "delayed on Hopper, mxfp8 on Blackwell (torchtitan's runs: tensorwise)")
+    g.add_argument("--fp8-param-gather", action="store_true",
+                   help="store the weights in FP8 and all-gather them in FP8 (Megatron's --fp8-param-gather)")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])
     g.add_argument("--attention-kernel", default="flash", choices=["flash", "materialized"],
                    help="fused (flash) attention, or scores written to memory")
@@ -77,7 +85,17 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
     model = load_model(args.model)
     cluster = load_cluster_sized(args.cluster, args.gpus)
     wl = Workload(global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
-                  attention_kernel=args.attention_kernel, seed=args.seed, mode=mode)
+                  attention_kernel=args.attention_kernel, seed=args.seed, mode=mode,
+                  fp8_recipe=getattr(args, "fp8_recipe", "") or "",
+                  fp8_param_gather=bool(getattr(args, "fp8_param_gather", False)))
+    if mode == "train" and wl.dtype == "fp8":
+        import dataclasses
+
+        from costmodel.fp8 import resolve
+        for grp in cluster.groups:       # refuses a GPU without FP8 tensor cores, MXFP8 before Blackwell
+            resolve(wl.fp8_recipe, "generic", grp.gpu, wl.fp8_param_gather)
+        if not wl.fp8_recipe:            # the plan records the recipe it was priced with
+            wl = dataclasses.replace(wl, fp8_recipe=resolve("", "generic", cluster.groups[0].gpu).name)
     if mode == "train" and wl.seq_len > model.max_seq_len:
         over = f"--seq-len {wl.seq_len} is {wl.seq_len / model.max_seq_len:.3g}x the position limit of " \
                f"{model.name} (max_seq_len {model.max_seq_len})"

@@ -17,7 +17,15 @@ source, never per case:
   targets and is predicted with the neutral profile. Megatron-LM runs from 2023 on use
   Transformer Engine's fused attention; only the 2021-22 ones (``published_runs.yaml``) write the
   score matrix.
-* FP8 rows are left out until FP8 training is modelled (issue 13); the table says how many.
+* FP8 rows (``dtype: fp8`` in the framework file; NeMo 24.07's FP8 table,
+  ``calibration/published_runs_fp8.yaml``) are predicted with the framework's default FP8
+  recipe (``costmodel.fp8.default_recipe``: Transformer Engine delayed scaling for NeMo on H100,
+  torchao tensorwise for torchtitan) unless the case names one (``fp8_recipe``, or "rowwise" in
+  its name); they form the FP8 section.
+* NeMo 24.07 (assumed, as NeMo's recipes of that release set them): sequence parallelism with
+  tp > 1, Transformer Engine fused attention, no recomputation, the distributed optimizer;
+  ``virtual_stages`` is the interleaved schedule's vpp. Nemotron's squared-ReLU MLP has the
+  shape of a GELU one (two matrices, not gated).
 """
 from __future__ import annotations
 
@@ -39,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "calibration" / "published_runs.yaml"
 HOLDOUT = ROOT / "calibration" / "holdout_runs.yaml"
 FRAMEWORK_RUNS = ROOT / "calibration" / "published_runs_frameworks.yaml"
+FP8_RUNS = ROOT / "calibration" / "published_runs_fp8.yaml"
+MOE_RUNS = ROOT / "calibration" / "published_runs_moe.yaml"
 
 
 @dataclass
@@ -57,10 +67,17 @@ class Row:
 
 
 def _model(d: dict, name: str) -> ModelSpec:
+    if "catalog" in d:
+        from costmodel.catalog import get_model
+        return get_model(d["catalog"])
     fam = d.get("family", "gpt")
     base: dict[str, Any] = dict(name=name, layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
                                 ffn_hidden=d.get("ffn_hidden", 4 * d["hidden"]), vocab=d["vocab"])
-    if fam == "gpt":
+    if str(fam).startswith("nemotron"):
+        # squared-ReLU, not gated: the matrices of a GELU MLP; LayerNorm, RoPE, no biases
+        base.update(family="nemotron", mlp="gelu", norm="layernorm", kv_heads=d.get("kv_heads", d["heads"]),
+                    max_seq_len=max(8192, d.get("seq_len", 0)))
+    elif fam == "gpt":
         base.update(family="gpt", mlp="gelu", norm="layernorm", positions="learned", tied_embeddings=True,
                     bias=True, dropout=True, max_seq_len=max(2048, d.get("seq_len", 2048)))
     else:
@@ -97,7 +114,13 @@ def case_rows(case: dict, split: str) -> list[Row]:
     model = _model(md, case["name"])
     cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
     par_d = dict(case["parallel"])
+    if "virtual_stages" in par_d:
+        v = par_d.pop("virtual_stages")
+        if v > 1:
+            par_d.update(vpp=v, schedule="interleaved")
     fw = framework_of(case)
+    if case.get("nemo_defaults") and par_d.get("tp", 1) > 1:
+        par_d.setdefault("sp", True)
     megatron = fw == "megatron"
     # 2021-22 Megatron-LM wrote the score matrix; its runs are the ones without a framework field
     materialized = megatron and "framework" not in case
@@ -109,14 +132,19 @@ def case_rows(case: dict, split: str) -> list[Row]:
     zero = par_d.pop("zero", 3 if fw in ("torchtitan", "accelerate") else 1)
     par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=zero, **par_d)
     dtype = case.get("dtype") or ("fp16" if "fp16" in str(case.get("precision", "")) else "bf16")
+    recipe = ""
+    if dtype == "fp8":
+        recipe = case.get("fp8_recipe") or ("rowwise" if "rowwise" in case["name"] else "")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
-                  attention_kernel="materialized" if materialized else "flash")
+                  attention_kernel="materialized" if materialized else "flash", fp8_recipe=recipe)
     prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
     if materialized:
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
         prof = dataclasses.replace(prof, tp_comm_overlap=False)
     elif "async" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
+    if "dualpipe" in str(case.get("execution", "")).lower():
+        prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe overlaps the all-to-alls
     est = estimate(model, cluster, wl, par, framework=prof)
     rep = case["reported"]
     rows = []
@@ -151,16 +179,16 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
         rows += case_rows(c, "calibration")
     for r in cal.get("memory_references", []):
         rows += memory_rows(r)
-    skipped = 0
     if FRAMEWORK_RUNS.exists():
         with open(FRAMEWORK_RUNS) as f:
             fwk = yaml.safe_load(f) or {}
         for c in fwk.get("cases", []):
-            if c.get("dtype") == "fp8" or "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
-                skipped += 1
+            if "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
                 continue
-            rows += case_rows(c, "frameworks" if hardware_matches(c) else "frameworks-hardware")
-    all_rows.skipped_fp8 = skipped
+            kind = "fp8" if c.get("dtype") == "fp8" else "frameworks"
+            rows += case_rows(c, kind if hardware_matches(c) else kind + "-hardware")
+    rows += fp8_rows()
+    rows += moe_rows()
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
             hold = yaml.safe_load(f) or {}
@@ -169,28 +197,73 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
     return rows
 
 
+def fp8_rows() -> list[Row]:
+    """NeMo 24.07's FP8 table (``calibration/published_runs_fp8.yaml``): Megatron with NeMo's
+    defaults (module docstring), FP8 with the framework's default recipe."""
+    if not FP8_RUNS.exists():
+        return []
+    with open(FP8_RUNS) as f:
+        data = yaml.safe_load(f) or {}
+    rows: list[Row] = []
+    for c in data.get("cases", []):
+        rows += case_rows(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8")
+    return rows
+
+
+def moe_rows() -> list[Row]:
+    """The MoE runs (``calibration/published_runs_moe.yaml``). A case on a cluster the catalog
+    does not have yet is listed in ``moe_rows.pending``, not predicted."""
+    moe_rows.pending = []
+    if not MOE_RUNS.exists():
+        return []
+    from costmodel.specs import SpecError
+    from profiles.clusters import cluster_names
+    with open(MOE_RUNS) as f:
+        data = yaml.safe_load(f) or {}
+    rows: list[Row] = []
+    for c in data.get("cases", []):
+        if c["cluster"] not in cluster_names():
+            moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
+            continue
+        try:
+            rows += case_rows(c, "moe")
+        except SpecError as e:
+            moe_rows.pending.append(f"{c['name']}: {e}")
+    return rows
+
+
+moe_rows.pending = []
+
+
 def markdown(rows: list[Row]) -> str:
     out = ["# Cost-model validation", "",
            "Regenerate with `make validation` (`planner validate --write costmodel/VALIDATION.md`).",
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
            "source's software implies are set once per source in `planner/cli/validation.py`.", ""]
     out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
-                                 ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml; "
-                                                "FP8 rows left out until issue 13)"),
+                                 ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml, "
+                                                "bf16/fp16)"),
+                                 ("fp8", "FP8 training runs (NeMo 24.07, calibration/published_runs_fp8.yaml; "
+                                         "torchtitan Float8 on catalog hardware)"),
+                                 ("fp8-hardware", "FP8 training runs on machines other than the catalog cluster "
+                                                  "(reported, not fitted)"),
                                  ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
                                                          "(reported, not fitted: see each case's hardware_note)"),
+                                 ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
+    if moe_rows.pending:
+        out += ["MoE runs not predicted yet: " + "; ".join(moe_rows.pending) + ".", ""]
     out += by_framework(rows)
     return "\n".join(out) + "\n"
 
 
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
-    sel = [r for r in rows if r.split in ("calibration", "frameworks", "holdout")]
+    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "moe", "holdout")]
     out = ["## Error by framework", "",
-           "Each framework's runs on catalog hardware (calibration, framework and holdout tables).", "",
+           "Each framework's runs on catalog hardware (calibration, framework, FP8, MoE and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",
            "|---|---:|---:|---:|---|"]
     for fw in sorted({r.framework for r in sel}):

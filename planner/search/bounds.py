@@ -17,9 +17,22 @@ from costmodel.comm import axis_stride, group_layout, layout_for
 from costmodel.frameworks import framework_profile
 from costmodel.layers import ends_cost, ends_params, layer_cost
 from costmodel.memory import model_state_bytes
-from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, layer_terms
+from costmodel.training import fewest_full_recompute_layers, fp8_recipe_of, inflight_microbatches, layer_terms
 from planner.search.problem import Problem
 from planner.search.space import Candidate
+
+
+def extreme_mixes(prob: Problem, n: float, moe_frac: float) -> list[tuple[float, float]]:
+    """(dense, MoE) layer counts bounding those of any n-layer stage. The solver's tables cost each
+    stage with its exact counts (``StageTables`` buckets), which for a model mixing dense and MoE
+    layers need not be the average: a bound on one stage takes the least over the extremes (the
+    cost is linear in the counts). For a dense or all-MoE model, the one exact mix."""
+    model = prob.model
+    if not model.is_moe or model.moe_layers in (0, model.layers):
+        return [(n * (1 - moe_frac), n * moe_frac)]
+    dense = model.layers - model.moe_layers
+    lo_m, hi_m = max(0.0, n - dense), min(float(n), float(model.moe_layers))
+    return [(n - lo_m, lo_m), (n - hi_m, hi_m)]
 
 
 def lower_bound(prob: Problem, cand: Candidate) -> float:
@@ -82,7 +95,8 @@ def compute_bound(prob: Problem, members: list) -> float:
             ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
             eff = framework_profile(prob.framework).kernel_efficiency
             args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
-                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff)
+                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff,
+                    fp8_recipe_of(prob.cluster, prob.workload, prob.framework))
             per_stage = 0.0
             for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
                 if not n:
@@ -90,7 +104,8 @@ def compute_bound(prob: Problem, members: list) -> float:
                 # the layer's terms without the overlap slowdown (which only adds)
                 fw = framework_profile(prob.framework)
                 lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
-                                 fw.tp_comm_overlap and par.sp and par.tp > 1)
+                                 fw.tp_comm_overlap and par.sp and par.tp > 1,
+                                 fw.ep_comm_overlap and moe and par.ep > 1)
                 per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
                 per_stage += n * (per + (lt.selective_s if selective else 0.0))
             ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
@@ -138,17 +153,17 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
             sm = prob.stage_model_for(cand, g, i)
             inflight = inflight_microbatches(par, i)
             for n, slot in ((big, "big"), (lo, "small")):
-                nd, nm = n * (1 - moe_frac), n * moe_frac
-                r = par.policy_recompute_layers(n)
-                if r is None:
-                    r = least_recompute(sm, nd, nm, n, inflight)
-                if r is None:
-                    continue
-                t = sm.cost(nd, nm, r).time_s
-                if slot == "big":
-                    t_big = min(t_big, t)
-                else:
-                    t_small = min(t_small, t)
+                for nd, nm in extreme_mixes(prob, n, moe_frac):
+                    r = par.policy_recompute_layers(n)
+                    if r is None:
+                        r = least_recompute(sm, nd, nm, n, inflight)
+                    if r is None:
+                        continue
+                    t = sm.cost(nd, nm, r).time_s
+                    if slot == "big":
+                        t_big = min(t_big, t)
+                    else:
+                        t_small = min(t_small, t)
     if t_big == math.inf:
         return math.inf
     if makespan and len(prob.groups(cand)) == 1:
@@ -178,11 +193,14 @@ def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac:
         inflight = inflight_microbatches(par, i)
         ts = []
         for n in ns:
-            nd, nm = n * (1 - moe_frac), n * moe_frac
-            r = par.policy_recompute_layers(n)
-            if r is None:
-                r = least_recompute(sm, nd, nm, n, inflight)
-            ts.append(math.inf if r is None else sm.cost(nd, nm, r).time_s)
+            t = math.inf
+            for nd, nm in extreme_mixes(prob, n, moe_frac):
+                r = par.policy_recompute_layers(n)
+                if r is None:
+                    r = least_recompute(sm, nd, nm, n, inflight)
+                if r is not None:
+                    t = min(t, sm.cost(nd, nm, r).time_s)
+            ts.append(t)
         curves.append((count, ts))
     for tau in sorted({t for _, ts in curves for t in ts if t < math.inf}):
         cap = 0
@@ -216,7 +234,8 @@ def _memory_bound(prob: Problem, cand: Candidate, moe_frac: float) -> float:
 
     def peak(g: str, i: int, n: int) -> float:
         sm = prob.stage_model_for(cand, g, i)
-        return sm.memory(sm.cost(n * (1 - moe_frac), n * moe_frac, n), inflight_microbatches(par, i))["peak_bytes"]
+        return min(sm.memory(sm.cost(nd, nm, n), inflight_microbatches(par, i))["peak_bytes"]
+                   for nd, nm in extreme_mixes(prob, n, moe_frac))
 
     groups = prob.groups(cand)
     if p == 1:

@@ -21,8 +21,12 @@ class PipelineModel:
     """CP-SAT: which layer count (and node group) each stage takes, minimizing the step time.
 
     Variables (one family each):
-      y[i, g, k]  stage i runs on group g and holds ``lo + k`` layers (boolean; exactly one per
-                  stage; only the (g, k) whose table entry fits memory exist at all)
+      y[i, g, b, k]  stage i runs on group g, starts in first-layer bucket b and holds ``lo + k``
+                  layers (boolean; exactly one per stage; only the (g, b, k) whose table entry
+                  fits memory exist at all). Buckets (``StageTables``) exist for models whose
+                  dense and MoE layers mix (DeepSeek-V3's dense first layers): a y with bucket b
+                  forces the stage's first layer ``F_i = sum_{j<i} n_j`` into b, so every stage
+                  is costed with its exact dense and MoE layer counts.
       t_i, e_i, o_i, mem_i  the stage's time per micro-batch, exposed DP time, optimizer time and
                   memory, linear in y (table lookups)
       T, E, O, M  their maxima
@@ -49,24 +53,25 @@ class PipelineModel:
 
     def _add_choice_vars(self):
         tab = self.tab
-        self.y: dict[tuple[int, str, int], Any] = {}
-        self.rows: list[list[tuple[str, int, Any]]] = []
+        self.y: dict[tuple[int, str, int, int], Any] = {}
+        self.rows: list[list[tuple[str, int, int, Any]]] = []
         # with an incumbent, a stage whose own time already makes m*t exceed it is useless
         limit = (self.cutoff * NS / self.mb) if self.cutoff is not None and not self.memory_objective else math.inf
         for i in range(self.p):
             row = []
             for g in self.groups:
-                for k, val in enumerate(tab.t[(i, g)]):
-                    if val is not None and val <= limit:
-                        var = self.m.new_bool_var(f"y_{i}_{g}_{tab.lo + k}")
-                        self.y[i, g, k] = var
-                        row.append((g, k, var))
+                for b in tab.buckets():
+                    for k, val in enumerate(tab.t.get((i, g, b), ())):
+                        if val is not None and val <= limit:
+                            var = self.m.new_bool_var(f"y_{i}_{g}_{b}_{tab.lo + k}")
+                            self.y[i, g, b, k] = var
+                            row.append((g, b, k, var))
             if not row:
                 self.ok = False
                 return
-            self.m.add_exactly_one(v for _, _, v in row)
+            self.m.add_exactly_one(v for *_, v in row)
             self.rows.append(row)
-        self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (_, _, k) in self.y])
+        self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (*_, k) in self.y])
                    == self.prob.model.layers)
         if self.cand.split == "last" and self.p > 2:
             # the target states only the last stage's layer count: every other stage holds the first's
@@ -74,15 +79,36 @@ class PipelineModel:
                 self.m.add(self._layers(i) == self._layers(0))
         if len(self.groups) > 1:
             for g in self.groups:
-                self.m.add(sum(v for (_, gg, _), v in self.y.items() if gg == g) == self.counts[g])
+                self.m.add(sum(v for (_, gg, _, _), v in self.y.items() if gg == g) == self.counts[g])
+        if not tab.trivial:
+            self._add_bucket_constraints()
+
+    def _add_bucket_constraints(self):
+        """The bucket a stage's y names is the bucket of its first layer ``F_i``."""
+        tab, L = self.tab, self.prob.model.layers
+        d, f = tab.dense_first, tab.freq
+        first = 0
+        for i in range(self.p):
+            F = self.m.new_int_var(0, L, f"F_{i}")
+            self.m.add(F == first)
+            q = self.m.new_int_var(0, L, f"q_{i}") if f > 1 else None
+            for g, b, k, var in self.rows[i]:
+                if b < d:
+                    self.m.add(F == b).only_enforce_if(var)
+                elif q is None:
+                    self.m.add(F >= d).only_enforce_if(var)
+                else:
+                    self.m.add(F == b + f * q).only_enforce_if(var)
+            first = F + cp_model.LinearExpr.weighted_sum([v for *_, v in self.rows[i]],
+                                                         [tab.lo + k for _, _, k, _ in self.rows[i]])
 
     def _layers(self, i: int):
         row = self.rows[i]
-        return cp_model.LinearExpr.weighted_sum([v for _, _, v in row], [self.tab.lo + k for _, k, _ in row])
+        return cp_model.LinearExpr.weighted_sum([v for *_, v in row], [self.tab.lo + k for _, _, k, _ in row])
 
     def _lin(self, table: dict, i: int):
         row = self.rows[i]
-        return cp_model.LinearExpr.weighted_sum([v for _, _, v in row], [table[(i, g)][k] for g, k, _ in row])
+        return cp_model.LinearExpr.weighted_sum([v for *_, v in row], [table[(i, g, b)][k] for g, b, k, _ in row])
 
     def _add_stage_costs(self):
         tab = self.tab
@@ -124,10 +150,13 @@ class PipelineModel:
     def solve(self, time_limit_s: float, hint: list[int] | None = None):
         if hint and len(self.groups) == 1:
             g = self.groups[0]
+            first = 0
             for i, n in enumerate(hint):
-                for k in range(self.tab.hi - self.tab.lo + 1):
-                    if (i, g, k) in self.y:
-                        self.m.add_hint(self.y[i, g, k], int(self.tab.lo + k == n))
+                b0 = self.tab.bucket(first)
+                first += n
+                for (j, gg, b, k), var in self.y.items():
+                    if j == i and gg == g:
+                        self.m.add_hint(var, int(self.tab.lo + k == n and b == b0))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(1e-3, time_limit_s)
         solver.parameters.num_workers = 1
@@ -139,7 +168,7 @@ class PipelineModel:
 
     def read(self, solver) -> tuple[list[int], list[str]]:
         ns, gs = [0] * self.p, [""] * self.p
-        for (i, g, k), v in self.y.items():
+        for (i, g, _, k), v in self.y.items():
             if solver.value(v):
                 ns[i], gs[i] = self.tab.lo + k, g
         return ns, gs
@@ -155,7 +184,7 @@ def cpsat_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bool, t
         # one stage, nothing to split: the table is the answer
         g = prob.groups(cand)[0]
         k = tab.hi - tab.lo
-        if tab.t[(0, g)][k] is None:
+        if tab.t[(0, g, 0)][k] is None:
             return Outcome(None)
         ns, gs = [tab.hi], [g]
         return Outcome((objective_value(prob, cand, tab, ns, gs, mem_obj), ns, gs))

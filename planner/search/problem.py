@@ -71,15 +71,36 @@ class SolveResult:
 
 @dataclass
 class StageTables:
-    """For stage i on group g and n layers: integer time, exposed DP, optimizer, memory; and r*."""
+    """For stage i on group g whose first layer falls in bucket b, with n layers: integer time,
+    exposed DP, optimizer, memory; and r*.
+
+    A stage's dense and MoE layer counts depend on where it starts (DeepSeek-V3's three dense
+    layers come first; Llama 4 alternates): ``model.moe_layers_in(f, f + n)`` for first layer f.
+    The buckets are what that count can depend on: first layers ``0 .. dense-1`` one bucket each,
+    then one per residue of ``(f - dense) mod moe_layer_freq`` (a single bucket for a dense model
+    or one whose layers are all MoE, where the tables are as before)."""
 
     lo: int
     hi: int
-    t: dict[tuple[int, str], list]      # (stage, group) -> [value or None for n in lo..hi]
-    e: dict[tuple[int, str], list]
-    o: dict[tuple[int, str], list]
-    mem: dict[tuple[int, str], list]
-    r: dict[tuple[int, str], list]
+    t: dict[tuple[int, str, int], list]      # (stage, group, bucket) -> [value or None for n in lo..hi]
+    e: dict[tuple[int, str, int], list]
+    o: dict[tuple[int, str, int], list]
+    mem: dict[tuple[int, str, int], list]
+    r: dict[tuple[int, str, int], list]
+    dense_first: int = 0                     # leading dense layers (0 when buckets are trivial)
+    freq: int = 1                            # MoE every freq-th layer after them
+
+    def bucket(self, first_layer: int) -> int:
+        """The bucket of a stage starting at ``first_layer``."""
+        d = self.dense_first
+        return first_layer if first_layer < d else d + (first_layer - d) % self.freq
+
+    def buckets(self) -> list[int]:
+        return list(range(self.dense_first + self.freq))
+
+    @property
+    def trivial(self) -> bool:
+        return self.dense_first == 0 and self.freq == 1
 
 
 class Problem:
@@ -123,17 +144,37 @@ class Problem:
         p, L = par.pp, self.model.layers
         lo = max(1, par.vpp)
         hi = L - lo * (p - 1)
-        moe_frac = self.model.moe_layers / L
-        t, e, o, mem, rr = {}, {}, {}, {}, {}
+        model = self.model
+        mixed = model.is_moe and (model.first_dense_layers > 0 or model.moe_layer_freq > 1)
+        d, f = (model.first_dense_layers, model.moe_layer_freq) if mixed else (0, 1)
+        shape = StageTables(lo, hi, {}, {}, {}, {}, {}, dense_first=d, freq=f)
+
+        def moe_count(b: int, n: int) -> int:
+            """MoE layers of an n-layer stage whose first layer is in bucket b (exact)."""
+            if not mixed:
+                return n if model.is_moe else 0
+            # bucket b < d starts at layer b; bucket d + r at d + r, the same pattern as any
+            # d + r + q*freq
+            return model.moe_layers_in(b, b + n)
+
+        t, e, o, mem, rr = shape.t, shape.e, shape.o, shape.mem, shape.r
         for g in self.groups(cand):
-            rows_by_pos: dict[tuple[bool, bool], list] = {}
-            for i in range(p):
-                pos = (i == 0, i == p - 1)
+            rows_by_pos: dict[tuple[bool, bool, int], list] = {}
+            for i, b in ((i, b) for i in range(p) for b in shape.buckets()):
+                first_lo, first_hi = i * lo, L - (p - i) * lo     # where stage i can start
+                if b < d and not first_lo <= b <= first_hi:
+                    continue
+                if b >= d and first_hi < d:
+                    continue
+                if i == 0 and shape.bucket(0) != b:
+                    continue
+                pos = (i == 0, i == p - 1, b)
                 if pos not in rows_by_pos:
                     sm = self.stage_model_for(cand, g, i)
                     rows = []
                     for n in range(lo, hi + 1):
-                        nd, nm = n * (1 - moe_frac), n * moe_frac
+                        nm = moe_count(b, n)
+                        nd = n - nm
                         c0 = sm.cost(nd, nm, 0)
                         if cutoff is not None and par.grad_accum * c0.time_s > cutoff:
                             break                      # this many layers alone exceed the incumbent
@@ -142,7 +183,7 @@ class Problem:
                 sm, rows = rows_by_pos[pos]
                 inflight = inflight_microbatches(par, i)
                 cap, reserved = sm.capacity_bytes, sm.reserved_bytes
-                key = (i, g)
+                key = (i, g, b)
                 tl, el, ol, ml, rl = [], [], [], [], []
                 for n, c0, cn in rows:
                     if memory_objective and cand.stage_recompute:
@@ -169,7 +210,7 @@ class Problem:
                 for lst in (tl, el, ol, ml, rl):
                     lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
-        return StageTables(lo=lo, hi=hi, t=t, e=e, o=o, mem=mem, r=rr)
+        return shape
 
 
 def _split_allows(cand: Candidate, n: int, layers: int) -> bool:
@@ -195,14 +236,17 @@ def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[i
     and the tests use this)."""
     par = cand.par
     ts, es, os_, ms = [], [], [], []
+    first = 0
     for i, (n, g) in enumerate(zip(ns, gs)):
         k = n - tab.lo
-        if not 0 <= k <= tab.hi - tab.lo or tab.t[(i, g)][k] is None:
+        key = (i, g, tab.bucket(first))
+        first += n
+        if not 0 <= k <= tab.hi - tab.lo or key not in tab.t or tab.t[key][k] is None:
             return None
-        ts.append(tab.t[(i, g)][k])
-        es.append(tab.e[(i, g)][k])
-        os_.append(tab.o[(i, g)][k])
-        ms.append(tab.mem[(i, g)][k])
+        ts.append(tab.t[key][k])
+        es.append(tab.e[key][k])
+        os_.append(tab.o[key][k])
+        ms.append(tab.mem[key][k])
     if memory_objective:
         return float(max(ms))
     v, m = par.vpp, par.grad_accum
@@ -214,7 +258,7 @@ def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[i
 def stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str]) -> tuple[StageSpec, ...]:
     out, first = [], 0
     for i, (n, g) in enumerate(zip(ns, gs)):
-        r = tab.r[(i, g)][n - tab.lo]
+        r = tab.r[(i, g, tab.bucket(first))][n - tab.lo]
         out.append(StageSpec(first_layer=first, num_layers=n, recompute_layers=int(r),
                              group=g if len(cand.stage_counts) > 1 else ""))
         first += n

@@ -77,7 +77,7 @@ PARALLEL_ARGS=(
   --expert-model-parallel-size 2
   --expert-tensor-parallel-size 4
   --sequence-parallel
-  --pipeline-model-parallel-layout 'Et|t|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|tL'
+  --pipeline-model-parallel-layout 'Et*2|t*2|t|t|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2|tL'
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather

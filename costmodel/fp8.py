@@ -1,0 +1,145 @@
+"""FP8 training: the recipes people run, and what each keeps, computes and moves.
+
+Training with ``dtype = "fp8"`` means a *recipe* (``Workload.fp8_recipe``; "" takes the
+framework's default, ``default_recipe``). Facts from Transformer Engine's low-precision docs
+(``docs/features/low_precision_training/*.rst``, summarised with line numbers in
+``/work/shared/reference/training-targets.md`` Sec. 5) and torchao's float8 training:
+
+* Only the linear layers' GEMMs (fprop, dgrad, wgrad) run in FP8; attention, norms, softmax,
+  the loss and the output head stay BF16, and GEMM outputs come back in BF16. So the
+  activations of an FP8 run are BF16 (``COMPUTE_DTYPE``) except the saved inputs of the linear
+  layers, which Transformer Engine keeps in FP8 (``Fp8Recipe.saved_input_bytes``); torchao's
+  ``Float8Linear`` saves the high-precision input and re-casts it in backward.
+* Weights: BF16 working weights with FP32 master weights in the optimizer, plus the FP8 copy
+  Transformer Engine caches across the micro-batches of a step (Megatron passes
+  ``is_first_microbatch``), and on Hopper its physically transposed copy (FP8 GEMMs are TN only
+  there); Blackwell's MXFP8 keeps a rowwise and a columnwise copy (they differ numerically), each
+  with one E8M0 scale byte per 32 values. Megatron's ``--fp8-param-gather`` stores the model
+  weights in FP8 instead of BF16 (the FP32 master stays in the optimizer) and all-gathers them
+  in FP8. torchao casts per use and caches nothing.
+* Blockwise FP8 (DeepSeek-V3's recipe, TE's ``Float8BlockScaling``): FP32 scales per 128
+  values, runs natively on Hopper.
+* Scaling state: delayed scaling keeps an amax history of ``amax_history_len`` per quantized
+  tensor (3 per GEMM forward: input, weight, output; 2 backward) and one FP32 scale and inverse
+  scale each; Megatron sets the history length to 1 (TE's default is 1024).
+* Quantization traffic: casting a BF16 tensor to FP8 reads it once (delayed scaling: the scale
+  comes from the history) or twice (current scaling and torchao's dynamic scaling: amax first,
+  then the cast), and writes one FP8 byte per copy.
+* Communication: under sequence parallelism Transformer Engine all-gathers the FP8 input of a
+  column-parallel GEMM (reduce-scatters stay BF16); with FP8 parameter gather (Megatron's
+  ``--fp8-param-gather``, torchtitan's ``enable_fsdp_float8_all_gather``) the data-parallel
+  weight all-gather moves FP8. Gradient reduction stays FP32/BF16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .specs import FP8_RECIPES as RECIPES
+from .specs import GpuSpec, SpecError
+
+COMPUTE_DTYPE = "bf16"        # what everything but the linear GEMMs runs in under an FP8 recipe
+MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's own default: 1024)
+
+# The FP8 GEMM efficiency curve, relative to the GPU's BF16 curve (``compute.matmul_efficiency``):
+#   eff_fp8(g) = FP8_GEMM_EFFICIENCY * matmul_efficiency * g / (g + FP8_HALF_SIZE_FACTOR * matmul_half_size)
+# FP8 doubles the tensor-core peak but not the memory system or the kernel's fixed costs, so a
+# GEMM reaches a smaller fraction of the FP8 peak, and small GEMMs gain less (TE's speedups page:
+# ~1.7-1.9x for a 4096 x 16384 layer's GEMMs on H200, "small GEMMs can slow down"). Fitted by
+# ``python bench/fit_fp8.py`` on the NeMo 24.07 FP8 rows and torchtitan's Float8 rows (physics
+# parameters shared by every case, never per case): 26 figures, median error 4.7% at the first
+# guess (0.80, x2) -> 2.1% fitted, largest 11.9%.
+FP8_GEMM_EFFICIENCY = 0.84
+FP8_HALF_SIZE_FACTOR = 2.0
+
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """One FP8 training recipe as it runs on one GPU generation."""
+
+    name: str
+    cast_reads: int               # reads of the BF16 tensor per quantization (1 delayed, 2 dynamic)
+    weight_copies: int            # cached FP8 weight copies (TE: 1, +1 transpose on Hopper; MXFP8 2; torchao 0)
+    scale_bytes: float            # scale bytes per value (MXFP8: 1/32, blockwise 4/128), 0 for per-tensor/row
+    saved_input_bytes: float      # bytes per saved linear-layer input (TE: FP8; torchao: BF16)
+    amax_history: int             # per quantized tensor (delayed scaling), else 0
+    param_gather: bool            # the data-parallel weight all-gather moves FP8
+    fp8_weights: bool             # model weights stored in FP8, no BF16 copy (Megatron's --fp8-param-gather)
+    tp_gather_fp8: bool           # SP all-gathers move the FP8 input (Transformer Engine)
+
+    @property
+    def copy_bytes(self) -> float:
+        """Bytes of one FP8 copy per value, scales included."""
+        return 1.0 + self.scale_bytes
+
+    def weight_bytes_per_param(self) -> float:
+        """Model-weight bytes per parameter besides the optimizer's FP32 master: the BF16
+        working weight (none with FP8 parameter gather, whose FP8 weight is the model weight)
+        and the cached FP8 copies."""
+        return (0.0 if self.fp8_weights else 2.0) + self.weight_copies * self.copy_bytes
+
+    def cast_bytes_per_value(self) -> float:
+        """HBM traffic of quantizing one BF16 value: ``cast_reads`` reads of 2 bytes, one FP8
+        write per copy the GEMMs need (the transpose on Hopper, both orientations in MXFP8)."""
+        return 2.0 * self.cast_reads + max(1, self.weight_copies) * self.copy_bytes
+
+    def scaling_state_bytes(self, gemms: float) -> float:
+        """Scales and amax histories of ``gemms`` FP8 GEMM weights (3 quantized tensors forward,
+        2 backward; FP32 amax history, scale and inverse scale each). Block scales (MXFP8, blockwise) are in
+        ``copy_bytes``."""
+        if self.scale_bytes:
+            return 0.0
+        return gemms * 5 * 4 * (self.amax_history + 2)
+
+
+def is_blackwell(gpu: GpuSpec) -> bool:
+    """SM100+ (B200, B300, GB200, GB300): MXFP8 and native columnwise FP8 reads."""
+    n = gpu.name.upper()
+    return n.startswith(("B", "GB"))
+
+
+def default_recipe(framework: str, gpu: GpuSpec) -> str:
+    """The recipe a framework runs when the plan names none: Megatron/NeMo with Transformer
+    Engine take delayed scaling on Hopper (NeMo 24.x's FP8 recipes: ``fp8_recipe: delayed``) and
+    MXFP8 on Blackwell (Megatron-LM's ``--fp8-recipe mxfp8`` for SM100); torchtitan's Float8
+    converter takes tensorwise dynamic scaling (torchao's default) with its FP8 FSDP all-gather."""
+    if framework == "torchtitan":
+        return "tensorwise"
+    return "mxfp8" if is_blackwell(gpu) else "delayed"
+
+
+def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = False) -> Fp8Recipe:
+    """The ``Fp8Recipe`` for ``recipe`` ("" -> ``default_recipe``) on ``gpu``; refuses a GPU
+    without an FP8 peak, and MXFP8 before Blackwell, with the reason."""
+    if "fp8" not in gpu.peak_flops_per_s:
+        raise SpecError(f"gpu {gpu.name!r} has no FP8 tensor cores (no fp8 peak in its datasheet; FP8 training needs "
+                        "Hopper, Ada, Blackwell or MI300); train in bf16 instead")
+    name = recipe or default_recipe(framework, gpu)
+    if name not in RECIPES:
+        raise SpecError(f"workload: unknown fp8 recipe {name!r}; known: {', '.join(RECIPES)}")
+    bw = is_blackwell(gpu)
+    if name == "mxfp8" and not bw:
+        raise SpecError(f"fp8 recipe mxfp8 needs Blackwell (SM100+) tensor cores; gpu {gpu.name!r} has none; use "
+                        "delayed or current scaling")
+    if name in ("tensorwise", "rowwise"):
+        # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; torchtitan's
+        # FP8 FSDP all-gather (tensorwise only)
+        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" or param_gather, False, False)
+    if name == "mxfp8":
+        return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
+    if name == "blockwise":
+        # DeepSeek-V3's fine-grained FP8 (report Sec. 3.3; TE's Float8BlockScaling): an FP32 scale
+        # per 1 x 128 activation tile (weights: per 128 x 128 block, counted alike), dynamic; on
+        # Hopper the transposed copy is quantized separately
+        copies = 1 if bw else 2
+        return Fp8Recipe(name, 2, copies, 4.0 / 128, 1.0 + 4.0 / 128, 0, param_gather, param_gather, True)
+    copies = 1 if bw else 2          # Hopper keeps the transposed copy
+    return Fp8Recipe(name, 1 if name == "delayed" else 2, copies, 0, 1.0,
+                     MEGATRON_AMAX_HISTORY if name == "delayed" else 0, param_gather, param_gather, True)
+
+
+def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float) -> float:
+    """Fraction of the FP8 peak a GEMM of geometric-mean size ``g`` reaches, from the BF16
+    curve's value there (see ``FP8_GEMM_EFFICIENCY``)."""
+    h = gpu.matmul_half_size
+    return bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)
