@@ -55,7 +55,7 @@ def test_what_each_chart_shows():
     # memory: one integer tick per stage, the capacity a dashed black line no category shares
     ax = figs["Memory per stage"].axes[0]
     assert list(ax.get_xticks()) == list(range(plan.parallel.pp))
-    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [f"stage {i}" for i in range(4)]
+    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [f"stage {i}" for i in range(plan.parallel.pp)]
     cap = [c for c in ax.collections if c.get_linestyle()[0][1]]          # the dashed hlines
     assert len(cap) == plan.parallel.pp
     bar_colours = {tuple(p.get_facecolor()[:3]) for p in ax.patches}
