@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if args.max_time <= 0:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
-    check_writable(args.out if args.target != "all" or Path(args.out or "x.yaml").suffix in (".yaml", ".yml")
-                   else str(Path(args.out) / "x.yaml"))
+    from planner.cli.plan_all import _is_file
+    check_writable(args.out if args.target != "all" or not args.out or _is_file(args.out)
+                   else str(Path(args.out) / "megatron.yaml"))
     check_writable(args.csv)
     model, cluster, wl = load_problem(args)
     if getattr(args, "_like_model", None) is not None and args.model == args._like_model.name:

@@ -14,7 +14,12 @@ from planner.plan.errors import InfeasibleError, SolverStopped
 
 
 def _is_file(out: str | None) -> bool:
-    return bool(out) and Path(out).suffix in (".yaml", ".yml")
+    """``--out`` names the best plan's file (``.yaml``, or anything already there that is not a
+    folder, which the safe writer then judges) rather than a folder of one file per target."""
+    if not out:
+        return False
+    p = Path(out)
+    return p.suffix in (".yaml", ".yml") or (p.exists() or p.is_symlink()) and not p.is_dir()
 
 
 def _status(statuses: list[str]) -> str:

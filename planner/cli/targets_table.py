@@ -100,7 +100,6 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
         where = f" on {p.cluster.name}" if ":" in p.cluster.name else ""
         split = " ".join(f"{x.num_layers}" + (f"/{x.recompute_layers}" if x.recompute_layers else "")
                          for x in p.stages) if p.parallel.pp > 1 else ""
-        split = split if len(split) <= 30 else split[:27] + "..."
         t.add_row(r.target, escape(compact(p.parallel) + where + (f" [{split}]" if split else "")), f"{step:.3f} s",
                   f"{e['mfu'] * 100:.1f}%",
                   f"{e['memory']['peak_bytes'] / 2**30:.1f} GiB", "best" if p is best_plan else f"+{rel * 100:.1f}%",
