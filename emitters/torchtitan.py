@@ -255,6 +255,8 @@ def config(plan: Plan) -> str:
     training = [("local_batch_size", s["local_batch"]), ("global_batch_size", w.global_batch),
                 ("seq_len", w.seq_len), ("max_norm", r.grad_clip), ("steps", 10),
                 ("mixed_precision_param", s["param_dtype"]), ("mixed_precision_reduce", "float32")]
+    if p.pp > 1:   # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP
+        training.append(("disable_cuda_graphs", True))
     optimizer = (f'OptimizersContainer.Config(param_groups=[ParamGroupConfig(\n'
                  f'            pattern=r".*", optimizer_name={s["optimizer"]!r},\n'
                  f'            optimizer_kwargs={{"lr": {r.lr!r}, "betas": ({r.beta1!r}, {r.beta2!r}), '
