@@ -598,6 +598,37 @@ def test_torchtitan_real_parser(name, tmp_path, monkeypatch):
     assert sum(x.numel() for x in model.parameters()) == plan.model.total_params()
 
 
+TT_MORE = {   # beyond the examples: a stock flavor, Llama 3.0's unscaled RoPE (custom flavor), virtual stages
+    "llama-3.1-8b-tp4": lambda: make_plan("llama-3.1-8b", gpus=8, gb=16, seq=8192, cluster="dgx-h100",
+                                          tp=4, sp=True, dp=2, zero=3, grad_accum=8),
+    "llama-3-70b-pp2": lambda: make_plan("llama-3-70b", gpus=16, gb=32, seq=8192, cluster="dgx-h100",
+                                         tp=4, sp=True, pp=2, dp=2, zero=2, micro_batch=1, grad_accum=16),
+    "tiny-llama-vpp2": lambda: make_plan(gpus=4, pp=2, dp=2, zero=3, vpp=2, micro_batch=1, grad_accum=4,
+                                         schedule="interleaved"),
+}
+
+
+@pytest.mark.parametrize("name", list(TT_MORE))
+def test_torchtitan_real_parser_more(name, tmp_path, monkeypatch):
+    plan = TT_MORE[name]()
+    out = write(plan, "torchtitan", tmp_path / "out")
+    prog, _ = _titan_run(plan, out, tmp_path)
+    job = _titan_config(plan, out, prog, monkeypatch)
+    _check_titan(vars_of(job.parallelism), vars_of(job.training),
+                 "None" if job.activation_checkpoint is None else type(job.activation_checkpoint).__qualname__ + "()",
+                 plan)
+    assert job.model_spec.flavor == {"llama-3.1-8b-tp4": "8B"}.get(name, tt_emitter.CUSTOM_FLAVOR)
+    if plan.parallel.vpp > 1:
+        assert job.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+    import torch
+    with torch.device("meta"):
+        model = job.model_spec.model.build()
+    assert sum(x.numel() for x in model.parameters()) == plan.model.total_params()
+    if name == "llama-3-70b-pp2":       # Llama 3.0: RoPE base 500000 without the 3.1 scaling
+        rope = job.model_spec.model.layers[0].attention.rope
+        assert (rope.theta, rope.scaling) == (plan.model.rope_theta, "none")
+
+
 def test_torchtitan_stock_flavors_match_source():
     targets_package("torchtitan", "torchtitan 0.3.0")
     import torch
