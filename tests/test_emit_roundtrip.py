@@ -783,32 +783,43 @@ def sglang_parser() -> argparse.ArgumentParser:
 
 
 def _sglang_real(argv):
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except Exception:
-        return None
+    """SGLang's own parser (python/sglang/srt/server_args.py, ServerArgs.add_cli_args), from .venv-targets."""
+    server_args = targets_package("sglang.srt.server_args", "SGLang 0.5.23")
     p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
+    server_args.ServerArgs.add_cli_args(p)
     return p.parse_args(argv)
+
+
+def _sglang_argv(plan, tmp_path) -> list[str]:
+    out = write(plan, "sglang", tmp_path / "out")
+    calls = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "0", "HEAD_ADDR": "h", "MODEL": "m"})
+    argv = calls[0]["argv"]
+    assert argv[:2] == ["-m", "sglang.launch_server"]
+    return argv[2:]
+
+
+def _check_sglang(a, plan) -> None:
+    p, w = plan.parallel, plan.workload
+    assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
+    assert (a.context_length, a.max_running_requests) == (w.seq_len, w.global_batch)
+    mem = plan.estimate.get("memory", {})
+    if mem:
+        need = (mem["weights_bytes"] + mem["kv_cache_bytes"]) / plan.cluster.gpu.memory_bytes
+        assert need <= a.mem_fraction_static < need + 0.01 + 1e-9
+    else:
+        assert a.mem_fraction_static is None
 
 
 @pytest.mark.parametrize("name", plans_for("sglang", INFER))
 def test_sglang_round_trip(name, tmp_path):
     plan = examples()[name]
-    p, w = plan.parallel, plan.workload
-    out = write(plan, "sglang", tmp_path / "out")
-    calls = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "0", "HEAD_ADDR": "h", "MODEL": "m"})
-    argv = calls[0]["argv"]
-    assert argv[:2] == ["-m", "sglang.launch_server"]
-    for a in filter(None, (sglang_parser().parse_args(argv[2:]), _sglang_real(argv[2:]))):
-        assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
-        assert (a.context_length, a.max_running_requests) == (w.seq_len, w.global_batch)
-        mem = plan.estimate.get("memory", {})
-        if mem:
-            need = (mem["weights_bytes"] + mem["kv_cache_bytes"]) / plan.cluster.gpu.memory_bytes
-            assert need <= a.mem_fraction_static < need + 0.01 + 1e-9
-        else:
-            assert a.mem_fraction_static is None
+    _check_sglang(sglang_parser().parse_args(_sglang_argv(plan, tmp_path)), plan)
+
+
+@pytest.mark.parametrize("name", plans_for("sglang", INFER))
+def test_sglang_real_parser(name, tmp_path):
+    plan = examples()[name]
+    _check_sglang(_sglang_real(_sglang_argv(plan, tmp_path)), plan)
 
 
 def trtllm_parser() -> argparse.ArgumentParser:
