@@ -146,7 +146,7 @@ def require_no_stage_recompute(plan: Plan, target: str) -> None:
     if plan.parallel.recompute != "full" and any(per):
         raise CannotExpress(target, f"{plan.parallel.recompute} recompute plus full recompute of {per} layers "
                             "per stage", f"{target} sets one recompute policy for every layer",
-                            "re-plan with --recompute full or --recompute none, or use the megatron target")
+                            f"plan for it: `planner plan --target {target}` sets one policy for the whole model")
 
 
 def full_recompute_all(plan: Plan) -> bool:

@@ -3,15 +3,15 @@
 Flag names are those of ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM, 2025-2026;
 unchanged by the 2026-01 move to dataclass-generated flags): virtual stages with
 ``--num-virtual-stages-per-pipeline-rank`` (there is no ``--virtual-pipeline-model-parallel-size``
-flag), uneven splits with ``--decoder-first/last-pipeline-num-layers``, ZeRO-1 as
+flag), uneven splits with ``--decoder-first/last-pipeline-num-layers`` or, where those cannot state
+the split, ``--pipeline-model-parallel-layout`` (any layers per stage, virtual stages too), ZeRO-1 as
 ``--use-distributed-optimizer``, ZeRO-2/3 as Megatron-FSDP. Megatron orders ranks
 tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``.
 """
 from __future__ import annotations
 
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
-                           require_mode, require_one_group, require_order, script_header, stage_layers,
-                           virtual_stage_layers)
+                           require_mode, require_one_group, require_order, script_header, stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, sci, warmup_shell
 from planner.plan.planfile import Plan
 
@@ -91,6 +91,28 @@ def model_args(plan: Plan) -> list:
     return a
 
 
+def _virtual_counts(plan: Plan) -> list[int]:
+    """Layers of each virtual stage in pipeline order: virtual stage ``v*pp + r`` on rank ``r``
+    holds the ``v``-th of rank ``r``'s ``vpp`` near-equal chunks (the extra layers first), as the
+    built-in runtime cuts them (``runtime/pipeline.py``) and Megatron maps layout stages to ranks."""
+    p = plan.parallel
+    chunks = []
+    for n in stage_layers(plan):
+        base, extra = divmod(n, p.vpp)
+        chunks.append([base + (1 if v < extra else 0) for v in range(p.vpp)])
+    return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
+
+
+def layout(plan: Plan) -> str:
+    """``--pipeline-model-parallel-layout``: ``E`` (embedding) on the first stage, ``t*n`` decoder
+    layers per stage, ``L`` (loss) on the last, stages separated by ``|`` (Megatron's
+    ``PipelineParallelLayerLayout`` expands ``t*n``)."""
+    counts = _virtual_counts(plan)
+    last = len(counts) - 1
+    return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if s == last else "")
+                    for s, n in enumerate(counts))
+
+
 def vocab_divisor(vocab: int, tp: int) -> int:
     """``--make-vocab-size-divisible-by``: the largest power of two up to Megatron's default 128
     for which Megatron's padding (to a multiple of divisor * tp) leaves the model's vocabulary as
@@ -113,17 +135,16 @@ def _pipeline_split_args(plan: Plan) -> list:
     if p.pp == 1:
         return []
     if p.vpp > 1:
-        virtual_stage_layers(plan, TARGET)   # refuses uneven splits
-        return ["--num-virtual-stages-per-pipeline-rank", p.vpp]
+        if len(set(layers)) == 1 and plan.model.layers % (p.pp * p.vpp) == 0:
+            return ["--num-virtual-stages-per-pipeline-rank", p.vpp]
+        return ["--pipeline-model-parallel-layout", layout(plan)]   # uneven virtual stages
     if len(set(layers)) == 1:
         return []
     if p.pp == 2:
         return ["--decoder-first-pipeline-num-layers", layers[0]]
     middle = layers[1:-1]
-    require(len(set(middle)) == 1, TARGET, f"stage split {layers}",
-            "Megatron sets the first and last stage's layer counts and splits the rest evenly, "
-            f"but the middle stages hold {middle}",
-            "plan a split whose middle stages are equal")
+    if len(set(middle)) > 1:
+        return ["--pipeline-model-parallel-layout", layout(plan)]   # any split
     out: list = []
     if layers[0] != middle[0]:
         out += ["--decoder-first-pipeline-num-layers", layers[0]]

@@ -32,8 +32,9 @@ def _infer(gpus=2, memory=None, model="tiny-llama", cluster="cpu", **par):
 
 CASES = [
     # (target, plan factory, words the message must contain)
-    ("megatron", lambda: make_plan("gpt3-1.3b", gpus=4, pp=4, grad_accum=8, stages=stages_from_counts([5, 6, 8, 5])),
-     "stage split [5, 6, 8, 5]"),
+    ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, recompute="selective",
+                                   stages=tuple(StageSpec(first_layer=2 * i, num_layers=2, recompute_layers=1 - i)
+                                                for i in range(2))), "selective recompute plus full recompute"),
     ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, schedule="gpipe"), "GPipe"),
     ("megatron", lambda: examples()["tiny-llama-hsdp"], "HSDP"),
     ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, recompute="full",
@@ -119,3 +120,19 @@ def test_per_stage_full_recompute_on_a_none_policy_is_expressed_or_refused():
     for target in ("megatron", "deepspeed", "torchtitan", "accelerate"):
         with pytest.raises(CannotExpress, match="recompute|split|stages"):
             emitters.emit(plan, target)
+
+
+def test_megatron_states_any_split_with_the_layout_flag():
+    """Middle stages that differ (and uneven virtual stages) go through
+    --pipeline-model-parallel-layout: E on the first stage, L on the last, t*n layers each."""
+    from emitters.megatron import layout, parallel_args
+    plan = make_plan("gpt3-1.3b", gpus=4, pp=4, grad_accum=8, stages=stages_from_counts([5, 6, 8, 5]))
+    args, _ = parallel_args(plan)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*5|t*6|t*8|t*5L"
+    assert "--decoder-first-pipeline-num-layers" not in args
+    # vpp 2 on ranks of 5, 6, 8, 5 layers: rank r's chunks (3, 2), (3, 3), (4, 4), (3, 2), in pipeline order
+    v = make_plan("gpt3-1.3b", gpus=4, pp=4, vpp=2, grad_accum=8, stages=stages_from_counts([5, 6, 8, 5]))
+    assert layout(v) == "Et*3|t*3|t*4|t*3|t*2|t*3|t*4|t*2L"
+    # an even split keeps the plain flags
+    even = make_plan("gpt3-1.3b", gpus=4, pp=4, grad_accum=8)
+    assert "--pipeline-model-parallel-layout" not in parallel_args(even)[0]

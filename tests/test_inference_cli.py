@@ -11,8 +11,9 @@ from planner.cli import main
 
 pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
 
-BASE = ["plan", "--mode", "infer", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--gpus", "8",
-        "--prompt-len", "1000", "--output-len", "200"]
+# the serving search itself, over every split it knows (`--target all`, the default, is tested in test_targets)
+BASE = ["plan", "--mode", "infer", "--target", "generic", "--model", "llama-3-70b", "--cluster", "dgx-h100",
+        "--gpus", "8", "--prompt-len", "1000", "--output-len", "200"]
 ESTIMATE_KEYS = {"ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "max_batch",
                  "kv_cache_bytes_per_gpu", "memory", "time"}
 MEMORY_KEYS = {"peak_bytes", "weights_bytes", "kv_cache_bytes", "activations_bytes", "other_bytes"}

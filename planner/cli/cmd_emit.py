@@ -3,13 +3,17 @@
     planner emit PLAN --target NAME|all --out DIR [--force]
     planner emit --list [--json]
 
-Writes each target's files and a README.md saying how to run them. A target that cannot
-express the plan refuses with the part it cannot state (exit 1); with ``--target all`` the
-others are still written and the README lists the refusals. A bad plan file or an unknown
-target is exit 2; so is an existing output folder holding files this command would not write,
-or a file it would change, unless ``--force`` (with ``--force`` the other files stay). The
-folder is written in one step (``profiles.safeio.write_folder``): a run killed at any point
-leaves the old folder or the new one, never a mix. No torch here: emitters are pure text.
+Writes each target's files and a README.md saying how to run them. Before anything is written
+the plan passes the checks ``planner explain`` runs (else exit 1) and each target's table
+(``planner.plan.targets``); a target that cannot run or express the plan refuses with the part
+it cannot state and the ``planner plan --target T ...`` command that gives a plan it runs (exit
+1); with ``--target all`` the others are still written, the README lists the refusals, and the
+exit code is 4 (some written, some refused). Without ``--target``, the plan's own target. A bad
+plan file or an unknown target is exit 2; so is an existing output folder holding files this
+command would not write, or a file it would change, unless ``--force`` (with ``--force`` the
+other files stay). The folder is written in one step (``profiles.safeio.write_folder``): a run
+killed at any point leaves the old folder or the new one, never a mix. No torch here: emitters
+are pure text.
 """
 from __future__ import annotations
 
@@ -107,15 +111,20 @@ def run(args) -> int:
 
     if args.list:
         return _list(args.json)
+    from planner.cli import emit_checks
     if not args.plan:
         raise UsageError("give a plan file (or --list to see the targets)")
-    if not args.target:
-        raise UsageError(f"give --target: one of {', '.join(TARGETS)}, or all")
-    if args.target != "all" and args.target not in TARGETS:
+    if args.target and args.target != "all" and args.target not in TARGETS:
         raise UsageError(f"unknown target {args.target!r}; targets: {', '.join(TARGETS)}, all")
     if not args.out:
         raise UsageError("give --out DIR for the files")
     plan = read_plan(args.plan)   # PlanError -> exit 2, naming the problem
+    if not args.target:
+        args.target = emit_checks.default_target(plan)
+        if not args.target:
+            raise UsageError(f"give --target: one of {', '.join(TARGETS)}, or all (the plan names no target "
+                             "with launch files of its own)")
+    emit_checks.require_valid(plan, args.plan)    # the checks explain runs: exit 1 before anything is written
 
     names = list(TARGETS) if args.target == "all" else [args.target]
     files: dict[str, str] = {}
@@ -128,10 +137,14 @@ def run(args) -> int:
         if args.target == "all" and mod.MODE != plan.mode:
             skipped.append(name)
             continue
+        why = emit_checks.refusal(name, plan, args.plan)     # the target's table
+        if why:
+            refused[name] = why
+            continue
         try:
             out = mod.emit(plan)
         except CannotExpress as e:
-            refused[name] = str(e)
+            refused[name] = emit_checks.with_command(str(e), name, plan, args.plan)
             continue
         for fname, text in out.items():
             assert files.get(fname, text) == text, f"{name} and another target both write {fname} differently"
@@ -155,4 +168,8 @@ def run(args) -> int:
             print(f"{name}: {', '.join(str(out_dir / f) for f in fl)}")
     for name, msg in refused.items():
         print(f"planner emit: {msg}", file=sys.stderr)
-    return 1 if refused else 0
+    for name in written:
+        note = emit_checks.note_target(plan, name)
+        if note:
+            print(f"planner emit: {name}: {note}", file=sys.stderr)
+    return (emit_checks.PARTIAL if args.target == "all" else 1) if refused else 0

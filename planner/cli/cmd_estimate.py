@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_problem_args(p)
     add_degree_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
+    p.add_argument("--target", help="price it as this framework runs it and say what it cannot run "
+                                    "(default: the plan's target; generic without --plan)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,9 +33,14 @@ def run(args: argparse.Namespace) -> int:
         model, cluster, wl = load_problem(args)
         par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)
-    est = estimate(model, cluster, wl, par, stages=stages, order=order)
+    from planner.cli.target_notes import estimate_target
+    target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
+    est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
     if args.json:
-        print_json({"parallel": parallel_json(par), "estimate": estimate_json(est)})
+        out = {"parallel": parallel_json(par), "estimate": estimate_json(est)}
+        if target:
+            out["target"] = {"name": target, "problems": cannot}
+        print_json(out)
         return 0
     c = console()
     c.print(f"[bold]{model.name}[/bold] on {par.world_size} x {cluster.gpu.name} ({cluster.name}), "
@@ -43,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     c.print(t)
     c.print(mt)
     c.print(throughput_line(est))
+    for msg in cannot:
+        c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:
         c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / 2**30:.1f} GiB per GPU on stage "
                 f"{max(est.stages, key=lambda s: s.memory['peak_bytes'] / s.capacity_bytes).index}, "

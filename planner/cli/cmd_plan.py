@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from planner.cli.args import (add_degree_args, add_problem_args, check_writable, cluster_source_of, fixed_degrees,
                               load_problem, mesh_order)
@@ -22,6 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=1, help="the K best distinct plans")
     g.add_argument("--max-time", type=float, default=60.0, help="solver time limit in seconds")
     g.add_argument("--exhaustive", action="store_true", help="brute-force reference over the same space")
+    g.add_argument("--target", default="all",
+                   help="the framework to plan for: megatron, torchtitan, deepspeed, accelerate, builtin (train; "
+                        "torchrun, slurm, kubernetes run builtin), vllm, sglang, tensorrt-llm, builtin (infer); "
+                        "all (default): each framework, side by side; generic: every layout the cost model knows "
+                        "(a bound: no framework runs all of them)")
+    g.add_argument("--like", metavar="PLAN", help="take the model, cluster, GPUs, batch and sequence (and dtype, "
+                   "optimizer) from this plan file")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON (the stable contract)")
     o.add_argument("--out", help="write the best plan to this YAML file")
@@ -30,7 +38,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     infer_args.add_arguments(p)
 
 
+def _check_target(args: argparse.Namespace) -> None:
+    from planner.plan import targets as T
+    from planner.plan.errors import UsageError
+    known = ("all", T.GENERIC) + T.names(args.mode)
+    if args.target not in known:
+        raise UsageError(f"--target {args.target!r}: {args.mode} targets are {', '.join(T.names(args.mode))}, "
+                         f"all or {T.GENERIC}")
+
+
+def _like(args: argparse.Namespace) -> None:
+    """``--like PLAN``: the problem flags not given are the plan's."""
+    from planner.plan.planfile import read_plan
+    plan = read_plan(args.like)
+    w = plan.workload
+    src = (plan.provenance or {}).get("cluster_source", "catalog")
+    args._like_model = plan.model
+    if args.cluster is None:
+        args.cluster = src if src != "catalog" else plan.cluster.name
+        if args.gpus is None and not (src != "catalog" and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
+            args.gpus = plan.world_size
+    for k, v in (("global_batch", w.global_batch), ("seq_len", w.seq_len)):
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.model is None:
+        args.model = plan.model.name
+    args.dtype, args.optimizer = w.dtype, w.optimizer
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_target(args)
+    if getattr(args, "like", None):
+        _like(args)
     if args.mode == "infer":
         from planner.cli import infer_plan
         return infer_plan.run(args)
@@ -39,20 +78,32 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if args.max_time <= 0:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
-    check_writable(args.out)
+    check_writable(args.out if args.target != "all" or Path(args.out or "x.yaml").suffix in (".yaml", ".yml")
+                   else str(Path(args.out) / "x.yaml"))
     check_writable(args.csv)
     model, cluster, wl = load_problem(args)
+    if getattr(args, "_like_model", None) is not None and args.model == args._like_model.name:
+        model = args._like_model
     fixed = fixed_degrees(args)
     order = mesh_order(args)
     if order:
         fixed["mesh_order"] = order
-    from planner.search.bnb import solve
+    if args.target == "all":
+        from planner.cli.plan_all import train_all
+        return train_all(args, model, cluster, wl, fixed)
     from planner.cli.result import plans_from_result, result_json, print_result
+    from planner.plan import targets as T
+    from planner.search.targets import solve_target
 
-    res = solve(model, cluster, wl, fixed, gpus=cluster.total_gpus, objective=args.objective,
-                price_per_gpu_hour=args.price_per_gpu_hour, top=args.top, max_time_s=args.max_time,
-                exhaustive=args.exhaustive, score_all=bool(args.csv))
-    plans = plans_from_result(res, model, cluster, wl, cluster_source=cluster_source_of(args.cluster))
+    target = args.target
+    res, used = solve_target(model, cluster, wl, fixed, None if target == T.GENERIC else target,
+                             objective=args.objective, price_per_gpu_hour=args.price_per_gpu_hour, top=args.top,
+                             max_time_s=args.max_time, exhaustive=args.exhaustive, score_all=bool(args.csv))
+    plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target)
+    if target == T.GENERIC:
+        print(f"planner plan: --target {T.GENERIC} searches every layout the cost model knows; no framework runs "
+              "all of them (a bound, not a plan to launch: `planner emit` checks the target's table)",
+              file=sys.stderr)
     if args.out:
         from planner.plan.planfile import write_plan
         write_plan(plans[0], args.out)
@@ -65,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         from planner.cli.report import print_json
         print_json(result_json(res, plans))
     else:
+        print(f"target: {target}" + (f" (on {used.name})" if used is not cluster else ""))
         print_result(res, plans, args.out)
     if args.out and not args.json:
         print(f"wrote {args.out}", file=sys.stderr)

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     source = dict(old.provenance or {}).get("cluster_source", "plan")
     new = plans_from_result(dataclasses.replace(rp.result, solutions=[rp.solution]), old.model, cluster, wl,
-                            cluster_source=source)[0]
+                            cluster_source=source, target=old.target)[0]
     new = new.replace(provenance=dict(new.provenance, replanned_from=str(args.plan)))
     changes = describe_changes(old, new)
     compatible = checkpoint_compatible(old, new)

@@ -68,10 +68,12 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     compare_configs()
 
-    c.print(Rule("2. the solver: the provably best plan for the same job"))
+    c.print(Rule("2. the solver: the provably best plan for the same job, for each framework"))
+    from planner.cli.targets_table import print_capabilities
+    print_capabilities(console=c)
     plan70 = OUT / "llama-3-70b-64xh100.yaml"
     planner("plan", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
-            "--seq-len", "8192", "--top", "3", "--out", str(plan70))
+            "--seq-len", "8192", "--out", str(plan70))
     planner("explain", str(plan70), "--html", str(OUT / "llama-3-70b-explain.html"))
 
     c.print(Rule("3. launch files (a target that cannot express the plan says why)"))
@@ -89,7 +91,7 @@ def main() -> int:
     tiny = OUT / "tiny-llama.yaml"
     gpus = _local_devices(cluster)
     args = ["plan", "--model", "tiny-llama", "--cluster", cluster, "--gpus", str(gpus), "--global-batch", "8",
-            "--seq-len", "128", "--out", str(tiny)]
+            "--seq-len", "128", "--target", "builtin", "--out", str(tiny)]
     if planner(*args) == 0:
         launch_and_explain(tiny)
     c.print(Rule(f"done in {time.time() - t0:.0f} s; files in {OUT}/"))

@@ -22,14 +22,18 @@ TOP_K = 5    # plans the report compares: the solver's best five (the runner-up 
 
 
 def plan_estimate(plan: Plan) -> Estimate:
+    """The plan's estimate, priced with its target's framework profile."""
+    from planner.search.targets import framework_kwargs
     return estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
-                    order=plan.mesh_order)
+                    order=plan.mesh_order, **framework_kwargs(estimate, plan.target))
 
 
 def _solve(plan: Plan, cluster=None, workload=None, top: int = 2, max_time: float = 30.0):
+    """Re-solve the plan's problem for the plan's own target (the runner-up is one it runs too)."""
     from planner.search.bnb import solve
     c = cluster or plan.cluster
-    return solve(plan.model, c, workload or plan.workload, {}, gpus=c.total_gpus, top=top, max_time_s=max_time)
+    return solve(plan.model, c, workload or plan.workload, {}, gpus=c.total_gpus, top=top, max_time_s=max_time,
+                 target=plan.target or None)
 
 
 def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[str, Any]:

@@ -93,12 +93,12 @@ def solver_json(res: ServeResult) -> dict[str, Any]:
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, wl: Workload, c: Candidate, solver: dict | None = None,
-              cluster_source: str = "catalog"):
+              cluster_source: str = "catalog", target: str = ""):
     from planner.plan.planfile import Plan, provenance
     used = cluster if c.par.world_size == cluster.total_gpus else cluster.with_gpus(c.par.world_size)
     return Plan(model=model, cluster=used, workload=dataclasses.replace(wl, global_batch=c.batch), parallel=c.par,
                 stages=default_stages(model.layers, c.pp), mesh_order=SERVING_ORDER, estimate=c.est.to_dict(),
-                solver=dict(solver or {}), provenance=provenance(cluster_source))
+                solver=dict(solver or {}), provenance=provenance(cluster_source), target=target)
 
 
 def plan_json(plan) -> dict[str, Any]:
@@ -107,6 +107,7 @@ def plan_json(plan) -> dict[str, Any]:
     return {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
             "stages": [s.to_dict() for s in plan.stages],
             "mesh": {"order": list(plan.mesh_order), **plan.rank_layout()}, "gpus": plan.world_size,
+            **({"target": plan.target} if plan.target else {}),
             "serving": {"replicas": plan.parallel.dp, "batch_per_replica": w.global_batch,
                         "prompt_len": w.prompt_len, "output_len": w.output_len, "dtype": w.dtype,
                         "kv_dtype": w.kv_dtype}}
@@ -172,6 +173,29 @@ def print_table(res: ServeResult, plans: list) -> None:
             f"bound {res.bound:.6g}, {res.candidates} candidates, {res.wall_time_s:.2f} s")
 
 
+def solve_serving_for(target: str, model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict, **kw):
+    """``solve_serving`` over the candidates serving target ``target`` runs (all of them for
+    ``generic``); none: ``ServingInfeasible`` naming what the target lacks."""
+    from planner.plan import targets as T
+    from planner.search.serving_space import enumerate_candidates
+    if target == T.GENERIC:
+        return solve_serving(model, cluster, wl, fixed, **kw)
+    cands, max_b = enumerate_candidates(model, cluster, wl, fixed, kw.get("batch"), kw.get("batch_limit", 4096))
+    why: dict[str, int] = {}
+    kept = []
+    for c in cands:
+        pr = T.serve_problems(target, model, wl, c.par, cluster.gpus_per_node, len(cluster.groups))
+        for m in pr:
+            why[m] = why.get(m, 0) + 1
+        if not pr:
+            kept.append(c)
+    if cands and not kept:
+        worst = sorted(why, key=lambda m: -why[m])[:3]
+        raise ServingInfeasible(f"{target} serves none of the {len(cands)} candidate splits: " + "; ".join(worst),
+                                reason="target", closest=None)
+    return solve_serving(model, cluster, wl, fixed, candidates=(kept, max_b), **kw)
+
+
 def run(args: argparse.Namespace) -> int:
     from planner.cli.args import check_writable, cluster_source_of
     from planner.cli.report import print_json
@@ -181,10 +205,14 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, wl = load_serving_problem(args)
     slo_t = args.ttft_slo_ms / 1e3 if args.ttft_slo_ms is not None else None
     slo_p = args.tpot_slo_ms / 1e3 if args.tpot_slo_ms is not None else None
+    target = getattr(args, "target", None) or "generic"
+    if target == "all":
+        from planner.cli.plan_all import infer_all
+        return infer_all(args, model, cluster, wl, slo_t, slo_p)
     try:
-        res = solve_serving(model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t, tpot_slo_s=slo_p,
-                            top=args.top, max_time_s=args.max_time, batch_limit=args.max_batch,
-                            exhaustive=bool(getattr(args, "exhaustive", False)))
+        res = solve_serving_for(target, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
+                                tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time, batch_limit=args.max_batch,
+                                exhaustive=bool(getattr(args, "exhaustive", False)))
     except ServingInfeasible as e:
         if args.json:
             print_json({"status": "INFEASIBLE", "plans": [], "reason": e.reason, "message": str(e),
@@ -193,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     source = cluster_source_of(args.cluster)
     sj = solver_json(res)
-    plans = [make_plan(model, cluster, wl, c, sj, source) for c in res.solutions]
+    plans = [make_plan(model, cluster, wl, c, sj, source, target) for c in res.solutions]
     if args.out:
         from planner.plan.planfile import write_plan
         write_plan(plans[0], args.out)

@@ -17,13 +17,13 @@ def solver_json(res: SolveResult) -> dict[str, Any]:
 
 
 def plans_from_result(res: SolveResult, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                      cluster_source: str = "catalog") -> list[Plan]:
+                      cluster_source: str = "catalog", target: str = "") -> list[Plan]:
     out = []
     for s in res.solutions:
         used = cluster if s.par.world_size == cluster.total_gpus else cluster.with_gpus(s.par.world_size)
         out.append(Plan(model=model, cluster=used, workload=workload, parallel=s.par, stages=s.stages,
                         mesh_order=s.cand.order, estimate=estimate_json(s.estimate), solver=solver_json(res),
-                        provenance=provenance(cluster_source)))
+                        provenance=provenance(cluster_source), target=target))
     return out
 
 
@@ -31,7 +31,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
             "stages": [s.to_dict() for s in plan.stages], "mesh": {"order": list(plan.mesh_order),
                                                                    **plan.rank_layout()},
-            "gpus": plan.world_size}
+            "gpus": plan.world_size, **({"target": plan.target} if plan.target else {})}
 
 
 def result_json(res: SolveResult, plans: list[Plan]) -> dict[str, Any]:

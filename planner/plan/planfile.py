@@ -48,6 +48,7 @@ class Plan:
     solver: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA
+    target: str = ""                 # the framework planned for (planner.plan.targets); "" in older files
 
     def __post_init__(self) -> None:
         if sorted(self.mesh_order) != sorted(DEFAULT_ORDER):
@@ -103,6 +104,7 @@ def plan_to_dict(plan: Plan) -> dict:
     return _jsonable({
         "schema": plan.schema,
         "mode": plan.mode,
+        **({"target": plan.target} if plan.target else {}),
         "model": plan.model.to_dict(),
         "cluster": cluster_to_dict(plan.cluster),
         "workload": plan.workload.to_dict(),
@@ -150,9 +152,13 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
                             "which is it? (write the plan again with `planner plan --out`)")
         stages = _stages(d["stages"], model, cluster, where)
         order = tuple((d.get("mesh") or {}).get("order", DEFAULT_ORDER))
+        target = d.get("target") or ""
+        if target:
+            from planner.plan.targets import check_name
+            check_name(str(target), workload.mode)
         return Plan(model=model, cluster=cluster, workload=workload, parallel=par, stages=tuple(stages),
                     mesh_order=order, estimate=d.get("estimate") or {}, solver=d.get("solver") or {},
-                    provenance=d.get("provenance") or {}, schema=schema)
+                    provenance=d.get("provenance") or {}, schema=schema, target=str(target))
     except (SpecError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, PlanError):
             raise

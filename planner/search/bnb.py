@@ -40,6 +40,8 @@ from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
+from planner.plan.targets import framework_of
+from planner.search.targets import runs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
@@ -47,7 +49,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
           worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
-          framework: str = "generic") -> SolveResult:
+          framework: str | None = None, target: str | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -59,9 +61,11 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     bound, instead of on ``gpus`` alone; ``cluster`` is the whole cluster and each plan is
     estimated on the part of it it uses. ``SolveResult.solved_worlds`` says which were solved.
     ``framework``: the execution framework whose speed and memory headroom price the plans
-    (``costmodel.frameworks``).
+    (``costmodel.frameworks``; default: the target's, ``generic`` without one).
     ``candidate_time_s``: CP-SAT's time limit per candidate (default: the time left of ``max_time_s``,
     which every candidate's solve and the brute force also stop at).
+    ``target``: only plans that execution target runs (``planner.search.targets``); None (or
+    ``generic``) searches every layout the cost model knows.
 
     Status: OPTIMAL only when every candidate solved was proved and the search ended by its
     bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
@@ -70,8 +74,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     """
     t0 = time.perf_counter()
     gpus = gpus or cluster.total_gpus
+    framework = framework or framework_of(target)
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds)
+    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
@@ -113,6 +118,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     while heap:
         lb, strong, k, cand = heapq.heappop(heap)
         if lb == math.inf:
+            if score_all:                 # it cannot fit: scored as unsolved like the rest of the heap
+                scored += [_score_row(c, lb, None, None) for _, c in cand] if strong == -1 else \
+                    [_score_row(cand, lb, None, None)]
             break
         if strong == -1:
             kth = _kth(sols, top, cutoff)
@@ -170,12 +178,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         est = estimate(model, used, workload, par, stages=stages, order=cand.order, framework=framework)
         weight = prob.weight(cand)
         value = est.peak_bytes if mem_obj else est.step_time_s * weight
-        sols.append(Solution(cand=Candidate(par=par, order=cand.order, stage_counts=cand.stage_counts),
+        sols.append(Solution(cand=dataclasses.replace(cand, par=par),
                              objective=value, stages=stages, estimate=est, table_objective=obj * weight))
         if score_all:
             scored.append(_score_row(cand, lb, est, value))
     if score_all:
-        scored += [_score_row(c, lb_, None, None) for lb_, _, _, c in heap]
+        for lb_, level, _, c in heap:
+            scored += [_score_row(x, lb_, None, None) for _, x in c] if level == -1 else [_score_row(c, lb_, None, None)]
     sols.sort(key=lambda s: s.objective)
     sols = sols[:top]
     wall = time.perf_counter() - t0
@@ -190,7 +199,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
                                 f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
-        raise InfeasibleError(_why_infeasible(prob, cands, gpus))
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target))
     best = sols[0].objective
     if stopped:
         status = "FEASIBLE"
@@ -233,14 +242,25 @@ def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | 
 
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                  cands: list[Candidate], framework: str = "generic") -> tuple[float, ParallelConfig, Estimate] | None:
+                  cands: list[Candidate], framework: str = "generic",
+                  target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
+    if widened(target):
+        # the target may shard less than ZeRO-3: its most sharded shape of each degree tuple
+        most: dict = {}
+        for c in cands:
+            key = (c.par.tp, c.par.pp, c.par.dp, c.par.cp, c.par.ep, c.par.micro_batch, c.order)
+            if key not in most or (c.par.zero, -c.par.dp_shard) > (most[key].par.zero, -most[key].par.dp_shard):
+                most[key] = c
+        cands = list(most.values())
     for c in cands:
-        if c.par.zero < 3 and c.par.dp > 1:
+        if not widened(target) and c.par.zero < 3 and c.par.dp > 1:
             continue
         full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
+        if widened(target) and not runs(target, model, workload, full, c.order):
+            full = c.par                      # the target has no full recompute here
         try:
             est = estimate(model, cluster, workload, full, order=c.order, framework=framework)
         except SpecError:
@@ -250,13 +270,16 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return best
 
 
-def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None) -> str:
     """The binding constraint and the smallest change that would make a plan exist."""
     model, cluster, wl = prob.model, prob.cluster, prob.workload
     if not cands:
+        if widened(target):
+            from planner.search.targets import why_no_candidate
+            return why_no_candidate(model, cluster, wl, gpus, target)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands, prob.framework)
+    best = _least_memory(model, cluster, wl, cands, prob.framework, target)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
@@ -265,12 +288,14 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int) -> str:
         for mult in (2, 4, 8, 16, 32):
             try:
                 bigger = cluster.with_gpus(gpus * mult)
-                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult))
+                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult,
+                                                                             target=target), prob.framework, target)
             except (SpecError, UsageError):
                 continue
             if more is not None and more[2].fits:
                 hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
                 break
     return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
-            f"dp={par.dp}, zero={par.zero}, full recompute, micro-batch {par.micro_batch}; "
+            f"dp={par.dp}, zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
+            + (f" (the most {target} can shard)" if widened(target) else "") + "; "
             f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")

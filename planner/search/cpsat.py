@@ -27,7 +27,8 @@ class PipelineModel:
                   memory, linear in y (table lookups)
       T, E, O, M  their maxima
     Constraints: the layer counts sum to the model's layers; each group runs its number of
-    stages. Costs are integer nanoseconds (``NS``) and KiB.
+    stages; a target that states only the last stage's count (``Candidate.split == "last"``)
+    gets every other stage equal. Costs are integer nanoseconds (``NS``) and KiB.
     """
 
     def __init__(self, prob: Problem, cand: Candidate, tab: StageTables, memory_objective: bool = False,
@@ -67,9 +68,17 @@ class PipelineModel:
             self.rows.append(row)
         self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (_, _, k) in self.y])
                    == self.prob.model.layers)
+        if self.cand.split == "last" and self.p > 2:
+            # the target states only the last stage's layer count: every other stage holds the first's
+            for i in range(1, self.p - 1):
+                self.m.add(self._layers(i) == self._layers(0))
         if len(self.groups) > 1:
             for g in self.groups:
                 self.m.add(sum(v for (_, gg, _), v in self.y.items() if gg == g) == self.counts[g])
+
+    def _layers(self, i: int):
+        row = self.rows[i]
+        return cp_model.LinearExpr.weighted_sum([v for _, _, v in row], [self.tab.lo + k for _, k, _ in row])
 
     def _lin(self, table: dict, i: int):
         row = self.rows[i]

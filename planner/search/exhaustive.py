@@ -36,6 +36,8 @@ def exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bo
         assigns = [tuple([groups[0]] * p)]
     best = None
     for ns in compositions(prob.model.layers, p, tab.lo, tab.hi):
+        if cand.split == "last" and len(set(ns[:-1])) > 1:
+            continue                     # the target states only the last stage's count
         if time.perf_counter() > deadline:
             return Outcome(best, proved=False)
         for gs in assigns:

@@ -145,13 +145,18 @@ class Problem:
                 key = (i, g)
                 tl, el, ol, ml, rl = [], [], [], [], []
                 for n, c0, cn in rows:
-                    r = n if memory_objective else par.policy_recompute_layers(n)
-                    if r is None:
+                    if memory_objective and cand.stage_recompute:
+                        r = n
+                    else:
+                        r = par.policy_recompute_layers(n)
+                    if r is None and not cand.stage_recompute:
+                        r = 0                          # the target sets one policy for every stage
+                    elif r is None:
                         r = fewest_full_recompute_layers(n, cap, _peak(c0, cn, n, 0, inflight, reserved),
                                                          _peak(c0, cn, n, 1, inflight, reserved),
                                                          _peak(c0, cn, n, n, inflight, reserved))
                     peak = math.inf if r is None else _peak(c0, cn, n, r, inflight, reserved)
-                    if peak > cap:
+                    if peak > cap or not _split_allows(cand, n, L):
                         tl.append(None), el.append(None), ol.append(None), ml.append(None), rl.append(None)
                         continue
                     time_r = c0.time_s + (cn.time_s - c0.time_s) * r / n
@@ -165,6 +170,14 @@ class Problem:
                     lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
         return StageTables(lo=lo, hi=hi, t=t, e=e, o=o, mem=mem, r=rr)
+
+
+def _split_allows(cand: Candidate, n: int, layers: int) -> bool:
+    """Whether the candidate's target lets a stage hold ``n`` layers: an even split holds
+    ``layers / pp`` on every stage; Megatron's uniform recompute count N needs N layers."""
+    if n < cand.least_layers:
+        return False
+    return cand.split != "even" or n * cand.par.pp == layers
 
 
 def _peak(c0: StageCost, cn: StageCost, n: int, r: int, inflight: float, reserved: float) -> float:
@@ -209,8 +222,12 @@ def stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str])
 
 
 def finalize_par(cand: Candidate, stages: tuple[StageSpec, ...]) -> ParallelConfig:
-    """Record the recompute choice: all layers full -> recompute=full; else per stage."""
+    """Record the recompute choice: all layers full -> recompute=full; else per stage. A
+    candidate whose stage count is its target's one uniform count (``uniform_recompute``: one
+    stage, Megatron's block method) records it as the policy's ``recompute_layers``."""
     par = cand.par
     if par.recompute != "full" and stages and all(s.recompute_layers == s.num_layers for s in stages):
         return dataclasses.replace(par, recompute="full", recompute_layers=-1)
+    if cand.uniform_recompute and par.recompute == "none" and stages and stages[0].recompute_layers > 0:
+        return dataclasses.replace(par, recompute="full", recompute_layers=stages[0].recompute_layers)
     return par

@@ -230,7 +230,7 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
         one = hetero or len(worlds) == 1
         try:
             res = solve(model, sized(cluster, worlds[0]) if one else cluster, wl, fixed, gpus=worlds[0],
-                        max_time_s=left, worlds=None if one else worlds, **kw)
+                        max_time_s=left, worlds=None if one else worlds, target=old.target or None, **kw)
         except InfeasibleError:
             return None
         except SolverStopped:
@@ -298,7 +298,7 @@ def replan(old: Plan, cluster: ClusterSpec, workload: Workload | None = None, *,
 # --------------------------------------------------------------------------------------
 
 def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
-                 max_time_s: float = 60.0) -> tuple[int | None, int]:
+                 max_time_s: float = 60.0, target: str | None = None) -> tuple[int | None, int]:
     """The smallest GPU count above ``above`` (whole nodes, or part of one node below a node)
     with a plan, and how far the search went (up to ``MAX_SEARCH_GPUS`` or ``max_time_s``).
     Cheap checks first (degrees that divide; some candidate whose model states fit), then a
@@ -313,9 +313,11 @@ def minimum_gpus(model, cluster: ClusterSpec, workload: Workload, above: int,
         if has_shape(model, workload, min(gpn, w), w):
             c = cluster.with_gpus(w)
             prob = Problem(model, c, workload)
-            if any(bounds.lower_bound(prob, x) < math.inf for x in enumerate_candidates(model, c, workload, {}, w)):
+            if any(bounds.lower_bound(prob, x) < math.inf
+                   for x in enumerate_candidates(model, c, workload, {}, w, target=target)):
                 try:
-                    solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)))
+                    solve(model, c, workload, {}, gpus=w, max_time_s=max(1.0, max_time_s - (time.perf_counter() - t0)),
+                          target=target)
                     return w, w
                 except (InfeasibleError, SolverStopped):
                     pass
@@ -331,7 +333,7 @@ def too_few(old: Plan, cluster: ClusterSpec, wl: Workload) -> TooFewGpus:
             f"{cluster.gpu.name} GPUs")
     if len(cluster.groups) > 1:
         return TooFewGpus(what + "; replan with a larger --cluster", None)
-    m, searched = minimum_gpus(old.model, cluster, wl, n)
+    m, searched = minimum_gpus(old.model, cluster, wl, n, target=old.target or None)
     if m is None:
         return TooFewGpus(f"{what}, nor on any count up to {searched}: use GPUs with more memory, a shorter "
                           "sequence or a smaller --global-batch", None)

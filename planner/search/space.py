@@ -28,6 +28,12 @@ class Candidate:
     par: ParallelConfig
     order: tuple[str, ...]
     stage_counts: tuple[tuple[str, int], ...]   # node group -> stages it runs (heterogeneous)
+    # the target's split rule (planner.search.targets): any | even | last (all but the last equal);
+    # whether a stage may recompute layers of its own; the least layers a stage holds
+    split: str = "any"
+    stage_recompute: bool = True
+    least_layers: int = 0
+    uniform_recompute: bool = False      # one stage: its own count is the policy's (finalize_par)
 
     @property
     def world(self) -> int:
@@ -63,10 +69,12 @@ def world_sizes(cluster: ClusterSpec, gpus: int, objective: str) -> list[int]:
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
-                         objective: str = "throughput", worlds: Sequence[int] | None = None) -> list[Candidate]:
+                         objective: str = "throughput", worlds: Sequence[int] | None = None,
+                         target: str | None = None) -> list[Candidate]:
     """Every legal outer configuration, in a deterministic order: on ``gpus`` GPUs, on the GPU
     counts ``world_sizes`` allows for the objective, or on each of ``worlds`` when given (a
-    replan searching several world sizes at once)."""
+    replan searching several world sizes at once). With ``target``, only what that execution
+    target runs (``planner.search.targets``)."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.gpus_per_node for g in cluster.groups)
     out: list[Candidate] = []
@@ -75,7 +83,7 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
             stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
             if stage_counts is None:
                 continue
-            out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts)
+            out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target)
     return out
 
 
@@ -111,14 +119,18 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
     return tuple(counts) if sum(c for _, c in counts) == pp else None
 
 
-def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts) -> list[Candidate]:
+def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
+    from planner.search import targets as tg
+    wide = tg.widened(target)
+    memo: dict = {}
+    found: list = []
     out = []
     per_replica = workload.global_batch // dp
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
     eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
                    if model.is_moe else [1])
-    zeros = _choices(fixed, "zero", [1, 2, 3] if dp > 1 else [1])
-    sps = _choices(fixed, "sp", [tp > 1])
+    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp) if wide else [1, 2, 3] if dp > 1 else [1])
+    sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
     orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
     for mb in mbs:
@@ -140,17 +152,44 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts) -> list[Ca
                 for dp_shard in shards:
                     for sp in sps:
                         for vpp in vpps:
-                            sched = fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
-                            for base in bases:
-                                try:
-                                    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard,
-                                                         sp=sp, vpp=vpp, micro_batch=mb, grad_accum=ga, recompute=base,
-                                                         schedule=sched,
-                                                         recompute_layers=fixed.get("recompute_layers", -1))
-                                except SpecError:
-                                    continue
-                                for order in orders:
-                                    out.append(Candidate(par=par, order=tuple(order), stage_counts=stage_counts))
+                            if wide:
+                                scheds = ([fixed["schedule"]] if fixed.get("schedule") else
+                                          tg.schedule_choices(target, pp, vpp))
+                                policies = tg.recompute_choices(target, model, pp, vpp, fixed)
+                            else:
+                                scheds = [fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")]
+                                policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
+                            for sched in scheds:
+                                for base, rl in policies:
+                                    kind = (mb, ep, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
+                                    if wide and memo.get(kind) is False:
+                                        continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
+                                    try:
+                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
+                                                             dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
+                                                             grad_accum=ga, recompute=base, schedule=sched,
+                                                             recompute_layers=rl)
+                                    except SpecError:
+                                        continue
+                                    any_order = False
+                                    for order in orders:
+                                        order = tuple(order)
+                                        if not wide:
+                                            out.append(Candidate(par=par, order=order, stage_counts=stage_counts))
+                                            continue
+                                        mk = kind + (order,)
+                                        ok = memo.get(mk)
+                                        if ok is None:
+                                            ok = memo[mk] = tg.runs(target, model, workload, par, order)
+                                        if ok:
+                                            any_order = True
+                                            found.append(((mb, ep, zero, dp_shard, sp, vpp, sched, base, rl, order),
+                                                          par))
+                                    if wide:
+                                        memo[kind] = any_order
+    if wide:
+        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **tg.split_of(target, par, fixed))
+               for key, par in tg.prune_dominated(found)]
     return out
 
 
