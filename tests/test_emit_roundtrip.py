@@ -271,6 +271,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
     p.add_argument("--moe-layer-freq")
+    p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--data-parallel-sharding-strategy", choices=["no_shard", "optim", "optim_grads",
@@ -296,9 +297,33 @@ def fake_megatron(tmp_path) -> str:
     return str(d)
 
 
+def megatron_layout(a: argparse.Namespace):
+    """``--pipeline-model-parallel-layout`` through Megatron-Core's own parser and check
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py): the layout object, whose
+    ``layout[pp_rank][vpp_rank]`` lists each virtual stage's layer types."""
+    mod = targets_package("megatron.core.transformer.pipeline_parallel_layer_layout", "megatron-core 0.16.1")
+    # arguments.py: the layout excludes the first/last counts and the other two virtual-stage flags
+    assert a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None
+    assert a.num_virtual_stages_per_pipeline_rank is None and a.num_layers_per_virtual_pipeline_stage is None
+    lay = mod.PipelineParallelLayerLayout(a.pipeline_model_parallel_layout, a.pipeline_model_parallel_size)
+    lay.validate_layer_layout(a.num_layers, 0)     # E first, L last, once each, num_layers decoder layers
+    return lay
+
+
+def megatron_vpp(a: argparse.Namespace) -> int:
+    if a.pipeline_model_parallel_layout:
+        return megatron_layout(a).virtual_pipeline_model_parallel_size
+    return a.num_virtual_stages_per_pipeline_rank or 1
+
+
 def megatron_layers_per_stage(a: argparse.Namespace) -> list[int]:
-    """Megatron's split: first/last counts as given, the rest spread evenly over the middle stages."""
+    """Decoder layers per pipeline rank: the layout's (all its virtual stages on that rank), or
+    Megatron's first/last counts as given and the rest spread evenly over the middle stages."""
     pp, n = a.pipeline_model_parallel_size, a.num_layers
+    if a.pipeline_model_parallel_layout:
+        lay = megatron_layout(a)
+        from megatron.core.transformer.enums import LayerType
+        return [sum(chunk.count(LayerType.decoder) for chunk in row) for row in lay.layout]
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
         assert n % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
@@ -345,11 +370,11 @@ def test_megatron_round_trip(name, tmp_path):
     if p.cp > 1:
         assert a.seq_length % (2 * a.context_parallel_size) == 0
     # pipeline split
-    if p.vpp > 1:
-        assert a.num_virtual_stages_per_pipeline_rank == p.vpp
+    assert megatron_vpp(a) == p.vpp
+    if p.vpp > 1 and not a.pipeline_model_parallel_layout:
         assert a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None
+        assert a.num_layers % (p.pp * p.vpp) == 0
     else:
-        assert a.num_virtual_stages_per_pipeline_rank is None
         assert megatron_layers_per_stage(a) == stage_layers(plan)
     # recompute
     if p.recompute == "none":
@@ -395,10 +420,16 @@ def test_megatron_round_trip(name, tmp_path):
 
 
 
-@pytest.mark.parametrize("counts", [[10, 14], [5, 7, 7, 5], [4, 5, 5, 5, 5], [7, 6, 6, 5]])
-def test_megatron_uneven_splits(counts, tmp_path):
-    # gpt3-1.3b has 24 layers: pp=2 states only the first stage, longer pipelines first and/or last
-    plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8, seq=64, pp=len(counts), grad_accum=8,
+@pytest.mark.parametrize("counts,vpp", [([10, 14], 1), ([5, 7, 7, 5], 1), ([4, 5, 5, 5, 5], 1), ([7, 6, 6, 5], 1),
+                                        # middle stages that differ: only the layout flag states them
+                                        ([5, 7, 6, 6], 1), ([3, 9, 4, 8], 1), ([2, 6, 6, 5, 5], 1),
+                                        # virtual stages over an uneven split, and an even one
+                                        ([10, 14], 2), ([5, 7, 6, 6], 2), ([6, 6, 6, 6], 3)])
+def test_megatron_uneven_splits(counts, vpp, tmp_path):
+    # gpt3-1.3b has 24 layers: pp=2 states only the first stage, longer pipelines first and/or last,
+    # and any other split (or virtual stages over an uneven one) goes through --pipeline-model-parallel-layout
+    plan = make_plan("gpt3-1.3b", gpus=len(counts), gb=8 * len(counts), seq=64, pp=len(counts), vpp=vpp,
+                     grad_accum=8 * len(counts), schedule="interleaved" if vpp > 1 else "1f1b",
                      stages=stages_from_counts(counts))
     out = write(plan, "megatron", tmp_path / "out")
     meg = fake_megatron(tmp_path)
@@ -406,7 +437,19 @@ def test_megatron_uneven_splits(counts, tmp_path):
                                                            "MOCK_DATA": "1"})[0]["argv"]
     a = megatron_parser().parse_args(argv[argv.index(f"{meg}/pretrain_gpt.py") + 1:])
     assert a.mock_data and a.tokenizer_type == "NullTokenizer" and a.vocab_size == plan.model.vocab
-    assert megatron_layers_per_stage(a) == counts
+    middle_equal = len(set(counts[1:-1])) <= 1
+    uses_layout = (vpp > 1 and len(set(counts)) > 1) or (vpp == 1 and not middle_equal)
+    assert bool(a.pipeline_model_parallel_layout) == uses_layout
+    if uses_layout or vpp == 1:
+        assert megatron_layers_per_stage(a) == counts
+    assert megatron_vpp(a) == vpp
+    if uses_layout and vpp > 1:
+        lay = megatron_layout(a)
+        from megatron.core.transformer.enums import LayerType
+        # every rank's virtual stages are near-equal (the built-in runtime's cut), in Megatron's order
+        for row, n in zip(lay.layout, counts):
+            sizes = [chunk.count(LayerType.decoder) for chunk in row]
+            assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
 
 
 # --------------------------------------------------------------------------------------
