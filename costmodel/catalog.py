@@ -230,3 +230,30 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
         return ModelSpec(**d)
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face ids of the catalog models (what a serving engine downloads); a catalog name is a
+# nickname no server resolves. Models with no public checkpoint (GPT-3, the tiny test models)
+# have none: their serving files need --hf-id or a local path.
+# --------------------------------------------------------------------------------------
+
+HF_IDS: dict[str, str] = {
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.1-405b": "meta-llama/Llama-3.1-405B-Instruct",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-Instruct-v0.1",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+}
+
+
+def hf_id(name: str) -> str | None:
+    """The Hugging Face id of a catalog model, None when it has none."""
+    return HF_IDS.get(name.lower())

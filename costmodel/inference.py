@@ -59,7 +59,9 @@ curves; ``p -> infinity`` is the ideal roofline, ``p = 1`` no overlap at all).
   that step together (``ep`` a multiple of ``tp`` dividing ``tp x replicas``); ``ep = 1`` splits
   every expert over TP.
 
-Reported, per replica and with in-flight (continuous) batching at B concurrent sequences:
+Reported by ``estimate_inference``, per replica, for static batches of B sequences (``--batching
+static``; the figures of continuous batching, where prefill chunks share steps with running
+decodes, are ``costmodel.batching``'s, built on ``_Serving.mixed_layer`` here):
 
 * ``ttft_s``: a request joining B - 1 running sequences: its prompt's prefill, plus one decode
   step of the others that shares its scheduler step (0 when B = 1);
@@ -266,6 +268,8 @@ class InferenceEstimate:
     batch: int
     gpus: int
     stages: list[dict[str, Any]] = field(default_factory=list)
+    batching: str = "static"             # static | inflight | disaggregated (costmodel.batching)
+    schedule: dict[str, Any] = field(default_factory=dict)   # the steady state the figures come from
 
     @property
     def peak_bytes(self) -> float:
@@ -287,6 +291,9 @@ class InferenceEstimate:
             "memory": dict(self.memory), "time": dict(self.time), "fits": self.fits,
             "memory_capacity_bytes": self.capacity_bytes,
         }
+        if self.batching != "static":
+            d["batching"] = self.batching
+            d["schedule"] = dict(self.schedule)
         if stages:
             d["stages"] = [dict(s) for s in self.stages]
         return d
@@ -300,29 +307,39 @@ def soft_roofline(compute_s: float, memory_s: float, p: float = ROOFLINE_SHARPNE
     return hi * ((compute_s / hi) ** p + (memory_s / hi) ** p) ** (1.0 / p)
 
 
-@dataclass
 class _Pass:
     """Time of one pass of ``tokens`` through one stage, by term."""
 
-    gemm_compute: float = 0.0      # GEMM time at the compute roof
-    weights: float = 0.0           # weight reads at the memory roof
-    gemm: float = 0.0              # GEMMs, combined roofline
-    attn_compute: float = 0.0
-    kv: float = 0.0                # KV-cache reads (decode) / writes (prefill)
-    attn: float = 0.0              # attention core, combined roofline
-    elementwise: float = 0.0
-    overhead: float = 0.0
-    tp: float = 0.0
-    ep: float = 0.0
+    __slots__ = ("gemm_compute", "weights", "gemm", "attn_compute", "kv", "attn", "elementwise", "overhead",
+                 "tp", "ep")
+
+    def __init__(self) -> None:
+        self.gemm_compute = 0.0    # GEMM time at the compute roof
+        self.weights = 0.0         # weight reads at the memory roof
+        self.gemm = 0.0            # GEMMs, combined roofline
+        self.attn_compute = 0.0
+        self.kv = 0.0              # KV-cache reads (decode) / writes (prefill)
+        self.attn = 0.0            # attention core, combined roofline
+        self.elementwise = 0.0
+        self.overhead = 0.0
+        self.tp = 0.0
+        self.ep = 0.0
 
     @property
     def total(self) -> float:
         return self.gemm + self.attn + self.elementwise + self.overhead + self.tp + self.ep
 
     def add(self, o: "_Pass", k: float = 1.0) -> None:
-        for f in ("gemm_compute", "weights", "gemm", "attn_compute", "kv", "attn", "elementwise", "overhead",
-                  "tp", "ep"):
-            setattr(self, f, getattr(self, f) + k * getattr(o, f))
+        self.gemm_compute += k * o.gemm_compute
+        self.weights += k * o.weights
+        self.gemm += k * o.gemm
+        self.attn_compute += k * o.attn_compute
+        self.kv += k * o.kv
+        self.attn += k * o.attn
+        self.elementwise += k * o.elementwise
+        self.overhead += k * o.overhead
+        self.tp += k * o.tp
+        self.ep += k * o.ep
 
 
 class _Serving:
@@ -382,8 +399,56 @@ class _Serving:
         """One layer on one GPU for ``tokens`` tokens of ``seqs`` sequences. Decode: one token per
         sequence attending to ``ctx`` cached tokens. Prefill: ``tokens / seqs`` prompt tokens per
         sequence attending causally to each other."""
+        if prefill:
+            return self.mixed_layer(moe, 0.0, 0.0, tokens, seqs, 0.0)
+        return self.mixed_layer(moe, seqs, ctx, 0.0, 0.0, 0.0)
+
+    def _attention_prefill(self, seqs: float, s: float, past: float, out: _Pass) -> None:
+        """Causal attention of ``seqs`` chunks of ``s`` new tokens, each after ``past`` cached
+        tokens of its own prompt (chunked prefill: the chunk attends to the cached prefix and
+        causally to itself; ``past = 0`` is a whole prompt)."""
+        m = self.m
+        heads = m.heads / self.par.tp
+        if m.attention == "mla":
+            per_head = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            per_head = 2 * m.head_dim
+        flops = 2 * seqs * s * (past + s * 0.5) * heads * per_head       # causal: half the s x s
+        eff = matmul_efficiency(self.gpu, self.c, s, past + s / 2, m.head_dim) * FLASH_ATTENTION_EFFICIENCY
+        comp = flops / (self.gpu.peak(self.cdt) * eff)
+        mem = seqs * (s + past) * self.kv_layer / self.hbm              # chunk written, prefix read
+        out.attn_compute += comp
+        out.kv += mem
+        out.attn += soft_roofline(comp, mem)
+
+    def _attention_decode(self, seqs: float, ctx: float, out: _Pass) -> None:
+        """One new token for each of ``seqs`` sequences attending to ``ctx`` cached tokens."""
+        m = self.m
+        heads = m.heads / self.par.tp
+        if m.attention == "mla":    # weights absorbed: scores and values on the latent
+            per_head = 2 * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            per_head = 4 * m.head_dim
+        flops = seqs * ctx * heads * per_head
+        eff = self.gpu.matmul_efficiency * FLASH_ATTENTION_EFFICIENCY
+        comp = flops / (self.gpu.peak(self.cdt) * eff)
+        mem = seqs * ctx * self.kv_layer / self.hbm                      # every sequence's cache read
+        out.attn_compute += comp
+        out.kv += mem
+        out.attn += soft_roofline(comp, mem)
+
+    def mixed_layer(self, moe: bool, dec_seqs: float, dec_ctx: float, pre_tokens: float, pre_seqs: float,
+                    pre_past: float) -> _Pass:
+        """One layer on one GPU for one scheduler step of continuous batching: ``dec_seqs``
+        decoding sequences (one token each, ``dec_ctx`` cached tokens) and ``pre_tokens`` prompt
+        tokens in ``pre_seqs`` chunks, each after ``pre_past`` cached tokens of its prompt. The
+        GEMMs run once over all ``dec_seqs + pre_tokens`` tokens (vLLM V1 and TensorRT-LLM pack a
+        step's tokens into one flattened batch), so the weights are read once per step; the two
+        kinds of attention are separate kernels (TensorRT-LLM's context and generation phases);
+        a pure decode or pure prefill step is the special case."""
         m, par, out = self.m, self.par, _Pass()
-        t, h, T = par.tp, self.m.hidden, tokens
+        t, h = par.tp, self.m.hidden
+        T = dec_seqs + pre_tokens
         wb = self.wb
         # the layer's matrices (``costmodel.layers.layer_matrices``, shared with training): every
         # token through the attention and dense ones; the experts further down
@@ -392,31 +457,14 @@ class _Serving:
             if mx.role == "dense" and not mx.name.startswith("shared_expert"):
                 self._gemm(T, mx.n, mx.k, mx.count, mx.k * mx.n * mx.count * wb, out)
         # attention core
-        heads = m.heads / t
-        if prefill:
-            s = T / seqs
-            if m.attention == "mla":
-                per_head = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-            else:
-                per_head = 2 * m.head_dim
-            flops = 2 * seqs * s * s * heads * per_head * 0.5           # causal: half the s x s
-            eff = matmul_efficiency(self.gpu, self.c, s, s / 2, m.head_dim) * FLASH_ATTENTION_EFFICIENCY
-            comp = flops / (self.gpu.peak(self.cdt) * eff)
-            mem = T * self.kv_layer / self.hbm                           # the cache written once
-        else:
-            if m.attention == "mla":    # weights absorbed: scores and values on the latent
-                per_head = 2 * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-            else:
-                per_head = 4 * m.head_dim
-            flops = T * ctx * heads * per_head
-            eff = self.gpu.matmul_efficiency * FLASH_ATTENTION_EFFICIENCY
-            comp = flops / (self.gpu.peak(self.cdt) * eff)
-            mem = seqs * ctx * self.kv_layer / self.hbm                  # every sequence's cache read
-        out.attn_compute += comp
-        out.kv += mem
-        out.attn += soft_roofline(comp, mem)
-        # MLP (MoE: router, shared experts, then the routed experts some token touches)
         kernels = KERNELS_PER_LAYER
+        if pre_tokens > 0:
+            self._attention_prefill(pre_seqs, pre_tokens / pre_seqs, pre_past, out)
+        if dec_seqs > 0:
+            self._attention_decode(dec_seqs, dec_ctx, out)
+        if pre_tokens > 0 and dec_seqs > 0:
+            kernels += 1                     # the second attention kernel of a mixed step
+        # MLP (MoE: router, shared experts, then the routed experts some token touches)
         if moe:
             E, k = m.num_experts, m.top_k
             local = E / par.ep
@@ -473,6 +521,22 @@ class _Serving:
                     memo[key] = self.layer(moe, tokens, seqs, ctx, prefill)
                 out.add(memo[key], n)
         out.add(self.ends(index == 0, index == self.par.pp - 1, tokens, seqs))
+        return out
+
+    def mixed_stage_pass(self, st: StageSpec, index: int, dec_seqs: float, dec_ctx: float, pre_tokens: float,
+                         pre_seqs: float, pre_past: float, memo: dict) -> _Pass:
+        """One scheduler step of continuous batching through stage ``index`` (``mixed_layer``); the
+        last stage samples one row per decoding sequence and per prompt chunk."""
+        n_moe = self.m.moe_layers_in(st.first_layer, st.last_layer)
+        n_dense = st.num_layers - n_moe
+        out = _Pass()
+        for moe, n in ((False, n_dense), (True, n_moe)):
+            if n:
+                key = ("mixed", moe, dec_seqs, dec_ctx, pre_tokens, pre_seqs, pre_past)
+                if key not in memo:
+                    memo[key] = self.mixed_layer(moe, dec_seqs, dec_ctx, pre_tokens, pre_seqs, pre_past)
+                out.add(memo[key], n)
+        out.add(self.ends(index == 0, index == self.par.pp - 1, dec_seqs + pre_tokens, dec_seqs + pre_seqs))
         return out
 
     # ---- memory -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Serve a plan: ``python -m runtime.serve --plan PLAN [--prompt-len P --output-len O] ...``.
 
-Greedy generation with a KV cache for an inference plan (mode ``infer``), tensor parallel and
-pipeline parallel across processes, data-parallel replicas side by side. Under torchrun it
+Greedy generation with a KV cache for an inference plan (mode ``infer``), tensor parallel,
+pipeline parallel and expert parallel across processes, data-parallel replicas side by side. Under torchrun it
 reads ``RANK``/``WORLD_SIZE`` and joins the process group (NCCL on GPUs, gloo on CPUs); a
 one-process plan also runs without torchrun.
 
@@ -17,6 +17,13 @@ attention is re-done here on the block's own projections with a per-layer cache 
 rank's K/V heads, rotary positions offset by the cache length. Replica ``r`` serves rows
 ``r*B .. (r+1)*B`` of the prompts the workload's token stream gives for step 0 (the seed fixes
 them), so any split of one workload generates from the same prompts.
+
+Expert parallel (``ep > 1``, vLLM's EP = TP x DP): each MoE layer's experts are spread over the
+``ep`` ranks of ``ep / tp`` neighbouring replicas (whole experts, ``E / ep`` per rank, sliced from
+the same deterministic weights), attention stays data parallel. A replica's TP ranks hold the
+same hidden states, so each dispatches ``1 / tp`` of the routed token copies to the ranks owning
+their experts (all-to-all over the EP group, ``runtime.parallel.AllToAllDispatch``) and the TP
+group gathers the results (``EpDispatch``); the replicas of an EP group step together.
 
 A step: stage 0 embeds the new tokens, each stage runs its layers and sends the hidden states
 to the next (point-to-point between ranks with the same ``dp, tp`` coordinates), the last stage
@@ -89,8 +96,14 @@ def check_plan(plan, world: int | None) -> None:
     if par.cp != 1 or par.vpp != 1:
         problems.append(f"cp {par.cp} / vpp {par.vpp}: serving runs cp=1, vpp=1")
     if par.ep != 1:
-        problems.append(f"ep {par.ep}: expert parallel serving is not supported by the built-in runtime "
-                        "(use the vllm target); plan ep=1")
+        if not spec.is_moe or spec.num_experts % par.ep:
+            problems.append(f"ep {par.ep} must divide the experts of {spec.name} ({spec.num_experts})")
+        if par.ep % par.tp or (par.tp * par.dp) % par.ep:
+            problems.append(f"ep {par.ep} must be a multiple of tp {par.tp} dividing tp*replicas = {par.tp * par.dp} "
+                            "(whole experts over the GPUs of ep/tp replicas)")
+    if (plan.serving or {}).get("disaggregation"):
+        problems.append("disaggregated prefill/decode pools: the built-in runtime serves aggregated replicas "
+                        "(emit the plan for vllm or sglang)")
     if spec.heads % par.tp or spec.kv_heads % par.tp:
         problems.append(f"tp {par.tp} must divide heads {spec.heads} and kv_heads {spec.kv_heads} (the runtime "
                         "shards K/V heads; it does not replicate them)")
@@ -195,6 +208,36 @@ class StageRunner:
         return top.indices, top.values                     # [batch, 1] each
 
 
+class EpDispatch:
+    """Serving expert parallel (module docstring): this TP rank's ``1 / tp`` of the routed copies
+    (sorted by expert) go over the EP group's all-to-all; the TP group gathers every rank's part
+    back into the order it came in."""
+
+    def __init__(self, ep_group, ep: int, num_experts: int, tp_group, tp: int, tp_rank: int):
+        from .parallel import AllToAllDispatch
+        self.a2a = AllToAllDispatch(ep_group, ep, num_experts)
+        self.tp_group, self.tp, self.tp_rank = tp_group, tp, tp_rank
+
+    def __call__(self, experts, xs, counts):
+        import torch
+        import torch.distributed as dist
+        if self.tp == 1:
+            return self.a2a(experts, xs, counts)
+        n = xs.shape[0]
+        bounds = [n * r // self.tp for r in range(self.tp + 1)]
+        lo, hi = bounds[self.tp_rank], bounds[self.tp_rank + 1]
+        end = torch.cumsum(counts, 0)
+        start = end - counts
+        mine = (end.clamp(lo, hi) - start.clamp(lo, hi)).to(counts.dtype)     # my copies of each expert
+        ys = self.a2a(experts, xs[lo:hi], mine)
+        width = max(b - a for a, b in zip(bounds, bounds[1:]))
+        pad = ys.new_zeros((width, ys.shape[-1]))
+        pad[:hi - lo] = ys
+        parts = [torch.empty_like(pad) for _ in range(self.tp)]
+        dist.all_gather(parts, pad, group=self.tp_group)
+        return torch.cat([parts[r][:bounds[r + 1] - bounds[r]] for r in range(self.tp)])
+
+
 # --------------------------------------------------------------------------------------
 # The server: mesh, stage, generation
 # --------------------------------------------------------------------------------------
@@ -233,7 +276,7 @@ class Server:
             part = build_model(spec, layers=range(st.first_layer, st.last_layer), embed=self.first, head=self.last)
         if par.tp > 1:
             apply_tp(part, mesh["tp"], spec, sp=False)
-            if spec.is_moe:
+            if spec.is_moe and par.ep == 1:
                 from types import SimpleNamespace
                 apply_experts(part, mesh, SimpleNamespace(ep=1, tp=par.tp))
         part.to_empty(device=self.device)
@@ -243,6 +286,39 @@ class Server:
         part.eval()
         self.part = part
         self._dist = dist
+        if par.ep > 1:
+            self._apply_ep()
+
+    def _apply_ep(self) -> None:
+        """Expert parallel over ep/tp neighbouring replicas (module docstring): the EP groups
+        (every rank makes every group, in one order), this rank's slice of each MoE layer's
+        experts, and the dispatcher."""
+        import torch.nn as nn
+        par, dist = self.par, self._dist
+        g = par.ep // par.tp
+        names = list(self.mesh.mesh_dim_names)
+        layout = self.mesh.mesh.permute(names.index("pp"), names.index("dp"), names.index("tp"))
+        mine = None
+        for p in range(par.pp):
+            for b in range(par.dp // g):
+                ranks = [int(r) for r in layout[p, b * g:(b + 1) * g, :].reshape(-1)]
+                grp = dist.new_group(ranks)
+                if self.rank in ranks:
+                    mine, self.ep_rank = grp, ranks.index(self.rank)
+        local = self.spec.num_experts // par.ep
+        lo = self.ep_rank * local
+        dispatch = EpDispatch(mine, par.ep, self.spec.num_experts, self.mesh["tp"].get_group() if par.tp > 1 else None,
+                              par.tp, self.tp_rank)
+        for blk in self.part.layers.values():
+            moe = getattr(blk, "moe", None)
+            if moe is None:
+                continue
+            ex = moe.experts
+            for n in ("w1", "w2", "w3", "b1", "b2", "b3"):
+                t = getattr(ex, n)
+                if t is not None:
+                    setattr(ex, n, nn.Parameter(t.data[lo:lo + local].clone(), requires_grad=False))
+            moe.dispatch = dispatch
 
     # ---- communication ------------------------------------------------------------------
     def _send_next(self, h) -> None:
@@ -347,10 +423,14 @@ def _log(opts: ServeOptions, rank: int, msg: str) -> None:
 
 
 def predicted(plan, P: int, O: int, B: int) -> dict[str, Any]:
-    """The plan's prediction; recomputed by the cost model when the lengths or batch differ."""
+    """The plan's prediction; recomputed by the cost model when the lengths or batch differ, or when
+    the plan's figures assume continuous batching."""
     w = plan.workload
     est = dict(plan.estimate or {})
-    if (P, O, B) != (w.prompt_len, w.output_len, w.global_batch) or "tpot_s" not in est:
+    # this runtime serves static batches: an in-flight or disaggregated plan's figures are not the
+    # ones it can reproduce, so its prediction is the static model's at the same batch
+    static = est.get("batching", "static") == "static"
+    if (P, O, B) != (w.prompt_len, w.output_len, w.global_batch) or "tpot_s" not in est or not static:
         import dataclasses
 
         from costmodel.inference import estimate_inference
@@ -399,6 +479,9 @@ def serve(plan, opts: ServeOptions) -> dict[str, Any]:
         "world_size": world, "device": device_type, "dtype": str(srv.dtype).replace("torch.", ""),
         "parallel": plan.parallel.to_dict(), "setup_s": setup_s,
     }
+    if plan.model.is_moe:      # the experts this rank holds (E / ep under expert parallel)
+        summary["experts_per_rank"] = next((int(b.moe.experts.w1.shape[0]) for b in srv.part.layers.values()
+                                            if getattr(b, "moe", None) is not None), 0)
     _log(opts, rank, f"{plan.model.name} tp={plan.parallel.tp} pp={plan.parallel.pp} replicas={plan.parallel.dp}: "
                      f"TTFT {ttft * 1e3:.2f} ms, TPOT {(tpot or 0) * 1e3:.2f} ms measured; predicted "
                      f"{_ms(summary['predicted'].get('prefill_batch_s'))} / {_ms(summary['predicted'].get('tpot_s'))}")

@@ -37,7 +37,7 @@ from test_emit_support import ROOT, examples, make_plan, run_script, split_modul
 pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
 
 TRAIN = [n for n, p in examples().items() if p.mode == "train"]
-INFER = [n for n, p in examples().items() if p.mode == "infer"]
+INFER = [n for n, p in examples().items() if p.mode == "infer" and not (p.serving or {}).get("disaggregation")]
 
 
 TARGETS_ENV = ROOT / ".venv-targets"      # Makefile: targets-env
@@ -746,7 +746,7 @@ def test_accelerate_round_trip(name, tmp_path, monkeypatch):
 
 def vllm_parser() -> argparse.ArgumentParser:
     """`vllm serve` flags as documented in vllm/engine/arg_utils.py (EngineArgs.add_cli_args) and
-    docs/serving/parallelism_scaling.md (launchers.md 5.1)."""
+    docs/serving/parallelism_scaling.md (launchers.md 5.1), docs/features/disagg_prefill.md."""
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("model")
     for f, s in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp"),
@@ -754,13 +754,16 @@ def vllm_parser() -> argparse.ArgumentParser:
                  ("--data-parallel-start-rank", "-dpr"), ("--data-parallel-rpc-port", "-dpp")):
         p.add_argument(f, s, type=int)
     p.add_argument("--data-parallel-address", "-dpa")
-    for f in ("--max-model-len", "--max-num-seqs", "--seed", "--nnodes", "--node-rank", "--master-port"):
+    for f in ("--max-model-len", "--max-num-seqs", "--seed", "--nnodes", "--node-rank", "--master-port",
+              "--max-num-batched-tokens", "--block-size", "--port"):
         p.add_argument(f, type=int)
     p.add_argument("--master-addr")
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     p.add_argument("--quantization")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    p.add_argument("--kv-transfer-config")
     p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--headless", action="store_true")
     return p
@@ -788,6 +791,18 @@ def test_vllm_real_parser():
         pytest.skip(VLLM_SKIP)
 
 
+def _expected_util(plan) -> float:
+    """The engine share the files must pass (emitters/serving.py): the plan's own, or the estimated
+    peak plus 5% headroom and never under 0.90."""
+    import math
+    sched = (plan.serving or {}).get("scheduler")
+    if sched:
+        return float(sched["gpu_memory_utilization"])
+    mem = plan.estimate.get("memory", {})
+    need = mem.get("peak_bytes", 0.0) / plan.cluster.gpu.memory_bytes
+    return max(0.90, math.ceil((need + 0.05) * 100 - 1e-9) / 100)
+
+
 @pytest.mark.parametrize("name", plans_for("vllm", INFER))
 def test_vllm_round_trip(name, tmp_path):
     plan = examples()[name]
@@ -804,12 +819,19 @@ def test_vllm_round_trip(name, tmp_path):
             assert a.enable_expert_parallel == (p.ep > 1)
             if p.ep > 1:
                 assert a.tensor_parallel_size * a.data_parallel_size == p.ep
-            assert (a.max_model_len, a.max_num_seqs) == (w.seq_len, w.global_batch)
+            assert a.max_model_len == w.seq_len and a.max_num_seqs >= w.global_batch
+            sched = (plan.serving or {}).get("scheduler")
+            if sched:         # the scheduler the plan assumed; plans without one keep the engine's defaults
+                assert a.enable_chunked_prefill is True and a.max_num_batched_tokens == sched["token_budget"]
+                assert a.block_size == sched["block_tokens"]
+            else:
+                assert a.max_num_batched_tokens is None
             mem = plan.estimate.get("memory", {})
+            util = float(a.gpu_memory_utilization)
+            assert util == pytest.approx(_expected_util(plan))
             if mem:
-                util = float(a.gpu_memory_utilization)
-                need = mem["peak_bytes"] / plan.cluster.gpu.memory_bytes
-                assert need <= util < need + 0.01 + 1e-9
+                assert mem["peak_bytes"] / plan.cluster.gpu.memory_bytes + 0.05 <= util + 1e-9 or \
+                    (plan.serving or {}).get("scheduler")
             assert a.headless == (rank > 0)
         local = a.data_parallel_size_local or a.data_parallel_size
         gpus += local * a.tensor_parallel_size * a.pipeline_parallel_size if nnodes == 1 or a.data_parallel_size_local \
@@ -826,12 +848,19 @@ def sglang_parser() -> argparse.ArgumentParser:
     for f in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size"),
               ("--dp-size", "--data-parallel-size"), ("--ep-size", "--expert-parallel-size", "--ep")):
         p.add_argument(*f, type=int, default=1)
-    for f in ("--context-length", "--max-running-requests", "--random-seed", "--nnodes", "--node-rank"):
+    for f in ("--context-length", "--max-running-requests", "--random-seed", "--nnodes", "--node-rank",
+              "--chunked-prefill-size", "--port", "--base-gpu-id", "--disaggregation-bootstrap-port"):
         p.add_argument(f, type=int)
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"])
     p.add_argument("--dist-init-addr")
+    p.add_argument("--host")
+    p.add_argument("--enable-mixed-chunk", action="store_true")
+    p.add_argument("--enable-dp-attention", action="store_true")
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"])
+    p.add_argument("--disaggregation-transfer-backend", choices=["mooncake", "nixl", "ascend", "fake"])
+    p.add_argument("--disaggregation-ib-device")
     return p
 
 
@@ -853,12 +882,20 @@ def _sglang_argv(plan, tmp_path) -> list[str]:
 
 def _check_sglang(a, plan) -> None:
     p, w = plan.parallel, plan.workload
-    assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
-    assert (a.context_length, a.max_running_requests) == (w.seq_len, w.global_batch)
+    if p.ep > 1:      # data-parallel attention: the experts over the whole tensor-parallel group
+        assert (a.model_path, a.tp_size, a.dp_size, a.ep_size, a.enable_dp_attention) == ("m", p.ep, p.dp, p.ep, True)
+    else:
+        assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
+    assert a.context_length == w.seq_len and a.max_running_requests >= w.global_batch
+    sched = (plan.serving or {}).get("scheduler")
+    assert a.enable_mixed_chunk == bool(sched)
+    assert a.chunked_prefill_size == (sched["token_budget"] if sched else None)
     mem = plan.estimate.get("memory", {})
     if mem:
-        need = (mem["weights_bytes"] + mem["kv_cache_bytes"]) / plan.cluster.gpu.memory_bytes
-        assert need <= a.mem_fraction_static < need + 0.01 + 1e-9
+        total = plan.cluster.gpu.memory_bytes
+        want = (_expected_util(plan) * total - mem["activations_bytes"] - mem["other_bytes"]) / total
+        assert want <= a.mem_fraction_static < want + 0.01 + 1e-9
+        assert a.mem_fraction_static * total >= mem["weights_bytes"] + mem["kv_cache_bytes"]
     else:
         assert a.mem_fraction_static is None
 
@@ -896,14 +933,21 @@ def test_trtllm_round_trip(name, tmp_path):
     out = write(plan, "tensorrt-llm", tmp_path / "out")
     calls = run_script(out / "trtllm.sh", ["trtllm-serve"], {"MODEL": "m"})
     a = trtllm_parser().parse_args(calls[0]["argv"])
-    assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.max_batch_size, a.max_seq_len) == \
-        (p.tp, p.pp, w.global_batch, w.seq_len)
     extra = yaml.safe_load(Path(a.extra_llm_api_options).read_text())
-    assert extra["dtype"] == "bfloat16"
+    if p.ep > 1:
+        assert (a.tensor_parallel_size, a.moe_expert_parallel_size, extra["enable_attention_dp"]) == (p.ep, p.ep, True)
+    else:
+        assert a.tensor_parallel_size == p.tp
+    assert (a.pipeline_parallel_size, a.max_seq_len) == (p.pp, w.seq_len) and a.max_batch_size >= w.global_batch
+    sched = (plan.serving or {}).get("scheduler")
+    assert extra["dtype"] == "bfloat16" and extra.get("enable_chunked_prefill", False) == bool(sched)
+    assert a.max_num_tokens == (sched["token_budget"] if sched else None)
     mem = plan.estimate.get("memory", {})
     if mem:
-        free = plan.cluster.gpu.memory_bytes - mem["weights_bytes"] - mem["activations_bytes"] - mem["other_bytes"]
-        need = mem["kv_cache_bytes"] / free
+        total = plan.cluster.gpu.memory_bytes
+        free = total - mem["weights_bytes"] - mem["activations_bytes"] - mem["other_bytes"]
+        pool = _expected_util(plan) * total - (total - free)
+        need = max(pool, mem["kv_cache_bytes"]) / free
         assert need <= a.kv_cache_free_gpu_memory_fraction < need + 0.01 + 1e-9
         assert extra["kv_cache_config"]["free_gpu_memory_fraction"] == a.kv_cache_free_gpu_memory_fraction
 
@@ -923,12 +967,12 @@ def test_serving_one_replica_over_two_nodes(tmp_path):
     plan = make_plan("llama-3-70b", gpus=16, gb=8, seq=4096, cluster="dgx-h100", mode="infer", tp=8, pp=2)
     out = write(plan, "vllm", tmp_path / "vllm")
     for rank in (0, 1):
-        argv = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h"})[0]["argv"]
+        argv = run_script(out / "vllm.sh", ["vllm"], {"NODE_RANK": str(rank), "HEAD_ADDR": "h", "MODEL": "m"})[0]["argv"]
         a = vllm_parser().parse_args(argv[1:])
         assert (a.tensor_parallel_size, a.pipeline_parallel_size, a.nnodes, a.node_rank, a.master_addr) == \
             (8, 2, 2, rank, "h")
         assert a.headless == (rank == 1)
     out = write(plan, "sglang", tmp_path / "sglang")
-    argv = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "1", "HEAD_ADDR": "h"})[0]["argv"]
+    argv = run_script(out / "sglang.sh", ["python-fake"], {"NODE_RANK": "1", "HEAD_ADDR": "h", "MODEL": "m"})[0]["argv"]
     a = sglang_parser().parse_args(argv[2:])
     assert (a.tp_size, a.pp_size, a.nnodes, a.node_rank, a.dist_init_addr) == (8, 2, 2, 1, "h:50000")

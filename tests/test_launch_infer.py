@@ -42,3 +42,20 @@ def test_estimate_of_an_inference_plan_uses_the_serving_model(tmp_path):
     assert r.returncode == 0, r.stderr
     est = json.loads(r.stdout)["estimate"]
     assert est["ttft_s"] == pytest.approx(planned["ttft_s"]) and est["tpot_s"] == pytest.approx(planned["tpot_s"])
+
+
+def test_an_inflight_plan_is_predicted_as_the_static_batches_the_runtime_serves(tmp_path):
+    from costmodel.inference import estimate_inference
+    from planner.plan.planfile import read_plan
+    from runtime.serve import predicted
+    plan_path = tmp_path / "inflight.yaml"
+    r = subprocess.run([sys.executable, "-m", "planner", "plan", "--mode", "infer", "--model", "tiny-llama",
+                        "--cluster", "cpu", "--gpus", "2", "--prompt-len", "16", "--output-len", "8", "--batch", "2",
+                        "--out", str(plan_path), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = read_plan(plan_path)
+    assert plan.estimate["batching"] == "inflight"
+    w = plan.workload
+    p = predicted(plan, w.prompt_len, w.output_len, w.global_batch)
+    static = estimate_inference(plan.model, plan.cluster, w, plan.parallel, stages=plan.stages)
+    assert p["tpot_s"] == pytest.approx(static.tpot_s) and p["prefill_batch_s"] == pytest.approx(static.prefill_s)

@@ -93,6 +93,11 @@ SPLITS = {
     "replicas2": ("tiny-llama", dict(dp=2, batch=2)),
     "gpt_tied_pp2_tp2": ("tiny-gpt", dict(pp=2, tp=2)),
     "moe_tp2": ("tiny-moe", dict(tp=2)),
+    # expert parallel as vLLM deploys it (EP = TP x DP): wide EP with data-parallel attention, and
+    # experts over the TP ranks of two replicas
+    "moe_ep4_dp4": ("tiny-moe", dict(dp=4, ep=4, batch=1)),
+    "moe_ep4_tp2_dp2": ("tiny-moe", dict(tp=2, dp=2, ep=4, batch=2)),
+    "moe_ep2_dp2_pp2": ("tiny-moe", dict(pp=2, dp=2, ep=2, batch=2)),
 }
 
 
@@ -106,6 +111,10 @@ def test_split_generates_the_single_process_tokens(pool, name):
     assert got["world_size"] == serving_plan(model, **kw).world_size
     assert got["ttft_s"] > 0 and got["tpot_s"] > 0
     assert got["predicted"]["tpot_s"] > 0
+    par = serving_plan(model, **kw).parallel
+    if par.ep > 1:           # the experts really are spread: E / ep per rank
+        from costmodel.catalog import get_model
+        assert got["experts_per_rank"] == get_model(model).num_experts // par.ep
 
 
 def test_kv_cache_generation_equals_recomputation(pool):
@@ -177,9 +186,13 @@ def test_refusals_exit_2_without_a_traceback(tmp_path):
     from runtime.local import make_plan
     train = write_plan(make_plan("tiny-llama"), tmp_path / "infer_train.yaml")
     two = write_plan(serving_plan(tp=2), tmp_path / "infer_two.yaml")
-    ep = write_plan(serving_plan("tiny-moe", dp=2, ep=2, batch=2), tmp_path / "infer_ep.yaml")
+    ep = write_plan(serving_plan("tiny-moe", dp=2, ep=4, batch=2), tmp_path / "infer_ep.yaml")
+    pd = write_plan(serving_plan().replace(serving={"batching": "disaggregated", "disaggregation": {
+        "prefill": {"tp": 1, "pp": 1, "ep": 1, "replicas": 1}, "decode": {"tp": 1, "pp": 1, "ep": 1, "replicas": 1}}}),
+        tmp_path / "infer_pd.yaml")
     for path, msg in ((train, "serves inference plans"), (two, "needs tp*pp*replicas = 2*1*1 = 2 processes"),
-                      (ep, "expert parallel")):
+                      (ep, "ep 4 must be a multiple of tp 1 dividing tp*replicas = 2"),
+                      (pd, "disaggregated prefill/decode")):
         r = subprocess.run([sys.executable, "-m", "runtime.serve", "--plan", str(path)], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, r.stderr

@@ -61,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _serving(plan, as_json: bool) -> int:
     """An inference plan: the serving cost model, not the training one."""
-    from costmodel.inference import estimate_inference
+    from costmodel.batching import estimate_serving
     from planner.cli.report import console, parallel_json, print_json
 
-    est = estimate_inference(plan.model, plan.cluster, plan.workload, plan.parallel, order=plan.mesh_order,
-                             stages=plan.stages)
+    # the batching the plan's figures assume (its serving section): static, in-flight or disaggregated
+    est = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving, stages=plan.stages)
     d = est.to_dict()
     if as_json:
         print_json({"parallel": parallel_json(plan.parallel), "estimate": d})

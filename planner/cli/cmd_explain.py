@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.report import print_json
 
     plan = read_plan(args.plan)
-    if plan.mode != "train":
-        raise UsageError(f"{args.plan} is an inference plan; explain covers training plans")
+    if plan.mode == "infer":            # serving plans: their own breakdown and the frontier
+        from planner.cli.infer_explain import run as run_infer
+        return run_infer(args, plan)
     if args.html:
         from profiles.safeio import check_output
         check_output(args.html, "--html")

@@ -261,4 +261,47 @@ def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-__all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate"]
+def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
+    """The serving frontier (``planner plan --mode infer --pareto``): output tokens/s per GPU against
+    tokens/s per user, aggregated and disaggregated points, the chosen plan marked, the TPOT goal
+    as a vertical line (plans right of it meet it); below, each point's TTFT with the TTFT goal."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    pts, chosen, slo = pareto.get("points") or [], pareto.get("chosen") or {}, pareto.get("slo") or {}
+    fig = Figure(figsize=(7, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    for kind, marker in (("aggregated", "o"), ("disaggregated", "s")):
+        sel = [q for q in pts if q["kind"] == kind]
+        if sel:
+            xs = [q["tokens_per_s_per_user"] for q in sel]
+            top.scatter(xs, [q["output_tokens_per_s_per_gpu"] for q in sel], marker=marker, s=18, label=kind)
+            bottom.scatter(xs, [q["ttft_s"] * 1e3 for q in sel], marker=marker, s=12)
+    if pts:
+        top.plot([q["tokens_per_s_per_user"] for q in pts], [q["output_tokens_per_s_per_gpu"] for q in pts], "k-",
+                 lw=0.8, label="frontier")
+    if chosen:
+        top.scatter([chosen["tokens_per_s_per_user"]], [chosen["output_tokens_per_s_per_gpu"]], marker="*", s=160,
+                    c="red", zorder=5, label=f"chosen: {chosen.get('layout', '')}")
+        bottom.scatter([chosen["tokens_per_s_per_user"]], [chosen["ttft_s"] * 1e3], marker="*", s=120, c="red",
+                       zorder=5)
+    if slo.get("tpot_s"):
+        for ax in (top, bottom):
+            ax.axvline(1.0 / slo["tpot_s"], color="tab:red", ls="--", lw=1)
+        top.annotate(f"TPOT goal {slo['tpot_s'] * 1e3:g} ms", (1.0 / slo["tpot_s"], top.get_ylim()[1]),
+                     fontsize=7, color="tab:red", va="top")
+    if slo.get("ttft_s"):
+        bottom.axhline(slo["ttft_s"] * 1e3, color="tab:red", ls="--", lw=1)
+        bottom.annotate(f"TTFT goal {slo['ttft_s'] * 1e3:g} ms", (bottom.get_xlim()[0], slo["ttft_s"] * 1e3),
+                        fontsize=7, color="tab:red", va="bottom")
+    top.set_ylabel("output tokens/s per GPU")
+    top.set_title("serving frontier over concurrency and layouts")
+    top.legend(fontsize=7)
+    bottom.set_xlabel("tokens/s per user (1 / TPOT)")
+    bottom.set_ylabel("TTFT (ms)")
+    from planner.cli.figures import png
+    return "Serving frontier", png(fig)
+
+
+__all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate", "pareto_figure"]

@@ -1,6 +1,14 @@
 """``planner plan --mode infer``: the flags, the serving search (``planner.search.serving``), and
 the plans, JSON, CSV and table it prints.
 
+The batching the figures assume: ``--batching inflight`` (default; continuous batching as the
+``--target`` engine schedules it, ``costmodel.batching``) or ``static``. The plan file's
+``serving`` section records it: the batching, the engine and its scheduler settings (token
+budget, running-request cap, KV block size, memory utilization), the Hugging Face id the
+serving files load, the load the figures are for, the goals, for disaggregated plans both pools
+(``parallel`` is the decode pool), the best aggregated and disaggregated plans under the goals,
+and with ``--pareto`` the frontier.
+
 No plan: exit 1 naming the binding constraint, with the closest plan and what it achieves (also in
 the ``--json`` envelope under ``closest``).
 """
@@ -8,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from costmodel.inference import kv_dtype_of
-from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, Workload, default_stages
+from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, StageSpec, Workload, default_stages
 from planner.plan.errors import UsageError
 from planner.search.serving import ServeResult, ServingInfeasible, solve_serving
 from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate
@@ -20,6 +31,8 @@ from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate
 SERVING_ORDER = MESH_AXES
 TRAINING_ONLY = ("cp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers", "zero", "sp",
                  "recompute", "schedule")
+ENGINES = ("vllm", "sglang", "tensorrt-llm")
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 # --------------------------------------------------------------------------------------
@@ -34,10 +47,12 @@ def _check_usage(args: argparse.Namespace) -> None:
             raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
-    for k in ("ttft_slo_ms", "tpot_slo_ms"):
+    for k in ("ttft_slo_ms", "tpot_slo_ms", "request_rate"):
         v = getattr(args, k, None)
         if v is not None and not v > 0:
             raise UsageError(f"--{k.replace('_', '-')} must be > 0, got {v}")
+    if args.batch is not None and getattr(args, "request_rate", None) is not None:
+        raise UsageError("--batch (concurrency per replica) and --request-rate fix the same load; give one")
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.top < 1:
@@ -46,15 +61,75 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-time must be > 0, got {args.max_time}")
     if getattr(args, "objective", "throughput") != "throughput":
         raise UsageError(f"--objective {args.objective}: serving maximizes output tokens/s per GPU (or, with "
-                         "--batch, minimizes request latency); --objective applies to training")
+                         "--batch or --request-rate, minimizes request latency); --objective applies to training")
     given = [k for k in TRAINING_ONLY if getattr(args, k, None) is not None and not (k == "cp" and args.cp == 1)]
     if given:
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in given)}: training options; a serving "
                          "plan chooses only --tp, --pp, --dp (replicas), --ep and the batch")
-    for k in ("tp", "pp", "dp", "ep"):
+    for k in ("tp", "pp", "dp", "ep", "max_num_batched_tokens", "max_num_seqs"):
         v = getattr(args, k, None)
         if v is not None and v < 1:
-            raise UsageError(f"--{k} must be >= 1, got {v}")
+            raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    u = getattr(args, "gpu_memory_utilization", None)
+    if u is not None and not 0.05 <= u <= 1.0:
+        raise UsageError(f"--gpu-memory-utilization must be in [0.05, 1], got {u:g} (a fraction, e.g. 0.9)")
+    hf = getattr(args, "hf_id", None)
+    if hf is not None and not (HF_ID.match(hf) or hf.startswith("/")):
+        raise UsageError(f"--hf-id {hf!r} is not a Hugging Face id (org/name) or an absolute path")
+
+
+def engine_and_batching(args: argparse.Namespace) -> tuple[str, str]:
+    """(engine, batching) from ``--target`` and ``--batching``: the built-in runtime serves static
+    batches; the servers default to in-flight batching."""
+    target = getattr(args, "target", None) or "vllm"
+    if target in ("all", "generic"):
+        target = "vllm"          # --target all compares the targets (plan_all); the default server's scheduler
+    batching = getattr(args, "batching", None)
+    if target == "builtin":
+        if batching == "inflight":
+            raise UsageError("--target builtin serves static batches (prefill, then decode); use --batching static "
+                             "or a server target (vllm, sglang, tensorrt-llm) for continuous batching")
+        return "builtin", "static"
+    if target not in ENGINES:
+        raise UsageError(f"--target {target}: serving plans are for {', '.join(ENGINES)} or builtin")
+    batching = batching or "inflight"
+    if batching == "inflight" and args.output_len is not None and args.output_len < 2:
+        raise UsageError(f"--output-len {args.output_len}: continuous batching needs at least 2 output tokens (the "
+                         "first comes from the prefill); plan a prompt-only workload with --batching static")
+    if batching == "static":
+        for k in ("request_rate", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
+            if getattr(args, k, None) is not None:
+                raise UsageError(f"--{k.replace('_', '-')} describes continuous batching; drop it or use "
+                                 "--batching inflight")
+        if getattr(args, "disaggregation", "auto") == "only":
+            raise UsageError("--disaggregation only needs --batching inflight (the pools batch continuously)")
+    return target, batching
+
+
+def scheduler_for(args: argparse.Namespace, engine: str, cluster: ClusterSpec):
+    from costmodel.batching import scheduler_defaults
+    return scheduler_defaults(engine, cluster.gpu, token_budget=getattr(args, "max_num_batched_tokens", None),
+                              max_num_seqs=getattr(args, "max_num_seqs", None),
+                              gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None))
+
+
+def hf_id_for(args: argparse.Namespace, model: ModelSpec) -> str | None:
+    """The Hugging Face id the serving files load: ``--hf-id``; a config.json's ``_name_or_path``
+    when it is an id (not a local path); the catalog's id; else None (the files then need MODEL)."""
+    if getattr(args, "hf_id", None):
+        return args.hf_id
+    p = Path(str(args.model))
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" and p.is_file():
+        try:
+            name = json.loads(p.read_text()).get("_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            name = None
+        if isinstance(name, str) and HF_ID.match(name):
+            return name
+    from costmodel.catalog import hf_id
+    return hf_id(model.name)
 
 
 def load_serving_problem(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Workload]:
@@ -86,51 +161,108 @@ def solver_json(res: ServeResult) -> dict[str, Any]:
     gap = 0.0
     if res.objective and res.bound is not None:
         gap = abs(res.bound - res.objective) / abs(res.objective)
-    return {"status": res.status, "objective": res.objective, "bound": res.bound, "gap": gap,
-            "wall_time_s": res.wall_time_s, "candidates": res.candidates, "solved": res.candidates,
-            "objective_name": res.objective_name, "space": f"degree tuples x batch grid ({BATCHES_PER_OCTAVE} "
-            "sizes per doubling up to each tuple's largest fitting batch)"}
+    out = {"status": res.status, "objective": res.objective, "bound": res.bound, "gap": gap,
+           "wall_time_s": res.wall_time_s, "candidates": res.candidates, "solved": res.candidates,
+           "objective_name": res.objective_name, "space": f"degree tuples x batch grid ({BATCHES_PER_OCTAVE} "
+           "sizes per doubling up to each tuple's largest fitting batch)"}
+    if res.comparison:
+        out["comparison"] = {k: _candidate_summary(c) for k, c in res.comparison.items()}
+    return out
+
+
+def _candidate_summary(c: Candidate | None) -> dict | None:
+    if c is None:
+        return None
+    e = c.est
+    d = {"layout": c.layout(), "disaggregated": c.disaggregated, "gpus": c.gpus, "ttft_s": e.ttft_s,
+         "tpot_s": e.tpot_s, "output_tokens_per_s": e.output_tokens_per_s,
+         "output_tokens_per_s_per_gpu": e.output_tokens_per_s_per_gpu,
+         "concurrency": e.schedule.get("concurrency", c.batch)}
+    if c.disaggregated:
+        tp, pp, ep, r = c.prefill
+        d["prefill"] = {"tp": tp, "pp": pp, "ep": ep, "replicas": r}
+        d["decode"] = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "replicas": c.dp}
+    else:
+        d["parallel"] = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}
+    return d
+
+
+def serving_section(c: Candidate, engine: str, batching: str, sched, hf_id: str | None, slo: dict,
+                    load: dict, comparison: dict | None = None, pareto: dict | None = None) -> dict[str, Any]:
+    """The plan file's ``serving`` section (module docstring)."""
+    s: dict[str, Any] = {"batching": "disaggregated" if c.disaggregated else batching, "engine": engine,
+                         "hf_id": hf_id, "slo": slo, "load": load}
+    if sched is not None:
+        s["scheduler"] = sched.to_dict()
+    sch = c.est.schedule or {}
+    if batching == "inflight" and not c.disaggregated:
+        s["operating_point"] = {k: sch[k] for k in ("concurrency", "decode_batch", "request_rate_per_s", "running",
+                                                    "chunk_tokens", "mixed_fraction", "max_concurrency",
+                                                    "kv_capacity_tokens", "max_running") if k in sch}
+    if c.disaggregated:
+        dis = sch["disaggregation"]
+        s["disaggregation"] = {
+            "prefill": {k: dis["prefill"][k] for k in ("tp", "pp", "ep", "replicas")},
+            "decode": {k: dis["decode"][k] for k in ("tp", "pp", "ep", "replicas")},
+            "decode_batch": sch["decode_batch"], "kv_transfer_s": dis["kv_transfer_s"],
+            "kv_transfer_tier": dis["kv_transfer_tier"], "prefill_utilization": dis["prefill"]["utilization"]}
+    if comparison:
+        s["comparison"] = {k: _candidate_summary(v) for k, v in comparison.items()}
+    if pareto:
+        s["pareto"] = pareto
+    return s
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, wl: Workload, c: Candidate, solver: dict | None = None,
-              cluster_source: str = "catalog", target: str = ""):
+              cluster_source: str = "catalog", target: str = "", serving: dict | None = None):
     from planner.plan.planfile import Plan, provenance
-    used = cluster if c.par.world_size == cluster.total_gpus else cluster.with_gpus(c.par.world_size)
+    world = c.gpus
+    used = cluster if world == cluster.total_gpus else cluster.with_gpus(world)
     return Plan(model=model, cluster=used, workload=dataclasses.replace(wl, global_batch=c.batch), parallel=c.par,
                 stages=default_stages(model.layers, c.pp), mesh_order=SERVING_ORDER, estimate=c.est.to_dict(),
-                solver=dict(solver or {}), provenance=provenance(cluster_source), target=target)
+                solver=dict(solver or {}), provenance=provenance(cluster_source), target=target,
+                serving=dict(serving or {}))
 
 
 def plan_json(plan) -> dict[str, Any]:
     from planner.cli.report import parallel_json
     w = plan.workload
-    return {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
-            "stages": [s.to_dict() for s in plan.stages],
-            "mesh": {"order": list(plan.mesh_order), **plan.rank_layout()}, "gpus": plan.world_size,
-            **({"target": plan.target} if plan.target else {}),
-            "serving": {"replicas": plan.parallel.dp, "batch_per_replica": w.global_batch,
-                        "prompt_len": w.prompt_len, "output_len": w.output_len, "dtype": w.dtype,
-                        "kv_dtype": w.kv_dtype}}
+    srv = dict(plan.serving or {})
+    out = {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
+           "stages": [s.to_dict() for s in plan.stages],
+           "mesh": {"order": list(plan.mesh_order), **plan.rank_layout()}, "gpus": plan.world_size,
+           "serving": {"replicas": plan.parallel.dp, "batch_per_replica": w.global_batch,
+                       "prompt_len": w.prompt_len, "output_len": w.output_len, "dtype": w.dtype,
+                       "kv_dtype": w.kv_dtype,
+                       **{k: v for k, v in srv.items() if k not in ("pareto", "comparison")}}}
+    if plan.target:
+        out["target"] = plan.target
+    return out
 
 
 def _candidate_json(c: Candidate | None) -> dict | None:
     if c is None:
         return None
-    return {"parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}, "batch": c.batch,
-            "estimate": c.est.to_dict(stages=False)}
+    d = {"parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}, "batch": c.batch,
+         "estimate": c.est.to_dict(stages=False)}
+    if c.disaggregated:
+        d["prefill"] = dict(zip(("tp", "pp", "ep", "replicas"), c.prefill))
+    return d
 
 
 def _csv_rows(cands: list[Candidate]) -> list[dict]:
     rows = []
     for c in cands:
         e = c.est
-        rows.append({"tp": c.tp, "pp": c.pp, "replicas": c.dp, "ep": c.ep, "batch": c.batch, "ttft_s": e.ttft_s,
+        rows.append({"layout": c.layout(), "disaggregated": c.disaggregated, "tp": c.tp, "pp": c.pp,
+                     "replicas": c.dp, "ep": c.ep, "batch": c.batch,
+                     "concurrency": e.schedule.get("concurrency", c.batch), "ttft_s": e.ttft_s,
                      "tpot_s": e.tpot_s, "output_tokens_per_s_per_gpu": e.output_tokens_per_s_per_gpu,
                      "peak_bytes": e.peak_bytes, "fits": e.fits, "max_batch": e.max_batch})
     return rows
 
 
-def print_table(res: ServeResult, plans: list) -> None:
+def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> None:
     from rich.table import Table
 
     from costmodel.units import fmt_bytes, fmt_seconds
@@ -138,17 +270,21 @@ def print_table(res: ServeResult, plans: list) -> None:
     c = console()
     best = plans[0]
     w = best.workload
+    srv = best.serving or {}
+    regime = {"inflight": f"continuous batching ({srv.get('engine')})", "static": "static batches",
+              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(srv.get("batching"), "")
     c.print(f"[bold]{best.model.name}[/bold] serving on {best.world_size} x {best.cluster.gpu.name} "
             f"({best.cluster.name}): prompt {w.prompt_len} + output {w.output_len} tokens, weights {w.dtype}, "
-            f"KV cache {w.kv_dtype}")
+            f"KV cache {w.kv_dtype}; {regime}")
     t = Table(title=f"top {len(plans)} plan(s)", header_style="bold")
-    for col in ("#", "tp", "pp", "replicas", "ep", "batch", "TTFT", "TPOT", "tok/s/GPU", "peak mem", "max batch"):
+    for col in ("#", "layout", "concurrency", "TTFT", "TPOT", "tok/s/user", "tok/s/GPU", "peak mem"):
         t.add_column(col, justify="right")
-    for k, (p, s) in enumerate(zip(plans, res.solutions), 1):
+    for k, s in enumerate(res.solutions, 1):
         e = s.est
-        t.add_row(str(k), str(s.tp), str(s.pp), str(s.dp), str(s.ep), str(s.batch), fmt_seconds(e.ttft_s),
-                  fmt_seconds(e.tpot_s), f"{e.output_tokens_per_s_per_gpu:,.1f}", fmt_bytes(e.peak_bytes),
-                  str(e.max_batch))
+        conc = e.schedule.get("concurrency", s.batch)
+        t.add_row(str(k), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
+                  fmt_seconds(e.ttft_s), fmt_seconds(e.tpot_s), f"{1 / e.tpot_s:,.1f}",
+                  f"{e.output_tokens_per_s_per_gpu:,.1f}", fmt_bytes(e.peak_bytes))
     c.print(t)
     e = res.solutions[0].est
     tt = Table(title="best plan: time", header_style="bold")
@@ -168,6 +304,40 @@ def print_table(res: ServeResult, plans: list) -> None:
     c.print(f"{e.output_tokens_per_s:,.0f} output tokens/s ({e.output_tokens_per_s_per_gpu:,.1f} per GPU), "
             f"request latency {fmt_seconds(e.request_latency_s)}, KV cache {fmt_bytes(e.kv_cache_bytes_per_token)}"
             f" per token per GPU, room for {e.kv_cache_capacity_tokens:,} tokens")
+    sch = e.schedule or {}
+    if e.batching == "inflight":
+        c.print(f"steady state: {sch['concurrency']:.1f} requests per replica ({sch['request_rate_per_s']:.2f}/s), "
+                f"{sch['decode_batch']:.1f} decoding per step, {sch['mixed_fraction'] * 100:.0f}% of steps carry a "
+                f"{sch['chunk_tokens']:.0f}-token prefill chunk ({fmt_seconds(sch['mixed_step_s'])} vs "
+                f"{fmt_seconds(sch['decode_step_s'])} decode-only); token budget {sch['scheduler']['token_budget']}, "
+                f"at most {sch['max_running']} running (KV pool {fmt_bytes(sch['kv_pool_bytes'])})")
+    elif e.batching == "disaggregated":
+        dis = sch["disaggregation"]
+        c.print(f"pools {dis['ratio']} GPUs (prefill:decode), {sch['decode_batch']:.1f} decoding per decode instance, "
+                f"prefill pool {dis['prefill']['utilization'] * 100:.0f}% busy, KV transfer "
+                f"{fmt_seconds(dis['kv_transfer_s'])} over {dis['kv_transfer_tier']}")
+    comp = res.comparison or {}
+    if comp.get("aggregated") is not None or comp.get("disaggregated") is not None:
+        a, d = comp.get("aggregated"), comp.get("disaggregated")
+        line = []
+        for name, x in (("aggregated", a), ("disaggregated", d)):
+            line.append(f"best {name}: " + (f"{x.layout()} {x.est.output_tokens_per_s_per_gpu:,.1f} tok/s/GPU "
+                                            f"(TTFT {fmt_seconds(x.est.ttft_s)}, TPOT {fmt_seconds(x.est.tpot_s)})"
+                                            if x is not None else "none meets the goals"))
+        if a is not None and d is not None:
+            ratio = d.est.output_tokens_per_s_per_gpu / a.est.output_tokens_per_s_per_gpu
+            line.append(f"disaggregated/aggregated {ratio:.2f}x")
+        c.print("; ".join(line))
+    if pareto:
+        pt = Table(title="frontier: output tokens/s per GPU vs tokens/s per user", header_style="bold")
+        for col in ("kind", "layout", "concurrency", "tok/s/user", "tok/s/GPU", "TTFT", "TPOT"):
+            pt.add_column(col, justify="right")
+        for p in pareto:
+            conc = p.get("concurrency")
+            pt.add_row(p["kind"], p["layout"], "" if conc is None else f"{conc:,.1f}",
+                       f"{p['tokens_per_s_per_user']:,.1f}", f"{p['output_tokens_per_s_per_gpu']:,.1f}",
+                       fmt_seconds(p["ttft_s"]), fmt_seconds(p["tpot_s"]))
+        c.print(pt)
     gap = f", gap {solver_json(res)['gap'] * 100:.2f}%" if res.status != "OPTIMAL" else ""
     c.print(f"solver: [bold]{res.status}[/bold]{gap}, objective {res.objective:.6g} ({res.objective_name}), "
             f"bound {res.bound:.6g}, {res.candidates} candidates, {res.wall_time_s:.2f} s")
@@ -196,23 +366,49 @@ def solve_serving_for(target: str, model: ModelSpec, cluster: ClusterSpec, wl: W
     return solve_serving(model, cluster, wl, fixed, candidates=(kept, max_b), **kw)
 
 
+def _pareto(model, cluster, wl, res: ServeResult, sched, fixed, disaggregation: str, slo_t, slo_p, chosen):
+    """The frontier over the scored candidates and every disaggregated layout (``serving_pareto``)."""
+    from planner.search.serving_disagg import frontier_points
+    from planner.search.serving_pareto import chosen_point, frontier
+    dpts = []
+    if sched is not None and disaggregation != "off":
+        dpts = frontier_points(model, cluster, wl, sched, fixed, slo_t)
+    cands = res.scored if disaggregation != "only" else []
+    pts = frontier(cands, dpts, slo_t)
+    return pts, {"points": pts, "chosen": chosen_point(chosen),
+                 "slo": {"ttft_s": slo_t, "tpot_s": slo_p,
+                         "tokens_per_s_per_user_min": (1.0 / slo_p) if slo_p else None}}
+
+
 def run(args: argparse.Namespace) -> int:
     from planner.cli.args import check_writable, cluster_source_of
     from planner.cli.report import print_json
     _check_usage(args)
+    engine, batching = engine_and_batching(args)
     check_writable(args.out)
     check_writable(getattr(args, "csv", None))
+    check_writable(getattr(args, "pareto_csv", None))
     model, cluster, wl = load_serving_problem(args)
     slo_t = args.ttft_slo_ms / 1e3 if args.ttft_slo_ms is not None else None
     slo_p = args.tpot_slo_ms / 1e3 if args.tpot_slo_ms is not None else None
+    sched = scheduler_for(args, engine, cluster) if batching == "inflight" else None
+    disagg = getattr(args, "disaggregation", "auto") if sched is not None else "off"
+    rate = getattr(args, "request_rate", None)
+    if args.batch is not None or rate is not None or _fixed(args).get("dp"):
+        disagg = "off" if disagg == "auto" else disagg
+    if disagg == "only" and (args.batch is not None or rate is not None):
+        raise UsageError("--disaggregation only searches the highest throughput under the goals; drop --batch / "
+                         "--request-rate")
+    fixed = _fixed(args)
     target = getattr(args, "target", None) or "generic"
     if target == "all":
         from planner.cli.plan_all import infer_all
         return infer_all(args, model, cluster, wl, slo_t, slo_p)
     try:
-        res = solve_serving_for(target, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
-                                tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time, batch_limit=args.max_batch,
-                                exhaustive=bool(getattr(args, "exhaustive", False)))
+        res = solve_serving_for(target, model, cluster, wl, fixed, batch=args.batch, ttft_slo_s=slo_t,
+                                tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time,
+                                batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)),
+                                sched=sched, rate_per_s=rate, disaggregation=disagg)
     except ServingInfeasible as e:
         if args.json:
             print_json({"status": "INFEASIBLE", "plans": [], "reason": e.reason, "message": str(e),
@@ -221,7 +417,16 @@ def run(args: argparse.Namespace) -> int:
         raise
     source = cluster_source_of(args.cluster)
     sj = solver_json(res)
-    plans = [make_plan(model, cluster, wl, c, sj, source, target) for c in res.solutions]
+    pareto_pts, pareto = (None, None)
+    if getattr(args, "pareto", False) or getattr(args, "pareto_csv", None):
+        pareto_pts, pareto = _pareto(model, cluster, wl, res, sched, fixed, disagg, slo_t, slo_p, res.solutions[0])
+    hf = hf_id_for(args, model)
+    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    load = {"concurrency_per_replica": args.batch, "request_rate_per_s": rate}
+    plans = [make_plan(model, cluster, wl, c, sj, source, target,
+                       serving_section(c, engine, batching, sched, hf, slo, load,
+                                       res.comparison if k == 0 else None, pareto if k == 0 else None))
+             for k, c in enumerate(res.solutions)]
     if args.out:
         from planner.plan.planfile import write_plan
         write_plan(plans[0], args.out)
@@ -229,10 +434,22 @@ def run(args: argparse.Namespace) -> int:
         import pandas as pd
         from profiles.safeio import write_text
         write_text(args.csv, pd.DataFrame(_csv_rows(res.scored)).to_csv(index=False), "--csv")
+    if getattr(args, "pareto_csv", None):
+        import pandas as pd
+        cols = ("kind", "layout", "concurrency", "decode_batch", "tokens_per_s_per_user",
+                "output_tokens_per_s_per_gpu", "ttft_s", "tpot_s")
+        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts]).to_csv(args.pareto_csv, index=False)
     if args.json:
-        print_json({"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj})
+        env = {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj}
+        if getattr(args, "pareto", False):
+            env["pareto"] = pareto
+        print_json(env)
     else:
-        print_table(res, plans)
+        print_table(res, plans, pareto_pts if getattr(args, "pareto", False) else None)
         if args.out:
             print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+__all__ = ["run", "make_plan", "plan_json", "solver_json", "serving_section", "load_serving_problem",
+           "engine_and_batching", "scheduler_for", "hf_id_for", "StageSpec"]

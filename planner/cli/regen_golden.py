@@ -95,6 +95,8 @@ def builtin_plans() -> dict[str, Plan]:
         "qwen3-235b-a22b", load_cluster("dgx-h200").with_gpus(16), 32, 4096, 1024, dp=16, ep=16,
         memory={"weights_bytes": 30.1, "kv_cache_bytes": 59.0, "activations_bytes": 3.0, "other_bytes": 2.0})
     plans["tiny-llama-serve-cpu"] = _infer("tiny-llama", cpu.with_gpus(2), 4, 48, 16, tp=2)
+    from planner.cli.serving_examples import serving_plans      # solved serving plans (in-flight, P/D, wide EP)
+    plans.update(serving_plans())
     return plans
 
 

@@ -18,7 +18,9 @@ def check_plan(plan: Plan) -> list[str]:
     problems: list[str] = []
     par, model = plan.parallel, plan.model
     try:
-        validate(model, plan.cluster, plan.workload, par)
+        # a disaggregated serving plan's parallel is its decode pool (the prefill pool: plan.serving)
+        validate(model, plan.cluster, plan.workload, par,
+                 gpus=par.world_size if plan.world_size != par.world_size else None)
     except SpecError as e:
         problems.append(str(e))
     stages = plan.stages

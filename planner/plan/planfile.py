@@ -49,6 +49,10 @@ class Plan:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA
     target: str = ""                 # the framework planned for (planner.plan.targets); "" in older files
+    # serving plans: the batching the figures assume, the engine's scheduler settings, the model's
+    # Hugging Face id, and for disaggregated plans the prefill pool (``parallel`` is then the
+    # decode pool); see planner/cli/infer_plan.py. Empty for training plans.
+    serving: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if sorted(self.mesh_order) != sorted(DEFAULT_ORDER):
@@ -62,7 +66,8 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.parallel.world_size
+        pre = (self.serving or {}).get("disaggregation", {}).get("prefill") if self.serving else None
+        return self.parallel.world_size + (int(pre["tp"]) * int(pre["pp"]) * int(pre["replicas"]) if pre else 0)
 
     def degree(self, dim: str) -> int:
         return getattr(self.parallel, dim)
@@ -114,6 +119,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "estimate": dict(plan.estimate),
         "solver": dict(plan.solver),
         "provenance": dict(plan.provenance),
+        **({"serving": dict(plan.serving)} if plan.serving else {}),
     })
 
 
@@ -158,7 +164,8 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
             check_name(str(target), workload.mode)
         return Plan(model=model, cluster=cluster, workload=workload, parallel=par, stages=tuple(stages),
                     mesh_order=order, estimate=d.get("estimate") or {}, solver=d.get("solver") or {},
-                    provenance=d.get("provenance") or {}, schema=schema, target=str(target))
+                    provenance=d.get("provenance") or {}, schema=schema, target=str(target),
+                    serving=d.get("serving") or {})
     except (SpecError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, PlanError):
             raise

@@ -4,9 +4,15 @@
    (sorted; fixed ``--tp/--pp/--dp/--ep`` respected): tp divides the heads, the FFN and the KV
    heads (or is a multiple of them), stays inside a node; pp at most the layers; ep 1 or a
    multiple of tp that divides tp x replicas and the experts (``costmodel.inference``).
-2. Each tuple's largest batch that fits (``serving_max_batch``) bounds its batches: ``--batch``,
-   or a grid of ``BATCHES_PER_OCTAVE`` sizes per doubling up to it; every (tuple, batch) is one
-   candidate, scored by the float cost model ``estimate_inference``.
+2. Static batching (``--batching static``): each tuple's largest batch that fits
+   (``serving_max_batch``) bounds its batches: ``--batch``, or a grid of ``BATCHES_PER_OCTAVE``
+   sizes per doubling up to it; every (tuple, batch) is one candidate, scored by the float cost
+   model ``estimate_inference``.
+   Continuous batching (``--batching inflight``, the default): each tuple's steady states
+   (``costmodel.batching.InflightReplica``) over a grid of decode batches up to the most the
+   replica sustains (the KV pool, ``max_num_seqs`` and the prefill budget), or the one steady
+   state at ``--batch`` (concurrency per replica) or ``--request-rate``.
+3. Disaggregated layouts (``planner.search.serving_disagg``) add their own candidates.
 
 ``planner.search.serving`` picks among the candidates.
 """
@@ -24,23 +30,56 @@ BATCHES_PER_OCTAVE = 4
 
 @dataclass(frozen=True)
 class Candidate:
+    """One scored serving plan. Aggregated: ``tp, pp, dp (replicas), ep`` shard every replica.
+    Disaggregated: they are the decode pool's and ``prefill`` is the prefill pool's
+    ``(tp, pp, ep, replicas)``. ``batch``: concurrent requests per replica (static: the batch)."""
     tp: int
     pp: int
     dp: int
     ep: int
     batch: int
     est: InferenceEstimate = field(compare=False, hash=False)
+    prefill: tuple[int, int, int, int] | None = None
 
     @property
-    def degrees(self) -> tuple[int, int, int, int]:
+    def degrees(self) -> tuple:
+        if self.prefill is not None:
+            return ("pd", self.prefill, (self.tp, self.pp, self.dp, self.ep))
         return (self.tp, self.pp, self.dp, self.ep)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
 
     @property
     def par(self) -> ParallelConfig:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep)
 
+    @property
+    def gpus(self) -> int:
+        n = self.tp * self.pp * self.dp
+        if self.prefill is not None:
+            n += self.prefill[0] * self.prefill[1] * self.prefill[3]
+        return n
+
+    def layout(self) -> str:
+        """The split in words: ``tp4 pp1 x2`` or ``P: tp4 x1 | D: tp2 x2``."""
+        def one(tp, pp, ep, r):
+            return f"tp{tp}" + (f" pp{pp}" if pp > 1 else "") + (f" ep{ep}" if ep > 1 else "") + f" x{r}"
+        d = one(self.tp, self.pp, self.ep, self.dp)
+        if self.prefill is None:
+            return d
+        tp, pp, ep, r = self.prefill
+        return f"P: {one(tp, pp, ep, r)} | D: {d}"
+
     def describe(self) -> str:
         e = self.est
+        if self.prefill is not None:
+            tp, pp, ep, r = self.prefill
+            return (f"disaggregated, prefill {r} x (tp={tp} pp={pp} ep={ep}), decode {self.dp} x (tp={self.tp} "
+                    f"pp={self.pp} ep={self.ep}) at {e.schedule.get('decode_batch', 0):.1f} requests per decode "
+                    f"instance: TTFT {e.ttft_s * 1e3:.2f} ms, TPOT {e.tpot_s * 1e3:.2f} ms, "
+                    f"{e.output_tokens_per_s_per_gpu:,.1f} output tokens/s per GPU")
         return (f"tp={self.tp} pp={self.pp} replicas={self.dp} ep={self.ep} batch={self.batch}: TTFT "
                 f"{e.ttft_s * 1e3:.2f} ms, TPOT {e.tpot_s * 1e3:.2f} ms, {e.output_tokens_per_s_per_gpu:,.1f} "
                 f"output tokens/s per GPU, peak {e.peak_bytes / 2**30:.2f} of {e.capacity_bytes / 2**30:.2f} GiB, "
@@ -116,8 +155,13 @@ def batch_grid(limit: int) -> list[int]:
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict[str, int],
-                         batch: int | None, batch_limit: int) -> tuple[list[Candidate], dict]:
-    """Every scored candidate, and per degree tuple its largest fitting batch."""
+                         batch: int | None, batch_limit: int, sched=None,
+                         rate_per_s: float | None = None) -> tuple[list[Candidate], dict]:
+    """Every scored candidate, and per degree tuple its largest fitting batch (static) or the
+    most concurrent requests a replica sustains (in-flight: ``sched`` is the engine's
+    ``costmodel.batching.SchedulerConfig``)."""
+    if sched is not None:
+        return enumerate_inflight(model, cluster, wl, fixed, batch, batch_limit, sched, rate_per_s)
     cands: list[Candidate] = []
     max_b: dict[tuple, int] = {}
     for tp, pp, dp, ep in degree_tuples(model, cluster, fixed):
@@ -133,3 +177,34 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, wl: Workload, f
             check_invariants(est)
             cands.append(Candidate(tp, pp, dp, ep, b, est))
     return cands, max_b
+
+
+def enumerate_inflight(model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict[str, int],
+                       batch: int | None, batch_limit: int, sched, rate_per_s: float | None = None
+                       ) -> tuple[list[Candidate], dict]:
+    """The in-flight candidates (module docstring): per degree tuple, its steady states."""
+    from costmodel.batching import InflightReplica
+    cands: list[Candidate] = []
+    max_n: dict[tuple, int] = {}
+    for tp, pp, dp, ep in degree_tuples(model, cluster, fixed):
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep)
+        try:
+            rep = InflightReplica(model, cluster, wl, par, sched)
+        except SpecError:
+            continue
+        max_n[(tp, pp, dp, ep)] = int(rep.top.concurrency) if rep.fits else 0
+        if not rep.fits:
+            continue
+        if batch is not None and batch > rep.top.concurrency:
+            continue            # more users than run at once: they would only queue (the plan's cap)
+        if batch is not None or rate_per_s is not None:
+            try:
+                ests = [rep.at(concurrency=batch, rate_per_s=None if rate_per_s is None else rate_per_s / dp)]
+            except SpecError:
+                continue
+        else:
+            ests = [e for e in rep.curve(BATCHES_PER_OCTAVE) if e.schedule["concurrency"] <= batch_limit]
+        for est in ests:
+            check_invariants(est)
+            cands.append(Candidate(tp, pp, dp, ep, est.batch, est))
+    return cands, max_n
