@@ -1,63 +1,68 @@
-"""torchtitan: a TOML job config for torchtitan v0.2.2 and its torchrun launch command.
+"""torchtitan 0.3: a Python job config (a function returning ``Trainer.Config``) and its torchrun launch.
 
-Format: the TOML job config of torchtitan up to v0.2.2 (``torchtitan/config/job_config.py``,
-sections = dataclass names lowercased). v0.2.2 is the last release with TOML; later releases
-(the 2026-02 "Config System Refactor") select Python config functions from a registry instead,
-and are not targeted here. The exact stage split is stated with
-``parallelism.module_fqns_per_model_part`` (one list of module names per model chunk, loop
-style: rank r holds chunks r, r+pp, ...). A model shape that is not one of torchtitan's stock
-llama3 flavors is registered as flavor ``planner`` by a small module the config imports
-(``experimental.custom_import``).
+Format: torchtitan's config system since the 2026-02 refactor ("TOML to Python Dataclass
+Registry", first released in torchtitan 0.3.0, the release ``pip install torchtitan`` gives): a job
+is a Python function that returns a complete ``Trainer.Config`` (``torchtitan/trainer.py``), made
+of ``ParallelismConfig`` / ``TrainingConfig`` / ``DebugConfig`` (``torchtitan/config/configs.py``),
+``LRSchedulersContainer.Config`` and ``OptimizersContainer.Config`` with one ``ParamGroupConfig``
+(``torchtitan/components/optimizer``), ``FullAC.Config`` or ``None`` for activation checkpointing
+(``torchtitan/distributed/activation_checkpoint.py``) and a llama3 ``ModelSpec`` from
+``torchtitan.models.llama3.model_registry``. ``python -m torchtitan.train --module <module>
+--config <function>`` imports the module and calls the function (``torchtitan/config/manager.py``);
+``--section.field value`` overrides still apply on top. TOML job files (torchtitan 0.2.2 and
+older) are no longer written: 0.3.0 has no ``--job.config_file``.
+
+The exact stage split is stated with ``parallelism.module_fqns_per_model_part`` (one list of
+module names per model chunk, loop style: rank r holds chunks r, r+pp, ...). A model shape that is
+not one of torchtitan's stock llama3 flavors is registered in the job module as flavor
+``planner``, built the way torchtitan builds its own flavors (``torchtitan/models/llama3/__init__.py``).
 """
 from __future__ import annotations
 
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs,
                            require,
-                           require_mode, require_one_group, require_order, script_header, toml_table,
+                           require_mode, require_one_group, require_order, script_header,
                            virtual_stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "torchtitan"
 MODE = "train"
-FORMAT = "torchtitan v0.2.2 TOML job config (the last TOML release; newer releases use a Python config registry)"
-SUMMARY = "torchtitan v0.2.2 TOML job config (parallelism, batch, activation checkpointing) and launch"
-RUN = ("In an environment with torchtitan v0.2.2: `HF_ASSETS=<tokenizer folder> DATASET=<dataset name> "
+VERSION = "0.3.0"
+FORMAT = (f"torchtitan {VERSION} Python job config (a function returning Trainer.Config, run with "
+          "--module/--config; the TOML job files of torchtitan <= 0.2.2 are not written)")
+SUMMARY = f"torchtitan {VERSION} Python job config (Trainer.Config: parallelism, batch, activation checkpointing) and launch"
+RUN = (f"In an environment with torchtitan {VERSION}: `HF_ASSETS=<tokenizer folder> DATASET=<dataset name> "
        "TRAIN_STEPS=<steps> bash torchtitan.sh` (multi-node: `HEAD_ADDR=<first node>` on every node); "
        "`MOCK_DATA=1`, from a torchtitan checkout, uses its test tokenizer and c4_test instead. The script "
        "checks each value before it starts.")
 
-CUSTOM_MODULE = "torchtitan_planner_model"
+JOB_MODULE = "torchtitan_planner_job"
+JOB_FUNCTION = "planner_job"
 CUSTOM_FLAVOR = "planner"
 C10D_PORT = 29400
 
-# Stock llama3 flavors of torchtitan v0.2.2 (torchtitan/models/llama3/__init__.py):
-# name -> (dim, n_layers, n_heads, n_kv_heads, ffn hidden, vocab)
+# Stock llama3 flavors of torchtitan 0.3.0 (torchtitan/models/llama3/__init__.py, llama3_configs):
+# name -> (dim, n_layers, n_heads, n_kv_heads, ffn hidden, vocab); 1B and 3B tie their embeddings
 STOCK_FLAVORS = {
     "8B": (4096, 32, 32, 8, 14336, 128256),
     "70B": (8192, 80, 64, 8, 28672, 128256),
     "405B": (16384, 126, 128, 8, 53248, 128256),
 }
-# ...and what every stock flavor shares: rope_theta 500000, norm_eps 1e-5 and the default
-# RoPEScalingArgs (Llama 3.1 scaling, factor 8): a model that differs gets the custom flavor
+# ...and what every stock flavor shares: RoPE theta 500000, RMSNorm eps 1e-5 (the RMSNorm.Config
+# default) and Llama 3.1 RoPE scaling (ComplexRoPE scaling="llama", scaling_factor 8.0): a model
+# that differs gets the custom flavor
 STOCK_SETTINGS = (500000.0, 1e-5, 8.0)
+STOCK_MAX_SEQ_LEN = 131072          # ComplexRoPE.Config max_seq_len of every stock flavor
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
 def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
-    """torchtitan's FeedForward width (models/llama3/model/model.py)."""
+    """torchtitan's SwiGLU width (``compute_ffn_hidden_dim``, models/common/feed_forward.py)."""
     hidden = int(2 * (4 * dim) / 3)
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
-
-
-def ffn_args(dim: int, ffn: int) -> tuple[int, float | None]:
-    """(multiple_of, ffn_dim_multiplier) that make torchtitan build exactly ``ffn``."""
-    base = int(2 * (4 * dim) / 3)
-    if base <= ffn:
-        return ffn, None
-    return ffn, ffn / base   # int(mult * base) lands in (0, ffn], rounded up to ffn
 
 
 def _check_model(plan: Plan) -> None:
@@ -82,7 +87,7 @@ def _check_model(plan: Plan) -> None:
 def flavor(plan: Plan) -> str:
     m = plan.model
     shape = (m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
-    if (m.rope_theta, m.norm_eps, m.rope_scaling) != STOCK_SETTINGS:
+    if (m.rope_theta, m.norm_eps, m.rope_scaling) != STOCK_SETTINGS or plan.workload.seq_len > STOCK_MAX_SEQ_LEN:
         return CUSTOM_FLAVOR
     for name, stock in STOCK_FLAVORS.items():
         if stock == shape:
@@ -90,32 +95,43 @@ def flavor(plan: Plan) -> str:
     return CUSTOM_FLAVOR
 
 
-def custom_model_module(plan: Plan) -> str:
+def custom_model_code(plan: Plan) -> str:
+    """Python that registers the plan's model as llama3 flavor ``planner`` in the job module."""
     m = plan.model
-    multiple_of, mult = ffn_args(m.hidden, m.ffn_hidden)
-    return f'''"""Registers the plan's model shape as torchtitan llama3 flavor {CUSTOM_FLAVOR!r}.
+    max_len = max(m.max_seq_len, plan.workload.seq_len)
+    if m.rope_scaling:
+        rope = f'scaling="llama", scaling_factor={float(m.rope_scaling)!r}'
+        rope_note = f"Llama 3.1 RoPE scaling x{m.rope_scaling:g}"
+    else:
+        rope = 'scaling="none"'
+        rope_note = "no RoPE scaling"
+    return f'''
 
-Generated by `planner emit --target torchtitan`; imported through experimental.custom_import.
-ffn: torchtitan builds multiple_of * ceil(multiplier * int(8 * dim / 3) / multiple_of) = {m.ffn_hidden}.
-RoPE: base {m.rope_theta:g}; {"Llama 3.1 scaling x" + format(m.rope_scaling, "g") if m.rope_scaling else
-"no scaling (torchtitan always applies RoPEScalingArgs; a factor of 1 leaves every frequency as it is)"}.
-"""
-from torchtitan.models.llama3 import TransformerModelArgs, llama3_args
-from torchtitan.models.llama3.model.args import RoPEScalingArgs
+# The plan's model is not a stock torchtitan llama3 flavor: it is registered as {CUSTOM_FLAVOR!r}, built
+# as torchtitan builds its own flavors (torchtitan/models/llama3/__init__.py, e.g. _8b): FFN width
+# {m.ffn_hidden}, RoPE base {m.rope_theta:g}, {rope_note}, RMSNorm eps {m.norm_eps!r}.
+def _planner_model(attn_backend: str, tp_gemm_backend: str = "default") -> Llama3Model.Config:
+    dim, n_heads, n_kv_heads, n_layers, vocab_size = {m.hidden}, {m.heads}, {m.kv_heads}, {m.layers}, {m.vocab}
+    layers = _build_llama3_layers(
+        fuse_qkv=True, n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        hidden_dim={m.ffn_hidden},
+        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={max_len}, theta={float(m.rope_theta)!r},
+                                {rope}),
+        attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend,
+    )
+    for layer in layers:
+        layer.attention_norm.eps = layer.ffn_norm.eps = {float(m.norm_eps)!r}
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab_size,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, eps={float(m.norm_eps)!r}, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
 
-llama3_args[{CUSTOM_FLAVOR!r}] = TransformerModelArgs(
-    dim={m.hidden},
-    n_layers={m.layers},
-    n_heads={m.heads},
-    n_kv_heads={m.kv_heads},
-    vocab_size={m.vocab},
-    multiple_of={multiple_of},
-    ffn_dim_multiplier={mult!r},
-    norm_eps={m.norm_eps!r},
-    rope_theta={m.rope_theta!r},
-    rope_scaling_args=RoPEScalingArgs(scaling_factor={float(m.rope_scaling or 1.0)!r}),
-    max_seq_len={max(m.max_seq_len, plan.workload.seq_len)},
-)
+
+llama3_configs[{CUSTOM_FLAVOR!r}] = _planner_model
 '''
 
 
@@ -131,7 +147,7 @@ def model_parts(plan: Plan) -> list[list[str]] | None:
         bounds = [(s.first_layer, s.last_layer) for s in plan.stages]
     parts = [[f"layers.{i}" for i in range(lo, hi)] for lo, hi in bounds]
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", "lm_head"]
     return parts
 
 
@@ -156,7 +172,8 @@ def _data_parallel(plan: Plan) -> tuple[int, int, str]:
     return p.dp // p.dp_shard, p.dp_shard, "never" if p.zero == 2 else "always"
 
 
-def config(plan: Plan) -> str:
+def _settings(plan: Plan) -> dict:
+    """The checks torchtitan's own code makes, and the values the job config states."""
     p = plan.parallel
     w = plan.workload
     _check_model(plan)
@@ -164,7 +181,7 @@ def config(plan: Plan) -> str:
                   note=" (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)")
     require(p.ep == 1, TARGET, f"ep={p.ep}", "the model is dense")
     require(p.tp == 1 or p.sp, TARGET, "tensor parallel without sequence parallel",
-            "torchtitan v0.2.2 always applies sequence parallel (SequenceParallel norms) with TP",
+            "torchtitan always applies sequence parallel (SequenceParallel norms) with TP",
             "plan sp=true")
     if p.cp > 1 or p.tp > 1:
         div = p.tp * 2 * p.cp if p.cp > 1 else p.tp
@@ -181,19 +198,20 @@ def config(plan: Plan) -> str:
     elif w.dtype in ("fp32", "float32", "tf32"):
         param_dtype = "float32"
     else:
-        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan v0.2.2 trains in float32 or bfloat16")
+        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan trains in float32 or bfloat16")
     if p.recompute == "none":
-        ac = [("mode", "none")]
+        ac = "none"
     elif full_recompute_all(plan):
-        ac = [("mode", "full")]
+        ac = "full"
     elif p.recompute == "selective":
         raise CannotExpress(TARGET, "selective (attention-only) recompute",
-                            "torchtitan's selective modes recompute every n-th block or a per-op "
-                            "policy that saves matmul and attention outputs; neither is attention-only",
+                            "torchtitan's SelectiveAC is a per-op policy that saves matmul and attention outputs "
+                            "and recomputes every second matmul; it is not attention-only",
                             "plan recompute=none or full")
     else:
         raise CannotExpress(TARGET, "recompute of some layers per stage",
-                            "torchtitan recomputes all blocks (full) or every n-th block (selective n)",
+                            "torchtitan 0.3 recomputes every block (FullAC) or applies a per-op policy to every "
+                            "block (SelectiveAC)",
                             "plan recompute of all layers")
     optimizer = {"adamw": "AdamW", "adam": "Adam"}.get(w.optimizer)
     require(optimizer is not None, TARGET, f"optimizer {w.optimizer}", "torchtitan builds Adam or AdamW")
@@ -209,43 +227,91 @@ def config(plan: Plan) -> str:
         local_batch = p.micro_batch
         batch_note = (f"gradient accumulation = global / (local x dp) = {w.global_batch} / "
                       f"({local_batch} x {p.dp}) = {p.grad_accum}")
+    return dict(flavor=fl, replicate=replicate, shard=shard, reshard=reshard, param_dtype=param_dtype, ac=ac,
+                optimizer=optimizer, local_batch=local_batch, batch_note=batch_note)
 
-    out = ["# Generated by `planner emit --target torchtitan` from a plan; format: " + FORMAT + ".",
-           "# " + batch_note, ""]
-    out.append(toml_table("job", [("dump_folder", "./outputs"),
-                                  ("description", f"planner: {plan.model.name} on {plan.cluster.name}")]))
-    out.append(toml_table("model", [("name", "llama3"), ("flavor", fl),
-                                    ("hf_assets_path", "./tests/assets/tokenizer")],
-                          {"hf_assets_path": "torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1, from a "
-                                             "torchtitan checkout)"}))
+
+def _call(name: str, items: list[tuple[str, object]], indent: int) -> str:
+    pad = " " * indent
+    inner = "".join(f"{pad}    {k}={v if isinstance(v, Raw) else repr(v)},\n" for k, v in items)
+    return f"{name}(\n{inner}{pad})"
+
+
+def config(plan: Plan) -> str:
+    """The job module: ``planner_job()`` returns the plan's ``Trainer.Config``."""
+    p, w = plan.parallel, plan.workload
+    s = _settings(plan)
     r = recipe(plan)
-    out.append(toml_table("optimizer", [("name", optimizer), ("lr", r.lr), ("beta1", r.beta1), ("beta2", r.beta2),
-                                        ("eps", r.eps), ("weight_decay", r.weight_decay)],
-                          {"lr": f"GPT-3 Table 2.1 at {r.params / 1e9:.3g}B parameters (emitters/recipe.py)"}))
-    out.append(toml_table("lr_scheduler", [("warmup_steps", r.warmup_steps), ("decay_type", "cosine"),
-                                           ("min_lr_factor", 0.1)],
-                          {"warmup_steps": "375M tokens; torchtitan.sh passes $WARMUP_STEPS (at most a tenth "
-                                           "of the run)"}))
-    out.append(toml_table("training", [
-        ("local_batch_size", local_batch), ("global_batch_size", w.global_batch), ("seq_len", w.seq_len),
-        ("max_norm", r.grad_clip), ("steps", 10), ("dataset", "c4_test"),
-        ("mixed_precision_param", param_dtype), ("mixed_precision_reduce", "float32")]))
     par: list[tuple[str, object]] = [
-        ("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard),
-        ("fsdp_reshard_after_forward", reshard), ("tensor_parallel_degree", p.tp),
-        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp),
-        ("expert_parallel_degree", 1)]
+        ("data_parallel_replicate_degree", s["replicate"]), ("data_parallel_shard_degree", s["shard"]),
+        ("fsdp_reshard_after_forward", s["reshard"]), ("tensor_parallel_degree", p.tp),
+        ("enable_sequence_parallel", p.tp > 1),
+        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp), ("expert_parallel_degree", 1)]
     parts = model_parts(plan)
     if parts is not None:
         par += [("pipeline_parallel_schedule", SCHEDULES[p.schedule]),
                 ("pipeline_parallel_microbatch_size", p.micro_batch),
                 ("module_fqns_per_model_part", parts)]
-    out.append(toml_table("parallelism", par))
-    out.append(toml_table("activation_checkpoint", ac))
-    out.append(toml_table("debug", [("seed", w.seed)]))
-    if fl == CUSTOM_FLAVOR:
-        out.append(toml_table("experimental", [("custom_import", CUSTOM_MODULE)]))
-    return "\n".join(out)
+    training = [("local_batch_size", s["local_batch"]), ("global_batch_size", w.global_batch),
+                ("seq_len", w.seq_len), ("max_norm", r.grad_clip), ("steps", 10),
+                ("mixed_precision_param", s["param_dtype"]), ("mixed_precision_reduce", "float32")]
+    if p.pp > 1:   # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP
+        training.append(("disable_cuda_graphs", True))
+    optimizer = (f'OptimizersContainer.Config(param_groups=[ParamGroupConfig(\n'
+                 f'            pattern=r".*", optimizer_name={s["optimizer"]!r},\n'
+                 f'            optimizer_kwargs={{"lr": {r.lr!r}, "betas": ({r.beta1!r}, {r.beta2!r}), '
+                 f'"eps": {r.eps!r}, "weight_decay": {r.weight_decay!r}}},\n'
+                 f'        )])')
+    ac = "FullAC.Config()" if s["ac"] == "full" else "None"
+    fl = s["flavor"]
+    custom = fl == CUSTOM_FLAVOR
+    imports = [
+        "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
+        "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
+        "from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC  # noqa: F401 (None = no checkpointing)",
+        "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
+        "from torchtitan.models.common.config_utils import decoder_vocab_size",
+        "from torchtitan.models.llama3 import model_registry",
+        "from torchtitan.trainer import Trainer",
+    ]
+    if custom:
+        imports += [
+            "from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
+            "from torchtitan.models.llama3 import (Llama3Model, _build_llama3_layers, _EMBEDDING_INIT, _NORM_INIT,",
+            "                                      _output_linear_init, llama3_configs)",
+        ]
+    body = f'''"""torchtitan {VERSION} job for {plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs).
+
+Generated by `planner emit --target torchtitan` from a plan; format: {FORMAT}.
+Run: torchrun ... -m torchtitan.train --module {JOB_MODULE} --config {JOB_FUNCTION} (torchtitan.sh does).
+{s["batch_note"]}.
+lr: GPT-3 Table 2.1 at {r.params / 1e9:.3g}B parameters (emitters/recipe.py); torchtitan.sh passes
+$TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the command line.
+"""
+{chr(10).join(imports)}
+{custom_model_code(plan) if custom else ""}
+
+def {JOB_FUNCTION}() -> Trainer.Config:
+    model_spec = model_registry({fl!r})
+    return Trainer.Config(
+        model_spec=model_spec,
+        hf_assets_path="./tests/assets/tokenizer",   # torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1)
+        dump_folder="./outputs",
+        loss=ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),
+        ),
+        optimizer={optimizer},
+        lr_scheduler={_call("LRSchedulersContainer.Config", [("warmup_steps", r.warmup_steps),
+                                                               ("decay_type", "cosine"), ("min_lr_factor", 0.1)], 8)},
+        training={_call("TrainingConfig", training, 8)},
+        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
+        parallelism={_call("ParallelismConfig", par, 8)},
+        activation_checkpoint={ac},
+        debug=DebugConfig(seed={w.seed!r}),
+    )
+'''
+    return body
 
 
 def emit(plan: Plan) -> dict[str, str]:
@@ -253,23 +319,22 @@ def emit(plan: Plan) -> dict[str, str]:
     require_mode(plan, TARGET, "train")
     require_one_group(plan, TARGET)
     nnodes, nproc = nodes_and_procs(plan, TARGET)
-    files = {"torchtitan.toml": config(plan)}
-    usage = ["In an environment with torchtitan v0.2.2: bash torchtitan.sh [--section.key value ...]",
-             "(the values below override the TOML's model.hf_assets_path, training.dataset and training.steps)",
+    files = {JOB_MODULE + ".py": config(plan)}
+    usage = [f"In an environment with torchtitan {VERSION}: bash torchtitan.sh [--section.field value ...]",
+             f"(the values below override {JOB_MODULE}.{JOB_FUNCTION}()'s hf_assets_path, dataloader.dataset "
+             "and training.steps)",
              model_settings(plan)]
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")
     body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    body += f'export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"  # for --module {JOB_MODULE}\n'
     body += bash_array("RUN_ARGS", ["--training.steps", Raw('"$TRAIN_STEPS"'),
                                     "--lr_scheduler.warmup_steps", Raw('"$WARMUP_STEPS"')])
     body += ('if [ -z "${MOCK_DATA:-}" ]; then\n'
-             '  RUN_ARGS+=(--model.hf_assets_path "$HF_ASSETS" --training.dataset "$DATASET")\n'
-             '  if [ -n "${DATASET_PATH:-}" ]; then RUN_ARGS+=(--training.dataset_path "$DATASET_PATH"); fi\n'
+             '  RUN_ARGS+=(--hf_assets_path "$HF_ASSETS" --dataloader.dataset "$DATASET")\n'
+             '  if [ -n "${DATASET_PATH:-}" ]; then RUN_ARGS+=(--dataloader.dataset_path "$DATASET_PATH"); fi\n'
              'fi\n')
-    if flavor(plan) == CUSTOM_FLAVOR:
-        files[CUSTOM_MODULE + ".py"] = custom_model_module(plan)
-        body += 'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"  # for experimental.custom_import\n'
     if nnodes == 1:
         endpoint = Raw('"${RDZV_ENDPOINT:-localhost:0}"')
     else:
@@ -278,15 +343,16 @@ def emit(plan: Plan) -> dict[str, str]:
         endpoint = Raw('"$HEAD_ADDR:${RDZV_PORT:-' + str(C10D_PORT) + '}"')
     body += bash_array("TORCHRUN_ARGS", ["--nnodes", nnodes, "--nproc-per-node", nproc,
                                          "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint])
+    body += ('export PYTORCH_ALLOC_CONF="${PYTORCH_ALLOC_CONF:-expandable_segments:True}"  # as run_train.sh\n')
     body += ('exec torchrun "${TORCHRUN_ARGS[@]}" -m torchtitan.train '
-             '--job.config_file "$HERE/torchtitan.toml" "${RUN_ARGS[@]}" "$@"\n')
+             f'--module {JOB_MODULE} --config {JOB_FUNCTION} "${{RUN_ARGS[@]}}" "$@"\n')
     files["torchtitan.sh"] = script_header(plan, TARGET, FORMAT, usage) + body
     return files
 
 
 def needs(plan: Plan) -> list[Need]:
     return [
-        Need("torchrun", "activate the Python environment that has torchtitan 0.2.2 and its torch", kind="cmd"),
+        Need("torchrun", f"activate the Python environment that has torchtitan {VERSION} and its torch", kind="cmd"),
         Need("TRAIN_STEPS", "the run's optimizer steps (the cosine schedule ends there)", kind="int"),
         Need("HF_ASSETS", f"the folder with {plan.model.name}'s tokenizer (torchtitan's "
              "scripts/download_hf_assets.py writes it)", kind="dir", unless="MOCK_DATA"),

@@ -31,7 +31,7 @@ def test_list(capsys):
     for t in ("torchrun", "slurm", "kubernetes", "megatron", "deepspeed", "torchtitan", "accelerate", "vllm",
               "sglang", "tensorrt-llm"):
         assert t in out
-    assert "v0.2.2" in out          # the torchtitan format version is stated
+    assert "torchtitan 0.3.0" in out          # the torchtitan format version is stated
     assert emit("--list", "--json") == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["mode"] for r in rows} == {"train", "infer"} and all(r["format"] for r in rows)
@@ -60,7 +60,7 @@ def test_all_targets_with_refusals(plan_file, tmp_path, capsys):
     assert "a plan torchtitan runs: `planner plan --model tiny-llama --cluster cpu --gpus 4" in cap.err
     readme = (out / "README.md").read_text()
     assert "cannot express this plan" in readme and "**accelerate**" in readme and "vllm" in readme
-    assert (out / "plan.yaml").exists() and not (out / "torchtitan.toml").exists()
+    assert (out / "plan.yaml").exists() and not (out / "torchtitan.sh").exists()
 
 
 def test_all_targets_every_one_written(tmp_path, capsys):
@@ -71,7 +71,7 @@ def test_all_targets_every_one_written(tmp_path, capsys):
     assert emit(f, "--target", "all", "--out", tmp_path / "out") == 0
     names = set(os.listdir(tmp_path / "out"))
     assert {"torchrun.sh", "slurm.sbatch", "pytorchjob.yaml", "megatron.sh", "ds_config.json", "hostfile",
-            "torchtitan.toml", "accelerate.yaml", "README.md", "plan.yaml"} <= names
+            "torchtitan_planner_job.py", "accelerate.yaml", "README.md", "plan.yaml"} <= names
 
 
 def test_infer_plan_all(tmp_path, capsys):
