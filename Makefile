@@ -48,8 +48,11 @@ targets-env: $(TARGETS_STAMP)
 
 $(TARGETS_STAMP): Makefile $(STAMP)
 	rm -rf $(TARGETS_DIR)
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-deps --no-build-isolation --target $(TARGETS_DIR) $(TARGET_PKGS)
-	@touch $@
+	@# a registry hiccup must not fail the suite: without the folder the round trips skip and say why
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-deps --no-build-isolation --target $(TARGETS_DIR) $(TARGET_PKGS) \
+	    || { echo "targets-env: the targets' packages did not install; their round-trip tests will skip" >&2; \
+	         rm -rf $(TARGETS_DIR); mkdir -p $(TARGETS_DIR); touch $(TARGETS_DIR)/.failed; }
+	@test -f $(TARGETS_DIR)/.failed || touch $@
 
 demo: setup
 	$(BIN)/python -m planner.cli.demo
