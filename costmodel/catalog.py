@@ -89,6 +89,10 @@ MODELS: dict[str, dict[str, Any]] = {
                        vocab=1024, max_seq_len=512),
     "tiny-moe": dict(family="mixtral", layers=4, hidden=128, ffn_hidden=256, heads=4, kv_heads=2,
                      vocab=1024, max_seq_len=512, num_experts=4, top_k=2),
+    # a mixed model in miniature (DeepSeek-V3's first dense layers): layer 0 dense, 1-3 MoE
+    "tiny-moe-dense1": dict(family="mixtral", layers=4, hidden=128, ffn_hidden=256, heads=4, kv_heads=2,
+                            vocab=1024, max_seq_len=512, num_experts=4, top_k=2, first_dense_layers=1,
+                            shared_experts=1),
     "tiny-gpt": dict(_GPT, layers=4, hidden=128, ffn_hidden=512, heads=4, vocab=1024, max_seq_len=512,
                      dropout=False),
 }

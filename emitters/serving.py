@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emitters.base import CannotExpress, ceil_fraction, estimate_memory, require, require_mode, require_one_group
+from emitters.base import (CannotExpress, ceil_fraction, estimate_memory, one_line, require, require_mode,
+                           require_one_group, sh, sh_default)
 from planner.plan.planfile import Plan
 
 DEFAULT_UTILIZATION = 0.90   # vLLM's CacheConfig default before 0.11 (0.92 after), TensorRT-LLM's free fraction
@@ -120,11 +121,13 @@ def model_id(plan: Plan) -> str | None:
 
 def model_line(plan: Plan, var: str = "MODEL") -> str:
     """``MODEL="${MODEL:-org/name}"``, or a line that stops with a message when there is no id."""
+    # the id and the name come from files: quoted for the shell, on one line (emitters.base)
     mid = model_id(plan)
     if mid:
-        return f'{var}="${{{var}:-{mid}}}"\n'
-    return (f': "${{{var}:?set {var} to the Hugging Face id or local path of {plan.model.name} (the plan has no '
-            f'Hugging Face id: plan with --hf-id)}}"\n')
+        return sh_default(var, mid)
+    msg = (f"set {var} to the Hugging Face id or local path of {one_line(plan.model.name)} (the plan has no "
+           "Hugging Face id: plan with --hf-id)")
+    return f'if [ -z "${{{var}:-}}" ]; then echo {sh(msg)} >&2; exit 2; fi\n'
 
 
 def settings(plan: Plan, target: str) -> Settings:

@@ -146,9 +146,11 @@ def test_hostile_names_executed_create_nothing(tmp_path):
     serve = _hostile(make_plan("tiny-llama", gpus=2, gb=4, seq=32, mode="infer", tp=2, micro_batch=2))
     for target, script, fakes in SERVE_TARGETS:
         out = _write(get(target).emit(serve), work / target)
-        calls = run_script(out / script, fakes)
+        # a plan without a Hugging Face id stops and asks for MODEL (never a catalog nickname);
+        # given the hostile text as MODEL, the server gets it as one argument, byte for byte
+        calls = run_script(out / script, fakes, env={"MODEL": EVIL})
         argv = calls[0]["argv"]
-        assert EVIL in argv, (target, argv)      # one argument, byte for byte
+        assert EVIL in argv, (target, argv)
     assert _pwned(tmp_path, ROOT, Path.cwd()) == []
 
 

@@ -118,6 +118,24 @@ def test_moe_experts_shard_over_ep_and_tp(tmp_path):
         assert got["expert_local"] * 2 == got["expert_params"]
 
 
+def test_dense_first_layer_and_shared_expert_shards_match_the_cost_model(tmp_path):
+    """A mixed model (layer 0 dense, layers 1-3 MoE with a shared expert), tp=2 x ep=2 x pp=2: each
+    stage's dense and routed-expert elements per rank equal the cost model's stage counts (the
+    dense-only first stage holds no experts)."""
+    plan = make_plan("tiny-moe-dense1", global_batch=8, seq_len=64, tp=2, pp=2, dp=2, ep=2, zero=1, sp=True,
+                     grad_accum=4, stages=[1, 3], cluster=load_cluster("cpu").with_gpus(8))
+    path = tmp_path / "mixed.yaml"
+    write_plan(plan, path)
+    out = {r["rank"]: r for r in dryrun(path, [0, 7])}
+    for rank, stage in ((0, 0), (7, 1)):
+        dense, expert = expected_counts(plan, stage)
+        got = out[rank]
+        assert got["pp_rank"] == stage
+        assert got["dense_params"] == dense, (rank, got["dense_params"], dense)
+        assert got["expert_params"] == expert, (rank, got["expert_params"], expert)
+    assert expected_counts(plan, 0)[1] == 0 and expected_counts(plan, 1)[1] > 0
+
+
 def test_dryrun_refuses_a_rank_outside_the_plan(plan70):
     _, path = plan70
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -75,6 +75,9 @@ EQUIVALENCE = {
     "pp_interleaved": ("tiny-llama", dict(pp=2, vpp=2, grad_accum=8, schedule="interleaved")),
     "ep": ("tiny-moe", dict(dp=2, ep=2, zero=3, grad_accum=4)),
     "ep_tp_sp": ("tiny-moe", dict(dp=2, ep=2, tp=2, sp=True, zero=1, grad_accum=4)),
+    # a dense first layer then MoE layers with a shared expert, split over two stages
+    "pp_ep_dense_first": ("tiny-moe-dense1", dict(pp=2, dp=2, ep=2, zero=1, grad_accum=4, schedule="1f1b",
+                                                  stages=[1, 3])),
     "gpt_tied_pp_tp": ("tiny-gpt", dict(pp=2, tp=2, sp=True, grad_accum=8, schedule="1f1b")),
     "3d_pp2_dp2_tp2": ("tiny-llama", dict(pp=2, dp=2, tp=2, sp=True, zero=3, grad_accum=4, schedule="1f1b")),
 }

@@ -7,7 +7,7 @@
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.26)
 # the plan modelled vllm's scheduler; these flags set tensorrt-llm's to the same token budget (8192) and request cap (46)
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Llama-3.1-70B-Instruct}"
+if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVE_ARGS=(
   --backend pytorch

@@ -6,7 +6,7 @@
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.26)
 # scheduler as planned: 8192 tokens per step, at most 46 running requests
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Llama-3.1-70B-Instruct}"
+if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
 SERVE_ARGS=(
   --tensor-parallel-size 4
   --pipeline-parallel-size 2

@@ -7,7 +7,7 @@
 # --mem-fraction-static 0.87 = (engine share 0.90 x 80.00 GiB - activations and buffers 2.41 GiB) / 80.00 GiB: weights plus the KV pool
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.87)
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Llama-3.1-70B-Instruct}"
+if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
 PYTHON="${PYTHON:-python3}"
 : "${INSTANCE:?set INSTANCE to this prefill instance (0..1)}"
 case "$INSTANCE" in

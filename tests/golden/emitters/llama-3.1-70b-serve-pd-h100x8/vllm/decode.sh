@@ -8,7 +8,7 @@
 # needs: pip install nixl; UCX_NET_DEVICES set to the NICs between the pools' nodes
 # decode instances listen on ports 8200..8200
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Llama-3.1-70B-Instruct}"
+if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
 : "${INSTANCE:?set INSTANCE to this decode instance (0..0)}"
 case "$INSTANCE" in
   0) NODE=0; GPUS=4,5,6,7; PORT=8200 ;;

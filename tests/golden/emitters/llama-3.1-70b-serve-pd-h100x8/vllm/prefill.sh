@@ -8,7 +8,7 @@
 # needs: pip install nixl; UCX_NET_DEVICES set to the NICs between the pools' nodes
 # prefill instances listen on ports 8100..8101
 set -euo pipefail
-MODEL="${MODEL:-meta-llama/Llama-3.1-70B-Instruct}"
+if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
 : "${INSTANCE:?set INSTANCE to this prefill instance (0..1)}"
 case "$INSTANCE" in
   0) NODE=0; GPUS=0,1; PORT=8100 ;;

@@ -8,7 +8,7 @@
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.90)
 # the plan modelled vllm's scheduler; these flags set tensorrt-llm's to the same token budget (8192) and request cap (201)
 set -euo pipefail
-MODEL="${MODEL:-mistralai/Mixtral-8x7B-Instruct-v0.1}"
+if [ -z "${MODEL:-}" ]; then MODEL=mistralai/Mixtral-8x7B-Instruct-v0.1; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVE_ARGS=(
   --backend pytorch

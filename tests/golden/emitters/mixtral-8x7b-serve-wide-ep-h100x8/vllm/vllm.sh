@@ -7,7 +7,7 @@
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.90)
 # scheduler as planned: 8192 tokens per step, at most 201 running requests
 set -euo pipefail
-MODEL="${MODEL:-mistralai/Mixtral-8x7B-Instruct-v0.1}"
+if [ -z "${MODEL:-}" ]; then MODEL=mistralai/Mixtral-8x7B-Instruct-v0.1; fi
 SERVE_ARGS=(
   --tensor-parallel-size 1
   --pipeline-parallel-size 1

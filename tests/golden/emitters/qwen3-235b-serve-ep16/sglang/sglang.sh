@@ -9,7 +9,7 @@
 # the plan assumed static batches and no scheduler settings; sglang batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 # On each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0> bash sglang.sh
 set -euo pipefail
-: "${MODEL:?set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)}"
+if [ -z "${MODEL:-}" ]; then echo 'set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)' >&2; exit 2; fi
 PYTHON="${PYTHON:-python3}"
 : "${NODE_RANK:?set NODE_RANK (0 on the head node)}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"

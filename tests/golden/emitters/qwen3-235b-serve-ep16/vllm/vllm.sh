@@ -9,7 +9,7 @@
 # On each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0> bash vllm.sh
 # 8 replica(s) of tp*pp = 1 GPUs per node
 set -euo pipefail
-: "${MODEL:?set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)}"
+if [ -z "${MODEL:-}" ]; then echo 'set MODEL to the Hugging Face id or local path of qwen3-235b-a22b (the plan has no Hugging Face id: plan with --hf-id)' >&2; exit 2; fi
 : "${NODE_RANK:?set NODE_RANK (0 on the head node)}"
 : "${HEAD_ADDR:?set HEAD_ADDR to node 0 address}"
 SERVE_ARGS=(

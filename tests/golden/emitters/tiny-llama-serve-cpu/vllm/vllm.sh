@@ -6,7 +6,7 @@
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.00 + 0.05 headroom), so the KV pool holds more than the plan's batch
 # the plan assumed static batches and no scheduler settings; vllm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail
-: "${MODEL:?set MODEL to the Hugging Face id or local path of tiny-llama (the plan has no Hugging Face id: plan with --hf-id)}"
+if [ -z "${MODEL:-}" ]; then echo 'set MODEL to the Hugging Face id or local path of tiny-llama (the plan has no Hugging Face id: plan with --hf-id)' >&2; exit 2; fi
 SERVE_ARGS=(
   --tensor-parallel-size 2
   --pipeline-parallel-size 1
