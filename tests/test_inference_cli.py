@@ -130,7 +130,8 @@ def test_moe_plan_with_expert_parallel_emits_for_vllm(tmp_path, capsys):
     from planner.plan.planfile import read_plan
     out = tmp_path / "infer_moe.yaml"
     rc = main(["plan", "--mode", "infer", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "8",
-               "--prompt-len", "512", "--output-len", "256", "--tp", "1", "--ep", "8", "--out", str(out), "--json"])
+               "--prompt-len", "512", "--output-len", "256", "--tp", "1", "--ep", "8", "--out", str(out), "--json",
+               "--target", "vllm"])
     assert rc == 0
     plan = read_plan(out)
     assert (plan.parallel.tp, plan.parallel.dp, plan.parallel.ep) == (1, 8, 8)

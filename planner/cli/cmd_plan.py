@@ -23,10 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=1, help="the K best distinct plans")
     g.add_argument("--max-time", type=float, default=60.0, help="solver time limit in seconds")
     g.add_argument("--exhaustive", action="store_true", help="brute-force reference over the same space")
-    g.add_argument("--target", default="all",
+    g.add_argument("--target", default=None,
                    help="the framework to plan for: megatron, torchtitan, deepspeed, accelerate, builtin (train; "
                         "torchrun, slurm, kubernetes run builtin), vllm, sglang, tensorrt-llm, builtin (infer); "
-                        "all (default): each framework, side by side; generic: every layout the cost model knows "
+                        "all (the default for training): each framework, side by side; for serving the default is vllm "
+                        "(its continuous-batching scheduler); generic: every layout the cost model knows "
                         "(a bound: no framework runs all of them)")
     g.add_argument("--like", metavar="PLAN", help="take the model, cluster, GPUs, batch and sequence (and dtype, "
                    "optimizer) from this plan file")
@@ -43,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check_target(args: argparse.Namespace) -> None:
     from planner.plan import targets as T
     from planner.plan.errors import UsageError
+    if args.target is None:          # the default: every training target side by side; vLLM for serving
+        args.target = "vllm" if args.mode == "infer" else "all"
     known = ("all", T.GENERIC) + T.names(args.mode)
     if args.target not in known:
         raise UsageError(f"--target {args.target!r}: {args.mode} targets are {', '.join(T.names(args.mode))}, "
@@ -91,7 +94,13 @@ def run(args: argparse.Namespace) -> int:
     order = mesh_order(args)
     if order:
         fixed["mesh_order"] = order
+    if args.target is None:
+        args.target = "all"
     if args.target == "all":
+        from planner.cli.failures import node_mtbf_s
+        if node_mtbf_s(args, cluster):
+            print("planner plan: goodput is reported for one target's plans: add --target T (e.g. --target "
+                  "megatron) to rank them by goodput", file=sys.stderr)
         from planner.cli.plan_all import train_all
         return train_all(args, model, cluster, wl, fixed)
     from planner.cli.result import plans_from_result, result_json, print_result

@@ -350,7 +350,16 @@ def solve_serving_for(target: str, model: ModelSpec, cluster: ClusterSpec, wl: W
     from planner.search.serving_space import enumerate_candidates
     if target == T.GENERIC:
         return solve_serving(model, cluster, wl, fixed, **kw)
-    cands, max_b = enumerate_candidates(model, cluster, wl, fixed, kw.get("batch"), kw.get("batch_limit", 4096))
+    sched, rate = kw.get("sched"), kw.get("rate_per_s")
+    cands, max_b = enumerate_candidates(model, cluster, wl, fixed, kw.get("batch"), kw.get("batch_limit", 4096),
+                                        sched, rate)
+    if sched is not None and kw.get("disaggregation") in ("auto", "only") and kw.get("batch") is None \
+            and rate is None:
+        from planner.search.serving_disagg import enumerate_disaggregated
+        if kw.get("disaggregation") == "only":
+            cands = []
+        cands = cands + enumerate_disaggregated(model, cluster, wl, sched, fixed, kw.get("ttft_slo_s"),
+                                                kw.get("tpot_slo_s"), kw.get("prefill_sched"))
     why: dict[str, int] = {}
     kept = []
     for c in cands:
@@ -400,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--disaggregation only searches the highest throughput under the goals; drop --batch / "
                          "--request-rate")
     fixed = _fixed(args)
-    target = getattr(args, "target", None) or "generic"
+    target = getattr(args, "target", None) or "vllm"      # serving's default: vLLM's scheduler
     if target == "all":
         from planner.cli.plan_all import infer_all
         return infer_all(args, model, cluster, wl, slo_t, slo_p)

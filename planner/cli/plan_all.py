@@ -111,17 +111,22 @@ def train_all(args: argparse.Namespace, model, cluster, wl, fixed: dict) -> int:
 def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int:
     """``--mode infer --target all``: each serving target's best plan."""
     from planner.cli.args import cluster_source_of
-    from planner.cli.infer_plan import _fixed, make_plan, plan_json, print_table, solve_serving_for, solver_json
+    from planner.cli.infer_plan import (_fixed, hf_id_for, make_plan, plan_json, print_table, scheduler_for,
+                                        serving_section, solve_serving_for, solver_json)
     from planner.cli.report import console, print_json
     from planner.plan.errors import InfeasibleError as _Infeasible
 
     rows: list[tuple[str, Any, str]] = []
     errors: list = []
+    # each server with its own scheduler (continuous batching, its defaults); builtin serves static batches
+    scheds = {t: (scheduler_for(args, t, cluster) if t != "builtin" and getattr(args, "batching", None) != "static"
+                  else None) for t in T.planning_targets("infer")}
     for t in T.planning_targets("infer"):
         try:
             res = solve_serving_for(t, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
                                     tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time,
-                                    batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)))
+                                    batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)),
+                                    sched=scheds[t], rate_per_s=getattr(args, "request_rate", None))
             rows.append((t, res, ""))
         except (_Infeasible, SolverStopped) as e:
             rows.append((t, None, str(e)))
@@ -140,7 +145,13 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
     lower_better = ok[0][1].objective_name == "request_latency_s"
     ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
     src = cluster_source_of(args.cluster)
-    plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t) for c in r.solutions] for t, r in ok}
+    hf = hf_id_for(args, model)
+    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    load = {"concurrency_per_replica": args.batch, "request_rate_per_s": getattr(args, "request_rate", None)}
+    plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t,
+                           serving_section(c, t, "static" if scheds[t] is None else "inflight", scheds[t], hf, slo,
+                                           load))
+                 for c in r.solutions] for t, r in ok}
     order = [t for t, _ in ok]
     written = _write(plans, order, args.out) if args.out else []
     if getattr(args, "csv", None):
