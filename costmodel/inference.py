@@ -170,17 +170,12 @@ def compute_dtype(dtype: str, cluster: ClusterSpec) -> str:
 # Sizes
 # --------------------------------------------------------------------------------------
 
-def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
-    """KV heads a TP rank holds (``costmodel.layers.kv_heads_per_rank``, the one rule)."""
-    return kv_heads_per_rank(model, tp)
-
-
 def kv_bytes_per_token_layer(model: ModelSpec, tp: int, kv_dtype: str) -> float:
     """KV-cache bytes one token adds to one layer on one GPU (module docstring)."""
     b = dtype_bytes(kv_dtype)
     if model.attention == "mla":
         return (model.kv_lora_rank + model.qk_rope_head_dim) * b     # replicated over TP
-    return 2 * kv_heads_per_gpu(model, tp) * model.head_dim * b
+    return 2 * kv_heads_per_rank(model, tp) * model.head_dim * b
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int = 1, pp: int = 1) -> float:
@@ -363,7 +358,7 @@ class _Serving:
         self.pp_cross = crosses_nodes({"pp": par.pp, "dp": par.dp, "tp": par.tp}, SERVING_MESH, "pp", gpn)
         self.etp = expert_tp(par)
         self.kv_layer = kv_bytes_per_token_layer(model, par.tp, self.kvdt)
-        self.kvh = kv_heads_per_gpu(model, par.tp) if model.attention == "mha" else 0
+        self.kvh = kv_heads_per_rank(model, par.tp) if model.attention == "mha" else 0
         self._weights: dict = {}
 
     # ---- pieces -----------------------------------------------------------------------
@@ -765,7 +760,7 @@ def check_invariants(est: InferenceEstimate) -> None:
 
 
 __all__ = ["InferenceEstimate", "estimate_inference", "kv_bytes_per_token", "kv_bytes_per_token_layer",
-           "kv_heads_per_gpu", "expected_experts_touched", "validate_serving", "serving_max_batch",
+           "kv_heads_per_rank", "expected_experts_touched", "validate_serving", "serving_max_batch",
            "soft_roofline", "kv_dtype_of", "compute_dtype", "weight_bytes_per_param", "lengths",
            "check_invariants", "HBM_EFFICIENCY", "ROOFLINE_SHARPNESS", "KERNEL_OVERHEAD_S",
            "COLLECTIVE_LAUNCH_S"]

@@ -76,15 +76,23 @@ def default_mode(executable: bool = False) -> int:
     return (0o777 if executable else 0o666) & ~umask()
 
 
+def _lstat(p: Path, what: str) -> os.stat_result | None:
+    """What is at ``p`` (not following a link), or None when nothing is (the writer says why it
+    cannot write there)."""
+    try:
+        return os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise OutputError(f"{what} {p}: cannot inspect it: {e.strerror}") from None
+
+
 def check_output(path: str | os.PathLike, what: str = "output") -> Path:
     """``path`` if it is a regular file or absent; else ``OutputError`` saying what is there."""
     p = Path(path)
-    try:
-        st = os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):   # nothing there (the writer says why it cannot)
+    st = _lstat(p, what)
+    if st is None:
         return p
-    except OSError as e:
-        raise OutputError(f"{what} {p}: cannot inspect it: {e.strerror}") from None
     if stat.S_ISREG(st.st_mode):
         return p
     kind = _kind(st.st_mode)
@@ -100,12 +108,9 @@ def check_output(path: str | os.PathLike, what: str = "output") -> Path:
 def check_output_folder(path: str | os.PathLike, what: str = "output folder") -> Path:
     """``path`` if it is a real folder or absent; a symbolic link or a file there is refused."""
     p = Path(path)
-    try:
-        st = os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):   # nothing there (the writer says why it cannot)
+    st = _lstat(p, what)
+    if st is None:
         return p
-    except OSError as e:
-        raise OutputError(f"{what} {p}: cannot inspect it: {e.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
         return p
     if stat.S_ISLNK(st.st_mode):

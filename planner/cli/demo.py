@@ -111,7 +111,8 @@ def against_recipe(plan_path: Path) -> None:
     from costmodel.training import estimate
     from planner.plan.planfile import read_plan
     plan = read_plan(plan_path)
-    fw = plan.target if plan.target in ("megatron", "torchtitan", "deepspeed", "accelerate", "builtin") else "megatron"
+    from costmodel.frameworks import FRAMEWORKS
+    fw = plan.target if plan.target in FRAMEWORKS else "megatron"
     recipe = estimate(plan.model, plan.cluster, plan.workload, ParallelConfig(**RECIPE), framework="megatron")
     best = estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
                     order=plan.mesh_order, framework=fw)
