@@ -189,6 +189,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_ove
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
     ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
+    tp_fwd += lc.etp_fwd_s
     return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
@@ -331,14 +333,16 @@ class _Shared:
         self.meshes: dict[tuple, StageMesh] = {}
         self.flights: dict[tuple, list[float]] = {}
 
-    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, LayerTerms]:
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
+              etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
-        key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
+        key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
+               etp_lay)
         hit = self.layers.get(key)
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8)
+                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
             # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
             tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
@@ -357,7 +361,8 @@ class _Shared:
         """The ``StageMesh`` of a node group, mesh order and micro-batch: where the dp, ZeRO-shard
         and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
-        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.dp_shard, par.sp, par.micro_batch, grp.name)
+        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.etp, par.dp_shard, par.sp, par.micro_batch,
+               grp.name)
         mesh = self.meshes.get(key)
         if mesh is not None:
             return mesh
@@ -382,11 +387,24 @@ class _Shared:
         rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
         e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
         e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+        etp_lay = None
+        if par.folded:
+            # MoE parallel folding (Megatron-Core's expert rank generator, order tp-ep-dp inside a
+            # stage): ETP innermost along TP, then EP, then expert-DP, over the stage's tp*cp*dp
+            # ranks taken as consecutive from the TP stride on
+            ts = axis_stride(degrees, order, "tp")
+            edp = par.expert_dp
+            etp_lay = layout_for(par.etp, ts, gpn)
+            ep_lay = layout_for(par.ep, ts * par.etp, gpn)
+            e_lay = layout_for(e_shard, ts * par.etp * par.ep, gpn)
+            e_rep_lay = layout_for(max(1, edp // e_shard), ts * par.etp * par.ep * e_shard, gpn)
+            e_all_lay = layout_for(edp, ts * par.etp * par.ep, gpn)
         dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
-        moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
+        moe, moe_terms = (self.layer(True, par, grp, tp_lay, ep_lay, cp_lay, etp_lay) if model.is_moe
+                          else (None, None))
         ends = self.ends_of(par, grp)
         dense_p = layer_params(model, False, t, par.ep)
-        moe_p = layer_params(model, True, t, par.ep) if model.is_moe else None
+        moe_p = layer_params(model, True, t, par.ep, par.etp) if model.is_moe else None
         mesh = self.meshes[key] = StageMesh(
             group=grp, network=net, dense=dense, dense_terms=dense_terms, moe=moe, moe_terms=moe_terms, ends=ends,
             head_compute_s=3 * ends.head_fwd_s, head_model_flops=3 * ends.head_model_flops_fwd,
@@ -409,7 +427,7 @@ class _Shared:
         """FP8 scaling state of one layer's GEMM weights on a GPU (``Fp8Recipe.scaling_state_bytes``)."""
         if self.fp8 is None or (moe and not self.model.is_moe):
             return 0.0
-        mats = layer_matrices(self.model, moe, par.tp, par.ep)
+        mats = layer_matrices(self.model, moe, par.tp, par.ep, par.etp)
         return self.fp8.scaling_state_bytes(sum(m.count for m in mats if m.role != "router"))
 
     def ends_of(self, par: ParallelConfig, grp) -> EndsCost:

@@ -122,11 +122,11 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         if not k:
             continue
         comp += 3 * lc.fwd_s * k
-        tp += 2 * lc.tp_fwd_s * k
+        tp += 2 * (lc.tp_fwd_s + lc.etp_fwd_s) * k
         ep += 2 * lc.ep_fwd_s * k
         cp_exposed = _ov(lc.cp_fwd_s, lc.attn_fwd_s, cluster.compute_comm_slowdown)
         cp += 3 * cp_exposed * k
-        rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed)
+        rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.etp_fwd_s + lc.ep_fwd_s + cp_exposed)
         model_flops += 3 * lc.model_flops_fwd * k
         hw_flops += 3 * lc.hw_flops_fwd * k + kr * lc.hw_flops_fwd
         if par.recompute == "selective":
