@@ -253,7 +253,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     # the tokens a rank routes: its sequence-parallel share (the TP ranks hold copies otherwise)
     t_route = T / t if sp else T
     # the busiest expert-parallel rank's share of the routed token copies (``costmodel.moe.load_factor``)
-    load = load_factor(model.router_balance, model.num_experts / ep, ex.capacity_factor) if moe else 1.0
+    load = (load_factor(model.router_balance, model.router_aux_coeff, ex.capacity_factor, ep)
+            if moe and not ex.forced_balance else 1.0)
     # tokens per local expert on a rank: the routed copies of its EP group's ranks, gathered over
     # the ETP group (with SP each TP rank routes its own share)
     mean_per_expert = t_route * ep * (et if sp else 1) * model.top_k / model.num_experts if moe else 0.0
@@ -276,9 +277,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         moe_extra_act = 4 * E   # fp32 router logits per token
         inter = cluster.inter_node
         for combine in (False, True):
-            sent = dispatch_bytes(t_route, k, h, dispatch_value_bytes(a_bytes, ex, combine), load)
+            sent = dispatch_bytes(t_route, k, h, dispatch_value_bytes(a_bytes, ex, combine))
             ep_fwd_s += dispatch_time_s(sent, k, ep_lay.n, ep_lay.k, intra, inter, ex, model.router_groups,
-                                        model.router_topk_groups)
+                                        model.router_topk_groups, load)
         if et > 1:
             # the received copies all-gathered over the ETP group, the outputs reduce-scattered back
             gathered = et * dispatch_bytes(t_route, k, h, a_bytes, load)

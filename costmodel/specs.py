@@ -116,6 +116,7 @@ class ModelSpec:
     # the router (config.json: scoring_func, n_group/topk_group, topk_method / aux-loss coefficient)
     router_scoring: str = ""          # softmax | sigmoid ("" -> softmax)
     router_balance: str = ""          # aux_loss | aux_free (DeepSeek-V3's bias update, "noaux_tc"); "" -> aux_loss
+    router_aux_coeff: float = 0.0     # the auxiliary loss's coefficient (Mixtral 0.02, Qwen3 0.001); 0: not given
     router_groups: int = 0            # expert groups (DeepSeek-V3: 8); 0: none
     router_topk_groups: int = 0       # groups a token may use (DeepSeek-V3: 4, node-limited routing)
     mtp_layers: int = 0               # multi-token-prediction modules (DeepSeek-V3: 1), trained with the model
