@@ -10,6 +10,7 @@ tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``
 """
 from __future__ import annotations
 
+from costmodel.frameworks import FRAMEWORKS
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, sci, warmup_shell
@@ -87,7 +88,41 @@ def model_args(plan: Plan) -> list:
         pattern = _moe_layer_pattern(plan)
         if pattern:
             a += ["--moe-layer-freq", pattern]
-        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        a += moe_args(plan)
+    return a
+
+
+def moe_args(plan: Plan) -> list:
+    """How the MoE layers run, as the megatron profile prices them (``costmodel.frameworks``
+    ``FRAMEWORKS["megatron"].moe``: the dispatcher, fused permutation and router; the cost rules
+    are ``costmodel.moe``), and the router as the model's config has it: its score function,
+    group-limited routing, and its balancing, whose coefficient sets the priced load factor
+    (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and written as
+    1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
+    m = plan.model
+    ex = FRAMEWORKS[TARGET].moe
+    if ex.dispatcher == "deepep":
+        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    else:
+        a = ["--moe-token-dispatcher-type", ex.dispatcher]
+    a.append("--moe-grouped-gemm")
+    if ex.permute_fusion:
+        a.append("--moe-permute-fusion")
+    if ex.router_fusion:
+        a.append("--moe-router-fusion")
+    a += ["--moe-router-dtype", "fp32"]
+    if m.router_scoring == "sigmoid":
+        a += ["--moe-router-score-function", "sigmoid"]
+    if m.router_groups:
+        a += ["--moe-router-num-groups", m.router_groups, "--moe-router-group-topk", m.router_topk_groups]
+    if m.router_balance == "aux_free":
+        # DeepSeek-V3: the bias update (rate 1e-3, Sec. 2.1.2) and a small sequence-wise loss
+        a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-3",
+              "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-4)]
+    else:
+        a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
+    if ex.capacity_factor > 0:
+        a += ["--moe-expert-capacity-factor", ex.capacity_factor, "--moe-pad-expert-input-to-capacity"]
     return a
 
 
@@ -217,7 +252,8 @@ def parallel_args(plan: Plan) -> tuple[list, bool]:
     if mapping == 1:
         a.append("--use-tp-pp-dp-mapping")
     if m.is_moe:
-        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.tp]
+        # the expert layout (MoE parallel folding: etp x ep over the stage's tp x cp x dp ranks)
+        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp]
     elif p.ep > 1:
         raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
     if p.sp:

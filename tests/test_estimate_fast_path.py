@@ -78,10 +78,15 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     dp_lay = group_layout(degrees, order, "dp", gpn)
     dp_stride = _stride(order, degrees, "dp")
     ep_lay = layout_for(par.ep, dp_stride, gpn)
+    etp_lay = None
+    if par.etp != par.tp:
+        # folded experts (Megatron's expert rank generator: etp innermost from the TP stride, then ep)
+        ts = _stride(order, degrees, "tp")
+        etp_lay, ep_lay = layout_for(par.etp, ts, gpn), layout_for(par.ep, ts * par.etp, gpn)
     args = (workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, cluster, grp.intra_node, tp_lay,
             ep_lay, cp_lay)
     dense = layer_cost(model, False, *args)
-    moe = layer_cost(model, True, *args) if model.is_moe else None
+    moe = layer_cost(model, True, *args, 1.0, None, par.etp, etp_lay) if model.is_moe else None
     ec = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu, cluster)
     pp_s = 0.0
     if p > 1:
@@ -100,12 +105,18 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
     e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
     e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+    if par.etp != par.tp:
+        edp = par.tp * par.cp * par.dp // (par.etp * par.ep)
+        base = ts * par.etp * par.ep
+        e_lay = layout_for(e_shard, base, gpn)
+        e_rep_lay = layout_for(max(1, edp // e_shard), base * e_shard, gpn)
+        e_all_lay = layout_for(edp, base, gpn)
     # parameters on this GPU (the layer description's per-GPU counts, memory.stage_param_counts' sum)
     lp_dense = layer_params(model, False, t, par.ep)
     dense_params = n_dense * lp_dense.total
     expert_params = 0.0
     if model.is_moe:
-        lp_moe = layer_params(model, True, t, par.ep)
+        lp_moe = layer_params(model, True, t, par.ep, par.etp)
         dense_params += n_moe * (lp_moe.total - lp_moe.experts)
         expert_params = n_moe * lp_moe.experts
     dense_params += ends_params(model, t, p, first, last).total

@@ -91,6 +91,9 @@ class TrainTarget:
     # ZeRO-1 runs as ZeRO-0 (DDP: the optimizer state is not sharded): never planned, and a plan
     # of ZeRO-1 is accepted when it fits as ZeRO-0 (``problems``)
     zero1_as_zero0: bool = False
+    # MoE parallel folding: routed experts on their own expert-TP x EP grid over the stage's
+    # tp x cp x dp ranks (``ParallelConfig.etp`` != tp); the sources entry "expert_fold" says where
+    expert_fold: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -210,6 +213,8 @@ MEGATRON_SOURCES = {
     "cp": f"{REF} 1.5: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
     "ep": f"{REF} 1.6: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
     "expert_tp": f"{REF} 1.2: --expert-tensor-parallel-size (default = TP)",
+    "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
+                   "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{REF} 1.4: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
     "vpp_split": f"{LREF} 3: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{REF} 1.4: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
@@ -235,7 +240,7 @@ MEGATRON_SOURCES = {
 MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
-    cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True,
+    cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
@@ -327,6 +332,7 @@ DEEPSPEED = TrainTarget(
 
 _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
+    expert_fold=False,
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
@@ -599,6 +605,9 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
         elif par.tp > 1 and not t.expert_tp:
             add(f"ep={par.ep} with tp={par.tp}: {name}'s expert parallel takes no tensor parallel experts "
                 "(expert TP must be 1); plan --tp 1 or --ep 1")
+    if par.folded and model.is_moe and not t.expert_fold:
+        add(f"etp={par.etp} with tp={par.tp}: {name} runs routed experts with the attention's tensor parallel "
+            f"(no expert parallel folding); plan --etp {par.tp} (or leave it out)")
     # tensor and sequence parallel
     if par.tp > 1 and par.pp > 1 and not t.tp_with_pp:
         add(f"tp={par.tp} with pp={par.pp}: {name} does not combine its tensor parallel with pipeline stages; "

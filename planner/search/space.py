@@ -127,8 +127,14 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     out = []
     per_replica = workload.global_batch // dp
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
-    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
-                   if model.is_moe else [1])
+    # expert layouts (ep, etp): EP inside dp x cp with the attention's TP, and, folded (Megatron-Core's
+    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1); --etp fixes it
+    # (``costmodel.specs.expert_layout_problems`` is the rule, ``targets`` what a framework runs)
+    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe else [tp])
+    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts)] if model.is_moe else [1])
+    experts = [(e, et) for et in etps for e in eps
+               if (dp * cp) % e == 0 if et == tp] + [(e, et) for et in etps for e in eps
+                                                      if et != tp and (tp * cp * dp) % (e * et) == 0 and e > 1]
     zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp) if wide else [1, 2, 3] if dp > 1 else [1])
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
@@ -141,7 +147,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
             continue
         vpps = _choices(fixed, "vpp", [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and ga % pp == 0
                                                                               and model.layers // pp >= v)])
-        for ep in eps:
+        for ep, etp in experts:
             for zero in zeros:
                 shards = [dp]
                 if zero == 3:
@@ -161,11 +167,11 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                 policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
                             for sched in scheds:
                                 for base, rl in policies:
-                                    kind = (mb, ep, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
+                                    kind = (mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
                                     if wide and memo.get(kind) is False:
                                         continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
                                     try:
-                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
+                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
                                                              dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
                                                              grad_accum=ga, recompute=base, schedule=sched,
                                                              recompute_layers=rl)
@@ -183,7 +189,8 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                             ok = memo[mk] = tg.runs(target, model, workload, par, order)
                                         if ok:
                                             any_order = True
-                                            found.append(((mb, ep, zero, dp_shard, sp, vpp, sched, base, rl, order),
+                                            found.append(((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl,
+                                                           order),
                                                           par))
                                     if wide:
                                         memo[kind] = any_order
