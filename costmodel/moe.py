@@ -56,9 +56,10 @@ def grouped_gemm_factor(tokens_per_expert: float, k: float) -> float:
 # kernel's middle, 0.40 of HBM (0.25 x 1.6, the middle of 1.1-3x).
 PERMUTE_HBM_FRACTION = {False: 0.25, True: 0.40}
 # The router's softmax/sigmoid, top-k and aux-loss statistics: unfused it is launch-bound, 4 kernels
-# in 15.5 us (3.9 us each), fused 1 kernel in 2.0 us (Megatron-LM PR #6456, [REF §2]).
+# in 15.5 us (3.9 us each), fused 1 kernel in 2.0 us (Megatron-LM PR #6456, 128 experts, 256 tokens,
+# [REF §2]): those are its floors.
 KERNEL_LAUNCH_S = 15.5 * US / 4
-ROUTER_KERNELS = {False: 4, True: 1}
+ROUTER_FLOOR_S = {False: 15.5 * US, True: 2.0 * US}
 # Permutation kernels a forward pass launches: index generation, sort, gather before the experts,
 # scatter-add and the probability multiply after; fused, one each way (TE's fused permute and
 # unpermute). Counted from Megatron-Core's moe_utils.permute/unpermute code paths, not measured.
@@ -87,9 +88,9 @@ def permute_time_s(hbm_bytes_per_s: float, tokens: float, top_k: int, hidden: fl
 
 def router_time_s(hbm_bytes_per_s: float, tokens: float, experts: int, fused: bool) -> float:
     """Forward time of the router after its GEMM: its FP32 traffic at the permutation kernels'
-    fraction of HBM, never under its kernels' launches."""
+    fraction of HBM, never under its measured launch-bound floor."""
     bw = PERMUTE_HBM_FRACTION[fused] * hbm_bytes_per_s
-    return max(router_bytes(tokens, experts) / bw, ROUTER_KERNELS[fused] * KERNEL_LAUNCH_S)
+    return max(router_bytes(tokens, experts) / bw, ROUTER_FLOOR_S[fused])
 
 
 # ---- host synchronisation ------------------------------------------------------------------------

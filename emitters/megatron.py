@@ -10,7 +10,6 @@ tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``
 """
 from __future__ import annotations
 
-from costmodel.frameworks import FRAMEWORKS
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from emitters.recipe import Need, model_settings, needs_block, recipe, sci, warmup_shell
@@ -92,23 +91,25 @@ def model_args(plan: Plan) -> list:
     return a
 
 
+# How this file runs MoE layers: the alltoall dispatcher with Transformer Engine's fused permutation
+# and router (the Megatron-Core MoE README's performance recommendations). The megatron profile
+# prices exactly these (``costmodel.frameworks`` ``FRAMEWORKS["megatron"].moe``, rules in
+# ``costmodel.moe``); tests/test_moe_etp.py parses the file back and holds the two together.
+MOE_DISPATCHER = "alltoall"
+MOE_PERMUTE_FUSION = True
+MOE_ROUTER_FUSION = True
+
+
 def moe_args(plan: Plan) -> list:
-    """How the MoE layers run, as the megatron profile prices them (``costmodel.frameworks``
-    ``FRAMEWORKS["megatron"].moe``: the dispatcher, fused permutation and router; the cost rules
-    are ``costmodel.moe``), and the router as the model's config has it: its score function,
-    group-limited routing, and its balancing, whose coefficient sets the priced load factor
-    (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and written as
-    1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
+    """The MoE execution flags (``MOE_*`` above) and the router as the model's config has it: its
+    score function, group-limited routing, and its balancing, whose coefficient sets the priced
+    load factor (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and
+    written as 1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
     m = plan.model
-    ex = FRAMEWORKS[TARGET].moe
-    if ex.dispatcher == "deepep":
-        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
-    else:
-        a = ["--moe-token-dispatcher-type", ex.dispatcher]
-    a.append("--moe-grouped-gemm")
-    if ex.permute_fusion:
+    a: list = ["--moe-token-dispatcher-type", MOE_DISPATCHER, "--moe-grouped-gemm"]
+    if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
-    if ex.router_fusion:
+    if MOE_ROUTER_FUSION:
         a.append("--moe-router-fusion")
     a += ["--moe-router-dtype", "fp32"]
     if m.router_scoring == "sigmoid":
@@ -121,8 +122,6 @@ def moe_args(plan: Plan) -> list:
               "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-4)]
     else:
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
-    if ex.capacity_factor > 0:
-        a += ["--moe-expert-capacity-factor", ex.capacity_factor, "--moe-pad-expert-input-to-capacity"]
     return a
 
 
