@@ -93,10 +93,15 @@ def compute_bound(prob: Problem, members: list) -> float:
             tp_lay = group_layout(degrees, c_.order, "tp", gpn)
             cp_lay = group_layout(degrees, c_.order, "cp", gpn)
             ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
+            etp_lay = None
+            if par.folded:      # the expert groups as training.StageMesh lays them out (MoE folding)
+                ts = axis_stride(degrees, c_.order, "tp")
+                etp_lay, ep_lay = layout_for(par.etp, ts, gpn), layout_for(par.ep, ts * par.etp, gpn)
             eff = framework_profile(prob.framework).kernel_efficiency
             args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
                     grp.intra_node, tp_lay, ep_lay, cp_lay, eff,
-                    fp8_recipe_of(prob.cluster, prob.workload, prob.framework))
+                    fp8_recipe_of(prob.cluster, prob.workload, prob.framework), par.etp, etp_lay,
+                    framework_profile(prob.framework).moe)
             per_stage = 0.0
             for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
                 if not n:

@@ -128,9 +128,10 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     per_replica = workload.global_batch // dp
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
     # expert layouts (ep, etp): EP inside dp x cp with the attention's TP, and, folded (Megatron-Core's
-    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1); --etp fixes it
+    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1), searched for a target
+    # that runs it (the generic target keeps EP inside dp); --etp fixes it
     # (``costmodel.specs.expert_layout_problems`` is the rule, ``targets`` what a framework runs)
-    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe else [tp])
+    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe and tg.folds_experts(target) else [tp])
     eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts)] if model.is_moe else [1])
     experts = [(e, et) for et in etps for e in eps
                if (dp * cp) % e == 0 if et == tp] + [(e, et) for et in etps for e in eps

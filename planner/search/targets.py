@@ -89,6 +89,12 @@ def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tup
     return out
 
 
+def folds_experts(target: str | None) -> bool:
+    """Whether the target runs MoE parallel folding (``TrainTarget.expert_fold``: expert TP apart
+    from TP, EP over tp x cp x dp), so the search offers it."""
+    return widened(target) and T.get(target).expert_fold
+
+
 def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig, order: tuple) -> bool:
     return not T.config_problems(target, model, workload, par, order)
 
