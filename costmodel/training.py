@@ -577,12 +577,28 @@ class StageModel:
             if kr > 0:
                 act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
         ec = mesh.ends
+        mtp = sh.model.mtp_layers if self.last else 0
         if self.last:
             comp += mesh.head_compute_s
             model_flops += mesh.head_model_flops
             hw_flops += mesh.head_model_flops
-        dense_params = n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
-        expert_params = n_moe * mesh.routed_per_gpu
+        if mtp:
+            # DeepSeek-V3's multi-token-prediction modules (Sec. 2.2; Megatron's --mtp-num-layers, on
+            # the last stage): each one more layer of the model's kind, the shared output head once
+            # more and its 2h -> h projection (counted with the head: same token count, 2h/V of it)
+            lt = mesh.moe_terms or mesh.dense_terms
+            head = 1.0 + 2.0 * sh.model.hidden / sh.model.vocab
+            comp += mtp * (lt.compute_s + head * mesh.head_compute_s)
+            tp += mtp * lt.tp_comm_s
+            ep += mtp * lt.ep_comm_s
+            cp += mtp * lt.cp_comm_s
+            model_flops += mtp * (lt.model_flops + head * mesh.head_model_flops)
+            hw_flops += mtp * (lt.hw_flops + head * mesh.head_model_flops)
+            act_stored += mtp * (lt.act_selective_bytes if selective else lt.act_bytes)
+        mtp_dense = (mesh.moe_layer_params if mesh.moe_terms else mesh.dense_layer_params) if mtp else 0.0
+        dense_params = (n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
+                        + mtp * (mtp_dense + 2.0 * sh.model.hidden ** 2 / self.par.tp))
+        expert_params = (n_moe + (mtp if mesh.moe_terms else 0)) * mesh.routed_per_gpu
         w_b, g_b, k_b = sh.w_b, sh.g_b, sh.k_b
         zs = self.zero
         zero = zs.zero

@@ -116,6 +116,10 @@ def moe_args(plan: Plan) -> list:
         a += ["--moe-router-score-function", "sigmoid"]
     if m.router_groups:
         a += ["--moe-router-num-groups", m.router_groups, "--moe-router-group-topk", m.router_topk_groups]
+    if m.mtp_layers:
+        # DeepSeek-V3's multi-token prediction (priced on the last stage: costmodel.training); the
+        # report's loss weight 0.1 for the first 10T tokens (Sec. 4.2)
+        a += ["--mtp-num-layers", m.mtp_layers, "--mtp-loss-scaling-factor", "0.1"]
     if m.router_balance == "aux_free":
         # DeepSeek-V3: the bias update (rate 1e-3, Sec. 2.1.2) and a small sequence-wise loss
         a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-3",
@@ -139,11 +143,13 @@ def _virtual_counts(plan: Plan) -> list[int]:
 
 def layout(plan: Plan) -> str:
     """``--pipeline-model-parallel-layout``: ``E`` (embedding) on the first stage, ``t*n`` decoder
-    layers per stage, ``L`` (loss) on the last, stages separated by ``|`` (Megatron's
+    layers per stage, ``m`` per multi-token-prediction module and ``L`` (loss) on the last, stages
+    separated by ``|`` (Megatron's
     ``PipelineParallelLayerLayout`` expands ``t*n``)."""
     counts = _virtual_counts(plan)
     last = len(counts) - 1
-    return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if s == last else "")
+    mtp = "m" * plan.model.mtp_layers          # multi-token prediction, before the loss
+    return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + (mtp + "L" if s == last else "")
                     for s, n in enumerate(counts))
 
 

@@ -254,12 +254,13 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
             "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval", "--rotary-base",
             "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters", "--moe-router-num-groups",
-            "--moe-router-group-topk"]
+            "--moe-router-group-topk", "--mtp-num-layers"]
     for f in ints:
         p.add_argument(f, type=int)
     for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout", "--norm-epsilon",
               "--rope-scaling-factor", "--init-method-std", "--weight-decay", "--adam-beta1", "--adam-beta2",
-              "--adam-eps", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--moe-expert-capacity-factor"]:
+              "--adam-eps", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--moe-expert-capacity-factor",
+              "--mtp-loss-scaling-factor"]:
         p.add_argument(f, type=float)
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",

@@ -118,8 +118,11 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     if model.is_moe:
         lp_moe = layer_params(model, True, t, par.ep, par.etp)
         dense_params += n_moe * (lp_moe.total - lp_moe.experts)
-        expert_params = n_moe * lp_moe.experts
+        expert_params = (n_moe + (model.mtp_layers if last else 0)) * lp_moe.experts
     dense_params += ends_params(model, t, p, first, last).total
+    if last and model.mtp_layers:
+        mtp_layer = (lp_moe.total - lp_moe.experts) if model.is_moe else lp_dense.total
+        dense_params += model.mtp_layers * (mtp_layer + 2 * model.hidden ** 2 / t)
     if par.zero >= 3:
         biggest = max(dense.params, moe.params if moe else 0.0)
         buffers = 2 * biggest * w_b if dense_shard > 1 else 0.0
@@ -153,6 +156,18 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
         comp += 3 * ec.head_fwd_s
         model_flops += 3 * ec.head_model_flops_fwd
         hw_flops += 3 * ec.head_model_flops_fwd
+    if last and model.mtp_layers:
+        # multi-token prediction: one more layer of the model's kind and the head again (with its
+        # 2h -> h projection) per module, its parameters on this stage
+        k, lc = model.mtp_layers, moe or dense
+        head = 1 + 2 * model.hidden / model.vocab
+        comp += k * 3 * (lc.fwd_s + head * ec.head_fwd_s)
+        tp += k * 2 * (lc.tp_fwd_s + lc.etp_fwd_s)
+        ep += k * 2 * lc.ep_fwd_s
+        cp += k * 3 * _ov(lc.cp_fwd_s, lc.attn_fwd_s, cluster.compute_comm_slowdown)
+        model_flops += k * 3 * (lc.model_flops_fwd + head * ec.head_model_flops_fwd)
+        hw_flops += k * 3 * (lc.hw_flops_fwd + head * ec.head_model_flops_fwd)
+        act_stored += k * (lc.act_selective_bytes if par.recompute == "selective" else lc.act_bytes)
     # data parallelism
     fsdp = 0.0
     if par.zero >= 3:

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.specs import ModelSpec, ParallelConfig, Workload
+from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
@@ -152,7 +152,9 @@ def case_rows(case: dict, split: str) -> list[Row]:
     if case.get("moe"):
         # how the run executed its MoE layers (costmodel.moe.MoeExecution), over the profile's
         prof = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, **case["moe"]))
-    est = estimate(model, cluster, wl, par, framework=prof)
+    # a split the source does not give: one the case names (with how it was chosen), else the even one
+    stages = stages_from_counts(case["stages"]) if case.get("stages") else None
+    est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
     rep = case["reported"]
     rows = []
     if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", "model-causal", None):
