@@ -197,6 +197,61 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_ove
                       act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes)
 
 
+def head_compute_s(ends: EndsCost) -> float:
+    """The output head's forward and backward per micro-batch (backward twice the forward)."""
+    return 3 * ends.head_fwd_s
+
+
+class LayerSums(NamedTuple):
+    """The layer terms of a stage holding ``k`` layers of each kind, ``kr`` of them recomputed
+    fully (``layer_sums``), per micro-batch."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    cp_comm_s: float
+    model_flops: float
+    hw_flops: float
+    act_stored_bytes: float
+    act_work_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        """The layers' part of the stage's time on the critical path (``StageCost.time_s`` adds
+        the head's compute, pipeline and ZeRO communication)."""
+        return self.compute_s + self.recompute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s
+
+
+def layer_sums(kinds, selective: bool) -> LayerSums:
+    """The stage's layer terms: ``kinds`` is ``((terms, k, kr), ...)``, ``k`` layers of a kind with
+    ``LayerTerms`` ``terms``, ``kr`` of them recomputed fully (an extra forward with its
+    communication; each stores its input only), the others storing their activations (selective
+    recompute: the smaller set, and the extra backward time). The one rule ``StageModel.cost``
+    and the search's compute bound (``stage_compute_time``) share."""
+    comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
+    for lt, k, kr in kinds:
+        if not k:
+            continue
+        comp += lt.compute_s * k
+        tp += lt.tp_comm_s * k
+        ep += lt.ep_comm_s * k
+        cp += lt.cp_comm_s * k
+        rec += kr * lt.recompute_s
+        model_flops += lt.model_flops * k
+        hw_flops += lt.hw_flops * k + kr * lt.recompute_flops
+        if selective:
+            rec += (k - kr) * lt.selective_s
+            hw_flops += (k - kr) * lt.selective_flops
+            act_stored += (k - kr) * lt.act_selective_bytes
+        else:
+            act_stored += (k - kr) * lt.act_bytes
+        act_stored += kr * lt.act_input_bytes
+        if kr > 0:
+            act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
+    return LayerSums(comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work)
+
+
 @dataclass(slots=True)
 class StageCost:
     """A stage's cost per micro-batch (times), its FLOPs, and its memory parts before the
@@ -345,6 +400,14 @@ class _Shared:
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
         return hit
 
+    def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
+        """Where a layer's TP, EP and CP groups sit in the mesh (``comm.group_layout``): what its
+        communication terms depend on."""
+        gpn = grp.nvlink_gpus
+        degrees = _degrees(par)
+        return (group_layout(degrees, order, "tp", gpn), layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn),
+                group_layout(degrees, order, "cp", gpn))
+
     def inflight(self, par: ParallelConfig) -> list[float]:
         """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
         key = (par.pp, par.grad_accum, par.vpp, par.schedule)
@@ -366,10 +429,8 @@ class _Shared:
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
         dp_stride = axis_stride(degrees, order, "dp")
-        tp_lay = group_layout(degrees, order, "tp", gpn)
-        cp_lay = group_layout(degrees, order, "cp", gpn)
+        tp_lay, ep_lay, cp_lay = self.layer_layouts(par, order, grp)
         dp_only = group_layout(degrees, order, "dp", gpn)
-        ep_lay = layout_for(par.ep, dp_stride, gpn)
         e_shard = expert_shard(par)
         # the ranks that hold the same dense weights are the dp x cp ranks (context parallel
         # ranks hold the whole layer, each for part of the sequence): gradients are reduced, and
@@ -389,7 +450,7 @@ class _Shared:
         moe_p = layer_params(model, True, t, par.ep) if model.is_moe else None
         mesh = self.meshes[key] = StageMesh(
             group=grp, network=net, dense=dense, dense_terms=dense_terms, moe=moe, moe_terms=moe_terms, ends=ends,
-            head_compute_s=3 * ends.head_fwd_s, head_model_flops=3 * ends.head_model_flops_fwd,
+            head_compute_s=head_compute_s(ends), head_model_flops=3 * ends.head_model_flops_fwd,
             boundary_bytes=(par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
                             / (t if par.sp else 1)),
             dense_layer_params=dense_p.total,
@@ -537,27 +598,8 @@ class StageModel:
         mesh, sh = self.mesh, self.sh
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
-        comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
-        selective = self.selective
-        for lt, k, kr in ((mesh.dense_terms, n_dense, r - r_moe), (mesh.moe_terms, n_moe, r_moe)):
-            if not k:
-                continue
-            comp += lt.compute_s * k
-            tp += lt.tp_comm_s * k
-            ep += lt.ep_comm_s * k
-            cp += lt.cp_comm_s * k
-            rec += kr * lt.recompute_s
-            model_flops += lt.model_flops * k
-            hw_flops += lt.hw_flops * k + kr * lt.recompute_flops
-            if selective:
-                rec += (k - kr) * lt.selective_s
-                hw_flops += (k - kr) * lt.selective_flops
-                act_stored += (k - kr) * lt.act_selective_bytes
-            else:
-                act_stored += (k - kr) * lt.act_bytes
-            act_stored += kr * lt.act_input_bytes
-            if kr > 0:
-                act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
+        comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
+            ((mesh.dense_terms, n_dense, r - r_moe), (mesh.moe_terms, n_moe, r_moe)), self.selective)
         ec = mesh.ends
         if self.last:
             comp += mesh.head_compute_s
@@ -715,13 +757,43 @@ def _per_stage(ids: list[int]):
     return _per_stage_ids(tuple(ids))
 
 
+def stage_compute_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                       order: tuple[str, ...], group: str, framework: "str | FrameworkProfile",
+                       n_dense: float, n_moe: float, head_share: float) -> float:
+    """The part of a stage's time per micro-batch that no placement, ZeRO stage or recompute choice
+    removes: ``n_dense + n_moe`` layers' compute and TP/EP/CP communication (with selective
+    recompute's extra backward) at no full recompute (``layer_sums``), plus ``head_share`` of the
+    output head. ``StageModel.cost(...).time_s`` adds the rest (pipeline and ZeRO communication,
+    recompute), each term >= 0, so this bounds it from below; built from the layer terms alone
+    (no ``StageMesh``), for the search's group bound."""
+    sh = _shared(model, cluster, workload, framework_profile(framework))
+    grp = cluster.group(group)
+    tp_lay, ep_lay, cp_lay = sh.layer_layouts(par, order, grp)
+    kinds = [(sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)[1], n_dense, 0.0)]
+    if n_moe:
+        kinds.append((sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay)[1], n_moe, 0.0))
+    head = head_compute_s(sh.ends_of(par, grp)) * head_share if head_share else 0.0
+    return layer_sums(kinds, par.recompute == "selective").time_s + head
+
+
+def pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s):
+    """The step time ``m * T + (S - T) / v + E + O`` of a pipeline whose slowest stage takes ``T``
+    per micro-batch and whose stages sum to ``S``, ``E`` and ``O`` the slowest stage's exposed
+    once-per-step DP time and optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2).
+    The one rule for the step: ``estimate`` (``pipeline_step_time``), the solver's objective on
+    its integer tables (``problem.objective_value``) and CP-SAT's objective (``cpsat``), which
+    pass ``v * step = pipeline_step(v * m, 1, T, S, v * E, v * O)`` (with ``v == 1`` nothing is
+    divided, so integers and CP-SAT expressions stay what they are)."""
+    bubble = t_sum - t_max if v == 1 else (t_sum - t_max) / v
+    return m * t_max + bubble + dp_exposed_s + optimizer_s
+
+
 def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_exposed_s: float,
                        optimizer_s: float) -> tuple[float, float]:
-    """(step time, bubble): ``m * max(t) + (sum(t) - max(t)) / v`` plus the exposed once-per-step
-    DP time and the optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2)."""
+    """(step time, bubble) of stages taking ``stage_times`` per micro-batch (``pipeline_step``)."""
     t_max = max(stage_times)
-    bubble = (sum(stage_times) - t_max) / v if len(stage_times) > 1 else 0.0
-    return m * t_max + bubble + dp_exposed_s + optimizer_s, bubble
+    t_sum = sum(stage_times) if len(stage_times) > 1 else t_max
+    return pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s), (t_sum - t_max) / v
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
