@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from costmodel import layers, moe, training
+from costmodel import layers, moe, stage_cache
 from costmodel.specs import ParallelConfig, Workload
 from costmodel.training import estimate
 from planner.cli import validation
@@ -31,9 +31,9 @@ RUNS = Path(__file__).resolve().parent.parent / "calibration" / "published_runs_
 
 def _clear() -> None:
     layers.layer_cost.cache_clear()
-    training._shared_equal.cache_clear()
-    training._stage_model.cache_clear()
-    training._SHARED_BY_ID.clear()
+    stage_cache._shared_equal.cache_clear()
+    stage_cache._stage_model.cache_clear()
+    stage_cache._SHARED_BY_ID.clear()
 
 
 def _step_s(case: dict, kind: str, factor: float) -> float:
