@@ -136,12 +136,16 @@ def balance_kind(balance: str, aux_coeff: float) -> str:
 def load_factor(balance: str = "aux_loss", aux_coeff: float = 0.0, capacity_factor: float = 0.0,
                 ep: int = 2) -> float:
     """How much more than the mean share of routed tokens the busiest expert-parallel rank
-    handles (``LOAD_FACTOR``); 1 without expert parallelism (one rank holds every expert). A
-    capacity factor ``c`` (tokens over ``c`` times the mean are dropped) caps it at ``c``."""
+    handles (``LOAD_FACTOR``); 1 without expert parallelism (one rank holds every expert). With a
+    capacity factor ``c`` every expert's input is cut to, and padded up to, ``c`` times the mean
+    (Megatron's ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the
+    only capacity mode Megatron-Core can capture in CUDA graphs [REF §5]): exactly ``c``, on every
+    rank, whatever the routing."""
+    if capacity_factor > 0:
+        return capacity_factor
     if ep <= 1:
         return 1.0
-    f = LOAD_FACTOR[balance_kind(balance, aux_coeff)]
-    return min(f, capacity_factor) if capacity_factor > 0 else f
+    return LOAD_FACTOR[balance_kind(balance, aux_coeff)]
 
 
 # ---- dispatch ------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ def test_load_factor_by_balancing():
     weak = moe.load_factor("aux_loss", 1e-3)
     assert 1.0 < strong < weak
     assert moe.load_factor("aux_loss", 0.0) == weak                       # unknown: the slower one
-    assert moe.load_factor("aux_loss", 1e-3, capacity_factor=1.1) == 1.1  # dropping caps it
+    assert moe.load_factor("aux_loss", 1e-3, capacity_factor=1.1) == 1.1  # dropped above, padded below
+    assert moe.load_factor("aux_free", 0.0, capacity_factor=1.25) == 1.25
     assert moe.load_factor("aux_loss", 1e-3, ep=1) == 1.0                 # one rank holds every expert
 
 
