@@ -161,3 +161,12 @@ def test_deepseek_router_flags_are_megatron_core_fields():
     assert args[args.index("--moe-router-score-function") + 1] == "sigmoid"
     assert args[args.index("--moe-router-group-topk") + 1] == "4"
     assert "--moe-router-enable-expert-bias" in args
+
+
+def test_etp_on_a_dense_model_is_refused_with_a_hint():
+    from planner.plan.errors import UsageError
+    dense = get_model("llama-3-8b")
+    with pytest.raises(UsageError, match="--etp 1 but llama-3-8b has no experts"):
+        enumerate_candidates(dense, load_cluster("dgx-h100").with_gpus(8), WL, {"etp": 1}, 8)
+    with pytest.raises(UsageError, match="divide qwen3-235b-a22b's expert FFN width 1536"):
+        enumerate_candidates(QWEN, H100_256, WL, {"etp": 7}, 256)

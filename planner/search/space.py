@@ -223,6 +223,13 @@ def _check_fixed(model: ModelSpec, workload: Workload, fixed: dict, gpus: int) -
             raise UsageError(f"--ep {fixed['ep']} but {model.name} has no experts")
         if model.is_moe and model.num_experts % fixed["ep"]:
             raise UsageError(f"--ep {fixed['ep']} does not divide {model.name}'s {model.num_experts} experts")
+    if "etp" in fixed:
+        if not model.is_moe:
+            raise UsageError(f"--etp {fixed['etp']} but {model.name} has no experts (expert tensor parallel "
+                             "splits routed experts); leave --etp out")
+        if fixed["etp"] < 1 or model.expert_ffn_hidden % fixed["etp"]:
+            raise UsageError(f"--etp {fixed['etp']} must be >= 1 and divide {model.name}'s expert FFN width "
+                             f"{model.expert_ffn_hidden}")
     if "micro_batch" in fixed and "dp" in fixed and workload.global_batch % (fixed["micro_batch"] * fixed["dp"]):
         raise UsageError(f"--global-batch {workload.global_batch} is not a multiple of dp*micro_batch = "
                          f"{fixed['dp']}*{fixed['micro_batch']}")
