@@ -180,8 +180,8 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
         m = re.match(r"rank=(\d+),", args.inject_failure + ",")
         try:
             Failure.parse(args.inject_failure)
-        except RuntimeUsageError:
-            m = None
+        except RuntimeUsageError as e:
+            raise UsageError(str(e)) from None
         if not m:
             raise UsageError(f"--inject-failure {args.inject_failure!r}: expected "
                              "rank=R,step=S[,phase=step|save][,permanent] or rank=R,slow=X[,step=S][,permanent]")
