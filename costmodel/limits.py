@@ -169,6 +169,10 @@ def check_ranges(obj: Any, where: str, error: type[Exception] = ValueError) -> N
                 raise error(f"{where}: {name} {range_problem(v, bounds)}")
         elif name == "name" and not 0 < len(v) <= MAX_NAME:
             raise error(f"{where}: {name} must be 1 to {MAX_NAME} characters, got {len(v):,}")
+        elif name == "name" and not v.isprintable():
+            bad = next(c for c in v if not c.isprintable())
+            raise error(f"{where}: {name} {describe(v)} holds the unprintable character {bad!r} (a line break, a "
+                        "control or format character); names are one line of visible text: retype it")
 
 
 def check_fields(obj: Any, where: str, error: type[Exception] = ValueError) -> None:
