@@ -83,6 +83,10 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
         if v is not None and v <= 0:
             raise UsageError(f"--{k.replace('_', '-')} must be > 0, got {v}")
     model = load_model(args.model)
+    rl = getattr(args, "recompute_layers", None)
+    if rl is not None and rl > model.layers:
+        raise UsageError(f"--recompute-layers {rl} is more than the {model.layers} layers of {model.name}; give at "
+                         f"most {model.layers} (-1 or --recompute full: every layer)")
     cluster = load_cluster_sized(args.cluster, args.gpus)
     wl = Workload(global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
                   attention_kernel=args.attention_kernel, seed=args.seed, mode=mode,
