@@ -95,7 +95,8 @@ def _mean_down(nodes: int, node_mtbf_s: float, repair_s: float) -> float:
     loop over ``k`` nodes down stops at ``nodes`` (no more are down than exist), so a repair time
     of many MTBFs (a mean above ``nodes``) costs at most ``nodes`` terms: the probability mass past
     them runs at the last rate (for a job without a smaller plan, 0: it waits)."""
-    return nodes * repair_s / node_mtbf_s if repair_s else 0.0
+    # capped at 1e300: a finite mean whose exp(-mean) is 0 (an infinite one would turn 0 * inf into NaN)
+    return min(nodes * repair_s / node_mtbf_s, 1e300) if repair_s else 0.0
 
 
 # --------------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def useful_fraction(interval_s: float, checkpoint_s: float, restart_s: float, mt
     m = mtbf_s
     # in logs, so that a restart or an interval of many MTBFs gives a fraction that underflows to 0
     # rather than an overflow (expm1 keeps precision when tau + delta << M)
-    log_f = math.log(interval_s / m) - restart_s / m - _log_expm1((interval_s + checkpoint_s) / m)
+    log_f = math.log(interval_s) - math.log(m) - restart_s / m - _log_expm1((interval_s + checkpoint_s) / m)
     return math.exp(log_f) if log_f < 700 else math.inf
 
 
@@ -264,7 +265,7 @@ def spares_needed(nodes: int, node_mtbf_s: float, repair_s: float, risk: float =
     _positive(nodes=nodes, node_mtbf_s=node_mtbf_s)
     _non_negative(repair_s=repair_s)
     lam = _mean_down(nodes, node_mtbf_s, repair_s)
-    kmax = min(nodes, int(lam + 12 * math.sqrt(lam) + 20))
+    kmax = nodes if lam >= nodes else min(nodes, int(lam + 12 * math.sqrt(lam) + 20))
     cdf = 0.0
     for s, p in enumerate(nodes_down_pmf(nodes, node_mtbf_s, repair_s, kmax)):
         cdf += p
@@ -283,7 +284,7 @@ def expected_rate(rates: list[float], nodes: int, node_mtbf_s: float, repair_s: 
     _positive(nodes=nodes, node_mtbf_s=node_mtbf_s)
     _non_negative(repair_s=repair_s)
     lam = _mean_down(nodes, node_mtbf_s, repair_s)
-    kmax = min(nodes, spares + len(rates) + int(lam + 12 * math.sqrt(lam) + 20))
+    kmax = nodes if lam >= nodes else min(nodes, spares + len(rates) + int(lam + 12 * math.sqrt(lam) + 20))
     pmf = nodes_down_pmf(nodes, node_mtbf_s, repair_s, kmax)
     total = 0.0
     for k, p in enumerate(pmf):
