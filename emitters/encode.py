@@ -19,8 +19,8 @@ object that has no literal form) raises ``EncodeError`` naming the field, the va
 allowed: the emitter never writes something that reads back as another value. ``planner emit``
 maps ``EncodeError`` to exit code 2 (the plan's value is bad input).
 
-This module imports only the error types (``planner.plan.errors``): ``emitters.base`` re-exports the
-shell and comment helpers, and the command line may use ``html_text``.
+This module imports only the input-error type (``costmodel.specs.SpecError``, exit 2):
+``emitters.base`` re-exports the shell and comment helpers, and the command line may use ``html_text``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from planner.plan.errors import UsageError
+from costmodel.specs import SpecError
 
 # Unicode categories that must never appear raw in generated text: controls (a newline, a carriage
 # return, NEL), format characters (bidi overrides), line and paragraph separators, surrogates,
@@ -42,7 +42,7 @@ from planner.plan.errors import UsageError
 _INVISIBLE = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
 
 
-class EncodeError(UsageError, ValueError):
+class EncodeError(SpecError):
     """A value that an encoder cannot write faithfully. The message names the field, the value,
     the limit and a hint; ``planner emit`` maps it to exit code 2."""
 

@@ -160,3 +160,14 @@ def cluster_source_of(cluster_arg: str) -> str:
     """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
     from profiles.clusters import cluster_names
     return "catalog" if cluster_arg in cluster_names() else cluster_arg
+
+
+def warn_drift(plan, fresh: dict, where: str) -> None:
+    """Warn (stderr) when a plan's stored figures are not what this planner computes for it
+    (``planfile.estimate_drift``: more than 1 % apart, naming the version that wrote them)."""
+    import sys
+
+    from planner.plan.planfile import estimate_drift
+    msg = estimate_drift(plan, fresh, where)
+    if msg:
+        print(f"planner: warning: {msg}", file=sys.stderr)

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
     if args.plan and (not args.target or args.target == plan.target):
+        from planner.cli.args import warn_drift as _warn_drift
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est)}
@@ -61,16 +62,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_drift(plan, fresh: dict, where: str) -> None:
-    """Warn (stderr) when the plan's stored figures are not what this planner computes for it."""
-    import sys
-
-    from planner.plan.planfile import estimate_drift
-    msg = estimate_drift(plan, fresh, where)
-    if msg:
-        print(f"planner: warning: {msg}", file=sys.stderr)
-
-
 def _serving(plan, as_json: bool, where: str = "plan") -> int:
     """An inference plan: the serving cost model, not the training one."""
     from costmodel.batching import estimate_serving
@@ -79,6 +70,7 @@ def _serving(plan, as_json: bool, where: str = "plan") -> int:
     # the batching the plan's figures assume (its serving section): static, in-flight or disaggregated
     est = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving, stages=plan.stages)
     d = est.to_dict()
+    from planner.cli.args import warn_drift as _warn_drift
     _warn_drift(plan, {k: d[k] for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu") if k in d}, where)
     if as_json:
         print_json({"parallel": parallel_json(plan.parallel), "estimate": d})

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.report import print_json
 
     plan = read_plan(args.plan)
-    from planner.cli.cmd_estimate import _warn_drift
+    from planner.cli.args import warn_drift as _warn_drift
     if plan.mode == "infer":            # serving plans: their own breakdown and the frontier
         from costmodel.batching import estimate_serving
         from planner.cli.infer_explain import run as run_infer
