@@ -77,7 +77,7 @@ _BY_COMMAND: dict[str, dict[str, tuple[float, float, bool, str]]] = {
                "nnodes": (1, MAX_NODES, False, ""), "node_rank": (0, MAX_NODES - 1, False, ""),
                "nproc_per_node": (1, MAX_GPUS_PER_NODE, False, ""), "max_restarts": (0, 1000, False, ""),
                "dead_after": (1, 1000, False, ""), "timeout": (0, MAX_RUN_S, True, "seconds (30 days)"),
-               "straggler_factor": (1, MAX_STRAGGLER_FACTOR, True, "(times the median step)"),
+               "straggler_factor": (1, MAX_STRAGGLER_FACTOR, True, "times the median step"),
                "straggler_steps": (1, 10**6, False, "steps"),
                "prompt_len": (0, MAX_SEQ, False, "tokens (0: the plan's)"),
                "output_len": (0, MAX_SEQ, False, "tokens (0: the plan's)"),
