@@ -463,3 +463,35 @@ def test_launch_flags_fuzz(host, port, addr, nnodes, rank, timeout, every):
     assert 1 <= nnodes and (rank is None or 0 <= rank < nnodes)
     assert timeout is None or 0 < timeout <= 30 * 86400
     assert every is None or every >= 1
+
+
+# ---- 10 (end). resuming another model's checkpoint: one line per rank, no traceback ---------
+
+@pytest.mark.multiproc
+def test_resume_of_another_models_checkpoint_has_no_traceback(tmp_path):
+    """Two gloo processes save a tiny-llama checkpoint; a plan for a wider model resuming it is
+    refused by every rank in one line, and torchrun adds no traceback or failure report."""
+    import subprocess
+    import sys
+
+    from planner.plan.planfile import write_plan
+    from test_emit_support import make_plan
+    plan = make_plan("tiny-llama", gpus=2, gb=4, seq=32, dp=2, micro_batch=2, grad_accum=1)
+    write_plan(plan, tmp_path / "a.yaml")
+    d = yaml.safe_load((tmp_path / "a.yaml").read_text())
+    d["model"]["hidden"] = 256
+    d["model"]["name"] = "tiny-llama-wide"
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+    def launch(*args):
+        return subprocess.run([sys.executable, "-m", "planner", "launch", *map(str, args), "--device", "cpu"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    first = launch(tmp_path / "a.yaml", "--steps", "2", "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    r = launch(tmp_path / "b.yaml", "--steps", "3", "--checkpoint-dir", tmp_path / "ck", "--resume")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr and "Root Cause" not in r.stderr, \
+        r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("planner launch: error: rank 0: checkpoint "), r.stderr
+    assert "belongs to another model" in r.stderr
