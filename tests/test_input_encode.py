@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 
 import pytest
@@ -278,3 +279,94 @@ def test_check_job_module_catches_code():
                 "def g():\n    return ParallelismConfig.__class__"]:
         with pytest.raises(AssertionError):
             check_job_module(src + "\n" + bad + "\n")
+
+
+# --------------------------------------------------------------------------------------
+# Every emitter's every file, fuzzed with hostile names
+# --------------------------------------------------------------------------------------
+
+_SBATCH_LINE = re.compile(r"#SBATCH --[a-z][a-z0-9-]*(=" + encode.SBATCH_VALUE.pattern + r")?")
+
+
+@functools.cache
+def _plans_by_target() -> dict:
+    from emitters import TARGETS, CannotExpress, get
+    from test_emit_support import examples as example_plans
+    out = {}
+    for target in TARGETS:
+        for _, plan in sorted(example_plans().items()):
+            try:
+                get(target).emit(plan)
+            except CannotExpress:
+                continue
+            out[target] = plan
+            break
+    return out
+
+
+def _outside_quotes_and_comments(script: str, needle: str) -> list[int]:
+    """Offsets of ``needle`` that bash would read as code or expand: not in a comment, not in single
+    quotes (the emitters quote every value with ``shlex.quote``: single quotes; inside double
+    quotes ``$(...)`` would still run, so a needle there counts)."""
+    out, i, n, state = [], 0, len(script), "code"
+    while i < n:
+        c = script[i]
+        if state == "code":
+            if script.startswith(needle, i):
+                out.append(i)
+            if c == "#" and (i == 0 or script[i - 1] in " \t\n;"):
+                j = script.find("\n", i)
+                i = n if j < 0 else j
+                continue
+            if c == "'":
+                state = "squote"
+            elif c == '"':
+                state = "dquote"
+            elif c == "\\":
+                i += 1
+        elif state == "squote":
+            if c == "'":
+                state = "code"
+        else:
+            if script.startswith(needle, i):
+                out.append(i)
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                state = "code"
+        i += 1
+    return out
+
+
+@examples(40)
+@given(model_name=TEXT, cluster_name=TEXT, target=st.sampled_from(
+    ["torchrun", "slurm", "kubernetes", "megatron", "deepspeed", "torchtitan", "accelerate", "vllm", "sglang",
+     "tensorrt-llm"]))
+def test_emitted_files_fuzz(model_name, cluster_name, target):
+    """Any model and cluster name (made of quotes, line breaks, ``$(...)``, code): every emitted
+    file keeps it as data. Python: the ast whitelist; YAML and JSON: they parse, and the
+    PyTorchJob keeps its shape; shell: the marker never reaches code; #SBATCH: every directive is
+    one option from the safe alphabet."""
+    from emitters import get
+    plans = _plans_by_target()
+    if target not in plans:
+        pytest.skip(f"no example plan that {target} writes")
+    marker = "PWNEDMARK"
+    plan = _with_names(plans[target], model_name + marker, marker + cluster_name)
+    files = get(target).emit(plan)
+    for name, text in files.items():
+        if name.endswith(".py"):
+            check_job_module(text)
+        elif name.endswith((".yaml", ".yml")):
+            docs = list(yaml.safe_load_all(text))
+            if name == "pytorchjob.yaml":
+                assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob"]
+                assert set(docs[1]) == {"apiVersion", "kind", "metadata", "spec"}
+                assert marker not in json.dumps(docs[1])          # the job itself never holds the name
+        elif name.endswith(".json"):
+            json.loads(text)
+        elif name.endswith((".sh", ".sbatch")):
+            assert _outside_quotes_and_comments(text, marker) == [], (name, text)
+            for line in text.splitlines():
+                if line.startswith("#SBATCH"):
+                    assert _SBATCH_LINE.fullmatch(line), line
