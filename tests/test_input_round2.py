@@ -495,3 +495,17 @@ def test_resume_of_another_models_checkpoint_has_no_traceback(tmp_path):
         r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1].startswith("planner launch: error: rank 0: checkpoint "), r.stderr
     assert "belongs to another model" in r.stderr
+
+
+@pytest.mark.multiproc
+def test_profile_out_relative_to_the_callers_folder(tmp_path):
+    """`planner profile --out rel` from any folder: the ranks (started from the repository root)
+    find their config in the caller's folder; the files land there."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "planner", "profile", "--quick", "--out", "rel", "--no-report"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "rel" / "cluster.yaml").is_file()
+    assert "rel/cluster.yaml" in r.stdout + r.stderr
