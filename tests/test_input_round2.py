@@ -348,6 +348,10 @@ def test_unprintable_names_refused(tmp_path, section, name):
     (TRAIN_PLAN + ["--objective", "cost", "--cluster", "cpu"], ["--objective cost", "price", "--price-per-gpu-hour"]),
     (TRAIN_PLAN + ["--recompute-layers", "33", "--recompute", "full"], ["--recompute-layers 33", "32 layers"]),
     (["explain", PLAN, "--html", ""], ["--html is empty"]),
+    (["explain", ""], ["PLAN is empty"]),
+    (["emit", "", "-t", "torchrun", "-o", "x"], ["PLAN is empty"]),
+    (["plan", "--model", "tiny\nllama", "--cluster", "cpu", "--gpus", "2", "--global-batch", "4", "--seq-len", "32"],
+     ["--model", "control character"]),
 ])
 def test_careless_flags(argv, names):
     refused(argv, *names)

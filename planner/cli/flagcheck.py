@@ -209,18 +209,29 @@ def check_numbers(command: str, args: argparse.Namespace, given: set[str] | None
                 raise UsageError(f"{e}; {off}" if off else str(e)) from None
 
 
-def check_strings(args: argparse.Namespace, given: set[str]) -> None:
-    """A string flag given on the command line is not empty and holds no control character."""
+def check_strings(args: argparse.Namespace, given: set[str], positional: frozenset = frozenset()) -> None:
+    """A string flag (or argument) given on the command line is not empty and holds no control
+    character."""
     for dest in sorted(given):
         v = getattr(args, dest, None)
         if not isinstance(v, str):
             continue
+        name = dest.upper() if dest in positional else flag(dest)
         if not v.strip():
-            raise UsageError(f"{flag(dest)} is empty ({v!r}); give a value, or drop the flag for its default")
+            raise UsageError(f"{name} is empty ({v!r}); give a value" + ("" if dest in positional else
+                                                                        ", or drop the flag for its default"))
         bad = next((c for c in v if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
         if bad is not None:
-            raise UsageError(f"{flag(dest)} {v[:60]!r} holds the control character {bad!r}; no name, path or "
+            raise UsageError(f"{name} {v[:60]!r} holds the control character {bad!r}; no name, path or "
                              "value takes one: retype it")
+
+
+def positional_dests(make_parser: Callable[[], argparse.ArgumentParser], command: str) -> frozenset:
+    """The dests of the command's positional arguments (``PLAN``)."""
+    for a in make_parser()._actions:
+        if isinstance(a, argparse._SubParsersAction) and command in a.choices:
+            return frozenset(x.dest for x in a.choices[command]._actions if not x.option_strings)
+    return frozenset()
 
 
 def check_applicable(command: str, args: argparse.Namespace, given: set[str]) -> None:
@@ -299,6 +310,6 @@ def check_args(args: argparse.Namespace, argv: list[str],
     command = getattr(args, "command", None) or ""
     given = given_dests(make_parser, argv)
     check_numbers(command, args, given)
-    check_strings(args, given)
+    check_strings(args, given, positional_dests(make_parser, command))
     check_applicable(command, args, given)
     check_outputs(command, args)
