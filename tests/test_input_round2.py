@@ -513,3 +513,39 @@ def test_profile_out_relative_to_the_callers_folder(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "rel" / "cluster.yaml").is_file()
     assert "rel/cluster.yaml" in r.stdout + r.stderr
+
+
+def test_every_number_flag_has_a_finite_bound_with_a_reason():
+    """One validation layer for every number: each int/float flag of every command (argparse
+    choices aside) has a rule in flagcheck with a finite upper bound."""
+    import argparse
+
+    from planner.cli import build_parser
+    from planner.cli.flagcheck import _BY_COMMAND, _COMMON
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing, unbounded = [], []
+    for cmd, sp in sub.choices.items():
+        rules = {**_COMMON, **_BY_COMMAND.get(cmd, {})}
+        for a in sp._actions:
+            if a.type not in (int, float) or a.choices:
+                continue
+            if a.dest not in rules:
+                missing.append(f"{cmd} --{a.dest}")
+            elif not math.isfinite(rules[a.dest][1]):
+                unbounded.append(f"{cmd} --{a.dest}")
+    assert not missing and not unbounded, (missing, unbounded)
+
+
+def test_every_number_field_of_the_specs_has_a_bound():
+    """The same for the files: each int/float field of the model, cluster, GPU, link, node-group,
+    workload and parallel specs has a range in costmodel.limits (StageSpec is checked by the plan
+    reader against the model's layers)."""
+    import dataclasses
+
+    from costmodel import specs
+    from costmodel.limits import BOUNDS
+    missing = [f"{cls.__name__}.{f.name}" for cls in vars(specs).values()
+               if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__name__ != "StageSpec"
+               for f in dataclasses.fields(cls) if f.type in ("int", "float") and (cls.__name__, f.name) not in BOUNDS]
+    assert not missing, missing
+    assert all(math.isfinite(hi) for _, hi, _ in BOUNDS.values())
