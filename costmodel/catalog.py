@@ -10,7 +10,7 @@ import difflib
 import math
 from typing import Any, Mapping
 
-from .limits import MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, describe
+from .limits import MAX_EXPERTS, MAX_LAYERS, MAX_ROPE_THETA, MAX_SEQ, describe
 from .specs import ModelSpec, SpecError
 
 _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
@@ -141,9 +141,6 @@ def _rope_scaling(cfg: Mapping[str, Any]) -> float:
     if kind == "llama3":
         return float(factor or 0.0)
     return 0.0
-
-
-MAX_ROPE_THETA = 1e12       # RoPE bases published: 1e4 to 1e8 (Llama 4: 5e5; long-context variants: 1e8)
 
 
 def _number(cfg: Mapping[str, Any], k: str, lo: float, hi: float, what: str, hi_open: bool = False) -> float:
