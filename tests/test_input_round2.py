@@ -209,6 +209,7 @@ def test_published_rope_scaling_still_read(tmp_path):
     (["--checkpoint-every", "0"], ["--checkpoint-every", "default"]),
     (["--inject-failure", "rank=0,step=1,step=2"], ["--inject-failure", "step given more than once"]),
     (["--inject-failure", "rank=0,rank=1,step=2"], ["rank given more than once"]),
+    (["--inject-failure", "rank=0,step=50", "--steps", "10"], ["step 50 is after the last step", "--steps 10"]),
 ])
 def test_launch_flags_checked_before_any_process(extra, names, tmp_path):
     before = set(os.listdir(tmp_path))
