@@ -64,6 +64,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .comm import crosses_nodes
 from .inference import (COLLECTIVE_LAUNCH_S, RUNTIME_EXTRA_BYTES, InferenceEstimate, _Pass, _pipeline, _Serving,
                         kv_bytes_per_token, kv_dtype_of, lengths, validate_serving)
 from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
@@ -651,9 +652,10 @@ class DisaggPoint:
 
 
 def transfer_crosses_nodes(cluster: ClusterSpec, prefill: Pool, decode: Pool) -> bool:
-    """KV moves over NVLink only when the whole deployment sits in one node; otherwise the
-    pools' instances are on different nodes and it goes over the network."""
-    return prefill.gpus + decode.gpus > cluster.gpus_per_node
+    """KV moves over NVLink only when the whole deployment sits in one NVLink domain (a host, or
+    a multi-host domain such as NVL72); otherwise it goes over the network. The rule is
+    ``comm.crosses_nodes``, on the deployment's ranks as one group."""
+    return crosses_nodes({"gpus": prefill.gpus + decode.gpus}, ("gpus",), "gpus", cluster.nvlink_gpus)
 
 
 def disagg_point(pre: PrefillPool, dec: InflightReplica, d: float, t_kv: float, cross: bool,

@@ -786,12 +786,25 @@ class StageSpec:
                 "device_group": self.group}
 
 
+def kv_heads_shard(model: ModelSpec, tp: int) -> bool:
+    """Do ``tp`` ranks split the KV heads exactly, ``kv_heads / tp`` each (multi-latent attention
+    has no KV heads to split: always)? Frameworks that shard K/V heads and never replicate them
+    need this (Megatron-LM's ``divide(num_query_groups, tp)``, our runtime). The one rule."""
+    return model.attention == "mla" or model.kv_heads % tp == 0
+
+
+def kv_heads_fit(model: ModelSpec, tp: int) -> bool:
+    """Can ``tp`` ranks hold the KV heads at all: split exactly (``kv_heads_shard``), or each of
+    them replicated on ``tp / kv_heads`` ranks (vLLM, TensorRT-LLM; ``layers.kv_heads_per_rank``)?"""
+    return kv_heads_shard(model, tp) or tp % model.kv_heads == 0
+
+
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
     """What tensor parallelism of degree ``tp`` cannot split in ``model`` (training and serving)."""
     out = []
     if model.heads % tp:
         out.append(f"tp {tp} does not divide heads {model.heads}")
-    elif model.attention == "mha" and model.kv_heads % tp and tp % model.kv_heads:
+    elif not kv_heads_fit(model, tp):
         out.append(f"tp {tp} and kv_heads {model.kv_heads}: one must divide the other")
     if model.ffn_hidden % tp:
         out.append(f"tp {tp} does not divide ffn_hidden {model.ffn_hidden}")

@@ -85,6 +85,7 @@ def lengths(plan, opts: ServeOptions) -> tuple[int, int, int]:
 
 def check_plan(plan, world: int | None) -> None:
     """What this runtime can serve; every problem with its numbers."""
+    from costmodel.specs import kv_heads_shard
     spec, par = plan.model, plan.parallel
     problems = []
     if plan.mode != "infer":
@@ -104,7 +105,7 @@ def check_plan(plan, world: int | None) -> None:
     if (plan.serving or {}).get("disaggregation"):
         problems.append("disaggregated prefill/decode pools: the built-in runtime serves aggregated replicas "
                         "(emit the plan for vllm or sglang)")
-    if spec.heads % par.tp or spec.kv_heads % par.tp:
+    if spec.heads % par.tp or not kv_heads_shard(spec, par.tp):
         problems.append(f"tp {par.tp} must divide heads {spec.heads} and kv_heads {spec.kv_heads} (the runtime "
                         "shards K/V heads; it does not replicate them)")
     if spec.ffn_hidden % par.tp or (spec.is_moe and spec.expert_ffn_hidden % par.tp):

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from costmodel.inference import InferenceEstimate, check_invariants, estimate_inference, serving_max_batch
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, kv_heads_fit
 from planner.plan.errors import UsageError
 
 BATCHES_PER_OCTAVE = 4
@@ -93,7 +93,7 @@ def _divisors(n: int) -> list[int]:
 def _tp_ok(model: ModelSpec, tp: int) -> bool:
     if model.heads % tp or model.ffn_hidden % tp:
         return False
-    return model.attention == "mla" or model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+    return kv_heads_fit(model, tp)
 
 
 def degree_tuples(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, int]) -> list[tuple[int, int, int, int]]:
