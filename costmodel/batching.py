@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .comm import crosses_nodes
-from .inference import (COLLECTIVE_LAUNCH_S, RUNTIME_EXTRA_BYTES, InferenceEstimate, _Pass, _pipeline, _Serving,
-                        kv_bytes_per_token, kv_dtype_of, lengths, validate_serving)
+from .inference import (COLLECTIVE_LAUNCH_S, InferenceEstimate, _Pass, _pipeline, _Serving, kv_bytes_per_token,
+                        kv_dtype_of, lengths, memory_parts, stage_memory_parts, validate_serving)
 from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from .units import GIB
 
@@ -242,10 +242,9 @@ def kv_capacity(sm: StepModel, sched: SchedulerConfig) -> KvCapacity:
     best_tokens, worst = math.inf, None
     for i, st in enumerate(sm.stages):
         last = i == sm.par.pp - 1
-        w = sv.stage_weights(st, i)
         act = sv.activation_bytes(C, min(C, sched.max_num_seqs), last)
-        other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES
-        fixed = w + act + other
+        parts = stage_memory_parts(sv, st, i, 0.0, act)      # all but the KV pool
+        w, other, fixed = parts["weights_bytes"], parts["other_bytes"], parts["peak_bytes"]
         if sched.server == "tensorrt-llm":
             pool = sched.gpu_memory_utilization * (cap - fixed)
         else:
@@ -449,9 +448,7 @@ def _memory_at(kv: KvCapacity, running: float, sm: StepModel) -> dict[str, float
     requests hold, and the pool the engine allocates."""
     m = kv.memory
     held = running * (sm.P + (sm.O - 1) / 2.0) * m["kv_bytes_per_token"]
-    peak = m["weights_bytes"] + held + m["activations_bytes"] + m["other_bytes"]
-    return {"peak_bytes": peak, "weights_bytes": m["weights_bytes"], "kv_cache_bytes": held,
-            "activations_bytes": m["activations_bytes"], "other_bytes": m["other_bytes"]}
+    return memory_parts(m["weights_bytes"], held, m["activations_bytes"], m["other_bytes"])
 
 
 def _engine_bytes(kv: KvCapacity) -> float:
@@ -459,7 +456,7 @@ def _engine_bytes(kv: KvCapacity) -> float:
     (``gpu_memory_utilization x GPU`` for vLLM and SGLang; TensorRT-LLM's pool is a share of
     what is left after the rest)."""
     m = kv.memory
-    return m["weights_bytes"] + m["activations_bytes"] + m["other_bytes"] + kv.pool_bytes
+    return memory_parts(m["weights_bytes"], kv.pool_bytes, m["activations_bytes"], m["other_bytes"])["peak_bytes"]
 
 
 def _time_terms(pt: Schedule, static_time: dict | None = None) -> dict[str, float]:
@@ -608,14 +605,11 @@ class PrefillPool:
         cap = self.sm.cluster.gpu.memory_bytes
         worst = None
         for i, st in enumerate(self.sm.stages):
-            w = sv.stage_weights(st, i)
             act = sv.activation_bytes(sched.token_budget, max(1, sched.token_budget // self.sm.P), i == pool.pp - 1)
             kv = (sched.token_budget + self.sm.P) * st.num_layers * sv.kv_layer   # the chunks in flight
-            other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES
-            peak = w + act + kv + other
-            if worst is None or peak > worst["peak_bytes"]:
-                worst = {"peak_bytes": peak, "weights_bytes": w, "kv_cache_bytes": kv, "activations_bytes": act,
-                         "other_bytes": other}
+            parts = stage_memory_parts(sv, st, i, kv, act)
+            if worst is None or parts["peak_bytes"] > worst["peak_bytes"]:
+                worst = parts
         self.memory = worst
         self.fits = worst["peak_bytes"] <= sched.gpu_memory_utilization * cap
 

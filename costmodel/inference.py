@@ -693,6 +693,23 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         memory=mem, time=time, capacity_bytes=gpu.memory_bytes, batch=B, gpus=world, stages=stage_rows)
 
 
+def stage_memory_parts(sv: _Serving, st: StageSpec, index: int, kv_bytes: float, activations_bytes: float,
+                       waste_bytes: float = 0.0) -> dict[str, float]:
+    """Peak memory of one GPU of stage ``index`` by category, given the KV cache it holds and its
+    activations: its weights (``_Serving.stage_weights``) + KV + activations + other (the GPU's
+    reserved bytes, ``RUNTIME_EXTRA_BYTES``, partly filled KV blocks). The one rule every serving
+    model sums (aggregated replicas, the engine's KV pool, prefill pools, the operating point)."""
+    w = sv.stage_weights(st, index)
+    return memory_parts(w, kv_bytes, activations_bytes, sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste_bytes)
+
+
+def memory_parts(weights_bytes: float, kv_bytes: float, activations_bytes: float,
+                 other_bytes: float) -> dict[str, float]:
+    """The serving memory breakdown and its peak, the sum of the four."""
+    return {"peak_bytes": weights_bytes + kv_bytes + activations_bytes + other_bytes, "weights_bytes": weights_bytes,
+            "kv_cache_bytes": kv_bytes, "activations_bytes": activations_bytes, "other_bytes": other_bytes}
+
+
 def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, ctx: int,
                          batch: int) -> dict[str, float]:
     """Peak memory of one GPU of stage ``index`` serving ``batch`` sequences of context ``ctx``
@@ -701,15 +718,12 @@ def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, c
     micro = min(sv.par.pp, batch)
     per_chunk, _, chunk_tokens = _chunking(prompt, batch)
     kv_tok = st.num_layers * sv.kv_layer
-    w = sv.stage_weights(st, index)
     # a sliding-window layer caches at most its window (ModelSpec.kv_tokens_in; num_layers * ctx without one)
     kv = batch * sv.m.kv_tokens_in(st.first_layer, st.last_layer, ctx) * sv.kv_layer
     act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
               sv.activation_bytes(batch / micro, batch / micro, last))
     waste = batch * KV_BLOCK_TOKENS / 2 * kv_tok            # the partly filled last block per sequence
-    other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste
-    return {"peak_bytes": w + kv + act + other, "weights_bytes": w, "kv_cache_bytes": kv,
-            "activations_bytes": act, "other_bytes": other}
+    return stage_memory_parts(sv, st, index, kv, act, waste)
 
 
 def stage_peak_bytes(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, batch: int) -> float:

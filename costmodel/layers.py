@@ -142,6 +142,41 @@ def layer_matrices(model: ModelSpec, moe: bool, tp: int, ep: int = 1, expert_tp:
     return tuple(out)
 
 
+# --------------------------------------------------------------------------------------
+# Model FLOPs: the one definition behind every MFU this project prints (cost model, runtime)
+# --------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=4096)
+def layer_model_flops_per_token(model: ModelSpec, moe: bool, seq_len: int) -> float:
+    """Model FLOPs of one layer's forward pass per token of a ``seq_len`` sequence: 2 per
+    multiply-add of every weight matrix a token passes through (``layer_matrices`` unsharded: the
+    routed experts at ``top_k / num_experts`` of their copies; no biases, norms or elementwise
+    work), plus the attention core at ``4 * seq_len * score_dim`` (QK^T and AV over the *full*
+    s x s score matrix, causal mask or not). That is the papers' convention: PaLM (Chowdhery et
+    al. 2022, App. B: 6N + 12LHQT per token for training), Megatron-LM (Narayanan et al., SC'21,
+    App.: the s/6h term of 72BsLh^2) and torchtitan's ``get_num_flop_per_token``, so our MFU
+    compares with published MFUs. It is a property of the model, not of the layout: replicated
+    work (the router or MLA's down-projections on every TP rank, KV heads copied when
+    tp > kv_heads) is not counted again."""
+    share = model.top_k / model.num_experts if moe else 0.0
+    gemm = sum(2 * m.k * m.n * m.count * (share if m.role == "expert" else 1.0)
+               for m in layer_matrices(model, moe, 1, 1, 1))
+    return gemm + 4 * seq_len * model.score_dim
+
+
+@lru_cache(maxsize=1024)
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training model FLOPs per token: forward plus backward, 3 x forward (backward computes the
+    input and the weight gradients, each as large as the forward; Narayanan et al., eq. 2), over
+    every layer (``layer_model_flops_per_token``) and the output head (2 * vocab * hidden: it
+    runs whether or not its matrix is tied to the embedding; the embedding lookup is no GEMM).
+    The MFU of ``training.estimate`` and of ``runtime.train`` both divide this."""
+    n_moe = sum(1 for i in range(model.layers) if model.is_moe_layer(i))
+    fwd = ((model.layers - n_moe) * layer_model_flops_per_token(model, False, seq_len)
+           + n_moe * layer_model_flops_per_token(model, True, seq_len) + 2 * model.vocab * model.hidden)
+    return 3.0 * fwd
+
+
 class LayerParams(NamedTuple):
     """Parameters of one layer on one GPU, by how they are stored and sharded."""
 
@@ -197,8 +232,9 @@ def ends_params(model: ModelSpec, tp: int, pp: int, first: bool, last: bool) -> 
 class LayerCost:
     """Per GPU, per micro-batch, for one layer of one kind."""
 
-    model_flops_fwd: float      # paper convention (full score matrix)
-    hw_flops_fwd: float         # same convention; recomputation is added on top (HFU >= MFU)
+    model_flops_fwd: float      # paper convention (full score matrix); MFU: model_flops_per_token
+    hw_flops_fwd: float         # what the kernels compute (fused causal attention: half the scores);
+    #                             recomputation is added on top
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
     gemm_fwd_s: float           # of which the GEMMs (for TP communication overlap)
@@ -352,7 +388,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
-        model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
+        model_flops_fwd=model_flops_fwd, hw_flops_fwd=gemm_flops + attn_hw_flops, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,

@@ -40,7 +40,8 @@ from typing import Any, Callable, NamedTuple
 from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile
-from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params
+from .layers import (EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params,
+                     model_flops_per_token)
 from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param, stage_memory, zero_divisors)
 from .specs import (ClusterSpec, ModelSpec, NodeGroup, ParallelConfig, SpecError, StageSpec, Workload,
@@ -768,7 +769,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
     kinds = []                              # what a stage's row needs of its kind
-    kind_mf, kind_hf, kind_peak = [], [], []  # model and hardware FLOPs, peak FLOP/s
+    kind_hf, kind_peak = [], []             # hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
@@ -783,7 +784,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         kinds.append((c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.act_stored_bytes + c.embed_act_bytes,
                       c.act_fixed_bytes, sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g,
                       c.time_s))
-        kind_mf.append(c.model_flops)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
     # each stage's memory and row; the stage nearest its capacity
@@ -806,11 +806,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             "bubble_s": bubble, "optimizer_s": opt_s}
     gpus = par.world_size
     per_stage = par.tp * par.dp * par.cp
-    # summed stage by stage, in order
-    model_flops_total = sum(per_stage_of(kind_mf)) * per_stage * m
+    # summed stage by stage, in order; model FLOPs by their one definition (layers.model_flops_per_token)
     hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
     peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
+    model_flops_total = model_flops_per_token(model, workload.seq_len) * tokens
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
                     model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
                     hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,

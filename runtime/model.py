@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from costmodel.layers import model_flops_per_token
 from costmodel.specs import ModelSpec
 
 from .errors import RuntimeModelError
@@ -394,11 +395,10 @@ def count_params(modules: Iterable[nn.Module]) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward): 6 per active matrix parameter
-    outside the embedding, plus causal attention scores 6 * layers * seq * q_dim (PaLM, App. B,
-    halved for the causal mask)."""
-    dense = spec.active_params() - spec.embedding_params()
-    return 6.0 * dense + 6.0 * spec.layers * seq_len * spec.q_dim
+    """Training model FLOPs per token: the cost model's one definition
+    (``costmodel.layers.model_flops_per_token``; full s x s attention, PaLM App. B), so the
+    measured MFU and the predicted one divide the same number."""
+    return model_flops_per_token(spec, seq_len)
 
 
 __all__ = ["Transformer", "Block", "Attention", "MLP", "MoE", "GroupedExperts", "LocalDispatch", "Embeddings",
