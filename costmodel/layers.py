@@ -172,8 +172,9 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     runs whether or not its matrix is tied to the embedding; the embedding lookup is no GEMM).
     The MFU of ``training.estimate`` and of ``runtime.train`` both divide this."""
     n_moe = sum(1 for i in range(model.layers) if model.is_moe_layer(i))
-    fwd = ((model.layers - n_moe) * layer_model_flops_per_token(model, False, seq_len)
-           + n_moe * layer_model_flops_per_token(model, True, seq_len) + 2 * model.vocab * model.hidden)
+    fwd = (model.layers - n_moe) * layer_model_flops_per_token(model, False, seq_len) + 2 * model.vocab * model.hidden
+    if n_moe:
+        fwd += n_moe * layer_model_flops_per_token(model, True, seq_len)
     return 3.0 * fwd
 
 
@@ -233,8 +234,8 @@ class LayerCost:
     """Per GPU, per micro-batch, for one layer of one kind."""
 
     model_flops_fwd: float      # paper convention (full score matrix); MFU: model_flops_per_token
-    hw_flops_fwd: float         # what the kernels compute (fused causal attention: half the scores);
-    #                             recomputation is added on top
+    hw_flops_fwd: float         # same convention (Megatron's and BLOOM's published "hardware TFLOP/s"
+    #                             count the full s x s too); recomputation is added on top
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
     gemm_fwd_s: float           # of which the GEMMs (for TP communication overlap)
@@ -388,7 +389,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
-        model_flops_fwd=model_flops_fwd, hw_flops_fwd=gemm_flops + attn_hw_flops, fwd_s=fwd_s,
+        model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
