@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from emitters.base import (CannotExpress, ceil_fraction, estimate_memory, one_line, require, require_mode,
                            require_one_group, sh, sh_default)
 from planner.plan.planfile import Plan
-from costmodel.units import GIB
 
 DEFAULT_UTILIZATION = 0.90   # vLLM's CacheConfig default before 0.11 (0.92 after), TensorRT-LLM's free fraction
 HEADROOM = 0.05          # of GPU memory, above the estimated peak, for plans without a serving section
@@ -108,11 +107,11 @@ def memory(plan: Plan) -> dict:
 def fraction(target: str, what: str, need_bytes: float, of_bytes: float) -> float:
     """``need / of`` rounded up to 0.01; refused above 1 (the plan does not fit as estimated)."""
     if of_bytes <= 0:
-        raise CannotExpress(target, what, f"nothing left for it ({of_bytes / GIB:.2f} GiB)")
+        raise CannotExpress(target, what, f"nothing left for it ({of_bytes / 2**30:.2f} GiB)")
     x = ceil_fraction(need_bytes / of_bytes)
     if x > 1.0:
-        raise CannotExpress(target, what, f"the estimate needs {need_bytes / GIB:.2f} GiB of "
-                            f"{of_bytes / GIB:.2f} GiB", "re-plan with more sharding")
+        raise CannotExpress(target, what, f"the estimate needs {need_bytes / 2**30:.2f} GiB of "
+                            f"{of_bytes / 2**30:.2f} GiB", "re-plan with more sharding")
     return max(x, 0.01)
 
 

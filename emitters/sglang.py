@@ -26,7 +26,6 @@ from emitters.base import CannotExpress, Raw, bash_array, require, script_header
 from emitters.serving import (WEIGHT_DTYPES, batching_note, check, disaggregation, fraction, instances, layout,
                               memory, model_line, pool_notes, settings)
 from planner.plan.planfile import Plan
-from costmodel.units import GIB
 
 TARGET = "sglang"
 MODE = "infer"
@@ -82,8 +81,8 @@ def _scheduler(plan: Plan, s, running: int) -> tuple[list, list[str]]:
         frac = fraction(TARGET, "--mem-fraction-static", max(0.0, s.utilization * total - buffers), total)
         frac = min(frac, s.utilization)
         notes.append(f"--mem-fraction-static {frac:.2f} = (engine share {s.utilization:.2f} x "
-                     f"{total / GIB:.2f} GiB - activations and buffers {buffers / GIB:.2f} GiB) / "
-                     f"{total / GIB:.2f} GiB: weights plus the KV pool")
+                     f"{total / 2**30:.2f} GiB - activations and buffers {buffers / 2**30:.2f} GiB) / "
+                     f"{total / 2**30:.2f} GiB: weights plus the KV pool")
         a += ["--mem-fraction-static", f"{frac:.2f}"]
     else:
         notes.append("the plan has no memory estimate: SGLang picks --mem-fraction-static itself")

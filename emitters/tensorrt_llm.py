@@ -21,7 +21,6 @@ from emitters.base import CannotExpress, Raw, bash_array, require, script_header
 from emitters.serving import (WEIGHT_DTYPES, batching_note, check, fraction, layout, memory, model_line,
                               require_aggregated, settings)
 from planner.plan.planfile import Plan
-from costmodel.units import GIB
 
 TARGET = "tensorrt-llm"
 MODE = "infer"
@@ -85,7 +84,7 @@ def serve_args(plan: Plan) -> tuple[list, dict, list[str]]:
         a += ["--kv_cache_free_gpu_memory_fraction", f"{frac:.2f}"]
         kv_cfg["free_gpu_memory_fraction"] = frac
         notes.append(f"--kv_cache_free_gpu_memory_fraction {frac:.2f} = the plan's KV pool "
-                     f"{pool / GIB:.2f} GiB / {free / GIB:.2f} GiB left after weights and buffers, rounded up")
+                     f"{pool / 2**30:.2f} GiB / {free / 2**30:.2f} GiB left after weights and buffers, rounded up")
     else:
         notes.append("the plan has no memory estimate: TensorRT-LLM's default KV fraction (0.9) applies")
     notes += [s.note, batching_note(s, TARGET)]
