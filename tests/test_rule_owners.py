@@ -22,7 +22,7 @@ from costmodel.catalog import get_model, model_names
 from costmodel.comm import crosses_nodes, group_layout
 from costmodel.inference import _Serving, estimate_inference, serving_stage_memory
 from costmodel.layers import model_flops_per_token
-from costmodel.specs import (ParallelConfig, StageSpec, Workload, default_stages, kv_heads_fit, kv_heads_shard,
+from costmodel.specs import (ParallelConfig, Workload, default_stages, kv_heads_fit, kv_heads_shard,
                              tp_problems)
 from costmodel.training import estimate, stage_crosses
 from planner.plan.planfile import Plan
@@ -176,3 +176,37 @@ def test_kv_heads_rule_has_one_answer_everywhere():
                 assert refused == (not shard), (name, tp)
             checked += 1
     assert checked > 50
+
+
+# ---- parameter counts -----------------------------------------------------------------------
+
+def test_parameter_counts_are_views_of_the_layer_description_and_match_a_hand_count():
+    """``ModelSpec``'s counts sum ``layers.layer_matrices`` unsharded; the per-GPU counts of the
+    cost model shard the same matrices. Hand counts: llama-3-8b (Meta: 8.03B) and mixtral-8x7b
+    (46.7B total, 12.9B active), layer by layer from their configs."""
+    from costmodel.layers import layer_params
+    h, L = 4096, 32
+    attn = h * 4096 + 2 * h * 1024 + 4096 * h                      # q, k, v (8 KV heads of 128), o
+    mlp = 3 * h * 14336                                             # SwiGLU gate, up, down
+    llama = L * (attn + mlp + 2 * h) + 2 * 128256 * h + h           # layers, embedding + head, final norm
+    assert get_model("llama-3-8b").total_params() == llama == 8_030_261_248
+    router = h * 8
+    mix = get_model("mixtral-8x7b")
+    assert mix.total_params() == L * (attn + 8 * mlp + router + 2 * h) + 2 * 32000 * h + h == 46_702_792_704
+    assert mix.active_params() == L * (attn + 2 * mlp + router + 2 * h) + 2 * 32000 * h + h == 12_879_925_248
+    for name in model_names():
+        m = get_model(name)
+        for moe in {False, m.is_moe}:
+            i = next((j for j in range(m.layers) if m.is_moe_layer(j) == moe), None)
+            if i is None:
+                continue
+            for tp, ep in ((1, 1), (2, 1), (4, 2)):
+                if tp_problems(m, tp) or (ep > 1 and (not m.is_moe or m.num_experts % ep)):
+                    continue
+                lp = layer_params(m, moe, tp, ep)
+                # sharding splits matrices, never the router or the norms, and EP splits only experts
+                whole = layer_params(m, moe, 1, 1)
+                assert lp.norms == whole.norms and lp.router == whole.router
+                if not m.bias:     # a row-parallel bias stays whole on every rank
+                    assert lp.experts == pytest.approx(whole.experts / (tp * ep))
+            assert layer_params(m, moe, 1).total == m.layer_params(i)
