@@ -210,3 +210,18 @@ def test_parameter_counts_are_views_of_the_layer_description_and_match_a_hand_co
                 if not m.bias:     # a row-parallel bias stays whole on every rank
                     assert lp.experts == pytest.approx(whole.experts / (tp * ep))
             assert layer_params(m, moe, 1).total == m.layer_params(i)
+
+
+# ---- rotary positions -----------------------------------------------------------------------
+
+def test_serving_rotary_at_an_offset_is_the_training_rotary_of_the_whole_sequence():
+    """runtime.serve rotates the new tokens of a decode step at their positions; the same
+    function (runtime.model.rope) on the whole sequence gives the same rows."""
+    import torch
+    from runtime.model import ROPE_THETA, rope
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 7, 4, 16, generator=g), torch.randn(2, 7, 2, 16, generator=g)
+    qa, ka = rope(q, k, ROPE_THETA)
+    qb, kb = rope(q[:, 5:], k[:, 5:], ROPE_THETA, start=5)
+    assert torch.allclose(qa[:, 5:], qb, atol=1e-6) and torch.allclose(ka[:, 5:], kb, atol=1e-6)
+    assert not torch.allclose(qb, rope(q[:, 5:], k[:, 5:], ROPE_THETA)[0], atol=1e-3)   # the offset matters
