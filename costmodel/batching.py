@@ -64,8 +64,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .comm import crosses_nodes
-from .inference import (COLLECTIVE_LAUNCH_S, InferenceEstimate, _Pass, _pipeline, _Serving, kv_bytes_per_token,
+from .comm import crosses_nodes, launched
+from .inference import (InferenceEstimate, _Pass, _pipeline, _Serving, kv_bytes_per_token,
                         kv_dtype_of, lengths, memory_parts, stage_memory_parts, validate_serving)
 from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from .units import GIB
@@ -170,7 +170,7 @@ class StepModel:
         if self.par.pp == 1:
             return 0.0
         sv = self.sv
-        return sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross) + COLLECTIVE_LAUNCH_S
+        return launched(sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross))
 
     def step(self, dec: float, ctx: float, pre: float = 0.0, pre_seqs: float = 0.0, past: float = 0.0,
              group_tokens: float | None = None) -> tuple[float, _Pass]:
@@ -624,7 +624,7 @@ def kv_transfer_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pr
     P = workload.prompt_len
     total = P * kv_bytes_per_token(model, kv_dtype_of(workload))
     streams = min(prefill.gpus_per_instance, decode.gpus_per_instance)
-    return Network(cluster).p2p(total / streams, cross_node) + COLLECTIVE_LAUNCH_S
+    return launched(Network(cluster).p2p(total / streams, cross_node))
 
 
 @dataclass

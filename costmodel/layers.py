@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .comm import GroupLayout, Network
+from .comm import GroupLayout, Network, launched
 from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
@@ -294,7 +294,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += k * (lin_b * h + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
         tokens_sent = T * k * h * a_bytes / (t if sp else 1) * load
-        ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
+        ep_fwd_s = launched(net.all_to_all(tokens_sent, ep_lay), 2) if ep > 1 else 0.0
         moe_ew_bytes = (permute_bytes(T * load / (t if sp else 1), k, h, a_bytes)
                         + router_bytes(T / (t if sp else 1), E))
     else:
@@ -377,15 +377,18 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- communication of one forward pass ---------------------------------------------
     tp_bytes = T * h * a_bytes
-    # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter
-    if sp:
+    # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter;
+    # every collective with its launch cost (comm.launched, as serving prices it)
+    if t <= 1:
+        tp_fwd_s = 0.0
+    elif sp:
         # Transformer Engine all-gathers the quantized input of the column-parallel GEMM
         ag_bytes = T * h * fp8.copy_bytes if fp8 is not None and fp8.tp_gather_fp8 else tp_bytes
-        tp_fwd_s = 2 * (net.all_gather(ag_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
+        tp_fwd_s = 2 * (launched(net.all_gather(ag_bytes, tp_lay)) + launched(net.reduce_scatter(tp_bytes, tp_lay)))
     else:
-        tp_fwd_s = 2 * net.all_reduce(tp_bytes, tp_lay)
+        tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
-    cp_fwd_s = (cp - 1) * net.p2p(kv_bytes, cp_lay.crosses_nodes) if cp > 1 else 0.0
+    cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes), cp - 1) if cp > 1 else 0.0
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(

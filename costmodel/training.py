@@ -37,7 +37,8 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Callable, NamedTuple
 
-from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
+from .comm import (DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, launched,
+                   layout_for)
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile
 from .layers import (EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params,
@@ -529,7 +530,7 @@ class StageModel:
         pp_s = 0.0
         if par.pp > 1:
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            pp_s = (1 if (first or last) else 2) * mesh.network.p2p(mesh.boundary_bytes, crosses)
+            pp_s = (1 if (first or last) else 2) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses))
         return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
