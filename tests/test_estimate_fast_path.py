@@ -13,7 +13,7 @@ import random
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
+from costmodel.comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, launched, layout_for
 from costmodel.layers import ends_cost, ends_params, layer_cost, layer_params, model_flops_per_token
 from costmodel.memory import (DDP_BUCKET_BYTES, FRAGMENTATION, bytes_per_param, expert_shard, model_state_bytes,
                               optimizer_traffic_bytes_per_param)
@@ -87,7 +87,7 @@ def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_de
     if p > 1:
         boundary = (par.micro_batch * workload.seq_len / par.cp * model.hidden * dtype_bytes(workload.dtype)
                     / (par.tp if par.sp else 1))
-        pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
+        pp_s = (1 if (first or last) else 2) * launched(net.p2p(boundary, crosses))   # comm.launched: each send
     e_shard = expert_shard(par)
     shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else layout_for(1, 1, gpn)
     # dense weights are held by the dp x cp ranks: reduce and shard over both
