@@ -9,6 +9,8 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.specs import MESH_AXES, ParallelConfig, StageSpec, Workload, stages_from_counts
+from planner.cli.target_notes import plan_command
+from planner.cli.targets_table import FEATURES, table_rows
 from planner.plan import targets as T
 from planner.plan.planfile import Plan, PlanError, dump_plan, plan_from_dict, plan_to_dict, read_plan
 from planner.search.space import enumerate_candidates
@@ -33,8 +35,8 @@ ISSUE = dict(tp=2, pp=4, dp=4, cp=2, zero=2, sp=True, micro_batch=1, grad_accum=
 
 @pytest.mark.parametrize("name", T.TRAIN_TARGETS + T.LAUNCHERS)
 def test_every_fact_in_a_table_has_a_source(name):
-    rows = T.table_rows(name)
-    assert len(rows) >= len(T.FEATURES)
+    rows = table_rows(name)
+    assert len(rows) >= len(FEATURES)
     for feature, value, source in rows:
         if feature == "backend":
             continue
@@ -177,20 +179,20 @@ def test_plan_file_records_the_target_and_reads_old_files(tmp_path):
 
 def test_plan_command_names_the_problem(tmp_path):
     plan = _plan(**ISSUE).replace(provenance={"cluster_source": "catalog"})
-    cmd = T.plan_command(plan, "megatron")
+    cmd = plan_command(plan, "megatron")
     assert cmd == ("planner plan --model llama-3-70b --cluster dgx-h100 --gpus 64 --global-batch 512 --seq-len 8192 "
                    "--target megatron")
-    assert T.plan_command(plan, "torchrun").endswith("--target builtin")
+    assert plan_command(plan, "torchrun").endswith("--target builtin")
     fp32 = plan.replace(workload=dataclasses.replace(plan.workload, dtype="fp32", optimizer="sgd"))
-    assert T.plan_command(fp32, "deepspeed").endswith("--dtype fp32 --optimizer sgd --target deepspeed")
+    assert plan_command(fp32, "deepspeed").endswith("--dtype fp32 --optimizer sgd --target deepspeed")
     # a node group of a mixed cluster: the whole cluster file, no --gpus (each group is tried again)
     mixed = plan.replace(cluster=dataclasses.replace(plan.cluster, name="mixed-h100-a100:h100"),
                          provenance={"cluster_source": "plans/clusters/mixed-h100-a100.yaml"})
-    cmd = T.plan_command(mixed, "megatron")
+    cmd = plan_command(mixed, "megatron")
     assert "--cluster plans/clusters/mixed-h100-a100.yaml" in cmd and "--gpus" not in cmd
     # a model that is not the catalog's: read back from the plan itself
     custom = plan.replace(model=dataclasses.replace(plan.model, name="my-model"))
-    assert T.plan_command(custom, "megatron", "p.yaml") == "planner plan --like p.yaml --target megatron"
+    assert plan_command(custom, "megatron", "p.yaml") == "planner plan --like p.yaml --target megatron"
 
 
 def test_the_example_plans_name_their_target_and_it_runs_them():

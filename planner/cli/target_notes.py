@@ -1,8 +1,10 @@
-"""The target ``planner estimate`` prices a configuration for: the plan's own (or ``--target``),
-its framework profile, and what that target cannot run of the configuration."""
+"""The target ``planner estimate`` prices a configuration for (the plan's own, or ``--target``: its
+framework profile, and what that target cannot run of the configuration), and the exact
+``planner plan --target T ...`` command that gives a plan a target runs."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from costmodel.specs import MESH_AXES, default_stages
 from planner.plan import targets as T
@@ -27,3 +29,41 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     return target, T.problems(target, plan), framework_kwargs(estimate, target)
 
 
+# --------------------------------------------------------------------------------------
+# The command that plans for a target (moved from planner.plan.targets)
+# --------------------------------------------------------------------------------------
+
+def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
+    """The ``planner plan --target T ...`` command for ``plan``'s problem (same model, cluster,
+    GPUs, batch and sequence, dtype and optimizer): a plan ``target`` runs, or the reason it
+    has none. A model that is not the catalog's entry of its name is read back from the plan
+    file itself (``--like PLAN``)."""
+    import shlex
+
+    from costmodel.catalog import get_model, model_names
+    w = plan.workload
+    target = {"torchrun": "builtin", "slurm": "slurm", "kubernetes": "kubernetes"}.get(target, target)
+    catalog_model = plan.model.name in model_names() and get_model(plan.model.name) == plan.model
+    src = (plan.provenance or {}).get("cluster_source", "catalog")
+    if not catalog_model or (src == "catalog" and ":" in plan.cluster.name):
+        if plan_path:
+            return f"planner plan --like {shlex.quote(str(plan_path))} --target {target}"
+    args = ["planner", "plan"]
+    if w.mode == "infer":
+        args += ["--mode", "infer"]
+    args += ["--model", plan.model.name if catalog_model else f"<{plan.model.name} model file>"]
+    whole_file = src != "catalog"
+    cluster = src if whole_file else plan.cluster.name
+    args += ["--cluster", cluster]
+    if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
+        args += ["--gpus", str(plan.cluster.total_gpus)]
+    if w.mode == "infer":
+        args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
+    else:
+        args += ["--global-batch", str(w.global_batch), "--seq-len", str(w.seq_len)]
+    if w.dtype != "bf16":
+        args += ["--dtype", w.dtype]
+    if w.mode == "train" and w.optimizer != "adamw":
+        args += ["--optimizer", w.optimizer]
+    args += ["--target", target]
+    return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)

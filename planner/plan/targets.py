@@ -542,119 +542,158 @@ def _zero_sets(t: TrainTarget, par: ParallelConfig) -> frozenset[int]:
     return t.zero_pp if par.pp > 1 else t.zero
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One configuration asked of one target: what every capability rule reads."""
+    t: TrainTarget               # the table that applies (an Accelerate variant, say)
+    name: str                    # the target's name as users type it
+    model: ModelSpec
+    wl: Workload
+    par: ParallelConfig
+    order: tuple[str, ...]
+    plan_check: bool
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A capability rule: the table field it reads (whose source is ``sources[field]``), when a
+    configuration breaks it, and the message naming the numbers and what to plan instead."""
+    field: str
+    broken: Callable[[Ask], bool]
+    message: Callable[[Ask], str]
+
+
+def _zero_allowed(a: Ask) -> frozenset[int]:
+    allowed = _zero_sets(a.t, a.par)
+    return allowed | {1} if a.plan_check and a.t.zero1_as_zero0 else allowed
+
+
+def _zero_message(a: Ask) -> str:
+    p, allowed = a.par, _zero_allowed(a)
+    with_pp = f" with pp={p.pp}" if p.pp > 1 else ""
+    if not allowed:
+        return f"pp={p.pp} with data parallelism: {a.name} has no pipeline stages here; plan --pp 1"
+    return (f"ZeRO-{p.zero}{with_pp}: {a.name} runs ZeRO {_stages(allowed)}{with_pp}; plan --zero "
+            f"{_nearest(p.zero, allowed)}" + ("" if p.pp == 1 or not a.t.zero - a.t.zero_pp else " (or --pp 1)"))
+
+
+def _order_broken(a: Ask) -> bool:
+    if a.t.orders is None:
+        return False
+    eff = _eff_order(a.par, a.order)
+    return not any(tuple(d for d in o if d in eff) == eff for o in a.t.orders)
+
+
+def _pp(a: Ask) -> bool:
+    return a.par.pp > 1
+
+
+def _m(a: Ask) -> int:
+    return a.par.grad_accum
+
+
+# The capability rules in the order their messages are listed. Each reads one field of the
+# table; ``config_problems`` runs them all, then the target's ``extra`` rules.
+CAPS: tuple[Cap, ...] = (
+    # the model
+    Cap("models", lambda a: a.model.attention == "mla" and not a.t.mla,
+        lambda a: f"{a.model.name} uses multi-latent attention, which {a.name} does not run; use the megatron target"),
+    Cap("models", lambda a: a.model.positions == "alibi" and not a.t.alibi,
+        lambda a: f"{a.model.name} uses ALiBi positions, which {a.name} does not run"),
+    Cap("models", lambda a: a.model.is_moe and not a.t.moe,
+        lambda a: f"{a.model.name} is a mixture of experts ({a.model.num_experts} experts), which the {a.name} "
+                  "target does not write; use the megatron target"),
+    Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
+        lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; plan --dtype bf16"),
+    Cap("kv_heads_divisible",
+        lambda a: a.t.kv_heads_divisible and a.model.attention != "mla" and a.par.tp > 1
+        and a.model.kv_heads % a.par.tp != 0,
+        lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
+                  f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
+    # data parallel sharding
+    Cap("zero", lambda a: a.par.dp * a.par.cp > 1 and a.par.zero not in _zero_allowed(a), _zero_message),
+    Cap("hsdp", lambda a: a.par.dp * a.par.cp > 1 and a.par.hsdp and a.par.zero not in a.t.hsdp,
+        lambda a: f"ZeRO-{a.par.zero} over groups of {a.par.dp_shard} of dp={a.par.dp} (HSDP): {a.name} shards "
+                  + (f"part of dp only with ZeRO {_stages(a.t.hsdp)}" if a.t.hsdp else "over the whole dp group")
+                  + f"; plan --dp-shard {a.par.dp}"),
+    # context and expert parallel
+    Cap("cp", lambda a: a.par.cp > 1 and not a.t.cp,
+        lambda a: f"cp={a.par.cp}: {a.name} has no context parallelism; plan --cp 1"),
+    Cap("cp", lambda a: a.par.cp > 1 and a.t.cp and a.wl.seq_len % a.t.cp_seq(a.par) != 0,
+        lambda a: f"cp={a.par.cp} with seq_len {a.wl.seq_len}: {a.name} needs seq_len to be a multiple of "
+                  f"{a.t.cp_seq_text} = {a.t.cp_seq(a.par)}; plan another --cp or --seq-len"),
+    Cap("ep", lambda a: a.par.ep > 1 and not a.t.ep,
+        lambda a: f"ep={a.par.ep}: the {a.name} target has no expert parallelism; plan --ep 1"),
+    Cap("expert_tp", lambda a: a.par.ep > 1 and a.t.ep and a.par.tp > 1 and not a.t.expert_tp,
+        lambda a: f"ep={a.par.ep} with tp={a.par.tp}: {a.name}'s expert parallel takes no tensor parallel experts "
+                  "(expert TP must be 1); plan --tp 1 or --ep 1"),
+    # tensor and sequence parallel
+    Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
+        lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "
+                  "stages; plan --tp 1 or --pp 1"),
+    Cap("sp", lambda a: a.par.tp > 1 and a.t.sp == "with_tp" and not a.par.sp,
+        lambda a: f"tp={a.par.tp} without sequence parallel: {a.name} always applies it with TP; plan --sp"),
+    Cap("sp", lambda a: a.par.tp > 1 and a.t.sp == "never" and a.par.sp,
+        lambda a: f"sequence parallel with tp={a.par.tp}: {a.name} has no Megatron-style sequence parallel; "
+                  "plan --no-sp"),
+    # pipeline
+    Cap("schedules", lambda a: _pp(a) and a.par.schedule not in a.t.schedules,
+        lambda a: f"the {a.par.schedule} schedule: {a.name} runs {', '.join(sorted(a.t.schedules))}; plan --schedule "
+                  f"{'interleaved' if a.par.vpp > 1 and 'interleaved' in a.t.schedules else '1f1b'}"),
+    Cap("vpp", lambda a: _pp(a) and a.par.vpp > 1 and not a.t.vpp,
+        lambda a: f"vpp={a.par.vpp}: {a.name} has no virtual pipeline stages; plan --vpp 1"),
+    Cap("vpp_split", lambda a: _pp(a) and a.par.vpp > 1 and a.t.vpp and a.t.vpp_split == "even"
+        and a.model.layers % (a.par.pp * a.par.vpp) != 0,
+        lambda a: f"vpp={a.par.vpp}: {a.name} cuts {a.model.layers} layers into pp*vpp = {a.par.pp * a.par.vpp} "
+                  "equal virtual stages; plan a --vpp or --pp that divides the layers"),
+    Cap("split", lambda a: _pp(a) and a.t.split == "even" and a.model.layers % a.par.pp != 0,
+        lambda a: f"pp={a.par.pp}: {a.name} splits the {a.model.layers} layers evenly; plan a --pp that divides "
+                  "them"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "megatron" and a.par.vpp > 1
+        and _m(a) % a.par.pp != 0,
+        lambda a: f"vpp={a.par.vpp} with {_m(a)} micro-batches: Megatron's interleaved schedule needs a multiple of "
+                  f"pp={a.par.pp}; plan --grad-accum {_round_up(_m(a), a.par.pp)}"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "torch" and a.par.schedule == "1f1b"
+        and _m(a) < a.par.pp,
+        lambda a: f"{_m(a)} micro-batches on pp={a.par.pp}: torch's Schedule1F1B needs at least one per stage; "
+                  f"plan --grad-accum {a.par.pp} or more, or --schedule gpipe"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "torch" and a.par.schedule == "interleaved"
+        and _m(a) % max(1, _m(a) // a.par.pp) != 0,
+        lambda a: f"{_m(a)} micro-batches on pp={a.par.pp}: torch's Interleaved1F1B needs a multiple of "
+                  f"{max(1, _m(a) // a.par.pp)} rounds"),
+    # recompute (whole-model policy)
+    Cap("recompute", lambda a: a.par.recompute not in a.t.recompute,
+        lambda a: f"recompute {a.par.recompute}: {a.name} offers {_join(sorted(a.t.recompute))} recompute; plan "
+                  f"--recompute {'full' if 'full' in a.t.recompute else sorted(a.t.recompute)[0]}"),
+    Cap("recompute_block", lambda a: a.par.recompute in a.t.recompute and a.par.recompute == "full"
+        and a.par.recompute_layers >= 0 and not a.t.recompute_block,
+        lambda a: f"full recompute of {a.par.recompute_layers} layers per stage: {a.name} recomputes every layer or "
+                  "none; plan --recompute full (all layers)"),
+    Cap("recompute_block", lambda a: a.par.recompute in a.t.recompute and a.par.recompute == "full"
+        and a.par.recompute_layers >= 0 and a.t.recompute_block and a.par.vpp > 1 and not a.t.recompute_per_stage
+        and a.par.recompute_layers % a.par.vpp != 0,
+        lambda a: f"{a.par.recompute_layers} recomputed layers per stage with vpp={a.par.vpp}: the block method "
+                  "recomputes the first N layers of each virtual stage; plan --recompute-layers "
+                  f"{_round_up(a.par.recompute_layers, a.par.vpp)}"),
+    # rank order
+    Cap("orders", _order_broken,
+        lambda a: f"mesh order {','.join(a.order)}: {a.name} orders ranks "
+                  + " or ".join(",".join(o) for o in a.t.orders) + " (outermost first); plan --mesh-order "
+                  + ",".join(a.t.orders[0])),
+)
+
+
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
                     order: Sequence[str] = MESH_AXES, plan_check: bool = False) -> list[str]:
-    """What training target ``target`` cannot run in this configuration, stage split aside.
-    ``plan_check``: checking a finished plan rather than searching (ZeRO-1 on a target that runs it
-    as ZeRO-0 is then left to ``problems``' memory check)."""
+    """What training target ``target`` cannot run in this configuration, stage split aside: every
+    rule of ``CAPS`` its table breaks, then its ``extra`` rules. ``plan_check``: checking a
+    finished plan rather than searching (ZeRO-1 on a target that runs it as ZeRO-0 is then left to
+    ``problems``' memory check)."""
     base = get(target) if isinstance(target, str) else target
-    t = base.for_config(par)
-    name = base.name
-    out: list[str] = []
-    order = tuple(order)
-
-    def add(msg: str) -> None:
-        out.append(msg)
-
-    # the model
-    if model.attention == "mla" and not t.mla:
-        add(f"{model.name} uses multi-latent attention, which {name} does not run; use the megatron target")
-    if model.positions == "alibi" and not t.alibi:
-        add(f"{model.name} uses ALiBi positions, which {name} does not run")
-    if model.is_moe and not t.moe:
-        add(f"{model.name} is a mixture of experts ({model.num_experts} experts), which the {name} target does "
-            "not write; use the megatron target")
-    if workload.dtype not in t.dtypes:
-        add(f"dtype {workload.dtype}: {name} trains in {', '.join(sorted(t.dtypes))}; plan --dtype bf16")
-    if t.kv_heads_divisible and model.attention != "mla" and par.tp > 1 and model.kv_heads % par.tp:
-        add(f"tp={par.tp} does not divide the {model.kv_heads} KV heads ({name} shards K/V heads, it does not "
-            f"replicate them); plan --tp {_largest_divisor(model.kv_heads, par.tp)} or fewer")
-    # data parallel sharding
-    if par.dp * par.cp > 1:
-        allowed = _zero_sets(t, par)
-        if plan_check and t.zero1_as_zero0:
-            allowed = allowed | {1}
-        if par.zero not in allowed:
-            with_pp = f" with pp={par.pp}" if par.pp > 1 else ""
-            if allowed:
-                add(f"ZeRO-{par.zero}{with_pp}: {name} runs ZeRO {_stages(allowed)}{with_pp}; plan --zero "
-                    f"{_nearest(par.zero, allowed)}" + ("" if par.pp == 1 or not t.zero - t.zero_pp else
-                                                       " (or --pp 1)"))
-            else:
-                add(f"pp={par.pp} with data parallelism: {name} has no pipeline stages here; plan --pp 1")
-        if par.hsdp and par.zero not in t.hsdp:
-            add(f"ZeRO-{par.zero} over groups of {par.dp_shard} of dp={par.dp} (HSDP): {name} shards "
-                + (f"part of dp only with ZeRO {_stages(t.hsdp)}" if t.hsdp else "over the whole dp group")
-                + f"; plan --dp-shard {par.dp}")
-    # context and expert parallel
-    if par.cp > 1:
-        if not t.cp:
-            add(f"cp={par.cp}: {name} has no context parallelism; plan --cp 1")
-        elif workload.seq_len % t.cp_seq(par):
-            add(f"cp={par.cp} with seq_len {workload.seq_len}: {name} needs seq_len to be a multiple of "
-                f"{t.cp_seq_text} = {t.cp_seq(par)}; plan another --cp or --seq-len")
-    if par.ep > 1:
-        if not t.ep:
-            add(f"ep={par.ep}: the {name} target has no expert parallelism; plan --ep 1")
-        elif par.tp > 1 and not t.expert_tp:
-            add(f"ep={par.ep} with tp={par.tp}: {name}'s expert parallel takes no tensor parallel experts "
-                "(expert TP must be 1); plan --tp 1 or --ep 1")
-    # tensor and sequence parallel
-    if par.tp > 1 and par.pp > 1 and not t.tp_with_pp:
-        add(f"tp={par.tp} with pp={par.pp}: {name} does not combine its tensor parallel with pipeline stages; "
-            "plan --tp 1 or --pp 1")
-    if par.tp > 1:
-        if t.sp == "with_tp" and not par.sp:
-            add(f"tp={par.tp} without sequence parallel: {name} always applies it with TP; plan --sp")
-        if t.sp == "never" and par.sp:
-            add(f"sequence parallel with tp={par.tp}: {name} has no Megatron-style sequence parallel; plan --no-sp")
-    # pipeline
-    if par.pp > 1:
-        if par.schedule not in t.schedules:
-            add(f"the {par.schedule} schedule: {name} runs {', '.join(sorted(t.schedules))}; plan --schedule "
-                f"{'interleaved' if par.vpp > 1 and 'interleaved' in t.schedules else '1f1b'}")
-        if par.vpp > 1:
-            if not t.vpp:
-                add(f"vpp={par.vpp}: {name} has no virtual pipeline stages; plan --vpp 1")
-            elif t.vpp_split == "even" and model.layers % (par.pp * par.vpp):
-                add(f"vpp={par.vpp}: {name} cuts {model.layers} layers into pp*vpp = {par.pp * par.vpp} equal "
-                    "virtual stages; plan a --vpp or --pp that divides the layers")
-        if t.split == "even" and model.layers % par.pp:
-            add(f"pp={par.pp}: {name} splits the {model.layers} layers evenly; plan a --pp that divides them")
-        m = par.grad_accum
-        if t.microbatches == "megatron" and par.vpp > 1 and m % par.pp:
-            add(f"vpp={par.vpp} with {m} micro-batches: Megatron's interleaved schedule needs a multiple of "
-                f"pp={par.pp}; plan --grad-accum {_round_up(m, par.pp)}")
-        if t.microbatches == "torch":
-            if par.schedule == "1f1b" and m < par.pp:
-                add(f"{m} micro-batches on pp={par.pp}: torch's Schedule1F1B needs at least one per stage; plan "
-                    f"--grad-accum {par.pp} or more, or --schedule gpipe")
-            if par.schedule == "interleaved" and m % max(1, m // par.pp):
-                add(f"{m} micro-batches on pp={par.pp}: torch's Interleaved1F1B needs a multiple of "
-                    f"{max(1, m // par.pp)} rounds")
-    # recompute (whole-model policy)
-    if par.recompute not in t.recompute:
-        add(f"recompute {par.recompute}: {name} offers {_join(sorted(t.recompute))} recompute; plan --recompute "
-            f"{'full' if 'full' in t.recompute else sorted(t.recompute)[0]}")
-    elif par.recompute == "full" and par.recompute_layers >= 0 and not t.recompute_block:
-        add(f"full recompute of {par.recompute_layers} layers per stage: {name} recomputes every layer or none; "
-            "plan --recompute full (all layers)")
-    elif (par.recompute == "full" and par.recompute_layers >= 0 and par.vpp > 1 and not t.recompute_per_stage
-          and par.recompute_layers % par.vpp):
-        add(f"{par.recompute_layers} recomputed layers per stage with vpp={par.vpp}: the block method recomputes "
-            f"the first N layers of each virtual stage; plan --recompute-layers {_round_up(par.recompute_layers, par.vpp)}")
-    # rank order
-    if t.orders is not None:
-        eff = _eff_order(par, order)
-        if not any(tuple(d for d in o if d in eff) == eff for o in t.orders):
-            add(f"mesh order {','.join(order)}: {name} orders ranks "
-                + " or ".join(",".join(o) for o in t.orders) + " (outermost first); plan --mesh-order "
-                + ",".join(t.orders[0]))
-    for rule in t.extra:
-        msg = rule.check(model, workload, par, order)
-        if msg:
-            add(msg)
-    return [f"{name}: {m}" for m in out]
+    ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), plan_check)
+    out = [cap.message(ask) for cap in CAPS if cap.broken(ask)]
+    out += [msg for rule in ask.t.extra if (msg := rule.check(model, workload, par, ask.order))]
+    return [f"{base.name}: {m}" for m in out]
 
 
 def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, bool, int]:
@@ -794,65 +833,6 @@ def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------
-# The table as rows (for `planner plan --target all`, the README and the demo)
-# --------------------------------------------------------------------------------------
-
-FEATURES = (
-    ("zero", "ZeRO without PP"), ("zero_pp", "ZeRO with PP"), ("hsdp", "HSDP"), ("cp", "context parallel"),
-    ("ep", "expert parallel"), ("expert_tp", "expert TP"), ("vpp", "virtual stages"),
-    ("split", "stage split"), ("recompute", "recompute"), ("recompute_block", "recompute N per stage"),
-    ("recompute_per_stage", "per-stage recompute"), ("sp", "sequence parallel"), ("schedules", "schedules"),
-    ("orders", "rank orders"), ("dtypes", "dtypes"), ("models", "models"), ("heterogeneous", "node groups"),
-)
-
-
-def _value(t: TrainTarget, key: str) -> str:
-    v = {"models": None}.get(key, getattr(t, key, None))
-    if key == "models":
-        no = [k for k, ok in (("MLA", t.mla), ("MoE", t.moe), ("ALiBi", t.alibi)) if not ok]
-        return "no " + ", ".join(no) if no else "any"
-    if key == "cp":
-        return f"yes, seq % {t.cp_seq_text}" if t.cp else "no"
-    if key == "vpp":
-        return ("no" if not t.vpp else "yes" + (", even split" if t.vpp_split == "even" else "")
-                + (", M % pp == 0" if t.microbatches == "megatron" else ""))
-    if key == "orders":
-        return "any" if v is None else " | ".join(",".join(o) for o in v)
-    if key == "sp":
-        return {"optional": "optional", "with_tp": "always with TP", "never": "no"}[v]
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, frozenset):
-        return _stages(v) if v and all(isinstance(x, int) for x in v) else (", ".join(sorted(v)) or "none")
-    return str(v)
-
-
-def table_rows(name: str) -> list[tuple[str, str, str]]:
-    """``(feature, value, source)`` rows of a training target's table (each variant's in turn)."""
-    t = TRAIN[name]
-    tables = [(label, sub) for label, _, sub in t.variants] or [("", t)]
-    rows = []
-    for label, sub in tables:
-        if label:
-            rows.append(("backend", label, ""))
-        for key, title in FEATURES:
-            src = sub.sources.get(key, "")
-            rows.append((title, _value(sub, key), src))
-    return rows
-
-
-def summary(name: str) -> dict[str, str]:
-    """A training target's table in one short value per feature (the side-by-side table)."""
-    t = TRAIN[name]
-    subs = [sub for _, _, sub in t.variants] or [t]
-    out = {}
-    for key, title in FEATURES:
-        vals = [_value(s, key) for s in subs]
-        out[title] = vals[0] if len(set(vals)) == 1 else " / ".join(vals)
-    return out
-
-
-# --------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------
 
@@ -874,43 +854,3 @@ def _round_up(x: int, k: int) -> int:
 
 def _largest_divisor(n: int, below: int) -> int:
     return max(d for d in range(1, min(n, below) + 1) if n % d == 0)
-
-
-# --------------------------------------------------------------------------------------
-# The command that plans for a target
-# --------------------------------------------------------------------------------------
-
-def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
-    """The ``planner plan --target T ...`` command for ``plan``'s problem (same model, cluster,
-    GPUs, batch and sequence, dtype and optimizer): a plan ``target`` runs, or the reason it
-    has none. A model that is not the catalog's entry of its name is read back from the plan
-    file itself (``--like PLAN``)."""
-    import shlex
-
-    from costmodel.catalog import get_model, model_names
-    w = plan.workload
-    target = {"torchrun": "builtin", "slurm": "slurm", "kubernetes": "kubernetes"}.get(target, target)
-    catalog_model = plan.model.name in model_names() and get_model(plan.model.name) == plan.model
-    src = (plan.provenance or {}).get("cluster_source", "catalog")
-    if not catalog_model or (src == "catalog" and ":" in plan.cluster.name):
-        if plan_path:
-            return f"planner plan --like {shlex.quote(str(plan_path))} --target {target}"
-    args = ["planner", "plan"]
-    if w.mode == "infer":
-        args += ["--mode", "infer"]
-    args += ["--model", plan.model.name if catalog_model else f"<{plan.model.name} model file>"]
-    whole_file = src != "catalog"
-    cluster = src if whole_file else plan.cluster.name
-    args += ["--cluster", cluster]
-    if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
-        args += ["--gpus", str(plan.cluster.total_gpus)]
-    if w.mode == "infer":
-        args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
-    else:
-        args += ["--global-batch", str(w.global_batch), "--seq-len", str(w.seq_len)]
-    if w.dtype != "bf16":
-        args += ["--dtype", w.dtype]
-    if w.mode == "train" and w.optimizer != "adamw":
-        args += ["--optimizer", w.optimizer]
-    args += ["--target", target]
-    return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
