@@ -143,6 +143,13 @@ def emit(plan: Plan) -> dict[str, str]:
         "--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes, "--num_gpus", nproc,
         "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
     ])
+    # under a cluster launcher (planner emit --launcher slurm|kubernetes|torchrun) each node starts its own
+    # processes with torchrun, not the ssh/pdsh runner (planner.plan.targets.STARTS["deepspeed"])
+    text += ('if [ "${DS_LAUNCHER:-}" = torchrun ]; then\n'
+             f'  exec torchrun --nnodes {nnodes} --nproc-per-node {nproc} --node-rank "${{NODE_RANK:-0}}" '
+             '--master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-' + str(MASTER_PORT) + '}" '
+             '"$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n'
+             'fi\n')
     text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
              '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
     return {"ds_config.json": json.dumps(cfg, indent=2) + "\n", "hostfile": hostfile(plan, nnodes, nproc),

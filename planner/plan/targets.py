@@ -31,9 +31,6 @@ REF = "reference/training-targets.md"       # /work/shared/reference/, see the m
 LREF = "reference/launchers.md"
 SREF = "reference/serving-and-hardware.md"
 
-TRAIN_TARGETS = ("megatron", "torchtitan", "deepspeed", "accelerate", "builtin")
-SERVE_TARGETS = ("vllm", "sglang", "tensorrt-llm", "builtin")
-LAUNCHERS = ("torchrun", "slurm", "kubernetes")   # start the built-in runtime
 GENERIC = "generic"     # every layout the cost model knows; no framework runs all of them
 
 
@@ -491,11 +488,108 @@ BUILTIN_SERVE = ServeTarget(
              "mla": "runtime/model.py check_supported: no multi-latent attention",
              "heterogeneous": "runtime/serve.py: one kind of node"})
 
-TRAIN: dict[str, TrainTarget] = {t.name: t for t in (MEGATRON, TORCHTITAN, DEEPSPEED, ACCELERATE, BUILTIN)}
-TRAIN.update({"torchrun": _launcher("torchrun", "torchrun + the built-in runtime", True),
-              "slurm": _launcher("slurm", "sbatch + torchrun + the built-in runtime", False),
-              "kubernetes": _launcher("kubernetes", "Kubeflow PyTorchJob + the built-in runtime", False)})
-SERVE: dict[str, ServeTarget] = {t.name: t for t in (VLLM, SGLANG, TRTLLM, BUILTIN_SERVE)}
+# --------------------------------------------------------------------------------------
+# The target record and its registry
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """How a cluster launcher (``emitters.LAUNCHERS``: torchrun, Slurm, Kubernetes) starts a
+    framework's files: one launcher task per node runs ``script`` (which starts the node's
+    processes itself, through torchrun or the framework's own launcher) with the node's rank and
+    node 0's address in the variables named here. ``""``: the script takes no such variable (a
+    c10d rendezvous needs no node rank). ``env``: fixed variables the launcher also sets."""
+    script: str
+    node_rank: str
+    head_addr: str
+    port: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One execution target, every part of it in one record: what it runs (``table``: the
+    capability table, each fact with its source), how fast (``profile``: the key of its cost
+    profile in ``costmodel.frameworks.FRAMEWORKS``), what it writes (``emitter``: the module with
+    ``emit(plan)``), how the search plans for it (``search``: ``module:function``) and, for a
+    training framework, how a cluster launcher starts its files (``start``). ``launcher``: a
+    wrapper target (``slurm`` = the built-in runtime started by the Slurm launcher). ``planned``:
+    ``--target all`` solves for it. Parts in other layers are named, not imported, so that this
+    record stays in the plan file's layer; ``tests/test_targets_record.py`` imports every one."""
+    name: str
+    mode: str
+    table: TrainTarget | ServeTarget
+    profile: str
+    emitter: str
+    search: str
+    start: Start | None = None
+    launcher: str = ""
+    planned: bool = True
+
+
+TRAIN_SEARCH = "planner.search.targets:solve_target"
+SERVE_SEARCH = "planner.search.target_serving:solve_serving_for"
+
+_START_SRC = "the script's DISTRIBUTED/TORCHRUN/LAUNCH arguments (emitters/{})"
+STARTS = {
+    "megatron": Start(script="megatron.sh", node_rank="NODE_RANK", head_addr="MASTER_ADDR", port="MASTER_PORT",
+                      source=_START_SRC.format("megatron.py") + "; Megatron-LM examples start torchrun per node"),
+    "torchtitan": Start(script="torchtitan.sh", node_rank="", head_addr="HEAD_ADDR", port="RDZV_PORT",
+                        source=_START_SRC.format("torchtitan.py") + "; torchtitan's multinode_trainer.slurm: one "
+                               "srun task per node, torchrun c10d inside"),
+    "deepspeed": Start(script="deepspeed.sh", node_rank="NODE_RANK", head_addr="MASTER_ADDR", port="MASTER_PORT",
+                       env={"DS_LAUNCHER": "torchrun"},
+                       source=_START_SRC.format("deepspeed.py") + ": DS_LAUNCHER=torchrun starts torchrun on "
+                              "this node instead of the ssh/pdsh runner (deepspeed.init_distributed reads "
+                              "torchrun's environment)"),
+    "accelerate": Start(script="accelerate.sh", node_rank="MACHINE_RANK", head_addr="MAIN_PROCESS_IP", port="",
+                        source=_START_SRC.format("accelerate.py") + ": accelerate launch --machine_rank "
+                               "--main_process_ip, one per node"),
+    "builtin": Start(script="torchrun.sh", node_rank="", head_addr="HEAD_ADDR", port="RDZV_PORT",
+                     source=_START_SRC.format("torchrun.py") + ": c10d rendezvous"),
+}
+
+_FRAMEWORK_TABLES = (MEGATRON, TORCHTITAN, DEEPSPEED, ACCELERATE, BUILTIN)
+_EMITTER = {"megatron": "emitters.megatron", "torchtitan": "emitters.torchtitan", "deepspeed": "emitters.deepspeed",
+            "accelerate": "emitters.accelerate", "builtin": "emitters.torchrun"}
+_WRAPPERS = (("torchrun", "torchrun + the built-in runtime", True),
+             ("slurm", "sbatch + torchrun + the built-in runtime", False),
+             ("kubernetes", "Kubeflow PyTorchJob + the built-in runtime", False))
+
+# THE registry: every target, training and serving, once.
+REGISTRY: tuple[Target, ...] = (
+    *(Target(name=t.name, mode="train", table=t, profile=t.runs, emitter=_EMITTER[t.name], search=TRAIN_SEARCH,
+             start=STARTS[t.name]) for t in _FRAMEWORK_TABLES),
+    *(Target(name=n, mode="train", table=_launcher(n, summary, hetero), profile="builtin", emitter=f"emitters.{n}",
+             search=TRAIN_SEARCH, launcher=n, planned=False) for n, summary, hetero in _WRAPPERS),
+    Target(name="vllm", mode="infer", table=VLLM, profile="vllm", emitter="emitters.vllm", search=SERVE_SEARCH),
+    Target(name="sglang", mode="infer", table=SGLANG, profile="sglang", emitter="emitters.sglang", search=SERVE_SEARCH),
+    Target(name="tensorrt-llm", mode="infer", table=TRTLLM, profile="tensorrt-llm", emitter="emitters.tensorrt_llm",
+           search=SERVE_SEARCH),
+    Target(name="builtin", mode="infer", table=BUILTIN_SERVE, profile="builtin", emitter="emitters.torchrun",
+           search=SERVE_SEARCH),
+)
+
+
+def record(name: str, mode: str = "train") -> Target:
+    """The registered record of target ``name`` for plans of ``mode``; ``KeyError`` if none."""
+    for r in REGISTRY:
+        if r.name == name and r.mode == mode:
+            return r
+    raise KeyError(name)
+
+
+def records(mode: str) -> tuple[Target, ...]:
+    return tuple(r for r in REGISTRY if r.mode == mode)
+
+
+# Views of the registry (names kept for the callers that read them)
+TRAIN: dict[str, TrainTarget] = {r.name: r.table for r in records("train")}      # type: ignore[misc]
+SERVE: dict[str, ServeTarget] = {r.name: r.table for r in records("infer")}      # type: ignore[misc]
+TRAIN_TARGETS = tuple(r.name for r in records("train") if r.planned)
+SERVE_TARGETS = tuple(r.name for r in records("infer") if r.planned)
+LAUNCHERS = tuple(r.name for r in records("train") if r.launcher)   # start the built-in runtime
 
 
 def names(mode: str) -> tuple[str, ...]:
@@ -510,10 +604,7 @@ def planning_targets(mode: str) -> tuple[str, ...]:
 
 def get(name: str, mode: str = "train") -> TrainTarget | ServeTarget:
     """The table of target ``name`` for plans of ``mode``; ``KeyError`` for an unknown one."""
-    table = TRAIN if mode == "train" else SERVE
-    if name not in table:
-        raise KeyError(name)
-    return table[name]
+    return record(name, mode).table
 
 
 def check_name(name: str, mode: str) -> None:
@@ -526,8 +617,10 @@ def framework_of(name: str) -> str:
     """The cost model's framework profile for a training target (``costmodel.frameworks``)."""
     if not name or name == GENERIC:
         return GENERIC
-    t = TRAIN.get(name)
-    return t.runs if t is not None else GENERIC
+    try:
+        return record(name, "train").profile
+    except KeyError:
+        return GENERIC
 
 
 # --------------------------------------------------------------------------------------
