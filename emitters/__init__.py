@@ -67,16 +67,17 @@ def compose(plan, framework: str, launcher: str, files: dict[str, str] | None = 
         raise CannotExpress(launcher, f"the {framework} target",
                             "only training frameworks are started by a cluster launcher",
                             "emit --target " + framework + " without --launcher")
-    out = dict(files if files is not None else importlib.import_module(rec.emitter).emit(plan))
+    if launcher != "slurm" and any(site.values()):
+        raise ValueError(f"--launcher {launcher} takes no site options ({', '.join(k for k, v in site.items() if v)}); "
+                         "they are sbatch options: --launcher slurm")
     mod = importlib.import_module(LAUNCHERS[launcher])
+    args = ()
     if launcher == "slurm":
         from emitters.slurm import Site
-        extra = mod.launch(plan, framework, rec.start, out, Site(**site))
-    else:
-        if any(site.values()):
-            raise ValueError(f"--launcher {launcher} takes no site options ({', '.join(k for k, v in site.items() if v)}"
-                             "); they are sbatch options: --launcher slurm")
-        extra = mod.launch(plan, framework, rec.start, out)
+        args = (Site(**site),)
+        args[0].check()
+    out = dict(files if files is not None else importlib.import_module(rec.emitter).emit(plan))
+    extra = mod.launch(plan, framework, rec.start, out, *args)
     clash = sorted(set(extra) & set(out))
     assert not clash, f"{launcher} would overwrite {framework}'s {clash}"
     return {**out, **extra}

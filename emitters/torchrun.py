@@ -57,7 +57,35 @@ def _groups_table(plan: Plan) -> tuple[list[tuple[int, int, str]], int]:
     return rows, rank
 
 
+def _emit_serve(plan: Plan) -> dict[str, str]:
+    """An inference plan: torchrun starts the built-in serving runtime (``python -m runtime.serve``),
+    as ``planner launch`` does, on one node or on every node (c10d)."""
+    from emitters.base import require_one_group
+    require_one_group(plan, TARGET)
+    nnodes, nproc = nodes_and_procs(plan, TARGET)
+    usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH.",
+             "Serves the plan's static batch with the built-in runtime and prints measured beside predicted."]
+    body = needs_block("torchrun.sh", runtime_needs())
+    body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    body += bash_array("RUNTIME_ARGS", ["--plan", Raw('"${PLAN:-$HERE/' + PLAN_FILE + '}"')],
+                       "python -m runtime.serve --plan PLAN [--prompt-len N] [--output-len N] [--batch N]")
+    if nnodes == 1:
+        usage.append("Run: bash torchrun.sh")
+        endpoint = Raw('"${RDZV_ENDPOINT:-localhost:0}"')
+    else:
+        usage.append(f"Run on each of the {nnodes} nodes: HEAD_ADDR=<first node's address> bash torchrun.sh")
+        body += ': "${HEAD_ADDR:?set HEAD_ADDR to the first node address, the same on every node}"\n'
+        endpoint = Raw('"$HEAD_ADDR:${RDZV_PORT:-' + str(C10D_PORT) + '}"')
+    body += bash_array("TORCHRUN_ARGS", ["--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", "c10d",
+                                         "--rdzv-endpoint", endpoint,
+                                         "--rdzv-id", Raw('"${RDZV_ID:-' + _rdzv_id(plan) + '}"')])
+    body += 'exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.serve "${RUNTIME_ARGS[@]}" "$@"\n'
+    return {"torchrun.sh": script_header(plan, TARGET, FORMAT, usage) + body, PLAN_FILE: plan_text(plan)}
+
+
 def emit(plan: Plan) -> dict[str, str]:
+    if plan.mode == "infer":
+        return _emit_serve(plan)
     require_mode(plan, TARGET, "train")
     hetero = len(plan.cluster.groups) > 1
     usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH."]

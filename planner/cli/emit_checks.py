@@ -21,9 +21,8 @@ EMITTER_OF = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torc
 
 def default_target(plan) -> str | None:
     """The emit target for a plan made for ``plan.target`` (None: the plan names no target with
-    an emitter, e.g. an older plan file, ``generic``, or the built-in serving runtime)."""
-    if plan.mode == "infer" and plan.target == "builtin":
-        return None
+    an emitter, e.g. an older plan file or ``generic``). The built-in runtime's, training or
+    serving, is torchrun's."""
     return EMITTER_OF.get(plan.target or "")
 
 

@@ -15,7 +15,7 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     """``(target or "", its problems with this configuration, estimate's framework keyword)``."""
     from costmodel.training import estimate
     from planner.plan.planfile import Plan
-    from planner.search.targets import framework_kwargs
+    from planner.search.target_space import framework_kwargs
     target = getattr(args, "target", None)
     if target is None and getattr(args, "plan", None):
         from planner.plan.planfile import read_plan

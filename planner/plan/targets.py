@@ -567,7 +567,7 @@ REGISTRY: tuple[Target, ...] = (
     Target(name="sglang", mode="infer", table=SGLANG, profile="sglang", emitter="emitters.sglang", search=SERVE_SEARCH),
     Target(name="tensorrt-llm", mode="infer", table=TRTLLM, profile="tensorrt-llm", emitter="emitters.tensorrt_llm",
            search=SERVE_SEARCH),
-    Target(name="builtin", mode="infer", table=BUILTIN_SERVE, profile="builtin", emitter="emitters.torchrun",
+    Target(name="builtin", mode="infer", table=BUILTIN_SERVE, profile="static", emitter="emitters.torchrun",
            search=SERVE_SEARCH),
 )
 

@@ -41,7 +41,7 @@ from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
 from planner.plan.targets import framework_of
-from planner.search.targets import runs, widened
+from planner.search.target_space import runs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
@@ -275,7 +275,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
     model, cluster, wl = prob.model, prob.cluster, prob.workload
     if not cands:
         if widened(target):
-            from planner.search.targets import why_no_candidate
+            from planner.search.refusal import why_no_candidate
             return why_no_candidate(model, cluster, wl, gpus, target)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")

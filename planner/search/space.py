@@ -120,7 +120,7 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
-    from planner.search import targets as tg
+    from planner.search import target_space as tg
     wide = tg.widened(target)
     memo: dict = {}
     found: list = []
