@@ -140,7 +140,15 @@ def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, o
     return None
 
 
+TITAN_MOE_FAMILIES = {"deepseek": "deepseek_v3", "qwen3": "qwen3", "gpt_oss": "gpt_oss"}
+
+
 def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if model.is_moe or model.attention == "mla":
+        if model.family in TITAN_MOE_FAMILIES:
+            return None
+        return (f"{model.name} ({model.family}, {model.num_experts} experts): torchtitan 0.3 ships mixture-of-experts "
+                "model code for " + ", ".join(sorted(TITAN_MOE_FAMILIES.values())) + " only; use the megatron target")
     checks = [(model.mlp == "swiglu", f"the {model.mlp} MLP"),
               (model.norm == "rmsnorm", model.norm), (model.positions == "rotary", f"{model.positions} positions"),
               (not model.tied_embeddings, "tied embeddings"), (not model.bias, "linear biases"),
@@ -149,6 +157,24 @@ def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tup
     if bad:
         return (f"{model.name} has {', '.join(bad)}: the torchtitan target writes its llama3 model (dense, "
                 "SwiGLU, RMSNorm, RoPE, untied, no biases); use the megatron target")
+    return None
+
+
+def _titan_ep(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    """torchtitan's expert mesh: efsdp = dp_shard * cp * tp / ep (parallel_dims.py), so ep divides
+    the sharded data-parallel ranks (tp is 1 here: expert TP is refused by the table)."""
+    shard = (par.dp_shard if par.zero >= 2 else 1) * par.cp * par.tp
+    if par.ep > 1 and shard % par.ep:
+        return (f"ep={par.ep}: torchtitan borrows expert parallel ranks from dp_shard*cp*tp = {shard} (FSDP "
+                "shards, parallel_dims.py efsdp); plan an --ep that divides it, with --zero 2 or 3")
+    return None
+
+
+def _titan_sac(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if par.recompute == "selective" and wl.attention_kernel != "flash":
+        return (f"selective recompute with the {wl.attention_kernel} attention kernel: torchtitan's SelectiveAC is "
+                "per-op (it saves SDPA's output and every other matmul's), priced with fused attention; plan "
+                "--recompute full or none")
     return None
 
 
@@ -245,25 +271,29 @@ MEGATRON = TrainTarget(
 TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
-    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=False, expert_tp=False,
+    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
     vpp=True, vpp_split="even", split="any",
-    recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
+    recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
     orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
-    mla=False, moe=False, alibi=False, kv_heads_divisible=True, heterogeneous=False,
+    mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{REF} 2.2 and 2.6: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
                 "no optimizer-only sharding; DDP only when dp is the sole parallelism (emitters/torchtitan.py)",
         "zero_pp": f"{REF} 2.2: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
         "hsdp": f"{REF} 2.2: data_parallel_replicate_degree x data_parallel_shard_degree",
         "cp": f"{REF} 2.2: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
-        "ep": f"{REF} 2.2: EP exists (divides dp_shard*cp*tp), but the torchtitan emitter writes dense llama3 only",
-        "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2)",
+        "ep": "pytorch/torchtitan v0.3.0 torchtitan/distributed/parallel_dims.py: expert_parallel_degree, "
+              "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
+        "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
+                     "tp ranks, which the cost model (experts split like tp) does not price yet",
         "vpp": f"{REF} 2.2: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
         "split": f"{REF} 2.3: module_fqns_per_model_part, any layers per stage",
-        "recompute": f"{REF} 2.4: none, full (every block), selective per-op (saves matmul outputs: not the "
-                     "attention-only selective the cost model prices, emitters/torchtitan.py)",
+        "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
+                     "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
+                     "recomputes every second matmul; priced as op-level selective (costmodel/layers.py, fused "
+                     "attention: half the stored activations, half the matmuls again)",
         "recompute_block": f"{REF} 2.4: apply() wraps every block; no every-N-layers option",
         "recompute_per_stage": f"{REF} 2.4 and 2.6: no per-stage or per-layer recompute",
         "sp": "emitters/torchtitan.py: SequenceParallel norms always with TP (enable_sequence_parallel)",
@@ -273,11 +303,15 @@ TORCHTITAN = TrainTarget(
         "orders": f"{REF} 9 / parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
         "tp_with_pp": f"{REF} 2.2: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
         "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
-        "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases)",
+        "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
+                  "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model", check=_titan_model),
+    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model),
+           Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
+           Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
+                 check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
            Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16)),
 )
