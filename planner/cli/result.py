@@ -23,7 +23,8 @@ def plans_from_result(res: SolveResult, model: ModelSpec, cluster: ClusterSpec, 
         used = cluster if s.par.world_size == cluster.total_gpus else cluster.with_gpus(s.par.world_size)
         out.append(Plan(model=model, cluster=used, workload=workload, parallel=s.par, stages=s.stages,
                         mesh_order=s.cand.order, estimate=estimate_json(s.estimate), solver=solver_json(res),
-                        provenance=provenance(cluster_source), target=target))
+                        provenance=provenance(cluster_source), target=target,
+                        framework=dict(s.cand.switches)))
     return out
 
 

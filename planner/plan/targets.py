@@ -22,6 +22,7 @@ proves best must be one that runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -201,11 +202,89 @@ def _ds_autotp_zero3(model: ModelSpec, wl: Workload, par: ParallelConfig, order:
     return None
 
 
-def _ds_recompute_needs_pp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
-    if par.recompute == "full" and par.pp == 1:
-        return ("full recompute without pipeline stages: DeepSpeed's config turns checkpointing on only for "
-                "PipelineModule (activation_checkpoint_interval); plan --recompute none or --pp 2 or more")
-    return None
+# --------------------------------------------------------------------------------------
+# DeepSpeed's pipeline partition methods (deepspeed/runtime/pipe/module.py _partition_layers,
+# deepspeed/runtime/utils.py partition_uniform / partition_balanced, DeepSpeed 0.19)
+# --------------------------------------------------------------------------------------
+
+# The PipelineModule layer list the DeepSpeed target's training script builds: the embedding,
+# one spec per transformer block (class DS_BLOCK_TYPE), the final norm, the output head (a
+# TiedLayerSpec when the embeddings are tied: DeepSpeed counts its parameters again).
+DS_BLOCK_TYPE = "TransformerBlock"
+DS_METHODS = ("uniform", "parameters", f"type:{DS_BLOCK_TYPE}")
+
+
+def _ds_uniform(n: int, parts: int) -> list[int]:
+    """Boundaries of ``n`` items in ``parts`` runs: ``n // parts`` each, the first ``n % parts``
+    runs one more (partition_uniform); with ``n <= parts`` one item per run, then empty runs."""
+    if n <= parts:
+        return [min(i, n) for i in range(parts + 1)]
+    size, extra = divmod(n, parts)
+    return [i * size + min(i, extra) for i in range(parts + 1)]
+
+
+def _ds_balanced(weights: Sequence[float], parts: int) -> list[int]:
+    """Boundaries that partition_balanced picks: a dynamic program over (items, runs) that keeps,
+    per state, the split with the least spread (largest run minus smallest), a later cut winning
+    a tie; then the cuts read back from the last item."""
+    n = len(weights)
+    if n <= parts:
+        return _ds_uniform(n, parts)
+    inf = float("inf")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    hi = [[inf] * (parts + 1) for _ in range(n + 1)]
+    lo = [[inf] * (parts + 1) for _ in range(n + 1)]
+    spread = [[inf] * (parts + 1) for _ in range(n + 1)]
+    cut = [[0] * (parts + 1) for _ in range(n + 1)]
+    hi[0][0] = 0.0
+    spread[0][0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, parts) + 1):
+            for k in range(i):
+                run = prefix[i] - prefix[k]
+                top, bottom = max(hi[k][j - 1], run), min(lo[k][j - 1], run)
+                if spread[i][j] >= top - bottom:
+                    spread[i][j], hi[i][j], lo[i][j], cut[i][j] = top - bottom, top, bottom, k
+    bounds = [n]
+    for j in range(parts, 0, -1):
+        bounds.append(cut[bounds[-1]][j])
+    return bounds[::-1]
+
+
+def ds_layer_weights(model: ModelSpec, method: str) -> list[float]:
+    """The weight of each PipelineModule layer spec under ``method`` (DS_METHODS)."""
+    blocks = model.layers
+    if method == "uniform":
+        return [1.0] * (blocks + 3)
+    if method == "parameters":
+        head = model.vocab * model.hidden
+        return ([float(model.embedding_params())] + [float(model.layer_params(i)) for i in range(blocks)]
+                + [float(model.norm_params()), float(head)])
+    if method.startswith("type:"):
+        return [0.0] + [1.0] * blocks + [0.0, 0.0]
+    raise ValueError(f"partition_method {method!r}: DeepSpeed partitions by " + ", ".join(DS_METHODS))
+
+
+@functools.lru_cache(maxsize=4096)
+def ds_split(model: ModelSpec, pp: int, method: str) -> tuple[int, ...] | None:
+    """Transformer blocks per pipeline stage when DeepSpeed partitions the layer list with
+    ``method``; None when a stage gets no block (the planner's stages hold at least one)."""
+    w = ds_layer_weights(model, method)
+    b = _ds_uniform(len(w), pp) if method == "uniform" else _ds_balanced(w, pp)
+    counts = tuple(sum(1 for i in range(b[s], b[s + 1]) if 1 <= i <= model.layers) for s in range(pp))
+    return counts if all(counts) and sum(counts) == model.layers else None
+
+
+def ds_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
+    """Each distinct split DeepSpeed's methods give, with the first method (DS_METHODS order) that gives it."""
+    out: dict[tuple[int, ...], str] = {}
+    for m in DS_METHODS:
+        c = ds_split(model, pp, m)
+        if c is not None and c not in out:
+            out[c] = m
+    return out
 
 
 def _accel_fsdp_recompute(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
@@ -320,7 +399,7 @@ DEEPSPEED = TrainTarget(
     name="deepspeed", summary="DeepSpeed 0.19 (ZeRO, AutoTP, PipelineModule, AutoEP)", runs="deepspeed",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset(),
     cp=False, cp_seq=_megatron_cp, cp_seq_text="-", ep=True, expert_tp=False,
-    vpp=False, vpp_split="even", split="even",
+    vpp=False, vpp_split="even", split="partition",
     recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="never", schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
@@ -335,10 +414,13 @@ DEEPSPEED = TrainTarget(
         "expert_tp": f"{REF} 3.6: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
         "vpp": f"{REF} 3.3: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{REF} 3.3",
-        "split": f"{REF} 3.3: partition_method balances parameters or layer types; no explicit per-stage counts, "
-                 "so only an even split is known to be what runs",
-        "recompute": f"{REF} 3.3 and 3.7: PipelineModule activation_checkpoint_interval (every layer); no selective "
-                     "mode; a plain model checkpoints in its own code (emitters/deepspeed.py)",
+        "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
+                 "uniform (partition_uniform over the layer list), parameters or type:REGEX (partition_balanced); "
+                 "a split is run only if one of them gives it (ds_split; the plan names the method)",
+        "recompute": f"{REF} 3.3 and 3.7: PipelineModule activation_checkpoint_interval (every layer); without "
+                     "stages the model checkpoints its blocks itself (Hugging Face gradient_checkpointing_enable(), "
+                     "or deepspeed.checkpointing.checkpoint, which the activation_checkpointing section configures: "
+                     "docs/code-docs/source/activation-checkpointing.rst); no selective mode",
         "recompute_block": f"{REF} 3.3: one activation_checkpoint_interval for the whole module",
         "recompute_per_stage": f"{REF} 3.3: no per-stage variation",
         "sp": "emitters/deepspeed.py: AutoTP has no Megatron-style sequence-parallel norms",
@@ -351,9 +433,7 @@ DEEPSPEED = TrainTarget(
         "kv_heads_divisible": f"{REF} 3.4: AutoTP distributes heads unevenly",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{REF} 3.4", check=_ds_autotp_zero3),
-           Extra(what="recompute needs PipelineModule", source="emitters/deepspeed.py config",
-                 check=_ds_recompute_needs_pp)),
+    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{REF} 3.4", check=_ds_autotp_zero3),),
 )
 
 _ACCEL_MEGATRON = dataclasses.replace(
@@ -658,6 +738,54 @@ def framework_of(name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# Framework settings a plan carries (the plan file's ``framework:`` section)
+# --------------------------------------------------------------------------------------
+
+# target -> setting -> (type, what it is and its source). Each is priced (``profile_for``) and
+# written by the target's emitter; a plan without the section runs every one at its default.
+SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
+    "torchtitan": {
+        "compile": (bool, "torch.compile of the model and loss: CompileConfig.enable, components model, loss "
+                          "(torchtitan/config/configs.py)"),
+        "async_tp": (bool, "async tensor parallel: CompileConfig.enable_async_tensor_parallel; needs compile "
+                           "(torchtitan/config/configs.py CompileConfig.__post_init__) and tp > 1"),
+    },
+    "deepspeed": {
+        "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
+                             + " (deepspeed/runtime/pipe/module.py)"),
+    },
+}
+
+
+def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a plan's framework settings for ``target``: unknown keys, wrong types,
+    settings that need another (async TP needs compile and tp > 1)."""
+    known = SWITCHES.get(TRAIN[target].runs if target in TRAIN else target, {})
+    out = []
+    for k, v in switches.items():
+        if k not in known:
+            out.append(f"framework.{k}: {target} has no such setting"
+                       + (f" (it has {', '.join(sorted(known))})" if known else " (it takes none)"))
+        elif not isinstance(v, known[k][0]) or (known[k][0] is int and isinstance(v, bool)):
+            out.append(f"framework.{k}: {v!r} is not a {known[k][0].__name__}")
+    if switches.get("async_tp") and not (switches.get("compile") and par.tp > 1):
+        out.append(f"framework.async_tp with compile={bool(switches.get('compile'))}, tp={par.tp}: torchtitan's async "
+                   "TP needs torch.compile and tp > 1; set compile: true or drop async_tp")
+    return [f"{target}: {m}" for m in out]
+
+
+def profile_for(target: str, switches: Mapping[str, Any] | None = None):
+    """The cost profile (``costmodel.frameworks``) a plan for ``target`` with these framework
+    settings is priced with: the target's own, with each setting's term applied."""
+    from costmodel.frameworks import framework_profile
+    prof = framework_profile(framework_of(target))
+    sw = switches or {}
+    if sw.get("compile") or sw.get("async_tp"):
+        prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")))
+    return prof
+
+
+# --------------------------------------------------------------------------------------
 # What a target cannot run
 # --------------------------------------------------------------------------------------
 
@@ -776,6 +904,9 @@ CAPS: tuple[Cap, ...] = (
     Cap("split", lambda a: _pp(a) and a.t.split == "even" and a.model.layers % a.par.pp != 0,
         lambda a: f"pp={a.par.pp}: {a.name} splits the {a.model.layers} layers evenly; plan a --pp that divides "
                   "them"),
+    Cap("split", lambda a: _pp(a) and a.t.split == "partition" and not ds_splits(a.model, a.par.pp),
+        lambda a: f"pp={a.par.pp}: none of DeepSpeed's partition methods ({', '.join(DS_METHODS)}) gives each of the "
+                  f"{a.par.pp} stages a block of the {a.model.layers}; plan fewer stages"),
     Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "megatron" and a.par.vpp > 1
         and _m(a) % a.par.pp != 0,
         lambda a: f"vpp={a.par.vpp} with {_m(a)} micro-batches: Megatron's interleaved schedule needs a multiple of "
@@ -823,6 +954,22 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
     return [f"{base.name}: {m}" for m in out]
 
 
+def _partition_problems(name: str, model: ModelSpec, pp: int, counts: tuple[int, ...], method: str | None) -> list[str]:
+    """A DeepSpeed split runs only as a partition method places it: the plan's method, or any."""
+    if method is not None:
+        if method not in DS_METHODS:
+            return [f"partition_method {method!r}: {name} plans with " + ", ".join(DS_METHODS)]
+        got = ds_split(model, pp, method)
+        if got != counts:
+            placed = list(got) if got else "no block on some stage"
+            return [f"stage split {list(counts)}: partition_method {method} places {placed}; plan --target {name}"]
+        return []
+    if counts in ds_splits(model, pp):
+        return []
+    shown = "; ".join(f"{m} gives {list(c)}" for c, m in ds_splits(model, pp).items())
+    return [f"stage split {list(counts)}: no DeepSpeed partition_method places the blocks so ({shown}); plan --target {name}"]
+
+
 def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, bool, int]:
     """How a target lets the search split the layers: ``(split, per-stage recompute, least
     layers per stage)``. ``split`` is ``any``, ``even`` or ``last`` (all stages but the last
@@ -840,13 +987,17 @@ def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, boo
 
 
 def stage_problems(target: str | TrainTarget, model: ModelSpec, par: ParallelConfig,
-                   stages: Sequence[StageSpec], groups: int = 1) -> list[str]:
-    """What target ``target`` cannot run in this stage split (and its per-stage recompute)."""
+                   stages: Sequence[StageSpec], groups: int = 1,
+                   switches: Mapping[str, Any] | None = None) -> list[str]:
+    """What target ``target`` cannot run in this stage split (and its per-stage recompute);
+    ``switches``: the plan's framework settings (DeepSpeed's ``partition_method``)."""
     base = get(target) if isinstance(target, str) else target
     t = base.for_config(par)
     name = base.name
     out: list[str] = []
     counts = [s.num_layers for s in stages]
+    if par.pp > 1 and t.split == "partition":
+        out += _partition_problems(name, model, par.pp, tuple(counts), (switches or {}).get("partition_method"))
     used = {s.group for s in stages}
     if not t.heterogeneous and (groups > 1 or len(used - {""}) > 1):
         out.append(f"stages on {groups} node groups: {name} launches one kind of node; plan --target {name} "
@@ -938,7 +1089,9 @@ def problems(target: str, plan: Any) -> list[str]:
     if target not in TRAIN:
         return [f"{target}: a training plan; {target} is not a training target ({', '.join(names('train'))})"]
     out = (config_problems(target, plan.model, plan.workload, plan.parallel, plan.mesh_order, plan_check=True)
-           + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups)))
+           + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups),
+                            getattr(plan, "framework", None))
+           + switch_problems(target, plan.parallel, getattr(plan, "framework", None) or {}))
     par = plan.parallel
     if not out and TRAIN[target].zero1_as_zero0 and par.zero == 1 and par.dp > 1:
         out += _zero1_as_zero0(target, plan)

@@ -34,6 +34,8 @@ class Candidate:
     stage_recompute: bool = True
     least_layers: int = 0
     uniform_recompute: bool = False      # one stage: its own count is the policy's (finalize_par)
+    counts: tuple[int, ...] = ()         # split "fixed": the layers of each stage (DeepSpeed's partition)
+    switches: tuple[tuple[str, object], ...] = ()   # the framework settings the plan carries
 
     @property
     def world(self) -> int:
@@ -188,8 +190,8 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     if wide:
                                         memo[kind] = any_order
     if wide:
-        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **tg.split_of(target, par, fixed))
-               for key, par in tg.prune_dominated(found)]
+        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
+               for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
     return out
 
 

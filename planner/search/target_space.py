@@ -91,6 +91,19 @@ def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig,
     return not T.config_problems(target, model, workload, par, order)
 
 
+def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
+    """The Candidate fields of each split the target may run for ``par``: one, or for a target
+    that places the layers itself (DeepSpeed's partition methods) one per distinct split, each
+    fixed and naming its method."""
+    base = split_of(target, par, fixed)
+    if not widened(target) or base["split"] != "partition":
+        return [base]
+    if par.pp == 1:
+        return [{**base, "split": "any"}]
+    return [{**base, "split": "fixed", "counts": counts, "switches": (("partition_method", method),)}
+            for counts, method in T.ds_splits(model, par.pp).items()]
+
+
 def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
     """The Candidate fields that carry the target's split rule (``--recompute-layers 0`` without
     full recompute: no stage recomputes on its own either)."""
