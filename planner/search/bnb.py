@@ -199,7 +199,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
                                 f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
-        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target))
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target, fixed))
     best = sols[0].objective
     if stopped:
         status = "FEASIBLE"
@@ -270,13 +270,14 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return best
 
 
-def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None) -> str:
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None,
+                    fixed: dict | None = None) -> str:
     """The binding constraint and the smallest change that would make a plan exist."""
     model, cluster, wl = prob.model, prob.cluster, prob.workload
     if not cands:
         if widened(target):
             from planner.search.refusal import why_no_candidate
-            return why_no_candidate(model, cluster, wl, gpus, target)
+            return why_no_candidate(model, cluster, wl, gpus, target, fixed)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
     best = _least_memory(model, cluster, wl, cands, prob.framework, target)
