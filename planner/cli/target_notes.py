@@ -17,16 +17,20 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     from planner.plan.planfile import Plan
     from planner.search.target_space import framework_kwargs
     target = getattr(args, "target", None)
-    if target is None and getattr(args, "plan", None):
+    switches: dict = {}
+    if getattr(args, "plan", None):
         from planner.plan.planfile import read_plan
-        target = read_plan(args.plan).target or None
+        made = read_plan(args.plan)
+        if target is None or target == made.target:
+            target, switches = made.target or None, dict(made.framework)
     if not target or target == T.GENERIC:
         return (target or ""), [], {}
     if target not in T.TRAIN:
         raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}")
     plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par,
-                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES))
-    return target, T.problems(target, plan), framework_kwargs(estimate, target)
+                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES),
+                target=target, framework=switches)
+    return target, T.problems(target, plan), framework_kwargs(estimate, target, switches)
 
 
 # --------------------------------------------------------------------------------------

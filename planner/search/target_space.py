@@ -129,10 +129,13 @@ def _takes_framework(fn) -> bool:
         return False
 
 
-def framework_kwargs(fn, target: str | None) -> dict:
+def framework_kwargs(fn, target: str | None, switches=None) -> dict:
     """``{"framework": profile}`` for a cost-model function (``estimate``, ``stage_model``,
-    ``Problem``) that prices a target's framework (``costmodel.frameworks``); ``{}`` for the
-    generic target or a function that takes no framework."""
+    ``Problem``) that prices a target's framework (``costmodel.frameworks``), with the plan's
+    framework settings (``switches``: compile, async TP, ...) priced; ``{}`` for the generic
+    target or a function that takes no framework."""
     if not widened(target) or not _takes_framework(fn):
         return {}
+    if switches:
+        return {"framework": T.profile_for(target, switches)}
     return {"framework": T.framework_of(target)}
