@@ -260,12 +260,16 @@ def config(plan: Plan) -> str:
                  f'"eps": {r.eps!r}, "weight_decay": {r.weight_decay!r}}},\n'
                  f'        )])')
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}.get(s["ac"], "None")
+    # the plan's framework settings (planner.plan.targets.SWITCHES), priced by the plan: written here
+    sw = plan.framework or {}
+    compile_cfg = _call("CompileConfig", [("enable", bool(sw.get("compile"))),
+                                          ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
     imports = [
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
-        "from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig",
+        "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
         "checkpointing)",
         "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
@@ -306,6 +310,7 @@ def {JOB_FUNCTION}() -> Trainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
         parallelism={_call("ParallelismConfig", par, 8)},
         activation_checkpoint={ac},
+        compile={compile_cfg},
         debug=DebugConfig(seed={w.seed!r}),
     )
 '''

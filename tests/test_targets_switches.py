@@ -187,3 +187,25 @@ def test_a_fixed_layout_is_refused_for_its_own_reason():
     assert "tp=4 with pp=2: deepspeed does not combine" in msg
     assert "sequence parallel" not in msg           # DeepSpeed's own choice (sp off) avoids that one
     assert "with dp=8 pp=2 tp=4" in msg
+
+
+@pytest.mark.subprocess
+def test_torchtitan_reads_the_settings_the_plan_prices(tmp_path, monkeypatch):
+    """Selective AC, compile and async TP written into the job and read back by torchtitan's own
+    ConfigManager (torchtitan 0.3.0 in .venv-targets)."""
+    from test_emit_roundtrip import _titan_config, _titan_run
+    from test_emit_support import make_plan, write
+    base = make_plan("llama-3.1-8b", gpus=8, gb=16, seq=8192, cluster="dgx-h100", tp=4, sp=True, dp=2, zero=3,
+                     grad_accum=8, recompute="selective")
+    import dataclasses
+    plan = dataclasses.replace(base, target="torchtitan", framework={"compile": True, "async_tp": True})
+    assert T.problems("torchtitan", plan) == []
+    out = write(plan, "torchtitan", tmp_path / "out")
+    prog, _ = _titan_run(plan, out, tmp_path)
+    job = _titan_config(plan, out, prog, monkeypatch)
+    assert type(job.activation_checkpoint).__qualname__ == "SelectiveAC.Config"
+    assert job.compile.enable and job.compile.enable_async_tensor_parallel
+    plain = write(dataclasses.replace(plan, framework={}), "torchtitan", tmp_path / "plain")
+    prog, _ = _titan_run(plan, plain, tmp_path)
+    job = _titan_config(plan, plain, prog, monkeypatch)
+    assert not job.compile.enable and not job.compile.enable_async_tensor_parallel

@@ -71,3 +71,33 @@ def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
         args += ["--optimizer", w.optimizer]
     args += ["--target", target]
     return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
+
+
+def framework_settings(items: list[str], target: str, fixed: dict) -> dict:
+    """``--framework-setting KEY=VALUE`` options as the plan's ``framework:`` section, each checked
+    against the target's settings (``planner.plan.targets.SWITCHES``): ``UsageError`` naming the
+    setting, its value and what the target takes."""
+    if not items:
+        return {}
+    known = T.SWITCHES.get(T.framework_of(target), {}) if target != T.GENERIC else {}
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--framework-setting {item!r}: write KEY=VALUE, e.g. compile=true")
+        if key not in known or key == "partition_method":
+            takes = ", ".join(k for k in sorted(known) if k != "partition_method") or "none"
+            raise UsageError(f"--framework-setting {key}: --target {target} takes {takes}"
+                             + (" (DeepSpeed's partition_method is chosen by the search)" if key == "partition_method"
+                                else ""))
+        kind = known[key][0]
+        if kind is bool:
+            if raw.lower() not in ("true", "false"):
+                raise UsageError(f"--framework-setting {key}={raw}: true or false")
+            out[key] = raw.lower() == "true"
+        else:
+            out[key] = raw
+    if out.get("async_tp") and not (out.get("compile") and fixed.get("tp", 1) > 1):
+        raise UsageError(f"--framework-setting async_tp=true: torchtitan's async TP needs compile=true and a fixed "
+                         f"--tp above 1 (got compile={out.get('compile', False)}, tp={fixed.get('tp', 'free')})")
+    return out
