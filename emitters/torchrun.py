@@ -61,7 +61,17 @@ def _emit_serve(plan: Plan) -> dict[str, str]:
     """An inference plan: torchrun starts the built-in serving runtime (``python -m runtime.serve``),
     as ``planner launch`` does, on one node or on every node (c10d)."""
     from emitters.base import require_one_group
+    from planner.plan import targets as T
     require_one_group(plan, TARGET)
+    batching = (plan.serving or {}).get("batching", "static")
+    if batching != "static" or (plan.serving or {}).get("disaggregation"):
+        raise CannotExpress(TARGET, f"a serving plan priced for {batching} batching",
+                            "the built-in runtime (python -m runtime.serve) serves static batches on one pool",
+                            "plan --mode infer --target builtin")
+    cannot = T.serve_problems("builtin", plan.model, plan.workload, plan.parallel, plan.cluster.gpus_per_node,
+                              len(plan.cluster.groups))
+    if cannot:
+        raise CannotExpress(TARGET, "this serving plan", "; ".join(cannot), "plan --mode infer --target builtin")
     nnodes, nproc = nodes_and_procs(plan, TARGET)
     usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH.",
              "Serves the plan's static batch with the built-in runtime and prints measured beside predicted."]

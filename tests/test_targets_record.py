@@ -1,8 +1,8 @@
 """A target is one record (planner/plan/targets.py ``REGISTRY``): every registered target has
 every part (its capability table with a source per fact, its cost profile, its emitter, its
 search hook, and for a training framework how a launcher starts it), and frameworks compose
-with launchers (torchrun, Slurm, Kubernetes) when emitting. Pure: no solver, no process
-(``bash -n`` only parses the scripts)."""
+with launchers (torchrun, Slurm, Kubernetes) when emitting. No solver; the launcher tests
+start ``bash -n`` to parse the scripts (subprocess mark)."""
 from __future__ import annotations
 
 import dataclasses
@@ -127,6 +127,7 @@ def _bash_parses(text: str, tmp_path: Path, name: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.subprocess      # bash -n parses the scripts
 @pytest.mark.parametrize("framework", sorted(FRAMEWORK_PLANS))
 def test_slurm_starts_each_framework_one_task_per_node(framework, tmp_path):
     plan = read_plan(PLANS / FRAMEWORK_PLANS[framework])
@@ -151,6 +152,7 @@ def test_slurm_starts_each_framework_one_task_per_node(framework, tmp_path):
         assert 'if [ "${DS_LAUNCHER:-}" = torchrun ]; then\n  exec torchrun --nnodes 8' in script
 
 
+@pytest.mark.subprocess      # bash -n parses the scripts
 @pytest.mark.parametrize("framework", sorted(FRAMEWORK_PLANS))
 def test_kubernetes_starts_each_framework_in_every_pod(framework, tmp_path):
     plan = read_plan(PLANS / FRAMEWORK_PLANS[framework])
@@ -173,6 +175,7 @@ def test_kubernetes_starts_each_framework_in_every_pod(framework, tmp_path):
         _bash_parses(cmd, tmp_path, f"{role}.sh")
 
 
+@pytest.mark.subprocess      # bash -n parses the scripts
 @pytest.mark.parametrize("framework", sorted(FRAMEWORK_PLANS))
 def test_torchrun_launcher_maps_one_set_of_variables(framework, tmp_path):
     plan = read_plan(PLANS / FRAMEWORK_PLANS[framework])

@@ -243,7 +243,7 @@ def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | 
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                   cands: list[Candidate], framework: str = "generic",
-                  target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
+                  target: str | None = None, fixed: dict | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
@@ -258,7 +258,9 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     for c in cands:
         if not widened(target) and c.par.zero < 3 and c.par.dp > 1:
             continue
-        full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
+        # full recompute needs the least memory, unless the user fixed the recompute policy
+        full = c.par if "recompute" in (fixed or {}) else dataclasses.replace(c.par, recompute="full",
+                                                                              recompute_layers=-1)
         if widened(target) and not runs(target, model, workload, full, c.order):
             full = c.par                      # the target has no full recompute here
         try:
@@ -280,7 +282,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             return why_no_candidate(model, cluster, wl, gpus, target, fixed)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands, prob.framework, target)
+    best = _least_memory(model, cluster, wl, cands, prob.framework, target, fixed)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
@@ -296,6 +298,13 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
             if more is not None and more[2].fits:
                 hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
                 break
+    if est.fits:
+        # the least-memory shape fits with an even split: what binds is the stage split (a stage's peak)
+        return (f"{model.name} fits at tp={par.tp}, pp={par.pp}, dp={par.dp}, zero={par.zero}, {par.recompute} "
+                f"recompute, micro-batch {par.micro_batch} with an even split ({need / GIB:.1f} of "
+                f"{est.capacity_bytes / GIB:.1f} GiB per GPU), but no stage split the search may use fits"
+                + (f" under {target}'s split rule" if widened(target) else "")
+                + "; try --target megatron (any split) or more GPUs")
     return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
             f"dp={par.dp}, zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
             + (f" (the most {target} can shard)" if widened(target) else "") + "; "

@@ -113,7 +113,16 @@ def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dic
         per_stage = uniform = True          # one stage: its count is the uniform N (finalize_par)
     if fixed and fixed.get("recompute_layers") == 0 and par.recompute != "full":
         per_stage = uniform = False
+    if policy_fixed(fixed):
+        per_stage = uniform = False
     return {"split": split, "stage_recompute": per_stage, "least_layers": least, "uniform_recompute": uniform}
+
+
+def policy_fixed(fixed: dict | None) -> bool:
+    """``--recompute none|selective`` without ``--recompute-layers``: the user asked for that policy
+    on every layer, so no stage recomputes layers of its own on top (which would silently turn it
+    into partial full recompute)."""
+    return bool(fixed) and fixed.get("recompute") in ("none", "selective") and "recompute_layers" not in fixed
 
 
 def _has_block(target: str, par: ParallelConfig) -> bool:
