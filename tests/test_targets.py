@@ -220,3 +220,20 @@ def test_the_example_plans_name_their_target_and_it_runs_them():
     for f in sorted(root.glob("*.yaml")):
         best = read_plan(f)
         assert best.target in T.TRAIN_TARGETS and T.problems(best.target, best) == [], f
+
+
+@pytest.mark.parametrize("target", T.TRAIN_TARGETS)
+def test_the_search_fast_check_agrees_with_the_messages(target):
+    """``runs_config`` (the search's yes/no, stops at the first broken rule) against
+    ``config_problems`` (every message) on every generic configuration of two problems; and
+    ``model_problems`` (asked before enumerating) is a subset of what each configuration hears."""
+    for name, gpus, gb, seq in (("llama-3-70b", 64, 512, 8192), ("mixtral-8x7b", 32, 256, 4096),
+                                ("deepseek-v3", 256, 1024, 4096)):
+        m, c = get_model(name), load_cluster("dgx-h100").with_gpus(gpus)
+        wl = Workload(global_batch=gb, seq_len=seq)
+        always = T.model_problems(target, m, wl)
+        for cand in enumerate_candidates(m, c, wl, {}, gpus)[::7]:
+            for order in (cand.order, ("dp", "pp", "cp", "tp")):
+                got = T.config_problems(target, m, wl, cand.par, order)
+                assert T.runs_config(target, m, wl, cand.par, order) == (not got)
+                assert set(always) <= set(got)

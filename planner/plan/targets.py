@@ -44,10 +44,12 @@ Rule = Callable[[ModelSpec, Workload, ParallelConfig, tuple], "str | None"]
 
 @dataclass(frozen=True, kw_only=True)
 class Extra:
-    """A target-specific rule that no field states: ``check`` returns a problem or None."""
+    """A target-specific rule that no field states: ``check`` returns a problem or None.
+    ``model_only``: it reads only the model and workload (no configuration avoids it)."""
     what: str
     source: str
     check: Rule
+    model_only: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,7 +389,8 @@ TORCHTITAN = TrainTarget(
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model),
+    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model,
+                 model_only=True),
            Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
            Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
                  check=_titan_sac),
@@ -939,6 +942,41 @@ CAPS: tuple[Cap, ...] = (
                   + " or ".join(",".join(o) for o in a.t.orders) + " (outermost first); plan --mesh-order "
                   + ",".join(a.t.orders[0])),
 )
+
+
+MODEL_FIELDS = frozenset({"models", "dtypes"})     # the rules that read only the model and the workload
+
+
+def model_problems(target: str, model: ModelSpec, workload: Workload) -> list[str]:
+    return list(_model_problems(target, model, workload))
+
+
+@functools.lru_cache(maxsize=256)
+def _model_problems(target: str, model: ModelSpec, workload: Workload) -> tuple[str, ...]:
+    """What no configuration of ``target`` avoids for this model and workload (multi-latent
+    attention on a target without it, a dtype): the search and the refusal ask this first."""
+    base = get(target)
+    par = ParallelConfig()
+    found = []
+    for t in [s for _, _, s in base.variants] or [base]:
+        ask = Ask(t, base.name, model, workload, par, MESH_AXES, False)
+        got = [cap.message(ask) for cap in CAPS if cap.field in MODEL_FIELDS and cap.broken(ask)]
+        got += [m for rule in t.extra if rule.model_only and (m := rule.check(model, workload, par, MESH_AXES))]
+        if not got:
+            return ()
+        found.append(got)
+    return tuple(f"{base.name}: {m}" for m in found[0])
+
+
+def runs_config(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
+                order: Sequence[str] = MESH_AXES) -> bool:
+    """``not config_problems(...)`` without writing any message: stops at the first broken rule
+    (the search asks this of every configuration; tests/test_targets.py checks the two agree)."""
+    base = get(target) if isinstance(target, str) else target
+    ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), False)
+    if any(cap.broken(ask) for cap in CAPS):
+        return False
+    return not any(rule.check(model, workload, par, ask.order) for rule in ask.t.extra)
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,

@@ -20,12 +20,16 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {workload.global_batch}"
                 + (f" and {_fixed_text(fixed)}" if fixed else "")
                 + ": check that the global batch is divisible by a data-parallel degree")
+    what = f" with {_fixed_text(fixed)}" if fixed else ""
+    always = T.model_problems(target, model, workload)
+    if always:                  # no configuration avoids these: no need to ask each one
+        return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs{what}: "
+                + "; ".join(always))
     seen: Counter = Counter()
     for c in cands:
         seen.update(dict.fromkeys(_least_problems(target, model, workload, c, fixed), 1))
     common = [m for m, k in seen.most_common() if k == len(cands)]
     shown = common or [m for m, _ in seen.most_common(3)]
-    what = f" with {_fixed_text(fixed)}" if fixed else ""
     return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs{what}: "
             + "; ".join(shown))
 

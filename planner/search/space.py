@@ -124,6 +124,8 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
     from planner.search import target_space as tg
     wide = tg.widened(target)
+    if wide and tg.T.model_problems(target, model, workload):
+        return []                     # the target runs no configuration of this model (planner.search.refusal says why)
     memo: dict = {}
     found: list = []
     out = []

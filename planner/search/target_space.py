@@ -88,7 +88,7 @@ def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tup
 
 
 def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig, order: tuple) -> bool:
-    return not T.config_problems(target, model, workload, par, order)
+    return T.runs_config(target, model, workload, par, order)
 
 
 def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
