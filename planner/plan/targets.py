@@ -1136,6 +1136,16 @@ def problems(target: str, plan: Any) -> list[str]:
     return out
 
 
+def targets_running(framework: str, plan: Any) -> list[str]:
+    """The training targets priced with ``framework``'s profile that accept ``plan``'s layout: the
+    ones through which a published run of that framework may be priced (``planner validate``). No
+    target runs the Megatron-DeepSpeed / GPT-NeoX stack (TP + PP + ZeRO-1 under DeepSpeed's
+    engine): it needs an emitter of its own (Megatron-DeepSpeed's pretrain_gpt.py arguments and
+    its ds_config) that this planner does not have, so its runs (BLOOM-176B, MT-NLG 530B,
+    GPT-NeoX-20B) get an empty list here rather than the DeepSpeed target's price."""
+    return [r.name for r in records("train") if r.profile == framework and r.planned and not problems(r.name, plan)]
+
+
 def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
     """A ZeRO-1 plan on a target that runs ZeRO-1 as DDP: fine when it fits unsharded."""
     from costmodel.training import estimate
