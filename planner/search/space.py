@@ -133,7 +133,9 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
     eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
                    if model.is_moe else [1])
-    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp) if wide else [1, 2, 3] if dp > 1 else [1])
+    if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
+        eps = [e for e in eps if tg.ep_ok(target, tp, e)]
+    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
     orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)

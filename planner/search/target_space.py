@@ -25,8 +25,24 @@ def widened(target: str | None) -> bool:
     return bool(target) and target != T.GENERIC
 
 
-def zero_choices(target: str, dp: int, cp: int) -> list[int]:
-    return [0, 1, 2, 3] if dp * cp > 1 else [1]
+def zero_choices(target: str, dp: int, cp: int, pp: int = 1) -> list[int]:
+    """ZeRO stages to try: with data or context parallelism, those the target's table runs at this
+    pp (any of its variants'; the table still checks each configuration), else 1 (nothing to shard)."""
+    if dp * cp <= 1:
+        return [1]
+    t = T.get(target)
+    allowed: set[int] = set()
+    for sub in [s for _, _, s in t.variants] or [t]:
+        allowed |= sub.zero_pp if pp > 1 else sub.zero
+    return [z for z in (0, 1, 2, 3) if z in allowed]
+
+
+def ep_ok(target: str, tp: int, ep: int) -> bool:
+    """Whether the target may run expert parallel ``ep`` next to tensor parallel ``tp`` at all."""
+    if ep == 1:
+        return True
+    t = T.get(target)
+    return any(sub.ep and (tp == 1 or sub.expert_tp) for sub in [s for _, _, s in t.variants] or [t])
 
 
 def sp_choices(target: str, tp: int) -> list[bool]:
