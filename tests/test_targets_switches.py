@@ -223,3 +223,19 @@ def test_megatron_deepspeed_runs_price_through_no_target():
     assert any("does not combine its tensor parallel with pipeline stages" in x for x in T.problems("deepspeed", plan))
     zero3 = _plan(gpus=8, gb=64, dp=8, zero=3, recompute="full", grad_accum=8)
     assert T.targets_running("deepspeed", zero3) == ["deepspeed"]
+
+
+@pytest.mark.solver
+def test_recompute_none_on_a_fixed_cp_layout_is_kept_or_refused():
+    """At e8bef21 this planned recompute=full(14/stage): Megatron's one stage picked a uniform N
+    on top of the `none` the user fixed. Now the policy holds, and the refusal says it needs
+    more memory with no recompute."""
+    from planner.plan.errors import InfeasibleError
+    from planner.search.bnb import solve
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=16, seq_len=131072)
+    with pytest.raises(InfeasibleError, match="none recompute"):
+        solve(m, cl, wl, {"cp": 8, "recompute": "none"}, target="megatron", gpus=8)
+    res = solve(m, cl, wl, {"cp": 8}, target="megatron", gpus=8)      # not fixed: recompute is the solver's
+    assert res.solutions[0].par.recompute != "none"

@@ -181,8 +181,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     for order in orders:
                                         order = tuple(order)
                                         if not wide:
-                                            out.append(Candidate(par=par, order=order, stage_counts=stage_counts,
-                                                                 stage_recompute=not tg.policy_fixed(fixed)))
+                                            out.append(Candidate(par=par, order=order, stage_counts=stage_counts))
                                             continue
                                         mk = kind + (order,)
                                         ok = memo.get(mk)
