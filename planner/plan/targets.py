@@ -26,7 +26,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload
+from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, kv_heads_shard
 
 REF = "reference/training-targets.md"       # /work/shared/reference/, see the module docstring
 LREF = "reference/launchers.md"
@@ -867,9 +867,7 @@ CAPS: tuple[Cap, ...] = (
                   "target does not write; use the megatron target"),
     Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
         lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; plan --dtype bf16"),
-    Cap("kv_heads_divisible",
-        lambda a: a.t.kv_heads_divisible and a.model.attention != "mla" and a.par.tp > 1
-        and a.model.kv_heads % a.par.tp != 0,
+    Cap("kv_heads_divisible", lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
         lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
                   f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
     # data parallel sharding
@@ -1098,7 +1096,7 @@ def serve_problems(target: str | ServeTarget, model: ModelSpec, workload: Worklo
     kv = workload.kv_dtype or workload.dtype
     if kv not in t.kv_dtypes:
         out.append(f"KV cache in {kv}: {name} stores it in {', '.join(sorted(t.kv_dtypes))}; plan --kv-dtype bf16")
-    if t.kv_heads_divisible and model.attention != "mla" and model.kv_heads % par.tp:
+    if t.kv_heads_divisible and not kv_heads_shard(model, par.tp):
         out.append(f"tp={par.tp} does not divide the {model.kv_heads} KV heads ({name} does not replicate them); "
                    f"plan --tp {_largest_divisor(model.kv_heads, par.tp)}")
     if par.ep > 1:
