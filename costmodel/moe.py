@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .specs import LinkSpec
 from .units import US
+
+if TYPE_CHECKING:                      # only the attributes are read: no import cycle through specs
+    from .specs import LinkSpec
 
 ROUTER_FP32_BYTES = 4            # router logits in FP32 (Megatron recommends --moe-router-dtype fp32) [REF §2]
 
@@ -228,7 +231,7 @@ def node_limit(groups: int, topk_groups: int, nodes: int) -> int:
     return topk_groups * max(1, nodes // groups)
 
 
-def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, intra: LinkSpec, inter: LinkSpec,
+def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, intra: "LinkSpec", inter: "LinkSpec",
                     execution: MoeExecution, groups: int = 0, topk_groups: int = 0, load: float = 1.0) -> float:
     """One dispatch (or combine) all-to-all among ``ep`` ranks, ``ep_per_node`` of them in each
     NVLink domain, each rank sending ``sent_bytes`` (``dispatch_bytes`` at the mean share: its

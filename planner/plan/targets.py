@@ -373,6 +373,8 @@ TORCHTITAN = TrainTarget(
               "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
         "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
+        "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
+                       "with etp = tp (docs/notes/stop-19/moe.md)",
         "vpp": f"{REF} 2.2: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
         "split": f"{REF} 2.3: module_fqns_per_model_part, any layers per stage",
@@ -420,6 +422,8 @@ DEEPSPEED = TrainTarget(
         "cp": f"{REF} 3.5: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
         "ep": f"{REF} 3.6: AutoEP expert_parallel.autoep_size (divides world/pp)",
         "expert_tp": f"{REF} 3.6: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
+        "expert_fold": f"{REF} 3.6: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
+                       "(emitters/deepspeed.py writes no folding)",
         "vpp": f"{REF} 3.3: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{REF} 3.3",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
@@ -451,6 +455,7 @@ _ACCEL_MEGATRON = dataclasses.replace(
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
+             "expert_fold": f"{REF} 4.2: the MegatronLMPlugin has no expert tensor parallel size; not planned",
              "zero": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
@@ -479,7 +484,8 @@ _ACCEL_FSDP = TrainTarget(
         "hsdp": f"{REF} 4.1: dp_replicate_size x dp_shard_size",
         "cp": f"{REF} 4.1: cp_size (torch backend) under FSDP2",
         "ep": f"{REF} 4.1: no EP field",
-        "expert_tp": f"{REF} 4.1", "vpp": f"{REF} 4.1", "vpp_split": f"{REF} 4.1", "split": f"{REF} 4.1",
+        "expert_tp": f"{REF} 4.1", "expert_fold": f"{REF} 4.1: no EP field", "vpp": f"{REF} 4.1",
+        "vpp_split": f"{REF} 4.1", "split": f"{REF} 4.1",
         "recompute": f"{REF} 4.1: FSDP plugin activation_checkpointing (bool, whole model)",
         "recompute_block": f"{REF} 4.1", "recompute_per_stage": f"{REF} 4.1",
         "sp": f"{REF} 4.1: no TP here", "schedules": f"{REF} 4.1", "microbatches": f"{REF} 4.1",
@@ -505,6 +511,7 @@ BUILTIN_SOURCES = {
     "cp": "runtime/parallel.py Dims.from_plan: cp > 1 refused (torch's CPU attention has no CP rule)",
     "ep": "runtime/parallel.py Dims.from_plan: ep divides num_experts and the dp shard group",
     "expert_tp": "runtime/parallel.py: expert weights are DTensors on ep x tp (the FFN dimension)",
+    "expert_fold": "runtime/parallel.py: experts on an ep x tp mesh inside dp; no separate expert TP",
     "vpp": "runtime/pipeline.py: ScheduleInterleaved1F1B, a rank's layers cut into vpp chunks",
     "vpp_split": "runtime/pipeline.py virtual_stage_layers: any counts, each >= vpp",
     "split": "runtime/pipeline.py virtual_stage_layers: the plan's stage split as it is",
