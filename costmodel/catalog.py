@@ -283,7 +283,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
                  head_dim=opt("head_dim") or 0, mlp="swiglu", norm="rmsnorm", positions="rotary",
                  tied_embeddings=bool(opt("tie_word_embeddings", gemma)),
                  max_seq_len=opt("max_position_embeddings") or 8192,
-                 bias=False)  # qwen2 q/k/v biases: a few M params, ignored
+                 bias=False, qkv_bias=mt in ("qwen2", "qwen2_moe"))  # Qwen2: biases on q, k, v only
         d.update(_settings(cfg, "rms_norm_eps"))
         layers = d["layers"]
         if mt == "mixtral":

@@ -19,6 +19,16 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
   needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): the TP
   communication then costs what overlapped communication costs (``training.overlapped``).
   torchtitan's async TP does the same but needs ``torch.compile``; not assumed by default.
+  The cost model takes it only where the launch file can turn it on (``tp_overlap_mode``):
+  sequence parallel on and the TP group inside one NVLink domain (Transformer Engine's
+  userbuffers reach the peers over CUDA IPC); ``emitters/megatron.py`` writes the flag exactly there.
+* ``tp_comm_overlap_backward``: without ``--tp-comm-overlap`` Megatron still overlaps part of the
+  backward's TP traffic: each column-parallel linear launches its input-gradient reduce-scatter
+  (all-reduce without sequence parallel) asynchronously and computes its weight gradient while it
+  runs (``megatron/core/tensor_parallel/layers.py``,
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``, ordered by
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1``; Transformer Engine's ``Linear`` does the same). The row-parallel
+  linears' gradient all-gather and every forward collective stay exposed.
 * ``ep_comm_overlap``: the expert-parallel all-to-alls (dispatch, combine) run beside another
   micro-batch's compute: Megatron's ``--overlap-moe-expert-parallel-comm`` (off by default; it
   needs no full recompute, bf16/fp16) and DeepSeek-V3's DualPipe. Off in every profile by
@@ -49,6 +59,7 @@ class FrameworkProfile:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    tp_comm_overlap_backward: bool = False
     ep_comm_overlap: bool = False
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
@@ -77,7 +88,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # 1.0 by construction: the catalog's GEMM efficiency curves were fitted on Megatron-LM runs
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
-    FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True,
+    FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,

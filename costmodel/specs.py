@@ -100,6 +100,7 @@ class ModelSpec:
     max_seq_len: int = 8192
     tied_embeddings: bool = False
     bias: bool = False                # linear-layer biases (GPT-2, BLOOM, OPT)
+    qkv_bias: bool = False            # biases on the query, key and value projections only (Qwen2, Qwen2-MoE)
     dropout: bool = False             # dropout masks kept for backward (Megatron GPT)
     # settings that change no cost but the model itself; the emitters pass them to each framework
     rope_theta: float = 10000.0       # RoPE base (Llama 3: 500000; Mixtral, Qwen3: 1e6)
@@ -273,8 +274,10 @@ class ModelSpec:
             o = self.heads * self.v_head_dim * h
             return q + kv + o
         p = h * self.q_dim + 2 * h * self.kv_dim + self.attn_out_dim * h
+        if self.bias or self.qkv_bias:
+            p += self.q_dim + 2 * self.kv_dim
         if self.bias:
-            p += self.q_dim + 2 * self.kv_dim + h
+            p += h
         return p
 
     def _mlp_params(self, ffn: int) -> int:

@@ -179,17 +179,51 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_overlap: bool = False) -> LayerTerms:
+TP_OVERLAP_MODES = ("none", "backward", "full")
+
+
+def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout) -> str:
+    """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
+    ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
+    sequence parallel, the TP group inside one NVLink domain), ``backward`` where it overlaps only
+    the column-parallel input-gradient collectives with the weight-gradient GEMMs, else ``none``.
+    The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
+    if par.tp <= 1:
+        return "none"
+    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
+        return "full"
+    return "backward" if framework.tp_comm_overlap_backward else "none"
+
+
+def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
+                  nvlink_gpus: int) -> str:
+    """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
+    and the NVLink domain's size (what an emitter knows)."""
+    return tp_overlap_mode(framework_profile(framework), par,
+                           group_layout(_degrees(par), tuple(order), "tp", nvlink_gpus))
+
+
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
-    (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
-    framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
-    communication costs what overlapped communication costs, against the layer's GEMMs; with
-    ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``) the all-to-alls against the layer's
-    compute."""
+    (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
+    ``tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's collectives
+    with the GEMMs next to them) prices TP communication as overlapped with the layer's GEMMs, in
+    forward and backward; ``backward`` overlaps half of the backward's TP traffic (the
+    column-parallel linears' input-gradient collectives) with half of its GEMM time (their weight
+    gradients) and leaves the rest exposed; with ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``)
+    the all-to-alls overlap the layer's compute."""
+    mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
+    assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
-    tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
+    if mode == "full":
+        tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+    elif mode == "backward":
+        tp_fwd = lc.tp_fwd_s
+        tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
+    else:
+        tp_fwd = tp_bwd = lc.tp_fwd_s
     ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
@@ -339,8 +373,7 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             self.framework.kernel_efficiency, self.fp8)
-            # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
-            tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
+            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
         return hit

@@ -122,11 +122,13 @@ def check_plan(plan, world: int | None) -> None:
 # One pipeline stage with a KV cache
 # --------------------------------------------------------------------------------------
 
-def _rope_at(q, k, start: int, theta: float):
+def _rope_at(q, k, start: int, theta: float, scaling: float = 0.0):
     """Rotary positions ``start .. start+s-1`` (runtime.model._rope's formula and pairing)."""
     import torch
+
+    from runtime.model import rope_frequencies
     s, d = q.shape[1], q.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
+    inv = rope_frequencies(d, theta, scaling, q.device)
     ang = torch.outer(torch.arange(start, start + s, device=q.device, dtype=torch.float32), inv)
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
 
@@ -168,14 +170,13 @@ class StageRunner:
 
     def _attention(self, attn, x, key: str, start: int):
         import torch.nn.functional as F
-        from runtime.model import ROPE_THETA
         b, s = x.shape[0], x.shape[1]
         hd = self.spec.head_dim
         q = _local(attn.wq(x)).view(b, s, -1, hd)
         k = _local(attn.wk(x)).view(b, s, -1, hd)
         v = _local(attn.wv(x)).view(b, s, -1, hd)
         if attn.rotary:
-            q, k = _rope_at(q, k, start, ROPE_THETA)
+            q, k = _rope_at(q, k, start, attn.rope_theta, attn.rope_scaling)
         kc, vc = self.cache[key]
         kc[:, start:start + s] = k
         vc[:, start:start + s] = v

@@ -17,7 +17,8 @@ from costmodel.comm import axis_stride, group_layout, layout_for
 from costmodel.frameworks import framework_profile
 from costmodel.layers import ends_cost, ends_params, layer_cost
 from costmodel.memory import model_state_bytes
-from costmodel.training import fewest_full_recompute_layers, fp8_recipe_of, inflight_microbatches, layer_terms
+from costmodel.training import (fewest_full_recompute_layers, fp8_recipe_of, inflight_microbatches, layer_terms,
+                                tp_overlap_mode)
 from planner.search.problem import Problem
 from planner.search.space import Candidate
 
@@ -104,7 +105,7 @@ def compute_bound(prob: Problem, members: list) -> float:
                 # the layer's terms without the overlap slowdown (which only adds)
                 fw = framework_profile(prob.framework)
                 lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
-                                 fw.tp_comm_overlap and par.sp and par.tp > 1,
+                                 tp_overlap_mode(fw, par, tp_lay),
                                  fw.ep_comm_overlap and moe and par.ep > 1)
                 per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
                 per_stage += n * (per + (lt.selective_s if selective else 0.0))
