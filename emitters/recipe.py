@@ -128,6 +128,11 @@ class Need:
     path_in: str = ""          # for file/dir: the path is "$var/<path_in>"
 
 
+def checkpoint_need(how: str) -> Need:
+    """``CHECKPOINT_DIR``, asked for by every training script: a run that saves nothing cannot resume."""
+    return Need("CHECKPOINT_DIR", f"the folder the run's checkpoints go to, on storage every node sees ({how})")
+
+
 def needs_block(script: str, needs: Sequence[Need]) -> str:
     """Bash: the list of values to supply, then a check of each (exit 2 with what to set)."""
     lines = ["# ---- what you supply (each is checked below; exit 2 says what is missing) ----"]
@@ -175,8 +180,8 @@ def warmup_shell(r: Recipe, steps_var: str = "TRAIN_ITERS", warmup_var: str = "W
     """Bash that sets the warmup steps (375M tokens, at most a tenth of the run) once the run's
     length is checked, and refuses a warmup as long as the run."""
     w = r.warmup_steps
-    return (f'{warmup_var}="${{{warmup_var}:-$(( {steps_var} / 10 < {w} ? {steps_var} / 10 : {w} ))}}"'
-            f'  # 375M tokens = {w} steps, or a tenth of the run\n'
+    return (f'{warmup_var}="${{{warmup_var}:-$(( {steps_var} / 10 < {w} ? ({steps_var} / 10 > 0 ? {steps_var} / 10 : 1) '
+            f': {w} ))}}"  # 375M tokens = {w} steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)\n'
             f'[[ "${warmup_var}" =~ ^[0-9]+$ ]] && [ "${warmup_var}" -lt "${steps_var}" ] || '
             f'stop "{warmup_var} must be an integer below {steps_var} (${steps_var}), got ${warmup_var}"\n')
 
