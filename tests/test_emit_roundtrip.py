@@ -263,7 +263,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
-             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling"]
+             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--tp-comm-overlap", "--add-qkv-bias"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
@@ -271,6 +271,10 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
     p.add_argument("--moe-layer-freq")
+    p.add_argument("--tp-comm-bootstrap-backend", choices=["nccl", "mpi", "gloo"])
+    p.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss",
+                                                                "sinkhorn", "none"])
+    p.add_argument("--moe-aux-loss-coeff", type=float)
     p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -348,7 +352,8 @@ def test_megatron_round_trip(name, tmp_path):
     meg = fake_megatron(tmp_path)
     calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "100000",
                                                             "DATA_PATH": "/data/corpus_text_document",
-                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B"})
+                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B",
+                                                            "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
     argv = calls[0]["argv"]
     i = argv.index(f"{meg}/pretrain_gpt.py")
     t = torchrun_args(argv[:i + 1])
@@ -438,7 +443,9 @@ def test_megatron_uneven_splits(counts, vpp, tmp_path):
     argv = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000",
                                                            "MOCK_DATA": "1"})[0]["argv"]
     a = megatron_parser().parse_args(argv[argv.index(f"{meg}/pretrain_gpt.py") + 1:])
-    assert a.mock_data and a.tokenizer_type == "NullTokenizer" and a.vocab_size == plan.model.vocab
+    assert a.mock_data and a.tokenizer_type == "NullTokenizer"
+    # Megatron's NullTokenizer adds one EOD token to --vocab-size: the model keeps its own vocabulary
+    assert a.vocab_size + 1 == plan.model.vocab
     middle_equal = len(set(counts[1:-1])) <= 1
     uses_layout = (vpp > 1 and len(set(counts)) > 1) or (vpp == 1 and not middle_equal)
     assert bool(a.pipeline_model_parallel_layout) == uses_layout
