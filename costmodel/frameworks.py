@@ -46,6 +46,7 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from .specs import SpecError
@@ -107,6 +108,47 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
 )}
+
+
+def accelerate_backend(par) -> str:
+    """The engine an Accelerate config runs a parallel config on (``distributed_type``): the
+    Megatron-LM plugin for tensor or pipeline parallel, FSDP2 for ZeRO-2/3 or context parallel,
+    DeepSpeed for ZeRO-1, DDP for ZeRO-0 over several ranks, else one process. The one rule: the
+    emitter writes it and the cost model prices that engine's overlaps (``backend_profile``)."""
+    if par.tp > 1 or par.pp > 1:
+        return "MEGATRON_LM"
+    if par.zero >= 2 or par.cp > 1:
+        return "FSDP"
+    if par.dp == 1:
+        return "NO"
+    return "MULTI_GPU" if par.zero == 0 else "DEEPSPEED"
+
+
+# What Accelerate's config file can state for the engines whose overlaps differ from FSDP2/DDP's:
+# the Megatron-LM plugin passes no --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap
+# (accelerate/utils/dataclasses.py, MegatronLMPlugin: none of its config keys sets them; only
+# other_megatron_args, from code), so Megatron reduces gradients after backward and keeps only its
+# backward-only TP overlap; the DeepSpeed plugin's config keys set no overlap_comm, so ZeRO-1 runs
+# with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
+ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
+    "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
+                        tp_comm_overlap_backward=True),
+    "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _engine_profile(fw: FrameworkProfile, engine: str) -> FrameworkProfile:
+    return dataclasses.replace(fw, **ACCELERATE_ENGINE_OVERLAPS[engine])
+
+
+def backend_profile(fw: FrameworkProfile, par) -> FrameworkProfile:
+    """``fw`` as it runs ``par``: Accelerate hands a configuration to one of several engines
+    (``accelerate_backend``), and prices that engine's overlaps; every other profile is itself."""
+    if fw.name != "accelerate":
+        return fw
+    engine = accelerate_backend(par)
+    return _engine_profile(fw, engine) if engine in ACCELERATE_ENGINE_OVERLAPS else fw
 
 
 def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:

@@ -39,7 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, framework_profile
+from .frameworks import FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params
 from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param, stage_memory, zero_divisors)
@@ -190,6 +190,7 @@ def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: Gr
     The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
     if par.tp <= 1:
         return "none"
+    framework = backend_profile(framework, par)
     if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
         return "full"
     return "backward" if framework.tp_comm_overlap_backward else "none"
@@ -539,8 +540,9 @@ class StageModel:
         # what a plan may use: the GPU's memory less the framework's headroom (costmodel.frameworks)
         self.reserved_bytes = gpu.reserved_bytes
         self.capacity_bytes = gpu.memory_bytes * (1.0 - fw.memory_headroom_fraction)
-        self.overlap_grad = par.overlap_dp_comm and fw.overlap_grad_reduce
-        self.overlap_gather = par.overlap_dp_comm and fw.overlap_param_gather
+        engine = backend_profile(fw, par)        # Accelerate: the engine it hands this config to
+        self.overlap_grad = par.overlap_dp_comm and engine.overlap_grad_reduce
+        self.overlap_gather = par.overlap_dp_comm and engine.overlap_param_gather
         self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
         self.slowdown = sh.slowdown
         self.first = self.last = False

@@ -70,7 +70,7 @@ def test_all_targets_every_one_written(tmp_path, capsys):
     f = write_plan(plan, tmp_path / "p.yaml")
     assert emit(f, "--target", "all", "--out", tmp_path / "out") == 0
     names = set(os.listdir(tmp_path / "out"))
-    assert {"torchrun.sh", "slurm.sbatch", "pytorchjob.yaml", "megatron.sh", "ds_config.json", "hostfile",
+    assert {"torchrun.sh", "slurm.sbatch", "pytorchjob.yaml", "megatron.sh", "ds_config.json", "deepspeed.sh",
             "torchtitan_planner_job.py", "accelerate.yaml", "README.md", "plan.yaml"} <= names
 
 

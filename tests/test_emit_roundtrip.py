@@ -509,9 +509,14 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
     a = runner.parse_args(calls[0]["argv"])
     run_cfg = dsc.DeepSpeedConfig(str(out / "ds_config.run.json"), mpu=Mpu())
     assert run_cfg.scheduler_params["total_num_steps"] == 2000
-    hosts = runner.fetch_hostfile(a.hostfile)
-    assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
-    assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
+    if plan.rank_layout()["nodes"] == 1:
+        # one node: no hostfile, so the launcher runs locally (no ssh to itself)
+        assert not (out / "hostfile").exists() and a.hostfile == runner.DLTS_HOSTFILE
+        assert a.num_gpus == plan.world_size
+    else:
+        hosts = runner.fetch_hostfile(a.hostfile)
+        assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
+        assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
     assert a.user_args[:2] == ["--deepspeed", "--deepspeed_config"] and a.user_args[-2:] == ["--lr", "1"]
 
 
