@@ -605,6 +605,7 @@ def test_torchtitan_job(name, tmp_path):
     warmup = min(500, calls["LRSchedulersContainer.Config"]["warmup_steps"])      # at most a tenth of the run
     assert prog == ["--module", tt_emitter.JOB_MODULE, "--config", tt_emitter.JOB_FUNCTION,
                     "--training.steps", "5000", "--lr_scheduler.warmup_steps", str(warmup),
+                    "--checkpoint.folder", str(out / "checkpoints"), "--checkpoint.interval", "500",
                     "--hf_assets_path", run["assets"], "--dataloader.dataset", "c4"]
     m = plan.model
     from emitters.recipe import recipe
