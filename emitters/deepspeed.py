@@ -16,7 +16,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
-from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, recipe, warmup_shell
+from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "deepspeed"
@@ -136,6 +136,9 @@ def emit(plan: Plan) -> dict[str, str]:
                  "the weight all-gather are priced exposed (DeepSpeed's default); turning it on is not priced")
     usage.append("CHECKPOINT_DIR reaches your script in the environment: save with engine.save_checkpoint(CHECKPOINT_DIR) "
                  "and resume with engine.load_checkpoint(CHECKPOINT_DIR)")
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: ZeRO-1/2 all-gather the updated weights after the step (no prefetch); the pipeline engine "
+        "reduces gradients after the last micro-batch; the layers' activation checkpointing is the script's own"])
     text = script_header(plan, TARGET, FORMAT, usage)
     text += needs_block("deepspeed.sh", needs(plan))
     text += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")

@@ -13,7 +13,8 @@ from __future__ import annotations
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.training import tp_overlap_of
-from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, recipe, sci, warmup_shell
+from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
+                             warmup_shell)
 from planner.plan.planfile import Plan
 
 TARGET = "megatron"
@@ -338,6 +339,9 @@ def emit(plan: Plan) -> dict[str, str]:
                                       if pad != m.vocab else "; vocabulary kept unpadded (MOCK_DATA too: "
                                       "NullTokenizer adds one EOD token to --vocab-size)")]
     usage += not_expressed(plan)
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives "
+        "with the weight-gradient GEMMs, with or without --tp-comm-overlap"])
     usage += recipe(plan).comment()
     text = script_header(plan, TARGET, FORMAT, usage) + needs_block("megatron.sh", needs(plan))
     text += warmup_shell(recipe(plan)) + env

@@ -26,6 +26,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from costmodel.frameworks import framework_profile
 from planner.plan.planfile import Plan
 from emitters.base import one_line, sh
 
@@ -105,6 +106,25 @@ def model_settings(plan: Plan) -> str:
     else:
         parts.append(f"{m.positions} positions")
     return f"Model {m.name}: " + ", ".join(parts)
+
+
+PRICED_TAG = "priced-assumptions:"
+
+
+def priced_assumptions(plan: Plan, target: str, engine_facts: Sequence[str] = ()) -> list[str]:
+    """Header lines naming what the plan's price rests on that no flag of the file sets: the
+    framework's kernel speed and memory headroom (``costmodel.frameworks``), the attention kernel,
+    and facts of the engine the file starts. The first line is ``key=value`` words after
+    ``PRICED_TAG`` (tests/test_priced_is_written.py reads it back)."""
+    fw = framework_profile(target)
+    out = [f"{PRICED_TAG} kernel_efficiency={fw.kernel_efficiency!r} "
+           f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel}",
+           f"(no flag sets these: {target}'s kernels relative to the cluster's GEMM efficiency curve"
+           + (" (fitted on its published runs)" if fw.calibrated else " (not calibrated)")
+           + ", the memory the allocator leaves unusable, the attention kernel the model code calls; "
+           "costmodel/frameworks.py)"]
+    out += list(engine_facts)
+    return out
 
 
 # --------------------------------------------------------------------------------------

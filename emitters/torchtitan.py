@@ -23,7 +23,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            require,
                            require_mode, require_one_group, require_order, script_header,
                            virtual_stage_layers)
-from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, recipe, warmup_shell
+from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "torchtitan"
@@ -335,6 +335,9 @@ def emit(plan: Plan) -> dict[str, str]:
              f"(the values below override {JOB_MODULE}.{JOB_FUNCTION}()'s hf_assets_path, dataloader.dataset "
              "and training.steps)",
              model_settings(plan), TORCH_NOTE]
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during "
+        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"])
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")
