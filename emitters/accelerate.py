@@ -119,6 +119,10 @@ def config(plan: Plan, nnodes: int) -> dict:
         require_order(plan, TARGET, ("dp", "cp"), note=" (dp_replicate, dp_shard, cp)")
         require(p.ep == 1, TARGET, f"ep={p.ep}", "Accelerate's FSDP/DDP configs have no expert parallel",
                 "use the megatron target")
+        require(p.overlap_dp_comm or engine not in ("FSDP", "MULTI_GPU") or p.dp * p.cp == 1, TARGET,
+                "data-parallel communication without overlap (overlap_dp_comm=false)",
+                f"{engine} always overlaps it with backward, and the price must be what runs",
+                "plan with overlap_dp_comm=true")
         if engine == "FSDP":
             cfg["distributed_type"] = "FSDP"
             cfg["fsdp_config"], par = _fsdp(plan)

@@ -196,6 +196,9 @@ def _settings(plan: Plan) -> dict:
         require(w.seq_len % div == 0, TARGET, f"seq_len {w.seq_len}",
                 f"torchtitan needs seq_len divisible by tp*2*cp = {div}" if p.cp > 1
                 else f"sequence parallel needs seq_len divisible by tp = {p.tp}")
+    require(p.overlap_dp_comm or p.dp * p.cp == 1, TARGET, "data-parallel communication without overlap "
+            "(overlap_dp_comm=false)", "FSDP2 and DDP always overlap it with backward, and the price must be what runs",
+            "plan with overlap_dp_comm=true")
     replicate, shard, reshard = _data_parallel(plan)
     fsdp = shard > 1 or p.cp > 1
     if w.dtype in ("bf16", "bfloat16"):

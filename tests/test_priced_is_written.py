@@ -62,8 +62,10 @@ def _spread(target: str) -> list[tuple[str, Plan]]:
     grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), (0, 1, 2, 3), ("none", "selective", "full"),
                              (True, False), (True, False))
     combos = list(grid)
-    for i, (tp, pp, zero, rec, sp, overlap) in enumerate(combos):
-        model, gpus = models[i % len(models)]
+    seen: set = set()
+    for n, (tp, pp, zero, rec, sp, overlap) in enumerate(combos * len(models)):
+        i = n % len(combos)
+        model, gpus = models[(i + n // len(combos)) % len(models)]     # each pass gives a combo another model
         if gpus % (tp * pp) or (sp and tp == 1):
             continue
         dp = gpus // (tp * pp)
@@ -75,11 +77,13 @@ def _spread(target: str) -> list[tuple[str, Plan]]:
         if vpp > 1:
             par["schedule"] = "interleaved"
         try:
-            plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", **par)
+            plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=2048, cluster="dgx-h100", **par)
         except ValueError:
             continue
         plan = plan.replace(target=target)
-        if _emits(plan, target):
+        key = (model, tp, pp, vpp, zero, rec, sp, overlap)
+        if key not in seen and _emits(plan, target):
+            seen.add(key)
             out.append((f"{model}-tp{tp}-pp{pp}-vpp{vpp}-dp{dp}-ep{ep}-z{zero}-{rec}-sp{int(sp)}-ov{int(overlap)}",
                         plan))
         if len(out) == SPREAD_PER_TARGET:
@@ -146,6 +150,11 @@ class AsWritten:
     stages: tuple
     profile: FrameworkProfile
     world: int
+
+
+def _recompute_layers(counts: list[int], per: list[int] | None) -> int:
+    """ParallelConfig.recompute_layers for a full recompute of ``per`` layers per stage: -1 for all."""
+    return -1 if not per or per == counts else per[0]
 
 
 def _stages(counts: list[int], recompute: list[int] | None = None) -> tuple:
@@ -223,6 +232,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=a.expert_model_parallel_size or 1, zero=zero, dp_shard=dp_shard,
                          sp=a.sequence_parallel, vpp=vpp, micro_batch=a.micro_batch_size,
                          grad_accum=a.global_batch_size // (a.micro_batch_size * dp), recompute=recompute,
+                         recompute_layers=_recompute_layers(counts, per) if recompute == "full" else -1,
                          schedule="interleaved" if vpp > 1 else "1f1b",
                          overlap_dp_comm=a.overlap_grad_reduce or dp * cp == 1)
     return AsWritten(model, wl, par, _stages(counts, per if recompute == "full" else None), prof, world)
@@ -351,7 +361,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     facts = engine_facts(text)
     dtype = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "fp8": "fp8"}[args.mixed_precision]
     layers = plan.model.layers
-    tp = pp = cp = 1
+    tp = pp = cp = ep = 1
     sp = False
     counts, per, recompute = [layers], None, "none"
     grad_overlap = gather_overlap = True
@@ -364,11 +374,12 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
         d = MegatronLMPlugin().megatron_lm_default_args
         tp, pp, cp = d["tensor_model_parallel_size"], d["pipeline_model_parallel_size"], d["context_parallel_size"]
         dp = world // (tp * pp * cp)
+        ep = d.get("expert_model_parallel_size") or 1
         sp = d["sequence_parallel"]
         zero = 1 if d["use_distributed_optimizer"] else 0
         assert d["num_micro_batches"] == accum
         last = d.get("decoder_last_pipeline_num_layers")
-        if last:
+        if last and pp > 1:
             counts = [(layers - last) // (pp - 1)] * (pp - 1) + [last]
         else:
             counts = [layers // pp] * pp
@@ -411,8 +422,9 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
                             memory_headroom_fraction=h["memory_headroom_fraction"])
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
-                         grad_accum=accum, recompute=recompute, schedule="1f1b", overlap_dp_comm=True)
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
+                         grad_accum=accum, recompute=recompute, recompute_layers=_recompute_layers(counts, per),
+                         schedule="1f1b", overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, per), prof, world)
 
 
