@@ -49,7 +49,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from .specs import SpecError
+from .comm import GroupLayout, group_layout
+from .specs import ParallelConfig, SpecError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +111,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
 )}
 
 
-def accelerate_backend(par) -> str:
+def accelerate_backend(par: ParallelConfig) -> str:
     """The engine an Accelerate config runs a parallel config on (``distributed_type``): the
     Megatron-LM plugin for tensor or pipeline parallel, FSDP2 for ZeRO-2/3 or context parallel,
     DeepSpeed for ZeRO-1, DDP for ZeRO-0 over several ranks, else one process. The one rule: the
@@ -142,7 +143,7 @@ def _engine_profile(fw: FrameworkProfile, engine: str) -> FrameworkProfile:
     return dataclasses.replace(fw, **ACCELERATE_ENGINE_OVERLAPS[engine])
 
 
-def backend_profile(fw: FrameworkProfile, par) -> FrameworkProfile:
+def backend_profile(fw: FrameworkProfile, par: ParallelConfig) -> FrameworkProfile:
     """``fw`` as it runs ``par``: Accelerate hands a configuration to one of several engines
     (``accelerate_backend``), and prices that engine's overlaps; every other profile is itself."""
     if fw.name != "accelerate":
@@ -159,3 +160,28 @@ def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:
     if prof is None:
         raise SpecError(f"unknown framework {framework!r}; known: {', '.join(sorted(FRAMEWORKS))}")
     return prof
+
+
+TP_OVERLAP_MODES = ("none", "backward", "full")
+
+
+def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout) -> str:
+    """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
+    ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
+    sequence parallel, the TP group inside one NVLink domain), ``backward`` where it overlaps only
+    the column-parallel input-gradient collectives with the weight-gradient GEMMs, else ``none``.
+    The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
+    if par.tp <= 1:
+        return "none"
+    framework = backend_profile(framework, par)
+    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
+        return "full"
+    return "backward" if framework.tp_comm_overlap_backward else "none"
+
+
+def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
+                  nvlink_gpus: int) -> str:
+    """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
+    and the NVLink domain's size (what an emitter knows)."""
+    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}     # as training._degrees
+    return tp_overlap_mode(framework_profile(framework), par, group_layout(degrees, tuple(order), "tp", nvlink_gpus))

@@ -39,7 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER, GroupLayout, Network, axis_stride, crosses_nodes, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, backend_profile, framework_profile
+from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params
 from .memory import (DDP_BUCKET_BYTES, activations_in_flight, bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param, stage_memory, zero_divisors)
@@ -177,31 +177,6 @@ class LayerTerms(NamedTuple):
     act_selective_bytes: float   # stored under selective recompute
     act_bytes: float             # stored without recompute
     act_input_bytes: float       # stored under full recompute (the layer input)
-
-
-TP_OVERLAP_MODES = ("none", "backward", "full")
-
-
-def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout) -> str:
-    """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
-    ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
-    sequence parallel, the TP group inside one NVLink domain), ``backward`` where it overlaps only
-    the column-parallel input-gradient collectives with the weight-gradient GEMMs, else ``none``.
-    The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
-    if par.tp <= 1:
-        return "none"
-    framework = backend_profile(framework, par)
-    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
-        return "full"
-    return "backward" if framework.tp_comm_overlap_backward else "none"
-
-
-def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
-                  nvlink_gpus: int) -> str:
-    """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
-    and the NVLink domain's size (what an emitter knows)."""
-    return tp_overlap_mode(framework_profile(framework), par,
-                           group_layout(_degrees(par), tuple(order), "tp", nvlink_gpus))
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False) -> LayerTerms:
