@@ -209,3 +209,20 @@ def test_runtime_builds_the_models_rope_and_norm():
     base = build_model(dataclasses.replace(spec, rope_theta=10000.0))
     base.load_state_dict(model.state_dict())
     assert not torch.allclose(model(x), base(x))
+
+
+def test_token_files_hold_the_vocabulary(tmp_path):
+    """A 128K vocabulary does not fit uint16 ids: the runtime reads uint32 for it, refuses a uint16
+    file, and torchrun.sh documents the right type."""
+    import numpy as np
+
+    from runtime.data import DataError, TokenStream, token_dtype
+    assert token_dtype("auto", 65536) == "uint16" and token_dtype("auto", 128256) == "uint32"
+    with pytest.raises(DataError, match="uint32"):
+        token_dtype("uint16", 128256)
+    f = tmp_path / "tokens.bin"
+    np.arange(100000, 101000, dtype=np.uint32).tofile(f)       # ids above 65535
+    s = TokenStream(global_batch=2, seq_len=8, vocab=128256, path=str(f), dtype=token_dtype("auto", 128256))
+    assert int(s.batch(0).min()) >= 100000
+    plan = make_plan("llama-3-8b", gpus=8, gb=8, seq=4096, cluster="dgx-h100", dp=8, zero=3)
+    assert "numpy memmap of uint32 ids: 128256 tokens" in get("torchrun").emit(plan)["torchrun.sh"]
