@@ -125,19 +125,13 @@ def even_stages(plan: Plan) -> bool:
 def recompute_per_stage(plan: Plan) -> list[int]:
     """Layers recomputed in full on each pipeline stage (0 without full recompute).
 
-    The stage split's own ``recompute_layers`` wins when any stage sets it; otherwise the
-    parallel config's ``recompute_layers`` applies to every stage (-1: all its layers).
+    The one rule is ``ParallelConfig.full_recompute_layers``: under ``recompute=full`` the
+    policy's count, otherwise each stage's own count (the solver may recompute some layers
+    of a stage fully on top of a none/selective policy to fit its memory). The cost model
+    and the runtime call the same function, so the three agree.
     """
     p = plan.parallel
-    if p.recompute != "full":
-        # the solver may recompute some layers of some stages fully on top of a none/selective
-        # policy (to fit a stage's memory): those counts are part of the plan
-        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
-    if any(s.recompute_layers for s in plan.stages):
-        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
-    if p.recompute_layers < 0:
-        return [s.num_layers for s in plan.stages]
-    return [min(p.recompute_layers, s.num_layers) for s in plan.stages]
+    return [p.full_recompute_layers(s.num_layers, s.recompute_layers) for s in plan.stages]
 
 
 def require_no_stage_recompute(plan: Plan, target: str) -> None:

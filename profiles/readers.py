@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from costmodel.specs import SpecError
+from costmodel.units import MIB
 
 MAX_FILE_BYTES = 1024 * 1024        # 64x the largest real input (a 2,048-GPU MoE plan: 16 KB); parses in ~3 s
 MAX_NODES = 200_000                # scalars, lists and mappings, counted through aliases
@@ -43,7 +44,7 @@ def read_text(path: str | os.PathLike, what: str) -> str:
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(f"{what} {p} is not a regular file (a pipe or a device?); give a file")
     if st.st_size > MAX_FILE_BYTES:
-        raise SpecError(f"{what} {p} is {st.st_size / 2**20:.1f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB "
+        raise SpecError(f"{what} {p} is {st.st_size / MIB:.1f} MiB, more than the {MAX_FILE_BYTES // MIB} MiB "
                         "an input file may be; is it the right file?")
     try:
         with open(p, "rb") as f:
@@ -51,7 +52,7 @@ def read_text(path: str | os.PathLike, what: str) -> str:
     except OSError as e:
         raise SpecError(f"cannot read {what} {p}: {e.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"{what} {p} is more than the {MAX_FILE_BYTES // 2**20} MiB an input file may be")
+        raise SpecError(f"{what} {p} is more than the {MAX_FILE_BYTES // MIB} MiB an input file may be")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

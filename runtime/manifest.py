@@ -31,11 +31,12 @@ import pickle
 import stat
 from pathlib import Path
 from typing import Any
+from costmodel.units import MIB
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 DCP_INDEX = ".metadata"
-MAX_MANIFEST_BYTES = 64 * 2**20
+MAX_MANIFEST_BYTES = 64 * MIB
 _DIGEST_SIDECAR = ".digests-rank{rank}.json"
 
 _META = "torch.distributed.checkpoint.metadata"
@@ -63,7 +64,7 @@ def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
-            block = f.read(8 * 2**20)
+            block = f.read(8 * MIB)
             if not block:
                 break
             h.update(block)

@@ -29,11 +29,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from costmodel.layers import model_flops_per_token
 from costmodel.specs import ModelSpec
 
 from .errors import RuntimeModelError
 
 INIT_STD = 0.02
+ROPE_THETA = 10000.0          # RoPE's base where a model names none (Su et al. 2021); models carry their own
 # Llama 3.1's RoPE frequency scaling (Meta's reference model.py ``apply_scaling``, the same numbers
 # as Hugging Face's ``rope_type: llama3``): wavelengths longer than the original context / 1 are
 # divided by the factor, shorter than original / 4 kept, the band between blended
@@ -77,12 +79,14 @@ def rope_frequencies(head_dim: int, theta: float, scaling: float = 0.0, device=N
     return torch.where(wavelen > low_wavelen, inv / scaling, torch.where(wavelen < high_wavelen, inv, blended))
 
 
-def _rope(q: torch.Tensor, k: torch.Tensor, theta: float, scaling: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary positions (Su et al. 2021) on ``[batch, seq, heads, head_dim]``, pairs (2i, 2i+1),
-    with the model's base ``theta`` and frequency ``scaling``."""
+def rope(q: torch.Tensor, k: torch.Tensor, theta: float, scaling: float = 0.0, start: int = 0
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary positions (Su et al. 2021) ``start .. start+seq-1`` on ``[batch, seq, heads,
+    head_dim]``, pairs (2i, 2i+1), with the model's base ``theta`` and frequency ``scaling``. The
+    one rotary rule of the runtime (training and serving)."""
     s, d = q.shape[1], q.shape[-1]
     inv = rope_frequencies(d, theta, scaling, q.device)
-    ang = torch.outer(torch.arange(s, device=q.device, dtype=torch.float32), inv)   # [s, d/2]
+    ang = torch.outer(torch.arange(start, start + s, device=q.device, dtype=torch.float32), inv)   # [s, d/2]
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
 
     def rot(x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +117,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rotary:
-            q, k = _rope(q, k, self.rope_theta, self.rope_scaling)
+            q, k = rope(q, k, self.rope_theta, self.rope_scaling)
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)
@@ -419,13 +423,12 @@ def count_params(modules: Iterable[nn.Module]) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward): 6 per active matrix parameter
-    outside the embedding, plus causal attention scores 6 * layers * seq * q_dim (PaLM, App. B,
-    halved for the causal mask)."""
-    dense = spec.active_params() - spec.embedding_params()
-    return 6.0 * dense + 6.0 * spec.layers * seq_len * spec.q_dim
+    """Training model FLOPs per token: the cost model's one definition
+    (``costmodel.layers.model_flops_per_token``; full s x s attention, PaLM App. B), so the
+    measured MFU and the predicted one divide the same number."""
+    return model_flops_per_token(spec, seq_len)
 
 
-__all__ = ["Transformer", "Block", "Attention", "MLP", "MoE", "GroupedExperts", "LocalDispatch", "Embeddings",
+__all__ = ["Transformer", "rope", "Block", "Attention", "MLP", "MoE", "GroupedExperts", "LocalDispatch", "Embeddings",
            "build_model", "init_weights", "full_init_value", "canonical_name", "count_params",
            "flops_per_token", "RuntimeModelError", "check_supported"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
+from costmodel.units import GIB
 
 HELP = "the cost model alone for one configuration: memory per GPU and step time, term by term"
 
@@ -53,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:
-        c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / 2**30:.1f} GiB per GPU on stage "
+        c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / GIB:.1f} GiB per GPU on stage "
                 f"{max(est.stages, key=lambda s: s.memory['peak_bytes'] / s.capacity_bytes).index}, "
-                f"capacity {est.capacity_bytes / 2**30:.1f} GiB; try more tp/pp, zero 3 or recompute full")
+                f"capacity {est.capacity_bytes / GIB:.1f} GiB; try more tp/pp, zero 3 or recompute full")
     return 0
 
 
@@ -78,5 +79,5 @@ def _serving(plan, as_json: bool) -> int:
     c.print(f"time to first token {d['ttft_s'] * 1e3:.2f} ms, per output token {d['tpot_s'] * 1e3:.2f} ms, "
             f"{d['output_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU, largest batch {d['max_batch']}")
     mem = d["memory"]
-    c.print("memory per GPU: " + ", ".join(f"{k.removesuffix('_bytes')} {v / 2**30:.2f} GiB" for k, v in mem.items()))
+    c.print("memory per GPU: " + ", ".join(f"{k.removesuffix('_bytes')} {v / GIB:.2f} GiB" for k, v in mem.items()))
     return 0

@@ -19,6 +19,7 @@ import yaml
 
 from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                              default_stages)  # noqa: F401  (re-exported: the plan file's readers use it)
+from costmodel.comm import crosses_nodes
 from costmodel.limits import describe
 from profiles.clusters import cluster_from_dict, cluster_to_dict
 from profiles.readers import parse_yaml, read_text
@@ -73,15 +74,12 @@ class Plan:
         return getattr(self.parallel, dim)
 
     def rank_layout(self) -> dict[str, Any]:
-        """Which ranks share a node, and which mesh dims stay inside one node."""
+        """Which ranks share a node, and which mesh dims stay inside one NVLink domain (a host,
+        or a multi-host domain such as NVL72): ``comm.crosses_nodes``, the cost model's rule."""
         gpn = self.cluster.gpus_per_node
-        inside = []
-        stride = 1
-        for dim in reversed(self.mesh_order):
-            span = stride * self.degree(dim)
-            if self.degree(dim) > 1 and span <= gpn:
-                inside.append(dim)
-            stride = span
+        degrees = {d: self.degree(d) for d in self.mesh_order}
+        inside = [d for d in self.mesh_order
+                  if degrees[d] > 1 and not crosses_nodes(degrees, tuple(self.mesh_order), d, self.cluster.nvlink_gpus)]
         n = self.world_size
         return {"gpus_per_node": gpn, "nodes": -(-n // gpn), "within_node": sorted(inside),
                 "tp_within_node": self.parallel.tp == 1 or "tp" in inside}
