@@ -16,6 +16,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
+from emitters import ds_train
 from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
@@ -136,6 +137,12 @@ def emit(plan: Plan) -> dict[str, str]:
                  "the weight all-gather are priced exposed (DeepSpeed's default); turning it on is not priced")
     usage.append("CHECKPOINT_DIR reaches your script in the environment: save with engine.save_checkpoint(CHECKPOINT_DIR) "
                  "and resume with engine.load_checkpoint(CHECKPOINT_DIR)")
+    try:
+        ds_train.script(plan)
+        usage.append(f"{ds_train.NAME}, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/{ds_train.NAME} "
+                     "trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours")
+    except CannotExpress as e:
+        usage.append(f"No starting-point script ships for this plan ({e.part}: {e.detail}); bring your own")
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: ZeRO-1/2 all-gather the updated weights after the step (no prefetch); the pipeline engine "
         "reduces gradients after the last micro-batch; the layers' activation checkpointing is the script's own"])
@@ -156,6 +163,10 @@ def emit(plan: Plan) -> dict[str, str]:
     text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
              '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
     files = {"ds_config.json": json.dumps(cfg, indent=2) + "\n", "deepspeed.sh": text}
+    try:
+        files[ds_train.NAME] = ds_train.script(plan)
+    except CannotExpress:
+        pass                     # the header says why no starting-point script ships
     if nnodes > 1:
         files["hostfile"] = hostfile(plan, nnodes, nproc)
     return files
