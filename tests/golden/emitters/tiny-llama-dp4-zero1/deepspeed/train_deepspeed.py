@@ -4,7 +4,6 @@ model as a plain pre-norm decoder (see emitters/ds_train.py). Replace the model 
 
 import argparse
 import json
-import math
 import os
 
 import numpy as np
