@@ -57,14 +57,14 @@ def _run(out, tmp_path, steps: int):
            "MASTER_PORT": str(29500 + os.getpid() % 1000)}
     r = subprocess.run(["bash", str(out / "deepspeed.sh"), "--steps", str(steps)], env=env, capture_output=True,
                        text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + "\n".join(l for l in r.stderr.splitlines() if "Warn" not in l and "warn" not in l)[-4000:]
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"rank"')]
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_deepspeed_zero_runs_and_ranks_agree(zero, tmp_path):
     _deepspeed_or_skip()
-    plan = make_plan(gpus=2, dp=2, zero=zero, micro_batch=1, grad_accum=2, seq=32)
+    plan = make_plan(gpus=2, gb=4, dp=2, zero=zero, micro_batch=1, grad_accum=2, seq=32)
     out = write(plan, "deepspeed", tmp_path / "out")
     assert (out / ds_train.NAME).exists()
     rows = _run(out, tmp_path, steps=2)
@@ -73,5 +73,5 @@ def test_deepspeed_zero_runs_and_ranks_agree(zero, tmp_path):
     assert rows[0]["checksum"] == rows[1]["checksum"]             # data-parallel ranks hold the same weights
     assert all(x == x and abs(x) < 1e4 for r in rows for x in r["losses"])
     assert (tmp_path / "ckpt" / "latest").exists()
-    again = _run(out, tmp_path, steps=1)                          # resumes: the step count continues
-    assert {r["steps"] for r in again} == {3}
+    again = _run(out, tmp_path, steps=2)                          # resumes: the step count continues
+    assert {r["steps"] for r in again} == {4}
