@@ -10,14 +10,13 @@ script takes the per-device batch (the plan's micro-batch) itself; the launch sc
 """
 from __future__ import annotations
 
-import yaml
-
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all,
                            nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
 from costmodel.frameworks import accelerate_backend
 from emitters.base import comment_block
+from emitters.encode import yaml_document
 from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe
 from planner.plan.planfile import Plan
 
@@ -177,7 +176,7 @@ def emit(plan: Plan) -> dict[str, str]:
     header += comment_block(priced_assumptions(plan, TARGET, [facts[engine]] if engine in facts else []))
     if nnodes > 1:
         header += "# main_process_ip: replace with node 0's address (or set MAIN_PROCESS_IP for accelerate.sh)\n"
-    text = header + yaml.safe_dump(cfg, sort_keys=True, default_flow_style=False)
+    text = header + yaml_document(cfg)
     usage = ["Run on every node: TRAIN_SCRIPT=train.py bash accelerate.sh [script args]",
              "Your script builds the model, the optimizer, the data and the tokenizer; build this model:",
              model_settings(plan)]

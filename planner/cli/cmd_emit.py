@@ -32,6 +32,14 @@ def add_arguments(p) -> None:
     p.add_argument("--out", "-o", help="output folder (created if missing)")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that holds other files, replacing the files this command writes")
+    p.add_argument("--launcher", "-l", choices=("torchrun", "slurm", "kubernetes"),
+                   help="also write the file that starts a training framework's files on every node: a per-node "
+                        "script (torchrun), an sbatch script (slurm) or a PyTorchJob (kubernetes)")
+    g = p.add_argument_group("site options (--launcher slurm)")
+    g.add_argument("--time", default="", help="sbatch --time, e.g. 04:00:00 or 2-00:00:00")
+    g.add_argument("--partition", default="", help="sbatch --partition")
+    g.add_argument("--account", default="", help="sbatch --account")
+    g.add_argument("--exclusive", action="store_true", help="sbatch --exclusive (whole nodes)")
     p.add_argument("--list", action="store_true", help="list the targets and exit")
     p.add_argument("--json", action="store_true", help="with --list or after writing: machine-readable output")
 
@@ -75,7 +83,7 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
+def _check_out(out: Path, files: dict[str, str], force: bool, subfolders: frozenset = frozenset()) -> None:
     """Refuse, before writing anything: a folder holding other files, or a file this command
     would change (unless ``force``); a link, FIFO or device where a file goes (always)."""
     from profiles.safeio import check_output, check_output_folder
@@ -86,7 +94,7 @@ def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
         check_output(out / name, "--out")
     if not out.exists() or force:
         return
-    others = sorted(p.name for p in out.iterdir() if p.name not in files)
+    others = sorted(p.name for p in out.iterdir() if p.name not in files and p.name not in subfolders)
     if others:
         raise UsageError(f"--out {out} already holds other files ({_shown(others)}); choose an empty folder or "
                          "pass --force to write into it")
@@ -103,6 +111,30 @@ def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
     if changed:
         raise UsageError(f"--out {out} already holds {_shown(sorted(changed))}, which this plan would change; "
                          "pass --force to replace them, or choose another folder")
+
+
+def _emit_one(plan, name: str, mod, args, site: dict) -> dict[str, str]:
+    """The target's files; with ``--launcher``, composed with the launcher's (``emitters.compose``);
+    ``--target slurm`` takes the site options itself."""
+    import emitters
+    if name == "slurm" and not args.launcher:
+        from emitters.slurm import Site
+        return _site_checked(lambda: mod.emit(plan, Site(**site)))
+    out = mod.emit(plan)
+    if not args.launcher:
+        return out
+    return _site_checked(lambda: emitters.compose(plan, name if name != "torchrun" else "builtin", args.launcher,
+                                                  out, **site))
+
+
+def _site_checked(make):
+    from emitters import CannotExpress
+    try:
+        return make()
+    except CannotExpress:
+        raise
+    except ValueError as e:          # a site option Slurm does not accept: bad input, exit 2
+        raise UsageError(str(e)) from None
 
 
 def run(args) -> int:
@@ -126,11 +158,18 @@ def run(args) -> int:
                              "with launch files of its own)")
     emit_checks.require_valid(plan, args.plan)    # the checks explain runs: exit 1 before anything is written
 
+    site = {"time": args.time, "partition": args.partition, "account": args.account, "exclusive": args.exclusive}
+    if any(site.values()) and args.launcher != "slurm" and args.target != "slurm":
+        raise UsageError("--time, --partition, --account and --exclusive are sbatch options: give them with "
+                         "--launcher slurm (or --target slurm)")
+    if args.launcher and args.target == "all":
+        raise UsageError("--launcher starts one framework's files: give --target NAME (a training framework)")
     names = list(TARGETS) if args.target == "all" else [args.target]
     files: dict[str, str] = {}
     written: dict[str, list[str]] = {}
     refused: dict[str, str] = {}
     skipped: list[str] = []
+    per_target: dict[str, dict[str, str]] = {}
     for name, mod in _targets():
         if name not in names:
             continue
@@ -142,13 +181,11 @@ def run(args) -> int:
             refused[name] = why
             continue
         try:
-            out = mod.emit(plan)
+            out = _emit_one(plan, name, mod, args, site)
         except CannotExpress as e:
             refused[name] = emit_checks.with_command(str(e), name, plan, args.plan)
             continue
-        for fname, text in out.items():
-            assert files.get(fname, text) == text, f"{name} and another target both write {fname} differently"
-            files[fname] = text
+        per_target[name] = out
         written[name] = list(out)
 
     if not written:
@@ -156,10 +193,29 @@ def run(args) -> int:
             print(f"planner emit: {msg}", file=sys.stderr)
         return 1
     out_dir = Path(args.out)
-    files["README.md"] = _readme(plan, written, refused, skipped)
-    _check_out(out_dir, files, args.force)
     from profiles.safeio import write_folder
-    write_folder(out_dir, files, executable={f for f in files if f.endswith((".sh", ".sbatch"))}, what="--out")
+    # with --target all, two targets may write the same file name (a disaggregated serving plan: vllm and
+    # sglang both write prefill.sh and decode.sh); then each target gets its own folder under --out
+    clash = sorted({f for a, fa in per_target.items() for b, fb in per_target.items() if a < b
+                    for f in fa.keys() & fb.keys() if fa[f] != fb[f]})
+    if clash:
+        written = {name: [f"{name}/{f}" for f in fl] for name, fl in written.items()}
+        top = {"README.md": _readme(plan, written, refused, skipped)}
+        for name, fl in per_target.items():
+            _check_out(out_dir / name, fl, args.force)
+        _check_out(out_dir, top, args.force, frozenset(per_target))
+        for name, fl in per_target.items():
+            write_folder(out_dir / name, fl, executable={f for f in fl if f.endswith((".sh", ".sbatch"))},
+                         what="--out")
+        write_folder(out_dir, top, what="--out")
+        print(f"planner emit: {', '.join(per_target)} write files of the same names ({_shown(clash)}): each "
+              f"target's files are in its own folder under {out_dir}", file=sys.stderr)
+    else:
+        for fl in per_target.values():
+            files.update(fl)
+        files["README.md"] = _readme(plan, written, refused, skipped)
+        _check_out(out_dir, files, args.force)
+        write_folder(out_dir, files, executable={f for f in files if f.endswith((".sh", ".sbatch"))}, what="--out")
     if args.json:
         print(json.dumps({"out": str(out_dir), "written": written, "refused": refused, "skipped": skipped},
                          indent=2))

@@ -179,9 +179,12 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     if args.inject_failure:
         m = re.match(r"rank=(\d+),", args.inject_failure + ",")
         try:
-            Failure.parse(args.inject_failure)
-        except RuntimeUsageError:
-            m = None
+            injected = Failure.parse(args.inject_failure)
+        except RuntimeUsageError as e:
+            raise UsageError(str(e)) from None
+        if injected.step > args.steps:      # it would never fire: accepted and ignored
+            raise UsageError(f"--inject-failure step {injected.step} is after the last step (--steps {args.steps}); "
+                             f"give a step from 1 to {args.steps}")
         if not m:
             raise UsageError(f"--inject-failure {args.inject_failure!r}: expected "
                              "rank=R,step=S[,phase=step|save][,permanent] or rank=R,slow=X[,step=S][,permanent]")
@@ -236,11 +239,12 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
             Dims.from_plan(plan.model, plan.parallel, plan.mesh_order, wl.seq_len, wl.global_batch, world)
         except PlanNotRunnable as e:
             raise UsageError(f"the built-in runtime cannot run {args.plan}: {e}") from None
+        from planner.cli import target_notes
         from planner.plan import targets as T
         cannot = T.problems("builtin", plan)      # the built-in target's table (planner/plan/targets.py)
         if cannot:
             raise UsageError(f"the built-in runtime cannot run {args.plan} as planned: {'; '.join(cannot)}; a plan it "
-                             f"runs: `{T.plan_command(plan, 'builtin', args.plan)}`")
+                             f"runs: `{target_notes.plan_command(plan, 'builtin', args.plan)}`")
     return nproc, device
 
 
