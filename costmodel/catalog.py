@@ -183,7 +183,7 @@ def _settings(cfg: Mapping[str, Any], *eps_keys: str, theta_keys: tuple[str, ...
 
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt2",
                   "gptj", "gpt_neox", "bloom", "opt", "falcon", "deepseek_v3", "deepseek_v2", "nemotron",
-                  "gpt_oss", "gemma2", "gemma3", "gemma3_text", "phi3", "llama4", "llama4_text")
+                  "gpt_oss", "gemma2", "gemma3", "gemma3_text", "phi3", "llama4", "llama4_text", "mpt")
 # multimodal wrappers whose language model is their ``text_config`` (the vision tower is not planned)
 _HF_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 # transformers' Gemma3TextConfig defaults (models/gemma3/configuration_gemma3.py): a published
@@ -214,8 +214,8 @@ _HF_COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_ke
               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "ffn_dim", "seq_length", "num_kv_heads",
               "ffn_hidden_size", "sliding_window", "sliding_window_pattern", "attention_chunk_size",
               "interleave_moe_layer_step", "intermediate_size_mlp", "kv_channels", "experts_per_token",
-              "no_rope_layer_interval")
-_HF_SWITCHES = ("tie_word_embeddings", "multi_query", "alibi", "bias", "attention_bias")
+              "no_rope_layer_interval", "d_model", "n_heads", "n_layers", "max_seq_len")
+_HF_SWITCHES = ("tie_word_embeddings", "multi_query", "alibi", "bias", "attention_bias", "no_bias", "learned_pos_emb")
 _HF_NUMBERS = ("attn_logit_softcapping", "final_logit_softcapping")       # a number >= 0, or null
 _HF_LISTS = {"layer_types": str, "moe_layers": int, "no_rope_layers": int}   # a list of these, or null
 
@@ -379,7 +379,7 @@ def _from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config
                  head_dim=opt("head_dim") or 0, mlp="swiglu", norm="rmsnorm", positions="rotary",
                  tied_embeddings=bool(opt("tie_word_embeddings", gemma)),
                  max_seq_len=opt("max_position_embeddings") or 8192,
-                 bias=False)  # qwen2 q/k/v biases: a few M params, ignored
+                 bias=False, qkv_bias=mt in ("qwen2", "qwen2_moe"))  # Qwen2: biases on q, k, v only
         d.update(_settings(cfg, "rms_norm_eps"))
         layers = d["layers"]
         if mt == "mixtral":
@@ -481,6 +481,8 @@ def _from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config
                  positions="alibi" if opt("alibi") else "rotary", tied_embeddings=bool(opt("tie_word_embeddings", True)),
                  bias=bool(opt("bias", False)), max_seq_len=opt("max_position_embeddings") or 2048)
         d.update(_settings(cfg, "layer_norm_epsilon"))
+    elif mt == "mpt":
+        d.update(_mpt(cfg, where))
     if d.get("num_experts"):
         d.update(_router(cfg, where))
     for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden"):
@@ -491,6 +493,47 @@ def _from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config
         return ModelSpec(**d)
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
+
+
+def _mpt(cfg: Mapping[str, Any], where: str) -> dict:
+    """MosaicML's MPT (llm-foundry's ``MPTConfig``, transformers' ``MptConfig``): ``d_model``,
+    ``n_heads``, ``n_layers``, an MLP of ``expansion_ratio * d_model`` (``ffn_config.ffn_type``
+    ``mptglu``: gated, three matrices; else ``mptmlp``: GELU, two), LayerNorm, ALiBi unless
+    ``attn_config`` says RoPE or learned positions, tied embeddings, no biases (``no_bias``, default
+    true), grouped-query attention with ``attn_config.kv_n_heads``. Defaults are transformers'
+    ``MptConfig`` ones (d_model 2048, 16 heads, 24 layers, ratio 4, 2048 positions, vocab 50368)."""
+    attn = cfg.get("attn_config") or {}
+    ffn_cfg = cfg.get("ffn_config") or {}
+    if not isinstance(attn, Mapping) or not isinstance(ffn_cfg, Mapping):
+        raise SpecError(f"{where}: attn_config and ffn_config must be objects (model_type 'mpt')")
+    h = cfg.get("d_model") or 2048
+    heads = cfg.get("n_heads") or 16
+    ratio = cfg.get("expansion_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < 1000:
+        raise SpecError(f"{where}: field 'expansion_ratio' must be a positive number, got {describe(ratio)}")
+    ffn = ffn_cfg.get("ffn_hidden_size") or int(ratio * h)
+    kind = attn.get("attn_type", "multihead_attention")
+    kv = {"multihead_attention": heads, "multiquery_attention": 1}.get(kind) or attn.get("kv_n_heads") or heads
+    for k, v in (("attn_config.kv_n_heads", kv), ("ffn_config.ffn_hidden_size", ffn)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise SpecError(f"{where}: field {k!r} must be a positive integer, got {describe(v)}")
+    if attn.get("alibi", True) and not attn.get("rope"):
+        positions = "alibi"
+    elif attn.get("rope"):
+        positions = "rotary"
+    else:
+        positions = "learned" if cfg.get("learned_pos_emb", True) else "alibi"
+    out = dict(layers=cfg.get("n_layers") or 24, hidden=h, heads=heads, kv_heads=kv,
+               vocab=cfg.get("vocab_size") or 50368, ffn_hidden=ffn,
+               mlp="swiglu" if ffn_cfg.get("ffn_type") == "mptglu" else "gelu", norm="layernorm",
+               positions=positions, tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+               bias=not cfg.get("no_bias", True), max_seq_len=cfg.get("max_seq_len") or 2048)
+    eps = cfg.get("layer_norm_epsilon")
+    if eps is not None:
+        out["norm_eps"] = eps
+    if positions == "rotary":
+        out["rope_theta"] = float(attn.get("rope_theta", 10000))
+    return out
 
 
 # --------------------------------------------------------------------------------------

@@ -19,6 +19,16 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
   needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): the TP
   communication then costs what overlapped communication costs (``training.overlapped``).
   torchtitan's async TP does the same but needs ``torch.compile``; not assumed by default.
+  The cost model takes it only where the launch file can turn it on (``tp_overlap_mode``):
+  sequence parallel on and the TP group inside one NVLink domain (Transformer Engine's
+  userbuffers reach the peers over CUDA IPC); ``emitters/megatron.py`` writes the flag exactly there.
+* ``tp_comm_overlap_backward``: without ``--tp-comm-overlap`` Megatron still overlaps part of the
+  backward's TP traffic: each column-parallel linear launches its input-gradient reduce-scatter
+  (all-reduce without sequence parallel) asynchronously and computes its weight gradient while it
+  runs (``megatron/core/tensor_parallel/layers.py``,
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``, ordered by
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1``; Transformer Engine's ``Linear`` does the same). The row-parallel
+  linears' gradient all-gather and every forward collective stay exposed.
 * ``ep_comm_overlap``: the expert-parallel all-to-alls (dispatch, combine) run beside another
   micro-batch's compute: Megatron's ``--overlap-moe-expert-parallel-comm`` (off by default; it
   needs no full recompute, bf16/fp16) and DeepSeek-V3's DualPipe. Off in every profile by
@@ -40,10 +50,12 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
+from .comm import GroupLayout, group_layout
 from .moe import DEFAULT_EXECUTION, MoeExecution
-from .specs import SpecError
+from .specs import ParallelConfig, SpecError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +66,7 @@ class FrameworkProfile:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    tp_comm_overlap_backward: bool = False
     ep_comm_overlap: bool = False
     moe: MoeExecution = DEFAULT_EXECUTION   # dispatcher, permute/router fusion (what its launch file sets)
     kernel_efficiency: float = 1.0
@@ -104,7 +117,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # 1.0 by construction: the catalog's GEMM efficiency curves were fitted on Megatron-LM runs
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
-    FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True,
+    FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
                      moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
@@ -126,6 +139,47 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
 )}
 
 
+def accelerate_backend(par: ParallelConfig) -> str:
+    """The engine an Accelerate config runs a parallel config on (``distributed_type``): the
+    Megatron-LM plugin for tensor or pipeline parallel, FSDP2 for ZeRO-2/3 or context parallel,
+    DeepSpeed for ZeRO-1, DDP for ZeRO-0 over several ranks, else one process. The one rule: the
+    emitter writes it and the cost model prices that engine's overlaps (``backend_profile``)."""
+    if par.tp > 1 or par.pp > 1:
+        return "MEGATRON_LM"
+    if par.zero >= 2 or par.cp > 1:
+        return "FSDP"
+    if par.dp == 1:
+        return "NO"
+    return "MULTI_GPU" if par.zero == 0 else "DEEPSPEED"
+
+
+# What Accelerate's config file can state for the engines whose overlaps differ from FSDP2/DDP's:
+# the Megatron-LM plugin passes no --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap
+# (accelerate/utils/dataclasses.py, MegatronLMPlugin: none of its config keys sets them; only
+# other_megatron_args, from code), so Megatron reduces gradients after backward and keeps only its
+# backward-only TP overlap; the DeepSpeed plugin's config keys set no overlap_comm, so ZeRO-1 runs
+# with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
+ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
+    "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
+                        tp_comm_overlap_backward=True),
+    "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _engine_profile(fw: FrameworkProfile, engine: str) -> FrameworkProfile:
+    return dataclasses.replace(fw, **ACCELERATE_ENGINE_OVERLAPS[engine])
+
+
+def backend_profile(fw: FrameworkProfile, par: ParallelConfig) -> FrameworkProfile:
+    """``fw`` as it runs ``par``: Accelerate hands a configuration to one of several engines
+    (``accelerate_backend``), and prices that engine's overlaps; every other profile is itself."""
+    if fw.name != "accelerate":
+        return fw
+    engine = accelerate_backend(par)
+    return _engine_profile(fw, engine) if engine in ACCELERATE_ENGINE_OVERLAPS else fw
+
+
 def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:
     """The profile of a target name (or the profile itself)."""
     if isinstance(framework, FrameworkProfile):
@@ -134,3 +188,28 @@ def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:
     if prof is None:
         raise SpecError(f"unknown framework {framework!r}; known: {', '.join(sorted(FRAMEWORKS))}")
     return prof
+
+
+TP_OVERLAP_MODES = ("none", "backward", "full")
+
+
+def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout) -> str:
+    """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
+    ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
+    sequence parallel, the TP group inside one NVLink domain), ``backward`` where it overlaps only
+    the column-parallel input-gradient collectives with the weight-gradient GEMMs, else ``none``.
+    The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
+    if par.tp <= 1:
+        return "none"
+    framework = backend_profile(framework, par)
+    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
+        return "full"
+    return "backward" if framework.tp_comm_overlap_backward else "none"
+
+
+def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
+                  nvlink_gpus: int) -> str:
+    """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
+    and the NVLink domain's size (what an emitter knows)."""
+    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}     # as training._degrees
+    return tp_overlap_mode(framework_profile(framework), par, group_layout(degrees, tuple(order), "tp", nvlink_gpus))

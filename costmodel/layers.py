@@ -135,7 +135,7 @@ def layer_matrices(model: ModelSpec, moe: bool, tp: int, ep: int = 1, expert_tp:
         out.append(Matrix("attn_out", model.heads * model.v_head_dim / t, h, 1, "dense"))
     else:
         qkv = model.q_dim / t + 2 * kv_width_per_rank(model, t)
-        out.append(Matrix("qkv", h, qkv, 1, "dense", qkv if b else 0.0))
+        out.append(Matrix("qkv", h, qkv, 1, "dense", qkv if b or model.qkv_bias else 0.0))
         out.append(Matrix("attn_out", model.attn_out_dim / t, h, 1, "dense", h if b else 0.0))
     if moe:
         E = model.num_experts

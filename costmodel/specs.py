@@ -100,6 +100,7 @@ class ModelSpec:
     max_seq_len: int = 8192
     tied_embeddings: bool = False
     bias: bool = False                # linear-layer biases (GPT-2, BLOOM, OPT)
+    qkv_bias: bool = False            # biases on the query, key and value projections only (Qwen2, Qwen2-MoE)
     dropout: bool = False             # dropout masks kept for backward (Megatron GPT)
     # settings that change no cost but the model itself; the emitters pass them to each framework
     rope_theta: float = 10000.0       # RoPE base (Llama 3: 500000; Mixtral, Qwen3: 1e6)

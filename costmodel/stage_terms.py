@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .comm import Network, crosses_nodes, launched
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, framework_profile
+from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
@@ -93,19 +93,30 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_overlap: bool = False) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
-    (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
-    framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
-    communication costs what overlapped communication costs, against the layer's GEMMs; with
-    ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``) the all-to-alls against the layer's
-    compute."""
+    (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
+    ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
+    collectives with the GEMMs next to them) prices TP communication as overlapped with the layer's
+    GEMMs, in forward and backward; ``backward`` overlaps half of the backward's TP traffic (the
+    column-parallel linears' input-gradient collectives) with half of its GEMM time (their weight
+    gradients) and leaves the rest exposed; with ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``)
+    the all-to-alls overlap the layer's compute."""
+    mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
+    assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
-    tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
+    if mode == "full":
+        tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+    elif mode == "backward":
+        tp_fwd = lc.tp_fwd_s
+        tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
+    else:
+        tp_fwd = tp_bwd = lc.tp_fwd_s
     ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
     # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
     tp_fwd += lc.etp_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
+    tp_bwd += lc.etp_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
@@ -304,8 +315,9 @@ class StageModel:
         # what a plan may use: the GPU's memory less the framework's headroom (costmodel.frameworks)
         self.reserved_bytes = gpu.reserved_bytes
         self.capacity_bytes = gpu.memory_bytes * (1.0 - fw.memory_headroom_fraction)
-        self.overlap_grad = par.overlap_dp_comm and fw.overlap_grad_reduce
-        self.overlap_gather = par.overlap_dp_comm and fw.overlap_param_gather
+        engine = backend_profile(fw, par)        # Accelerate: the engine it hands this config to
+        self.overlap_grad = par.overlap_dp_comm and engine.overlap_grad_reduce
+        self.overlap_gather = par.overlap_dp_comm and engine.overlap_param_gather
         self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
         self.slowdown = sh.slowdown
         self.first = self.last = False

@@ -14,8 +14,9 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
+from emitters import ds_train
 from emitters.encode import json_text
-from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
+from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan import targets as T
 from planner.plan.planfile import Plan
 
@@ -103,7 +104,10 @@ def config(plan: Plan) -> dict:
         cfg["bf16"] = {"enabled": True}
     elif w.dtype in ("fp16", "float16"):
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    cfg["zero_optimization"] = {"stage": p.zero, "overlap_comm": p.overlap_dp_comm,
+    # overlap_comm as priced (costmodel/frameworks.py, the deepspeed profile): below stage 3 the
+    # gradient reduction and the weight all-gather are priced exposed, DeepSpeed's own default there
+    # (zero/config.py); stage 3's per-layer gathers and scatters are priced overlapped, its default
+    cfg["zero_optimization"] = {"stage": p.zero, "overlap_comm": p.zero == 3,
                                 "contiguous_gradients": True, "reduce_scatter": True}
     if p.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
@@ -121,8 +125,7 @@ def config(plan: Plan) -> dict:
 
 
 def hostfile(plan: Plan, nnodes: int, nproc: int) -> str:
-    if nnodes == 1:
-        return f"# one node; deepspeed hostfile: <host> slots=<processes>\nlocalhost slots={nproc}\n"
+    """Multi-node only: one node runs without a hostfile (no ssh to itself)."""
     return ("# replace node-<i> with your hosts' names (reachable by ssh/pdsh from the first)\n"
             + "".join(f"node-{i} slots={nproc}\n" for i in range(nnodes)))
 
@@ -148,6 +151,19 @@ def emit(plan: Plan) -> dict[str, str]:
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS")
     usage.append("ds_config.json holds the optimizer and a WarmupCosineLR schedule; this script writes "
                  "ds_config.run.json with the run's steps.")
+    usage.append(f"overlap_comm is {str(p.zero == 3).lower()}, as priced: below ZeRO-3 the gradient reduction and "
+                 "the weight all-gather are priced exposed (DeepSpeed's default); turning it on is not priced")
+    usage.append("CHECKPOINT_DIR reaches your script in the environment: save with engine.save_checkpoint(CHECKPOINT_DIR) "
+                 "and resume with engine.load_checkpoint(CHECKPOINT_DIR)")
+    try:
+        ds_train.script(plan)
+        usage.append(f"{ds_train.NAME}, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/{ds_train.NAME} "
+                     "trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours")
+    except CannotExpress as e:
+        usage.append(f"No starting-point script ships for this plan ({e.part}: {e.detail}); bring your own")
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: ZeRO-1/2 all-gather the updated weights after the step (no prefetch); the pipeline engine "
+        "reduces gradients after the last micro-batch; the layers' activation checkpointing is the script's own"])
     text = script_header(plan, TARGET, FORMAT, usage)
     text += needs_block("deepspeed.sh", needs(plan))
     text += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")
@@ -157,9 +173,10 @@ def emit(plan: Plan) -> dict[str, str]:
              '-e "s/\\"warmup_num_steps\\": [0-9]*/\\"warmup_num_steps\\": $WARMUP_STEPS/" '
              '"$HERE/ds_config.json" > "$RUN_CONFIG.tmp"\n'
              'mv "$RUN_CONFIG.tmp" "$RUN_CONFIG"\n')
-    text += bash_array("LAUNCHER_ARGS", [
-        "--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes, "--num_gpus", nproc,
-        "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
+    text += 'export CHECKPOINT_DIR\n'
+    launcher: list = ["--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes] if nnodes > 1 else []
+    text += bash_array("LAUNCHER_ARGS", launcher + [
+        "--num_gpus", nproc, "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
     ])
     # under a cluster launcher (planner emit --launcher slurm|kubernetes|torchrun) each node starts its own
     # processes with torchrun, not the ssh/pdsh runner (planner.plan.targets.STARTS["deepspeed"])
@@ -170,8 +187,14 @@ def emit(plan: Plan) -> dict[str, str]:
              'fi\n')
     text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
              '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
-    return {"ds_config.json": json_text(cfg), "hostfile": hostfile(plan, nnodes, nproc),
-            "deepspeed.sh": text}
+    files = {"ds_config.json": json_text(cfg), "deepspeed.sh": text}
+    try:
+        files[ds_train.NAME] = ds_train.script(plan)
+    except CannotExpress:
+        pass                     # the header says why no starting-point script ships
+    if nnodes > 1:
+        files["hostfile"] = hostfile(plan, nnodes, nproc)
+    return files
 
 
 def needs(plan: Plan) -> list[Need]:
@@ -180,4 +203,5 @@ def needs(plan: Plan) -> list[Need]:
         Need("TRAIN_SCRIPT", "your training script (it calls deepspeed.initialize; it builds the model, "
              "the data and the tokenizer)", kind="file"),
         Need("TRAIN_STEPS", "the run's optimizer steps (the cosine schedule ends there)", kind="int"),
+        checkpoint_need("your script saves with engine.save_checkpoint and resumes with engine.load_checkpoint"),
     ]

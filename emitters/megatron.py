@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
-from emitters.recipe import Need, model_settings, needs_block, recipe, sci, warmup_shell
+from costmodel.frameworks import tp_overlap_of
+from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
+                             warmup_shell)
 from planner.plan.planfile import Plan
 
 TARGET = "megatron"
@@ -20,11 +22,16 @@ MODE = "train"
 FORMAT = "Megatron-LM pretrain_gpt.py flags (megatron/training/arguments.py, core_r0.13+ / 2026 main)"
 SUMMARY = "Megatron-LM pretrain_gpt.py arguments with a torchrun launch line"
 RUN = ("`MEGATRON=/path/to/Megatron-LM DATA_PATH=<indexed dataset prefix> TOKENIZER=<HF tokenizer> "
-       "TRAIN_ITERS=<steps> bash megatron.sh` on every node (multi-node: also `NODE_RANK` and `MASTER_ADDR`); "
+       "TRAIN_ITERS=<steps> CHECKPOINT_DIR=<dir> bash megatron.sh` on every node (multi-node: also `NODE_RANK` "
+       "and `MASTER_ADDR`, which the script requires); "
        "`MOCK_DATA=1` instead of DATA_PATH and TOKENIZER trains on synthetic tokens. The script checks each "
        "value before it starts.")
 
 MASTER_PORT = 6000
+# Megatron-LM's Mixtral example (examples/mixtral/train_mixtral_8x7b_distributed.sh) and NeMo's MoE
+# recipes train the router with a load-balancing loss of this weight; Megatron's own default is 0
+# (no balancing), which would train the router unbalanced while the cost model prices balanced
+# experts (costmodel.moe.MOE_LOAD_IMBALANCE)
 
 
 def _moe_layer_pattern(plan: Plan) -> str | None:
@@ -74,6 +81,8 @@ def model_args(plan: Plan) -> list:
         a.append("--untie-embeddings-and-output-weights")
     if not m.bias:
         a.append("--disable-bias-linear")
+        if m.qkv_bias:
+            a.append("--add-qkv-bias")        # Qwen2: biases on q, k, v only
     if not m.dropout:
         a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     a += ["--make-vocab-size-divisible-by", vocab_divisor(m.vocab, plan.parallel.tp),
@@ -127,6 +136,32 @@ def moe_args(plan: Plan) -> list:
     else:
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
     return a
+
+
+def tp_comm_overlap(plan: Plan) -> bool:
+    """Whether the file turns on ``--tp-comm-overlap``: where the cost model prices full TP
+    overlap for Megatron (``costmodel.training.tp_overlap_mode``: sequence parallel, TP inside one
+    NVLink domain). Elsewhere Megatron's backward-only overlap is priced and the flag stays off."""
+    return tp_overlap_of(TARGET, plan.parallel, plan.mesh_order, plan.cluster.nvlink_gpus) == "full"
+
+
+def not_expressed(plan: Plan) -> list[str]:
+    """Model settings and assumptions the file cannot set, for its header."""
+    m = plan.model
+    out = []
+    if m.sliding_window:
+        out.append(f"sliding-window attention ({m.sliding_window} tokens"
+                   + (f", every {m.sliding_window_pattern}-th layer global" if m.sliding_window_pattern else "")
+                   + "): not written; pretrain_gpt.py's flags set no per-layer window, so every layer attends fully")
+    if m.attention_sinks or m.attn_softcap or m.final_softcap:
+        out.append("attention sinks / logit soft-capping: not written (no pretrain_gpt.py flag)")
+    if tp_comm_overlap(plan):
+        out.append("priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): "
+                   "it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)")
+    elif plan.parallel.tp > 1:
+        out.append("priced with Megatron's backward-only TP overlap: --tp-comm-overlap needs sequence parallel "
+                   "and TP inside one NVLink domain, which this plan does not have")
+    return out
 
 
 def _virtual_counts(plan: Plan) -> list[int]:
@@ -263,6 +298,8 @@ def parallel_args(plan: Plan) -> tuple[list, bool]:
         raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
     if p.sp:
         a.append("--sequence-parallel")
+    if tp_comm_overlap(plan):
+        a += ["--tp-comm-overlap", "--tp-comm-bootstrap-backend", "nccl"]
     a += _pipeline_split_args(plan)
     a += _recompute_args(plan)
     dp_args, fsdp = _data_parallel_args(plan)
@@ -314,7 +351,10 @@ def needs(plan: Plan) -> list[Need]:
              ".bin/.idx)", unless="MOCK_DATA"),
         Need("TOKENIZER", f"the Hugging Face tokenizer of {m.name} (name or path; HuggingFaceTokenizer, "
              f"{m.vocab} tokens)", unless="MOCK_DATA"),
-    ]
+        checkpoint_need("Megatron saves there (--save) and resumes from it (--load)"),
+    ] + ([Need("NODE_RANK", "this node's index, 0 to nodes-1 (0 on the node that is MASTER_ADDR)"),
+          Need("MASTER_ADDR", "the address of node 0, reachable from every node")]
+         if nodes_and_procs(plan, TARGET)[0] > 1 else [])
 
 
 def emit(plan: Plan) -> dict[str, str]:
@@ -334,30 +374,35 @@ def emit(plan: Plan) -> dict[str, str]:
     m = plan.model
     pad = padded_vocab(m.vocab, p.tp)
     usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"
-                                      if pad != m.vocab else "; vocabulary kept unpadded")]
+                                      if pad != m.vocab else "; vocabulary kept unpadded (MOCK_DATA too: "
+                                      "NullTokenizer adds one EOD token to --vocab-size)")]
+    usage += not_expressed(plan)
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives "
+        "with the weight-gradient GEMMs, with or without --tp-comm-overlap"])
     usage += recipe(plan).comment()
     text = script_header(plan, TARGET, FORMAT, usage) + needs_block("megatron.sh", needs(plan))
     text += warmup_shell(recipe(plan)) + env
     text += bash_array("DISTRIBUTED_ARGS", [
-        "--nproc-per-node", nproc, "--nnodes", nnodes, "--node-rank", Raw('"${NODE_RANK:-0}"'),
-        "--master-addr", Raw('"${MASTER_ADDR:-localhost}"'), "--master-port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
+        "--nproc-per-node", nproc, "--nnodes", nnodes,
+        "--node-rank", Raw('"$NODE_RANK"' if nnodes > 1 else '0'),
+        "--master-addr", Raw('"$MASTER_ADDR"' if nnodes > 1 else 'localhost'),
+        "--master-port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
     ])
     text += bash_array("MODEL_ARGS", model_args(plan))
     text += bash_array("PARALLEL_ARGS", par)
     text += bash_array("TRAINING_ARGS", training_args(plan))
     text += ('if [ -n "${MOCK_DATA:-}" ]; then\n'
              + _indent(bash_array("DATA_ARGS", ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                                                "--vocab-size", m.vocab]))
+                                                "--vocab-size", m.vocab - 1]))
              + "else\n"
              + _indent(bash_array("DATA_ARGS", ["--data-path", Raw('"$DATA_PATH"'), "--tokenizer-type",
                                                 "HuggingFaceTokenizer", "--tokenizer-model", Raw('"$TOKENIZER"')]))
              + "fi\n"
              + 'DATA_ARGS+=(--split 949,50,1)\n')
     text += bash_array("CHECKPOINT_ARGS", ["--eval-iters", 0, "--eval-interval", 1000])
-    text += ('if [ -n "${CHECKPOINT_DIR:-}" ]; then\n'
-             '  CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" '
-             '--save-interval "${CHECKPOINT_EVERY:-1000}")\n'
-             'fi\n')
+    text += ('CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" '
+             '--save-interval "${CHECKPOINT_EVERY:-1000}")\n')
     text += ('exec torchrun "${DISTRIBUTED_ARGS[@]}" "$MEGATRON/pretrain_gpt.py" \\\n'
              '  "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" '
              '"${CHECKPOINT_ARGS[@]}"\n')

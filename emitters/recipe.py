@@ -26,6 +26,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from costmodel.frameworks import backend_profile, framework_profile
 from planner.plan.planfile import Plan
 from emitters.base import one_line, sh
 
@@ -107,6 +108,25 @@ def model_settings(plan: Plan) -> str:
     return f"Model {m.name}: " + ", ".join(parts)
 
 
+PRICED_TAG = "priced-assumptions:"
+
+
+def priced_assumptions(plan: Plan, target: str, engine_facts: Sequence[str] = ()) -> list[str]:
+    """Header lines naming what the plan's price rests on that no flag of the file sets: the
+    framework's kernel speed and memory headroom (``costmodel.frameworks``), the attention kernel,
+    and facts of the engine the file starts. The first line is ``key=value`` words after
+    ``PRICED_TAG`` (tests/test_priced_is_written.py reads it back)."""
+    fw = backend_profile(framework_profile(target), plan.parallel)   # Accelerate: the engine it hands the run to
+    out = [f"{PRICED_TAG} kernel_efficiency={fw.kernel_efficiency!r} "
+           f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel}",
+           f"(no flag sets these: {target}'s kernels relative to the cluster's GEMM efficiency curve"
+           + (" (fitted on its published runs)" if fw.calibrated else " (not calibrated)")
+           + ", the memory the allocator leaves unusable, the attention kernel the model code calls; "
+           "costmodel/frameworks.py)"]
+    out += list(engine_facts)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Values a user supplies: marked at the top of a script, checked before anything starts
 # --------------------------------------------------------------------------------------
@@ -126,6 +146,11 @@ class Need:
     unless: str = ""
     more_than: int | str = 0   # for int: a number or shell text ("${WARMUP_ITERS:-716}")
     path_in: str = ""          # for file/dir: the path is "$var/<path_in>"
+
+
+def checkpoint_need(how: str) -> Need:
+    """``CHECKPOINT_DIR``, asked for by every training script: a run that saves nothing cannot resume."""
+    return Need("CHECKPOINT_DIR", f"the folder the run's checkpoints go to, on storage every node sees ({how})")
 
 
 def needs_block(script: str, needs: Sequence[Need]) -> str:
@@ -175,8 +200,8 @@ def warmup_shell(r: Recipe, steps_var: str = "TRAIN_ITERS", warmup_var: str = "W
     """Bash that sets the warmup steps (375M tokens, at most a tenth of the run) once the run's
     length is checked, and refuses a warmup as long as the run."""
     w = r.warmup_steps
-    return (f'{warmup_var}="${{{warmup_var}:-$(( {steps_var} / 10 < {w} ? {steps_var} / 10 : {w} ))}}"'
-            f'  # 375M tokens = {w} steps, or a tenth of the run\n'
+    return (f'{warmup_var}="${{{warmup_var}:-$(( {steps_var} / 10 < {w} ? ({steps_var} / 10 > 0 ? {steps_var} / 10 : 1) '
+            f': {w} ))}}"  # 375M tokens = {w} steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)\n'
             f'[[ "${warmup_var}" =~ ^[0-9]+$ ]] && [ "${warmup_var}" -lt "${steps_var}" ] || '
             f'stop "{warmup_var} must be an integer below {steps_var} (${steps_var}), got ${warmup_var}"\n')
 

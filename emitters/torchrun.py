@@ -99,7 +99,9 @@ def emit(plan: Plan) -> dict[str, str]:
     require_mode(plan, TARGET, "train")
     hetero = len(plan.cluster.groups) > 1
     usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH."]
-    usage.append("DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.")
+    ids = "uint16" if plan.model.vocab <= 1 << 16 else "uint32"
+    usage.append(f"DATA=<token file> (numpy memmap of {ids} ids: {plan.model.vocab} tokens"
+                 + (", more than uint16 holds" if ids == "uint32" else "") + ") trains on it; default synthetic tokens.")
     body = needs_block("torchrun.sh", runtime_needs())
     body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + runtime_args()
     if not hetero:

@@ -24,7 +24,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            require_mode, require_one_group, require_order, script_header,
                            virtual_stage_layers)
 from emitters.encode import one_line, py_docstring, py_literal as lit
-from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
+from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
 TARGET = "torchtitan"
@@ -42,6 +42,14 @@ JOB_MODULE = "torchtitan_planner_job"
 JOB_FUNCTION = "planner_job"
 CUSTOM_FLAVOR = "planner"
 C10D_PORT = 29400
+# torchtitan's test tokenizer (tests/assets/tokenizer, what MOCK_DATA=1 uses) holds 2,020 tokens: a
+# model with a smaller vocabulary would index past its embedding
+MOCK_TOKENIZER_TOKENS = 2020
+CHECKPOINT_EVERY = 500              # CheckpointManager.Config's default interval
+# torchtitan's README: "each stable release pins the nightly versions of torch and torchao" (its
+# docs/release.md); a released torch parses the job but is not the one the release was tested on
+TORCH_NOTE = (f"torchtitan {VERSION} runs on the PyTorch nightly its release pins (torchtitan docs/release.md), "
+              "not on a released torch")
 
 # Stock llama3 flavors of torchtitan 0.3.0 (torchtitan/models/llama3/__init__.py, llama3_configs):
 # name -> (dim, n_layers, n_heads, n_kv_heads, ffn hidden, vocab); 1B and 3B tie their embeddings
@@ -193,6 +201,9 @@ def _settings(plan: Plan) -> dict:
         require(w.seq_len % div == 0, TARGET, f"seq_len {w.seq_len}",
                 f"torchtitan needs seq_len divisible by tp*2*cp = {div}" if p.cp > 1
                 else f"sequence parallel needs seq_len divisible by tp = {p.tp}")
+    require(p.overlap_dp_comm or p.dp * p.cp == 1, TARGET, "data-parallel communication without overlap "
+            "(overlap_dp_comm=false)", "FSDP2 and DDP always overlap it with backward, and the price must be what runs",
+            "plan with overlap_dp_comm=true")
     replicate, shard, reshard = _data_parallel(plan)
     fsdp = shard > 1 or p.cp > 1
     if w.dtype in ("bf16", "bfloat16"):
@@ -272,6 +283,7 @@ def config(plan: Plan) -> str:
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
     imports = [
+        "from torchtitan.components.checkpointer import CheckpointManager",
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
         "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
@@ -316,6 +328,8 @@ def {JOB_FUNCTION}() -> Trainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
         parallelism={_call("ParallelismConfig", par, 8)},
         activation_checkpoint={ac},
+        # torchtitan.sh passes --checkpoint.folder $CHECKPOINT_DIR (an absolute folder: not under dump_folder)
+        checkpoint=CheckpointManager.Config(enable=True, interval={CHECKPOINT_EVERY}, last_save_model_only=False),
         compile={compile_cfg},
         debug=DebugConfig(seed={lit(w.seed, "seed")}),
     )
@@ -332,14 +346,23 @@ def emit(plan: Plan) -> dict[str, str]:
     usage = [f"In an environment with torchtitan {VERSION}: bash torchtitan.sh [--section.field value ...]",
              f"(the values below override {JOB_MODULE}.{JOB_FUNCTION}()'s hf_assets_path, dataloader.dataset "
              "and training.steps)",
-             model_settings(plan)]
+             model_settings(plan), TORCH_NOTE]
+    usage += priced_assumptions(plan, TARGET, [
+        "engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during "
+        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"])
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")
     body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
     body += f'export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"  # for --module {JOB_MODULE}\n'
+    if plan.model.vocab < MOCK_TOKENIZER_TOKENS:
+        body += (f'if [ -n "${{MOCK_DATA:-}}" ]; then stop "MOCK_DATA=1 uses torchtitan\'s test tokenizer of '
+                 f'{MOCK_TOKENIZER_TOKENS} tokens, more than this model\'s vocabulary of {plan.model.vocab}: set '
+                 'HF_ASSETS to a tokenizer that fits"; fi\n')
     body += bash_array("RUN_ARGS", ["--training.steps", Raw('"$TRAIN_STEPS"'),
-                                    "--lr_scheduler.warmup_steps", Raw('"$WARMUP_STEPS"')])
+                                    "--lr_scheduler.warmup_steps", Raw('"$WARMUP_STEPS"'),
+                                    "--checkpoint.folder", Raw('"$CHECKPOINT_DIR"'),
+                                    "--checkpoint.interval", Raw(f'"${{CHECKPOINT_EVERY:-{CHECKPOINT_EVERY}}}"')])
     body += ('if [ -z "${MOCK_DATA:-}" ]; then\n'
              '  RUN_ARGS+=(--hf_assets_path "$HF_ASSETS" --dataloader.dataset "$DATASET")\n'
              '  if [ -n "${DATASET_PATH:-}" ]; then RUN_ARGS+=(--dataloader.dataset_path "$DATASET_PATH"); fi\n'
@@ -361,10 +384,12 @@ def emit(plan: Plan) -> dict[str, str]:
 
 def needs(plan: Plan) -> list[Need]:
     return [
-        Need("torchrun", f"activate the Python environment that has torchtitan {VERSION} and its torch", kind="cmd"),
+        Need("torchrun", f"activate the Python environment that has torchtitan {VERSION} and the torch nightly it "
+             "pins", kind="cmd"),
         Need("TRAIN_STEPS", "the run's optimizer steps (the cosine schedule ends there)", kind="int"),
         Need("HF_ASSETS", f"the folder with {plan.model.name}'s tokenizer (torchtitan's "
              "scripts/download_hf_assets.py writes it)", kind="dir", unless="MOCK_DATA"),
         Need("DATASET", "a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, "
              "if set, is its local copy", unless="MOCK_DATA"),
+        checkpoint_need("torchtitan saves there every CHECKPOINT_EVERY steps and resumes from the latest"),
     ]

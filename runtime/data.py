@@ -30,6 +30,19 @@ from .errors import DataError
 FANOUT = 4
 
 
+def token_dtype(requested: str, vocab: int) -> str:
+    """The token file's id type: ``requested``, or with ``auto`` the smallest that holds every id of
+    a ``vocab``-token vocabulary (uint16 holds 65,536 ids; Llama 3's 128,256 need uint32). A uint16
+    file for a larger vocabulary is refused: its ids would wrap."""
+    need = "uint16" if vocab <= 1 << 16 else "uint32"
+    if requested in ("", "auto"):
+        return need
+    if requested == "uint16" and need == "uint32":
+        raise DataError(f"token file dtype uint16 holds ids below 65536 and the model's vocabulary has {vocab}; "
+                        "write the file as uint32 (--data-dtype uint32)")
+    return requested
+
+
 def _generator(seed: int, step: int) -> torch.Generator:
     # one stream per (seed, step); the constant spreads consecutive steps apart
     return torch.Generator().manual_seed((seed * 1_000_003 + step) & 0x7FFF_FFFF_FFFF_FFFF)

@@ -20,6 +20,7 @@ Parameter counts match ``ModelSpec``'s methods exactly (a test holds them to it)
 """
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from typing import Iterable
@@ -34,7 +35,13 @@ from costmodel.specs import ModelSpec
 from .errors import RuntimeModelError
 
 INIT_STD = 0.02
-ROPE_THETA = 10000.0
+ROPE_THETA = 10000.0          # RoPE's base where a model names none (Su et al. 2021); models carry their own
+# Llama 3.1's RoPE frequency scaling (Meta's reference model.py ``apply_scaling``, the same numbers
+# as Hugging Face's ``rope_type: llama3``): wavelengths longer than the original context / 1 are
+# divided by the factor, shorter than original / 4 kept, the band between blended
+ROPE_LOW_FREQ_FACTOR = 1.0
+ROPE_HIGH_FREQ_FACTOR = 4.0
+ROPE_ORIGINAL_CONTEXT = 8192
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -51,17 +58,34 @@ def check_supported(spec: ModelSpec) -> None:
 # --------------------------------------------------------------------------------------
 
 def _norm(spec: ModelSpec) -> nn.Module:
+    """The model's own norm and epsilon (``ModelSpec.norm_eps``)."""
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(spec.hidden, eps=1e-5)
-    return nn.LayerNorm(spec.hidden, eps=1e-5)   # weight and bias: ModelSpec counts 2 * hidden
+        return nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)   # weight and bias: ModelSpec counts 2 * hidden
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, theta: float = ROPE_THETA, start: int = 0
+def rope_frequencies(head_dim: int, theta: float, scaling: float = 0.0, device=None) -> torch.Tensor:
+    """RoPE's inverse frequencies for base ``theta``; with ``scaling`` (a factor > 0) Llama 3.1's
+    frequency scaling (``ROPE_*`` above)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if not scaling:
+        return inv
+    low_wavelen = ROPE_ORIGINAL_CONTEXT / ROPE_LOW_FREQ_FACTOR
+    high_wavelen = ROPE_ORIGINAL_CONTEXT / ROPE_HIGH_FREQ_FACTOR
+    wavelen = 2 * math.pi / inv
+    smooth = ((ROPE_ORIGINAL_CONTEXT / wavelen - ROPE_LOW_FREQ_FACTOR)
+              / (ROPE_HIGH_FREQ_FACTOR - ROPE_LOW_FREQ_FACTOR))
+    blended = (1 - smooth) * inv / scaling + smooth * inv
+    return torch.where(wavelen > low_wavelen, inv / scaling, torch.where(wavelen < high_wavelen, inv, blended))
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, theta: float, scaling: float = 0.0, start: int = 0
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary positions (Su et al. 2021) ``start .. start+seq-1`` on ``[batch, seq, heads,
-    head_dim]``, pairs (2i, 2i+1). The one rotary rule of the runtime (training and serving)."""
+    head_dim]``, pairs (2i, 2i+1), with the model's base ``theta`` and frequency ``scaling``. The
+    one rotary rule of the runtime (training and serving)."""
     s, d = q.shape[1], q.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
+    inv = rope_frequencies(d, theta, scaling, q.device)
     ang = torch.outer(torch.arange(start, start + s, device=q.device, dtype=torch.float32), inv)   # [s, d/2]
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
 
@@ -79,9 +103,11 @@ class Attention(nn.Module):
         h, hd = spec.hidden, spec.head_dim
         self.head_dim = hd
         self.rotary = spec.positions == "rotary"
-        self.wq = nn.Linear(h, spec.heads * hd, bias=spec.bias)
-        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
-        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
+        self.rope_theta, self.rope_scaling = float(spec.rope_theta), float(spec.rope_scaling)
+        qkv_bias = spec.bias or spec.qkv_bias
+        self.wq = nn.Linear(h, spec.heads * hd, bias=qkv_bias)
+        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
+        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
         self.wo = nn.Linear(spec.heads * hd, h, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +117,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rotary:
-            q, k = rope(q, k)
+            q, k = rope(q, k, self.rope_theta, self.rope_scaling)
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)

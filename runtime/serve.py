@@ -154,14 +154,14 @@ class StageRunner:
 
     def _attention(self, attn, x, key: str, start: int):
         import torch.nn.functional as F
-        from runtime.model import ROPE_THETA, rope
+        from runtime.model import rope
         b, s = x.shape[0], x.shape[1]
         hd = self.spec.head_dim
         q = _local(attn.wq(x)).view(b, s, -1, hd)
         k = _local(attn.wk(x)).view(b, s, -1, hd)
         v = _local(attn.wv(x)).view(b, s, -1, hd)
         if attn.rotary:
-            q, k = rope(q, k, ROPE_THETA, start)
+            q, k = rope(q, k, attn.rope_theta, attn.rope_scaling, start)
         kc, vc = self.cache[key]
         kc[:, start:start + s] = k
         vc[:, start:start + s] = v

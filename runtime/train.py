@@ -125,7 +125,7 @@ class Options:
     metrics: str = ""
     json_out: str = ""
     data: str = ""
-    data_dtype: str = "uint16"
+    data_dtype: str = "auto"         # auto: uint16 when every id fits (vocab <= 65536), else uint32
     inject: Failure | None = None
     device: str = "auto"
     lr: float = DEFAULT_LR
@@ -199,7 +199,7 @@ class Trainer:
         import torch
         import torch.distributed as dist
 
-        from .data import TokenStream
+        from .data import TokenStream, token_dtype
         from .model import build_model, init_weights
         from .parallel import (Dims, apply_ac, apply_dp, apply_experts, apply_tp, build_mesh, recompute_layers,
                                tied_pair_group)
@@ -273,7 +273,7 @@ class Trainer:
         self.has_first = 0 in self.stage_indices
         self.has_last = self.num_vstages - 1 in self.stage_indices
         self.stream = TokenStream(global_batch=wl.global_batch, seq_len=wl.seq_len, vocab=spec.vocab,
-                                  seed=wl.seed, path=opts.data, dtype=opts.data_dtype)
+                                  seed=wl.seed, path=opts.data, dtype=token_dtype(opts.data_dtype, spec.vocab))
         self._dist = dist
         # where each rank runs (straggler reports name it), and async checkpoints' own group
         node = os.environ.get("PLANNER_NODE") or ""
@@ -698,7 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="", help="append one JSON line per step (rank 0)")
     p.add_argument("--json-out", default="", help="write the run summary as JSON (rank 0)")
     p.add_argument("--data", default="", help="token file (numpy memmap of ids); default synthetic tokens")
-    p.add_argument("--data-dtype", default="uint16", choices=("uint16", "uint32"))
+    p.add_argument("--data-dtype", default="auto", choices=("auto", "uint16", "uint32"),
+                   help="the token file's id type; auto: uint16 when the vocabulary fits it (<= 65536), else uint32")
     p.add_argument("--inject-failure", default="", metavar="rank=R,step=S",
                    help="kill rank R at step S on the first attempt (phase=save: while checkpointing; "
                         "permanent: on every attempt, a dead device)")

@@ -70,7 +70,7 @@ def test_all_targets_every_one_written(tmp_path, capsys):
     f = write_plan(plan, tmp_path / "p.yaml")
     assert emit(f, "--target", "all", "--out", tmp_path / "out") == 0
     names = set(os.listdir(tmp_path / "out"))
-    assert {"torchrun.sh", "slurm.sbatch", "pytorchjob.yaml", "megatron.sh", "ds_config.json", "hostfile",
+    assert {"torchrun.sh", "slurm.sbatch", "pytorchjob.yaml", "megatron.sh", "ds_config.json", "deepspeed.sh",
             "torchtitan_planner_job.py", "accelerate.yaml", "README.md", "plan.yaml"} <= names
 
 
@@ -167,10 +167,12 @@ def test_no_torch_imported():
 
 def test_emitters_import_only_plan_types():
     """emitters/ imports nothing of ours but the plan types (planner.plan.planfile, costmodel.specs), the
-    target records (planner.plan.targets: how a launcher starts a framework) and each other (the
-    golden-file tool, ``planner.cli.regen_golden``, lives with the command line)."""
+    framework profiles whose switches they write (costmodel.frameworks: priced = written), the target records
+    (planner.plan.targets: how a launcher starts a framework) and each other (the golden-file tool,
+    ``planner.cli.regen_golden``, lives with the command line)."""
     import ast
-    allowed = {"planner.plan.planfile", "costmodel.specs", "planner.plan", "planner.plan.targets"}
+    allowed = {"planner.plan.planfile", "costmodel.specs", "costmodel.frameworks", "planner.plan",
+               "planner.plan.targets"}
     for path in sorted((ROOT / "emitters").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

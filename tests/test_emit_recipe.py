@@ -78,21 +78,23 @@ def _run(script, env, fakes=("torchrun",)):
     d = script.parent.parent / ("bin-" + "-".join(fakes))   # a PATH with exactly these fakes
     d.mkdir(exist_ok=True)
     b = fake_bin(d, list(fakes))
-    e = {"PATH": f"{b}:/usr/bin:/bin", "ARGV_OUT": str(script.parent / "argv.jsonl"), **env}
+    e = {"PATH": f"{b}:/usr/bin:/bin", "ARGV_OUT": str(script.parent / "argv.jsonl"),
+         "CHECKPOINT_DIR": str(script.parent / "checkpoints"), **env}
     return subprocess.run(["bash", str(script)], env=e, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("missing", ["MEGATRON", "TRAIN_ITERS", "DATA_PATH", "TOKENIZER"])
+@pytest.mark.parametrize("missing", ["MEGATRON", "TRAIN_ITERS", "DATA_PATH", "TOKENIZER", "CHECKPOINT_DIR"])
 def test_megatron_script_stops_on_each_missing_value(tmp_path, missing):
     plan = make_plan("tiny-llama", gpus=2, tp=2, sp=True, grad_accum=1, micro_batch=8)
     out = write(plan, "megatron", tmp_path / "out")
     meg = tmp_path / "Megatron-LM"
     meg.mkdir()
     (meg / "pretrain_gpt.py").write_text("")
-    env = {"MEGATRON": str(meg), "TRAIN_ITERS": "1000", "DATA_PATH": "/data/x_text_document", "TOKENIZER": "tok"}
+    env = {"MEGATRON": str(meg), "TRAIN_ITERS": "1000", "DATA_PATH": "/data/x_text_document", "TOKENIZER": "tok",
+           "CHECKPOINT_DIR": str(tmp_path / "ck")}
     assert _run(out / "megatron.sh", env).returncode == 0
-    env.pop(missing)
+    env[missing] = ""                                         # empty counts as unset
     r = _run(out / "megatron.sh", env)
     assert r.returncode == 2 and f"set {missing} to" in r.stderr and r.stderr.count("\n") == 1
     if missing in ("DATA_PATH", "TOKENIZER"):                 # MOCK_DATA=1 needs neither

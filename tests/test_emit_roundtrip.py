@@ -266,7 +266,7 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
              "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
-             "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity"]
+             "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity", "--tp-comm-overlap", "--add-qkv-bias"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
@@ -279,6 +279,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss",
                                                                 "sinkhorn", "none"])
     p.add_argument("--moe-layer-freq")
+    p.add_argument("--tp-comm-bootstrap-backend", choices=["nccl", "mpi", "gloo"])
+    p.add_argument("--moe-aux-loss-coeff", type=float)
     p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -356,7 +358,8 @@ def test_megatron_round_trip(name, tmp_path):
     meg = fake_megatron(tmp_path)
     calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "100000",
                                                             "DATA_PATH": "/data/corpus_text_document",
-                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B"})
+                                                            "TOKENIZER": "meta-llama/Meta-Llama-3-8B",
+                                                            "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
     argv = calls[0]["argv"]
     i = argv.index(f"{meg}/pretrain_gpt.py")
     t = torchrun_args(argv[:i + 1])
@@ -448,7 +451,9 @@ def test_megatron_uneven_splits(counts, vpp, tmp_path):
     argv = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000",
                                                            "MOCK_DATA": "1"})[0]["argv"]
     a = megatron_parser().parse_args(argv[argv.index(f"{meg}/pretrain_gpt.py") + 1:])
-    assert a.mock_data and a.tokenizer_type == "NullTokenizer" and a.vocab_size == plan.model.vocab
+    assert a.mock_data and a.tokenizer_type == "NullTokenizer"
+    # Megatron's NullTokenizer adds one EOD token to --vocab-size: the model keeps its own vocabulary
+    assert a.vocab_size + 1 == plan.model.vocab
     middle_equal = len(set(counts[1:-1])) <= 1
     uses_layout = (vpp > 1 and len(set(counts)) > 1) or (vpp == 1 and not middle_equal)
     assert bool(a.pipeline_model_parallel_layout) == uses_layout
@@ -512,9 +517,14 @@ def test_deepspeed_real_parser(name, tmp_path, monkeypatch):
     a = runner.parse_args(calls[0]["argv"])
     run_cfg = dsc.DeepSpeedConfig(str(out / "ds_config.run.json"), mpu=Mpu())
     assert run_cfg.scheduler_params["total_num_steps"] == 2000
-    hosts = runner.fetch_hostfile(a.hostfile)
-    assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
-    assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
+    if plan.rank_layout()["nodes"] == 1:
+        # one node: no hostfile, so the launcher runs locally (no ssh to itself)
+        assert not (out / "hostfile").exists() and a.hostfile == runner.DLTS_HOSTFILE
+        assert a.num_gpus == plan.world_size
+    else:
+        hosts = runner.fetch_hostfile(a.hostfile)
+        assert a.num_nodes == len(hosts) == plan.rank_layout()["nodes"]
+        assert a.num_gpus * a.num_nodes == sum(hosts.values()) == plan.world_size
     assert a.user_args[:2] == ["--deepspeed", "--deepspeed_config"] and a.user_args[-2:] == ["--lr", "1"]
 
 
@@ -603,6 +613,7 @@ def test_torchtitan_job(name, tmp_path):
     warmup = min(500, calls["LRSchedulersContainer.Config"]["warmup_steps"])      # at most a tenth of the run
     assert prog == ["--module", tt_emitter.JOB_MODULE, "--config", tt_emitter.JOB_FUNCTION,
                     "--training.steps", "5000", "--lr_scheduler.warmup_steps", str(warmup),
+                    "--checkpoint.folder", str(out / "checkpoints"), "--checkpoint.interval", "500",
                     "--hf_assets_path", run["assets"], "--dataloader.dataset", "c4"]
     m = plan.model
     from emitters.recipe import recipe

@@ -83,6 +83,7 @@ def run_script(script: Path, fakes: list[str], env: dict | None = None, args: li
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_", "NODE_RANK", "HEAD_ADDR"))}
     e.update({"PATH": f"{b}:{e.get('PATH', '')}", "ARGV_OUT": str(out), "PYTHON": str(b / "python-fake")}
              if "python-fake" in fakes else {"PATH": f"{b}:{e.get('PATH', '')}", "ARGV_OUT": str(out)})
+    e["CHECKPOINT_DIR"] = str(tmp / "checkpoints")     # every training script asks for it
     e.update(env or {})
     r = subprocess.run(["bash", str(script), *args], env=e, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{script.name} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"

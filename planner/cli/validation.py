@@ -142,7 +142,8 @@ def case_rows(case: dict, split: str) -> list[Row]:
     prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
     if materialized:
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
-        prof = dataclasses.replace(prof, tp_comm_overlap=False)
+        # nor the asynchronous input-gradient all-reduce of later Megatron-Core
+        prof = dataclasses.replace(prof, tp_comm_overlap=False, tp_comm_overlap_backward=False)
     elif "async" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):

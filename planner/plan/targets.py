@@ -498,8 +498,11 @@ _ACCEL_FSDP = TrainTarget(
            Extra(what="CP under FSDP2", source="emitters/accelerate.py _fsdp", check=_accel_fsdp_cp)),
 )
 
+# priced with the accelerate profile, which prices the engine each variant hands the run to
+# (costmodel.frameworks.backend_profile: the Megatron-LM plugin's overlaps and kernels, DeepSpeed's)
 ACCELERATE = dataclasses.replace(
     _ACCEL_MEGATRON, summary="Hugging Face Accelerate 1.x: the Megatron-LM plugin for tp/pp, else FSDP2/DDP",
+    runs="accelerate",
     variants=(("tp > 1 or pp > 1: the Megatron-LM plugin", lambda p: p.tp > 1 or p.pp > 1, _ACCEL_MEGATRON),
               ("tp = pp = 1: FSDP2 / DDP / DeepSpeed ZeRO-1", lambda p: p.tp == 1 and p.pp == 1, _ACCEL_FSDP)))
 

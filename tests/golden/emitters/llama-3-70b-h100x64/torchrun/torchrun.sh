@@ -3,7 +3,7 @@
 # llama-3-70b on dgx-h100 (64 GPUs), train: tp=8 pp=2 dp=4 cp=1 ep=1 zero=1 sp=true vpp=2 recompute=selective; micro_batch=1 x grad_accum=128 x dp=4 = global_batch=512, seq_len=8192, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 128256 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run on each of the 8 nodes: HEAD_ADDR=<first node's address> bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

@@ -3,7 +3,7 @@
 # llama-3-8b on h100-a100 (16 GPUs), train: tp=8 pp=2 dp=1 cp=1 ep=1 zero=1 sp=true vpp=1 recompute=none; micro_batch=1 x grad_accum=64 x dp=1 = global_batch=64, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 128256 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run on each of the 2 nodes: NODE_RANK=<0..1> HEAD_ADDR=<node 0's address> bash torchrun.sh
 #   node ranks 0..0: group h100 (8 x H100-SXM5-80GB)
 #   node ranks 1..1: group a100 (8 x A100-SXM4-80GB)

@@ -3,7 +3,7 @@
 # deepseek-v3 on dgx-h100 (2048 GPUs), train: tp=4 pp=16 dp=32 cp=1 ep=8 zero=1 sp=true vpp=1 recompute=none; micro_batch=1 x grad_accum=128 x dp=32 = global_batch=4096, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 129280 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run on each of the 256 nodes: HEAD_ADDR=<first node's address> bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

@@ -5,17 +5,24 @@
 # Run from anywhere with the values below set; multi-node: on every node with
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 64 / (8*2*1) = 4 and micro-batches per step = global / (micro * dp) = 512 / (1*4) = 128.
-# Model llama-3-70b: 80 layers, hidden 8192, ffn 28672, 64 heads (8 KV heads), vocab 128256, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 500000, no RoPE scaling; vocabulary kept unpadded
+# Model llama-3-70b: 80 layers, hidden 8192, ffn 28672, 64 heads (8 KV heads), vocab 128256, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 500000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
+# priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
+# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash
+# (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
+# engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 7.17e-05 (Table 2.1 at 70.6B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 90 steps (375M tokens; a tenth of the run if less; $WARMUP_ITERS overrides), cosine decay to 7.17e-06 (10%) at $TRAIN_ITERS; init std 0.00699 = sqrt(2 / (5 * hidden)).
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   MEGATRON     your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py
-#   torchrun     on PATH: activate the Python environment that has torch and Megatron-LM's requirements (e.g. source /path/to/venv/bin/activate)
-#   TRAIN_ITERS  the run's optimizer steps (the cosine schedule ends there)
-#   DATA_PATH    your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx) (not needed with MOCK_DATA=1)
-#   TOKENIZER    the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens) (not needed with MOCK_DATA=1)
+#   MEGATRON        your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py
+#   torchrun        on PATH: activate the Python environment that has torch and Megatron-LM's requirements (e.g. source /path/to/venv/bin/activate)
+#   TRAIN_ITERS     the run's optimizer steps (the cosine schedule ends there)
+#   DATA_PATH       your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx) (not needed with MOCK_DATA=1)
+#   TOKENIZER       the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens) (not needed with MOCK_DATA=1)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (Megatron saves there (--save) and resumes from it (--load))
+#   NODE_RANK       this node's index, 0 to nodes-1 (0 on the node that is MASTER_ADDR)
+#   MASTER_ADDR     the address of node 0, reachable from every node
 stop() { echo "megatron.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
 need MEGATRON 'your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py'
@@ -27,14 +34,17 @@ if [ -z "${MOCK_DATA:-}" ]; then
   need DATA_PATH 'your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx)'
   need TOKENIZER 'the Hugging Face tokenizer of llama-3-70b (name or path; HuggingFaceTokenizer, 128256 tokens)'
 fi
-WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 90 ? TRAIN_ITERS / 10 : 90 ))}"  # 375M tokens = 90 steps, or a tenth of the run
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (Megatron saves there (--save) and resumes from it (--load))'
+need NODE_RANK 'this node'"'"'s index, 0 to nodes-1 (0 on the node that is MASTER_ADDR)'
+need MASTER_ADDR 'the address of node 0, reachable from every node'
+WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 90 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 90 ))}"  # 375M tokens = 90 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)
 DISTRIBUTED_ARGS=(
   --nproc-per-node 8
   --nnodes 8
-  --node-rank "${NODE_RANK:-0}"
-  --master-addr "${MASTER_ADDR:-localhost}"
+  --node-rank "$NODE_RANK"
+  --master-addr "$MASTER_ADDR"
   --master-port "${MASTER_PORT:-6000}"
 )
 MODEL_ARGS=(
@@ -65,6 +75,8 @@ PARALLEL_ARGS=(
   --pipeline-model-parallel-size 2
   --context-parallel-size 1
   --sequence-parallel
+  --tp-comm-overlap
+  --tp-comm-bootstrap-backend nccl
   --pipeline-model-parallel-layout 'Et*11|t*10|t*10|t*10|t*10|t*10|t*10|t*9L'
   --use-distributed-optimizer
   --overlap-grad-reduce
@@ -93,7 +105,7 @@ if [ -n "${MOCK_DATA:-}" ]; then
   DATA_ARGS=(
     --mock-data
     --tokenizer-type NullTokenizer
-    --vocab-size 128256
+    --vocab-size 128255
   )
 else
   DATA_ARGS=(
@@ -107,8 +119,6 @@ CHECKPOINT_ARGS=(
   --eval-iters 0
   --eval-interval 1000
 )
-if [ -n "${CHECKPOINT_DIR:-}" ]; then
-  CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${CHECKPOINT_EVERY:-1000}")
-fi
+CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${CHECKPOINT_EVERY:-1000}")
 exec torchrun "${DISTRIBUTED_ARGS[@]}" "$MEGATRON/pretrain_gpt.py" \
   "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" "${CHECKPOINT_ARGS[@]}"

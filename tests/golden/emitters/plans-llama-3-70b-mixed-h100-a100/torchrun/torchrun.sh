@@ -3,7 +3,7 @@
 # llama-3-70b on mixed-h100-a100 (96 GPUs), train: tp=2 pp=6 dp=8 cp=1 ep=1 zero=3 sp=true vpp=4 recompute=none; micro_batch=1 x grad_accum=48 x dp=8 = global_batch=384, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 128256 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run on each of the 12 nodes: NODE_RANK=<0..11> HEAD_ADDR=<node 0's address> bash torchrun.sh
 #   node ranks 0..3: group h100 (8 x H100-SXM5-80GB)
 #   node ranks 4..11: group a100 (8 x A100-SXM4-80GB)

@@ -3,7 +3,7 @@
 # llama-3-8b on dgx-h100 (8 GPUs), train: tp=2 pp=1 dp=4 cp=1 ep=1 zero=2 sp=true vpp=1 recompute=none; micro_batch=2 x grad_accum=8 x dp=4 = global_batch=64, seq_len=8192, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 128256 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run: bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

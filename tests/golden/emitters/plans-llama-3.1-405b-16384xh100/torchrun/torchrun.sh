@@ -3,7 +3,7 @@
 # llama-3.1-405b on dgx-h100 (16384 GPUs), train: tp=8 pp=16 dp=64 cp=2 ep=1 zero=1 sp=true vpp=4 recompute=none; micro_batch=1 x grad_accum=32 x dp=64 = global_batch=2048, seq_len=8192, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint32 ids: 128256 tokens, more than uint16 holds) trains on it; default synthetic tokens.
 # Run on each of the 2048 nodes: HEAD_ADDR=<first node's address> bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

@@ -3,7 +3,7 @@
 # mixtral-8x7b on dgx-h100 (32 GPUs), train: tp=1 pp=2 dp=16 cp=1 ep=8 zero=1 sp=false vpp=4 recompute=none; micro_batch=1 x grad_accum=16 x dp=16 = global_batch=256, seq_len=4096, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint16 ids: 32000 tokens) trains on it; default synthetic tokens.
 # Run on each of the 4 nodes: HEAD_ADDR=<first node's address> bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

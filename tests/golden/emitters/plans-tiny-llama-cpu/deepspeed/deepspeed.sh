@@ -10,11 +10,18 @@
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 366211 steps (375M tokens; a tenth of the run if less; $WARMUP_STEPS overrides), cosine decay to 6.00e-05 (10%) at $TRAIN_STEPS; init std 0.0559 = sqrt(2 / (5 * hidden)).
 # ds_config.json holds the optimizer and a WarmupCosineLR schedule; this script writes ds_config.run.json with the run's steps.
+# overlap_comm is false, as priced: below ZeRO-3 the gradient reduction and the weight all-gather are priced exposed (DeepSpeed's default); turning it on is not priced
+# CHECKPOINT_DIR reaches your script in the environment: save with engine.save_checkpoint(CHECKPOINT_DIR) and resume with engine.load_checkpoint(CHECKPOINT_DIR)
+# train_deepspeed.py, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/train_deepspeed.py trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours
+# priced-assumptions: kernel_efficiency=0.76 memory_headroom_fraction=0.05 attention_kernel=flash
+# (no flag sets these: deepspeed's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
+# engine facts: ZeRO-1/2 all-gather the updated weights after the step (no prefetch); the pipeline engine reduces gradients after the last micro-batch; the layers' activation checkpointing is the script's own
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   deepspeed     on PATH: activate the Python environment that has DeepSpeed 0.19 and its torch
-#   TRAIN_SCRIPT  your training script (it calls deepspeed.initialize; it builds the model, the data and the tokenizer)
-#   TRAIN_STEPS   the run's optimizer steps (the cosine schedule ends there)
+#   deepspeed       on PATH: activate the Python environment that has DeepSpeed 0.19 and its torch
+#   TRAIN_SCRIPT    your training script (it calls deepspeed.initialize; it builds the model, the data and the tokenizer)
+#   TRAIN_STEPS     the run's optimizer steps (the cosine schedule ends there)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (your script saves with engine.save_checkpoint and resumes with engine.load_checkpoint)
 stop() { echo "deepspeed.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
 command -v deepspeed >/dev/null 2>&1 || stop "deepspeed is not on PATH:" 'activate the Python environment that has DeepSpeed 0.19 and its torch'
@@ -22,15 +29,15 @@ need TRAIN_SCRIPT 'your training script (it calls deepspeed.initialize; it build
 [ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
 need TRAIN_STEPS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_STEPS" =~ ^[0-9]+$ ]] && [ "$TRAIN_STEPS" -gt "0" ] || stop "TRAIN_STEPS must be an integer above 0, got $TRAIN_STEPS"
-WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 366211 ? TRAIN_STEPS / 10 : 366211 ))}"  # 375M tokens = 366211 steps, or a tenth of the run
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (your script saves with engine.save_checkpoint and resumes with engine.load_checkpoint)'
+WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 366211 ? (TRAIN_STEPS / 10 > 0 ? TRAIN_STEPS / 10 : 1) : 366211 ))}"  # 375M tokens = 366211 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_STEPS" =~ ^[0-9]+$ ]] && [ "$WARMUP_STEPS" -lt "$TRAIN_STEPS" ] || stop "WARMUP_STEPS must be an integer below TRAIN_STEPS ($TRAIN_STEPS), got $WARMUP_STEPS"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN_CONFIG="$HERE/ds_config.run.json"
 sed -e "s/\"total_num_steps\": 0/\"total_num_steps\": $TRAIN_STEPS/" -e "s/\"warmup_num_steps\": [0-9]*/\"warmup_num_steps\": $WARMUP_STEPS/" "$HERE/ds_config.json" > "$RUN_CONFIG.tmp"
 mv "$RUN_CONFIG.tmp" "$RUN_CONFIG"
+export CHECKPOINT_DIR
 LAUNCHER_ARGS=(
-  --hostfile "$HERE/hostfile"
-  --num_nodes 1
   --num_gpus 4
   --master_port "${MASTER_PORT:-29500}"
 )

@@ -3,7 +3,7 @@
 # tiny-llama on cpu (4 GPUs), train: tp=1 pp=1 dp=4 cp=1 ep=1 zero=1 sp=false vpp=1 recompute=none; micro_batch=1 x grad_accum=2 x dp=4 = global_batch=8, seq_len=64, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint16 ids: 1024 tokens) trains on it; default synthetic tokens.
 # Run: bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

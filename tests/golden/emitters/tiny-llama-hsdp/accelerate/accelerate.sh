@@ -10,15 +10,18 @@
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   accelerate    on PATH: activate the Python environment that has Accelerate 1.x and its torch
-#   TRAIN_SCRIPT  your training script (it builds the model, optimizer and data; per-device batch 1)
+#   accelerate      on PATH: activate the Python environment that has Accelerate 1.x and its torch
+#   TRAIN_SCRIPT    your training script (it builds the model, optimizer and data; per-device batch 1)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (your script saves with accelerator.save_state(CHECKPOINT_DIR) and resumes with accelerator.load_state(CHECKPOINT_DIR))
 stop() { echo "accelerate.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
 command -v accelerate >/dev/null 2>&1 || stop "accelerate is not on PATH:" 'activate the Python environment that has Accelerate 1.x and its torch'
 need TRAIN_SCRIPT 'your training script (it builds the model, optimizer and data; per-device batch 1)'
 [ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (your script saves with accelerator.save_state(CHECKPOINT_DIR) and resumes with accelerator.load_state(CHECKPOINT_DIR))'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export ACCELERATE_GRADIENT_ACCUMULATION_STEPS=1
+export CHECKPOINT_DIR
 LAUNCH_ARGS=(
   --config_file "$HERE/accelerate.yaml"
 )

@@ -3,7 +3,7 @@
 # tiny-llama on cpu (8 GPUs), train: tp=1 pp=1 dp=8 cp=1 ep=1 zero=3 sp=false vpp=1 recompute=none; micro_batch=1 x grad_accum=1 x dp=8 = global_batch=8, seq_len=64, bf16
 #
 # Needs plan.yaml next to this script (or PLAN=path) and this repository on PYTHONPATH.
-# DATA=<token file> (numpy memmap of uint16 ids) trains on it; default synthetic tokens.
+# DATA=<token file> (numpy memmap of uint16 ids: 1024 tokens) trains on it; default synthetic tokens.
 # Run: bash torchrun.sh
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----

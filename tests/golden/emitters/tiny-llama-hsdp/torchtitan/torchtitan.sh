@@ -5,18 +5,23 @@
 # In an environment with torchtitan 0.3.0: bash torchtitan.sh [--section.field value ...]
 # (the values below override torchtitan_planner_job.planner_job()'s hf_assets_path, dataloader.dataset and training.steps)
 # Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling
+# torchtitan 0.3.0 runs on the PyTorch nightly its release pins (torchtitan docs/release.md), not on a released torch
+# priced-assumptions: kernel_efficiency=0.91 memory_headroom_fraction=0.05 attention_kernel=flash
+# (no flag sets these: torchtitan's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
+# engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less; $WARMUP_STEPS overrides), cosine decay to 6.00e-05 (10%) at $TRAIN_STEPS.
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   torchrun     on PATH: activate the Python environment that has torchtitan 0.3.0 and its torch
-#   TRAIN_STEPS  the run's optimizer steps (the cosine schedule ends there)
-#   HF_ASSETS    the folder with tiny-llama's tokenizer (torchtitan's scripts/download_hf_assets.py writes it) (not needed with MOCK_DATA=1)
-#   DATASET      a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy (not needed with MOCK_DATA=1)
+#   torchrun        on PATH: activate the Python environment that has torchtitan 0.3.0 and the torch nightly it pins
+#   TRAIN_STEPS     the run's optimizer steps (the cosine schedule ends there)
+#   HF_ASSETS       the folder with tiny-llama's tokenizer (torchtitan's scripts/download_hf_assets.py writes it) (not needed with MOCK_DATA=1)
+#   DATASET         a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy (not needed with MOCK_DATA=1)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (torchtitan saves there every CHECKPOINT_EVERY steps and resumes from the latest)
 stop() { echo "torchtitan.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
-command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the Python environment that has torchtitan 0.3.0 and its torch'
+command -v torchrun >/dev/null 2>&1 || stop "torchrun is not on PATH:" 'activate the Python environment that has torchtitan 0.3.0 and the torch nightly it pins'
 need TRAIN_STEPS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_STEPS" =~ ^[0-9]+$ ]] && [ "$TRAIN_STEPS" -gt "0" ] || stop "TRAIN_STEPS must be an integer above 0, got $TRAIN_STEPS"
 if [ -z "${MOCK_DATA:-}" ]; then
@@ -24,13 +29,17 @@ if [ -z "${MOCK_DATA:-}" ]; then
   [ -d "$HF_ASSETS" ] || stop "HF_ASSETS: no dir $HF_ASSETS"
   need DATASET 'a dataset torchtitan registers (torchtitan/hf_datasets: c4, ...); DATASET_PATH, if set, is its local copy'
 fi
-WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 732422 ? TRAIN_STEPS / 10 : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (torchtitan saves there every CHECKPOINT_EVERY steps and resumes from the latest)'
+WARMUP_STEPS="${WARMUP_STEPS:-$(( TRAIN_STEPS / 10 < 732422 ? (TRAIN_STEPS / 10 > 0 ? TRAIN_STEPS / 10 : 1) : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_STEPS" =~ ^[0-9]+$ ]] && [ "$WARMUP_STEPS" -lt "$TRAIN_STEPS" ] || stop "WARMUP_STEPS must be an integer below TRAIN_STEPS ($TRAIN_STEPS), got $WARMUP_STEPS"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"  # for --module torchtitan_planner_job
+if [ -n "${MOCK_DATA:-}" ]; then stop "MOCK_DATA=1 uses torchtitan's test tokenizer of 2020 tokens, more than this model's vocabulary of 1024: set HF_ASSETS to a tokenizer that fits"; fi
 RUN_ARGS=(
   --training.steps "$TRAIN_STEPS"
   --lr_scheduler.warmup_steps "$WARMUP_STEPS"
+  --checkpoint.folder "$CHECKPOINT_DIR"
+  --checkpoint.interval "${CHECKPOINT_EVERY:-500}"
 )
 if [ -z "${MOCK_DATA:-}" ]; then
   RUN_ARGS+=(--hf_assets_path "$HF_ASSETS" --dataloader.dataset "$DATASET")

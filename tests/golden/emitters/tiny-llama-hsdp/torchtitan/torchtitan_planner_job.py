@@ -6,6 +6,7 @@ gradient accumulation = global / (local x dp) = 8 / (1 x 8) = 1.
 lr: GPT-3 Table 2.1 at 0.001B parameters (emitters/recipe.py); torchtitan.sh passes
 $TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the command line.
 """
+from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
@@ -85,6 +86,8 @@ def planner_job() -> Trainer.Config:
             expert_parallel_degree=1,
         ),
         activation_checkpoint=None,
+        # torchtitan.sh passes --checkpoint.folder $CHECKPOINT_DIR (an absolute folder: not under dump_folder)
+        checkpoint=CheckpointManager.Config(enable=True, interval=500, last_save_model_only=False),
         compile=CompileConfig(
             enable=False,
             enable_async_tensor_parallel=False,

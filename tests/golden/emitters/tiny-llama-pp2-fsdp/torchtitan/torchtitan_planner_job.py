@@ -6,6 +6,7 @@ local_batch_size = micro_batch 1 x 4 pipeline micro-batches; global = local x dp
 lr: GPT-3 Table 2.1 at 0.001B parameters (emitters/recipe.py); torchtitan.sh passes
 $TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the command line.
 """
+from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
@@ -89,6 +90,8 @@ def planner_job() -> Trainer.Config:
             module_fqns_per_model_part=[['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'layers.3', 'norm', 'lm_head']],
         ),
         activation_checkpoint=FullAC.Config(),
+        # torchtitan.sh passes --checkpoint.folder $CHECKPOINT_DIR (an absolute folder: not under dump_folder)
+        checkpoint=CheckpointManager.Config(enable=True, interval=500, last_save_model_only=False),
         compile=CompileConfig(
             enable=False,
             enable_async_tensor_parallel=False,

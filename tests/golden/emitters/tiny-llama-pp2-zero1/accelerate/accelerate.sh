@@ -8,17 +8,22 @@
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
+# Engine MEGATRON_LM also needs, in the environment accelerate runs in: Megatron-LM (megatron-core and Megatron-LM's megatron/training on PYTHONPATH): the MEGATRON_LM engine runs TP/PP
+# Engine MEGATRON_LM also needs, in the environment accelerate runs in: transformers: Accelerate's Megatron-LM integration reads the model's Hugging Face config
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   accelerate    on PATH: activate the Python environment that has Accelerate 1.x and its torch
-#   TRAIN_SCRIPT  your training script (it builds the model, optimizer and data; per-device batch 1)
+#   accelerate      on PATH: activate the Python environment that has Accelerate 1.x and its torch
+#   TRAIN_SCRIPT    your training script (it builds the model, optimizer and data; per-device batch 1)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (your script saves with accelerator.save_state(CHECKPOINT_DIR) and resumes with accelerator.load_state(CHECKPOINT_DIR))
 stop() { echo "accelerate.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
 command -v accelerate >/dev/null 2>&1 || stop "accelerate is not on PATH:" 'activate the Python environment that has Accelerate 1.x and its torch'
 need TRAIN_SCRIPT 'your training script (it builds the model, optimizer and data; per-device batch 1)'
 [ -f "$TRAIN_SCRIPT" ] || stop "TRAIN_SCRIPT: no file $TRAIN_SCRIPT"
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (your script saves with accelerator.save_state(CHECKPOINT_DIR) and resumes with accelerator.load_state(CHECKPOINT_DIR))'
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4
+export CHECKPOINT_DIR
 LAUNCH_ARGS=(
   --config_file "$HERE/accelerate.yaml"
 )

@@ -5,17 +5,21 @@
 # Run from anywhere with the values below set; multi-node: on every node with
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 4 / (1*2*1) = 2 and micro-batches per step = global / (micro * dp) = 8 / (1*2) = 4.
-# Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded
+# Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
+# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash
+# (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
+# engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less; $WARMUP_ITERS overrides), cosine decay to 6.00e-05 (10%) at $TRAIN_ITERS; init std 0.0559 = sqrt(2 / (5 * hidden)).
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
-#   MEGATRON     your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py
-#   torchrun     on PATH: activate the Python environment that has torch and Megatron-LM's requirements (e.g. source /path/to/venv/bin/activate)
-#   TRAIN_ITERS  the run's optimizer steps (the cosine schedule ends there)
-#   DATA_PATH    your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx) (not needed with MOCK_DATA=1)
-#   TOKENIZER    the Hugging Face tokenizer of tiny-llama (name or path; HuggingFaceTokenizer, 1024 tokens) (not needed with MOCK_DATA=1)
+#   MEGATRON        your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py
+#   torchrun        on PATH: activate the Python environment that has torch and Megatron-LM's requirements (e.g. source /path/to/venv/bin/activate)
+#   TRAIN_ITERS     the run's optimizer steps (the cosine schedule ends there)
+#   DATA_PATH       your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx) (not needed with MOCK_DATA=1)
+#   TOKENIZER       the Hugging Face tokenizer of tiny-llama (name or path; HuggingFaceTokenizer, 1024 tokens) (not needed with MOCK_DATA=1)
+#   CHECKPOINT_DIR  the folder the run's checkpoints go to, on storage every node sees (Megatron saves there (--save) and resumes from it (--load))
 stop() { echo "megatron.sh: $*" >&2; exit 2; }
 need() { [ -n "${!1:-}" ] || stop "set $1 to $2"; }
 need MEGATRON 'your Megatron-LM checkout (core_r0.13 or later), the folder with pretrain_gpt.py'
@@ -27,13 +31,14 @@ if [ -z "${MOCK_DATA:-}" ]; then
   need DATA_PATH 'your Megatron indexed dataset prefix (tools/preprocess_data.py output, without .bin/.idx)'
   need TOKENIZER 'the Hugging Face tokenizer of tiny-llama (name or path; HuggingFaceTokenizer, 1024 tokens)'
 fi
-WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 732422 ? TRAIN_ITERS / 10 : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run
+need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (Megatron saves there (--save) and resumes from it (--load))'
+WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 732422 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
 DISTRIBUTED_ARGS=(
   --nproc-per-node 4
   --nnodes 1
-  --node-rank "${NODE_RANK:-0}"
-  --master-addr "${MASTER_ADDR:-localhost}"
+  --node-rank 0
+  --master-addr localhost
   --master-port "${MASTER_PORT:-6000}"
 )
 MODEL_ARGS=(
@@ -93,7 +98,7 @@ if [ -n "${MOCK_DATA:-}" ]; then
   DATA_ARGS=(
     --mock-data
     --tokenizer-type NullTokenizer
-    --vocab-size 1024
+    --vocab-size 1023
   )
 else
   DATA_ARGS=(
@@ -107,8 +112,6 @@ CHECKPOINT_ARGS=(
   --eval-iters 0
   --eval-interval 1000
 )
-if [ -n "${CHECKPOINT_DIR:-}" ]; then
-  CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${CHECKPOINT_EVERY:-1000}")
-fi
+CHECKPOINT_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${CHECKPOINT_EVERY:-1000}")
 exec torchrun "${DISTRIBUTED_ARGS[@]}" "$MEGATRON/pretrain_gpt.py" \
   "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" "${CHECKPOINT_ARGS[@]}"

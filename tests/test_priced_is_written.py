@@ -1,0 +1,483 @@
+"""Priced = written: a plan's price rests only on what its launch files set.
+
+For each training target, the demo's plan (``plans/llama-3-70b-64xh100.yaml``), the target's example
+plans (``plans/<target>/``) and a spread of configurations are emitted; each file is parsed back with
+the framework's own parser where it installs (.venv-targets: DeepSpeed's ``DeepSpeedConfig`` and
+launcher parser, torchtitan's ``ConfigManager``, Accelerate's launch parser and plugins; Megatron-LM's
+training flags through the documented-flags parser of ``test_emit_roundtrip``, megatron-core's layout
+parser where it installs), and every assumption the price rests on is derived from the parsed files
+alone: degrees, batch, stage split, recompute, dtype, the model's shape where the file states it, and
+the overlaps the file turns on. What no flag can set (the framework's kernel efficiency, memory
+headroom, the attention kernel) is read from the ``priced-assumptions:`` header line the file states,
+and engine facts from its ``engine facts:`` line. The plan is then re-priced with a profile built from
+those and the price must equal the plan's, to the last bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.frameworks import FrameworkProfile
+from costmodel.specs import ParallelConfig, Workload, stages_from_counts
+from costmodel.training import estimate
+from emitters import CannotExpress, get
+from emitters.recipe import PRICED_TAG
+from planner.cli.explain import plan_estimate
+from planner.plan.planfile import Plan, read_plan
+from test_emit_roundtrip import (fake_megatron, megatron_layers_per_stage, megatron_parser, megatron_vpp,
+                                 targets_package, torchrun_args)
+from test_emit_support import ROOT, make_plan, run_script, split_module_args, write
+
+pytestmark = pytest.mark.subprocess      # the emitted scripts run (their launchers replaced by a recorder)
+
+TARGETS = ("megatron", "deepspeed", "torchtitan", "accelerate")
+DEMO = ROOT / "plans" / "llama-3-70b-64xh100.yaml"
+SPREAD_PER_TARGET = 24
+
+
+# --------------------------------------------------------------------------------------
+# The plans: the demo's, the target's examples, and a spread of configurations
+# --------------------------------------------------------------------------------------
+
+def _emits(plan: Plan, target: str) -> bool:
+    try:
+        get(target).emit(plan)
+        return True
+    except CannotExpress:
+        return False
+
+
+def _spread(target: str) -> list[tuple[str, Plan]]:
+    """Configurations over models, degrees, ZeRO stages, recompute, sequence parallel and DP overlap,
+    in a fixed order; the first ``SPREAD_PER_TARGET`` the target emits."""
+    models = [("llama-3-8b", 8), ("llama-3-70b", 64), ("mixtral-8x7b", 32), ("gpt3-1.3b", 8), ("llama-3.1-8b", 16),
+              ("llama-2-13b", 16)]
+    out: list[tuple[str, Plan]] = []
+    grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), (0, 1, 2, 3), ("none", "selective", "full"),
+                             (True, False), (True, False))
+    combos = list(grid)
+    seen: set = set()
+    for n, (tp, pp, zero, rec, sp, overlap) in enumerate(combos * len(models)):
+        i = n % len(combos)
+        model, gpus = models[(i + n // len(combos)) % len(models)]     # each pass gives a combo another model
+        if gpus % (tp * pp) or (sp and tp == 1):
+            continue
+        dp = gpus // (tp * pp)
+        ep = 8 if model == "mixtral-8x7b" and dp % 8 == 0 else 1
+        accum = 8 if pp > 1 else 2
+        vpp = 2 if pp > 1 and i % 3 == 0 else 1
+        par = dict(tp=tp, pp=pp, dp=dp, ep=ep, zero=zero, sp=sp, vpp=vpp, micro_batch=1, grad_accum=accum,
+                   recompute=rec, overlap_dp_comm=overlap)
+        if vpp > 1:
+            par["schedule"] = "interleaved"
+        try:
+            plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=2048, cluster="dgx-h100", **par)
+        except ValueError:
+            continue
+        plan = plan.replace(target=target)
+        key = (model, tp, pp, vpp, zero, rec, sp, overlap)
+        if key not in seen and _emits(plan, target):
+            seen.add(key)
+            out.append((f"{model}-tp{tp}-pp{pp}-vpp{vpp}-dp{dp}-ep{ep}-z{zero}-{rec}-sp{int(sp)}-ov{int(overlap)}",
+                        plan))
+        if len(out) == SPREAD_PER_TARGET:
+            break
+    return out
+
+
+def _cases() -> list:
+    cases = [pytest.param("megatron", "demo", id="megatron-demo")]
+    for t in TARGETS:
+        for f in sorted((ROOT / "plans" / t).glob("*.yaml")):
+            cases.append(pytest.param(t, f"file:{f.name}", id=f"{t}-{f.stem}"))
+        cases += [pytest.param(t, f"spread:{i}", id=f"{t}-spread{i}") for i in range(SPREAD_PER_TARGET)]
+    return cases
+
+
+_SPREADS: dict[str, list] = {}
+
+
+def _plan(target: str, which: str) -> Plan | None:
+    if which == "demo":
+        return read_plan(DEMO)
+    if which.startswith("file:"):
+        return read_plan(ROOT / "plans" / target / which[5:])
+    if target not in _SPREADS:
+        _SPREADS[target] = _spread(target)
+    i = int(which.split(":")[1])
+    return _SPREADS[target][i][1] if i < len(_SPREADS[target]) else None
+
+
+def test_spread_is_wide_enough():
+    # the proof asks for the demo's plan and at least 20 others per training target
+    for t in TARGETS:
+        assert len(_spread(t)) >= 20, f"{t}: only {len(_spread(t))} spread plans emit"
+
+
+# --------------------------------------------------------------------------------------
+# What a header states (the assumptions no flag sets)
+# --------------------------------------------------------------------------------------
+
+def header_assumptions(text: str) -> dict:
+    m = re.search(re.escape(PRICED_TAG) + r" (.*)", text)
+    assert m, "the file does not state the assumptions no flag sets"
+    kv = dict(w.split("=", 1) for w in m.group(1).split())
+    return {"kernel_efficiency": float(kv["kernel_efficiency"]),
+            "memory_headroom_fraction": float(kv["memory_headroom_fraction"]),
+            "attention_kernel": kv["attention_kernel"]}
+
+
+def engine_facts(text: str) -> str:
+    m = re.search(r"engine facts: (.*)", text)
+    return m.group(1) if m else ""
+
+
+# --------------------------------------------------------------------------------------
+# Each target's files -> (model, workload, parallel config, stages, order, profile)
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class AsWritten:
+    model: object
+    workload: Workload
+    par: ParallelConfig
+    stages: tuple
+    profile: FrameworkProfile
+    world: int
+
+
+def _recompute_layers(counts: list[int], per: list[int] | None) -> int:
+    """ParallelConfig.recompute_layers for a full recompute of ``per`` layers per stage: -1 for all."""
+    return -1 if not per or per == counts else per[0]
+
+
+def _stages(counts: list[int], recompute: list[int] | None = None) -> tuple:
+    st = stages_from_counts(counts)
+    if recompute:
+        st = tuple(dataclasses.replace(s, recompute_layers=r) for s, r in zip(st, recompute))
+    return st
+
+
+def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
+    out = write(plan, "megatron", tmp / "out")
+    meg = fake_megatron(tmp)
+    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1",
+                                                            "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
+    argv = calls[0]["argv"]
+    i = argv.index(f"{meg}/pretrain_gpt.py")
+    t = torchrun_args(argv[:i + 1])
+    world = int(t.nnodes) * int(t.nproc_per_node)
+    a = megatron_parser().parse_args(argv[i + 1:])
+    text = (out / "megatron.sh").read_text()
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    dp = world // (tp * pp * cp)
+    if a.use_megatron_fsdp:
+        zero = {"optim_grads": 2, "optim_grads_params": 3}[a.data_parallel_sharding_strategy]
+    else:
+        zero = 1 if a.use_distributed_optimizer else 0
+    dp_shard = dp // (a.num_distributed_optimizer_instances or 1) if zero == 1 else dp
+    vpp = megatron_vpp(a)
+    counts = megatron_layers_per_stage(a) if not (vpp > 1 and not a.pipeline_model_parallel_layout) \
+        else [a.num_layers // pp] * pp
+    recompute, per = "none", None
+    if a.recompute_granularity == "selective":
+        recompute = "selective"
+    elif a.recompute_granularity == "full":
+        recompute = "full"
+        if a.recompute_method == "uniform":
+            assert a.recompute_num_layers == 1          # every layer's input checkpointed
+            per = counts
+        else:                                           # block: the first N of each virtual stage
+            per = [min(a.recompute_num_layers * vpp, c) for c in counts]
+    if a.tp_comm_overlap:
+        # Megatron's own check (arguments.py), and the userbuffers' reach: one NVLink domain
+        assert a.sequence_parallel and tp <= plan.cluster.nvlink_gpus and a.tp_comm_bootstrap_backend
+    assert "--overlap-moe-expert-parallel-comm" not in argv
+    h = header_assumptions(text)
+    # Megatron's linear layers overlap the backward's column-parallel collectives without any flag
+    assert "column-parallel input-gradient collectives" in engine_facts(text)
+    prof = FrameworkProfile(name="megatron", tp_comm_overlap=a.tp_comm_overlap, tp_comm_overlap_backward=True,
+                            overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
+                            ep_comm_overlap=False, kernel_efficiency=h["kernel_efficiency"],
+                            memory_headroom_fraction=h["memory_headroom_fraction"])
+    m = plan.model
+    fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
+                  kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,
+                  mlp="swiglu" if a.swiglu else "gelu", norm="rmsnorm" if a.normalization == "RMSNorm" else "layernorm",
+                  norm_eps=a.norm_epsilon, tied_embeddings=not a.untie_embeddings_and_output_weights,
+                  bias=not a.disable_bias_linear, qkv_bias=a.add_qkv_bias or not a.disable_bias_linear and m.qkv_bias,
+                  positions="rotary" if a.position_embedding_type == "rope" else "learned")
+    if not a.multi_latent_attention:
+        fields["head_dim"] = a.kv_channels
+    if a.position_embedding_type == "rope":
+        fields.update(rope_theta=float(a.rotary_base), rope_scaling=a.rope_scaling_factor if a.use_rope_scaling else 0.0)
+    if a.num_experts:
+        fields.update(num_experts=a.num_experts, top_k=a.moe_router_topk, expert_ffn_hidden=a.moe_ffn_hidden_size)
+        assert a.moe_aux_loss_coeff and a.moe_aux_loss_coeff > 0     # balanced routing, as priced
+    model = dataclasses.replace(m, **fields)
+    dtype = "fp8" if a.fp8_format else "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32"
+    recipe = {"tensorwise": "current"}.get(a.fp8_recipe, a.fp8_recipe or "") if dtype == "fp8" else ""
+    wl = dataclasses.replace(plan.workload, global_batch=a.global_batch_size, seq_len=a.seq_length, dtype=dtype,
+                             fp8_recipe=recipe if recipe else plan.workload.fp8_recipe if dtype == "fp8" else "",
+                             fp8_param_gather=a.fp8_param_gather,
+                             attention_kernel="flash" if a.attention_backend == "flash" else "materialized",
+                             optimizer="sgd" if a.optimizer == "sgd" else "adamw")
+    assert h["attention_kernel"] == wl.attention_kernel
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=a.expert_model_parallel_size or 1, zero=zero, dp_shard=dp_shard,
+                         sp=a.sequence_parallel, vpp=vpp, micro_batch=a.micro_batch_size,
+                         grad_accum=a.global_batch_size // (a.micro_batch_size * dp), recompute=recompute,
+                         recompute_layers=_recompute_layers(counts, per) if recompute == "full" else -1,
+                         schedule="interleaved" if vpp > 1 else "1f1b",
+                         overlap_dp_comm=a.overlap_grad_reduce or dp * cp == 1)
+    return AsWritten(model, wl, par, _stages(counts, per if recompute == "full" else None), prof, world)
+
+
+def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
+    dsc = targets_package("deepspeed.runtime.config", "DeepSpeed 0.19.8")
+    from deepspeed.launcher import runner
+    out = write(plan, "deepspeed", tmp / "out")
+    script = tmp / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "deepspeed.sh", ["deepspeed"], {"TRAIN_SCRIPT": str(script), "TRAIN_STEPS": "1000"})
+    a = runner.parse_args(calls[0]["argv"])
+    world = a.num_gpus * max(1, a.num_nodes)
+    raw = json.loads((out / "ds_config.run.json").read_text())
+    tp = (raw.get("tensor_parallel") or {}).get("autotp_size", 1)
+    pp = (raw.get("pipeline") or {}).get("stages", 1)
+    dp = world // (tp * pp)
+
+    class Mpu:
+        def get_data_parallel_world_size(self):
+            return dp
+    import deepspeed.comm as ds_dist
+    real_rank = ds_dist.get_rank
+    ds_dist.get_rank = lambda: 0
+    try:
+        c = dsc.DeepSpeedConfig(str(out / "ds_config.run.json"), mpu=Mpu())
+    finally:
+        ds_dist.get_rank = real_rank
+    zero = c.zero_optimization_stage
+    text = (out / "deepspeed.sh").read_text()
+    h = header_assumptions(text)
+    facts = engine_facts(text)
+    assert "all-gather the updated weights after the step" in facts and "after the last micro-batch" in facts
+    overlap = bool(c.zero_config.overlap_comm) and pp == 1    # the pipeline engine reduces after the last micro-batch
+    prof = FrameworkProfile(name="deepspeed", overlap_grad_reduce=overlap, overlap_param_gather=False,
+                            kernel_efficiency=h["kernel_efficiency"],
+                            memory_headroom_fraction=h["memory_headroom_fraction"])
+    full = pp > 1 and c.pipeline["activation_checkpoint_interval"] == 1
+    counts = [plan.model.layers // pp] * pp      # partition "uniform" over equal layers
+    assert pp == 1 or c.pipeline["partition"] == "uniform"
+    dtype = "bf16" if c.bfloat16_config.enabled else "fp16" if c.float16_config.enabled else "fp32"
+    ep = (raw.get("expert_parallel") or {}).get("autoep_size", 1)
+    wl = dataclasses.replace(plan.workload, global_batch=c.train_batch_size, dtype=dtype,
+                             attention_kernel=h["attention_kernel"])
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, zero=zero, sp=False, micro_batch=c.train_micro_batch_size_per_gpu,
+                         grad_accum=c.gradient_accumulation_steps, recompute="full" if full else "none",
+                         schedule="1f1b", overlap_dp_comm=True)
+    return AsWritten(plan.model, wl, par, _stages(counts, counts if full else None), prof, world)
+
+
+def torchtitan_as_written(plan: Plan, tmp: Path) -> AsWritten:
+    targets_package("torchtitan", "torchtitan 0.3.0")
+    from torchtitan.config import ConfigManager
+
+    from emitters import torchtitan as tt
+    out = write(plan, "torchtitan", tmp / "out")
+    assets = tmp / "tokenizer"
+    assets.mkdir(exist_ok=True)
+    calls = run_script(out / "torchtitan.sh", ["torchrun"], {"HEAD_ADDR": "h", "TRAIN_STEPS": "1000",
+                                                              "HF_ASSETS": str(assets), "DATASET": "c4"})
+    own, prog = split_module_args(calls[0]["argv"])
+    t = torchrun_args(own)
+    world = int(t.nnodes) * int(t.nproc_per_node)
+    sys.path.insert(0, str(out))
+    sys.modules.pop(tt.JOB_MODULE, None)
+    try:
+        job = ConfigManager().parse_args(prog)
+    finally:
+        sys.path.remove(str(out))
+    pa, tr = job.parallelism, job.training
+    tp, pp, cp = pa.tensor_parallel_degree, pa.pipeline_parallel_degree, pa.context_parallel_degree
+    rep, shard = pa.data_parallel_replicate_degree, pa.data_parallel_shard_degree
+    dp = rep * shard
+    assert world == dp * tp * pp * cp
+    fsdp = shard > 1 or cp > 1
+    zero = ({"always": 3, "never": 2}[pa.fsdp_reshard_after_forward] if fsdp else 0)
+    if pp > 1:
+        micro = pa.pipeline_parallel_microbatch_size
+        accum = tr.local_batch_size // micro
+        parts = pa.module_fqns_per_model_part
+        vpp = len(parts) // pp
+        layer_counts = [sum(1 for f in part if f.startswith("layers.")) for part in parts]
+        counts = [sum(layer_counts[r::pp]) for r in range(pp)]
+        schedule = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}[pa.pipeline_parallel_schedule]
+    else:
+        micro, accum, vpp, counts, schedule = tr.local_batch_size, tr.global_batch_size // (tr.local_batch_size * dp), \
+            1, [plan.model.layers], "1f1b"
+    ac = job.activation_checkpoint
+    recompute = "none" if ac is None else {"FullAC": "full"}[type(ac).__qualname__.split(".")[0]]
+    text = (out / "torchtitan.sh").read_text()
+    h = header_assumptions(text)
+    assert "FSDP2 prefetches" in engine_facts(text)
+    async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
+    prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
+                            overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
+                            memory_headroom_fraction=h["memory_headroom_fraction"])
+    import torch
+    with torch.device("meta"):
+        built = job.model_spec.model.build()
+    assert sum(x.numel() for x in built.parameters()) == plan.model.total_params()   # the model as priced
+    wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
+                             dtype={"bfloat16": "bf16", "float32": "fp32"}[tr.mixed_precision_param],
+                             attention_kernel=h["attention_kernel"])
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, dp_shard=shard if fsdp else dp,
+                         sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
+                         recompute=recompute, schedule=schedule, overlap_dp_comm=True)
+    return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
+
+
+def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
+    targets_package("accelerate", "Accelerate 1.15.0")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    out = write(plan, "accelerate", tmp / "out")
+    script = tmp / "train.py"
+    script.write_text("# the user's training script\n")
+    calls = run_script(out / "accelerate.sh", ["accelerate"], {"MAIN_PROCESS_IP": "h", "TRAIN_SCRIPT": str(script)})
+    args = launch_command_parser().parse_args(calls[0]["argv"][1:])
+    args, defaults, _ = _validate_launch_command(args)
+    world = args.num_processes
+    text = (out / "accelerate.yaml").read_text()
+    micro = int(re.search(r"per-device batch \(your DataLoader\): (\d+)", text).group(1))
+    accum = int(calls[0]["env"]["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"])
+    h = header_assumptions(text)
+    facts = engine_facts(text)
+    dtype = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "fp8": "fp8"}[args.mixed_precision]
+    layers = plan.model.layers
+    tp = pp = cp = ep = 1
+    sp = False
+    counts, per, recompute = [layers], None, "none"
+    grad_overlap = gather_overlap = True
+    tp_bwd = False
+    if args.use_megatron_lm:
+        env = prepare_multi_gpu_env(args)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        from accelerate.utils import MegatronLMPlugin
+        d = MegatronLMPlugin().megatron_lm_default_args
+        tp, pp, cp = d["tensor_model_parallel_size"], d["pipeline_model_parallel_size"], d["context_parallel_size"]
+        dp = world // (tp * pp * cp)
+        ep = d.get("expert_model_parallel_size") or 1
+        sp = d["sequence_parallel"]
+        zero = 1 if d["use_distributed_optimizer"] else 0
+        assert d["num_micro_batches"] == accum
+        last = d.get("decoder_last_pipeline_num_layers")
+        if last and pp > 1:
+            counts = [(layers - last) // (pp - 1)] * (pp - 1) + [last]
+        else:
+            counts = [layers // pp] * pp
+        recompute = "full"
+        if d["recompute_method"] == "uniform":
+            per = counts
+        else:
+            per = [min(d["recompute_num_layers"], c) for c in counts]
+        # the plugin passes no overlap flag: Megatron reduces after backward; its linear layers still
+        # overlap the backward's column-parallel collectives
+        assert "no-overlap-grad-reduce" not in d and not d.get("overlap_grad_reduce")
+        assert "Megatron reduces gradients after backward" in facts
+        grad_overlap = gather_overlap = False
+        tp_bwd = True
+        dp_shard = dp
+    elif args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        _, env = prepare_deepspeed_cmd_env(args)
+        zero = int(env["ACCELERATE_DEEPSPEED_ZERO_STAGE"])
+        dp = dp_shard = world
+        # Accelerate's DeepSpeed keys set no overlap_comm: DeepSpeed's default, off below stage 3
+        assert not any("OVERLAP" in k for k in env) and zero < 3
+        assert "overlap_comm off" in facts
+        grad_overlap = gather_overlap = False
+    else:
+        env = prepare_multi_gpu_env(args)
+        dp = world
+        if args.use_fsdp:
+            zero = 3 if env["FSDP_RESHARD_AFTER_FORWARD"] == "true" else 2
+            cp = int(env.get("PARALLELISM_CONFIG_CP_SIZE", 1))
+            dp = world // cp
+            dp_shard = int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", dp))
+            if env["FSDP_ACTIVATION_CHECKPOINTING"] == "true":
+                recompute, per = "full", counts
+        else:
+            zero, dp_shard = 0, dp
+    prof = FrameworkProfile(name="accelerate (as written)", overlap_grad_reduce=grad_overlap,
+                            overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
+                            kernel_efficiency=h["kernel_efficiency"],
+                            memory_headroom_fraction=h["memory_headroom_fraction"])
+    wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
+                             attention_kernel=h["attention_kernel"])
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
+                         grad_accum=accum, recompute=recompute, recompute_layers=_recompute_layers(counts, per),
+                         schedule="1f1b", overlap_dp_comm=True)
+    return AsWritten(plan.model, wl, par, _stages(counts, per), prof, world)
+
+
+# --------------------------------------------------------------------------------------
+# The check
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,which", _cases())
+def test_price_equals_what_is_written(target, which, tmp_path, monkeypatch):
+    plan = _plan(target, which)
+    if plan is None:
+        pytest.fail(f"{target}: fewer than {SPREAD_PER_TARGET} spread plans emit (test_spread_is_wide_enough)")
+    plan = plan.replace(target=target)
+    priced = plan_estimate(plan)
+    reader = {"megatron": megatron_as_written, "deepspeed": deepspeed_as_written,
+              "torchtitan": torchtitan_as_written}.get(target)
+    w = reader(plan, tmp_path) if reader else accelerate_as_written(plan, tmp_path, monkeypatch)
+    assert w.world == plan.world_size
+    again = estimate(w.model, plan.cluster, w.workload, w.par, stages=w.stages, order=plan.mesh_order,
+                     framework=w.profile)
+    assert again.step_time_s == pytest.approx(priced.step_time_s, rel=1e-12), \
+        f"priced {priced.step_time_s:.4f} s, the file as written {again.step_time_s:.4f} s"
+    assert again.memory["peak_bytes"] == pytest.approx(priced.memory["peak_bytes"], rel=1e-12)
+    assert again.time == pytest.approx(priced.time, rel=1e-12)
+
+
+def test_demo_plan_writes_tp_overlap(tmp_path):
+    """The demo's plan is priced with full TP overlap, and its file turns it on."""
+    plan = read_plan(DEMO)
+    w = megatron_as_written(plan, tmp_path)
+    assert w.profile.tp_comm_overlap and w.par.sp and plan.parallel.tp > 1
+
+
+def test_no_tp_overlap_flag_across_nodes_is_priced_slower(tmp_path):
+    """TP over two NVLink domains: --tp-comm-overlap cannot be on, the file does not write it, and the
+    plan is priced with Megatron's backward-only overlap: slower than the same plan with the flag."""
+    plan = make_plan("llama-3-70b", gpus=64, gb=16, seq=4096, cluster="dgx-h100", tp=16, sp=True, dp=4,
+                     zero=1, grad_accum=4).replace(target="megatron")
+    w = megatron_as_written(plan, tmp_path)
+    assert not w.profile.tp_comm_overlap
+    est = plan_estimate(plan)
+    full = estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
+                    order=plan.mesh_order, framework=dataclasses.replace(w.profile, tp_comm_overlap=True))
+    none = estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
+                    order=plan.mesh_order, framework=dataclasses.replace(w.profile, tp_comm_overlap_backward=False))
+    # ``full`` is not legal here (TP crosses nodes), so the cost model does not apply it either
+    assert full.step_time_s == est.step_time_s
+    assert est.step_time_s < none.step_time_s
+
+
+def test_builtin_reads_the_plan_itself(tmp_path):
+    """The torchrun target starts the built-in runtime on the plan file it ships: written = priced."""
+    plan = read_plan(DEMO).replace(target="")
+    out = write(plan, "torchrun", tmp_path / "out")
+    shipped = read_plan(out / "plan.yaml")
+    assert plan_estimate(shipped).step_time_s == plan_estimate(plan).step_time_s
