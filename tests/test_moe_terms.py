@@ -13,7 +13,7 @@ from costmodel.frameworks import FRAMEWORKS
 from costmodel.layers import layer_cost
 from costmodel.specs import ParallelConfig, Workload
 from costmodel.training import estimate
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ONE = GroupLayout(1, 1)
 
