@@ -867,8 +867,7 @@ CAPS: tuple[Cap, ...] = (
                   "target does not write; use the megatron target"),
     Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
         lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; plan --dtype bf16"),
-    Cap("kv_heads_divisible",
-        lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
+    Cap("kv_heads_divisible", lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
         lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
                   f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
     # data parallel sharding
