@@ -9,7 +9,9 @@ recording files), within bounds, before any of their content is used.
   or past ``MAX_DEPTH`` levels;
 * JSON refuses ``NaN`` and ``Infinity`` (not JSON, though Python's parser takes them); YAML's
   ``.nan`` and ``.inf`` are refused by the same walk, with the path of the value;
-* every mapping key is a string (a ``1: x`` key would break the unknown-key messages).
+* every mapping key is a string (a ``1: x`` key would break the unknown-key messages), and no key
+  appears twice in one mapping (YAML and JSON parsers keep the last silently: a file whose two
+  ``layers:`` disagree means one of them is a mistake).
 
 Errors are ``SpecError`` with the file and, inside it, the path of the bad node.
 """
@@ -99,13 +101,46 @@ def check_tree(data: Any, where: str) -> Any:
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark)
+        except TypeError:              # an unhashable key: the safe loader's own error follows
+            break
+        if first is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {str(key)[:60]!r} appears twice in one mapping (lines {first.line + 1} and "
+                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k[:60]!r} appears twice in one object; keep one")
+        out[k] = v
+    return out
+
+
 def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` with the checks of ``check_tree``."""
+    """``yaml.safe_load`` (refusing a key given twice) with the checks of ``check_tree``."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         mark = getattr(e, "problem_mark", None)
+        if isinstance(e, yaml.constructor.ConstructorError) and "appears twice" in str(e.problem):
+            raise SpecError(f"{where}: {e.problem}") from None
         raise SpecError(f"{where}: not valid YAML ({first}" + (f", line {mark.line + 1}" if mark else "") + ")") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply to read") from None
@@ -119,7 +154,7 @@ def _no_constant(name: str) -> Any:
 def parse_json(text: str, where: str) -> Any:
     """``json.loads`` refusing NaN and Infinity, with the checks of ``check_tree``."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_json_pairs)
     except json.JSONDecodeError as e:
         raise SpecError(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
