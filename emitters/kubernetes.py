@@ -17,6 +17,7 @@ import shlex
 
 from emitters.base import (PLAN_FILE, CannotExpress, ascii_id, comment_block, describe, job_name, nodes_and_procs, plan_text,
                            require_mode, require_one_group)
+from emitters.encode import yaml_scalar
 from emitters.torchrun import DEFAULT_STEPS
 from planner.plan.planfile import Plan
 
@@ -90,7 +91,7 @@ def launch(plan: Plan, framework: str, start, files: dict[str, str]) -> dict[str
 
 def _replica(role: str, replicas: int, name: str, nnodes: int, nproc: int, resource: str, command: str = "",
              configmap: str = "") -> str:
-    cmd = (command or _container_command(nnodes, nproc)).replace("'", "''")
+    cmd = yaml_scalar(command or _container_command(nnodes, nproc))
     configmap = configmap or f"{name}-plan"
     return f"""\
     {role}:
@@ -103,7 +104,7 @@ def _replica(role: str, replicas: int, name: str, nnodes: int, nproc: int, resou
               image: {IMAGE}  # replace: an image with torch and this repository installed
               command: ["/bin/sh", "-c"]
               args:
-                - '{cmd}'
+                - {cmd}
               resources:
                 limits:
                   {resource}: {nproc}

@@ -809,7 +809,7 @@ def run_profile(opts: ProfileOptions, log: Callable[[str], None] = lambda m: Non
     # under torchrun only rank 0 writes (other ranks may share its file system)
     writer = not under_torchrun() or os.environ.get("RANK") == "0"
     out = check_output_dir(opts.out_dir) if writer else Path(opts.out_dir)
-    raw = out / "raw"
+    raw = (out / "raw").absolute()     # the worker processes run from the repository root, not the caller's folder
     if writer:
         if raw.exists():
             shutil.rmtree(raw)

@@ -77,7 +77,7 @@ def _truncated_before(section: str) -> str:
 CASES = [
     # ---- model files (Hugging Face config.json and our YAML) ---------------------------
     ("hf-negative-kv-heads", {"m.json": _hf(num_key_value_heads=-8)}, ["--model", "{m.json}"], "num_key_value_heads"),
-    ("hf-1e12-layers", {"m.json": _hf(num_hidden_layers=10**12)}, ["--model", "{m.json}"], "layers must be at most"),
+    ("hf-1e12-layers", {"m.json": _hf(num_hidden_layers=10**12)}, ["--model", "{m.json}"], "num_hidden_layers' must be at most"),
     ("hf-nan-position-limit", {"m.json": _hf_raw("NaN")}, ["--model", "{m.json}"], "NaN"),
     ("hf-infinite-position-limit", {"m.json": _hf_raw("Infinity")}, ["--model", "{m.json}"], "Infinity"),
     ("hf-string-layers", {"m.json": _hf(num_hidden_layers="32")}, ["--model", "{m.json}"], "num_hidden_layers"),

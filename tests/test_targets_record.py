@@ -196,7 +196,7 @@ def test_torchrun_launcher_maps_one_set_of_variables(framework, tmp_path):
 ])
 def test_site_options_slurm_does_not_take_are_refused(site, flag):
     with pytest.raises(ValueError, match=rf"^{flag} "):
-        Site(**site).sbatch_lines()
+        Site(**site).options()
 
 
 def test_a_serving_target_or_a_wrapper_has_no_launcher():

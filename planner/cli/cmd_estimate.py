@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         model, cluster, wl, par = plan.model, plan.cluster, plan.workload, plan.parallel
         stages, order = plan.stages, plan.mesh_order
         if plan.mode == "infer":
-            return _serving(plan, args.json)
+            return _serving(plan, args.json, args.plan)
     else:
         model, cluster, wl = load_problem(args)
         par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.target_notes import estimate_target
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
+    if args.plan and (not args.target or args.target == plan.target):
+        from planner.cli.args import warn_drift as _warn_drift
+        _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est)}
         if target:
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serving(plan, as_json: bool) -> int:
+def _serving(plan, as_json: bool, where: str = "plan") -> int:
     """An inference plan: the serving cost model, not the training one."""
     from costmodel.batching import estimate_serving
     from planner.cli.report import console, parallel_json, print_json
@@ -68,6 +71,8 @@ def _serving(plan, as_json: bool) -> int:
     # the batching the plan's figures assume (its serving section): static, in-flight or disaggregated
     est = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving, stages=plan.stages)
     d = est.to_dict()
+    from planner.cli.args import warn_drift as _warn_drift
+    _warn_drift(plan, {k: d[k] for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu") if k in d}, where)
     if as_json:
         print_json({"parallel": parallel_json(plan.parallel), "estimate": d})
         return 0
