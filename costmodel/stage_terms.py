@@ -289,8 +289,12 @@ def _calls(transfer_s: float, calls: float, group: int) -> float:
 
 def _bucketed(collective: Callable[[float], float], nbytes: float, group: int) -> float:
     """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
-    ``DP_BUCKET_BYTES``, each launched."""
-    return _calls(collective(nbytes), max(1, math.ceil(nbytes / DP_BUCKET_BYTES)), group)
+    ``DP_BUCKET_BYTES``, each launched (``comm.launched``; a group of one GPU makes no call)."""
+    t = collective(nbytes)
+    if group < 2:
+        return t
+    calls = math.ceil(nbytes / DP_BUCKET_BYTES) or 1
+    return launched(t / calls, calls)
 
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
