@@ -28,7 +28,7 @@ from costmodel import stage_cache  # noqa: E402
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.specs import ParallelConfig, SpecError, Workload, validate  # noqa: E402
 from costmodel.training import estimate  # noqa: E402
-from profiles.clusters import load_cluster  # noqa: E402
+from costmodel.files.clusters import load_cluster  # noqa: E402
 
 CASES = [
     ("llama-3-8b", "dgx-h100", 8, 64, 8192, dict(tp=1, pp=1, dp=8, zero=3, grad_accum=8)),

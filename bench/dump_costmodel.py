@@ -35,7 +35,7 @@ from costmodel.catalog import get_model  # noqa: E402
 from costmodel.inference import estimate_inference  # noqa: E402
 from costmodel.specs import ParallelConfig, SpecError, StageSpec, Workload  # noqa: E402
 from costmodel.training import estimate  # noqa: E402
-from profiles.clusters import load_cluster  # noqa: E402
+from costmodel.files.clusters import load_cluster  # noqa: E402
 
 try:                                       # the search package (issue 11's layout)
     from planner.search import bounds as _bounds  # noqa: E402

@@ -24,7 +24,7 @@ from costmodel import layers, moe, stage_cache
 from costmodel.specs import ParallelConfig, Workload
 from costmodel.training import estimate
 from planner.cli import validation
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 RUNS = Path(__file__).resolve().parent.parent / "calibration" / "published_runs_moe.yaml"
 

@@ -284,6 +284,31 @@ def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | Fr
     return rec
 
 
+
+# torch DDP's ``bucket_cap_mb`` (25 MiB; ``memory.DDP_BUCKET_BYTES`` holds two of them, the one
+# being reduced and the one filling): data parallel moves a stage's gradients, and ZeRO-1/2 its
+# updated parameters, in calls of at most this size, each one collective with its launch cost.
+# Megatron's (``--ddp-bucket-size``) and DeepSpeed's (``reduce_bucket_size``, 5e8 elements)
+# differ (reference/training-targets.md); the framework profile carries no bucket size yet, so
+# every target is counted with torch's.
+DP_BUCKET_BYTES = DDP_BUCKET_BYTES / 2
+
+
+def _calls(transfer_s: float, calls: float, group: int) -> float:
+    """``transfer_s`` of transfer in ``calls`` collectives on a group of ``group`` GPUs, each
+    launched (``comm.launched``; a group of one GPU makes no call)."""
+    return launched(transfer_s / calls, calls) if group > 1 and calls > 0 else transfer_s
+
+
+def _bucketed(collective: Callable[[float], float], nbytes: float, group: int) -> float:
+    """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
+    ``DP_BUCKET_BYTES``, each launched (``comm.launched``; a group of one GPU makes no call)."""
+    t = collective(nbytes)
+    if group < 2:
+        return t
+    calls = math.ceil(nbytes / DP_BUCKET_BYTES) or 1
+    return launched(t / calls, calls)
+
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
@@ -382,33 +407,41 @@ class StageModel:
         if zero >= 3:
             # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
             # the whole stage, and one collective's fixed time per layer (the ring's latency
-            # grows with the nodes: comm.Network._coefficients)
+            # grown with the nodes: comm.Network._coefficients), each collective launched
+            # (comm.launched) where the group has more than one GPU
             extra = max(0.0, n - 1)
-            ag = mesh.all_gather_shard(dense_params * sh.gather_b) + extra * mesh.shard_latency_s
-            rs = mesh.all_gather_shard(dense_params * g_b) + extra * mesh.shard_latency_s
+            ag = _calls(mesh.all_gather_shard(dense_params * sh.gather_b) + extra * mesh.shard_latency_s,
+                        extra + 1, mesh.dense_shard)
+            rs = _calls(mesh.all_gather_shard(dense_params * g_b) + extra * mesh.shard_latency_s,
+                        extra + 1, mesh.dense_shard)
             if expert_params:
                 extra_e = max(0.0, n_moe - 1)
-                ag += mesh.all_gather_expert(expert_params * sh.gather_b) + extra_e * mesh.expert_latency_s
-                rs += mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s
+                ag += _calls(mesh.all_gather_expert(expert_params * sh.gather_b) + extra_e * mesh.expert_latency_s,
+                             extra_e + 1, mesh.expert_shard)
+                rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
+                             extra_e + 1, mesh.expert_shard)
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
         grad_s = gather_s = 0.0
         if mesh.data_parallel > 1:
+            # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
+            e_dp = mesh.data_parallel // self.par.ep          # ranks holding the same experts
             if zero == 0:
-                grad_s = mesh.all_reduce_dp(dense_params * g_b)
+                grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel)
                 if expert_params:
-                    grad_s += mesh.all_reduce_expert_dp(expert_params * g_b)
+                    grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp)
             else:
                 # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
                 if mesh.replicas > 1:
-                    grad_s = mesh.all_reduce_replicas(dense_params * g_b / zs.dense_shard)
+                    grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas)
                 if expert_params and mesh.expert_replicas > 1:
-                    grad_s += mesh.all_reduce_expert_replicas(expert_params * g_b / zs.expert_shard)
+                    grad_s += _bucketed(mesh.all_reduce_expert_replicas, expert_params * g_b / zs.expert_shard,
+                                        mesh.expert_replicas)
                 if zero < 3:
-                    rs = mesh.all_gather_shard(dense_params * g_b)
-                    gather_s = mesh.all_gather_shard(dense_params * sh.gather_b)
+                    rs = _bucketed(mesh.all_gather_shard, dense_params * g_b, mesh.dense_shard)
+                    gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard)
                     if expert_params:
-                        rs += mesh.all_gather_expert(expert_params * g_b)
-                        gather_s += mesh.all_gather_expert(expert_params * sh.gather_b)
+                        rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard)
+                        gather_s += _bucketed(mesh.all_gather_expert, expert_params * sh.gather_b, mesh.expert_shard)
                     if zero == 1:
                         grad_s += rs
                     else:

@@ -459,7 +459,7 @@ class ReplayNVML(types.SimpleNamespace):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "ReplayNVML":
-        from .readers import load_json
+        from costmodel.files.readers import load_json
         data = load_json(path, "NVML recording")     # bounded, UTF-8, finite numbers
         check_recording(data, str(path))
         return cls(data, str(path))
@@ -533,7 +533,7 @@ class RecordingNVML:
         return call
 
     def save(self, path: str | os.PathLike, source: str) -> None:
-        from .safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(path, json.dumps({"source": source, "calls": self.calls}, indent=1, sort_keys=True), "--record-nvml")
 
 

@@ -47,10 +47,10 @@ from costmodel.units import GB, GIB, MIB, TERA, US
 from . import bench_collectives as bc
 from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
-from .clusters import cluster_from_dict, cluster_to_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, load_cluster
 from .probe import ProbeResult, ReplayNVML, RecordingNVML, check_probe_result, load_nvml, probe
-from .safeio import OutputError, check_output, check_output_folder, write_text
-from .version import tool_version
+from costmodel.files.safeio import OutputError, check_output, check_output_folder, write_text
+from costmodel.files.version import tool_version
 
 CLUSTER_FILE = "cluster.yaml"
 OUTPUT_FILES = (CLUSTER_FILE, "collectives.csv", "matmul.csv", "memory.csv", "fits.csv", "probe.json",
@@ -720,7 +720,7 @@ def write_outputs(prof: Profile, out: Path, report: bool = True) -> dict:
     out = Path(out)
     cpath = out / CLUSTER_FILE
     header = ("# Cluster file written by `planner profile` (measured). Human units; see\n"
-              "# profiles/catalog/clusters.yaml for the format. Use: planner plan --cluster "
+              "# costmodel/files/catalog/clusters.yaml for the format. Use: planner plan --cluster "
               f"{cpath.name}\n")
     write_text(cpath, header + yaml.safe_dump(prof.cluster, sort_keys=False, default_flow_style=None, width=110), "--out")
     files = {"cluster": str(cpath)}

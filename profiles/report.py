@@ -410,7 +410,7 @@ def write_report(prof: Any, out: Path) -> dict[str, str]:
     md, page = out / "report.md", out / "report.html"
     prof.summary.setdefault("files", {})
     prof.summary["files"].update({"report_md": str(md), "report_html": str(page)})
-    from .safeio import write_text
+    from costmodel.files.safeio import write_text
     write_text(md, _md(_blocks(prof, plots=False)), "--out")
     write_text(page, _html(_blocks(prof, plots=True), f"Hardware profile: {prof.cluster['name']}"), "--out")
     return {"report_md": str(md), "report_html": str(page)}

@@ -1,19 +1,8 @@
-"""The tool's version: pyproject.toml's ``version`` is the only copy; the code reads it from the
-installed ``shardplan`` distribution. A source tree that was never installed says ``0+unknown``
-(a visible unknown, never a guess). It lives here, in the lowest layer that records it (a profile's
-provenance), so that the plan file and the command line read the same string."""
-from __future__ import annotations
+"""Moved to ``costmodel.files.version`` (below the plan file, so the runtime does not reach the
+profiler through it). This name is the same module object, kept for code written against the
+old path; new code imports ``costmodel.files.version``."""
+import sys
 
-from functools import lru_cache
-from importlib import metadata
+from costmodel.files import version as _moved
 
-DISTRIBUTION = "shardplan"
-UNKNOWN = "0+unknown"
-
-
-@lru_cache(maxsize=1)
-def tool_version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return UNKNOWN
+sys.modules[__name__] = _moved

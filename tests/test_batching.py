@@ -13,7 +13,7 @@ from costmodel.batching import (InflightReplica, Pool, SchedulerConfig, estimate
 from costmodel.catalog import get_model
 from costmodel.inference import estimate_inference
 from costmodel.specs import ParallelConfig, SpecError, Workload
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 H100 = load_cluster("dgx-h100")
 

@@ -29,7 +29,7 @@ from planner.search.bnb import _group_fields
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Problem, objective_value
 from planner.search.space import enumerate_candidates
-from profiles.clusters import cluster_from_dict
+from costmodel.files.clusters import cluster_from_dict
 
 N_INSTANCES = 500
 MAX_MEMBERS = 12          # candidates of a group whose optimum is enumerated (the group's bound needs them all

@@ -16,7 +16,7 @@ from costmodel.specs import ParallelConfig, SpecError, Workload, default_stages
 from costmodel.training import estimate
 from planner.plan.inputs import load_model
 from planner.cli.validation import all_rows
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 HF = Path(__file__).parent / "data" / "hf"
 

@@ -32,7 +32,7 @@ def _session(tmp_path, plan):
 
 
 def _plan3x2():
-    from profiles.clusters import cluster_from_dict
+    from costmodel.files.clusters import cluster_from_dict
     cluster = cluster_from_dict({"name": "cpu-3x2", "extends": "cpu", "gpus_per_node": 2, "nodes": 3})
     return make_plan("tiny-llama", optimizer="adamw", global_batch=12, tp=2, dp=3, grad_accum=4, cluster=cluster)
 

@@ -16,7 +16,7 @@ from costmodel.specs import ParallelConfig, Workload
 from emitters import get
 from planner.cli.regen_golden import builtin_plans
 from planner.plan.planfile import Plan, default_stages
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 

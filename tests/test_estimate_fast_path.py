@@ -27,7 +27,7 @@ from costmodel.stage_cache import _Shared
 from costmodel.stage_terms import StageModel, inflight_microbatches, pipeline_step_time, stage_crosses
 from costmodel.training import estimate, stage_groups
 from planner.search.space import enumerate_candidates
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 
 # ---- the reference: one stage at a time, through the rules, nothing cached between stages ---

@@ -13,7 +13,7 @@ from costmodel.layers import layer_cost
 from costmodel.memory import bytes_per_param, optimizer_traffic_bytes_per_param
 from costmodel.specs import ParallelConfig, SpecError, Workload
 from costmodel.training import estimate
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ONE = GroupLayout(1, 1)
 

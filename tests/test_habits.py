@@ -24,7 +24,7 @@ def test_one_version_string(capsys):
     and no source file spells it again."""
     from planner.cli import build_parser
     from planner.plan.planfile import provenance
-    from profiles.version import tool_version
+    from costmodel.files.version import tool_version
     v = _pyproject_version()
     assert tool_version() == v            # the installed distribution (make setup: pip install -e .)
     with pytest.raises(SystemExit):

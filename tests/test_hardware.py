@@ -11,7 +11,7 @@ from costmodel.comm import Network, group_layout, layout_for
 from costmodel.specs import NodeGroup, ParallelConfig, SpecError, Workload
 from costmodel.training import estimate
 from costmodel.units import GB
-from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, load_cluster
 
 
 @pytest.mark.parametrize("name,gpn,domain,intra,inter", [

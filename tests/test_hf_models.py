@@ -14,7 +14,7 @@ from costmodel.catalog import MODELS, from_hf_config, get_model
 from costmodel.inference import _Serving, kv_bytes_per_token_layer, serving_stage_memory
 from costmodel.specs import ModelSpec, ParallelConfig, SpecError, StageSpec, Workload
 from planner.plan.inputs import load_model
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 HF = Path(__file__).parent / "data" / "hf"
 

@@ -53,7 +53,7 @@ def test_cpsat_choice_equals_brute_force_over_the_same_candidates():
     from costmodel.specs import Workload
     from planner.search.serving import solve_serving
     from planner.search.serving_space import enumerate_candidates
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     m, c = get_model("mixtral-8x7b"), load_cluster("dgx-h100").with_gpus(8)
     w = Workload(global_batch=1, seq_len=2500, mode="infer", prompt_len=2000, output_len=500, kv_dtype="bf16")
     cap = c.gpu.memory_bytes

@@ -9,7 +9,7 @@ from costmodel.catalog import get_model
 from costmodel.inference import (InferenceEstimate, check_invariants, estimate_inference, expected_experts_touched,
                                  kv_bytes_per_token, serving_max_batch, soft_roofline)
 from costmodel.specs import ParallelConfig, SpecError, Workload
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 TOLERANCE = 0.20     # the bar for the published serving figures
 

@@ -17,7 +17,7 @@ from costmodel.specs import ParallelConfig, SpecError, Workload, validate
 from costmodel.training import estimate
 from planner.plan.planfile import plan_from_dict
 from planner.search.space import enumerate_candidates
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 from test_emit_roundtrip import fake_megatron, megatron_parser, targets_package, torchrun_args
 from test_emit_support import ROOT, run_script, write
 

@@ -14,8 +14,8 @@ from costmodel.frameworks import FRAMEWORKS
 from costmodel.layers import layer_cost, layer_matrices
 from costmodel.specs import LinkSpec, ParallelConfig, SpecError, Workload
 from costmodel.training import estimate
+from costmodel.files.clusters import load_cluster
 from costmodel.units import US
-from profiles.clusters import load_cluster
 
 ONE = GroupLayout(1, 1)
 NVLINK4 = LinkSpec(name="nvlink4", bandwidth_bytes_per_s=450e9, latency_s=3 * US)

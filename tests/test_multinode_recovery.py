@@ -97,7 +97,7 @@ def _last_step(metrics: Path) -> int:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """The plan (tiny-llama as tp2 x dp3 on 3 nodes of 2) and its uninterrupted losses (loopback)."""
-    from profiles.clusters import cluster_from_dict
+    from costmodel.files.clusters import cluster_from_dict
     cluster = cluster_from_dict({"name": "cpu-3x2", "extends": "cpu", "gpus_per_node": 2, "nodes": 3})
     plan = make_plan("tiny-llama", optimizer="adamw", global_batch=12, tp=2, dp=3, grad_accum=4, cluster=cluster)
     if os.geteuid() != 0 or not shutil.which("ip"):

@@ -13,7 +13,7 @@ from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, Workload, default_stages
 from planner.cli.cmd_calibrate import Run, apply_factors, calibrate, predict
 from planner.plan.planfile import Plan, write_plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "measured" / "cpu-2x2-netns.yaml"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, load_cluster
 
 pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)
 

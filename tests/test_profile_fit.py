@@ -11,7 +11,7 @@ import yaml
 from costmodel.units import GB, TERA
 from profiles import bench_collectives as bc
 from profiles.bench_matmul import efficiency_table, fit_efficiency
-from profiles.clusters import cluster_from_dict, cluster_to_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, load_cluster
 from profiles.probe import ReplayNVML, probe
 from profiles.profile import analyze, write_outputs
 

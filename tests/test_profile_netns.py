@@ -126,7 +126,7 @@ def test_two_namespaces_give_two_tiers(tmp_path):
     assert 0.005 < inter < 0.04, inter
     tiers = {r["tier"] for r in d["measured"]["collectives"]}
     assert tiers == {"intra", "inter"}
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     spec = load_cluster(str(cluster_file))
     assert spec.nodes == 2 and spec.total_gpus == 4
     keep = os.environ.get("PLANNER_KEEP_NETNS_PROFILE")    # a folder: refresh the committed example

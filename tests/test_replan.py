@@ -196,7 +196,7 @@ def test_a_world_size_without_a_plan_rounds_down():
     fewer, the best of those that do."""
     from costmodel.catalog import get_model
     from costmodel.specs import Workload
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     from planner.search.bnb import solve
     model, wl = get_model("tiny-llama"), Workload(global_batch=8, seq_len=128)
     cluster = load_cluster("cpu").with_gpus(8)
@@ -255,7 +255,7 @@ def test_one_search_over_several_world_sizes_equals_the_best_of_each_alone():
     from planner.plan.errors import InfeasibleError
     from planner.search.replan import sized
     from planner.search.bnb import solve
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     model, wl = get_model("llama-3-8b"), Workload(global_batch=96, seq_len=4096)
     cluster = load_cluster("dgx-a100-40gb").with_gpus(120)          # 15 nodes
     worlds = [w for w in world_sizes_upto(cluster, 120) if has_shape(model, wl, min(8, w), w)][:8]

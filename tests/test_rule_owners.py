@@ -26,7 +26,7 @@ from costmodel.specs import (ParallelConfig, Workload, default_stages, kv_heads_
                              tp_problems)
 from costmodel.training import estimate, stage_crosses
 from planner.plan.planfile import Plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 
 # ---- recompute count ----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from costmodel.layers import kv_heads_per_rank, layer_matrices, layer_params
 from costmodel.memory import optimizer_traffic_bytes_per_param, stage_memory, stage_param_counts, stage_peak_bytes
 from costmodel.specs import ParallelConfig, SpecError, StageSpec, Workload, default_stages, tp_problems
 from costmodel.training import estimate, fewest_full_recompute_layers, inflight_microbatches, stage_model
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 
 @pytest.mark.parametrize("name", model_names())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from planner.plan.planfile import write_plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 from runtime.local import make_plan
 
 pytestmark = pytest.mark.subprocess     # these tests start processes (the planner command, torchrun, scripts)

@@ -30,7 +30,7 @@ def test_one_gpu_1b_model_against_prediction(tmp_path):
     from costmodel.specs import ParallelConfig, Workload, default_stages
     from costmodel.training import estimate
     from planner.plan.planfile import Plan
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
 
     name = torch.cuda.get_device_name(0)
     cluster = load_cluster("dgx-h200" if "H200" in name else "dgx-h100").with_gpus(1)

@@ -57,7 +57,7 @@ def serving_plan(model: str = "tiny-llama", batch: int = 4, stages: list[int] | 
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, Workload, default_stages, stages_from_counts
     from planner.plan.planfile import Plan
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     spec = get_model(model)
     p = ParallelConfig(**par)
     if stages is None:

@@ -26,7 +26,7 @@ def _problem(model="llama-3.1-70b", gpus=8, P=1000, O=200):
     from costmodel.batching import scheduler_defaults
     from costmodel.catalog import get_model
     from costmodel.specs import Workload
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     c = load_cluster("dgx-h100").with_gpus(gpus)
     w = Workload(global_batch=1, seq_len=P + O, mode="infer", prompt_len=P, output_len=O, kv_dtype="bf16")
     return get_model(model), c, w, scheduler_defaults("vllm", c.gpu)

@@ -12,7 +12,7 @@ from planner.plan.check import check_plan
 from planner.plan.errors import InfeasibleError, UsageError
 from planner.cli.result import plans_from_result
 from planner.search.bnb import solve
-from profiles.clusters import cluster_from_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, load_cluster
 
 pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
 

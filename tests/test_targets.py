@@ -14,7 +14,7 @@ from planner.cli.targets_table import FEATURES, table_rows
 from planner.plan import targets as T
 from planner.plan.planfile import Plan, PlanError, dump_plan, plan_from_dict, plan_to_dict, read_plan
 from planner.search.space import enumerate_candidates
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 import yaml
 

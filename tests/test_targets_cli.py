@@ -145,7 +145,7 @@ def test_split_rules_hold_in_cpsat_as_in_the_brute_force(target):
     from planner.search.exhaustive import exhaustive_one
     from planner.search.problem import Problem
     from planner.search.space import enumerate_candidates
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     m, c = get_model("gpt3-1.3b"), load_cluster("dgx-a100-40gb").with_gpus(8)
     wl = Workload(global_batch=32, seq_len=2048)
     prob = Problem(m, c, wl)

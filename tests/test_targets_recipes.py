@@ -13,7 +13,7 @@ from costmodel.specs import ParallelConfig, Workload, default_stages
 from costmodel.training import estimate
 from planner.plan import targets as T
 from planner.plan.planfile import Plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO = ("NVIDIA NeMo 24.07 performance summary (NVIDIA/NeMo docs/source/performance/performance_summary.md), "

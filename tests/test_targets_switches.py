@@ -17,7 +17,7 @@ from costmodel.specs import ParallelConfig, Workload, stages_from_counts
 from costmodel.training import estimate
 from planner.plan import targets as T
 from planner.plan.planfile import Plan, PlanError, dump_plan, read_plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS_ENV = ROOT / ".venv-targets"

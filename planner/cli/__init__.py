@@ -20,7 +20,7 @@ import sys
 import traceback
 
 from planner.plan.errors import EXIT_BUG, exit_code_for
-from profiles.version import tool_version
+from costmodel.files.version import tool_version
 
 COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
 

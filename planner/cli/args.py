@@ -145,7 +145,7 @@ def check_writable(path: str | None) -> None:
 
     if not path:
         return
-    from profiles.safeio import check_output
+    from costmodel.files.safeio import check_output
     check_output(path, "output")     # a link, FIFO, device or folder there: exit 2 before any work
     d = Path(path).resolve().parent
     if not d.exists():
@@ -159,7 +159,7 @@ def check_writable(path: str | None) -> None:
 
 def cluster_source_of(cluster_arg: str) -> str:
     """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
-    from profiles.clusters import cluster_names
+    from costmodel.files.clusters import cluster_names
     return "catalog" if cluster_arg in cluster_names() else cluster_arg
 
 

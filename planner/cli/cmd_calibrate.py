@@ -169,7 +169,7 @@ def _summary(errors: list[float]) -> dict:
 def load_runs(path: Path) -> list[Run]:
     from planner.plan.errors import UsageError
     from planner.plan.planfile import read_plan
-    from profiles.readers import load_yaml
+    from costmodel.files.readers import load_yaml
     data = load_yaml(path, "measured step times")     # bounded, UTF-8, no alias bomb, finite numbers
     if isinstance(data, dict) and "runs" in data:
         data = data["runs"]
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from planner.plan.errors import UsageError
-    from profiles.clusters import cluster_to_dict, load_cluster
+    from costmodel.files.clusters import cluster_to_dict, load_cluster
 
     fit = tuple(f.strip() for f in args.fit.split(",") if f.strip())
     bad = [f for f in fit if f not in FACTORS]
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         "error_before": {k: round(v, 4) for k, v in _summary(eb).items()},
         "error_after": {k: round(v, 4) for k, v in _summary(ea).items()},
     }
-    from profiles.safeio import write_text
+    from costmodel.files.safeio import write_text
     write_text(out, "# Calibrated by `planner calibrate` (see provenance.calibration)\n"
                + yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110), "calibrated cluster file")
     result = {"cluster": str(args.cluster), "out": str(out), "factors": res["factors"],

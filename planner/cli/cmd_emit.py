@@ -11,7 +11,7 @@ it cannot state and the ``planner plan --target T ...`` command that gives a pla
 exit code is 4 (some written, some refused). Without ``--target``, the plan's own target. A bad
 plan file or an unknown target is exit 2; so is an existing output folder holding files this
 command would not write, or a file it would change, unless ``--force`` (with ``--force`` the
-other files stay). The folder is written in one step (``profiles.safeio.write_folder``): a run
+other files stay). The folder is written in one step (``costmodel.files.safeio.write_folder``): a run
 killed at any point leaves the old folder or the new one, never a mix. No torch here: emitters
 are pure text.
 """
@@ -86,7 +86,7 @@ def _shown(names: list[str]) -> str:
 def _check_out(out: Path, files: dict[str, str], force: bool, subfolders: frozenset = frozenset()) -> None:
     """Refuse, before writing anything: a folder holding other files, or a file this command
     would change (unless ``force``); a link, FIFO or device where a file goes (always)."""
-    from profiles.safeio import check_output, check_output_folder
+    from costmodel.files.safeio import check_output, check_output_folder
     if out.exists() and not out.is_dir() and not out.is_symlink():
         raise UsageError(f"--out {out} exists and is not a folder")
     check_output_folder(out, "--out")
@@ -193,7 +193,7 @@ def run(args) -> int:
             print(f"planner emit: {msg}", file=sys.stderr)
         return 1
     out_dir = Path(args.out)
-    from profiles.safeio import write_folder
+    from costmodel.files.safeio import write_folder
     # with --target all, two targets may write the same file name (a disaggregated serving plan: vllm and
     # sglang both write prefill.sh and decode.sh); then each target gets its own folder under --out
     clash = sorted({f for a, fa in per_target.items() for b, fb in per_target.items() if a < b

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.explain import plan_estimate
     _warn_drift(plan, {"step_time_s": plan_estimate(plan).step_time_s}, args.plan)
     if args.html:
-        from profiles.safeio import check_output
+        from costmodel.files.safeio import check_output
         check_output(args.html, "--html")
         d = Path(args.html).resolve().parent
         if not d.is_dir():
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text(plan, info) + failures.text(fail), end="")
     if args.html:
-        from profiles.safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(args.html, html_report(plan, info), "--html")
         if not args.json:
             print(f"wrote {args.html}")

@@ -613,7 +613,7 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "dead_after_s", None):      # a collective waits at most this long for a rank
         _SESSION_ENV["RUNTIME_TIMEOUT_S"] = f"{args.dead_after_s:g}"
     metrics = args.metrics or _default_metrics()
-    from profiles.safeio import check_append
+    from costmodel.files.safeio import check_append
     check_append(metrics, "--metrics")
     if not _in_torchrun():
         lock = _claim_checkpoint_dir(args)

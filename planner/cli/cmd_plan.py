@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         import pandas as pd
 
-        from profiles.safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(args.csv, pd.DataFrame(res.scored).to_csv(index=False), "--csv")
     from planner.cli.failures import for_plan_command, text as failures_text
     fail = for_plan_command(args, res, plans)       # None without a failure rate

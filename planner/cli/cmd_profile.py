@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc >= 1 and not under_torchrun():
         check_cpu_processes(args.nproc, "--nproc", args.force, "ranks")
     if args.record_nvml:
-        from profiles.safeio import check_output
+        from costmodel.files.safeio import check_output
         check_output(args.record_nvml, "--record-nvml")
     rank0 = not under_torchrun() or __import__("os").environ.get("RANK", "0") == "0"
     opts = ProfileOptions(out_dir=Path(args.out), quick=args.quick, nproc=args.nproc, timeout_s=args.timeout,

@@ -53,7 +53,7 @@ def new_cluster(args: argparse.Namespace, plan):
         raise UsageError("say what changed: --gpus N, --lose-nodes K, --add-nodes K or --cluster NEW")
     cluster = plan.cluster
     if args.cluster:
-        from profiles.clusters import load_cluster
+        from costmodel.files.clusters import load_cluster
         cluster = load_cluster(args.cluster)
     return changed_cluster(cluster, gpus=args.gpus, lose_nodes=args.lose_nodes, add_nodes=args.add_nodes,
                            group=args.group)

@@ -37,7 +37,7 @@ def compare_configs() -> None:
     from costmodel.catalog import get_model
     from costmodel.specs import ParallelConfig, Workload
     from costmodel.training import estimate
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
 
     c.print(Rule("1. cost model: five splits of llama-3-70b over 64 H100s (512 x 8k tokens)"))
     m, cl = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
@@ -192,7 +192,7 @@ def _local_devices(cluster: str) -> int:
     except Exception:
         pass
     if cluster != "cpu":
-        from profiles.clusters import load_cluster
+        from costmodel.files.clusters import load_cluster
         per_node = load_cluster(cluster).gpus_per_node
         if per_node >= 2:
             return min(4, per_node)

@@ -409,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
         write_plan(plans[0], args.out)
     if getattr(args, "csv", None):
         import pandas as pd
-        from profiles.safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(args.csv, pd.DataFrame(_csv_rows(res.scored)).to_csv(index=False), "--csv")
     if getattr(args, "pareto_csv", None):
         import pandas as pd

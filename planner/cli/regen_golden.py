@@ -19,7 +19,7 @@ from costmodel.specs import ParallelConfig, StageSpec, Workload
 from costmodel.units import GIB
 from emitters import TARGETS, CannotExpress, get
 from planner.plan.planfile import Plan, default_stages, read_plan
-from profiles.clusters import cluster_from_dict, load_cluster
+from costmodel.files.clusters import cluster_from_dict, load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "emitters"

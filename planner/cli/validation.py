@@ -41,7 +41,7 @@ from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_cou
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "calibration" / "published_runs.yaml"
@@ -232,7 +232,7 @@ def moe_rows() -> list[Row]:
     if not MOE_RUNS.exists():
         return []
     from costmodel.specs import SpecError
-    from profiles.clusters import cluster_names
+    from costmodel.files.clusters import cluster_names
     with open(MOE_RUNS) as f:
         data = yaml.safe_load(f) or {}
     rows: list[Row] = []

@@ -45,7 +45,7 @@ def _case_model(spec: Any, name: str) -> ModelSpec:
 
 
 def case_rows(case: dict, split: str) -> list[Row]:
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     model = _case_model(case["model"], case["name"])
     tp, pp = int(case.get("tp", 1)), int(case.get("pp", 1))
     cluster = load_cluster(case["cluster"]).with_gpus(tp * pp)
@@ -106,7 +106,7 @@ def serving_rows() -> list[dict]:
     import yaml
 
     from costmodel.batching import InflightReplica, scheduler_defaults, synchronized_ttft
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     if not SERVING.exists():
         return []
     with open(SERVING) as f:
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     text = validation_markdown(validation_rows())
     if a.write_validation:
-        from profiles.safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(a.write_validation, text, "--write-validation")
     else:
         sys.stdout.write(text)

@@ -39,7 +39,7 @@ class SolverStopped(PlannerError):
 def exit_code_for(e: BaseException) -> int | None:
     """The exit code for an expected error, or None for a programmer error."""
     from planner.plan.planfile import PlanError
-    from profiles.safeio import OutputError
+    from costmodel.files.safeio import OutputError
     if isinstance(e, PlannerError):
         return e.exit_code
     if isinstance(e, (SpecError, PlanError, OutputError)):

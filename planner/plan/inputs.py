@@ -1,6 +1,6 @@
 """Reading the user's inputs: a model (catalog name, our YAML, or a Hugging Face config.json)
 and a cluster (catalog name or cluster YAML), with errors that name the file and the field.
-Files are read through ``profiles.readers`` (bounded, UTF-8, no alias bombs, finite numbers)."""
+Files are read through ``costmodel.files.readers`` (bounded, UTF-8, no alias bombs, finite numbers)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +8,8 @@ from pathlib import Path
 from costmodel.catalog import from_hf_config, get_model
 from costmodel.limits import describe
 from costmodel.specs import ClusterSpec, ModelSpec, SpecError
-from profiles.clusters import load_cluster
-from profiles.readers import parse_json, parse_yaml, read_text
+from costmodel.files.clusters import load_cluster
+from costmodel.files.readers import parse_json, parse_yaml, read_text
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -22,9 +22,9 @@ from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, 
                              default_stages)  # noqa: F401  (re-exported: the plan file's readers use it)
 from costmodel.comm import crosses_nodes
 from costmodel.limits import describe
-from profiles.clusters import cluster_from_dict, cluster_to_dict
-from profiles.readers import parse_yaml, read_text
-from profiles.version import tool_version
+from costmodel.files.clusters import cluster_from_dict, cluster_to_dict
+from costmodel.files.readers import parse_yaml, read_text
+from costmodel.files.version import tool_version
 
 SCHEMA = 1
 
@@ -282,7 +282,7 @@ def _stages(rows: Any, model: ModelSpec, cluster: ClusterSpec, where: str) -> li
 
 
 def read_plan(path: str | os.PathLike) -> Plan:
-    """A plan file, read through ``profiles.readers`` (bounded, UTF-8, no alias bomb, finite)."""
+    """A plan file, read through ``costmodel.files.readers`` (bounded, UTF-8, no alias bomb, finite)."""
     p = Path(path)
     try:
         d = parse_yaml(read_text(p, "plan file"), str(p))
@@ -296,9 +296,9 @@ def dump_plan(plan: Plan) -> str:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Atomic write with the user's umask, to a regular file only (``profiles.safeio``): a crash
+    """Atomic write with the user's umask, to a regular file only (``costmodel.files.safeio``): a crash
     never leaves a half-written plan, and a link, FIFO or device at ``path`` is refused."""
-    from profiles.safeio import write_text
+    from costmodel.files.safeio import write_text
     return write_text(path, dump_plan(plan), "plan file")
 
 

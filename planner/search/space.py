@@ -10,10 +10,12 @@ the ring).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from costmodel.limits import MAX_LAYERS
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
@@ -127,6 +129,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     if wide and tg.T.model_problems(target, model, workload):
         return []                     # the target runs no configuration of this model (planner.search.refusal says why)
     memo: dict = {}
+    protos: dict = {}
     found: list = []
     out = []
     per_replica = workload.global_batch // dp
@@ -176,13 +179,21 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     kind = (mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
                                     if wide and memo.get(kind) is False:
                                         continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
-                                    try:
-                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                                                             dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
-                                                             grad_accum=ga, recompute=base, schedule=sched,
-                                                             recompute_layers=rl)
-                                    except SpecError:
-                                        continue
+                                    # Megatron's uniform N: one configuration validated per
+                                    # kind, the other counts copied from it (with_recompute_layers)
+                                    par = protos.get(kind) if rl >= 0 else None
+                                    if par is not None:
+                                        par = with_recompute_layers(par, rl)
+                                    else:
+                                        try:
+                                            par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
+                                                                 dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
+                                                                 grad_accum=ga, recompute=base, schedule=sched,
+                                                                 recompute_layers=rl)
+                                        except SpecError:
+                                            continue
+                                        if rl >= 0:
+                                            protos[kind] = par
                                     any_order = False
                                     for order in orders:
                                         order = tuple(order)
@@ -203,6 +214,22 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     if wide:
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
                for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
+    return out
+
+
+def with_recompute_layers(par: ParallelConfig, n: int) -> ParallelConfig:
+    """``par`` with ``recompute_layers = n``: what ``ParallelConfig(...)`` builds, without running
+    its checks again when only that field changes (a count in ``0..MAX_LAYERS`` is valid wherever
+    another count was; ``dataclasses.replace`` otherwise). The search builds tens of thousands of
+    these (Megatron's ``--recompute-num-layers`` N for every N a stage holds); tests/test_space_fast_path.py
+    holds it equal to the checked construction."""
+    if not (type(n) is int and 0 <= n <= MAX_LAYERS and par.recompute_layers >= 0):
+        return dataclasses.replace(par, recompute_layers=n)
+    out = copy.copy(par)
+    d = out.__dict__
+    for k in [k for k in d if k == "_hash" or k.startswith("_memo_")]:
+        del d[k]                 # cached from par's fields
+    d["recompute_layers"] = n
     return out
 
 
