@@ -206,7 +206,7 @@ def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
     ptr = [0] * p
     done = 0
     total = sum(len(o) for o in order)
-    intervals = [([], []) for _ in range(p)]
+    intervals: list[tuple[list, list]] = [([], []) for _ in range(p)]
     guard = 0
     while done < total and guard < total * p * 4:
         guard += 1

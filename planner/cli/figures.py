@@ -14,7 +14,7 @@ at the figure's own size (tests check exactly that: every artist inside the canv
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from typing import Any, Sequence
 
 MEMORY_CATS = (("weights_bytes", "weights", "#4C72B0"), ("grads_bytes", "gradients", "#DD8452"),
                ("optimizer_bytes", "optimizer state", "#55A868"), ("activations_bytes", "activations", "#8172B3"),
@@ -76,7 +76,7 @@ def memory_figure(est, title: str = ""):
     return fig
 
 
-def time_figure(rows: Sequence[tuple[str, object]], title: str = ""):
+def time_figure(rows: Sequence[tuple[str, Any]], title: str = ""):
     """``rows``: (label, estimate), the chosen plan first."""
     used = [(k, lab, col) for k, lab, col in TIME_TERMS if any(e.time.get(k, 0.0) > 0 for _, e in rows)]
     fig = _figure(9.0, 1.4 + 0.55 * len(rows))
@@ -130,7 +130,7 @@ def timeline_figure(intervals, pp: int, micro_shown: int, micro_total: int, sche
     return fig
 
 
-def topk_figure(rows: Sequence[tuple[str, object, bool]]):
+def topk_figure(rows: Sequence[tuple[str, Any, bool]]):
     """``rows``: (label, estimate, is the chosen plan), best first. Bars: % slower than the best."""
     best = min(e.step_time_s for _, e, _ in rows)
     pct = [(e.step_time_s / best - 1) * 100 for _, e, _ in rows]

@@ -199,6 +199,7 @@ def _candidate_summary(c: Candidate | None) -> dict | None:
          "output_tokens_per_s_per_gpu": e.output_tokens_per_s_per_gpu,
          "concurrency": e.schedule.get("concurrency", c.batch)}
     if c.disaggregated:
+        assert c.prefill is not None           # a disaggregated candidate names its prefill pool
         tp, pp, ep, r = c.prefill
         d["prefill"] = {"tp": tp, "pp": pp, "ep": ep, "replicas": r}
         d["decode"] = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "replicas": c.dp}
@@ -267,6 +268,7 @@ def _candidate_json(c: Candidate | None) -> dict | None:
     d = {"parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}, "batch": c.batch,
          "estimate": c.est.to_dict(stages=False)}
     if c.disaggregated:
+        assert c.prefill is not None
         d["prefill"] = dict(zip(("tp", "pp", "ep", "replicas"), c.prefill))
     return d
 
@@ -303,17 +305,17 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
     w = best.workload
     srv = best.serving or {}
     regime = {"inflight": f"continuous batching ({srv.get('engine')})", "static": "static batches",
-              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(srv.get("batching"), "")
+              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(str(srv.get("batching")), "")
     c.print(f"[bold]{best.model.name}[/bold] serving on {best.world_size} x {best.cluster.gpu.name} "
             f"({best.cluster.name}): prompt {w.prompt_len} + output {w.output_len} tokens, weights {w.dtype}, "
             f"KV cache {w.kv_dtype}; {regime}")
     t = Table(title=f"top {len(plans)} plan(s)", header_style="bold")
     for col in ("#", "layout", "concurrency", "TTFT", "TPOT", "tok/s/user", "tok/s/GPU", "peak mem"):
         t.add_column(col, justify="right")
-    for k, s in enumerate(res.solutions, 1):
+    for rank, s in enumerate(res.solutions, 1):
         e = s.est
         conc = e.schedule.get("concurrency", s.batch)
-        t.add_row(str(k), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
+        t.add_row(str(rank), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
                   fmt_seconds(e.ttft_s), fmt_seconds(e.tpot_s), f"{1 / e.tpot_s:,.1f}",
                   f"{e.output_tokens_per_s_per_gpu:,.1f}", fmt_bytes(e.peak_bytes))
     c.print(t)
@@ -532,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
         import pandas as pd
         cols = ("kind", "layout", "concurrency", "decode_batch", "tokens_per_s_per_user",
                 "output_tokens_per_s_per_gpu", "ttft_s", "tpot_s")
-        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts]).to_csv(args.pareto_csv, index=False)
+        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts or []]).to_csv(args.pareto_csv, index=False)
     if args.json:
         env = {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj}
         if getattr(args, "pareto", False):
