@@ -76,10 +76,20 @@ def _like(args: argparse.Namespace) -> None:
     args.dtype, args.optimizer = w.dtype, w.optimizer
 
 
+def out_path(out: str | None, target: str) -> str | None:
+    """``--out``: a file, or an existing folder, which gets ``<target>.yaml`` (with ``--target all``
+    one file per target, ``planner.cli.plan_all``). Re-running a command overwrites its files."""
+    if out and target != "all" and Path(out).is_dir() and not Path(out).is_symlink():
+        return str(Path(out) / f"{target}.yaml")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     _check_target(args)
     if getattr(args, "like", None):
         _like(args)
+    default = "vllm" if args.mode == "infer" else "all"       # each mode's default target
+    args.out = out_path(args.out, getattr(args, "target", None) or default)
     if args.mode == "infer":
         from planner.cli import infer_plan
         return infer_plan.run(args)
