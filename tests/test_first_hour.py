@@ -29,3 +29,27 @@ def test_plan_out_existing_folder_twice(tmp_path, capsys):
         assert main(infer + ["--out", str(tmp_path)]) == 0
     assert read_plan(tmp_path / "vllm.yaml").mode == "infer"
     capsys.readouterr()
+
+
+HINTED = ["plan", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--global-batch", "512", "--seq-len", "8192",
+          "--max-time", "30"]
+
+
+@pytest.mark.parametrize("gpus,target", [(7, "megatron"), (2, "deepspeed"), (8, "megatron"), (16, "megatron")])
+def test_infeasibility_hint_is_the_smallest_command_that_plans(gpus, target, capsys):
+    """The hint names a --gpus the tool accepts, at which a plan exists, and no smaller accepted
+    count above the asked one plans; the layout it quotes uses exactly the GPUs asked for."""
+    from planner.search.bnb import accepted_gpu_counts
+    from profiles.clusters import load_cluster
+    assert main(HINTED + ["--gpus", str(gpus), "--target", target]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    degrees = dict((k, int(v)) for k, v in re.findall(r"\b(tp|pp|dp|cp)=(\d+)", err.split("even at")[1]))
+    assert degrees["tp"] * degrees["pp"] * degrees["dp"] * degrees.get("cp", 1) == gpus, err
+    hinted = int(re.search(r"the smallest change: --gpus (\d+)", err).group(1))
+    assert main(HINTED + ["--gpus", str(hinted), "--target", target]) == 0, "the hinted command does not plan"
+    capsys.readouterr()
+    below = [n for n in accepted_gpu_counts(load_cluster("dgx-h100"), gpus, hinted) if n < hinted]
+    if below:       # the accepted count just below the hint: refused for memory, so the hint is the smallest
+        assert main(HINTED + ["--gpus", str(below[-1]), "--target", target]) == 1
+        capsys.readouterr()
