@@ -119,5 +119,7 @@ def print_table(out: dict[str, Any], plan) -> None:
         c.print(f"replanned after rank {r['failed_rank']} failed (devices excluded: {', '.join(r['excluded_devices'])}): "
                 f"{'; '.join(r['changes'])}; plan {r['plan']}")
     c.print(f"metrics: {out['metrics_file']}")
+    if out.get("worker_log"):
+        c.print(f"worker output: {out['worker_log']}")
 
 
