@@ -53,3 +53,20 @@ def test_infeasibility_hint_is_the_smallest_command_that_plans(gpus, target, cap
     if below:       # the accepted count just below the hint: refused for memory, so the hint is the smallest
         assert main(HINTED + ["--gpus", str(below[-1]), "--target", target]) == 1
         capsys.readouterr()
+
+
+def test_goodput_says_what_holding_spares_back_costs(capsys):
+    """'... with 3 spare(s) held back' says how many nodes are left, how many the layout fills and
+    its dp then; plans of --top differ in their labels."""
+    assert main(["plan", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--gpus", "512", "--global-batch", "1024",
+                 "--seq-len", "8192", "--target", "megatron", "--top", "3", "--mtbf-hours", "2000"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if re.match(r"\s+\d\. #\d ", ln)]
+    assert len(rows) == 3
+    labels = [ln.split(": step")[0].split(". ", 1)[1].split(" ", 1)[1] for ln in rows]
+    assert len(set(labels)) == 3, labels
+    for ln in rows:
+        m = re.search(r"held back \((\d+) nodes left; this layout fills (\d+) of them: dp (\d+) -> (\d+)", ln)
+        assert m, ln
+        left, filled, dp, dp_held = map(int, m.groups())
+        assert left == 64 - 3 and filled <= left and dp_held < dp
