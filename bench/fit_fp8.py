@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import statistics
 
-from costmodel import fp8, layers, training
+from costmodel import fp8, layers, stage_cache
 from planner.cli import validation
 
 
 def _clear() -> None:
     layers.layer_cost.cache_clear()
     layers.ends_cost.cache_clear()
-    training._shared_equal.cache_clear()
-    training._stage_model.cache_clear()
-    training._SHARED_BY_ID.clear()
+    stage_cache._shared_equal.cache_clear()
+    stage_cache._stage_model.cache_clear()
+    stage_cache._SHARED_BY_ID.clear()
 
 
 def errors(eff: float, half: float) -> list[float]:
