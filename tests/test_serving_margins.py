@@ -85,3 +85,19 @@ def test_frontier_table_marks_the_chosen_plan(capsys):
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if "chosen" in ln and "│" in ln]
     assert len(rows) == 1
+
+
+def test_sequence_cap_is_named_when_it_binds_and_its_hints_plan(capsys):
+    """--batch above the scheduler's running-request cap while memory holds it: the message names
+    the cap, not memory, and both commands it suggests plan."""
+    import re
+    base = ["plan", "--mode", "infer", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+            "--prompt-len", "200", "--output-len", "200", "--tp", "8"]
+    assert main(base + ["--batch", "600", "--max-num-seqs", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit" not in err.split("Closest")[0] and "--max-num-seqs" in err
+    m = re.search(r"use --max-num-seqs (\d+) or --batch (\d+)", err)
+    assert m, err
+    assert main(base + ["--batch", "600", "--max-num-seqs", m.group(1)]) == 0
+    assert main(base + ["--batch", m.group(2), "--max-num-seqs", "64"]) == 0
+    capsys.readouterr()
