@@ -270,6 +270,18 @@ def _lines(page_html: str) -> int:
     return text.count("\n") + text.count("<tr") + text.count("<h") + text.count("<p")
 
 
+def test_missing_chromium_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    import sys
+    me = sys.modules[__name__]
+    monkeypatch.setattr(me, "chromium", lambda: None)
+    monkeypatch.setenv("SHARDPLAN_CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="in CI"):
+        need_chromium()
+    monkeypatch.delenv("SHARDPLAN_CI")
+    with pytest.raises(pytest.skip.Exception):
+        need_chromium()
+
+
 def test_explain_page_renders_in_chromium(tmp_path):
     need_chromium()
     plan, info = _info("llama-3-70b-64xh100")

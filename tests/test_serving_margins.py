@@ -101,3 +101,24 @@ def test_sequence_cap_is_named_when_it_binds_and_its_hints_plan(capsys):
     assert main(base + ["--batch", "600", "--max-num-seqs", m.group(1)]) == 0
     assert main(base + ["--batch", m.group(2), "--max-num-seqs", "64"]) == 0
     capsys.readouterr()
+
+
+def test_disaggregated_emit_readme_and_headers_say_what_runs(tmp_path, capsys):
+    """The README of a disaggregated emit runs the files it lists (no `bash vllm.sh`), and every
+    header names both pools with their own sizes, not the decode pool's as the plan's."""
+    import re
+    plan = tmp_path / "pd.yaml"
+    assert main(BASE + ["--disaggregation", "only", "--out", str(plan)]) == 0
+    assert main(["emit", str(plan), "--target", "vllm", "--out", str(tmp_path / "em")]) == 0
+    capsys.readouterr()
+    files = {p.name for p in (tmp_path / "em").iterdir()}
+    readme = (tmp_path / "em" / "README.md").read_text()
+    for script in re.findall(r"bash (\w+\.sh)", readme):
+        assert script in files, f"README runs {script}, which is not in {sorted(files)}"
+    from planner.plan.planfile import read_plan
+    dis = read_plan(plan).serving["disaggregation"]
+    for name in ("prefill.sh", "decode.sh", "proxy.sh"):
+        header = (tmp_path / "em" / name).read_text().splitlines()[2]
+        assert f"prefill {dis['prefill']['replicas']} x tp={dis['prefill']['tp']} pp={dis['prefill']['pp']}" in header
+        assert f"decode {dis['decode']['replicas']} x tp={dis['decode']['tp']}" in header
+        assert not re.search(r": tp=\d+ pp=\d+ dp=", header), header
