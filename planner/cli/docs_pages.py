@@ -246,7 +246,7 @@ def layering() -> str:
     """The import layers, as ``tests/test_imports.py`` enforces them."""
     tree = ast.parse((ROOT / "tests" / "test_imports.py").read_text())
     layers = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.AnnAssign)
-                  and getattr(n.target, "id", "") == "LAYERS")
+                  and getattr(n.target, "id", "") == "LAYERS" and n.value is not None)
     rows = [[f"`{k}`", ", ".join(f"`{x}`" for x in sorted(v)) or "nothing of ours"] for k, v in layers.items()]
     return _table(["package", "may import"], rows)
 
