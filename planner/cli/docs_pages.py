@@ -276,7 +276,8 @@ def quickstart_figures() -> str:
              t("targets_env") if q.get("targets_env") else "not timed", f"`.venv-targets` {gb('targets_env_bytes')}"]]
     return (f"Measured by `python bench/bench_quickstart.py` on {q['started'][:10]}: a fresh clone on {m['cpus']} "
             f"CPU cores, {m['memory_bytes'] / 2**30:.0f} GiB, Python {m['python']}, load average "
-            f"{m['load_average_start'][0]:.1f} at the start (a shared machine: upper bounds).\n\n"
+            f"{m['load_average_start'][0]:.1f} at the start (a shared machine: upper bounds), pip installing from "
+            "local wheels (a download adds its own time).\n\n"
             + _table(["step", "time", "size"], rows, {1}))
 
 
