@@ -265,13 +265,15 @@ def quickstart_figures() -> str:
 
     def gb(key: str) -> str:
         v = q.get(key)
-        return f"{v / 1e9:.2f} GB" if v else "not measured"
+        if not v:
+            return "not measured"
+        return f"{v / 1e9:.2f} GB" if v >= 1e8 else f"{v / 1e6:.1f} MB"
     rows = [["`git clone`", t("clone"), f"{gb('checkout_bytes')} checkout + {gb('git_bytes')} history"],
             ["`make setup` (creates `.venv`)", t("setup"), f"`.venv` {gb('venv_bytes')}"],
             ["`make demo` (after setup)", t("demo"), "writes `out/demo/`"],
             ["the tour's `planner plan` (64 H100s)", t("first_plan"), ""],
-            ["`make test-fast` (no process, no solver)", t("test_fast"), f"{q.get('tests_collected') or '?'} tests in "
-             "the suite, the fast tier a part of them"],
+            ["`make test-fast` (no process, no solver)", t("test_fast"), f"the suite has {q.get('tests_collected') or '?'} "
+             "tests; this tier runs those that start no process and no solver"],
             ["`make targets-env` (frameworks' own parsers, for `make test`)",
              t("targets_env") if q.get("targets_env") else "not timed", f"`.venv-targets` {gb('targets_env_bytes')}"]]
     return (f"Measured by `python bench/bench_quickstart.py` on {q['started'][:10]}: a fresh clone on {m['cpus']} "
