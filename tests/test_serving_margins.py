@@ -122,3 +122,16 @@ def test_disaggregated_emit_readme_and_headers_say_what_runs(tmp_path, capsys):
         assert f"prefill {dis['prefill']['replicas']} x tp={dis['prefill']['tp']} pp={dis['prefill']['pp']}" in header
         assert f"decode {dis['decode']['replicas']} x tp={dis['decode']['tp']}" in header
         assert not re.search(r": tp=\d+ pp=\d+ dp=", header), header
+
+
+def test_every_target_keeps_the_margin(capsys):
+    """--target all: each engine's plan is held to the same margins and records them."""
+    argv = [a for a in BASE] + ["--target", "all", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["plans"]) >= 2
+    for p in d["plans"]:
+        slo = p["serving"]["slo"]
+        assert slo["margin"]["tpot"] == relative_band("serve-tpot")
+        assert p["estimate"]["tpot_s"] * 1e3 <= slo["planned_ms"]["tpot"] + 1e-9
+        assert p["estimate"]["ttft_s"] * 1e3 <= slo["planned_ms"]["ttft"] + 1e-9

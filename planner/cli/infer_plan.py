@@ -389,6 +389,17 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
             f"bound {res.bound:.6g}, {res.candidates} candidates, {res.wall_time_s:.2f} s")
 
 
+def slo_record(args: argparse.Namespace, margins: dict, slo_t: float | None, slo_p: float | None) -> dict:
+    """The plan file's ``serving.slo``: the goals, and with any goal the margins kept and the
+    goals the search was held to (``planned_ms``)."""
+    slo: dict[str, Any] = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    if slo_t is not None or slo_p is not None:
+        slo["margin"] = {"ttft": margins["ttft"], "tpot": margins["tpot"], "source": margins["source"]}
+        slo["planned_ms"] = {"ttft": slo_t * 1e3 if slo_t is not None else None,
+                             "tpot": slo_p * 1e3 if slo_p is not None else None}
+    return slo
+
+
 def goal_slack(plan) -> list[dict[str, Any]]:
     """Per latency goal of a serving plan: the goal, the margin kept, the predicted value and the
     slack (goal - predicted) / goal."""
@@ -491,6 +502,7 @@ def run(args: argparse.Namespace) -> int:
                          "--request-rate")
     fixed = _fixed(args)
     target = getattr(args, "target", None) or "vllm"      # serving's default: vLLM's scheduler
+    args._slo_record = slo_record(args, margins, slo_t, slo_p)      # what every target's plan records
     if target == "all":
         from planner.cli.plan_all import infer_all
         return infer_all(args, model, cluster, wl, slo_t, slo_p)
@@ -511,11 +523,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "pareto", False) or getattr(args, "pareto_csv", None):
         pareto_pts, pareto = _pareto(model, cluster, wl, res, sched, fixed, disagg, slo_t, slo_p, res.solutions[0])
     hf = hf_id_for(args, model)
-    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
-    if goal_t is not None or goal_p is not None:
-        slo["margin"] = {"ttft": margins["ttft"], "tpot": margins["tpot"], "source": margins["source"]}
-        slo["planned_ms"] = {"ttft": slo_t * 1e3 if slo_t is not None else None,
-                             "tpot": slo_p * 1e3 if slo_p is not None else None}
+    slo = args._slo_record
     if disagg == "off" and res.comparison:     # that search never ran: say nothing about it
         res.comparison = {k: v for k, v in res.comparison.items() if k != "disaggregated"}
     load = {"concurrency_per_replica": args.batch, "request_rate_per_s": rate}
