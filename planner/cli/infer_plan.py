@@ -412,7 +412,7 @@ def goal_slack(plan) -> list[dict[str, Any]]:
         if goal_ms is None or est.get(f"{key}_s") is None:
             continue
         pred_ms = est[f"{key}_s"] * 1e3
-        out.append({"goal": name, "goal_ms": goal_ms, "predicted_ms": pred_ms, "margin": margin.get(key, 0.0),
+        out.append({"goal": name, "goal_ms": goal_ms, "predicted_ms": pred_ms, "margin": margin.get(key),
                     "slack": (goal_ms - pred_ms) / goal_ms})
     return out
 
@@ -421,8 +421,10 @@ def slack_text(plan) -> str:
     """One line per goal: predicted against the goal, the slack, and the margin the plan was held to."""
     lines = []
     for g in goal_slack(plan):
+        kept = (f" (planned with a {g['margin'] * 100:.1f}% margin below the goal)" if g["margin"] is not None
+                else " (a plan from before margins: none recorded)")
         lines.append(f"{g['goal']} goal {g['goal_ms']:g} ms: predicted {g['predicted_ms']:.4g} ms, slack "
-                     f"{g['slack'] * 100:.1f}% (planned with a {g['margin'] * 100:.1f}% margin below the goal)")
+                     f"{g['slack'] * 100:.1f}%{kept}")
     if lines:
         src = ((plan.serving or {}).get("slo") or {}).get("margin", {}).get("source", "")
         if src.startswith("auto"):
