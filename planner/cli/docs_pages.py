@@ -285,7 +285,8 @@ def quickstart_figures() -> str:
 
 def docs_index() -> str:
     rows = []
-    for page in INDEX:
+    others = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    for page in list(INDEX) + [p for p in others if p not in INDEX]:     # a page another issue adds: listed too
         if not (ROOT / page).exists():
             continue
         text = (ROOT / page).read_text().splitlines()
