@@ -332,15 +332,24 @@ def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
                     c="red", zorder=5, label=f"chosen: {chosen.get('layout', '')}")
         bottom.scatter([chosen["tokens_per_s_per_user"]], [chosen["ttft_s"] * 1e3], marker="*", s=120, c="red",
                        zorder=5)
-    if slo.get("tpot_s"):
+    goal = pareto.get("goal") or slo          # the user's goals; ``slo``: what the search was held to
+    if goal.get("tpot_s"):
         for ax in (top, bottom):
-            ax.axvline(1.0 / slo["tpot_s"], color="tab:red", ls="--", lw=1)
-        top.annotate(f"TPOT goal {slo['tpot_s'] * 1e3:g} ms", (1.0 / slo["tpot_s"], top.get_ylim()[1]),
+            ax.axvline(1.0 / goal["tpot_s"], color="tab:red", ls="--", lw=1)
+        top.annotate(f"TPOT goal {goal['tpot_s'] * 1e3:.3g} ms", (1.0 / goal["tpot_s"], top.get_ylim()[1]),
                      fontsize=7, color="tab:red", va="top")
-    if slo.get("ttft_s"):
-        bottom.axhline(slo["ttft_s"] * 1e3, color="tab:red", ls="--", lw=1)
-        bottom.annotate(f"TTFT goal {slo['ttft_s'] * 1e3:g} ms", (bottom.get_xlim()[0], slo["ttft_s"] * 1e3),
+    if goal.get("ttft_s"):
+        bottom.axhline(goal["ttft_s"] * 1e3, color="tab:red", ls="--", lw=1)
+        bottom.annotate(f"TTFT goal {goal['ttft_s'] * 1e3:.3g} ms", (bottom.get_xlim()[0], goal["ttft_s"] * 1e3),
                         fontsize=7, color="tab:red", va="bottom")
+    if pareto.get("goal"):                    # the margin: where the search held the predictions
+        if slo.get("tpot_s") and slo["tpot_s"] != goal.get("tpot_s"):
+            for ax in (top, bottom):
+                ax.axvline(1.0 / slo["tpot_s"], color="tab:red", ls=":", lw=1)
+        if slo.get("ttft_s") and slo["ttft_s"] != goal.get("ttft_s"):
+            bottom.axhline(slo["ttft_s"] * 1e3, color="tab:red", ls=":", lw=1)
+            bottom.annotate("less the margin (dotted)", (bottom.get_xlim()[0], slo["ttft_s"] * 1e3), fontsize=7,
+                            color="tab:red", va="top")
     top.set_ylabel("output tokens/s per GPU")
     top.set_title("serving frontier over concurrency and layouts")
     top.legend(fontsize=7)

@@ -524,6 +524,7 @@ def run(args: argparse.Namespace) -> int:
     pareto_pts, pareto = (None, None)
     if getattr(args, "pareto", False) or getattr(args, "pareto_csv", None):
         pareto_pts, pareto = _pareto(model, cluster, wl, res, sched, fixed, disagg, slo_t, slo_p, res.solutions[0])
+        pareto["goal"] = {"ttft_s": goal_t, "tpot_s": goal_p}        # the user's, beside the margin-held slo
     hf = hf_id_for(args, model)
     slo = args._slo_record
     if disagg == "off" and res.comparison:     # that search never ran: say nothing about it
