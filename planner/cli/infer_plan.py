@@ -598,9 +598,9 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
             tab.add_column(col)
         by = dict((t, (r, e)) for t, r, e in rows)
         for t in order + [t for t, r, _ in rows if r is None]:
-            r, e = by[t]
+            r, why = by[t]
             if r is None:
-                tab.add_row(t, "", "", "", "", "", "", "", "", e)
+                tab.add_row(t, "", "", "", "", "", "", "", "", why)
                 continue
             s = r.solutions[0]
             tab.add_row(t, str(s.tp), str(s.pp), str(s.dp), str(s.ep), str(s.batch),
