@@ -6,7 +6,7 @@ starts the built-in runtime (``torchrun``, ``slurm``, ``kubernetes``: builtin's 
 the last two one kind of node), or a serving engine (``vllm``, ``sglang``, ``tensorrt-llm``,
 ``builtin``). Each has one table (``TrainTarget`` / ``ServeTarget``): plain fields that say what
 it runs, and ``sources`` naming where each fact is stated: the framework's repository at the
-commit read (``MEGATRON`` ... below) with the file and line, or the emitter that writes the
+commit read (``MEGATRON_SRC`` ... below) with the file and line, or the emitter that writes the
 files. A table states what this project can launch on the target: the framework's own limits,
 and where the files the emitter writes can state less than the framework runs, the emitter's.
 
@@ -30,16 +30,16 @@ from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Wor
 
 # Primary sources: each framework's GitHub repository at the commit its code was read (the file
 # and line follow in each row); the serving engines by repository and file, or the document
-MEGATRON = "NVIDIA/Megatron-LM@d98e8a64"
-TORCHTITAN = "pytorch/torchtitan@b5bcd76c"
-DEEPSPEED = "deepspeedai/DeepSpeed@edaa7221"
-ACCELERATE = "huggingface/accelerate@16cb6eb8"
-VLLM = "vllm-project/vllm vllm/engine/arg_utils.py, vllm/config/parallel.py"
-SGLANG = "sgl-project/sglang python/sglang/srt/server_args.py"
-TRTLLM = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py"
-VLLM_EP = "vllm-project/vllm docs/serving/expert_parallel_deployment.md@01702569"
-SGLANG_EP = "sgl-project/sglang docs/advanced_features/expert_parallelism.md@020017c4"
-DEEPSEEK_SERVING = "lm-sys/lm-sys.github.io blog/2025-05-05-large-scale-ep.md@2db4e404"
+MEGATRON_SRC = "NVIDIA/Megatron-LM@d98e8a64"
+TORCHTITAN_SRC = "pytorch/torchtitan@b5bcd76c"
+DEEPSPEED_SRC = "deepspeedai/DeepSpeed@edaa7221"
+ACCELERATE_SRC = "huggingface/accelerate@16cb6eb8"
+VLLM_SRC = "vllm-project/vllm vllm/engine/arg_utils.py, vllm/config/parallel.py"
+SGLANG_SRC = "sgl-project/sglang python/sglang/srt/server_args.py"
+TRTLLM_SRC = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py"
+VLLM_EP_SRC = "vllm-project/vllm docs/serving/expert_parallel_deployment.md@01702569"
+SGLANG_EP_SRC = "sgl-project/sglang docs/advanced_features/expert_parallelism.md@020017c4"
+DEEPSEEK_SERVING_SRC = "lm-sys/lm-sys.github.io blog/2025-05-05-large-scale-ep.md@2db4e404"
 
 GENERIC = "generic"     # every layout the cost model knows; no framework runs all of them
 
@@ -314,29 +314,29 @@ def _accel_fsdp_cp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: t
 
 
 MEGATRON_SOURCES = {
-    "zero": f"{MEGATRON}: --use-distributed-optimizer (ZeRO-1), --use-megatron-fsdp optim_grads / "
+    "zero": f"{MEGATRON_SRC}: --use-distributed-optimizer (ZeRO-1), --use-megatron-fsdp optim_grads / "
             "optim_grads_params (ZeRO-2/3), arguments.py ~3170",
-    "zero_pp": f"{MEGATRON}: the distributed optimizer with PP; torch-FSDP2 refuses PP (arguments.py ~1034); "
+    "zero_pp": f"{MEGATRON_SRC}: the distributed optimizer with PP; torch-FSDP2 refuses PP (arguments.py ~1034); "
                "Megatron-FSDP with PP is unconfirmed (no refusal, no test), so not planned",
-    "hsdp": f"{MEGATRON}: --num-distributed-optimizer-instances (distributed optimizer over part of dp x cp); "
+    "hsdp": f"{MEGATRON_SRC}: --num-distributed-optimizer-instances (distributed optimizer over part of dp x cp); "
             "Megatron-FSDP's --outer-dp-sharding-strategy is not written by emitters/megatron.py",
-    "cp": f"{MEGATRON}: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
-    "ep": f"{MEGATRON}: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
-    "expert_tp": f"{MEGATRON}: --expert-tensor-parallel-size (default = TP)",
-    "vpp": f"{MEGATRON}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
-    "vpp_split": f"{MEGATRON}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
-    "split": f"{MEGATRON}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
-    "recompute": f"{MEGATRON}: --recompute-granularity full|selective; full needs a method and num-layers "
+    "cp": f"{MEGATRON_SRC}: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
+    "ep": f"{MEGATRON_SRC}: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
+    "expert_tp": f"{MEGATRON_SRC}: --expert-tensor-parallel-size (default = TP)",
+    "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
+    "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
+    "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
+    "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
                  "(transformer_config.py ~1905)",
-    "recompute_block": f"{MEGATRON}: --recompute-method block: the first N layers of every pipeline stage "
+    "recompute_block": f"{MEGATRON_SRC}: --recompute-method block: the first N layers of every pipeline stage "
                        "(transformer_config.py ~543); with vpp, of every virtual stage",
-    "recompute_per_stage": f"{MEGATRON}: no CLI for a different recompute per stage",
-    "sp": f"{MEGATRON}: --sequence-parallel, forced off with TP = 1 (arguments.py ~1432)",
-    "schedules": f"{MEGATRON}: 1F1B, interleaved 1F1B with VPP; no GPipe (schedules.py)",
-    "microbatches": f"{MEGATRON}: interleaved: microbatch_group_size_per_vp_stage = PP in [PP, M], M mod group "
+    "recompute_per_stage": f"{MEGATRON_SRC}: no CLI for a different recompute per stage",
+    "sp": f"{MEGATRON_SRC}: --sequence-parallel, forced off with TP = 1 (arguments.py ~1432)",
+    "schedules": f"{MEGATRON_SRC}: 1F1B, interleaved 1F1B with VPP; no GPipe (schedules.py)",
+    "microbatches": f"{MEGATRON_SRC}: interleaved: microbatch_group_size_per_vp_stage = PP in [PP, M], M mod group "
                     "0 or >= PP (schedules.py ~1160-1172), so M % PP == 0",
-    "orders": f"{MEGATRON}: order tp-cp-ep-dp-pp (parallel_state.py ~617), or --use-tp-pp-dp-mapping",
-    "tp_with_pp": f"{MEGATRON}: DP = world / (TP x PP x CP)",
+    "orders": f"{MEGATRON_SRC}: order tp-cp-ep-dp-pp (parallel_state.py ~617), or --use-tp-pp-dp-mapping",
+    "tp_with_pp": f"{MEGATRON_SRC}: DP = world / (TP x PP x CP)",
     "dtypes": "emitters/megatron.py training_args: --bf16, --fp16, fp32, fp8 through TE --fp8-format",
     "models": "emitters/megatron.py model_args: Megatron-Core GPT has no ALiBi; MLA (--multi-latent-attention) "
               "and MoE supported",
@@ -355,7 +355,7 @@ MEGATRON = TrainTarget(
     orders=MEGATRON_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources=MEGATRON_SOURCES,
-    extra=(Extra(what="expert grid", source=f"{MEGATRON}: parallel_state.py ~870-907", check=_megatron_expert_grid),),
+    extra=(Extra(what="expert grid", source=f"{MEGATRON_SRC}: parallel_state.py ~870-907", check=_megatron_expert_grid),),
 )
 
 TORCHTITAN = TrainTarget(
@@ -368,30 +368,30 @@ TORCHTITAN = TrainTarget(
     orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
-        "zero": f"{TORCHTITAN}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
+        "zero": f"{TORCHTITAN_SRC}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
                 "no optimizer-only sharding; DDP only when dp is the sole parallelism (emitters/torchtitan.py)",
-        "zero_pp": f"{TORCHTITAN}: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
-        "hsdp": f"{TORCHTITAN}: data_parallel_replicate_degree x data_parallel_shard_degree",
-        "cp": f"{TORCHTITAN}: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
+        "zero_pp": f"{TORCHTITAN_SRC}: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
+        "hsdp": f"{TORCHTITAN_SRC}: data_parallel_replicate_degree x data_parallel_shard_degree",
+        "cp": f"{TORCHTITAN_SRC}: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
         "ep": "pytorch/torchtitan v0.3.0 torchtitan/distributed/parallel_dims.py: expert_parallel_degree, "
               "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
-        "expert_tp": f"{TORCHTITAN}: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
+        "expert_tp": f"{TORCHTITAN_SRC}: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
-        "vpp": f"{TORCHTITAN}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
+        "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
-        "split": f"{TORCHTITAN}: module_fqns_per_model_part, any layers per stage",
+        "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
         "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
                      "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
                      "recomputes every second matmul; priced as op-level selective (costmodel/layers.py, fused "
                      "attention: half the stored activations, half the matmuls again)",
-        "recompute_block": f"{TORCHTITAN}: apply() wraps every block; no every-N-layers option",
-        "recompute_per_stage": f"{TORCHTITAN}: no per-stage or per-layer recompute",
+        "recompute_block": f"{TORCHTITAN_SRC}: apply() wraps every block; no every-N-layers option",
+        "recompute_per_stage": f"{TORCHTITAN_SRC}: no per-stage or per-layer recompute",
         "sp": "emitters/torchtitan.py: SequenceParallel norms always with TP (enable_sequence_parallel)",
-        "schedules": f"{TORCHTITAN}: get_schedule_class names (1F1B, GPipe, Interleaved1F1B, ...)",
+        "schedules": f"{TORCHTITAN_SRC}: get_schedule_class names (1F1B, GPipe, Interleaved1F1B, ...)",
         "microbatches": "torch/distributed/pipelining/schedules.py: Schedule1F1B needs micro-batches >= stages "
                         "(~1020); Interleaved1F1B a multiple of max(1, M // pp) rounds (~2937)",
-        "orders": f"{TORCHTITAN} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
-        "tp_with_pp": f"{TORCHTITAN}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
+        "orders": f"{TORCHTITAN_SRC} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
+        "tp_with_pp": f"{TORCHTITAN_SRC}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
         "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
         "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
                   "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
@@ -417,35 +417,35 @@ DEEPSPEED = TrainTarget(
     orders=(MESH_AXES,), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
-        "zero": f"{DEEPSPEED}: zero_optimization.stage 0-3",
-        "zero_pp": f"{DEEPSPEED}: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
-        "hsdp": f"{DEEPSPEED}: hpZ is a secondary parameter partition, not replicas of shards; MiCS removed in 0.19 "
+        "zero": f"{DEEPSPEED_SRC}: zero_optimization.stage 0-3",
+        "zero_pp": f"{DEEPSPEED_SRC}: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
+        "hsdp": f"{DEEPSPEED_SRC}: hpZ is a secondary parameter partition, not replicas of shards; MiCS removed in 0.19 "
                 "(emitters/deepspeed.py)",
-        "cp": f"{DEEPSPEED}: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
-        "ep": f"{DEEPSPEED}: AutoEP expert_parallel.autoep_size (divides world/pp)",
-        "expert_tp": f"{DEEPSPEED}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
-        "vpp": f"{DEEPSPEED}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
-        "vpp_split": f"{DEEPSPEED}",
+        "cp": f"{DEEPSPEED_SRC}: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
+        "ep": f"{DEEPSPEED_SRC}: AutoEP expert_parallel.autoep_size (divides world/pp)",
+        "expert_tp": f"{DEEPSPEED_SRC}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
+        "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
+        "vpp_split": f"{DEEPSPEED_SRC}",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
                  "uniform (partition_uniform over the layer list), parameters or type:REGEX (partition_balanced); "
                  "a split is run only if one of them gives it (ds_split; the plan names the method)",
-        "recompute": f"{DEEPSPEED}: PipelineModule activation_checkpoint_interval (every layer); without "
+        "recompute": f"{DEEPSPEED_SRC}: PipelineModule activation_checkpoint_interval (every layer); without "
                      "stages the model checkpoints its blocks itself (Hugging Face gradient_checkpointing_enable(), "
                      "or deepspeed.checkpointing.checkpoint, which the activation_checkpointing section configures: "
                      "docs/code-docs/source/activation-checkpointing.rst); no selective mode",
-        "recompute_block": f"{DEEPSPEED}: one activation_checkpoint_interval for the whole module",
-        "recompute_per_stage": f"{DEEPSPEED}: no per-stage variation",
+        "recompute_block": f"{DEEPSPEED_SRC}: one activation_checkpoint_interval for the whole module",
+        "recompute_per_stage": f"{DEEPSPEED_SRC}: no per-stage variation",
         "sp": "emitters/deepspeed.py: AutoTP has no Megatron-style sequence-parallel norms",
-        "schedules": f"{DEEPSPEED}: TrainSchedule (1F1B)",
-        "microbatches": f"{DEEPSPEED}: gradient_accumulation_steps = pipeline micro-batches",
-        "orders": f"{DEEPSPEED}: PipeModelDataParallelTopology axes pipe, data, model (model innermost)",
-        "tp_with_pp": f"{DEEPSPEED}: AutoTP with PipelineModule not confirmed in source",
+        "schedules": f"{DEEPSPEED_SRC}: TrainSchedule (1F1B)",
+        "microbatches": f"{DEEPSPEED_SRC}: gradient_accumulation_steps = pipeline micro-batches",
+        "orders": f"{DEEPSPEED_SRC}: PipeModelDataParallelTopology axes pipe, data, model (model innermost)",
+        "tp_with_pp": f"{DEEPSPEED_SRC}: AutoTP with PipelineModule not confirmed in source",
         "dtypes": "emitters/deepspeed.py: bf16 / fp16 sections or fp32",
         "models": "DeepSpeed runs the user's model code; AutoTP/AutoEP presets cover llama, mixtral, deepseek",
-        "kv_heads_divisible": f"{DEEPSPEED}: AutoTP distributes heads unevenly",
+        "kv_heads_divisible": f"{DEEPSPEED_SRC}: AutoTP distributes heads unevenly",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{DEEPSPEED}", check=_ds_autotp_zero3),),
+    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{DEEPSPEED_SRC}", check=_ds_autotp_zero3),),
 )
 
 _ACCEL_MEGATRON = dataclasses.replace(
@@ -454,15 +454,15 @@ _ACCEL_MEGATRON = dataclasses.replace(
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
-             "zero": f"{ACCELERATE}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
-             "zero_pp": f"{ACCELERATE}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
+             "zero": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
+             "zero_pp": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
-             "vpp": f"{ACCELERATE}: num_layers_per_virtual_pipeline_stage, not written by emitters/accelerate.py",
-             "split": f"{ACCELERATE}: decoder_last_pipeline_num_layers only (the first via other args, untested)",
+             "vpp": f"{ACCELERATE_SRC}: num_layers_per_virtual_pipeline_stage, not written by emitters/accelerate.py",
+             "split": f"{ACCELERATE_SRC}: decoder_last_pipeline_num_layers only (the first via other args, untested)",
              "recompute": "emitters/accelerate.py: MegatronLMPlugin always passes a recompute method (full "
                           "granularity); no 'off', and a method with selective is refused by Megatron",
-             "schedules": f"{ACCELERATE}: Megatron 1F1B",
-             "orders": f"{MEGATRON}: Megatron tp-cp-ep-dp-pp"},
+             "schedules": f"{ACCELERATE_SRC}: Megatron 1F1B",
+             "orders": f"{MEGATRON_SRC}: Megatron tp-cp-ep-dp-pp"},
     extra=())
 
 _ACCEL_FSDP = TrainTarget(
@@ -476,18 +476,19 @@ _ACCEL_FSDP = TrainTarget(
     dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
-        "zero": f"{ACCELERATE}  4.3: FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-2); DeepSpeed plugin stage 1; "
+        "zero": f"{ACCELERATE_SRC}  4.3: FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-2); DeepSpeed plugin stage 1; "
                 "DDP (emitters/accelerate.py)",
-        "zero_pp": f"{ACCELERATE}: ParallelismConfig has no PP field",
-        "hsdp": f"{ACCELERATE}: dp_replicate_size x dp_shard_size",
-        "cp": f"{ACCELERATE}: cp_size (torch backend) under FSDP2",
-        "ep": f"{ACCELERATE}: no EP field",
-        "expert_tp": f"{ACCELERATE}", "vpp": f"{ACCELERATE}", "vpp_split": f"{ACCELERATE}", "split": f"{ACCELERATE}",
-        "recompute": f"{ACCELERATE}: FSDP plugin activation_checkpointing (bool, whole model)",
-        "recompute_block": f"{ACCELERATE}", "recompute_per_stage": f"{ACCELERATE}",
-        "sp": f"{ACCELERATE}: no TP here", "schedules": f"{ACCELERATE}", "microbatches": f"{ACCELERATE}",
-        "orders": f"{ACCELERATE}: mesh dp_replicate, dp_shard, cp, tp",
-        "tp_with_pp": f"{ACCELERATE}", "dtypes": "emitters/accelerate.py MIXED: no, fp16, bf16, fp8",
+        "zero_pp": f"{ACCELERATE_SRC}: ParallelismConfig has no PP field",
+        "hsdp": f"{ACCELERATE_SRC}: dp_replicate_size x dp_shard_size",
+        "cp": f"{ACCELERATE_SRC}: cp_size (torch backend) under FSDP2",
+        "ep": f"{ACCELERATE_SRC}: no EP field",
+        "expert_tp": f"{ACCELERATE_SRC}", "vpp": f"{ACCELERATE_SRC}", "vpp_split": f"{ACCELERATE_SRC}",
+        "split": f"{ACCELERATE_SRC}",
+        "recompute": f"{ACCELERATE_SRC}: FSDP plugin activation_checkpointing (bool, whole model)",
+        "recompute_block": f"{ACCELERATE_SRC}", "recompute_per_stage": f"{ACCELERATE_SRC}",
+        "sp": f"{ACCELERATE_SRC}: no TP here", "schedules": f"{ACCELERATE_SRC}", "microbatches": f"{ACCELERATE_SRC}",
+        "orders": f"{ACCELERATE_SRC}: mesh dp_replicate, dp_shard, cp, tp",
+        "tp_with_pp": f"{ACCELERATE_SRC}", "dtypes": "emitters/accelerate.py MIXED: no, fp16, bf16, fp8",
         "models": "Accelerate runs the user's model", "kv_heads_divisible": "no TP here",
         "heterogeneous": "emitters/base.py require_one_group",
     },
@@ -568,26 +569,26 @@ VLLM = ServeTarget(
     name="vllm", summary="vllm serve", runs="vllm", ep="tp_dp", replicas=True, multi_node_replica=True,
     replicas_over_nodes=True, dtypes=SERVE_DTYPES | {"fp8"}, kv_dtypes=SERVE_DTYPES | {"fp8"},
     kv_heads_divisible=False, mla=True, heterogeneous=False,
-    sources={"ep": f"{VLLM_EP}: --enable-expert-parallel gives EP = TP x DP",
-             "replicas": f"{VLLM}: --data-parallel-size (-local, -start-rank over nodes)",
-             "multi_node_replica": f"{VLLM}: --nnodes/--node-rank/--headless, one replica over nodes",
+    sources={"ep": f"{VLLM_EP_SRC}: --enable-expert-parallel gives EP = TP x DP",
+             "replicas": f"{VLLM_SRC}: --data-parallel-size (-local, -start-rank over nodes)",
+             "multi_node_replica": f"{VLLM_SRC}: --nnodes/--node-rank/--headless, one replica over nodes",
              "replicas_over_nodes": "emitters/vllm.py: node-sized replicas or one replica over nodes, not a "
                                     "replica over nodes and several replicas",
              "dtypes": "emitters/vllm.py: --dtype, fp8 as --quantization fp8; int8/int4 need a named method",
              "kv_dtypes": "emitters/vllm.py: --kv-cache-dtype fp8 or the model dtype",
-             "kv_heads_divisible": f"{VLLM}: KV heads replicated when tp > kv heads",
-             "mla": f"{VLLM_EP}: DeepSeek MLA served", "heterogeneous": "emitters/base.py require_one_group"})
+             "kv_heads_divisible": f"{VLLM_SRC}: KV heads replicated when tp > kv heads",
+             "mla": f"{VLLM_EP_SRC}: DeepSeek MLA served", "heterogeneous": "emitters/base.py require_one_group"})
 
 SGLANG = ServeTarget(
     name="sglang", summary="python -m sglang.launch_server", runs="sglang", ep="none", replicas=True,
     multi_node_replica=True, replicas_over_nodes=True, dtypes=SERVE_DTYPES, kv_dtypes=SERVE_DTYPES | {"fp8"},
     kv_heads_divisible=False, mla=True, heterogeneous=False,
     sources={"ep": "emitters/sglang.py: --ep-size splits experts within one TP group (ep = tp); the serving "
-                   f"planner spreads them over replicas ({SGLANG_EP})",
-             "replicas": f"{SGLANG}: --dp-size", "multi_node_replica": f"{SGLANG}: --nnodes --node-rank",
-             "replicas_over_nodes": f"{SGLANG}", "dtypes": "emitters/sglang.py: --dtype float16/bfloat16/float32",
+                   f"planner spreads them over replicas ({SGLANG_EP_SRC})",
+             "replicas": f"{SGLANG_SRC}: --dp-size", "multi_node_replica": f"{SGLANG_SRC}: --nnodes --node-rank",
+             "replicas_over_nodes": f"{SGLANG_SRC}", "dtypes": "emitters/sglang.py: --dtype float16/bfloat16/float32",
              "kv_dtypes": "emitters/sglang.py: --kv-cache-dtype fp8_e4m3 or the model dtype",
-             "kv_heads_divisible": f"{SGLANG_EP}", "mla": f"{SGLANG_EP}: DeepSeek served",
+             "kv_heads_divisible": f"{SGLANG_EP_SRC}", "mla": f"{SGLANG_EP_SRC}: DeepSeek served",
              "heterogeneous": "emitters/base.py require_one_group"})
 
 TRTLLM = ServeTarget(
@@ -600,7 +601,7 @@ TRTLLM = ServeTarget(
              "replicas_over_nodes": "emitters/tensorrt_llm.py",
              "dtypes": "emitters/tensorrt_llm.py: quantized weights come from a ModelOpt checkpoint",
              "kv_dtypes": "emitters/tensorrt_llm.py: fp8 or the model dtype",
-             "kv_heads_divisible": f"{TRTLLM}", "mla": f"{DEEPSEEK_SERVING}",
+             "kv_heads_divisible": f"{TRTLLM_SRC}", "mla": f"{DEEPSEEK_SERVING_SRC}",
              "heterogeneous": "emitters/base.py require_one_group"})
 
 BUILTIN_SERVE = ServeTarget(
