@@ -84,3 +84,9 @@ readme: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# make docs: rewrite the generated blocks of the README and docs/*.md (tests/test_docs_pages.py
+# fails when one is stale: after `make validation`, `make plans` or a changed flag, run this)
+.PHONY: docs
+docs: setup
+	$(BIN)/python -m planner.cli.docs_pages --write

@@ -2,9 +2,9 @@
 serving (``costmodel.inference``): how fast the grouped expert GEMMs run, what permutation and the
 router cost, how unevenly the routed tokens fall on the expert-parallel ranks, how many bytes the
 dispatch moves and at what fraction of the link the chosen dispatcher reaches, and the host's share
-of a dropless MoE layer. Pure; every constant names its source. ``[REF §n]`` is
-``/work/shared/reference/moe-and-fp8.md`` section n, which copies the numbers from the sources
-named beside them.
+of a dropless MoE layer. Pure; every constant names its source. ``[REF §n]`` marks a number
+transcribed (in section n of the authors' MoE reference notes, not part of this repository) from
+the primary source named beside it: cite that source.
 
 What the launch file selects is ``MoeExecution`` (``FrameworkProfile.moe``): the token dispatcher,
 fused permutation, fused router, FP8 dispatch. A rule that depends on one of them is priced only
