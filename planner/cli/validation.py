@@ -109,7 +109,9 @@ def framework_of(case: dict) -> str:
     return "generic"
 
 
-def case_rows(case: dict, split: str) -> list[Row]:
+def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, Any, str]:
+    """What ``estimate`` is called with for a published case (module docstring): model, cluster,
+    workload, parallel config, framework profile, and the framework's name."""
     md = case["model"]
     model = _model(md, case["name"])
     cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
@@ -145,6 +147,11 @@ def case_rows(case: dict, split: str) -> list[Row]:
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if "dualpipe" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe overlaps the all-to-alls
+    return model, cluster, wl, par, prof, fw
+
+
+def case_rows(case: dict, split: str) -> list[Row]:
+    model, cluster, wl, par, prof, fw = case_inputs(case)
     est = estimate(model, cluster, wl, par, framework=prof)
     rep = case["reported"]
     rows = []
@@ -171,14 +178,14 @@ def memory_rows(ref: dict) -> list[Row]:
     return rows
 
 
-def all_rows(include_holdout: bool = True) -> list[Row]:
+def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
+    """Every published training case on file with its split (the section it is tabled in):
+    calibration, frameworks / fp8 (``-hardware`` when its machines are not the catalog cluster),
+    moe, holdout. Duplicates of another file's run are skipped; MoE cases on a cluster the catalog
+    lacks are listed in ``moe_rows.pending``."""
     with open(CALIBRATION) as f:
         cal = yaml.safe_load(f)
-    rows: list[Row] = []
-    for c in cal["cases"]:
-        rows += case_rows(c, "calibration")
-    for r in cal.get("memory_references", []):
-        rows += memory_rows(r)
+    out: list[tuple[dict, str]] = [(c, "calibration") for c in cal["cases"]]
     if FRAMEWORK_RUNS.exists():
         with open(FRAMEWORK_RUNS) as f:
             fwk = yaml.safe_load(f) or {}
@@ -186,50 +193,58 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
             if "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
                 continue
             kind = "fp8" if c.get("dtype") == "fp8" else "frameworks"
-            rows += case_rows(c, kind if hardware_matches(c) else kind + "-hardware")
-    rows += fp8_rows()
-    rows += moe_rows()
+            out.append((c, kind if hardware_matches(c) else kind + "-hardware"))
+    if FP8_RUNS.exists():
+        # NeMo 24.07's FP8 table: Megatron with NeMo's defaults (module docstring), FP8 with the
+        # framework's default recipe
+        with open(FP8_RUNS) as f:
+            data = yaml.safe_load(f) or {}
+        out += [(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8") for c in data.get("cases", [])]
+    moe_rows.pending = []
+    if MOE_RUNS.exists():
+        from profiles.clusters import cluster_names
+        with open(MOE_RUNS) as f:
+            data = yaml.safe_load(f) or {}
+        for c in data.get("cases", []):
+            if c["cluster"] not in cluster_names():
+                moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
+            else:
+                out.append((c, "moe"))
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
             hold = yaml.safe_load(f) or {}
-        for c in hold.get("cases", []):
-            rows += case_rows(c, "holdout")
+        out += [(c, "holdout") for c in hold.get("cases", [])]
+    return out
+
+
+def all_rows(include_holdout: bool = True) -> list[Row]:
+    from costmodel.specs import SpecError
+    with open(CALIBRATION) as f:
+        cal = yaml.safe_load(f)
+    rows: list[Row] = []
+    for c, split in all_cases(include_holdout):
+        if split != "calibration" and not any(r.split == "memory" for r in rows):
+            for r in cal.get("memory_references", []):
+                rows += memory_rows(r)
+        if split != "moe":
+            rows += case_rows(c, split)
+            continue
+        try:
+            rows += case_rows(c, split)
+        except SpecError as e:
+            moe_rows.pending.append(f"{c['name']}: {e}")
     return rows
 
 
 def fp8_rows() -> list[Row]:
-    """NeMo 24.07's FP8 table (``calibration/published_runs_fp8.yaml``): Megatron with NeMo's
-    defaults (module docstring), FP8 with the framework's default recipe."""
-    if not FP8_RUNS.exists():
-        return []
-    with open(FP8_RUNS) as f:
-        data = yaml.safe_load(f) or {}
-    rows: list[Row] = []
-    for c in data.get("cases", []):
-        rows += case_rows(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8")
-    return rows
+    """The FP8 rows of NeMo 24.07's table (``calibration/published_runs_fp8.yaml``)."""
+    return [r for r in all_rows(include_holdout=False) if r.split == "fp8" and "nemo2407" in r.case]
 
 
 def moe_rows() -> list[Row]:
     """The MoE runs (``calibration/published_runs_moe.yaml``). A case on a cluster the catalog
     does not have yet is listed in ``moe_rows.pending``, not predicted."""
-    moe_rows.pending = []
-    if not MOE_RUNS.exists():
-        return []
-    from costmodel.specs import SpecError
-    from profiles.clusters import cluster_names
-    with open(MOE_RUNS) as f:
-        data = yaml.safe_load(f) or {}
-    rows: list[Row] = []
-    for c in data.get("cases", []):
-        if c["cluster"] not in cluster_names():
-            moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
-            continue
-        try:
-            rows += case_rows(c, "moe")
-        except SpecError as e:
-            moe_rows.pending.append(f"{c['name']}: {e}")
-    return rows
+    return [r for r in all_rows(include_holdout=False) if r.split == "moe"]
 
 
 moe_rows.pending = []
