@@ -262,7 +262,7 @@ def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
-    """The serving frontier (``planner plan --mode infer --pareto``): output tokens/s per GPU against
+    """(title, base64 PNG text) of the serving frontier (``planner plan --mode infer --pareto``): output tokens/s per GPU against
     tokens/s per user, aggregated and disaggregated points, the chosen plan marked, the TPOT goal
     as a vertical line (plans right of it meet it); below, each point's TTFT with the TTFT goal."""
     import matplotlib
@@ -301,7 +301,7 @@ def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
     bottom.set_xlabel("tokens/s per user (1 / TPOT)")
     bottom.set_ylabel("TTFT (ms)")
     from planner.cli.figures import png
-    return "Serving frontier", png(fig)
+    return "Serving frontier", base64.b64encode(png(fig)).decode("ascii")
 
 
 __all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate", "pareto_figure"]

@@ -64,7 +64,7 @@ _PROBLEM = ("model", "cluster", "gpus", "global_batch", "seq_len", "dtype", "opt
             "seed", "allow_long_context")
 _DEGREES = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
             "zero", "sp", "recompute", "schedule", "mesh_order")
-_SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "kv_dtype", "max_batch")
+_SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "slo_margin", "kv_dtype", "max_batch")
 _TRAINING_ONLY_IN_PLAN = ("global_batch", "seq_len", "optimizer", "attention_kernel", "price_per_gpu_hour",
                           "allow_long_context")
 
