@@ -80,7 +80,10 @@ def _megatron_model_flops_per_token(m: Any, s: int) -> float:
     h, l_ = m.hidden, m.layers
     gate = 1.5 if m.mlp in ("swiglu", "geglu", "gated") else 1.0
     g_over_a = (m.kv_heads or m.heads) / m.heads
-    return 12 * l_ * h * h * ((1 + g_over_a + s / h) + (m.ffn_hidden / h) * gate + m.vocab / (2 * l_ * h))
+    # MoE (every layer an MoE layer, as Megatron's formula of r0.8 counts it): the routed experts'
+    # width times top-k in place of the dense MLP's
+    ffn = (m.expert_ffn_hidden or m.ffn_hidden) * m.top_k if m.is_moe else m.ffn_hidden
+    return 12 * l_ * h * h * ((1 + g_over_a + s / h) + (ffn / h) * gate + m.vocab / (2 * l_ * h))
 
 
 def _narayanan_hardware_flops_per_token(m: Any, s: int) -> float:
@@ -119,8 +122,8 @@ def published_tokens_per_s(case: dict, m: Any, peak_flops: float) -> tuple[float
         return tokens / (rep["step_time_s"] * n), "step time"
     kind = rep.get("tflops_kind")
     if "tflops_per_gpu" in rep and kind in ("hardware", "model"):
-        if m.is_moe:
-            return None
+        if m.is_moe and (kind != "model" or m.attention == "mla" or m.shared_experts or m.first_dense_layers):
+            return None                  # Megatron r0.8's formula counts neither MLA nor shared or dense layers
         f, name = source_flops_per_token(case, m, kind)
         return rep["tflops_per_gpu"] * 1e12 / f, f"{kind} TFLOP/s via {name}"
     if "mfu" in rep and not m.is_moe:
