@@ -383,8 +383,6 @@ def _predict_rows(cases: list[CrossCase], values: dict[str, float], shipped: dic
 def cross_validate(families: list[str] | None = None) -> dict:
     """Leave each family out in turn; returns ``{rows, fits, full, skipped}``."""
     cases, skipped = load_cases()
-    shipped = shipped_values()
-    full = fit(cases, None)
     fams = sorted({c.family for c in cases})
     if families:
         unknown = sorted(set(families) - set(fams))
@@ -392,6 +390,8 @@ def cross_validate(families: list[str] | None = None) -> dict:
             from planner.plan.errors import UsageError
             raise UsageError(f"--families: unknown family {', '.join(unknown)}; known: {', '.join(fams)}")
         fams = [f for f in fams if f in families]
+    shipped = shipped_values()
+    full = fit(cases, None)
     rows: list[CrossRow] = []
     fits: dict[str, FitResult] = {}
     for fam in fams:
