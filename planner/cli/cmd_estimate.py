@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from costmodel.training import estimate
-    from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
-                                print_json, throughput_line)
+    from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
+                                estimate_tables, parallel_json, print_json, throughput_line)
 
     if args.plan:
         from planner.plan.planfile import read_plan
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
     if args.json:
-        out = {"parallel": parallel_json(par), "estimate": estimate_json(est)}
+        out = {"parallel": parallel_json(par), "estimate": estimate_json(est),
+               "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)}
         if target:
             out["target"] = {"name": target, "problems": cannot}
         print_json(out)
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     c.print(t)
     c.print(mt)
     c.print(throughput_line(est))
+    for line in credibility_lines(credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)):
+        c.print(line)
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:
