@@ -49,6 +49,7 @@ HOLDOUT = ROOT / "calibration" / "holdout_runs.yaml"
 FRAMEWORK_RUNS = ROOT / "calibration" / "published_runs_frameworks.yaml"
 FP8_RUNS = ROOT / "calibration" / "published_runs_fp8.yaml"
 MOE_RUNS = ROOT / "calibration" / "published_runs_moe.yaml"
+MORE_RUNS = ROOT / "calibration" / "published_runs_more.yaml"
 
 
 @dataclass
@@ -194,6 +195,10 @@ def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
                 continue
             kind = "fp8" if c.get("dtype") == "fp8" else "frameworks"
             out.append((c, kind if hardware_matches(c) else kind + "-hardware"))
+    if MORE_RUNS.exists():
+        with open(MORE_RUNS) as f:
+            more = yaml.safe_load(f) or {}
+        out += [(c, "more" if hardware_matches(c) else "frameworks-hardware") for c in more.get("cases", [])]
     if FP8_RUNS.exists():
         # NeMo 24.07's FP8 table: Megatron with NeMo's defaults (module docstring), FP8 with the
         # framework's default recipe
@@ -264,6 +269,8 @@ def markdown(rows: list[Row]) -> str:
                                                   "(reported, not fitted)"),
                                  ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
                                                          "(reported, not fitted: see each case's hardware_note)"),
+                                 ("more", "Training runs from other public sources (calibration/published_runs_more.yaml; "
+                                          "not fitted)"),
                                  ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
@@ -276,7 +283,7 @@ def markdown(rows: list[Row]) -> str:
 
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
-    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "moe", "holdout")]
+    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "more", "moe", "holdout")]
     out = ["## Error by framework", "",
            "Each framework's runs on catalog hardware (calibration, framework, FP8, MoE and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",

@@ -38,7 +38,7 @@ from costmodel.training import estimate
 from planner.cli import validation
 from planner.cli.validation_families import family_of, generation, scale_bucket
 
-FIT_SPLITS = ("calibration", "frameworks", "fp8", "holdout")     # catalog hardware, dense
+FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
 

@@ -35,7 +35,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("llama3", r"llama 3 herd|2407\.21783"),
     ("accelerate", r"accelerate"),
     ("deepseek", r"deepseek"),
-    ("flashattention", r"flashattention|2307\.08691"),
+    ("flashattention", r"flash-?attention|2307\.08691"),
 )
 
 
