@@ -9,7 +9,7 @@ in a loop on one process and prints estimates per second for each and overall (b
 Each case is a family of distinct configurations around one base configuration: micro-batch
 (and so grad_accum), recompute mode, ZeRO stage and, for interleaved pipelines, vpp vary, so
 consecutive calls never repeat one configuration. Before every pass over a family the caches
-keyed on a whole configuration (``costmodel.training._stage_model``, behind ``stage_model``, used by the solver's
+keyed on a whole configuration (``costmodel.stage_cache._stage_model``, behind ``stage_model``, used by the solver's
 tables) are cleared, so what is measured is a sweep of configurations not seen before; caches
 keyed on sub-terms that distinct configurations share (one layer's cost for a shape, network
 and per-model constants) stay warm, as they do in a real sweep.
@@ -24,7 +24,7 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from costmodel import training  # noqa: E402
+from costmodel import stage_cache  # noqa: E402
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.specs import ParallelConfig, SpecError, Workload, validate  # noqa: E402
 from costmodel.training import estimate  # noqa: E402
@@ -62,7 +62,7 @@ def variants(model, cluster, wl: Workload, base: dict) -> list[ParallelConfig]:
 
 def _clear_config_caches() -> None:
     """Drop caches keyed on a whole configuration, so no call is served from an identical one."""
-    training._stage_model.cache_clear()
+    stage_cache._stage_model.cache_clear()
 
 
 def run_case(m, c, wl, pars: list[ParallelConfig], seconds: float) -> tuple[float, float]:

@@ -1,9 +1,15 @@
-"""``estimate()`` groups identical pipeline stages into kinds, precomputes per-(model, cluster,
-workload) and per-mesh constants and binds collective times to their groups. This checks it
-against a straightforward computation -- every stage costed on its own, from the layer costs,
-the collective formulas and ``model_state_bytes`` -- over many configurations: dense and MoE,
+"""``estimate()`` groups identical pipeline stages into kinds and serves sub-terms from caches
+(``costmodel.stage_cache``: per-(model, cluster, workload) constants, layer costs per shape, a
+mesh's collective functions, an even split's kinds, stage models keyed on a whole
+configuration). This checks it against the uncached rule calls -- every stage on its own, a
+fresh ``_Shared`` (no sub-term cached) and ``StageModel`` per stage, its memory, exposed DP
+time and the step from ``costmodel.stage_terms`` -- over many configurations: dense and MoE,
 pipelines of 1 to 32 stages, ZeRO 0-3 and HSDP, every recompute mode, interleaved and GPipe
-schedules, uneven and explicit stage splits, a mixed H100/A100 cluster and a measured one."""
+schedules, uneven and explicit stage splits, a mixed H100/A100 cluster and a measured one.
+
+The rules themselves are checked by hand-derived cases here and in ``test_costmodel.py`` (the
+bubble of Narayanan et al., ZeRO's model states, TP/PP invariants) and against published runs
+(``test_costmodel.py``: the calibration set, ZeRO memory)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,240 +19,62 @@ import random
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.comm import DEFAULT_ORDER, GroupLayout, Network, group_layout, layout_for
-from costmodel.layers import ends_cost, ends_params, layer_cost, layer_params
-from costmodel.memory import (DDP_BUCKET_BYTES, FRAGMENTATION, bytes_per_param, expert_shard, model_state_bytes,
-                              optimizer_traffic_bytes_per_param)
-from costmodel.specs import StageSpec, SpecError, Workload, default_stages, validate
-from costmodel.training import estimate, inflight_microbatches, stage_groups
-from costmodel.units import dtype_bytes
+from costmodel.comm import DEFAULT_ORDER
+from costmodel.frameworks import framework_profile
+from costmodel.specs import ParallelConfig, StageSpec, SpecError, Workload, default_stages, validate
+from costmodel.stage_cache import _Shared
+from costmodel.stage_terms import StageModel, inflight_microbatches, pipeline_step_time, stage_crosses
+from costmodel.training import estimate, stage_groups
 from planner.search.space import enumerate_candidates
 from profiles.clusters import load_cluster
 
 
-# ---- the reference: one stage at a time, nothing shared or precomputed ---------------------
-
-def _ov(comm: float, compute: float, slowdown: float) -> float:
-    """Communication beside compute: the part longer than it, and ``slowdown`` of the rest."""
-    return max(0.0, comm - compute) + slowdown * min(comm, compute)
-
-
-def _all_reduce(net: Network, size: float, lay) -> float:
-    if lay.n <= 1 or size <= 0:
-        return 0.0
-    k, m = lay.k, max(1, lay.n // lay.k)
-    t = 0.0
-    if k > 1:
-        t += 2 * (k - 1) / k * size / net._bw("intra", "all_reduce", k, size) + 2 * (k - 1) * net.intra.latency_s
-    if m > 1:
-        shard = size / k
-        # NCCL picks a tree across nodes once its 2 log2(m) steps beat the ring's 2 (m - 1)
-        steps = min(2 * (m - 1), 2 * math.log2(m)) if m > 2 else 2 * (m - 1)
-        t += 2 * (m - 1) / m * shard / net._bw("inter", "all_reduce", m, shard) + steps * net.inter.latency_s
-    return t
-
-
-def _all_gather(net: Network, size: float, lay) -> float:
-    if lay.n <= 1 or size <= 0:
-        return 0.0
-    k, m = lay.k, max(1, lay.n // lay.k)
-    t = 0.0
-    if k > 1:
-        t += (k - 1) / k * size / net._bw("intra", "all_gather", k, size) + (k - 1) * net.intra.latency_s
-    if m > 1:
-        shard = size / k
-        t += (m - 1) / m * shard / net._bw("inter", "all_gather", m, shard) + (m - 1) * net.inter.latency_s
-    return t
-
-
-def _stride(order, degrees, dim):
-    stride = 1
-    for d in order[order.index(dim) + 1:]:
-        stride *= degrees[d]
-    return stride
-
-
-def _stage(model, cluster, workload, par, order, grp, first, last, crosses, n_dense, n_moe, r):
-    """One stage's times per micro-batch, FLOPs and memory parts, straight from the formulas."""
-    p, t = par.pp, par.tp
-    w_b, g_b, _ = bytes_per_param(workload.dtype, workload.optimizer)
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    gpn = grp.gpus_per_node
-    net = Network(cluster, grp.intra_node)
-    tp_lay = group_layout(degrees, order, "tp", gpn)
-    cp_lay = group_layout(degrees, order, "cp", gpn)
-    dp_lay = group_layout(degrees, order, "dp", gpn)
-    dp_stride = _stride(order, degrees, "dp")
-    ep_lay = layout_for(par.ep, dp_stride, gpn)
-    args = (workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, cluster, grp.intra_node, tp_lay,
-            ep_lay, cp_lay)
-    dense = layer_cost(model, False, *args)
-    moe = layer_cost(model, True, *args) if model.is_moe else None
-    ec = ends_cost(model, workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu, cluster)
-    pp_s = 0.0
-    if p > 1:
-        boundary = (par.micro_batch * workload.seq_len / par.cp * model.hidden * dtype_bytes(workload.dtype)
-                    / (par.tp if par.sp else 1))
-        pp_s = (1 if (first or last) else 2) * net.p2p(boundary, crosses)
-    e_shard = expert_shard(par)
-    shard_lay = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else layout_for(1, 1, gpn)
-    # dense weights are held by the dp x cp ranks: reduce and shard over both
-    dcp = par.dp * par.cp
-    dense_shard = par.dp_shard * par.cp
-    dp_lay = GroupLayout(dcp, min(gpn, dp_lay.k * cp_lay.k, dcp)) if dcp > 1 else GroupLayout(1, 1)
-    shard_lay = (GroupLayout(dense_shard, min(gpn, shard_lay.k * cp_lay.k, dense_shard)) if dense_shard > 1
-                 else GroupLayout(1, 1))
-    e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
-    rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
-    e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
-    e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
-    # parameters on this GPU (the layer description's per-GPU counts, memory.stage_param_counts' sum)
-    lp_dense = layer_params(model, False, t, par.ep)
-    dense_params = n_dense * lp_dense.total
-    expert_params = 0.0
-    if model.is_moe:
-        lp_moe = layer_params(model, True, t, par.ep)
-        dense_params += n_moe * (lp_moe.total - lp_moe.experts)
-        expert_params = n_moe * lp_moe.experts
-    dense_params += ends_params(model, t, p, first, last).total
-    if par.zero >= 3:
-        biggest = max(dense.params, moe.params if moe else 0.0)
-        buffers = 2 * biggest * w_b if dense_shard > 1 else 0.0
-    else:
-        buffers = min(DDP_BUCKET_BYTES, model.total_params() / (par.tp * par.pp) * g_b) if dcp > 1 else 0.0
-    # layers
-    n = n_dense + n_moe
-    r_moe = r * n_moe / n if n else 0.0
-    comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
-    for lc, k, kr in ((dense, n_dense, r - r_moe), (moe, n_moe, r_moe)):
-        if not k:
-            continue
-        comp += 3 * lc.fwd_s * k
-        tp += 2 * lc.tp_fwd_s * k
-        ep += 2 * lc.ep_fwd_s * k
-        cp_exposed = _ov(lc.cp_fwd_s, lc.attn_fwd_s, cluster.compute_comm_slowdown)
-        cp += 3 * cp_exposed * k
-        rec += kr * (lc.fwd_s + lc.tp_fwd_s + lc.ep_fwd_s + cp_exposed)
-        model_flops += 3 * lc.model_flops_fwd * k
-        hw_flops += 3 * lc.hw_flops_fwd * k + kr * lc.hw_flops_fwd
-        if par.recompute == "selective":
-            rec += (k - kr) * lc.selective_extra_s
-            hw_flops += (k - kr) * lc.selective_extra_flops
-            act_stored += (k - kr) * lc.act_selective_bytes
-        else:
-            act_stored += (k - kr) * lc.act_bytes
-        act_stored += kr * lc.act_input_bytes
-        if kr > 0:
-            act_work = max(act_work, lc.act_bytes)
-    if last:
-        comp += 3 * ec.head_fwd_s
-        model_flops += 3 * ec.head_model_flops_fwd
-        hw_flops += 3 * ec.head_model_flops_fwd
-    # data parallelism
-    fsdp = 0.0
-    if par.zero >= 3:
-        ag = _all_gather(net, dense_params * w_b, shard_lay) + _all_gather(net, expert_params * w_b, e_lay)
-        rs = _all_gather(net, dense_params * g_b, shard_lay) + _all_gather(net, expert_params * g_b, e_lay)
-        # one all-gather and one reduce-scatter per layer: their fixed times, beyond the first
-        lat = _all_gather(net, 1e-300, shard_lay)
-        lat_e = _all_gather(net, 1e-300, e_lay) if expert_params else 0.0
-        ag += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
-        rs += max(0, n - 1) * lat + max(0, n_moe - 1) * lat_e
-        sl = cluster.compute_comm_slowdown
-        fsdp = _ov(ag, comp / 3, sl) + _ov(ag + rs, 2 * comp / 3, sl)
-    grad_s = gather_s = 0.0
-    if dcp > 1:
-        if par.zero == 0:
-            grad_s = (_all_reduce(net, dense_params * g_b, dp_lay)
-                      + _all_reduce(net, expert_params * g_b, e_all_lay))
-        else:
-            grad_s = (_all_reduce(net, dense_params * g_b / dense_shard, rep_lay)
-                      + _all_reduce(net, expert_params * g_b / e_shard, e_rep_lay))
-            if par.zero in (1, 2):
-                rs = _all_gather(net, dense_params * g_b, shard_lay) + _all_gather(net, expert_params * g_b, e_lay)
-                if par.zero == 1:
-                    grad_s += rs
-                else:
-                    fsdp = _ov(rs, 2 * comp / 3, cluster.compute_comm_slowdown)
-                gather_s = (_all_gather(net, dense_params * w_b, shard_lay)
-                            + _all_gather(net, expert_params * w_b, e_lay))
-    shard = dense_shard if par.zero >= 1 else 1
-    local = dense_params / shard + expert_params / (e_shard if par.zero >= 1 else 1)
-    st_d = model_state_bytes(dense_params, dense_shard, par.zero, workload.dtype, workload.optimizer)
-    st_e = model_state_bytes(expert_params, e_shard, par.zero, workload.dtype, workload.optimizer)
-    return dict(comp=comp, rec=rec, tp=tp, ep=ep, cp=cp, pp=pp_s, fsdp=fsdp, grad_s=grad_s, gather_s=gather_s,
-                opt=optimizer_traffic_bytes_per_param(workload.dtype, workload.optimizer) * local
-                / grp.gpu.hbm_bandwidth_bytes_per_s,
-                model_flops=model_flops, hw_flops=hw_flops, act_stored=act_stored,
-                act_fixed=act_work + (ec.head_act_bytes if last else 0.0),
-                embed_act=ec.embed_act_bytes if first else 0.0,
-                states=(st_d.weights + st_e.weights, st_d.grads + st_e.grads, st_d.optimizer + st_e.optimizer),
-                buffers=buffers, reserved=grp.gpu.reserved_bytes, capacity=grp.gpu.memory_bytes,
-                peak_flops=grp.gpu.peak(workload.dtype))
-
+# ---- the reference: one stage at a time, through the rules, nothing cached between stages ---
 
 def reference_estimate(model, cluster, workload, par, stages=None, order=None) -> dict:
     validate(model, cluster, workload, par)
     order = tuple(order or DEFAULT_ORDER)
     stages = stages or default_stages(model.layers, par.pp)
+    if len(stages) != par.pp or sum(s.num_layers for s in stages) != model.layers:
+        raise SpecError("split")
     groups = stage_groups(cluster, par, stages)
     p, m, v = par.pp, par.grad_accum, par.vpp
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    pp_stride = _stride(order, degrees, "pp")
     rows = []
     for i, st in enumerate(stages):
+        sh = _Shared(model, cluster, workload, framework_profile("generic"))      # empty caches
         grp = cluster.group(groups[i])
-        nxt = groups[i + 1] if i + 1 < p else groups[max(0, i - 1)]
-        crosses = nxt != grp.name or pp_stride >= grp.gpus_per_node or pp_stride * p > grp.gpus_per_node
+        sm = StageModel(sh, par, order, grp).place(i == 0, i == p - 1, stage_crosses(cluster, par, order, groups, i))
         n_moe = sum(model.is_moe_layer(x) for x in range(st.first_layer, st.last_layer))
-        if par.recompute == "full":
-            r = st.num_layers if par.recompute_layers < 0 else min(par.recompute_layers, st.num_layers)
-        else:
-            r = min(st.recompute_layers, st.num_layers)
-        c = _stage(model, cluster, workload, par, order, grp, i == 0, i == p - 1, crosses, st.num_layers - n_moe,
-                   n_moe, r)
-        c["t"] = c["comp"] + c["rec"] + c["tp"] + c["ep"] + c["cp"] + c["pp"] + c["fsdp"]
-        if par.dp * par.cp <= 1:
-            c["dp_exposed"] = 0.0
-        elif not par.overlap_dp_comm:
-            c["dp_exposed"] = c["grad_s"] + c["gather_s"]
-        else:
-            bwd = 2 * c["comp"] / 3
-            sl = cluster.compute_comm_slowdown
-            c["dp_exposed"] = _ov(c["grad_s"], bwd + i * bwd, sl) + _ov(c["gather_s"], c["comp"] / 3, sl)
-        acts = inflight_microbatches(par, i) * (c["act_stored"] + c["embed_act"]) + c["act_fixed"]
-        other = c["reserved"] + c["buffers"] + FRAGMENTATION * acts
-        w, g, o = c["states"]
-        c["memory"] = {"peak_bytes": w + g + o + acts + other, "weights_bytes": w, "grads_bytes": g,
-                       "optimizer_bytes": o, "activations_bytes": acts, "other_bytes": other}
-        rows.append((i, st, groups[i], r, c))
-    times = [c["t"] for *_, c in rows]
-    t_max = max(times)
-    bubble = (sum(times) - t_max) / v if p > 1 else 0.0
-    dp_exposed = max(c["dp_exposed"] for *_, c in rows)
-    opt_s = max(c["opt"] for *_, c in rows)
-    step = m * t_max + bubble + dp_exposed + opt_s
-    j = times.index(t_max)
-    b = rows[j][4]
+        r = par.full_recompute_layers(st.num_layers, st.recompute_layers)
+        c = sm.cost(st.num_layers - n_moe, n_moe, r)
+        mem = sm.memory(c, inflight_microbatches(par, i))
+        rows.append((st, groups[i], r, c, mem, sm.capacity_bytes, sm.dp_exposed(c, i), grp.gpu.peak(workload.dtype)))
+    times = tuple(c.time_s for _, _, _, c, *_ in rows)
+    dp_exposed = max(row[6] for row in rows)
+    opt_s = max(row[3].optimizer_s for row in rows)
+    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
+    j = times.index(max(times))
+    b = rows[j][3]
     per_stage = par.tp * par.dp * par.cp
-    model_flops = sum(c["model_flops"] for *_, c in rows) * per_stage * m
-    hw_flops = sum(c["hw_flops"] for *_, c in rows) * per_stage * m
-    peak = sum(c["peak_flops"] for *_, c in rows) * per_stage
+    model_flops = sum(row[3].model_flops for row in rows) * per_stage * m
+    hw_flops = sum(row[3].hw_flops for row in rows) * per_stage * m
+    peak = sum(row[7] for row in rows) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    ps = max(rows, key=lambda row: row[4]["memory"]["peak_bytes"] / row[4]["capacity"])[4]
+    fullest = max(rows, key=lambda row: row[4]["peak_bytes"] / row[5])
     return {
         "step_time_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_gpu": tokens / step / par.world_size,
         "model_tflops_per_gpu": model_flops / step / par.world_size / 1e12,
         "hardware_tflops_per_gpu": hw_flops / step / par.world_size / 1e12,
-        "mfu": model_flops / step / peak, "hfu": hw_flops / step / peak, "memory": ps["memory"],
-        "time": {"compute_s": m * b["comp"], "recompute_s": m * b["rec"], "tp_comm_s": m * b["tp"],
-                 "cp_comm_s": m * b["cp"], "ep_comm_s": m * b["ep"], "dp_comm_s": m * b["fsdp"] + dp_exposed,
-                 "pp_comm_s": m * b["pp"], "bubble_s": bubble, "optimizer_s": opt_s},
-        "fits": all(c["memory"]["peak_bytes"] <= c["capacity"] for *_, c in rows),
-        "memory_capacity_bytes": ps["capacity"], "bottleneck_stage": j,
+        "mfu": model_flops / step / peak, "hfu": hw_flops / step / peak, "memory": fullest[4],
+        "time": {"compute_s": m * b.compute_s, "recompute_s": m * b.recompute_s, "tp_comm_s": m * b.tp_comm_s,
+                 "cp_comm_s": m * b.cp_comm_s, "ep_comm_s": m * b.ep_comm_s,
+                 "dp_comm_s": m * b.fsdp_comm_s + dp_exposed, "pp_comm_s": m * b.pp_comm_s,
+                 "bubble_s": bubble, "optimizer_s": opt_s},
+        "fits": all(row[4]["peak_bytes"] <= row[5] for row in rows),
+        "memory_capacity_bytes": fullest[5], "bottleneck_stage": j,
         "stages": [{"layers": [st.first_layer, st.last_layer], "recompute_layers": r, "device_group": g,
-                    "time_per_microbatch_s": c["t"], "memory": c["memory"], "capacity_bytes": c["capacity"],
-                    "fits": c["memory"]["peak_bytes"] <= c["capacity"]} for _, st, g, r, c in rows],
+                    "time_per_microbatch_s": c.time_s, "memory": mem, "capacity_bytes": cap,
+                    "fits": mem["peak_bytes"] <= cap} for st, g, r, c, mem, cap, *_ in rows],
     }
 
 
@@ -328,3 +156,34 @@ def test_estimate_matches_stage_by_stage_reference(name, cluster_name, gpus, wl)
         _close(got, want, f"{name} {par} {cand.order}")
         checked += 1
     assert checked >= 20
+
+
+# ---- hand-derived cases ----------------------------------------------------------------------
+
+def test_one_gpu_by_hand():
+    """llama-3-8b on one H100 (pp = tp = dp = 1, bf16, Adam): model states are 2 + 4 + 12 bytes
+    per parameter (ZeRO, Sec. 3.1, with fp32 gradients); no communication, no bubble; the step is
+    the micro-batches' stage time plus the optimizer, which moves 30 bytes per parameter through
+    HBM (2 x 12 read and written, 4 read, 2 written)."""
+    model = get_model("llama-3-8b")
+    cluster = load_cluster("dgx-h100").with_gpus(1)
+    wl = Workload(global_batch=4, seq_len=1024)
+    par = ParallelConfig(micro_batch=1, grad_accum=4, recompute="full")
+    est = estimate(model, cluster, wl, par)
+    n = model.total_params()
+    assert est.memory["weights_bytes"] == pytest.approx(2 * n, rel=1e-12)
+    assert est.memory["grads_bytes"] == pytest.approx(4 * n, rel=1e-12)
+    assert est.memory["optimizer_bytes"] == pytest.approx(12 * n, rel=1e-12)
+    t = est.time
+    assert t["tp_comm_s"] == t["cp_comm_s"] == t["ep_comm_s"] == t["dp_comm_s"] == t["pp_comm_s"] == t["bubble_s"] == 0
+    assert t["optimizer_s"] == pytest.approx(30 * n / cluster.gpu.hbm_bandwidth_bytes_per_s, rel=1e-12)
+    assert est.step_time_s == pytest.approx(4 * est.stages[0].time_per_microbatch_s + t["optimizer_s"], rel=1e-12)
+    assert t["compute_s"] + t["recompute_s"] == pytest.approx(4 * est.stages[0].time_per_microbatch_s, rel=1e-12)
+
+
+def test_pipeline_step_by_hand():
+    """Four stages of 3, 2, 2, 1 time units, 8 micro-batches, 1F1B: 8 x 3 + (8 - 3) = 29; two
+    virtual stages halve the fill and drain: 24 + 2.5; one stage has no bubble."""
+    assert pipeline_step_time(8, 1, (3.0, 2.0, 2.0, 1.0), 0.5, 0.25) == (29.75, 5.0)
+    assert pipeline_step_time(8, 2, (3.0, 2.0, 2.0, 1.0), 0.0, 0.0) == (26.5, 2.5)
+    assert pipeline_step_time(8, 1, (3.0,), 1.0, 0.0) == (25.0, 0.0)

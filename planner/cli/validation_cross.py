@@ -31,7 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from costmodel import compute, fitted, fp8, layers, training
+from costmodel import compute, fitted, fp8, layers, stage_cache
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
@@ -181,9 +181,9 @@ def load_cases() -> tuple[list[CrossCase], list[str]]:
 def _clear_caches() -> None:
     layers.layer_cost.cache_clear()
     layers.ends_cost.cache_clear()
-    training._shared_equal.cache_clear()
-    training._stage_model.cache_clear()
-    training._SHARED_BY_ID.clear()
+    stage_cache._shared_equal.cache_clear()
+    stage_cache._stage_model.cache_clear()
+    stage_cache._SHARED_BY_ID.clear()
 
 
 def shipped_values() -> dict[str, float]:

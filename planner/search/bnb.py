@@ -17,7 +17,8 @@
 5. The reported numbers come from re-running the float cost model on the chosen plan.
 
 ``--exhaustive`` enumerates every stage split (and group assignment) of every candidate over
-the same tables: the reference the tests hold CP-SAT to (``exhaustive``).
+the same tables, pruning nothing by any bound (only its deadline stops it): the independent
+reference the tests hold CP-SAT and the bounds to (``_solve_exhaustive``, ``exhaustive``).
 
 The parts: ``space`` (candidates), ``problem`` (tables, result types), ``bounds``, ``cpsat``
 (step 4), ``exhaustive``; this module is the search that ties them together.
@@ -78,6 +79,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
     cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
+    if exhaustive:
+        return _solve_exhaustive(prob, cands, gpus, top, max_time_s, cutoff, score_all, target, t0)
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
     groups: dict[tuple, list] = {}
@@ -89,14 +92,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     # a hint on the group's own fields matches a whole group or none of it
     group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
     for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
-        if hint and not (exhaustive or mem_obj) and (_matches(members[0][1], hint) if group_level_hint else
+        if hint and not mem_obj and (_matches(members[0][1], hint) if group_level_hint else
                                                      any(_matches(c, hint) for _, c in members)):
             for k, c in members:
                 lb_ = bounds.lower_bound(prob, c)
                 heap.append((lb_, 0, k, c))
                 if _matches(c, hint) and lb_ < math.inf:
                     hinted.append((lb_, k, c))
-        elif exhaustive or mem_obj:
+        elif mem_obj:
             heap += [(bounds.lower_bound(prob, c), 1, k, c) for k, c in members]
         else:
             # the group's bound with the bubble; whether it can hold its model states at all is
@@ -133,13 +136,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 heapq.heappush(heap, (bounds.lower_bound(prob, c), 0, kk, c))
             continue
         kth = _kth(sols, top, cutoff)
-        if not exhaustive and lb >= kth * (1 - 1e-9):
+        if lb >= kth * (1 - 1e-9):
             remaining_bound = lb
             if not score_all:
                 break
             scored.append(_score_row(cand, lb, None, None))
             continue
-        if strong < 2 and not exhaustive and lb >= 0 and cand.par.pp > 1:
+        if strong < 2 and lb >= 0 and cand.par.pp > 1:
             # tighten lazily: the cheap strong bound first, the makespan bound only for those
             # that still come out ahead
             heapq.heappush(heap, (bounds.strong_bound(prob, cand, lb, makespan=strong == 1), strong + 1, k, cand))
@@ -151,12 +154,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         solved += 1
         if cand.world not in solved_worlds:
             solved_worlds.append(cand.world)
-        cut_s = kth / prob.weight(cand) if (kth < math.inf and not exhaustive and not mem_obj) else None
+        cut_s = kth / prob.weight(cand) if (kth < math.inf and not mem_obj) else None
         tab = prob.tables(cand, memory_objective=mem_obj, cutoff=cut_s)
         left = max_time_s - (time.perf_counter() - t0)
-        if exhaustive:
-            out = exhaustive_one(prob, cand, tab, mem_obj, deadline=t0 + max_time_s)
-        elif left <= 0:
+        if left <= 0:
             out = Outcome(None, proved=False)      # the tables took the time that was left
         else:
             cut = kth / prob.weight(cand) if kth < math.inf else None
@@ -171,17 +172,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             if score_all:
                 scored.append(_score_row(cand, lb, None, None))
             continue
-        obj, ns, gs = out.split
-        stages = stages_from(tab, cand, ns, gs)
-        par = finalize_par(cand, stages)
-        used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
-        est = estimate(model, used, workload, par, stages=stages, order=cand.order, framework=framework)
-        weight = prob.weight(cand)
-        value = est.peak_bytes if mem_obj else est.step_time_s * weight
-        sols.append(Solution(cand=dataclasses.replace(cand, par=par),
-                             objective=value, stages=stages, estimate=est, table_objective=obj * weight))
+        sol = _solution(prob, cand, tab, out.split)
+        sols.append(sol)
         if score_all:
-            scored.append(_score_row(cand, lb, est, value))
+            scored.append(_score_row(cand, lb, sol.estimate, sol.objective))
     if score_all:
         for lb_, level, _, c in heap:
             scored += [_score_row(x, lb_, None, None) for _, x in c] if level == -1 else [_score_row(c, lb_, None, None)]
@@ -213,6 +207,72 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                        solved_worlds=solved_worlds, stopped=len(open_bounds))
 
 
+def _solution(prob: Problem, cand: Candidate, tab, split: tuple[float, list[int], list[str]]) -> Solution:
+    """A candidate's split as a plan, re-scored with the float cost model."""
+    obj, ns, gs = split
+    cluster = prob.cluster
+    stages = stages_from(tab, cand, ns, gs)
+    par = finalize_par(cand, stages)
+    used = cluster if cand.world == cluster.total_gpus else cluster.with_gpus(cand.world)
+    est = estimate(prob.model, used, prob.workload, par, stages=stages, order=cand.order, framework=prob.framework)
+    weight = prob.weight(cand)
+    value = est.peak_bytes if prob.objective == "memory" else est.step_time_s * weight
+    return Solution(cand=dataclasses.replace(cand, par=par), objective=value, stages=stages, estimate=est,
+                    table_objective=obj * weight)
+
+
+def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int, max_time_s: float,
+                      cutoff: float | None, score_all: bool, target: str | None, t0: float) -> SolveResult:
+    """``--exhaustive``: every candidate, every split (``exhaustive_one``), on tables built without
+    an incumbent's cutoff; no bound prunes anything, so it is the reference the bounds and CP-SAT
+    are tested against. Only the deadline stops it; then it is FEASIBLE with bound 0 (no bound
+    is consulted, so nothing better is known about what it did not reach)."""
+    mem_obj = prob.objective == "memory"
+    sols: list[Solution] = []
+    scored: list[dict] = []
+    solved, solved_worlds = 0, []
+    stopped = 0
+    timed_out = False
+    deadline = t0 + max_time_s
+    for cand in cands:
+        if time.perf_counter() > deadline:
+            timed_out = True
+            break
+        solved += 1
+        if cand.world not in solved_worlds:
+            solved_worlds.append(cand.world)
+        tab = prob.tables(cand, memory_objective=mem_obj)
+        out = exhaustive_one(prob, cand, tab, mem_obj, deadline=deadline)
+        if not out.proved:
+            stopped += 1
+        sol = _solution(prob, cand, tab, out.split) if out.split is not None else None
+        if sol is not None:
+            sols.append(sol)
+        if score_all:
+            scored.append(_score_row(cand, None, sol.estimate if sol else None, sol.objective if sol else None))
+    if cutoff is not None:
+        sols = [s for s in sols if s.objective < cutoff]
+    sols.sort(key=lambda s: s.objective)
+    sols = sols[:top]
+    wall = time.perf_counter() - t0
+    unfinished = timed_out or stopped > 0
+    if not sols and cutoff is not None and not unfinished:
+        return SolveResult(status="CUTOFF", solutions=[], objective=None, bound=cutoff, wall_time_s=wall,
+                           candidates=len(cands), solved=solved, objective_name=prob.objective, scored=scored,
+                           solved_worlds=solved_worlds)
+    if not sols:
+        if unfinished:
+            raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
+                                f"({solved} of {len(cands)} candidates tried, {stopped} of them cut "
+                                "short by the time limit); raise --max-time")
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target))
+    best = sols[0].objective
+    return SolveResult(status="FEASIBLE" if unfinished else "OPTIMAL", solutions=sols, objective=best,
+                       bound=0.0 if unfinished else best, wall_time_s=wall, candidates=len(cands), solved=solved,
+                       objective_name=prob.objective, scored=scored, solved_worlds=solved_worlds,
+                       stopped=stopped + (len(cands) - solved))
+
+
 # the fields a group of candidates shares (with the world size): its bound is computed once
 _GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "sp", "micro_batch", "recompute")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
@@ -228,7 +288,7 @@ def _matches(cand: Candidate, hint: dict) -> bool:
     return all(getattr(cand.par, k) == v for k, v in hint.items())
 
 
-def _score_row(cand: Candidate, lb: float, est: Estimate | None, value: float | None) -> dict:
+def _score_row(cand: Candidate, lb: float | None, est: Estimate | None, value: float | None) -> dict:
     row = {k: getattr(cand.par, k) for k in ("tp", "pp", "dp", "cp", "ep", "zero", "dp_shard", "sp", "vpp",
                                              "micro_batch", "grad_accum", "recompute", "schedule")}
     row["mesh_order"] = ",".join(cand.order)

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import math
 
-from costmodel.comm import axis_stride, group_layout, layout_for
-from costmodel.frameworks import framework_profile
-from costmodel.layers import ends_cost, ends_params, layer_cost
-from costmodel.memory import model_state_bytes
-from costmodel.training import fewest_full_recompute_layers, fp8_recipe_of, inflight_microbatches, layer_terms
+from costmodel.memory import stage_peak_bytes
+from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, pipeline_step, stage_compute_time
 from planner.search.problem import Problem
 from planner.search.space import Candidate
 
@@ -55,7 +52,7 @@ def lower_bound(prob: Problem, cand: Candidate) -> float:
         if r is None:
             return math.inf
         c = sm.cost(nd, nm, r)
-        return (m * c.time_s + sm.dp_exposed(c, 0) + c.optimizer_s) * prob.weight(cand)
+        return pipeline_step(m, 1, c.time_s, c.time_s, sm.dp_exposed(c, 0), c.optimizer_s) * prob.weight(cand)
     best = math.inf
     for g in prob.groups(cand):
         sms = {pos: prob.stage_model_for(cand, g, i) for pos, i in
@@ -75,52 +72,34 @@ def lower_bound(prob: Problem, cand: Candidate) -> float:
 def compute_bound(prob: Problem, members: list) -> float:
     """A bound shared by a group of candidates with the same degrees and micro-batch: the
     average stage's compute and TP/EP/CP communication for all micro-batches (the least over
-    the group's mesh orders), nothing else."""
+    the group's mesh orders and node groups), nothing else: ``training.stage_compute_time`` of
+    ``L/p`` layers and ``1/p`` of the head, the stages' summed time over ``p``."""
     by_order = {c.order: c for _, c in members}
     cand = next(iter(by_order.values()))
+    if prob.objective == "memory":
+        return 0.0
     par = cand.par
     L, p, m = prob.model.layers, par.pp, par.grad_accum
     n_moe = prob.model.moe_layers
     best = math.inf
-    # straight from the (memoized) layer costs: building whole stage models here costs more
-    # than the bound saves; the terms are exactly StageModel.cost's at r = 0
-    degrees = {"pp": p, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    selective = par.recompute == "selective"
     for c_ in by_order.values():
         for g in prob.groups(c_):
-            grp = prob.cluster.group(g)
-            gpn = grp.nvlink_gpus
-            tp_lay = group_layout(degrees, c_.order, "tp", gpn)
-            cp_lay = group_layout(degrees, c_.order, "cp", gpn)
-            ep_lay = layout_for(par.ep, axis_stride(degrees, c_.order, "dp"), gpn)
-            eff = framework_profile(prob.framework).kernel_efficiency
-            args = (prob.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.gpu, prob.cluster,
-                    grp.intra_node, tp_lay, ep_lay, cp_lay, eff,
-                    fp8_recipe_of(prob.cluster, prob.workload, prob.framework))
-            per_stage = 0.0
-            for moe, n in ((False, (L - n_moe) / p), (True, n_moe / p)):
-                if not n:
-                    continue
-                # the layer's terms without the overlap slowdown (which only adds)
-                fw = framework_profile(prob.framework)
-                lt = layer_terms(layer_cost(prob.model, moe, *args), 0.0,
-                                 fw.tp_comm_overlap and par.sp and par.tp > 1,
-                                 fw.ep_comm_overlap and moe and par.ep > 1)
-                per = lt.compute_s + lt.tp_comm_s + lt.ep_comm_s + lt.cp_comm_s
-                per_stage += n * (per + (lt.selective_s if selective else 0.0))
-            ec = ends_cost(prob.model, prob.workload, par.tp, par.cp, par.sp, par.micro_batch, grp.gpu,
-                           prob.cluster, eff)
-            best = min(best, m * (per_stage + 3 * ec.head_fwd_s / p))
-    if prob.objective == "memory":
-        return 0.0
+            t = stage_compute_time(prob.model, prob.cluster, prob.workload, c_.par, c_.order, g, prob.framework,
+                                   (L - n_moe) / p, n_moe / p, 1 / p)
+            best = min(best, m * t)
     return best * prob.weight(cand)
 
 
 def group_may_fit(prob: Problem, members: list) -> bool:
-    """Whether the group's least-memory member (highest ZeRO stage, widest shard) can hold
-    its model states; when it cannot, no member can."""
-    least = max((c for _, c in members), key=lambda c: (c.par.zero, c.par.dp_shard))
-    return _may_fit(prob, least, prob.model.moe_layers / prob.model.layers)
+    """Whether any member of the group may hold its model states (``_may_fit``): asked once per
+    ZeRO stage and shard width, as the rest of a member (mesh order, virtual stages, schedule)
+    changes neither its states nor its buffers. Not only the most sharded member: ZeRO-3's
+    prefetch buffers can outweigh what it saves over ZeRO-2 on a stage of few layers."""
+    frac = prob.model.moe_layers / prob.model.layers
+    seen = {}
+    for _, c in members:
+        seen.setdefault((c.par.zero, c.par.dp_shard), c)
+    return any(_may_fit(prob, c, frac) for c in seen.values())
 
 
 def group_bound(prob: Problem, members: list) -> float:
@@ -247,21 +226,28 @@ def _memory_bound(prob: Problem, cand: Candidate, moe_frac: float) -> float:
 
 
 def _may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
-    """Necessary condition: the average stage's model states plus the fixed overheads fit
-    (the fullest stage holds at least the average; recomputation cannot shrink states)."""
+    """Necessary condition: the stages' model states can be held at all. A layer's states do not
+    depend on the stage that holds it (``StageModel.cost`` at any position), so every split's
+    stages together hold the same total ``S``: the states of all layers (on the first stage) and
+    of the head (on the last). Each stage's peak is at least its states plus the reserved memory
+    and the buffers (``memory.stage_peak_bytes`` with no activations), so some split fits only
+    if the stages' room ``capacity - stage_peak_bytes(0, 0, reserved, buffers)``, summed over the
+    stages on each node group, holds ``S`` (one group: ``S / p`` fits one stage's room)."""
     par = cand.par
     L, p = prob.model.layers, par.pp
+    n_moe = prob.model.moe_layers
+    counts = dict(cand.stage_counts)
+    total = math.inf
+    room = 0.0
     for g in prob.groups(cand):
-        sm = prob.stage_model_for(cand, g, min(1, p - 1))
-        n = L / p
-        c = sm.cost(n * (1 - moe_frac), n * moe_frac, n)
-        # the embedding and the head, spread over the stages
-        ends = (ends_params(prob.model, par.tp, p, True, False).total
-                + ends_params(prob.model, par.tp, p, False, True).total) / p
-        ends_b = model_state_bytes(ends, par.dp_shard, par.zero, prob.workload.dtype, prob.workload.optimizer).total
-        if c.states_bytes + ends_b + sm.reserved_bytes <= sm.capacity_bytes:
-            return True
-    return False
+        first = prob.stage_model_for(cand, g, 0)
+        s = first.cost(L - n_moe, n_moe, 0).states_bytes
+        if p > 1:
+            s += prob.stage_model_for(cand, g, p - 1).cost(0, 0, 0).states_bytes
+        total = min(total, s)
+        room += counts.get(g, p) * (first.capacity_bytes
+                                    - stage_peak_bytes(0.0, 0.0, first.reserved_bytes, first.buffers_bytes))
+    return total <= room * (1 + 1e-12)
 
 
 def least_recompute(sm, nd: float, nm: float, n: int, inflight: float) -> int | None:

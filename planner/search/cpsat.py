@@ -13,6 +13,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from costmodel.specs import default_stages
+from costmodel.training import pipeline_step
 from planner.search.problem import NS, Outcome, Problem, StageTables, objective_value
 from planner.search.space import Candidate
 
@@ -138,10 +139,9 @@ class PipelineModel:
         if self.memory_objective:
             self.m.add_max_equality(M, self.mem)
             obj = M
-        elif self.p == 1:
-            obj = self.mb * T + E + O
         else:
-            obj = self.v * self.mb * T + sum(self.t) - T + self.v * E + self.v * O
+            # v x the step (training.pipeline_step); one stage: sum(t) - T = 0
+            obj = pipeline_step(self.v * self.mb, 1, T, sum(self.t), self.v * E, self.v * O)
         if cutoff is not None and not self.memory_objective:
             # branch and bound: only splits that beat the incumbent are of interest
             self.m.add(obj <= int(cutoff * self.v * NS) + 1)

@@ -14,7 +14,7 @@ from typing import Any
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload
 from costmodel.memory import activations_in_flight, stage_peak_bytes
 from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, inflight_microbatches,
-                                stage_crosses, stage_model)
+                                pipeline_step, stage_crosses, stage_model)
 from planner.search.space import Candidate
 
 NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
@@ -250,9 +250,8 @@ def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[i
     if memory_objective:
         return float(max(ms))
     v, m = par.vpp, par.grad_accum
-    if par.pp == 1:
-        return (m * ts[0] + es[0] + os_[0]) / NS
-    return (v * m * max(ts) + sum(ts) - max(ts) + v * max(es) + v * max(os_)) / v / NS
+    # v x the step in integer nanoseconds, exactly as CP-SAT's objective counts it
+    return pipeline_step(v * m, 1, max(ts), sum(ts), v * max(es), v * max(os_)) / v / NS
 
 
 def stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str]) -> tuple[StageSpec, ...]:

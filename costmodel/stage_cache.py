@@ -1,0 +1,256 @@
+"""What the training estimates of one (model, cluster, workload, framework) share, cached: bytes
+per value, each node group's network, one layer's cost and terms per shape (``_Shared.layer``),
+a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds; and
+placed stage models keyed on a whole configuration (``stage_model``, for the solver's tables and
+bounds). Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
+``costmodel.layers``, ``costmodel.comm``) returns, computed once.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from operator import itemgetter
+
+from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
+from . import fp8 as fp8_recipes
+from .frameworks import FrameworkProfile, framework_profile
+from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
+from .memory import (bytes_per_param, expert_shard,
+                     optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
+from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
+                    default_stages)
+from .units import dtype_bytes
+from .stage_terms import (LayerSums, LayerTerms, StageMesh, StageModel, _degrees, fp8_recipe_of, head_compute_s,
+                          inflight_microbatches, layer_sums, layer_terms, stage_crosses)
+
+
+@lru_cache(maxsize=256)
+def _network(cluster: ClusterSpec, intra) -> Network:
+    return Network(cluster, intra)
+
+
+class _Shared:
+    """What the configurations on one (model, cluster, workload) share: bytes per value, the
+    model's parameter counts, each node group's network and GPU constants; and, as they come up,
+    the sub-terms many configurations have in common -- layer and ends costs, a mesh's groups,
+    the stage kinds of an even split, micro-batches in flight -- under plain-tuple keys (cheaper
+    than hashing the specs again)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile):
+        self.model, self.cluster, self.workload, self.framework = model, cluster, workload, framework
+        dt = workload.dtype
+        # FP8 training: one recipe for the run (the first node group's GPU picks the default;
+        # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
+        self.fp8 = fp8_recipe_of(cluster, workload, framework)
+        self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
+        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8)
+        self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
+        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8)
+        self.total_params = model.total_params()
+        self.main = cluster.groups[0].name
+        self.single = len(cluster.groups) == 1
+        # the fraction of overlapped communication that still costs compute time (measured by
+        # `planner profile`: ~0 where copy engines move data, ~1 where one CPU core does both)
+        self.slowdown = cluster.compute_comm_slowdown
+        # node group -> (group, network, peak FLOP/s in the workload's dtype)
+        self.groups = {g.name: (g, _network(cluster, g.intra_node), g.gpu.peak(dt)) for g in cluster.groups}
+        # sub-terms, each keyed on what it depends on (never on a whole configuration)
+        self.layers: dict[tuple, tuple[LayerCost, LayerTerms]] = {}
+        self.ends: dict[tuple, EndsCost] = {}
+        self.splits: dict[tuple, tuple] = {}
+        self.meshes: dict[tuple, StageMesh] = {}
+        self.flights: dict[tuple, list[float]] = {}
+
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, LayerTerms]:
+        """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
+        key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
+        hit = self.layers.get(key)
+        if hit is None:
+            lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
+                            grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
+                            self.framework.kernel_efficiency, self.fp8)
+            # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
+            tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
+                                                      self.framework.ep_comm_overlap and moe and par.ep > 1))
+        return hit
+
+    def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
+        """Where a layer's TP, EP and CP groups sit in the mesh (``comm.group_layout``): what its
+        communication terms depend on."""
+        gpn = grp.nvlink_gpus
+        degrees = _degrees(par)
+        return (group_layout(degrees, order, "tp", gpn), layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn),
+                group_layout(degrees, order, "cp", gpn))
+
+    def inflight(self, par: ParallelConfig) -> list[float]:
+        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
+        key = (par.pp, par.grad_accum, par.vpp, par.schedule)
+        fl = self.flights.get(key)
+        if fl is None:
+            fl = self.flights[key] = [inflight_microbatches(par, i) for i in range(par.pp)]
+        return fl
+
+    def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> StageMesh:
+        """The ``StageMesh`` of a node group, mesh order and micro-batch: where the dp, ZeRO-shard
+        and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
+        gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
+        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.dp_shard, par.sp, par.micro_batch, grp.name)
+        mesh = self.meshes.get(key)
+        if mesh is not None:
+            return mesh
+        model, t = self.model, par.tp
+        gpn = grp.nvlink_gpus          # the NVLink domain: the fast tier of every group layout
+        net = self.groups[grp.name][1]
+        degrees = _degrees(par)
+        dp_stride = axis_stride(degrees, order, "dp")
+        tp_lay, ep_lay, cp_lay = self.layer_layouts(par, order, grp)
+        dp_only = group_layout(degrees, order, "dp", gpn)
+        e_shard = expert_shard(par)
+        # the ranks that hold the same dense weights are the dp x cp ranks (context parallel
+        # ranks hold the whole layer, each for part of the sequence): gradients are reduced, and
+        # ZeRO shards, over dp x cp, as Megatron's distributed optimizer (``intra_dp_cp_group``)
+        # and torchtitan's FSDP mesh (``dp_shard_cp``) do; members per node multiply
+        shard_only = layout_for(par.dp_shard, dp_stride, gpn) if par.dp > 1 else GroupLayout(1, 1)
+        dp_lay = _joint(dp_only, cp_lay, gpn)
+        shard_lay = _joint(shard_only, cp_lay, gpn)
+        e_lay = layout_for(e_shard, dp_stride * par.ep, gpn)
+        rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
+        e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
+        e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+        dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
+        moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
+        ends = self.ends_of(par, grp)
+        dense_p = layer_params(model, False, t, par.ep)
+        moe_p = layer_params(model, True, t, par.ep) if model.is_moe else None
+        mesh = self.meshes[key] = StageMesh(
+            group=grp, network=net, dense=dense, dense_terms=dense_terms, moe=moe, moe_terms=moe_terms, ends=ends,
+            head_compute_s=head_compute_s(ends), head_model_flops=3 * ends.head_model_flops_fwd,
+            boundary_bytes=(par.micro_batch * self.workload.seq_len / par.cp * model.hidden * self.a_bytes
+                            / (t if par.sp else 1)),
+            dense_layer_params=dense_p.total,
+            dense_scale_bytes=self.scale_bytes(False, par), moe_scale_bytes=self.scale_bytes(True, par),
+            moe_layer_params=moe_p.total - moe_p.experts if moe_p else 0.0,
+            routed_per_gpu=moe_p.experts if moe_p else 0.0,
+            expert_shard=e_shard, data_parallel=par.dp * par.cp, dense_shard=par.dp_shard * par.cp,
+            shard_latency_s=net.latency_s(shard_lay), expert_latency_s=net.latency_s(e_lay),
+            replicas=rep_lay.n, expert_replicas=e_rep_lay.n,
+            all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
+            all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
+            all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
+            placements={})
+        return mesh
+
+    def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:
+        """FP8 scaling state of one layer's GEMM weights on a GPU (``Fp8Recipe.scaling_state_bytes``)."""
+        if self.fp8 is None or (moe and not self.model.is_moe):
+            return 0.0
+        mats = layer_matrices(self.model, moe, par.tp, par.ep)
+        return self.fp8.scaling_state_bytes(sum(m.count for m in mats if m.role != "router"))
+
+    def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
+        key = (par.tp, par.cp, par.sp, par.micro_batch, grp.name)
+        ec = self.ends.get(key)
+        if ec is None:
+            ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
+                                            grp.gpu, self.cluster, self.framework.kernel_efficiency)
+        return ec
+
+    def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:
+        """The default even split into ``par.pp`` stages on the one node group, and its stage kinds:
+        ``(stages, first layers, kind of each stage, _per_stage of those, kinds)``, a kind being
+        ``(group, first, last, neighbour on another node, layers, MoE layers, layers recomputed
+        fully, index of its first stage)``: stages of one kind cost the same."""
+        pp = par.pp
+        key = (pp, order, par.dp, par.cp, par.tp, par.recompute, par.recompute_layers)
+        sp = self.splits.get(key)
+        if sp is None:
+            stages = default_stages(self.model.layers, pp)
+            ids: list[int] = []
+            shapes: dict[tuple, int] = {}
+            for i, st in enumerate(stages):
+                shape = (i == 0, i == pp - 1, st.num_layers, self.model.moe_layers_in(st.first_layer, st.last_layer))
+                ids.append(shapes.setdefault(shape, len(shapes)))
+            g = self.main
+            crosses = stage_crosses(self.cluster, par, order, None, 0)
+            descs = [(g, first, last, crosses, n, n_moe, par.full_recompute_layers(n, 0), ids.index(s))
+                     for (first, last, n, n_moe), s in shapes.items()]
+            sp = self.splits[key] = (stages, [st.first_layer for st in stages], ids, _per_stage(ids), descs)
+        return sp
+
+
+def _joint(a: GroupLayout, b: GroupLayout, gpus_per_node: int) -> GroupLayout:
+    """The layout of the group spanned by two orthogonal groups (dp and cp): ``a.n * b.n``
+    members, the per-node members of each multiplied."""
+    n = a.n * b.n
+    if n <= 1:
+        return GroupLayout(1, 1)
+    return GroupLayout(n, max(1, min(gpus_per_node, a.k * b.k, n)))
+
+
+@lru_cache(maxsize=64)
+def _shared_equal(model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile) -> _Shared:
+    return _Shared(model, cluster, workload, framework)
+
+
+_SHARED_BY_ID: dict[tuple[int, int, int, int], _Shared] = {}
+
+
+def _shared(model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile) -> _Shared:
+    """The ``_Shared`` of these specs: looked up by identity first (hashing three specs costs more
+    than the rest of a small estimate), then by equality. An identity hit is taken only when the
+    entry's specs are these very objects, so a reused id never finds another's entry."""
+    key = (id(model), id(cluster), id(workload), id(framework))
+    sh = _SHARED_BY_ID.get(key)
+    if (sh is None or sh.model is not model or sh.cluster is not cluster or sh.workload is not workload
+            or sh.framework is not framework):
+        sh = _shared_equal(model, cluster, workload, framework)
+        if len(_SHARED_BY_ID) >= 64:
+            del _SHARED_BY_ID[next(iter(_SHARED_BY_ID))]
+        _SHARED_BY_ID[key] = sh
+    return sh
+
+
+def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                order: tuple[str, ...], group: str, first: bool, last: bool, crosses: bool,
+                framework: "str | FrameworkProfile" = "generic") -> StageModel:
+    """A placed ``StageModel`` (memoized: the solver's tables and bounds ask for few of them)."""
+    return _stage_model(model, cluster, workload, par, order, group, first, last, crosses,
+                        framework_profile(framework))
+
+
+@lru_cache(maxsize=4096)
+def _stage_model(model, cluster, workload, par, order, group, first, last, crosses, framework) -> StageModel:
+    return StageModel(_shared(model, cluster, workload, framework), par, order, cluster.group(group)).place(
+        first, last, crosses)
+
+
+@lru_cache(maxsize=1024)
+def _per_stage_ids(ids: tuple[int, ...]):
+    if len(ids) == 1:
+        k = ids[0]
+        return lambda values: (values[k],)
+    return itemgetter(*ids)
+
+
+def _per_stage(ids: list[int]):
+    """``values -> tuple(values[k] for k in ids)`` (an ``itemgetter``: one C call per list)."""
+    return _per_stage_ids(tuple(ids))
+
+
+def stage_compute_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
+                       order: tuple[str, ...], group: str, framework: "str | FrameworkProfile",
+                       n_dense: float, n_moe: float, head_share: float) -> float:
+    """The part of a stage's time per micro-batch that no placement, ZeRO stage or recompute choice
+    removes: ``n_dense + n_moe`` layers' compute and TP/EP/CP communication (with selective
+    recompute's extra backward) at no full recompute (``layer_sums``), plus ``head_share`` of the
+    output head. ``StageModel.cost(...).time_s`` adds the rest (pipeline and ZeRO communication,
+    recompute), each term >= 0, so this bounds it from below; built from the layer terms alone
+    (no ``StageMesh``), for the search's group bound."""
+    sh = _shared(model, cluster, workload, framework_profile(framework))
+    grp = cluster.group(group)
+    tp_lay, ep_lay, cp_lay = sh.layer_layouts(par, order, grp)
+    kinds = [(sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)[1], n_dense, 0.0)]
+    if n_moe:
+        kinds.append((sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay)[1], n_moe, 0.0))
+    head = head_compute_s(sh.ends_of(par, grp)) * head_share if head_share else 0.0
+    return LayerSums(*layer_sums(kinds, par.recompute == "selective")).time_s + head

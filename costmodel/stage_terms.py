@@ -1,0 +1,484 @@
+"""The rules of a training step, term by term: one layer's terms (``layer_terms``), a stage's
+(``layer_sums``, ``StageModel.cost``, ``StageCost``), its exposed data-parallel time, its
+micro-batches in flight and its recompute count, and the step (``pipeline_step``).
+``costmodel.stage_cache`` keeps what configurations share; ``costmodel.training.estimate``
+puts the stages of one configuration together.
+
+Pipeline (Narayanan et al., SC'21, Sec. 2.2): with ``m`` micro-batches and per-micro-batch stage
+times ``t_i`` (forward + backward + recompute + exposed communication), a 1F1B or GPipe step
+takes ``m * max(t) + (sum(t) - max(t))`` -- for equal stages ``(m + p - 1) * t``, the bubble
+fraction ``(p-1)/m`` -- and the interleaved schedule with ``v`` virtual stages divides the
+fill/drain part by ``v``. Uneven stages make the slowest one the bottleneck.
+
+Data parallel: gradients are reduced once per step (ZeRO 0: all-reduce; ZeRO 1: reduce-scatter
+then an all-gather of the updated 16-bit weights; ZeRO 2 reduce-scatters after every
+micro-batch's backward, as it keeps only its gradient shard), overlapped with the backward of the last
+micro-batch (and the gather with the first forward); stage ``i`` of a pipeline has ``i``
+backward passes of slack before the step ends. ZeRO-3/FSDP gathers weights before each forward
+and backward and reduce-scatters gradients after each backward, per micro-batch, overlapped
+with that micro-batch's compute; HSDP adds one all-reduce across replicas per step.
+
+Memory: model states per ``costmodel/memory.py``; activations per ``costmodel/layers.py``
+times the micro-batches in flight (1F1B: ``p - i`` on stage ``i``; interleaved: times
+``1 + (p-1)/(p*v)``, Korthikanti et al. Sec. 4.2.3; GPipe: all ``m``), plus the logits on the
+last stage; other = the CUDA context and library workspaces, communication buffers, ZeRO-3
+prefetch buffers (two layers of gathered weights) and allocator fragmentation on top of the
+activations (``costmodel.memory.stage_memory``, the one rule for a stage's peak).
+
+Optimizer: Adam reads and writes the fp32 master weights and both moments, reads the gradient
+and writes the working-precision weights (``memory.optimizer_traffic_bytes_per_param``: 30
+bytes per local parameter in bf16 with fp32 gradients), bound by HBM bandwidth.
+
+Layers that recompute fully: ``ParallelConfig.full_recompute_layers`` (the policy, or each
+stage's own count); the fewest that fit a stage's memory: ``fewest_full_recompute_layers``.
+Whether a stage's pipeline neighbour is on another node: ``stage_crosses``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+from .comm import Network, crosses_nodes
+from . import fp8 as fp8_recipes
+from .frameworks import FrameworkProfile, framework_profile
+from .layers import EndsCost, LayerCost, ends_params
+from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
+from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
+
+if TYPE_CHECKING:
+    from .stage_cache import _Shared
+
+
+def _degrees(par: ParallelConfig) -> dict[str, int]:
+    return {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+
+
+def stage_crosses(cluster: ClusterSpec, par: ParallelConfig, order: tuple[str, ...], groups: list[str] | None,
+                  i: int) -> bool:
+    """Does stage ``i``'s pipeline neighbour sit on another node? Yes when the neighbour runs on
+    another node group, or when the pipeline group spans nodes (``comm.crosses_nodes``). With
+    ``groups`` unknown (the solver's tables, before the stages are assigned to node groups) a
+    cluster of several groups counts as crossing: the slower hand-off, never the faster."""
+    if par.pp == 1:
+        return False
+    if groups is None:
+        if len(cluster.groups) > 1:
+            return True
+        grp = cluster.groups[0]
+    else:
+        grp = cluster.group(groups[i])
+        nxt = groups[i + 1] if i + 1 < par.pp else groups[max(0, i - 1)]
+        if nxt != grp.name:
+            return True
+    return crosses_nodes(_degrees(par), order, "pp", grp.nvlink_gpus)
+
+
+class LayerTerms(NamedTuple):
+    """One layer's terms per micro-batch, which a stage multiplies by its layer counts
+    (``StageModel.cost``). Backward costs twice the forward (Narayanan et al., SC'21, eq. 2)."""
+
+    compute_s: float             # forward + backward: 3 x forward
+    tp_comm_s: float             # TP collectives, forward and backward
+    ep_comm_s: float             # EP all-to-alls, forward and backward
+    cp_comm_s: float             # exposed CP ring traffic: backward moves K, V and their gradients
+    recompute_s: float           # one more forward, with its communication (full recompute)
+    model_flops: float           # forward + backward, paper convention
+    hw_flops: float
+    recompute_flops: float       # the extra forward of a fully recomputed layer
+    selective_s: float           # extra backward time under selective recompute
+    selective_flops: float
+    act_selective_bytes: float   # stored under selective recompute
+    act_bytes: float             # stored without recompute
+    act_input_bytes: float       # stored under full recompute (the layer input)
+
+
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_overlap: bool = False) -> LayerTerms:
+    """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
+    (0 gives the terms without it, which bound them from below). With ``tp_overlap`` (the
+    framework pipelines TP's collectives with the GEMMs next to them: ``frameworks``) TP
+    communication costs what overlapped communication costs, against the layer's GEMMs; with
+    ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``) the all-to-alls against the layer's
+    compute."""
+    cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
+    tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
+    ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
+                      cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
+                      model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
+                      recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
+                      selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
+                      act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes)
+
+
+def head_compute_s(ends: EndsCost) -> float:
+    """The output head's forward and backward per micro-batch (backward twice the forward)."""
+    return 3 * ends.head_fwd_s
+
+
+class LayerSums(NamedTuple):
+    """The layer terms of a stage holding ``k`` layers of each kind, ``kr`` of them recomputed
+    fully (``LayerSums(*layer_sums(...))``), per micro-batch."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    cp_comm_s: float
+    model_flops: float
+    hw_flops: float
+    act_stored_bytes: float
+    act_work_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        """The layers' part of the stage's time on the critical path (``StageCost.time_s`` adds
+        the head's compute, pipeline and ZeRO communication)."""
+        return self.compute_s + self.recompute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s
+
+
+def layer_sums(kinds, selective: bool) -> tuple[float, ...]:
+    """The stage's layer terms: ``kinds`` is ``((terms, k, kr), ...)``, ``k`` layers of a kind with
+    ``LayerTerms`` ``terms``, ``kr`` of them recomputed fully (an extra forward with its
+    communication; each stores its input only), the others storing their activations (selective
+    recompute: the smaller set, and the extra backward time). The one rule ``StageModel.cost``
+    and the search's compute bound (``stage_compute_time``) share. The fields of ``LayerSums``, as a
+    plain tuple: ``StageModel.cost`` unpacks it on the estimate's hot path, where building the
+    named tuple costs more than the rest of the call; ``LayerSums(*layer_sums(...))`` names them."""
+    comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
+    for lt, k, kr in kinds:
+        if not k:
+            continue
+        comp += lt.compute_s * k
+        tp += lt.tp_comm_s * k
+        ep += lt.ep_comm_s * k
+        cp += lt.cp_comm_s * k
+        rec += kr * lt.recompute_s
+        model_flops += lt.model_flops * k
+        hw_flops += lt.hw_flops * k + kr * lt.recompute_flops
+        if selective:
+            rec += (k - kr) * lt.selective_s
+            hw_flops += (k - kr) * lt.selective_flops
+            act_stored += (k - kr) * lt.act_selective_bytes
+        else:
+            act_stored += (k - kr) * lt.act_bytes
+        act_stored += kr * lt.act_input_bytes
+        if kr > 0:
+            act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
+    return comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work
+
+
+@dataclass(slots=True)
+class StageCost:
+    """A stage's cost per micro-batch (times), its FLOPs, and its memory parts before the
+    micro-batches in flight are counted (``StageModel.memory``)."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    fsdp_comm_s: float             # exposed ZeRO-3 gathers and scatters, ZeRO-2 scatters, per micro-batch
+    dp_grad_s: float               # once per step: gradient reduction (before overlap)
+    dp_gather_s: float             # once per step: ZeRO-1/2 weight all-gather (before overlap)
+    optimizer_s: float
+    model_flops: float
+    hw_flops: float
+    act_stored_bytes: float        # per micro-batch in flight
+    act_fixed_bytes: float         # recompute working set + logits (last stage)
+    embed_act_bytes: float         # per micro-batch in flight, first stage
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    buffers_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        """Time per micro-batch on the critical path."""
+        return (self.compute_s + self.recompute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s
+                + self.pp_comm_s + self.fsdp_comm_s)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def act_per_microbatch_bytes(self) -> float:
+        return self.act_stored_bytes + self.embed_act_bytes
+
+
+class ZeroSharding(NamedTuple):
+    """ZeRO stage and what divides the model states of dense and routed-expert parameters
+    (``memory.zero_divisors`` of their shard groups)."""
+
+    zero: int
+    dense_shard: int
+    expert_shard: int
+    dense: tuple[int, int, int]        # (weights, grads, optimizer) divisors
+    expert: tuple[int, int, int]
+
+
+@dataclass(slots=True)
+class StageMesh:
+    """What a stage's cost needs that is fixed by the node group, the mesh and the micro-batch
+    (not by ZeRO, recompute or the stage's position): its layers' costs and terms, its ends,
+    its parameters per layer, and the collective-time functions of the groups it reduces
+    gradients over (``comm.Network.*_fn``: bytes -> seconds on that group)."""
+
+    group: NodeGroup
+    network: Network
+    dense: LayerCost
+    dense_terms: LayerTerms
+    moe: LayerCost | None
+    moe_terms: LayerTerms | None
+    ends: EndsCost
+    head_compute_s: float              # output head forward + backward
+    head_model_flops: float
+    boundary_bytes: float              # activations crossing a stage boundary, per micro-batch
+    dense_layer_params: float          # per GPU
+    dense_scale_bytes: float           # FP8 scaling state of a dense layer on a GPU (0 without FP8)
+    moe_scale_bytes: float
+    moe_layer_params: float            # per GPU, routed experts apart
+    routed_per_gpu: float              # routed-expert parameters of one MoE layer on a GPU
+    expert_shard: int
+    data_parallel: int                 # ranks holding the same dense weights: dp x cp
+    dense_shard: int                   # ZeRO shard group of the dense weights: dp_shard x cp
+    shard_latency_s: float             # fixed time of one all-gather / reduce-scatter on it
+    expert_latency_s: float
+    replicas: int                      # dense replica group size (HSDP; 1 without)
+    expert_replicas: int
+    all_gather_shard: Callable[[float], float]     # = reduce-scatter on the ZeRO shard group
+    all_gather_expert: Callable[[float], float]
+    all_reduce_dp: Callable[[float], float]
+    all_reduce_expert_dp: Callable[[float], float]
+    all_reduce_replicas: Callable[[float], float]
+    all_reduce_expert_replicas: Callable[[float], float]
+    placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
+
+
+def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
+                  ) -> fp8_recipes.Fp8Recipe | None:
+    """The FP8 recipe a training workload runs (None unless ``dtype == "fp8"``): the workload's,
+    else the framework's default for the first node group's GPU; every node group must run it."""
+    if workload.dtype != "fp8" or workload.mode != "train":
+        return None
+    name = framework_profile(framework).name
+    rec = fp8_recipes.resolve(workload.fp8_recipe, name, cluster.groups[0].gpu, workload.fp8_param_gather)
+    for g in cluster.groups[1:]:
+        fp8_recipes.resolve(rec.name, name, g.gpu)
+    return rec
+
+
+class StageModel:
+    """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
+    ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
+    (configuration, node group, position) for the solver's tables; ``estimate`` builds one per
+    node group and ``place``s it at each kind of stage in turn; both call ``cost``, so the two
+    always agree."""
+
+    __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
+                 "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
+                 "ends_params")
+
+    def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
+        mesh = sh.mesh(par, order, grp)
+        self.sh, self.par, self.mesh = sh, par, mesh
+        z = par.zero
+        if z >= 3:
+            biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
+            # FSDP prefetches the next layer's weights while the current one runs: two
+            # layers of gathered weights live
+            self.buffers_bytes = 2 * biggest * sh.gather_b if mesh.dense_shard > 1 else 0.0
+        else:
+            whole = sh.total_params / (par.tp * par.pp) * sh.g_b
+            self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if mesh.data_parallel > 1 else 0.0
+        self.zero = ZeroSharding(z, mesh.dense_shard, mesh.expert_shard, zero_divisors(z, mesh.dense_shard),
+                                 zero_divisors(z, mesh.expert_shard))
+        self.selective = par.recompute == "selective"
+        gpu = grp.gpu
+        fw = sh.framework
+        # what a plan may use: the GPU's memory less the framework's headroom (costmodel.frameworks)
+        self.reserved_bytes = gpu.reserved_bytes
+        self.capacity_bytes = gpu.memory_bytes * (1.0 - fw.memory_headroom_fraction)
+        self.overlap_grad = par.overlap_dp_comm and fw.overlap_grad_reduce
+        self.overlap_gather = par.overlap_dp_comm and fw.overlap_param_gather
+        self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
+        self.slowdown = sh.slowdown
+        self.first = self.last = False
+        self.pp_comm_s = self.ends_params = 0.0
+
+    def place(self, first: bool, last: bool, crosses: bool) -> "StageModel":
+        """Put the stage first and/or last in the pipeline, its neighbour on another node or not."""
+        self.first, self.last = first, last
+        pl = self.mesh.placements.get((first, last, crosses))
+        if pl is None:
+            pl = self.mesh.placements[first, last, crosses] = self._placement(first, last, crosses)
+        self.pp_comm_s, self.ends_params = pl
+        return self
+
+    def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
+        """(pipeline send/receive time per micro-batch, embedding and head parameters)."""
+        par, mesh = self.par, self.mesh
+        pp_s = 0.0
+        if par.pp > 1:
+            # forward activation out and gradient back per boundary; middle stages have two boundaries
+            pp_s = (1 if (first or last) else 2) * mesh.network.p2p(mesh.boundary_bytes, crosses)
+        return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
+
+    def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
+        """The stage's ``StageCost`` with ``n_dense + n_moe`` layers, ``r`` of them recomputed
+        fully (spread over the two kinds in proportion; the cost is linear in ``r``)."""
+        mesh, sh = self.mesh, self.sh
+        n = n_dense + n_moe
+        r_moe = r * n_moe / n if n else 0.0
+        comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
+            ((mesh.dense_terms, n_dense, r - r_moe), (mesh.moe_terms, n_moe, r_moe)), self.selective)
+        ec = mesh.ends
+        if self.last:
+            comp += mesh.head_compute_s
+            model_flops += mesh.head_model_flops
+            hw_flops += mesh.head_model_flops
+        dense_params = n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
+        expert_params = n_moe * mesh.routed_per_gpu
+        w_b, g_b, k_b = sh.w_b, sh.g_b, sh.k_b
+        zs = self.zero
+        zero = zs.zero
+        slowdown = self.slowdown
+        # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
+        # nothing); all_gather = reduce_scatter in time
+        fsdp = 0.0
+        if zero >= 3:
+            # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
+            # the whole stage, and one collective's fixed time per layer (the ring's latency
+            # grows with the nodes: comm.Network._coefficients)
+            extra = max(0.0, n - 1)
+            ag = mesh.all_gather_shard(dense_params * sh.gather_b) + extra * mesh.shard_latency_s
+            rs = mesh.all_gather_shard(dense_params * g_b) + extra * mesh.shard_latency_s
+            if expert_params:
+                extra_e = max(0.0, n_moe - 1)
+                ag += mesh.all_gather_expert(expert_params * sh.gather_b) + extra_e * mesh.expert_latency_s
+                rs += mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s
+            fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
+        grad_s = gather_s = 0.0
+        if mesh.data_parallel > 1:
+            if zero == 0:
+                grad_s = mesh.all_reduce_dp(dense_params * g_b)
+                if expert_params:
+                    grad_s += mesh.all_reduce_expert_dp(expert_params * g_b)
+            else:
+                # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
+                if mesh.replicas > 1:
+                    grad_s = mesh.all_reduce_replicas(dense_params * g_b / zs.dense_shard)
+                if expert_params and mesh.expert_replicas > 1:
+                    grad_s += mesh.all_reduce_expert_replicas(expert_params * g_b / zs.expert_shard)
+                if zero < 3:
+                    rs = mesh.all_gather_shard(dense_params * g_b)
+                    gather_s = mesh.all_gather_shard(dense_params * sh.gather_b)
+                    if expert_params:
+                        rs += mesh.all_gather_expert(expert_params * g_b)
+                        gather_s += mesh.all_gather_expert(expert_params * sh.gather_b)
+                    if zero == 1:
+                        grad_s += rs
+                    else:
+                        # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
+                        # micro-batches: a reduce-scatter after every backward (DeepSpeed
+                        # stage 2), overlapped with that backward where the framework does
+                        fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
+        (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
+        local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
+        return StageCost(
+            compute_s=comp, recompute_s=rec, tp_comm_s=tp, ep_comm_s=ep, cp_comm_s=cp, pp_comm_s=self.pp_comm_s,
+            fsdp_comm_s=fsdp, dp_grad_s=grad_s, dp_gather_s=gather_s,
+            optimizer_s=sh.opt_traffic * local / self.hbm_bytes_per_s,
+            model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
+            act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
+            embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
+            weights_bytes=(dense_params * w_b / dw + expert_params * w_b / ew
+                           + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
+            grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
+            optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
+            buffers_bytes=self.buffers_bytes)
+
+    def activations(self, c: StageCost, inflight: float) -> float:
+        """The stage's activation memory with ``inflight`` micro-batches in flight."""
+        return activations_in_flight(inflight, c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes)
+
+    def memory(self, c: StageCost, inflight: float) -> dict[str, float]:
+        """The stage's peak memory by category (``memory.stage_memory``)."""
+        return stage_memory(c.weights_bytes, c.grads_bytes, c.optimizer_bytes, self.activations(c, inflight),
+                            self.reserved_bytes, c.buffers_bytes)
+
+    def dp_exposed(self, c: StageCost, index: int) -> float:
+        """Once-per-step DP communication left exposed by stage ``index`` (``exposed_dp_time``)."""
+        return exposed_dp_time(c, index, self.overlap_grad, self.overlap_gather, self.slowdown)
+
+
+def overlapped(comm: float, compute: float, slowdown: float) -> float:
+    """What communication ``comm`` adds to ``compute`` it runs beside: the part longer than the
+    compute, and ``slowdown`` (the cluster's ``compute_comm_slowdown``) of the overlapped part."""
+    t = max(0.0, comm - compute)
+    return t + slowdown * min(comm, compute) if slowdown else t
+
+
+def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather: bool, slowdown: float) -> float:
+    """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the last
+    backward and the ``index`` backward passes of earlier stages still draining; the weight
+    all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1). Without
+    the framework's overlap (``StageModel.overlap_*``) each is exposed whole."""
+    bwd = 2 * c.compute_s / 3
+    grad = overlapped(c.dp_grad_s, bwd + index * bwd, slowdown) if overlap_grad else c.dp_grad_s
+    gather = overlapped(c.dp_gather_s, c.compute_s / 3, slowdown) if overlap_gather else c.dp_gather_s
+    return grad + gather
+
+
+def inflight_microbatches(par: ParallelConfig, index: int) -> float:
+    """Micro-batches whose activations stage ``index`` holds at its peak: 1F1B ``p - index``,
+    GPipe all ``m``, interleaved ``1 + (p-1)/(p*v)`` times 1F1B's (Korthikanti et al. 4.2.3)."""
+    p, m, v = par.pp, par.grad_accum, par.vpp
+    if p == 1:
+        return 1.0
+    if par.schedule == "gpipe":
+        return float(m)
+    k = float(min(p - index, m))
+    if par.schedule == "interleaved":
+        k = min(float(m), k * (1 + (p - 1) / (p * v)))
+    return k
+
+
+def fewest_full_recompute_layers(num_layers: int, capacity_bytes: float, peak_none: float, peak_one: float,
+                                 peak_all: float) -> int | None:
+    """The fewest of a stage's ``num_layers`` layers to recompute fully so that its peak fits
+    ``capacity_bytes``, given its peak with none, one and all of them recomputed (the peak falls
+    linearly in their number from one on: each swaps its stored activations for its input, and
+    the working set of one recomputing layer appears at the first); ``None`` if even all do not
+    fit. The one rule for the solver's tables and bounds."""
+    if peak_none <= capacity_bytes:
+        return 0
+    if peak_one <= capacity_bytes:
+        return 1
+    if num_layers <= 1 or peak_all > capacity_bytes:
+        return None
+    per_layer = (peak_one - peak_all) / (num_layers - 1)
+    r = 1 + math.ceil((peak_one - capacity_bytes) / per_layer - 1e-9)
+    return min(max(r, 1), num_layers)
+
+
+def pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s):
+    """The step time ``m * T + (S - T) / v + E + O`` of a pipeline whose slowest stage takes ``T``
+    per micro-batch and whose stages sum to ``S``, ``E`` and ``O`` the slowest stage's exposed
+    once-per-step DP time and optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2).
+    The one rule for the step: ``estimate`` (``pipeline_step_time``), the solver's objective on
+    its integer tables (``problem.objective_value``) and CP-SAT's objective (``cpsat``), which
+    pass ``v * step = pipeline_step(v * m, 1, T, S, v * E, v * O)`` (with ``v == 1`` nothing is
+    divided, so integers and CP-SAT expressions stay what they are)."""
+    bubble = t_sum - t_max if v == 1 else (t_sum - t_max) / v
+    return m * t_max + bubble + dp_exposed_s + optimizer_s
+
+
+def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_exposed_s: float,
+                       optimizer_s: float) -> tuple[float, float]:
+    """(step time, bubble) of stages taking ``stage_times`` per micro-batch (``pipeline_step``)."""
+    t_max = max(stage_times)
+    t_sum = sum(stage_times) if len(stage_times) > 1 else t_max
+    return pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s), (t_sum - t_max) / v
