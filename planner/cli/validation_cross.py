@@ -468,7 +468,12 @@ def markdown(res: dict) -> str:
                         lambda r: "MoE" if r.case.moe else "dense")
     if other:
         out += _group_table(other, "family (other hardware)", lambda r: r.case.family)
-    out += ["## Refitted constants per left-out family", "",
+    out += ["## Fitted constants and their sources (`costmodel/fitted.py`)", "",
+            "| constant | lives in | fitted on (families) | rows the fit reads | prior when none is left |",
+            "|---|---|---|---|---|"]
+    for c in fitted.FITTED:
+        out.append(f"| {c.name} | {c.owner} | {', '.join(c.families)} | {c.rows} | {c.prior:g}: {c.prior_why} |")
+    out += ["", "## Refitted constants per left-out family", "",
             "`shipped` is the value in the code; `all in` the refit on every family; a value in *italics* fell "
             "back to its prior (no rows left).", ""]
     names = [c.name for c in fitted.FITTED]
