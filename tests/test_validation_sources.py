@@ -50,6 +50,7 @@ def test_no_source_is_held_out(path):
     ("https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html", "Megatron-Bridge performance summaries"),
     ("NVIDIA NeMo performance summary, NeMo 25.04 container", "NeMo 25.x performance summaries"),
     ("NeMo Framework 25.09 performance_summary.md", "NeMo 25.x performance summaries"),
+    ("the NeMo 25.x performance summary", "NeMo 25.x performance summaries"),
     ("NVIDIA/dgxc-benchmarking llama3.1 70B recipe", "NVIDIA dgxc-benchmarking"),
     ("mosaicml/llm-foundry scripts/train/benchmarking/README.md", "MosaicML llm-foundry benchmark tables"),
     ("Jiang et al., MegaScale: Scaling LLM Training to More Than 10,000 GPUs, NSDI'24", "MegaScale paper"),
@@ -68,6 +69,7 @@ def test_patterns_catch_every_held_out_family(text, family):
     "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
     "Narayanan et al. SC'21, Table 1",
     "NVIDIA/Megatron-LM README, 'Training Speed and Scalability' (commit f2e5db402c, 2024-07-15)",
+    "NVIDIA NeMo performance summary, NeMo 24.07 container: 25.15 TFLOP/s per GPU",
 ])
 def test_allowed_sources_pass(text):
     assert held_out_family(text) is None

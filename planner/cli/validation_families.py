@@ -16,7 +16,8 @@ import re
 # (family, pattern): matched case-insensitively on a source string (paper, URL, page, table)
 HELD_OUT: tuple[tuple[str, str], ...] = (
     ("Megatron-Bridge performance summaries", r"megatron[-_ ]?bridge"),
-    ("NeMo 25.x performance summaries", r"nemo[^\n]{0,80}\b25\.\d\d\b|\b25\.\d\d\b[^\n]{0,40}nemo"),
+    # a NeMo release of 2025 (25.01 .. 25.12, or "25.x") named near "NeMo"
+    ("NeMo 25.x performance summaries", r"nemo[^\n]{0,80}\b25\.(0[1-9]|1[0-2]|x)\b|\b25\.(0[1-9]|1[0-2]|x)\b[^\n]{0,40}nemo"),
     ("NVIDIA dgxc-benchmarking", r"dgxc"),
     ("MosaicML llm-foundry benchmark tables", r"llm[-_ ]?foundry"),
     ("MegaScale paper", r"megascale|2402\.15627"),
