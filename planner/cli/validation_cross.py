@@ -437,7 +437,7 @@ def markdown(res: dict) -> str:
     moe = [r for r in rows if r.case.moe and r.case.catalog_hardware]
     other = [r for r in rows if not r.case.catalog_hardware]
     out = ["# Out-of-source validation", "",
-           "Regenerate with `make validation` (`planner validate --cross --write docs/validation.md`).",
+           "Regenerate with `make validation` (`planner validate --cross --write docs/validation-out-of-source.md`).",
            "Each recipe family is left out in turn: every fitted constant (`costmodel/fitted.py`) is refitted on",
            "the other families' runs and the left-out family is predicted with the result",
            "(`planner/cli/validation_cross.py` says how). Figures: tokens/s per GPU; a run that publishes",
