@@ -152,3 +152,10 @@ def test_cli_unknown_family_is_one_line(capsys):
     assert main(["validate", "--cross", "--families", "nope"]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "known:" in err and "Traceback" not in err
+
+
+def test_headline_block_quotes_the_page(res):
+    block = vc.headline_block()
+    head = vc.headline_rows(res["rows"])
+    med = statistics.median(abs(r.error) for r in head)
+    assert f"median {med * 100:.1f}%" in block and block.count("\n| ") >= len({r.case.family for r in head})

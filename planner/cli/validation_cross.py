@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 from costmodel import compute, fitted, fp8, layers, stage_cache
@@ -516,3 +517,17 @@ def as_json(res: dict) -> dict:
                  for fam, fr in res["fits"].items()},
         "all_in": {"values": res["full"].values, "rows": res["full"].rows, "families": res["full"].families},
         "shipped": res["shipped"], "skipped": res["skipped"]}
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "validation-out-of-source.md"
+
+
+def headline_block(page: Path = PAGE) -> str:
+    """The out-of-source headline (the bold line, MoE, other hardware) and the by-family table of the
+    committed page, for the README and docs/validation.md (``planner.cli.docs_pages`` can quote it:
+    cheap, it reads the page ``make validation`` wrote, and that page's staleness is tested)."""
+    lines = page.read_text().splitlines()
+    head = [ln for ln in lines if ln.startswith(("**Out of source", "MoE, apart", "Runs on machines other"))]
+    i = lines.index("### By family")
+    j = next(k for k in range(i + 2, len(lines)) if not lines[k].startswith("|") and k > i + 2)
+    return "\n\n".join(head) + "\n\n" + "\n".join(lines[i + 2:j]) + "\n"
