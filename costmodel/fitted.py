@@ -87,7 +87,7 @@ FITTED: tuple[FittedConstant, ...] = (
         name="fp8.half_size_factor", owner="costmodel/fp8.py FP8_HALF_SIZE_FACTOR",
         families=("nemo-24", "torchtitan"), prior=2.0,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
-        rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0), group="fp8"),
+        rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     _kernel("torchtitan", ("torchtitan",), "16 figures; builtin assumes torchtitan's value"),
     _kernel("deepspeed", ("mt-nlg",), "MT-NLG on Selene; BLOOM and GPT-NeoX ran on other hardware and are not fitted"),
     _kernel("accelerate", ("accelerate",), "one approximate figure: not called calibrated"),

@@ -220,9 +220,14 @@ def module_constants(values: dict[str, float]) -> Iterator[None]:
         _clear_caches()
 
 
+# catalog GPUs whose curve is another's (their catalog entry extends it: dgx-h200 and dgx-h800 extend dgx-h100)
+CURVE_OF = {"H200": "H100", "H800": "H100"}
+
+
 def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
     model, cluster, wl, par, prof = case.inputs
-    e, h = values.get(f"gpu.{case.gen}.matmul_efficiency"), values.get(f"gpu.{case.gen}.matmul_half_size")
+    gen = CURVE_OF.get(case.gen, case.gen)
+    e, h = values.get(f"gpu.{gen}.matmul_efficiency"), values.get(f"gpu.{gen}.matmul_half_size")
     if e is not None and not cluster.matmul_table:
         groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, matmul_efficiency=e, matmul_half_size=h))
                        for g in cluster.groups)
@@ -252,7 +257,7 @@ def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
     fit = [c for c in cases if c.fitted_on]
     if group.startswith("gpu."):
         gen = group.split(".")[1]
-        return [c for c in fit if c.gen == gen and c.framework == "megatron" and c.dtype != "fp8"]
+        return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.framework == "megatron" and c.dtype != "fp8"]
     if group.startswith("framework."):
         fw = group.split(".")[1]
         return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
