@@ -249,8 +249,7 @@ def stage_compute_time(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     sh = _shared(model, cluster, workload, framework_profile(framework))
     grp = cluster.group(group)
     tp_lay, ep_lay, cp_lay = sh.layer_layouts(par, order, grp)
-    kinds = [(sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)[1], n_dense, 0.0)]
-    if n_moe:
-        kinds.append((sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay)[1], n_moe, 0.0))
+    dense = sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)[1]
+    moe = sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay)[1] if n_moe else None
     head = head_compute_s(sh.ends_of(par, grp)) * head_share if head_share else 0.0
-    return LayerSums(*layer_sums(kinds, par.recompute == "selective")).time_s + head
+    return LayerSums(*layer_sums(dense, n_dense, 0.0, moe, n_moe, 0.0, par.recompute == "selective")).time_s + head

@@ -137,16 +137,17 @@ class LayerSums(NamedTuple):
         return self.compute_s + self.recompute_s + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s
 
 
-def layer_sums(kinds, selective: bool) -> tuple[float, ...]:
-    """The stage's layer terms: ``kinds`` is ``((terms, k, kr), ...)``, ``k`` layers of a kind with
-    ``LayerTerms`` ``terms``, ``kr`` of them recomputed fully (an extra forward with its
+def layer_sums(dense: LayerTerms, n_dense: float, r_dense: float, moe: LayerTerms | None, n_moe: float,
+               r_moe: float, selective: bool) -> tuple[float, ...]:
+    """The stage's layer terms: ``n_dense`` dense layers with ``LayerTerms`` ``dense``, ``r_dense``
+    of them recomputed fully, and ``n_moe`` MoE layers (``moe``, ``r_moe``) (an extra forward with its
     communication; each stores its input only), the others storing their activations (selective
     recompute: the smaller set, and the extra backward time). The one rule ``StageModel.cost``
     and the search's compute bound (``stage_compute_time``) share. The fields of ``LayerSums``, as a
     plain tuple: ``StageModel.cost`` unpacks it on the estimate's hot path, where building the
     named tuple costs more than the rest of the call; ``LayerSums(*layer_sums(...))`` names them."""
     comp = rec = tp = ep = cp = model_flops = hw_flops = act_stored = act_work = 0.0
-    for lt, k, kr in kinds:
+    for lt, k, kr in ((dense, n_dense, r_dense), (moe, n_moe, r_moe)):
         if not k:
             continue
         comp += lt.compute_s * k
@@ -333,7 +334,7 @@ class StageModel:
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
         comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
-            ((mesh.dense_terms, n_dense, r - r_moe), (mesh.moe_terms, n_moe, r_moe)), self.selective)
+            mesh.dense_terms, n_dense, r - r_moe, mesh.moe_terms, n_moe, r_moe, self.selective)
         ec = mesh.ends
         if self.last:
             comp += mesh.head_compute_s

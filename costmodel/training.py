@@ -18,12 +18,13 @@ from .memory import activations_in_flight, stage_memory
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
 from .stage_cache import _per_stage, _shared, stage_compute_time, stage_model
-from .stage_terms import (LayerTerms, StageCost, StageModel, exposed_dp_time, fewest_full_recompute_layers,
-                          fp8_recipe_of, inflight_microbatches, layer_sums, layer_terms, overlapped, pipeline_step,
-                          pipeline_step_time, stage_crosses)
+from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
+                          fewest_full_recompute_layers, fp8_recipe_of, head_compute_s, inflight_microbatches,
+                          layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses)
 
 # the names other modules take from here (the rules and caches live in the two modules above)
-__all__ = ["Estimate", "LayerTerms", "StageCost", "StageEstimate", "StageModel", "estimate", "exposed_dp_time",
+__all__ = ["Estimate", "LayerSums", "LayerTerms", "StageCost", "StageEstimate", "StageKind", "StageMesh", "StageModel",
+           "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
            "fewest_full_recompute_layers", "fp8_recipe_of", "inflight_microbatches", "layer_sums", "layer_terms",
            "overlapped", "pipeline_step", "pipeline_step_time", "stage_compute_time", "stage_crosses", "stage_groups",
            "stage_model"]
