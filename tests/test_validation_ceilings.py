@@ -83,3 +83,15 @@ def test_plans_inside_the_band_are_ties():
     line = tie_line([plan(10.0), plan(10.0 * (1 + band / 2)), plan(10.0 * (1 + 2 * band))])
     assert line and line.startswith("plan 2 is within")
     assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band))]) is None
+
+
+@pytest.mark.solver
+def test_plan_json_carries_the_band_of_each_plan(capsys):
+    from planner.cli import main
+    assert main(["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "256",
+                 "--seq-len", "4096", "--target", "megatron", "--top", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for p in d["plans"]:
+        u = p["uncertainty"]
+        assert u["band"] == relative_band("train-dense") and u["kind"] == "train-dense"
+        assert u["step_time_s_range"][0] < p["estimate"]["step_time_s"] < u["step_time_s_range"][1]
