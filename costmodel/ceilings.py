@@ -17,7 +17,7 @@ from __future__ import annotations
 BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
     ("A100", "16-bit"): (0.611, "torchtitan docs/performance.md (commit 3faaa1a, 2024-08-23): Llama 2 13B, "
                                 "FSDP on 64 A100 80GB, no activation checkpointing, MFU 61.1%"),
-    ("Hopper", "16-bit"): (0.49, "Megatron-LM README (commit f2e5db402c, 2024-07-15), weak scaling: GPT on 192 "
+    ("Hopper", "16-bit"): (0.49, "Megatron-LM README (commit f2e5db402c, 2024-07-15), weak scaling: GPT 16B on 192 "
                                  "H100, 489 model TFLOP/s, MFU 49%"),
     ("Hopper", "fp8"): (0.4255, "NeMo 24.07 performance summary: GPT-3 175B FP8 on 512 H100, 842 model TFLOP/s "
                                 "of 1,979 (FP8 peak)"),
