@@ -159,3 +159,13 @@ def test_headline_block_quotes_the_page(res):
     head = vc.headline_rows(res["rows"])
     med = statistics.median(abs(r.error) for r in head)
     assert f"median {med * 100:.1f}%" in block and block.count("\n| ") >= len({r.case.family for r in head})
+
+
+def test_flat_baseline_by_hand(res):
+    """The flat-50% baseline of the torchtitan Llama 3 8B run on 64 A100: 0.5 x 312 TFLOP/s over
+    6 x 8.03e9 + 12 x 32 x 4096 x 8192 FLOPs per token."""
+    row = next(r for r in res["rows"] if r.case.name == "torchtitan-llama3-8b-fsdp64-a100")
+    model = row.case.inputs[0]
+    by_hand = 0.5 * 312e12 / (6 * model.total_params() + 12 * 32 * 4096 * 8192)
+    assert 7.9e9 < model.total_params() < 8.1e9
+    assert row.constant == pytest.approx(by_hand / row.case.published - 1)

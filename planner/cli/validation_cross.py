@@ -346,6 +346,18 @@ def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[Cros
 # Cross-validation
 # --------------------------------------------------------------------------------------
 
+# The baseline a cost model must beat: every run at a flat fraction of the GPU's dense peak for its
+# precision (llm-analysis's default efficiency, 0.5), FLOPs per token 6N + 12 l h s. Stated before
+# looking at any residual; it has nothing to fit.
+BASELINE_MFU = 0.5
+
+
+def baseline_tokens_per_s(case: CrossCase) -> float:
+    model, cluster, wl, _, _ = case.inputs
+    peak = cluster.groups[0].gpu.peak(wl.dtype)
+    return BASELINE_MFU * peak / _six_n_flops_per_token(model, wl.seq_len)
+
+
 @dataclass
 class CrossRow:
     case: CrossCase
@@ -355,6 +367,7 @@ class CrossRow:
     high: float
     in_sample: float              # the shipped model's error on the same figure
     priors: tuple[str, ...]       # constants that fell back to their prior for this family
+    constant: float = 0.0         # the error of a flat BASELINE_MFU of peak (``baseline_tokens_per_s``)
 
     @property
     def credited(self) -> float:
@@ -382,7 +395,8 @@ def _predict_rows(cases: list[CrossCase], values: dict[str, float], shipped: dic
     with module_constants(shipped):
         ins = [predict(c, shipped)[0] for c in cases]
     for c, p, (lo, hi), i in zip(cases, preds, ranges, ins):
-        out.append(CrossRow(c, p, _err(c, p), _err(c, lo), _err(c, hi), _err(c, i), priors))
+        out.append(CrossRow(c, p, _err(c, p), _err(c, lo), _err(c, hi), _err(c, i), priors,
+                            _err(c, baseline_tokens_per_s(c))))
     return out
 
 
@@ -423,8 +437,8 @@ def _stats(rows: list[CrossRow], attr: str = "error") -> tuple[float, float]:
 
 def _group_table(rows: list[CrossRow], title: str, key) -> list[str]:
     out = [f"### By {title}", "", f"| {title} | runs | median out-of-source | largest | mean signed | "
-                                  "median in-sample (shipped) | median credited |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+                                  "median in-sample (shipped) | median credited | median flat 50% |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     groups: dict[str, list[CrossRow]] = {}
     for r in rows:
         groups.setdefault(key(r), []).append(r)
@@ -433,7 +447,7 @@ def _group_table(rows: list[CrossRow], title: str, key) -> list[str]:
         med, big = _stats(g)
         out.append(f"| {k} | {len(g)} | {med * 100:.1f}% | {big * 100:.1f}% | "
                    f"{statistics.mean(r.error for r in g) * 100:+.1f}% | {_stats(g, 'in_sample')[0] * 100:.1f}% | "
-                   f"{_stats(g, 'credited')[0] * 100:.1f}% |")
+                   f"{_stats(g, 'credited')[0] * 100:.1f}% | {_stats(g, 'constant')[0] * 100:.1f}% |")
     return out + [""]
 
 
@@ -450,13 +464,16 @@ def markdown(res: dict) -> str:
            "only TFLOP/s or MFU is converted with its source's FLOP formula. Error = predicted / published - 1",
            "(positive: predicted too fast). \"In-sample\" is the shipped model on the same figure, fitted with",
            "every family in; \"credited\" is the smallest error any unpublished setting (micro-batch,",
-           "recompute) that fits in memory gives.", ""]
+           "recompute) that fits in memory gives; \"flat 50%\" is the baseline of every run at half the dense",
+           "peak (6N + 12lhs FLOPs per token), which a cost model must beat.", ""]
     if head:
         med, big = _stats(head)
         out += [f"**Out of source, dense runs on catalog hardware: median {med * 100:.1f}%, largest "
                 f"{big * 100:.1f}% over {len(head)} runs from {len({r.case.family for r in head})} families.** "
                 f"In-sample (the shipped constants) on the same runs: median {_stats(head, 'in_sample')[0] * 100:.1f}%, "
-                f"largest {_stats(head, 'in_sample')[1] * 100:.1f}%.", ""]
+                f"largest {_stats(head, 'in_sample')[1] * 100:.1f}%. A flat {BASELINE_MFU:.0%} of peak "
+                f"(nothing fitted): median {_stats(head, 'constant')[0] * 100:.1f}%, largest "
+                f"{_stats(head, 'constant')[1] * 100:.1f}%.", ""]
     if moe:
         med, big = _stats(moe)
         out += [f"MoE, apart: median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(moe)} runs.", ""]
@@ -517,7 +534,8 @@ def as_json(res: dict) -> dict:
                   "catalog_hardware": r.case.catalog_hardware, "metric": "tokens/s per GPU",
                   "published": r.case.published, "read_from": r.case.how, "predicted": r.predicted,
                   "error": r.error, "error_low": r.low, "error_high": r.high, "unpublished": list(r.case.unpublished),
-                  "in_sample_error": r.in_sample, "at_prior": sorted(set(r.priors))} for r in res["rows"]],
+                  "in_sample_error": r.in_sample, "flat_50_error": r.constant,
+                  "at_prior": sorted(set(r.priors))} for r in res["rows"]],
         "fits": {fam: {"values": fr.values, "at_prior": fr.prior, "rows": fr.rows, "families": fr.families}
                  for fam, fr in res["fits"].items()},
         "all_in": {"values": res["full"].values, "rows": res["full"].rows, "families": res["full"].families},
