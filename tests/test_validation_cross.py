@@ -55,6 +55,8 @@ def test_megatron_flop_formula_reproduces_a_published_mfu():
     assert mfu == pytest.approx(0.415, abs=0.003)
     # GPT form: 72 l h^2 (1 + s/(6h) + V/(12 l h)) per sequence of s tokens
     assert f * 2048 == pytest.approx(72 * 2048 * 48 * 6144 ** 2 * (1 + 2048 / (6 * 6144) + 51200 / (12 * 48 * 6144)))
+    # Megatron's count since 2025 halves the s x s term: 12 l h^2 (s/h)/2 = 6 l h s per token less
+    assert f - vc._megatron_model_flops_per_token(m, 2048, causal=True) == pytest.approx(6 * 48 * 6144 * 2048)
     # Narayanan eq. 3 counts the recomputed forward: 4/3 of the model FLOPs when s and V are negligible
     from types import SimpleNamespace
     big = SimpleNamespace(hidden=6_144_000, layers=48, heads=64, kv_heads=64, ffn_hidden=4 * 6_144_000, vocab=8,

@@ -74,7 +74,7 @@ class CrossCase:
 # The published figure, as tokens/s per GPU
 # --------------------------------------------------------------------------------------
 
-def _megatron_model_flops_per_token(m: Any, s: int) -> float:
+def _megatron_model_flops_per_token(m: Any, s: int, causal: bool = False) -> float:
     """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py, r0.8) per
     token: 12 l h^2 [(1 + g/a + s/h) + (ffn/h) x (1.5 if gated) + V / (2 l h)] (no recomputation,
     full causal square counted). For a GPT (ffn 4h, g = a) it is 72 l h^2 (1 + s/(6h) + V/(12 l h))."""
@@ -84,7 +84,9 @@ def _megatron_model_flops_per_token(m: Any, s: int) -> float:
     # MoE (every layer an MoE layer, as Megatron's formula of r0.8 counts it): the routed experts'
     # width times top-k in place of the dense MLP's
     ffn = (m.expert_ffn_hidden or m.ffn_hidden) * m.top_k if m.is_moe else m.ffn_hidden
-    return 12 * l_ * h * h * ((1 + g_over_a + s / h) + (ffn / h) * gate + m.vocab / (2 * l_ * h))
+    # Megatron-LM since 2025 counts half the s x s attention ("causal mask": tflops_kind model-causal)
+    att = s / h / (2 if causal else 1)
+    return 12 * l_ * h * h * ((1 + g_over_a + att) + (ffn / h) * gate + m.vocab / (2 * l_ * h))
 
 
 def _narayanan_hardware_flops_per_token(m: Any, s: int) -> float:
@@ -108,6 +110,8 @@ def source_flops_per_token(case: dict, m: Any, kind: str) -> tuple[float, str]:
         return _narayanan_hardware_flops_per_token(m, s), "Narayanan eq. 3"
     if kind == "mfu":
         return _six_n_flops_per_token(m, s), "6N + 12lhs (assumed)"
+    if kind == "model-causal":
+        return _megatron_model_flops_per_token(m, s, causal=True), "Megatron's model FLOPs, causal"
     if "Megatron" in src or "NeMo" in src or case.get("framework") == "megatron" or "Korthikanti" in src:
         return _megatron_model_flops_per_token(m, s), "Megatron's model FLOPs"
     return _six_n_flops_per_token(m, s), "6N + 12lhs"
@@ -122,8 +126,8 @@ def published_tokens_per_s(case: dict, m: Any, peak_flops: float) -> tuple[float
     if "step_time_s" in rep:
         return tokens / (rep["step_time_s"] * n), "step time"
     kind = rep.get("tflops_kind")
-    if "tflops_per_gpu" in rep and kind in ("hardware", "model"):
-        if m.is_moe and (kind != "model" or m.attention == "mla" or m.shared_experts or m.first_dense_layers):
+    if "tflops_per_gpu" in rep and kind in ("hardware", "model", "model-causal"):
+        if m.is_moe and (kind == "hardware" or m.attention == "mla" or m.shared_experts or m.first_dense_layers):
             return None                  # Megatron r0.8's formula counts neither MLA nor shared or dense layers
         f, name = source_flops_per_token(case, m, kind)
         return rep["tflops_per_gpu"] * 1e12 / f, f"{kind} TFLOP/s via {name}"
