@@ -64,8 +64,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inference import (COLLECTIVE_LAUNCH_S, RUNTIME_EXTRA_BYTES, InferenceEstimate, _Pass, _pipeline, _Serving,
-                        kv_bytes_per_token, kv_dtype_of, lengths, validate_serving)
+from .comm import crosses_nodes, launched
+from .inference import (InferenceEstimate, _Pass, _pipeline, _Serving, kv_bytes_per_token,
+                        kv_dtype_of, lengths, memory_parts, stage_memory_parts, validate_serving)
 from .specs import ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages
 from .units import GIB
 
@@ -169,7 +170,7 @@ class StepModel:
         if self.par.pp == 1:
             return 0.0
         sv = self.sv
-        return sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross) + COLLECTIVE_LAUNCH_S
+        return launched(sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross))
 
     def step(self, dec: float, ctx: float, pre: float = 0.0, pre_seqs: float = 0.0, past: float = 0.0,
              group_tokens: float | None = None) -> tuple[float, _Pass]:
@@ -241,10 +242,9 @@ def kv_capacity(sm: StepModel, sched: SchedulerConfig) -> KvCapacity:
     best_tokens, worst = math.inf, None
     for i, st in enumerate(sm.stages):
         last = i == sm.par.pp - 1
-        w = sv.stage_weights(st, i)
         act = sv.activation_bytes(C, min(C, sched.max_num_seqs), last)
-        other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES
-        fixed = w + act + other
+        parts = stage_memory_parts(sv, st, i, 0.0, act)      # all but the KV pool
+        w, other, fixed = parts["weights_bytes"], parts["other_bytes"], parts["peak_bytes"]
         if sched.server == "tensorrt-llm":
             pool = sched.gpu_memory_utilization * (cap - fixed)
         else:
@@ -448,9 +448,7 @@ def _memory_at(kv: KvCapacity, running: float, sm: StepModel) -> dict[str, float
     requests hold, and the pool the engine allocates."""
     m = kv.memory
     held = running * (sm.P + (sm.O - 1) / 2.0) * m["kv_bytes_per_token"]
-    peak = m["weights_bytes"] + held + m["activations_bytes"] + m["other_bytes"]
-    return {"peak_bytes": peak, "weights_bytes": m["weights_bytes"], "kv_cache_bytes": held,
-            "activations_bytes": m["activations_bytes"], "other_bytes": m["other_bytes"]}
+    return memory_parts(m["weights_bytes"], held, m["activations_bytes"], m["other_bytes"])
 
 
 def _engine_bytes(kv: KvCapacity) -> float:
@@ -458,7 +456,7 @@ def _engine_bytes(kv: KvCapacity) -> float:
     (``gpu_memory_utilization x GPU`` for vLLM and SGLang; TensorRT-LLM's pool is a share of
     what is left after the rest)."""
     m = kv.memory
-    return m["weights_bytes"] + m["activations_bytes"] + m["other_bytes"] + kv.pool_bytes
+    return memory_parts(m["weights_bytes"], kv.pool_bytes, m["activations_bytes"], m["other_bytes"])["peak_bytes"]
 
 
 def _time_terms(pt: Schedule, static_time: dict | None = None) -> dict[str, float]:
@@ -607,14 +605,11 @@ class PrefillPool:
         cap = self.sm.cluster.gpu.memory_bytes
         worst = None
         for i, st in enumerate(self.sm.stages):
-            w = sv.stage_weights(st, i)
             act = sv.activation_bytes(sched.token_budget, max(1, sched.token_budget // self.sm.P), i == pool.pp - 1)
             kv = (sched.token_budget + self.sm.P) * st.num_layers * sv.kv_layer   # the chunks in flight
-            other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES
-            peak = w + act + kv + other
-            if worst is None or peak > worst["peak_bytes"]:
-                worst = {"peak_bytes": peak, "weights_bytes": w, "kv_cache_bytes": kv, "activations_bytes": act,
-                         "other_bytes": other}
+            parts = stage_memory_parts(sv, st, i, kv, act)
+            if worst is None or parts["peak_bytes"] > worst["peak_bytes"]:
+                worst = parts
         self.memory = worst
         self.fits = worst["peak_bytes"] <= sched.gpu_memory_utilization * cap
 
@@ -629,7 +624,7 @@ def kv_transfer_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pr
     P = workload.prompt_len
     total = P * kv_bytes_per_token(model, kv_dtype_of(workload))
     streams = min(prefill.gpus_per_instance, decode.gpus_per_instance)
-    return Network(cluster).p2p(total / streams, cross_node) + COLLECTIVE_LAUNCH_S
+    return launched(Network(cluster).p2p(total / streams, cross_node))
 
 
 @dataclass
@@ -651,9 +646,10 @@ class DisaggPoint:
 
 
 def transfer_crosses_nodes(cluster: ClusterSpec, prefill: Pool, decode: Pool) -> bool:
-    """KV moves over NVLink only when the whole deployment sits in one node; otherwise the
-    pools' instances are on different nodes and it goes over the network."""
-    return prefill.gpus + decode.gpus > cluster.gpus_per_node
+    """KV moves over NVLink only when the whole deployment sits in one NVLink domain (a host, or
+    a multi-host domain such as NVL72); otherwise it goes over the network. The rule is
+    ``comm.crosses_nodes``, on the deployment's ranks as one group."""
+    return crosses_nodes({"gpus": prefill.gpus + decode.gpus}, ("gpus",), "gpus", cluster.nvlink_gpus)
 
 
 def disagg_point(pre: PrefillPool, dec: InflightReplica, d: float, t_kv: float, cross: bool,

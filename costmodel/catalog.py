@@ -7,9 +7,10 @@ the figure its card or paper quotes, and a test holds our count to it.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Mapping
 
-from .limits import MAX_LAYERS, describe
+from .limits import MAX_EXPERTS, MAX_LAYERS, MAX_ROPE_THETA, MAX_SEQ, describe
 from .specs import ModelSpec, SpecError
 
 _LLAMA3 = dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rotary", vocab=128256,
@@ -123,10 +124,33 @@ def get_model(name: str) -> ModelSpec:
 def _rope_scaling(cfg: Mapping[str, Any]) -> float:
     """The Llama 3.1-style scaling factor of ``rope_scaling`` (0 for none or another kind: YaRN,
     linear and dynamic scaling are not expressed by the emitters)."""
-    rs = cfg.get("rope_scaling") or {}
-    if isinstance(rs, Mapping) and (rs.get("rope_type") or rs.get("type")) == "llama3":
-        return float(rs.get("factor") or 0.0)
+    rs = cfg.get("rope_scaling")
+    if rs is None:
+        return 0.0
+    if not isinstance(rs, Mapping):
+        raise SpecError(f"field 'rope_scaling' must be a mapping such as {{\"rope_type\": \"llama3\", \"factor\": 8.0}} "
+                        f"(or null), got {describe(rs)}")
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise SpecError(f"field 'rope_scaling.rope_type' must be a string, got {describe(kind)}")
+    factor = rs.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not 1 <= factor < float("inf")):
+        raise SpecError(f"field 'rope_scaling.factor' must be a number >= 1 (how many times the trained context "
+                        f"it stretches to; Llama 3.1: 8), got {describe(factor)}")
+    if kind == "llama3":
+        return float(factor or 0.0)
     return 0.0
+
+
+def _number(cfg: Mapping[str, Any], k: str, lo: float, hi: float, what: str, hi_open: bool = False) -> float:
+    """``cfg[k]`` as a float in (lo, hi] (or (lo, hi)), or SpecError naming the field."""
+    v = cfg[k]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v \
+            or (v >= hi if hi_open else v > hi):
+        raise SpecError(f"field {k!r} must be a number in ({lo:g}, {hi:g}{')' if hi_open else ']'}: {what}; "
+                        f"got {describe(v)}")
+    return float(v)
 
 
 def _settings(cfg: Mapping[str, Any], *eps_keys: str, theta_keys: tuple[str, ...] = ("rope_theta",)) -> dict:
@@ -134,11 +158,11 @@ def _settings(cfg: Mapping[str, Any], *eps_keys: str, theta_keys: tuple[str, ...
     d: dict[str, Any] = {}
     for k in theta_keys:
         if cfg.get(k):
-            d["rope_theta"] = float(cfg[k])
+            d["rope_theta"] = _number(cfg, k, 0.0, MAX_ROPE_THETA, "the RoPE base (Llama 3: 500000)")
             break
     for k in eps_keys:
         if cfg.get(k):
-            d["norm_eps"] = float(cfg[k])
+            d["norm_eps"] = _number(cfg, k, 0.0, 1.0, "an epsilon added to a variance (Llama: 1e-5)", hi_open=True)
             break
     if _rope_scaling(cfg):
         d["rope_scaling"] = _rope_scaling(cfg)
@@ -184,6 +208,22 @@ _HF_NUMBERS = ("attn_logit_softcapping", "final_logit_softcapping")       # a nu
 _HF_LISTS = {"layer_types": str, "moe_layers": int, "no_rope_layers": int}   # a list of these, or null
 
 
+# upper bounds of the counts, checked before any per-layer list is built (a config with 10^9 layers
+# would otherwise build a 10^9-entry layout first): the ModelSpec ceilings of costmodel/limits.py
+_HF_COUNT_MAX = MAX_SEQ          # 16,777,216: the largest count of anything a config states
+_HF_COUNT_LIMITS = {**{k: (MAX_LAYERS, "the deepest published model has ~200 layers")
+                       for k in ("num_hidden_layers", "n_layer", "first_k_dense_replace", "moe_layer_freq",
+                                 "decoder_sparse_step", "interleave_moe_layer_step", "sliding_window_pattern",
+                                 "no_rope_layer_interval")},
+                    **{k: (MAX_EXPERTS, "DeepSeek-V3 routes over 256 experts")
+                       for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                                 "experts_per_token", "n_shared_experts")}}
+# mixture-of-experts model types and the field that counts their routed experts
+_HF_MOE_FIELDS = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "llama4_text": "num_local_experts",
+                  "qwen2_moe": "num_experts", "qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts",
+                  "deepseek_v2": "n_routed_experts"}
+
+
 def _check_hf_types(cfg: Mapping[str, Any], where: str) -> None:
     """The fields this parser reads have the types config.json gives them (a bool is not a count,
     "32" is not a number, -8 heads do not exist); named by their config.json names."""
@@ -191,6 +231,9 @@ def _check_hf_types(cfg: Mapping[str, Any], where: str) -> None:
         v = cfg.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise SpecError(f"{where}: field {k!r} must be a non-negative integer (or null), got {describe(v)}")
+        hi, why = _HF_COUNT_LIMITS.get(k, (_HF_COUNT_MAX, "far above any published model"))
+        if v is not None and v > hi:      # before any list of layers is built from it
+            raise SpecError(f"{where}: field {k!r} must be at most {hi:,} ({why}), got {v:,}; is it a typo?")
     for k in _HF_SWITCHES:
         v = cfg.get(k)
         if v is not None and not isinstance(v, bool):
@@ -254,6 +297,14 @@ def _window(cfg: Mapping[str, Any], where: str, layers: int, default_pattern: in
 
 def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
     """A ``ModelSpec`` from a Hugging Face ``config.json`` dict."""
+    try:
+        return _from_hf_config(cfg, name, where)
+    except SpecError as e:
+        msg = str(e)
+        raise SpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+def _from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
     mt = cfg.get("model_type")
     _check_hf_types(cfg, where)
     if mt not in HF_MODEL_TYPES:
@@ -342,6 +393,11 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.
                      qk_nope_head_dim=g("qk_nope_head_dim"), qk_rope_head_dim=g("qk_rope_head_dim"),
                      v_head_dim=g("v_head_dim"),
                      head_dim=g("qk_nope_head_dim") + g("qk_rope_head_dim"), kv_heads=g("num_attention_heads"))
+        if mt in _HF_MOE_FIELDS and (d.get("num_experts", 0) < 1 or d.get("top_k", 0) < 1):
+            field = _HF_MOE_FIELDS[mt] if d.get("num_experts", 0) < 1 else "num_experts_per_tok"
+            raise SpecError(f"{where}: field {field!r} is {cfg.get(field, 0)!r}: model_type {mt!r} is a "
+                            "mixture of experts and needs at least 1 (routed expert, and expert per token); a "
+                            "dense model has another model_type (e.g. llama)")
     elif mt == "gpt2":
         h = g("n_embd")
         d.update(layers=g("n_layer"), hidden=h, heads=g("n_head"), vocab=g("vocab_size"),

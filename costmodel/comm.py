@@ -33,6 +33,20 @@ from functools import lru_cache
 from typing import Callable, NamedTuple
 
 from .specs import MESH_AXES, ClusterSpec, LinkSpec
+from .units import US
+
+# NCCL's fixed cost per collective (and per point-to-point send) on top of the link latency:
+# kernel launch and the protocol's handshake; nccl-tests report 10-20 us for an 8-byte
+# all-reduce on A100/H100 NVSwitch. The value was chosen on a grid inside that range against
+# calibration/published_inference.yaml (VALIDATION_INFERENCE.md); training uses the same value.
+COLLECTIVE_LAUNCH_S = 10.0 * US
+
+
+def launched(each_s: float, count: float = 1) -> float:
+    """``count`` collectives of ``each_s`` seconds of transfer each, every one with its fixed
+    launch cost (``COLLECTIVE_LAUNCH_S``). The one rule for serving and training: callers add
+    it only for groups of more than one GPU."""
+    return count * (each_s + COLLECTIVE_LAUNCH_S)
 
 DEFAULT_ORDER = MESH_AXES
 

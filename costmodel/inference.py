@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from .comm import GroupLayout, Network, crosses_nodes, layout_for
+from .comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network, crosses_nodes, launched, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
@@ -101,9 +101,7 @@ ROOFLINE_SHARPNESS = 2.0
 KERNEL_OVERHEAD_S = 4.0 * US
 KERNELS_PER_LAYER = 10
 MOE_EXTRA_KERNELS = 6           # router, top-k, permute, grouped GEMMs x2, un-permute
-# NCCL's fixed cost per collective on top of the link latency: kernel launch and the protocol's
-# handshake; nccl-tests report 10-20 us for an 8-byte all-reduce on A100/H100 NVSwitch.
-COLLECTIVE_LAUNCH_S = 10.0 * US
+# COLLECTIVE_LAUNCH_S: costmodel.comm, one value for serving and training (``comm.launched``).
 # Prefill is scheduled in chunks of whole prompts up to this many tokens (vLLM's
 # max_num_batched_tokens for chunked prefill; TensorRT-LLM's max_num_tokens default is 8192).
 PREFILL_CHUNK_TOKENS = 8192
@@ -375,7 +373,7 @@ class _Serving:
     def _allreduce(self, nbytes: float) -> float:
         if self.par.tp <= 1:
             return 0.0
-        return self.net.all_reduce(nbytes, self.tp_lay) + COLLECTIVE_LAUNCH_S
+        return launched(self.net.all_reduce(nbytes, self.tp_lay))
 
     def _elementwise_elems(self) -> float:
         """HBM traffic per token per layer of the memory-bound ops, in activation elements: two
@@ -479,7 +477,7 @@ class _Serving:
                         self._gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
             if par.ep > 1:
                 sent = T / t * k * h * self.ab       # each TP rank dispatches its share of the tokens
-                out.ep += 2 * (self.net.all_to_all(sent, self.ep_lay) + COLLECTIVE_LAUNCH_S)
+                out.ep += launched(self.net.all_to_all(sent, self.ep_lay), 2)
             kernels += MOE_EXTRA_KERNELS
         out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm
         out.overhead += kernels * KERNEL_OVERHEAD_S
@@ -500,7 +498,7 @@ class _Serving:
             self._gemm(rows, v, m.hidden, 1, v * m.hidden * self.eb, out)
             out.elementwise += rows * v * LOGITS_BYTES * 2 / self.hbm     # softmax / argmax over logits
             if t > 1:   # logits gathered to the sampler
-                out.tp += self.net.all_gather(rows * m.vocab * LOGITS_BYTES, self.tp_lay) + COLLECTIVE_LAUNCH_S
+                out.tp += launched(self.net.all_gather(rows * m.vocab * LOGITS_BYTES, self.tp_lay))
             out.overhead += 3 * KERNEL_OVERHEAD_S                        # final norm, head, sampler
         return out
 
@@ -614,7 +612,7 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         """One pipeline hand-off of ``tokens`` hidden states (point-to-point)."""
         if pp == 1:
             return 0.0
-        return sv.net.p2p(tokens * model.hidden * sv.ab, sv.pp_cross) + COLLECTIVE_LAUNCH_S
+        return launched(sv.net.p2p(tokens * model.hidden * sv.ab, sv.pp_cross))
 
     # ---- decode --------------------------------------------------------------------------
     micro = min(pp, B)
@@ -693,6 +691,23 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         memory=mem, time=time, capacity_bytes=gpu.memory_bytes, batch=B, gpus=world, stages=stage_rows)
 
 
+def stage_memory_parts(sv: _Serving, st: StageSpec, index: int, kv_bytes: float, activations_bytes: float,
+                       waste_bytes: float = 0.0) -> dict[str, float]:
+    """Peak memory of one GPU of stage ``index`` by category, given the KV cache it holds and its
+    activations: its weights (``_Serving.stage_weights``) + KV + activations + other (the GPU's
+    reserved bytes, ``RUNTIME_EXTRA_BYTES``, partly filled KV blocks). The one rule every serving
+    model sums (aggregated replicas, the engine's KV pool, prefill pools, the operating point)."""
+    w = sv.stage_weights(st, index)
+    return memory_parts(w, kv_bytes, activations_bytes, sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste_bytes)
+
+
+def memory_parts(weights_bytes: float, kv_bytes: float, activations_bytes: float,
+                 other_bytes: float) -> dict[str, float]:
+    """The serving memory breakdown and its peak, the sum of the four."""
+    return {"peak_bytes": weights_bytes + kv_bytes + activations_bytes + other_bytes, "weights_bytes": weights_bytes,
+            "kv_cache_bytes": kv_bytes, "activations_bytes": activations_bytes, "other_bytes": other_bytes}
+
+
 def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, ctx: int,
                          batch: int) -> dict[str, float]:
     """Peak memory of one GPU of stage ``index`` serving ``batch`` sequences of context ``ctx``
@@ -701,15 +716,12 @@ def serving_stage_memory(sv: _Serving, st: StageSpec, index: int, prompt: int, c
     micro = min(sv.par.pp, batch)
     per_chunk, _, chunk_tokens = _chunking(prompt, batch)
     kv_tok = st.num_layers * sv.kv_layer
-    w = sv.stage_weights(st, index)
     # a sliding-window layer caches at most its window (ModelSpec.kv_tokens_in; num_layers * ctx without one)
     kv = batch * sv.m.kv_tokens_in(st.first_layer, st.last_layer, ctx) * sv.kv_layer
     act = max(sv.activation_bytes(chunk_tokens, per_chunk, last),
               sv.activation_bytes(batch / micro, batch / micro, last))
     waste = batch * KV_BLOCK_TOKENS / 2 * kv_tok            # the partly filled last block per sequence
-    other = sv.gpu.reserved_bytes + RUNTIME_EXTRA_BYTES + waste
-    return {"peak_bytes": w + kv + act + other, "weights_bytes": w, "kv_cache_bytes": kv,
-            "activations_bytes": act, "other_bytes": other}
+    return stage_memory_parts(sv, st, index, kv, act, waste)
 
 
 def stage_peak_bytes(sv: _Serving, stages: tuple[StageSpec, ...], prompt: int, ctx: int, batch: int) -> float:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .comm import GroupLayout, Network
+from .comm import GroupLayout, Network, launched
 from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
@@ -142,6 +142,42 @@ def layer_matrices(model: ModelSpec, moe: bool, tp: int, ep: int = 1, expert_tp:
     return tuple(out)
 
 
+# --------------------------------------------------------------------------------------
+# Model FLOPs: the one definition behind every MFU this project prints (cost model, runtime)
+# --------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=4096)
+def layer_model_flops_per_token(model: ModelSpec, moe: bool, seq_len: int) -> float:
+    """Model FLOPs of one layer's forward pass per token of a ``seq_len`` sequence: 2 per
+    multiply-add of every weight matrix a token passes through (``layer_matrices`` unsharded: the
+    routed experts at ``top_k / num_experts`` of their copies; no biases, norms or elementwise
+    work), plus the attention core at ``4 * seq_len * score_dim`` (QK^T and AV over the *full*
+    s x s score matrix, causal mask or not). That is the papers' convention: PaLM (Chowdhery et
+    al. 2022, App. B: 6N + 12LHQT per token for training), Megatron-LM (Narayanan et al., SC'21,
+    App.: the s/6h term of 72BsLh^2) and torchtitan's ``get_num_flop_per_token``, so our MFU
+    compares with published MFUs. It is a property of the model, not of the layout: replicated
+    work (the router or MLA's down-projections on every TP rank, KV heads copied when
+    tp > kv_heads) is not counted again."""
+    share = model.top_k / model.num_experts if moe else 0.0
+    gemm = sum(2 * m.k * m.n * m.count * (share if m.role == "expert" else 1.0)
+               for m in layer_matrices(model, moe, 1, 1, 1))
+    return gemm + 4 * seq_len * model.score_dim
+
+
+@lru_cache(maxsize=1024)
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training model FLOPs per token: forward plus backward, 3 x forward (backward computes the
+    input and the weight gradients, each as large as the forward; Narayanan et al., eq. 2), over
+    every layer (``layer_model_flops_per_token``) and the output head (2 * vocab * hidden: it
+    runs whether or not its matrix is tied to the embedding; the embedding lookup is no GEMM).
+    The MFU of ``training.estimate`` and of ``runtime.train`` both divide this."""
+    n_moe = sum(1 for i in range(model.layers) if model.is_moe_layer(i))
+    fwd = (model.layers - n_moe) * layer_model_flops_per_token(model, False, seq_len) + 2 * model.vocab * model.hidden
+    if n_moe:
+        fwd += n_moe * layer_model_flops_per_token(model, True, seq_len)
+    return 3.0 * fwd
+
+
 class LayerParams(NamedTuple):
     """Parameters of one layer on one GPU, by how they are stored and sharded."""
 
@@ -197,8 +233,9 @@ def ends_params(model: ModelSpec, tp: int, pp: int, first: bool, last: bool) -> 
 class LayerCost:
     """Per GPU, per micro-batch, for one layer of one kind."""
 
-    model_flops_fwd: float      # paper convention (full score matrix)
-    hw_flops_fwd: float         # same convention; recomputation is added on top (HFU >= MFU)
+    model_flops_fwd: float      # paper convention (full score matrix); MFU: model_flops_per_token
+    hw_flops_fwd: float         # same convention (Megatron's and BLOOM's published "hardware TFLOP/s"
+    #                             count the full s x s too); recomputation is added on top
     fwd_s: float                # forward compute (GEMMs, attention, elementwise)
     attn_fwd_s: float           # of which the attention core (for CP overlap)
     gemm_fwd_s: float           # of which the GEMMs (for TP communication overlap)
@@ -257,7 +294,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += k * (lin_b * h + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
         tokens_sent = T * k * h * a_bytes / (t if sp else 1) * load
-        ep_fwd_s = 2 * net.all_to_all(tokens_sent, ep_lay)
+        ep_fwd_s = launched(net.all_to_all(tokens_sent, ep_lay), 2) if ep > 1 else 0.0
         moe_ew_bytes = (permute_bytes(T * load / (t if sp else 1), k, h, a_bytes)
                         + router_bytes(T / (t if sp else 1), E))
     else:
@@ -340,15 +377,18 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- communication of one forward pass ---------------------------------------------
     tp_bytes = T * h * a_bytes
-    # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter
-    if sp:
+    # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter;
+    # every collective with its launch cost (comm.launched, as serving prices it)
+    if t <= 1:
+        tp_fwd_s = 0.0
+    elif sp:
         # Transformer Engine all-gathers the quantized input of the column-parallel GEMM
         ag_bytes = T * h * fp8.copy_bytes if fp8 is not None and fp8.tp_gather_fp8 else tp_bytes
-        tp_fwd_s = 2 * (net.all_gather(ag_bytes, tp_lay) + net.reduce_scatter(tp_bytes, tp_lay))
+        tp_fwd_s = 2 * (launched(net.all_gather(ag_bytes, tp_lay)) + launched(net.reduce_scatter(tp_bytes, tp_lay)))
     else:
-        tp_fwd_s = 2 * net.all_reduce(tp_bytes, tp_lay)
+        tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
-    cp_fwd_s = (cp - 1) * net.p2p(kv_bytes, cp_lay.crosses_nodes) if cp > 1 else 0.0
+    cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes), cp - 1) if cp > 1 else 0.0
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(

@@ -42,6 +42,10 @@ MAX_HALF_SIZE = 1e6                # GEMM size at half efficiency
 MAX_MESSAGE_BYTES = float(1 << 50)
 MAX_SOFTCAP = 1e4                  # a logit soft-cap (Gemma 2: 50 and 30)
 MAX_NAME = 256                     # characters in a model, cluster, GPU, link or group name
+MAX_ROPE_THETA = 1e12              # RoPE base (published: 1e4 to 1e8)
+MAX_ROPE_SCALING = 1e3             # RoPE stretch factor (Llama 3.1: 8; 1000 stretches 8k tokens to 8M)
+MAX_STORAGE_TOTAL = 1e18           # a cluster's file system, bytes/s (1 EB/s; the largest today: ~10 TB/s)
+MAX_NODE_MTBF_S = 3.6e10           # 10^7 hours (1,100 years) between failures of one node (Llama 3: 6,335 h)
 
 # (lo, hi, lo_exclusive) per (class, field); a field left out has only its type checked.
 _POS = True      # lo exclusive: > lo
@@ -59,7 +63,8 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "qk_rope_head_dim": (0, MAX_HIDDEN, _NN), "v_head_dim": (0, MAX_HIDDEN, _NN),
         "sliding_window": (0, MAX_SEQ, _NN), "sliding_window_pattern": (0, MAX_LAYERS, _NN),
         "attn_softcap": (0, MAX_SOFTCAP, _NN), "final_softcap": (0, MAX_SOFTCAP, _NN),
-        "published_params": (0, MAX_PARAMS, _NN)}.items()},
+        "published_params": (0, MAX_PARAMS, _NN), "rope_theta": (0, MAX_ROPE_THETA, _POS),
+        "rope_scaling": (0, MAX_ROPE_SCALING, _NN), "norm_eps": (0, 1, _POS)}.items()},
     **{("GpuSpec", k): v for k, v in {
         "memory_bytes": (0, MAX_MEMORY_BYTES, _POS), "hbm_bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS),
         "matmul_efficiency": (0, 1, _POS), "matmul_half_size": (0, MAX_HALF_SIZE, _NN),
@@ -72,6 +77,9 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("NodeGroup", "nodes"): (1, MAX_NODES, _NN),
     ("NodeGroup", "nvlink_domain"): (0, MAX_GPUS_PER_NODE, _NN),
     ("ClusterSpec", "compute_comm_slowdown"): (0, 1, _NN),
+    ("ClusterSpec", "storage_bytes_per_s_per_node"): (0, MAX_BANDWIDTH, _NN),
+    ("ClusterSpec", "storage_total_bytes_per_s"): (0, MAX_STORAGE_TOTAL, _NN),
+    ("ClusterSpec", "node_mtbf_s"): (0, MAX_NODE_MTBF_S, _NN),
     **{("Workload", k): v for k, v in {
         "global_batch": (1, MAX_BATCH, _NN), "seq_len": (1, MAX_SEQ, _NN), "seed": (0, MAX_SEED, _NN),
         "prompt_len": (0, MAX_SEQ, _NN), "output_len": (0, MAX_SEQ, _NN)}.items()},
@@ -169,6 +177,10 @@ def check_ranges(obj: Any, where: str, error: type[Exception] = ValueError) -> N
                 raise error(f"{where}: {name} {range_problem(v, bounds)}")
         elif name == "name" and not 0 < len(v) <= MAX_NAME:
             raise error(f"{where}: {name} must be 1 to {MAX_NAME} characters, got {len(v):,}")
+        elif name == "name" and not v.isprintable():
+            bad = next(c for c in v if not c.isprintable())
+            raise error(f"{where}: {name} {describe(v)} holds the unprintable character {bad!r} (a line break, a "
+                        "control or format character); names are one line of visible text: retype it")
 
 
 def check_fields(obj: Any, where: str, error: type[Exception] = ValueError) -> None:

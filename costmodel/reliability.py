@@ -54,6 +54,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from costmodel.specs import SpecError
+
 HOUR = 3600.0
 DAY = 86400.0
 
@@ -73,14 +75,28 @@ DEFAULT_SPARE_RISK = 0.01                  # spares cover the nodes down at once
 
 def _positive(**kw: float) -> None:
     for k, v in kw.items():
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{k} must be a positive number, got {v!r}")
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise SpecError(f"{k} must be a positive number, got {v!r}")
 
 
 def _non_negative(**kw: float) -> None:
     for k, v in kw.items():
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"{k} must be >= 0, got {v!r}")
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise SpecError(f"{k} must be >= 0, got {v!r}")
+
+
+def _log_expm1(x: float) -> float:
+    """``log(e^x - 1)`` for x > 0 without overflow (``x + log(1 - e^-x)`` past 30)."""
+    return x + math.log1p(-math.exp(-x)) if x > 30 else math.log(math.expm1(x))
+
+
+def _mean_down(nodes: int, node_mtbf_s: float, repair_s: float) -> float:
+    """The mean number of nodes down at once, ``nodes * repair / MTBF`` (the Poisson mean). Every
+    loop over ``k`` nodes down stops at ``nodes`` (no more are down than exist), so a repair time
+    of many MTBFs (a mean above ``nodes``) costs at most ``nodes`` terms: the probability mass past
+    them runs at the last rate (for a job without a smaller plan, 0: it waits)."""
+    # capped at 1e300: a finite mean whose exp(-mean) is 0 (an infinite one would turn 0 * inf into NaN)
+    return min(nodes * repair_s / node_mtbf_s, 1e300) if repair_s else 0.0
 
 
 # --------------------------------------------------------------------------------------
@@ -132,8 +148,10 @@ def useful_fraction(interval_s: float, checkpoint_s: float, restart_s: float, mt
     _positive(interval_s=interval_s, mtbf_s=mtbf_s)
     _non_negative(checkpoint_s=checkpoint_s, restart_s=restart_s)
     m = mtbf_s
-    # expm1 keeps precision when tau + delta << M
-    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m))
+    # in logs, so that a restart or an interval of many MTBFs gives a fraction that underflows to 0
+    # rather than an overflow (expm1 keeps precision when tau + delta << M)
+    log_f = math.log(interval_s) - math.log(m) - restart_s / m - _log_expm1((interval_s + checkpoint_s) / m)
+    return math.exp(log_f) if log_f < 700 else math.inf
 
 
 def best_interval_s(checkpoint_s: float, restart_s: float, mtbf_s: float) -> float:
@@ -232,9 +250,9 @@ def nodes_down_pmf(nodes: int, node_mtbf_s: float, repair_s: float, kmax: int) -
     """``P(k nodes down at once)`` for k = 0..kmax: Poisson with mean ``nodes * repair / MTBF``."""
     _positive(nodes=nodes, node_mtbf_s=node_mtbf_s)
     _non_negative(repair_s=repair_s)
-    lam = nodes * repair_s / node_mtbf_s
+    lam = _mean_down(nodes, node_mtbf_s, repair_s)
     out, p = [], math.exp(-lam)
-    for k in range(kmax + 1):
+    for k in range(min(kmax, nodes) + 1):       # no more nodes are down than there are
         out.append(p)
         p *= lam / (k + 1)
     return out
@@ -244,8 +262,10 @@ def spares_needed(nodes: int, node_mtbf_s: float, repair_s: float, risk: float =
     """The least number of spare nodes ``S`` with ``P(more than S nodes down) <= risk``."""
     if not 0 < risk < 1:
         raise ValueError(f"risk must be in (0, 1), got {risk!r}")
-    lam = nodes * repair_s / node_mtbf_s if repair_s else 0.0
-    kmax = int(lam + 12 * math.sqrt(lam) + 20)
+    _positive(nodes=nodes, node_mtbf_s=node_mtbf_s)
+    _non_negative(repair_s=repair_s)
+    lam = _mean_down(nodes, node_mtbf_s, repair_s)
+    kmax = nodes if lam >= nodes else min(nodes, int(lam + 12 * math.sqrt(lam) + 20))
     cdf = 0.0
     for s, p in enumerate(nodes_down_pmf(nodes, node_mtbf_s, repair_s, kmax)):
         cdf += p
@@ -261,8 +281,10 @@ def expected_rate(rates: list[float], nodes: int, node_mtbf_s: float, repair_s: 
     job's and the spares)."""
     if not rates:
         raise ValueError("rates must hold at least the healthy rate")
-    lam = nodes * repair_s / node_mtbf_s if repair_s else 0.0
-    kmax = spares + len(rates) + int(lam + 12 * math.sqrt(lam) + 20)
+    _positive(nodes=nodes, node_mtbf_s=node_mtbf_s)
+    _non_negative(repair_s=repair_s)
+    lam = _mean_down(nodes, node_mtbf_s, repair_s)
+    kmax = nodes if lam >= nodes else min(nodes, spares + len(rates) + int(lam + 12 * math.sqrt(lam) + 20))
     pmf = nodes_down_pmf(nodes, node_mtbf_s, repair_s, kmax)
     total = 0.0
     for k, p in enumerate(pmf):

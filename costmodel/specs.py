@@ -257,54 +257,39 @@ class ModelSpec:
             return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
         return self.heads * self.head_dim
 
-    # ---- parameter counts (matrices; norms and biases separately) ---------------------
+    # ---- parameter counts: views of the one layer description ---------------------------
+    # A layer's matrices (shapes, biases, experts) are written once, in
+    # ``costmodel.layers.layer_matrices``; the counts here sum them unsharded (tp = ep = 1).
+    # (Imported where used: ``costmodel.layers`` builds on this module.)
+    def _matrix_params(self, moe: bool, *prefixes: str) -> int:
+        from .layers import layer_matrices
+        return int(round(sum(m.params for m in layer_matrices(self, moe, 1, 1, 1) if m.name.startswith(prefixes))))
+
     @_memo
     def attention_params(self) -> int:
-        h = self.hidden
+        """Q, K, V and output projections with their biases; MLA's latent norms too."""
+        p = self._matrix_params(False, "q", "kv", "attn_out")
         if self.attention == "mla":
-            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            if self.q_lora_rank:
-                q = h * self.q_lora_rank + self.q_lora_rank * self.heads * qk + self.q_lora_rank
-            else:
-                q = h * self.heads * qk
-            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim)
-                  + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
-                  + self.kv_lora_rank)
-            o = self.heads * self.v_head_dim * h
-            return q + kv + o
-        p = h * self.q_dim + 2 * h * self.kv_dim + self.attn_out_dim * h
-        if self.bias:
-            p += self.q_dim + 2 * self.kv_dim + h
-        return p
-
-    def _mlp_params(self, ffn: int) -> int:
-        mats = 3 if self.mlp == "swiglu" else 2
-        p = mats * self.hidden * ffn
-        if self.bias:
-            p += (mats - 1) * ffn + self.hidden
+            p += self.kv_lora_rank + (self.q_lora_rank or 0)
         return p
 
     @_memo
     def dense_mlp_params(self) -> int:
-        return self._mlp_params(self.ffn_hidden)
+        return self._matrix_params(False, "mlp_")
 
     @_memo
     def expert_params(self) -> int:
         """One routed expert."""
-        return self._mlp_params(self.expert_ffn_hidden)
+        return self._matrix_params(True, "expert_") // self.num_experts
 
     @_memo
     def moe_mlp_params(self) -> int:
         """All experts, shared ones and the router of one MoE layer."""
-        return (self.num_experts * self.expert_params()
-                + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
-                + self.hidden * self.num_experts)
+        return self._matrix_params(True, "expert_", "shared_expert_", "router")
 
     @_memo
     def moe_active_mlp_params(self) -> int:
-        return (self.top_k * self.expert_params()
-                + self.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden)
-                + self.hidden * self.num_experts)
+        return self.top_k * self.expert_params() + self._matrix_params(True, "shared_expert_", "router")
 
     @_memo
     def norm_params(self) -> int:
@@ -786,12 +771,25 @@ class StageSpec:
                 "device_group": self.group}
 
 
+def kv_heads_shard(model: ModelSpec, tp: int) -> bool:
+    """Do ``tp`` ranks split the KV heads exactly, ``kv_heads / tp`` each (multi-latent attention
+    has no KV heads to split: always)? Frameworks that shard K/V heads and never replicate them
+    need this (Megatron-LM's ``divide(num_query_groups, tp)``, our runtime). The one rule."""
+    return model.attention == "mla" or model.kv_heads % tp == 0
+
+
+def kv_heads_fit(model: ModelSpec, tp: int) -> bool:
+    """Can ``tp`` ranks hold the KV heads at all: split exactly (``kv_heads_shard``), or each of
+    them replicated on ``tp / kv_heads`` ranks (vLLM, TensorRT-LLM; ``layers.kv_heads_per_rank``)?"""
+    return kv_heads_shard(model, tp) or tp % model.kv_heads == 0
+
+
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
     """What tensor parallelism of degree ``tp`` cannot split in ``model`` (training and serving)."""
     out = []
     if model.heads % tp:
         out.append(f"tp {tp} does not divide heads {model.heads}")
-    elif model.attention == "mha" and model.kv_heads % tp and tp % model.kv_heads:
+    elif not kv_heads_fit(model, tp):
         out.append(f"tp {tp} and kv_heads {model.kv_heads}: one must divide the other")
     if model.ffn_hidden % tp:
         out.append(f"tp {tp} does not divide ffn_hidden {model.ffn_hidden}")

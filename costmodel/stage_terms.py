@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from .comm import Network, crosses_nodes
+from .comm import Network, crosses_nodes, launched
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
@@ -324,7 +324,7 @@ class StageModel:
         pp_s = 0.0
         if par.pp > 1:
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            pp_s = (1 if (first or last) else 2) * mesh.network.p2p(mesh.boundary_bytes, crosses)
+            pp_s = (1 if (first or last) else 2) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses))
         return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:

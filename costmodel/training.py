@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from .comm import DEFAULT_ORDER
 from .frameworks import FrameworkProfile, framework_profile
+from .layers import model_flops_per_token
 from .memory import activations_in_flight, stage_memory
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
@@ -181,7 +182,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
     kinds = []                              # what a stage's row needs of its kind
-    kind_mf, kind_hf, kind_peak = [], [], []  # model and hardware FLOPs, peak FLOP/s
+    kind_hf, kind_peak = [], []             # hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
@@ -197,7 +198,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
                                            c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
                                            sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g,
                                            c.time_s)))
-        kind_mf.append(c.model_flops)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
     # each stage's memory and row; the stage nearest its capacity
@@ -220,11 +220,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             "bubble_s": bubble, "optimizer_s": opt_s}
     gpus = par.world_size
     per_stage = par.tp * par.dp * par.cp
-    # summed stage by stage, in order
-    model_flops_total = sum(per_stage_of(kind_mf)) * per_stage * m
+    # summed stage by stage, in order; model FLOPs by their one definition (layers.model_flops_per_token)
     hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
     peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
+    model_flops_total = model_flops_per_token(model, workload.seq_len) * tokens
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
                     model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
                     hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,

@@ -14,6 +14,7 @@ GB = 1e9
 TERA = 1e12
 US = 1e-6
 MS = 1e-3
+NS_PER_S = 1e9          # nanoseconds per second (the solver's integer time unit)
 
 # bytes per element for the dtypes the planner knows
 DTYPE_BYTES = {

@@ -10,12 +10,11 @@ script takes the per-device batch (the plan's micro-batch) itself; the launch sc
 """
 from __future__ import annotations
 
-import yaml
-
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all,
                            nodes_and_procs,
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
+from emitters.encode import yaml_document
 from emitters.recipe import Need, model_settings, needs_block, recipe
 from planner.plan.planfile import Plan
 
@@ -154,7 +153,7 @@ def emit(plan: Plan) -> dict[str, str]:
               f"# per-device batch (your DataLoader): {p.micro_batch}; gradient accumulation: {p.grad_accum}\n")
     if nnodes > 1:
         header += "# main_process_ip: replace with node 0's address (or set MAIN_PROCESS_IP for accelerate.sh)\n"
-    text = header + yaml.safe_dump(cfg, sort_keys=True, default_flow_style=False)
+    text = header + yaml_document(cfg)
     usage = ["Run on every node: TRAIN_SCRIPT=train.py bash accelerate.sh [script args]",
              "Your script builds the model, the optimizer, the data and the tokenizer; build this model:",
              model_settings(plan)]

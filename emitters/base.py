@@ -1,5 +1,6 @@
 """What every emitter shares: the refusal type, the checks most targets make on a plan, and
-quoting helpers for the shell, YAML and TOML text they write.
+the shell-script helpers they write with. The encoders themselves (shell words, Python literals,
+YAML, JSON, TOML, HTML, #SBATCH options) live in ``emitters.encode``; the shell ones are re-exported here.
 
 Every value that came from a file is quoted where it becomes shell (``sh``, ``bash_array``,
 ``sh_default``), and names are made inert where they become comments, job names or ids
@@ -15,13 +16,11 @@ different configuration. Emitters import only the plan types (``planner.plan.pla
 """
 from __future__ import annotations
 
-import json
 import math
-import shlex
-import unicodedata
 from typing import Iterable, Sequence
 
 from costmodel.specs import MESH_AXES, StageSpec
+from emitters.encode import Raw, one_line, sh, toml_value  # noqa: F401 (re-exported: the emitters' quoting)
 from planner.plan.planfile import Plan, dump_plan
 
 PLAN_FILE = "plan.yaml"
@@ -125,19 +124,13 @@ def even_stages(plan: Plan) -> bool:
 def recompute_per_stage(plan: Plan) -> list[int]:
     """Layers recomputed in full on each pipeline stage (0 without full recompute).
 
-    The stage split's own ``recompute_layers`` wins when any stage sets it; otherwise the
-    parallel config's ``recompute_layers`` applies to every stage (-1: all its layers).
+    The one rule is ``ParallelConfig.full_recompute_layers``: under ``recompute=full`` the
+    policy's count, otherwise each stage's own count (the solver may recompute some layers
+    of a stage fully on top of a none/selective policy to fit its memory). The cost model
+    and the runtime call the same function, so the three agree.
     """
     p = plan.parallel
-    if p.recompute != "full":
-        # the solver may recompute some layers of some stages fully on top of a none/selective
-        # policy (to fit a stage's memory): those counts are part of the plan
-        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
-    if any(s.recompute_layers for s in plan.stages):
-        return [min(s.recompute_layers, s.num_layers) for s in plan.stages]
-    if p.recompute_layers < 0:
-        return [s.num_layers for s in plan.stages]
-    return [min(p.recompute_layers, s.num_layers) for s in plan.stages]
+    return [p.full_recompute_layers(s.num_layers, s.recompute_layers) for s in plan.stages]
 
 
 def require_no_stage_recompute(plan: Plan, target: str) -> None:
@@ -208,36 +201,10 @@ def job_name(plan: Plan) -> str:
 # Text helpers
 # --------------------------------------------------------------------------------------
 
-class Raw(str):
-    """Shell text written as is (a "$VAR" reference), not quoted. Never built from a file's value."""
-
-
-def one_line(text: object) -> str:
-    """``text`` on one line: control, format and line/paragraph-separator characters (a newline,
-    a carriage return, U+2028...) are written as escapes (``\\n``), so that a name from a file
-    cannot end a comment line and start a command."""
-    out = []
-    for c in str(text):
-        cat = unicodedata.category(c)
-        if cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
-            out.append(c.encode("unicode_escape", "backslashreplace").decode("ascii"))
-        else:
-            out.append(c)
-    return "".join(out)
-
-
 def sh_default(var: str, value: object) -> str:
     """``VAR`` from the environment, else ``value`` (quoted for the shell): one line of bash."""
     assert var.isidentifier(), var
     return f'if [ -z "${{{var}:-}}" ]; then {var}={sh(value)}; fi\n'
-
-
-def sh(value: object) -> str:
-    if isinstance(value, Raw):
-        return str(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return shlex.quote(str(value))
 
 
 def bash_array(name: str, args: Iterable[object], comment: str = "") -> str:
@@ -267,18 +234,6 @@ def script_header(plan: Plan, target: str, fmt: str, usage: Sequence[str]) -> st
              describe(plan), ""]
     lines += list(usage)
     return "#!/usr/bin/env bash\n" + comment_block(lines) + "set -euo pipefail\n"
-
-
-def toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise TypeError(f"no TOML form for {v!r}")
 
 
 def toml_table(name: str, items: Sequence[tuple[str, object]], comments: dict | None = None) -> str:

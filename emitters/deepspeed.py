@@ -10,12 +10,11 @@ Written for DeepSpeed 0.19 (which removed MiCS, so no hybrid sharding).
 """
 from __future__ import annotations
 
-import json
-
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, even_stages, full_recompute_all,
                            nodes_and_procs,
                            require, require_mode, require_one_group, require_order, script_header,
                            stage_layers)
+from emitters.encode import json_text
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
@@ -145,7 +144,7 @@ def emit(plan: Plan) -> dict[str, str]:
     ])
     text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
              '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
-    return {"ds_config.json": json.dumps(cfg, indent=2) + "\n", "hostfile": hostfile(plan, nnodes, nproc),
+    return {"ds_config.json": json_text(cfg), "hostfile": hostfile(plan, nnodes, nproc),
             "deepspeed.sh": text}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from emitters.base import (PLAN_FILE, comment_block, describe, job_name, nodes_and_procs, plan_text,
                            require_mode, require_one_group)
+from emitters.encode import yaml_scalar
 from emitters.torchrun import DEFAULT_STEPS
 from planner.plan.planfile import Plan
 
@@ -38,7 +39,7 @@ def _container_command(nnodes: int, nproc: int) -> str:
 
 
 def _replica(role: str, replicas: int, name: str, nnodes: int, nproc: int, resource: str) -> str:
-    cmd = _container_command(nnodes, nproc).replace("'", "''")
+    cmd = yaml_scalar(_container_command(nnodes, nproc))
     return f"""\
     {role}:
       replicas: {replicas}
@@ -50,7 +51,7 @@ def _replica(role: str, replicas: int, name: str, nnodes: int, nproc: int, resou
               image: {IMAGE}  # replace: an image with torch and this repository installed
               command: ["/bin/sh", "-c"]
               args:
-                - '{cmd}'
+                - {cmd}
               resources:
                 limits:
                   {resource}: {nproc}

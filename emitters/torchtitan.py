@@ -23,6 +23,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            require,
                            require_mode, require_one_group, require_order, script_header,
                            virtual_stage_layers)
+from emitters.encode import one_line, py_docstring, py_literal as lit
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
 from planner.plan.planfile import Plan
 
@@ -100,38 +101,42 @@ def custom_model_code(plan: Plan) -> str:
     m = plan.model
     max_len = max(m.max_seq_len, plan.workload.seq_len)
     if m.rope_scaling:
-        rope = f'scaling="llama", scaling_factor={float(m.rope_scaling)!r}'
-        rope_note = f"Llama 3.1 RoPE scaling x{m.rope_scaling:g}"
+        rope = f'scaling="llama", scaling_factor={lit(float(m.rope_scaling), "rope_scaling")}'
+        rope_note = f"Llama 3.1 RoPE scaling x{float(m.rope_scaling):g}"
     else:
         rope = 'scaling="none"'
         rope_note = "no RoPE scaling"
+    eps = lit(float(m.norm_eps), "norm_eps")
+    theta = lit(float(m.rope_theta), "rope_theta")
+    dims = ", ".join(lit(v) for v in (m.hidden, m.heads, m.kv_heads, m.layers, m.vocab))
+    note = one_line(f"{m.ffn_hidden}, RoPE base {float(m.rope_theta):g}, {rope_note}, RMSNorm eps {eps}.")
     return f'''
 
-# The plan's model is not a stock torchtitan llama3 flavor: it is registered as {CUSTOM_FLAVOR!r}, built
+# The plan's model is not a stock torchtitan llama3 flavor: it is registered as {lit(CUSTOM_FLAVOR)}, built
 # as torchtitan builds its own flavors (torchtitan/models/llama3/__init__.py, e.g. _8b): FFN width
-# {m.ffn_hidden}, RoPE base {m.rope_theta:g}, {rope_note}, RMSNorm eps {m.norm_eps!r}.
+# {note}
 def _planner_model(attn_backend: str, tp_gemm_backend: str = "default") -> Llama3Model.Config:
-    dim, n_heads, n_kv_heads, n_layers, vocab_size = {m.hidden}, {m.heads}, {m.kv_heads}, {m.layers}, {m.vocab}
+    dim, n_heads, n_kv_heads, n_layers, vocab_size = {dims}
     layers = _build_llama3_layers(
         fuse_qkv=True, n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        hidden_dim={m.ffn_hidden},
-        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={max_len}, theta={float(m.rope_theta)!r},
+        hidden_dim={lit(m.ffn_hidden)},
+        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={lit(max_len)}, theta={theta},
                                 {rope}),
         attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend,
     )
     for layer in layers:
-        layer.attention_norm.eps = layer.ffn_norm.eps = {float(m.norm_eps)!r}
+        layer.attention_norm.eps = layer.ffn_norm.eps = {eps}
     return Llama3Model.Config(
         dim=dim,
         vocab_size=vocab_size,
         tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim, param_init=_EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=dim, eps={float(m.norm_eps)!r}, param_init=_NORM_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, eps={eps}, param_init=_NORM_INIT),
         lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=_output_linear_init(dim)),
         layers=layers,
     )
 
 
-llama3_configs[{CUSTOM_FLAVOR!r}] = _planner_model
+llama3_configs[{lit(CUSTOM_FLAVOR)}] = _planner_model
 '''
 
 
@@ -233,7 +238,7 @@ def _settings(plan: Plan) -> dict:
 
 def _call(name: str, items: list[tuple[str, object]], indent: int) -> str:
     pad = " " * indent
-    inner = "".join(f"{pad}    {k}={v if isinstance(v, Raw) else repr(v)},\n" for k, v in items)
+    inner = "".join(f"{pad}    {k}={lit(v, k)},\n" for k, v in items)
     return f"{name}(\n{inner}{pad})"
 
 
@@ -258,9 +263,9 @@ def config(plan: Plan) -> str:
     if p.pp > 1:   # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP
         training.append(("disable_cuda_graphs", True))
     optimizer = (f'OptimizersContainer.Config(param_groups=[ParamGroupConfig(\n'
-                 f'            pattern=r".*", optimizer_name={s["optimizer"]!r},\n'
-                 f'            optimizer_kwargs={{"lr": {r.lr!r}, "betas": ({r.beta1!r}, {r.beta2!r}), '
-                 f'"eps": {r.eps!r}, "weight_decay": {r.weight_decay!r}}},\n'
+                 f'            pattern=r".*", optimizer_name={lit(s["optimizer"])},\n'
+                 f'            optimizer_kwargs={{"lr": {lit(r.lr)}, "betas": ({lit(r.beta1)}, {lit(r.beta2)}), '
+                 f'"eps": {lit(r.eps)}, "weight_decay": {lit(r.weight_decay)}}},\n'
                  f'        )])')
     ac = "FullAC.Config()" if s["ac"] == "full" else "None"
     fl = s["flavor"]
@@ -281,19 +286,20 @@ def config(plan: Plan) -> str:
             "from torchtitan.models.llama3 import (Llama3Model, _build_llama3_layers, _EMBEDDING_INIT, _NORM_INIT,",
             "                                      _output_linear_init, llama3_configs)",
         ]
-    body = f'''"""torchtitan {VERSION} job for {plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs).
-
-Generated by `planner emit --target torchtitan` from a plan; format: {FORMAT}.
-Run: torchrun ... -m torchtitan.train --module {JOB_MODULE} --config {JOB_FUNCTION} (torchtitan.sh does).
-{s["batch_note"]}.
-lr: GPT-3 Table 2.1 at {r.params / 1e9:.3g}B parameters (emitters/recipe.py); torchtitan.sh passes
-$TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the command line.
-"""
+    doc = py_docstring(
+        f"torchtitan {VERSION} job for {one_line(plan.model.name)} on {one_line(plan.cluster.name)} "
+        f"({plan.world_size} GPUs).\n\n"
+        f"Generated by `planner emit --target torchtitan` from a plan; format: {FORMAT}.\n"
+        f"Run: torchrun ... -m torchtitan.train --module {JOB_MODULE} --config {JOB_FUNCTION} (torchtitan.sh does).\n"
+        f"{one_line(s['batch_note'])}.\n"
+        f"lr: GPT-3 Table 2.1 at {r.params / 1e9:.3g}B parameters (emitters/recipe.py); torchtitan.sh passes\n"
+        "$TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the command line.\n")
+    body = f'''{doc}
 {chr(10).join(imports)}
 {custom_model_code(plan) if custom else ""}
 
 def {JOB_FUNCTION}() -> Trainer.Config:
-    model_spec = model_registry({fl!r})
+    model_spec = model_registry({lit(fl)})
     return Trainer.Config(
         model_spec=model_spec,
         hf_assets_path="./tests/assets/tokenizer",   # torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1)
@@ -308,7 +314,7 @@ def {JOB_FUNCTION}() -> Trainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
         parallelism={_call("ParallelismConfig", par, 8)},
         activation_checkpoint={ac},
-        debug=DebugConfig(seed={w.seed!r}),
+        debug=DebugConfig(seed={lit(w.seed, "seed")}),
     )
 '''
     return body

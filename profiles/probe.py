@@ -33,6 +33,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from costmodel.units import GIB
 
 # ``nvmlDeviceGetTopologyCommonAncestor`` levels, named as ``nvidia-smi topo -m`` names them.
 TOPOLOGY_LEVELS = {0: "BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -140,7 +141,7 @@ class ProbeResult:
         g = self.gpus[0]
         link = (f"NVLink {g.nvlink_links} links ({g.nvlink_gb_per_s:.0f} GB/s)" if g.nvlink_links
                 else f"PCIe gen{g.pcie_gen_max} x{g.pcie_width_max}")
-        return (f"{self.host}: {len(self.gpus)}x {self.gpu_name}, {g.memory_total_bytes / 2**30:.1f} GiB, "
+        return (f"{self.host}: {len(self.gpus)}x {self.gpu_name}, {g.memory_total_bytes / GIB:.1f} GiB, "
                 f"{link}; driver {self.driver_version}, CUDA {self.cuda_driver_version}")
 
 

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import yaml
 
 from costmodel.specs import SpecError
-from costmodel.units import GB, GIB, TERA, US
+from costmodel.units import GB, GIB, MIB, TERA, US
 
 from . import bench_collectives as bc
 from .bench_matmul import efficiency_table, fit_efficiency
@@ -342,7 +342,7 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
     def mem_row(r: dict) -> None:
         result["memory"].append(r)
         _append_jsonl(raw / "memory.jsonl", r)
-        note(len(result["memory"]), None, f"copy {r['bytes'] // 2**20} MiB")
+        note(len(result["memory"]), None, f"copy {r['bytes'] // MIB} MiB")
 
     bench_copy(device, copy_sizes(device.type, quick), target_s=cfg["target_s"], on_row=mem_row)
 
@@ -809,7 +809,7 @@ def run_profile(opts: ProfileOptions, log: Callable[[str], None] = lambda m: Non
     # under torchrun only rank 0 writes (other ranks may share its file system)
     writer = not under_torchrun() or os.environ.get("RANK") == "0"
     out = check_output_dir(opts.out_dir) if writer else Path(opts.out_dir)
-    raw = out / "raw"
+    raw = (out / "raw").absolute()     # the worker processes run from the repository root, not the caller's folder
     if writer:
         if raw.exists():
             shutil.rmtree(raw)

@@ -9,7 +9,9 @@ recording files), within bounds, before any of their content is used.
   or past ``MAX_DEPTH`` levels;
 * JSON refuses ``NaN`` and ``Infinity`` (not JSON, though Python's parser takes them); YAML's
   ``.nan`` and ``.inf`` are refused by the same walk, with the path of the value;
-* every mapping key is a string (a ``1: x`` key would break the unknown-key messages).
+* every mapping key is a string (a ``1: x`` key would break the unknown-key messages), and no key
+  appears twice in one mapping (YAML and JSON parsers keep the last silently: a file whose two
+  ``layers:`` disagree means one of them is a mistake).
 
 Errors are ``SpecError`` with the file and, inside it, the path of the bad node.
 """
@@ -25,6 +27,7 @@ from typing import Any
 import yaml
 
 from costmodel.specs import SpecError
+from costmodel.units import MIB
 
 MAX_FILE_BYTES = 1024 * 1024        # 64x the largest real input (a 2,048-GPU MoE plan: 16 KB); parses in ~3 s
 MAX_NODES = 200_000                # scalars, lists and mappings, counted through aliases
@@ -43,7 +46,7 @@ def read_text(path: str | os.PathLike, what: str) -> str:
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(f"{what} {p} is not a regular file (a pipe or a device?); give a file")
     if st.st_size > MAX_FILE_BYTES:
-        raise SpecError(f"{what} {p} is {st.st_size / 2**20:.1f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB "
+        raise SpecError(f"{what} {p} is {st.st_size / MIB:.1f} MiB, more than the {MAX_FILE_BYTES // MIB} MiB "
                         "an input file may be; is it the right file?")
     try:
         with open(p, "rb") as f:
@@ -51,7 +54,7 @@ def read_text(path: str | os.PathLike, what: str) -> str:
     except OSError as e:
         raise SpecError(f"cannot read {what} {p}: {e.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"{what} {p} is more than the {MAX_FILE_BYTES // 2**20} MiB an input file may be")
+        raise SpecError(f"{what} {p} is more than the {MAX_FILE_BYTES // MIB} MiB an input file may be")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -98,13 +101,46 @@ def check_tree(data: Any, where: str) -> Any:
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark)
+        except TypeError:              # an unhashable key: the safe loader's own error follows
+            break
+        if first is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {str(key)[:60]!r} appears twice in one mapping (lines {first.line + 1} and "
+                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k[:60]!r} appears twice in one object; keep one")
+        out[k] = v
+    return out
+
+
 def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` with the checks of ``check_tree``."""
+    """``yaml.safe_load`` (refusing a key given twice) with the checks of ``check_tree``."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         mark = getattr(e, "problem_mark", None)
+        if isinstance(e, yaml.constructor.ConstructorError) and "appears twice" in str(e.problem):
+            raise SpecError(f"{where}: {e.problem}") from None
         raise SpecError(f"{where}: not valid YAML ({first}" + (f", line {mark.line + 1}" if mark else "") + ")") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply to read") from None
@@ -118,7 +154,7 @@ def _no_constant(name: str) -> Any:
 def parse_json(text: str, where: str) -> Any:
     """``json.loads`` refusing NaN and Infinity, with the checks of ``check_tree``."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_json_pairs)
     except json.JSONDecodeError as e:
         raise SpecError(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:

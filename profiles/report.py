@@ -15,7 +15,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from costmodel.units import GB, GIB, TERA, US
+from costmodel.units import GB, GIB, MIB, TERA, US
 
 from .bench_collectives import OPS, busbw_factor
 from .probe import TOPOLOGY_MEANING
@@ -54,7 +54,7 @@ def _fmt(x: Any, nd: int = 3) -> str:
 
 
 def _bytes(n: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 1024)):
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if n >= scale:
             v = n / scale
             return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"

@@ -142,7 +142,8 @@ def find_intact(root: str | os.PathLike, log: Callable[[str], None] | None = Non
 
 
 def read_meta(path: str | os.PathLike) -> dict:
-    return json.loads((Path(path) / META).read_text())
+    from runtime.manifest import json_object
+    return json_object((Path(path) / META).read_bytes(), META)
 
 
 def _full_model(d: dict) -> dict:

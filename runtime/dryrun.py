@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 from typing import Any
+from costmodel.units import GIB
 
 
 def _local_numel(p) -> int:
@@ -127,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in out:
             print(f"rank {r['rank']:>5} stage(s) {r['stages']}: {r['dense_params'] + r['expert_params']:,} params after "
-                  f"TP/EP, {r['dense_local'] + r['expert_local']:,} stored; params {r['param_bytes'] / 2**30:.2f} GiB, "
-                  f"grads {r['grad_bytes'] / 2**30:.2f} GiB, optimizer {r['optimizer_bytes'] / 2**30:.2f} GiB")
+                  f"TP/EP, {r['dense_local'] + r['expert_local']:,} stored; params {r['param_bytes'] / GIB:.2f} GiB, "
+                  f"grads {r['grad_bytes'] / GIB:.2f} GiB, optimizer {r['optimizer_bytes'] / GIB:.2f} GiB")
     return 0
 
 

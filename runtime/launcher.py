@@ -64,11 +64,36 @@ def install() -> None:
     static_tcp_rendezvous.TCPStore = LoopbackTCPStore
 
 
+REFUSED = 2     # a worker's exit code for input it refused (runtime.worker.run: one line, no traceback)
+
+
+class _QuietRefusals:
+    """Drops torchrun's per-worker "failed (exitcode: 2)" log records: the worker said why in one line."""
+
+    def filter(self, record) -> bool:
+        return f"(exitcode: {REFUSED})" not in record.getMessage()
+
+
 def main(argv: list[str] | None = None) -> None:
+    """torchrun, except that a job whose failed workers all refused their input (exit 2, each
+    having printed its one-line reason) exits 2 without torchrun's traceback and failure report
+    (a crash, or a signal, keeps both: they name the rank that failed)."""
+    import logging
+
     install()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
     sys.argv[0] = "torchrun"
-    torchrun_main(argv if argv is not None else sys.argv[1:])
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_QuietRefusals())
+    try:
+        torchrun_main(argv if argv is not None else sys.argv[1:])
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes != {REFUSED}:
+            raise
+        sys.stderr.write(f"torchrun: {len(e.failures)} worker(s) refused the job (exit {REFUSED}); their "
+                         "messages are above\n")
+        sys.exit(REFUSED)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 from typing import Any
+from costmodel.units import GIB
 
 _PRELOAD = ["torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.fsdp",
             "torch.distributed.tensor.parallel", "runtime.train", "runtime.serve", "runtime.parallel", "runtime.model",
@@ -187,7 +188,7 @@ def local_cluster(processes: int):
     """This machine's processes as a one-node cluster (gloo over loopback), for plans made here.
     Figures are nominal: a plan needs a cluster; a local run does not use it."""
     from costmodel.specs import ClusterSpec, GpuSpec, LinkSpec, NodeGroup
-    proc = GpuSpec(name="cpu-process", memory_bytes=2 * 2**30, peak_flops_per_s={"fp32": 5e10, "bf16": 2e10},
+    proc = GpuSpec(name="cpu-process", memory_bytes=2 * GIB, peak_flops_per_s={"fp32": 5e10, "bf16": 2e10},
                    hbm_bandwidth_bytes_per_s=1e10)
     loop = LinkSpec(name="gloo-loopback", bandwidth_bytes_per_s=1.2e9, latency_s=150e-6, efficiency=1.0)
     group = NodeGroup(name="local", gpu=proc, gpus_per_node=processes, nodes=1, intra_node=loop)

@@ -31,11 +31,12 @@ import pickle
 import stat
 from pathlib import Path
 from typing import Any
+from costmodel.units import MIB
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 DCP_INDEX = ".metadata"
-MAX_MANIFEST_BYTES = 64 * 2**20
+MAX_MANIFEST_BYTES = 64 * MIB
 _DIGEST_SIDECAR = ".digests-rank{rank}.json"
 
 _META = "torch.distributed.checkpoint.metadata"
@@ -63,7 +64,7 @@ def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
-            block = f.read(8 * 2**20)
+            block = f.read(8 * MIB)
             if not block:
                 break
             h.update(block)
@@ -123,15 +124,31 @@ def read_manifest(step_dir: str | os.PathLike) -> dict:
     if st.st_size > MAX_MANIFEST_BYTES:
         raise UnsafeCheckpoint(f"{MANIFEST} is {st.st_size} bytes (more than {MAX_MANIFEST_BYTES})")
     try:
-        m = json.loads(p.read_bytes())
-    except (OSError, ValueError) as e:
-        raise UnsafeCheckpoint(f"{MANIFEST} is not readable JSON ({e})") from None
-    files = m.get("files") if isinstance(m, dict) else None
+        data = p.read_bytes()
+    except OSError as e:
+        raise UnsafeCheckpoint(f"{MANIFEST} cannot be read ({e.strerror or e})") from None
+    m = json_object(data, MANIFEST)
+    files = m.get("files")
     if m.get("format") != FORMAT or not isinstance(files, dict) or not all(
             isinstance(n, str) and _plain(n) and isinstance(e, dict) and isinstance(e.get("sha256"), str)
-            and isinstance(e.get("bytes"), int) for n, e in files.items()):
+            and type(e.get("bytes")) is int and e["bytes"] >= 0 for n, e in files.items()):
         raise UnsafeCheckpoint(f"{MANIFEST} is not a manifest of format {FORMAT}")
     return m
+
+
+def json_object(data: bytes, what: str) -> dict:
+    """A JSON object from a checkpoint's bytes, or ``UnsafeCheckpoint``: text that is not JSON, a
+    document that is not an object (a list, a number), or one nested too deep to read (a list
+    200,000 deep makes the parser recurse past Python's limit)."""
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise UnsafeCheckpoint(f"{what} is nested too deeply to be a checkpoint file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnsafeCheckpoint(f"{what} is not readable JSON ({str(e)[:120]})") from None
+    if not isinstance(obj, dict):
+        raise UnsafeCheckpoint(f"{what} holds a JSON {type(obj).__name__}, not an object")
+    return obj
 
 
 def _plain(name: str) -> bool:

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from costmodel.layers import model_flops_per_token
 from costmodel.specs import ModelSpec
 
 from .errors import RuntimeModelError
@@ -55,11 +56,13 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden, eps=1e-5)   # weight and bias: ModelSpec counts 2 * hidden
 
 
-def _rope(q: torch.Tensor, k: torch.Tensor, theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary positions (Su et al. 2021) on ``[batch, seq, heads, head_dim]``, pairs (2i, 2i+1)."""
+def rope(q: torch.Tensor, k: torch.Tensor, theta: float = ROPE_THETA, start: int = 0
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary positions (Su et al. 2021) ``start .. start+seq-1`` on ``[batch, seq, heads,
+    head_dim]``, pairs (2i, 2i+1). The one rotary rule of the runtime (training and serving)."""
     s, d = q.shape[1], q.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(s, device=q.device, dtype=torch.float32), inv)   # [s, d/2]
+    ang = torch.outer(torch.arange(start, start + s, device=q.device, dtype=torch.float32), inv)   # [s, d/2]
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
 
     def rot(x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +91,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rotary:
-            q, k = _rope(q, k)
+            q, k = rope(q, k)
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)
@@ -394,13 +397,12 @@ def count_params(modules: Iterable[nn.Module]) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward): 6 per active matrix parameter
-    outside the embedding, plus causal attention scores 6 * layers * seq * q_dim (PaLM, App. B,
-    halved for the causal mask)."""
-    dense = spec.active_params() - spec.embedding_params()
-    return 6.0 * dense + 6.0 * spec.layers * seq_len * spec.q_dim
+    """Training model FLOPs per token: the cost model's one definition
+    (``costmodel.layers.model_flops_per_token``; full s x s attention, PaLM App. B), so the
+    measured MFU and the predicted one divide the same number."""
+    return model_flops_per_token(spec, seq_len)
 
 
-__all__ = ["Transformer", "Block", "Attention", "MLP", "MoE", "GroupedExperts", "LocalDispatch", "Embeddings",
+__all__ = ["Transformer", "rope", "Block", "Attention", "MLP", "MoE", "GroupedExperts", "LocalDispatch", "Embeddings",
            "build_model", "init_weights", "full_init_value", "canonical_name", "count_params",
            "flops_per_token", "RuntimeModelError", "check_supported"]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from costmodel.specs import ModelSpec, ParallelConfig
+from costmodel.specs import ModelSpec, ParallelConfig, kv_heads_shard
 
 from .errors import PlanNotRunnable
 
@@ -72,7 +72,7 @@ class Dims:
                             "(torch's CPU attention has no sharding rule for it); plan with cp=1")
         if model.heads % par.tp:
             problems.append(f"tp {par.tp} does not divide heads {model.heads}")
-        if model.kv_heads % par.tp:
+        if not kv_heads_shard(model, par.tp):
             problems.append(f"tp {par.tp} does not divide kv_heads {model.kv_heads} (the runtime shards "
                             "K/V heads; it does not replicate them)")
         if model.ffn_hidden % par.tp or (model.is_moe and model.expert_ffn_hidden % par.tp):

@@ -85,6 +85,7 @@ def lengths(plan, opts: ServeOptions) -> tuple[int, int, int]:
 
 def check_plan(plan, world: int | None) -> None:
     """What this runtime can serve; every problem with its numbers."""
+    from costmodel.specs import kv_heads_shard
     spec, par = plan.model, plan.parallel
     problems = []
     if plan.mode != "infer":
@@ -104,7 +105,7 @@ def check_plan(plan, world: int | None) -> None:
     if (plan.serving or {}).get("disaggregation"):
         problems.append("disaggregated prefill/decode pools: the built-in runtime serves aggregated replicas "
                         "(emit the plan for vllm or sglang)")
-    if spec.heads % par.tp or spec.kv_heads % par.tp:
+    if spec.heads % par.tp or not kv_heads_shard(spec, par.tp):
         problems.append(f"tp {par.tp} must divide heads {spec.heads} and kv_heads {spec.kv_heads} (the runtime "
                         "shards K/V heads; it does not replicate them)")
     if spec.ffn_hidden % par.tp or (spec.is_moe and spec.expert_ffn_hidden % par.tp):
@@ -121,21 +122,6 @@ def check_plan(plan, world: int | None) -> None:
 # --------------------------------------------------------------------------------------
 # One pipeline stage with a KV cache
 # --------------------------------------------------------------------------------------
-
-def _rope_at(q, k, start: int, theta: float):
-    """Rotary positions ``start .. start+s-1`` (runtime.model._rope's formula and pairing)."""
-    import torch
-    s, d = q.shape[1], q.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(start, start + s, device=q.device, dtype=torch.float32), inv)
-    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
-
-    def rot(x):
-        xf = x.float().unflatten(-1, (-1, 2))
-        a, b = xf[..., 0], xf[..., 1]
-        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
-
-    return rot(q), rot(k)
 
 
 def _local(t):
@@ -168,14 +154,14 @@ class StageRunner:
 
     def _attention(self, attn, x, key: str, start: int):
         import torch.nn.functional as F
-        from runtime.model import ROPE_THETA
+        from runtime.model import ROPE_THETA, rope
         b, s = x.shape[0], x.shape[1]
         hd = self.spec.head_dim
         q = _local(attn.wq(x)).view(b, s, -1, hd)
         k = _local(attn.wk(x)).view(b, s, -1, hd)
         v = _local(attn.wv(x)).view(b, s, -1, hd)
         if attn.rotary:
-            q, k = _rope_at(q, k, start, ROPE_THETA)
+            q, k = rope(q, k, ROPE_THETA, start)
         kc, vc = self.cache[key]
         kc[:, start:start + s] = k
         vc[:, start:start + s] = v

@@ -79,6 +79,11 @@ class Failure:
         items = [item for item in text.split(",") if item]
         permanent = "permanent" in items
         items = [item for item in items if item != "permanent"]
+        keys = [item.split("=", 1)[0] for item in items]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise RuntimeUsageError(f"--inject-failure {text!r}: {', '.join(twice)} given more than once (the last "
+                                    f"would win silently); give each once: {cls.USAGE}")
         try:
             kv = dict(item.split("=", 1) for item in items)
             slow = float(kv.pop("slow", 0.0))

@@ -37,7 +37,9 @@ CASES = [
                                                 for i in range(2))), "selective recompute plus full recompute"),
     ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, schedule="gpipe"), "GPipe"),
     ("megatron", lambda: examples()["tiny-llama-hsdp"], "HSDP"),
-    ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, recompute="full",
+    # per-stage counts come from the stages when the policy does not fix them
+    # (ParallelConfig.full_recompute_layers: under recompute=full the policy's count wins)
+    ("megatron", lambda: make_plan(gpus=2, pp=2, grad_accum=8, recompute="none",
                                    stages=tuple(StageSpec(first_layer=2 * i, num_layers=2, recompute_layers=i + 1)
                                                 for i in range(2))), "recompute layers per stage [1, 2]"),
     ("megatron", lambda: make_plan(gpus=4, dp=2, cp=2, seq=66, grad_accum=4), "cp=2 with seq_len=66"),

@@ -789,8 +789,14 @@ def _vllm_real(argv: list[str]):
 
 
 def test_vllm_real_parser():
-    if _vllm_real(["m"]) is None:
+    """vLLM's own parser reads the degrees back (and refuses what is not a flag), so the round
+    trips above that use it check something."""
+    a = _vllm_real(["m", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3", "--enable-expert-parallel"])
+    if a is None:
         pytest.skip(VLLM_SKIP)
+    assert (a.model, a.tensor_parallel_size, a.pipeline_parallel_size, a.enable_expert_parallel) == ("m", 2, 3, True)
+    with pytest.raises(SystemExit):
+        _vllm_real(["m", "--no-such-flag-of-vllm", "1"])
 
 
 def _expected_util(plan) -> float:

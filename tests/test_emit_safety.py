@@ -293,3 +293,105 @@ def test_outputs_follow_the_umask(mask, want, want_x, tmp_path):
     assert stat.S_IMODE((tmp_path / "emit" / "plan.yaml").stat().st_mode) == want
     assert stat.S_IMODE((tmp_path / "emit" / "torchrun.sh").stat().st_mode) == want_x
     assert stat.S_IMODE((tmp_path / "emit").stat().st_mode) == want_x
+
+
+# --------------------------------------------------------------------------------------
+# Generated Python run under an audit hook (issue 21, part 1)
+# --------------------------------------------------------------------------------------
+
+# Run in a fresh interpreter: the modules the job imports are imported first, then an audit hook
+# (sys.addaudithook, PEP 578) records every event that a name turned code would need: starting a
+# process, compiling or executing code that is not the job file itself, opening a file for
+# writing, deleting or renaming a file, a network connection, loading a native library. Then the job
+# module is imported (its top level runs) and its job function is called.
+AUDITED_RUN = r'''
+import ast, importlib, json, os, sys
+job, targets_env = sys.argv[1], sys.argv[2]
+sys.path.insert(0, targets_env)
+sys.path.insert(0, os.path.dirname(job))
+sys.dont_write_bytecode = True
+name = os.path.basename(job)[:-3]
+for node in ast.parse(open(job).read()).body:
+    if isinstance(node, ast.ImportFrom):
+        importlib.import_module(node.module)
+bad = []
+FORBIDDEN = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn",
+             "subprocess.Popen", "ctypes.dlopen", "socket.connect", "socket.bind", "os.remove", "os.rename",
+             "os.rmdir", "shutil.rmtree", "os.kill", "os.truncate", "os.chmod", "os.symlink", "os.link",
+             "urllib.Request", "builtins.input", "webbrowser.open")
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+ours = os.path.realpath(job)
+def hook(event, args):
+    if event in FORBIDDEN:
+        bad.append(f"{event} {args!r:.200}")
+        raise PermissionError(event)
+    if event == "open":
+        path, mode, flags = args
+        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & WRITE_FLAGS:
+            bad.append(f"open for writing {path!r} {mode!r}")
+            raise PermissionError(event)
+    if event == "compile":
+        source, filename = args
+        if filename is None or os.path.realpath(str(filename)) != ours:
+            bad.append(f"compile of foreign code from {filename!r}: {source!r:.120}")
+            raise PermissionError(event)
+    if event == "exec":
+        code = args[0]
+        if os.path.realpath(code.co_filename) != ours:
+            bad.append(f"exec of code from {code.co_filename!r}")
+            raise PermissionError(event)
+sys.addaudithook(hook)
+error = None
+try:
+    module = importlib.import_module(name)
+    config = getattr(module, sys.argv[3])()
+except BaseException as e:          # a refusal by the hook surfaces here; report it with the events
+    error = f"{type(e).__name__}: {e}"
+print(json.dumps({"bad": bad, "error": error}))
+'''
+
+
+def _audited(job: Path, function: str) -> dict:
+    import json as _json
+    env_dir = ROOT / ".venv-targets"
+    r = subprocess.run([sys.executable, "-c", AUDITED_RUN, str(job), str(env_dir), function],
+                       capture_output=True, text=True, cwd=job.parent, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _json.loads(r.stdout.strip().splitlines()[-1])
+
+
+PY_PAYLOAD = 'cpu"""; __import__("os").system("touch PWNED8"); """'
+
+
+def test_torchtitan_job_runs_under_audit_hook(tmp_path):
+    """The issue's payload (a ``\"\"\"`` in the cluster and model names) and the hostile name set, in
+    the emitted torchtitan module: importing it and building its config with torchtitan 0.3.0 starts
+    nothing, compiles nothing foreign, writes nothing, and creates no PWNED file."""
+    if not (ROOT / ".venv-targets" / "torchtitan").is_dir():
+        if (ROOT / ".venv-targets" / ".installed").exists():
+            pytest.fail("torchtitan is missing from .venv-targets")
+        pytest.skip("torchtitan is not installed: `make targets-env` puts it in .venv-targets")
+    from emitters import torchtitan
+    plan, _ = _plan_for("torchtitan")
+    for i, (model_name, cluster_name) in enumerate([(PY_PAYLOAD, PY_PAYLOAD), (EVIL, "cl\n$(touch PWNED7)")]):
+        hostile = _renamed(plan, model=_renamed(plan.model, name=model_name),
+                           cluster=_renamed(plan.cluster, name=cluster_name))
+        out = _write(torchtitan.emit(hostile), tmp_path / f"job{i}")
+        job = out / f"{torchtitan.JOB_MODULE}.py"
+        got = _audited(job, torchtitan.JOB_FUNCTION)
+        assert got == {"bad": [], "error": None}, got
+    assert _pwned(tmp_path, ROOT) == []
+
+
+def test_audit_hook_catches_an_injected_module(tmp_path):
+    """The hook is not blind: the same run over a module that does what the payload did (the
+    pre-fix text) reports it and creates nothing."""
+    if not (ROOT / ".venv-targets" / "torchtitan").is_dir():
+        pytest.skip("torchtitan is not installed: `make targets-env` puts it in .venv-targets")
+    job = tmp_path / "evil_job.py"
+    job.write_text('"""doc"""; __import__("os").system("touch PWNED9"); """"""\n'
+                   'open("PWNED10", "w")\ndef planner_job():\n    return None\n')
+    got = _audited(job, "planner_job")
+    assert any(b.startswith("os.system") for b in got["bad"]), got
+    assert got["error"] and "PermissionError" in got["error"]
+    assert _pwned(tmp_path, ROOT) == []

@@ -21,6 +21,7 @@ import pytest
 from costmodel.catalog import get_model
 from costmodel.comm import DEFAULT_ORDER
 from costmodel.frameworks import framework_profile
+from costmodel.layers import model_flops_per_token
 from costmodel.specs import ParallelConfig, StageSpec, SpecError, Workload, default_stages, validate
 from costmodel.stage_cache import _Shared
 from costmodel.stage_terms import StageModel, inflight_microbatches, pipeline_step_time, stage_crosses
@@ -56,10 +57,12 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
     j = times.index(max(times))
     b = rows[j][3]
     per_stage = par.tp * par.dp * par.cp
-    model_flops = sum(row[3].model_flops for row in rows) * per_stage * m
     hw_flops = sum(row[3].hw_flops for row in rows) * per_stage * m
     peak = sum(row[7] for row in rows) * per_stage
     tokens = workload.global_batch * workload.seq_len
+    # model FLOPs: a property of the model, not of the layout (layers.model_flops_per_token; its
+    # hand count is in tests/test_rule_owners.py)
+    model_flops = model_flops_per_token(model, workload.seq_len) * tokens
     fullest = max(rows, key=lambda row: row[4]["peak_bytes"] / row[5])
     return {
         "step_time_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_gpu": tokens / step / par.world_size,

@@ -84,7 +84,7 @@ def test_no_failure_rate_no_report_and_bad_flags(capsys):
     code, out, err = run(capsys, "plan", *BASE, "--json")
     assert code == 0 and "failures" not in json.loads(out)
     code, out, err = run(capsys, "plan", *BASE, "--mtbf-hours", "-3")
-    assert code == 2 and "--mtbf-hours must be a number > 0, got -3" in err
+    assert code == 2 and "--mtbf-hours must be >= 0.001, got -3" in err
 
 
 def test_bad_cluster_reliability_is_one_line(capsys, tmp_path):

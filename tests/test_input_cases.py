@@ -77,7 +77,7 @@ def _truncated_before(section: str) -> str:
 CASES = [
     # ---- model files (Hugging Face config.json and our YAML) ---------------------------
     ("hf-negative-kv-heads", {"m.json": _hf(num_key_value_heads=-8)}, ["--model", "{m.json}"], "num_key_value_heads"),
-    ("hf-1e12-layers", {"m.json": _hf(num_hidden_layers=10**12)}, ["--model", "{m.json}"], "layers must be at most"),
+    ("hf-1e12-layers", {"m.json": _hf(num_hidden_layers=10**12)}, ["--model", "{m.json}"], "num_hidden_layers' must be at most"),
     ("hf-nan-position-limit", {"m.json": _hf_raw("NaN")}, ["--model", "{m.json}"], "NaN"),
     ("hf-infinite-position-limit", {"m.json": _hf_raw("Infinity")}, ["--model", "{m.json}"], "Infinity"),
     ("hf-string-layers", {"m.json": _hf(num_hidden_layers="32")}, ["--model", "{m.json}"], "num_hidden_layers"),
@@ -373,13 +373,23 @@ def test_an_internal_error_is_a_bug_report_with_its_own_exit_code(monkeypatch):
     assert r.code == 70 and "Traceback" in r.err
 
 
-@pytest.mark.xfail(strict=True, reason="known, for the cost model's owner: MFU counts attention over the full score "
-                   "matrix (as the papers do) while the causal flash kernel is priced at half of it, so at long context "
-                   "on an efficient GPU the MFU exceeds 1 (1.31 here); costmodel/layers.py")
-def test_mfu_stays_below_one_at_long_context(tmp_path):
+def test_mfu_counts_the_full_score_matrix_and_executed_flops_stay_below_peak(tmp_path):
+    """MFU counts attention over the full s x s score matrix (``layers.model_flops_per_token``:
+    PaLM App. B, Megatron-LM, torchtitan, so it compares with published MFUs), while the fused
+    causal kernel computes half of it. At 128k context on an ideal GPU the MFU so defined passes 1
+    (it did before too: 1.31); the FLOPs the kernels execute, the same count with the attention
+    term halved, must stay below the peak."""
+    from costmodel.catalog import get_model
+    from costmodel.layers import model_flops_per_token
     c = tmp_path / "c.yaml"
     c.write_text(_cluster("gpu: {matmul_efficiency: 1.0, matmul_half_size: 0}"))
+    s = 131072
     r = run(["estimate", "--model", "llama-3.1-8b", "--cluster", c, "--gpus", "8", "--global-batch", "8",
-             "--seq-len", "131072", "--json"])
+             "--seq-len", str(s), "--json"])
     assert r.code == 0, r.where()
-    assert r.json()["estimate"]["mfu"] < 1
+    mfu = r.json()["estimate"]["mfu"]
+    m = get_model("llama-3.1-8b")
+    full = model_flops_per_token(m, s)
+    executed = full - 3 * m.layers * 2 * s * m.score_dim      # forward + backward, half the 4 s d score FLOPs
+    assert mfu > 1                                            # the convention, stated
+    assert mfu * executed / full < 1

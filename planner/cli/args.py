@@ -83,6 +83,10 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
         if v is not None and v <= 0:
             raise UsageError(f"--{k.replace('_', '-')} must be > 0, got {v}")
     model = load_model(args.model)
+    rl = getattr(args, "recompute_layers", None)
+    if rl is not None and rl > model.layers:
+        raise UsageError(f"--recompute-layers {rl} is more than the {model.layers} layers of {model.name}; give at "
+                         f"most {model.layers} (-1 or --recompute full: every layer)")
     cluster = load_cluster_sized(args.cluster, args.gpus)
     wl = Workload(global_batch=args.global_batch, seq_len=args.seq_len, dtype=args.dtype, optimizer=args.optimizer,
                   attention_kernel=args.attention_kernel, seed=args.seed, mode=mode,
@@ -156,3 +160,14 @@ def cluster_source_of(cluster_arg: str) -> str:
     """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
     from profiles.clusters import cluster_names
     return "catalog" if cluster_arg in cluster_names() else cluster_arg
+
+
+def warn_drift(plan, fresh: dict, where: str) -> None:
+    """Warn (stderr) when a plan's stored figures are not what this planner computes for it
+    (``planfile.estimate_drift``: more than 1 % apart, naming the version that wrote them)."""
+    import sys
+
+    from planner.plan.planfile import estimate_drift
+    msg = estimate_drift(plan, fresh, where)
+    if msg:
+        print(f"planner: warning: {msg}", file=sys.stderr)

@@ -75,7 +75,7 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
+def _check_out(out: Path, files: dict[str, str], force: bool, subfolders: frozenset = frozenset()) -> None:
     """Refuse, before writing anything: a folder holding other files, or a file this command
     would change (unless ``force``); a link, FIFO or device where a file goes (always)."""
     from profiles.safeio import check_output, check_output_folder
@@ -86,7 +86,7 @@ def _check_out(out: Path, files: dict[str, str], force: bool) -> None:
         check_output(out / name, "--out")
     if not out.exists() or force:
         return
-    others = sorted(p.name for p in out.iterdir() if p.name not in files)
+    others = sorted(p.name for p in out.iterdir() if p.name not in files and p.name not in subfolders)
     if others:
         raise UsageError(f"--out {out} already holds other files ({_shown(others)}); choose an empty folder or "
                          "pass --force to write into it")
@@ -131,6 +131,7 @@ def run(args) -> int:
     written: dict[str, list[str]] = {}
     refused: dict[str, str] = {}
     skipped: list[str] = []
+    per_target: dict[str, dict[str, str]] = {}
     for name, mod in _targets():
         if name not in names:
             continue
@@ -146,9 +147,7 @@ def run(args) -> int:
         except CannotExpress as e:
             refused[name] = emit_checks.with_command(str(e), name, plan, args.plan)
             continue
-        for fname, text in out.items():
-            assert files.get(fname, text) == text, f"{name} and another target both write {fname} differently"
-            files[fname] = text
+        per_target[name] = out
         written[name] = list(out)
 
     if not written:
@@ -156,10 +155,29 @@ def run(args) -> int:
             print(f"planner emit: {msg}", file=sys.stderr)
         return 1
     out_dir = Path(args.out)
-    files["README.md"] = _readme(plan, written, refused, skipped)
-    _check_out(out_dir, files, args.force)
     from profiles.safeio import write_folder
-    write_folder(out_dir, files, executable={f for f in files if f.endswith((".sh", ".sbatch"))}, what="--out")
+    # with --target all, two targets may write the same file name (a disaggregated serving plan: vllm and
+    # sglang both write prefill.sh and decode.sh); then each target gets its own folder under --out
+    clash = sorted({f for a, fa in per_target.items() for b, fb in per_target.items() if a < b
+                    for f in fa.keys() & fb.keys() if fa[f] != fb[f]})
+    if clash:
+        written = {name: [f"{name}/{f}" for f in fl] for name, fl in written.items()}
+        top = {"README.md": _readme(plan, written, refused, skipped)}
+        for name, fl in per_target.items():
+            _check_out(out_dir / name, fl, args.force)
+        _check_out(out_dir, top, args.force, frozenset(per_target))
+        for name, fl in per_target.items():
+            write_folder(out_dir / name, fl, executable={f for f in fl if f.endswith((".sh", ".sbatch"))},
+                         what="--out")
+        write_folder(out_dir, top, what="--out")
+        print(f"planner emit: {', '.join(per_target)} write files of the same names ({_shown(clash)}): each "
+              f"target's files are in its own folder under {out_dir}", file=sys.stderr)
+    else:
+        for fl in per_target.values():
+            files.update(fl)
+        files["README.md"] = _readme(plan, written, refused, skipped)
+        _check_out(out_dir, files, args.force)
+        write_folder(out_dir, files, executable={f for f in files if f.endswith((".sh", ".sbatch"))}, what="--out")
     if args.json:
         print(json.dumps({"out": str(out_dir), "written": written, "refused": refused, "skipped": skipped},
                          indent=2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
+from costmodel.units import GIB
 
 HELP = "the cost model alone for one configuration: memory per GPU and step time, term by term"
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         model, cluster, wl, par = plan.model, plan.cluster, plan.workload, plan.parallel
         stages, order = plan.stages, plan.mesh_order
         if plan.mode == "infer":
-            return _serving(plan, args.json)
+            return _serving(plan, args.json, args.plan)
     else:
         model, cluster, wl = load_problem(args)
         par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
@@ -36,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.target_notes import estimate_target
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
+    if args.plan and (not args.target or args.target == plan.target):
+        from planner.cli.args import warn_drift as _warn_drift
+        _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est),
                "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)}
@@ -56,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:
-        c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / 2**30:.1f} GiB per GPU on stage "
+        c.print(f"[red]does not fit:[/red] peak {est.peak_bytes / GIB:.1f} GiB per GPU on stage "
                 f"{max(est.stages, key=lambda s: s.memory['peak_bytes'] / s.capacity_bytes).index}, "
-                f"capacity {est.capacity_bytes / 2**30:.1f} GiB; try more tp/pp, zero 3 or recompute full")
+                f"capacity {est.capacity_bytes / GIB:.1f} GiB; try more tp/pp, zero 3 or recompute full")
     return 0
 
 
-def _serving(plan, as_json: bool) -> int:
+def _serving(plan, as_json: bool, where: str = "plan") -> int:
     """An inference plan: the serving cost model, not the training one."""
     from costmodel.batching import estimate_serving
     from planner.cli.report import console, parallel_json, print_json
@@ -70,6 +74,8 @@ def _serving(plan, as_json: bool) -> int:
     # the batching the plan's figures assume (its serving section): static, in-flight or disaggregated
     est = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving, stages=plan.stages)
     d = est.to_dict()
+    from planner.cli.args import warn_drift as _warn_drift
+    _warn_drift(plan, {k: d[k] for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu") if k in d}, where)
     if as_json:
         print_json({"parallel": parallel_json(plan.parallel), "estimate": d})
         return 0
@@ -81,5 +87,5 @@ def _serving(plan, as_json: bool) -> int:
     c.print(f"time to first token {d['ttft_s'] * 1e3:.2f} ms, per output token {d['tpot_s'] * 1e3:.2f} ms, "
             f"{d['output_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU, largest batch {d['max_batch']}")
     mem = d["memory"]
-    c.print("memory per GPU: " + ", ".join(f"{k.removesuffix('_bytes')} {v / 2**30:.2f} GiB" for k, v in mem.items()))
+    c.print("memory per GPU: " + ", ".join(f"{k.removesuffix('_bytes')} {v / GIB:.2f} GiB" for k, v in mem.items()))
     return 0

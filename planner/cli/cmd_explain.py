@@ -26,9 +26,19 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.report import print_json
 
     plan = read_plan(args.plan)
+    from planner.cli.args import warn_drift as _warn_drift
     if plan.mode == "infer":            # serving plans: their own breakdown and the frontier
+        from costmodel.batching import estimate_serving
         from planner.cli.infer_explain import run as run_infer
+        if plan.estimate and "tpot_s" in plan.estimate:     # explained from the recomputed figures
+            fresh = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving,
+                                     stages=plan.stages).to_dict()
+            _warn_drift(plan, {k: fresh[k] for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu")
+                               if k in fresh}, args.plan)
+            plan = plan.replace(estimate={**plan.estimate, **fresh})
         return run_infer(args, plan)
+    from planner.cli.explain import plan_estimate
+    _warn_drift(plan, {"step_time_s": plan_estimate(plan).step_time_s}, args.plan)
     if args.html:
         from profiles.safeio import check_output
         check_output(args.html, "--html")

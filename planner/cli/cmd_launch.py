@@ -179,9 +179,12 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
     if args.inject_failure:
         m = re.match(r"rank=(\d+),", args.inject_failure + ",")
         try:
-            Failure.parse(args.inject_failure)
-        except RuntimeUsageError:
-            m = None
+            injected = Failure.parse(args.inject_failure)
+        except RuntimeUsageError as e:
+            raise UsageError(str(e)) from None
+        if injected.step > args.steps:      # it would never fire: accepted and ignored
+            raise UsageError(f"--inject-failure step {injected.step} is after the last step (--steps {args.steps}); "
+                             f"give a step from 1 to {args.steps}")
         if not m:
             raise UsageError(f"--inject-failure {args.inject_failure!r}: expected "
                              "rank=R,step=S[,phase=step|save][,permanent] or rank=R,slow=X[,step=S][,permanent]")

@@ -88,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
                    else str(Path(args.out) / "megatron.yaml"))
     check_writable(args.csv)
     model, cluster, wl = load_problem(args)
+    if args.objective == "cost" and args.price_per_gpu_hour is None and not any(
+            g.gpu.price_per_hour for g in cluster.groups):
+        raise UsageError(f"--objective cost: cluster {cluster.name} states no price (gpu price_per_hour is 0), so "
+                         "there is no cost to minimise; give --price-per-gpu-hour USD, or set price_per_hour in "
+                         "the cluster file")
     if getattr(args, "_like_model", None) is not None and args.model == args._like_model.name:
         model = args._like_model
     fixed = fixed_degrees(args)

@@ -18,6 +18,7 @@ from rich.rule import Rule
 from rich.table import Table
 
 from planner.cli.console import make_console
+from costmodel.units import GIB
 
 OUT = Path("out/demo")
 c = make_console()
@@ -58,7 +59,7 @@ def compare_configs() -> None:
         e = estimate(m, cl, wl, ParallelConfig(**kw), order=order)
         over = max(((k, v) for k, v in e.time.items() if k != "compute_s"), key=lambda kv: kv[1])
         t.add_row(name, f"{e.step_time_s:.1f} s", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu * 100:.1f}%",
-                  f"{e.peak_bytes / 2**30:.1f}", "yes" if e.fits else "[red]no[/red]",
+                  f"{e.peak_bytes / GIB:.1f}", "yes" if e.fits else "[red]no[/red]",
                   f"{over[0].removesuffix('_s').replace('_', ' ')} {over[1] / e.step_time_s * 100:.0f}%")
     c.print(t)
 
@@ -121,7 +122,7 @@ def against_recipe(plan_path: Path) -> None:
     from costmodel.uncertainty import relative_band
     terms = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {d:+.1f} s" for d, k in diffs[:3] if abs(d) > 0.05)
     c.print(f"against the NeMo-style recipe (megatron tp4 pp4 cp2 vpp5, ZeRO-1): {recipe.step_time_s:.1f} s per step, "
-            f"peak {recipe.peak_bytes / 2**30:.1f} GiB, against {best.step_time_s:.1f} s for the {plan.target or 'best'} plan "
+            f"peak {recipe.peak_bytes / GIB:.1f} GiB, against {best.step_time_s:.1f} s for the {plan.target or 'best'} plan "
             f"({gain:+.1f}% for the recipe); where the recipe spends more: {terms or 'nowhere above 0.05 s'}. "
             f"Differences under {relative_band('train-dense') * 100:.0f}% are inside the cost model's out-of-source "
             "error band.")

@@ -9,6 +9,7 @@ import html
 from typing import Any
 
 from costmodel.training import Estimate, estimate
+from costmodel.units import GIB
 from planner.plan.planfile import Plan
 from planner.cli.report import describe_parallel
 
@@ -44,7 +45,7 @@ def explain(plan: Plan, what_if: bool = True, max_time: float = 30.0) -> dict[st
     terms = sorted(est.time.items(), key=lambda kv: -kv[1])
     out["time_words"] = [f"{TIME_WORDS[k]} {v / total * 100:.1f}%" for k, v in terms if v / total >= 0.005]
     mem = est.memory
-    out["memory_words"] = [f"{k.removesuffix('_bytes')} {mem[k] / 2**30:.1f} GiB" for k in
+    out["memory_words"] = [f"{k.removesuffix('_bytes')} {mem[k] / GIB:.1f} GiB" for k in
                            ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")]
     res = _solve(plan, top=TOP_K, max_time=max_time)
     out["solver"] = res
@@ -101,7 +102,7 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
              f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu * 100:.1f}%",
              *_credibility_lines(plan, est),
              "", "Where the time goes: " + ", ".join(info["time_words"]) + ".",
-             f"Where the memory goes (peak stage, {est.peak_bytes / 2**30:.1f} of {est.capacity_bytes / 2**30:.1f} GiB): "
+             f"Where the memory goes (peak stage, {est.peak_bytes / GIB:.1f} of {est.capacity_bytes / GIB:.1f} GiB): "
              + ", ".join(info["memory_words"]) + "."]
     if plan.parallel.pp > 1:
         lines.append("Stages: " + ", ".join(f"{s.num_layers} layers ({s.recompute_layers} recomputed)"

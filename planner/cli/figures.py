@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from typing import Sequence
+from costmodel.units import GIB
 
 MEMORY_CATS = (("weights_bytes", "weights", "#4C72B0"), ("grads_bytes", "gradients", "#DD8452"),
                ("optimizer_bytes", "optimizer state", "#55A868"), ("activations_bytes", "activations", "#8172B3"),
@@ -25,7 +26,6 @@ TIME_TERMS = (("compute_s", "compute", "#4C72B0"), ("recompute_s", "recompute", 
               ("pp_comm_s", "PP sends", "#937860"), ("bubble_s", "pipeline bubble", "#8C8C8C"),
               ("optimizer_s", "optimizer step", "#55A868"))
 FWD, BWD = "#4C72B0", "#DD8452"
-GIB = 2 ** 30
 
 
 def _figure(width: float, height: float):

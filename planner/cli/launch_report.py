@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Any
+from costmodel.units import GIB, MIB
 
 
 def predicted_figures(estimate: dict) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def _fmt(v, kind: str) -> str:
     if kind == "s":
         return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
     if kind == "bytes":
-        return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+        return f"{v / GIB:.2f} GiB" if v >= GIB else f"{v / MIB:.1f} MiB"
     if kind == "pct":
         return f"{v * 100:.1f}%"
     return f"{v:,.0f}"

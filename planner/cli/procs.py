@@ -25,9 +25,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from planner.plan.errors import UsageError
+from costmodel.units import GIB
 
 CPU_PER_CORE = 4
-PROCESS_BYTES = int(0.35 * 2**30)
+PROCESS_BYTES = int(0.35 * GIB)
 EXIT_SIGTERM = 128 + signal.SIGTERM    # 143
 EXIT_SIGINT = 128 + signal.SIGINT      # 130
 
@@ -55,8 +56,8 @@ def check_cpu_processes(n: int, flag: str, force: bool, what: str = "CPU process
     c = cores()
     mem = available_memory_bytes()
     if mem is not None and n * PROCESS_BYTES > mem:
-        raise UsageError(f"{flag} {n}: {n} {what} need about {n * PROCESS_BYTES / 2**30:.1f} GiB "
-                         f"({PROCESS_BYTES / 2**30:.2f} GiB each) and this machine has {mem / 2**30:.1f} GiB "
+        raise UsageError(f"{flag} {n}: {n} {what} need about {n * PROCESS_BYTES / GIB:.1f} GiB "
+                         f"({PROCESS_BYTES / GIB:.2f} GiB each) and this machine has {mem / GIB:.1f} GiB "
                          f"available; use at most {max(1, mem // PROCESS_BYTES)}")
     if not force and n > CPU_PER_CORE * c:
         raise UsageError(f"{flag} {n}: more than {CPU_PER_CORE} {what} per core on this {c}-core machine "

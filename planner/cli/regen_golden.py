@@ -16,6 +16,7 @@ from pathlib import Path
 
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, StageSpec, Workload
+from costmodel.units import GIB
 from emitters import TARGETS, CannotExpress, get
 from planner.plan.planfile import Plan, default_stages, read_plan
 from profiles.clusters import cluster_from_dict, load_cluster
@@ -24,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "emitters"
 PLANS = ROOT / "plans"
 REFUSED = "REFUSED.txt"
-GIB = 2**30
 
 
 def _train(model: str, cluster, gb: int, seq: int, **par) -> Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, Workload
+from costmodel.units import GIB
 from planner.plan.planfile import Plan, provenance
 from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
                             estimate_tables, parallel_json, throughput_line)
@@ -73,7 +74,7 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
         st = " ".join(f"{x.num_layers}/{x.recompute_layers}" + (f"@{x.group}" if x.group else "") for x in p.stages)
         t.add_row(str(k), describe_parallel(p.parallel) + f" order={','.join(p.mesh_order)}", st,
                   f"{e.step_time_s:.3f} s", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu * 100:.1f}%",
-                  f"{e.peak_bytes / 2**30:.1f} GiB")
+                  f"{e.peak_bytes / GIB:.1f} GiB")
     c.print(t)
     tt, mt = estimate_tables(res.solutions[0].estimate, title="best plan: time per step")
     c.print(tt)

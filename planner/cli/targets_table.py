@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from planner.plan import targets as T
+from costmodel.units import GIB
 
 
 def model_error(model) -> float:
@@ -105,7 +106,7 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
                          for x in p.stages) if p.parallel.pp > 1 else ""
         t.add_row(r.target, escape(compact(p.parallel) + where + (f" [{split}]" if split else "")), f"{step:.3f} s",
                   f"{e['mfu'] * 100:.1f}%",
-                  f"{e['memory']['peak_bytes'] / 2**30:.1f} GiB", "best" if p is best_plan else f"+{rel * 100:.1f}%",
+                  f"{e['memory']['peak_bytes'] / GIB:.1f} GiB", "best" if p is best_plan else f"+{rel * 100:.1f}%",
                   escape(why))
     c.print(t)
     if not ok:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from costmodel.specs import SpecError, validate
 from costmodel.training import estimate, stage_groups
+from costmodel.units import GIB
 from planner.plan.planfile import Plan
 
 MEMORY_TOLERANCE = 1e-6   # relative; float re-evaluation of the same plan
@@ -49,6 +50,6 @@ def check_plan(plan: Plan) -> list[str]:
     for s in est.stages:
         peak, cap = s.memory["peak_bytes"], s.capacity_bytes
         if peak > cap * (1 + MEMORY_TOLERANCE):
-            problems.append(f"stage {s.index} needs {peak / 2**30:.2f} GiB per GPU; its GPUs have "
-                            f"{cap / 2**30:.2f} GiB")
+            problems.append(f"stage {s.index} needs {peak / GIB:.2f} GiB per GPU; its GPUs have "
+                            f"{cap / GIB:.2f} GiB")
     return problems

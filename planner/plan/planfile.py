@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 
 from costmodel.specs import (MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                              default_stages)  # noqa: F401  (re-exported: the plan file's readers use it)
+from costmodel.comm import crosses_nodes
 from costmodel.limits import describe
 from profiles.clusters import cluster_from_dict, cluster_to_dict
 from profiles.readers import parse_yaml, read_text
@@ -73,15 +75,12 @@ class Plan:
         return getattr(self.parallel, dim)
 
     def rank_layout(self) -> dict[str, Any]:
-        """Which ranks share a node, and which mesh dims stay inside one node."""
+        """Which ranks share a node, and which mesh dims stay inside one NVLink domain (a host,
+        or a multi-host domain such as NVL72): ``comm.crosses_nodes``, the cost model's rule."""
         gpn = self.cluster.gpus_per_node
-        inside = []
-        stride = 1
-        for dim in reversed(self.mesh_order):
-            span = stride * self.degree(dim)
-            if self.degree(dim) > 1 and span <= gpn:
-                inside.append(dim)
-            stride = span
+        degrees = {d: self.degree(d) for d in self.mesh_order}
+        inside = [d for d in self.mesh_order
+                  if degrees[d] > 1 and not crosses_nodes(degrees, tuple(self.mesh_order), d, self.cluster.nvlink_gpus)]
         n = self.world_size
         return {"gpus_per_node": gpn, "nodes": -(-n // gpn), "within_node": sorted(inside),
                 "tp_within_node": self.parallel.tp == 1 or "tp" in inside}
@@ -143,6 +142,7 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     for k in ("mesh", "estimate", "solver", "provenance"):
         if not isinstance(d[k], Mapping):        # an empty section is {}; nothing at all is a cut file
             raise PlanError(f"{where}: section {k!r} must be a mapping, got {describe(d[k])} (truncated file?)")
+    check_estimate(d["estimate"], where)
     groups = d["cluster"].get("groups") if isinstance(d["cluster"], Mapping) else None
     if isinstance(d["cluster"], Mapping) and ("extends" in d["cluster"] or any(
             isinstance(g, Mapping) and "extends" in g for g in (groups if isinstance(groups, list) else []))):
@@ -171,6 +171,63 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
             raise
         msg = str(e)
         raise PlanError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+# The figures of a stored estimate that the tools read back. Each is a finite number >= 0 or the
+# plan is refused (untyped: a string, a list); whether it is *true* is found by recomputing it
+# (``estimate_drift``), which only warns: a cost-model change must not make saved plans unreadable.
+ESTIMATE_FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
+                    "hardware_tflops_per_gpu", "mfu", "hfu", "memory_capacity_bytes", "ttft_s", "tpot_s",
+                    "output_tokens_per_s", "output_tokens_per_s_per_gpu")
+ESTIMATE_SECTIONS = ("memory", "time")       # mappings of name -> number
+DRIFT_TOLERANCE = 0.01                       # 1 %: more is a changed cost model or an edited file
+
+
+def _figure_problem(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"must be a number, got {describe(v)}"
+    if not math.isfinite(v) or v < 0:
+        return f"must be a finite number >= 0, got {v!r}"
+    return None
+
+
+def check_estimate(est: Mapping[str, Any], where: str) -> None:
+    """Refuse a stored estimate whose figures are not numbers (see ``ESTIMATE_FIGURES``)."""
+    hint = "; it is recomputed from the plan: delete the estimate section, or write the plan again"
+    for k in ESTIMATE_FIGURES:
+        if k in est:
+            bad = _figure_problem(est[k])
+            if bad:
+                raise PlanError(f"{where}: estimate.{k} {bad}{hint}")
+    for sec in ESTIMATE_SECTIONS:
+        if sec not in est:
+            continue
+        if not isinstance(est[sec], Mapping):
+            raise PlanError(f"{where}: estimate.{sec} must be a mapping of numbers, got {describe(est[sec])}{hint}")
+        for k, v in est[sec].items():
+            bad = _figure_problem(v)
+            if bad:
+                raise PlanError(f"{where}: estimate.{sec}.{k} {bad}{hint}")
+
+
+def estimate_drift(plan: "Plan", fresh: Mapping[str, float], where: str) -> str | None:
+    """A warning when the plan's stored figures differ from ``fresh`` (the same figures recomputed
+    by this planner) by more than ``DRIFT_TOLERANCE``, naming the planner version that wrote them;
+    None when they agree (or the plan stores none of them)."""
+    diffs = []
+    for k, now in fresh.items():
+        was = plan.estimate.get(k)
+        if was is None or _figure_problem(was) or not math.isfinite(now):
+            continue
+        if abs(was - now) > DRIFT_TOLERANCE * max(abs(now), 1e-300):
+            diffs.append(f"{k} {was:.4g} stored vs {now:.4g} now")
+    if not diffs:
+        return None
+    wrote = (plan.provenance or {}).get("planner", "an unknown version")
+    return (f"{where}: the stored estimate differs from this planner's ({tool_version()}) by more than "
+            f"{DRIFT_TOLERANCE:.0%} ({'; '.join(diffs[:3])}); it was written by planner {str(wrote)[:40]!r} "
+            "(or edited): the figures shown are recomputed; write the plan again with `planner plan --like` to "
+            "refresh it")
 
 
 _STAGE_KEYS = {"layers", "recompute_layers", "device_group"}

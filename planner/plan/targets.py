@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload
+from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, kv_heads_shard
 
 REF = "reference/training-targets.md"       # /work/shared/reference/, see the module docstring
 LREF = "reference/launchers.md"
@@ -566,7 +566,7 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
             "not write; use the megatron target")
     if workload.dtype not in t.dtypes:
         add(f"dtype {workload.dtype}: {name} trains in {', '.join(sorted(t.dtypes))}; plan --dtype bf16")
-    if t.kv_heads_divisible and model.attention != "mla" and par.tp > 1 and model.kv_heads % par.tp:
+    if t.kv_heads_divisible and not kv_heads_shard(model, par.tp):
         add(f"tp={par.tp} does not divide the {model.kv_heads} KV heads ({name} shards K/V heads, it does not "
             f"replicate them); plan --tp {_largest_divisor(model.kv_heads, par.tp)} or fewer")
     # data parallel sharding
@@ -732,7 +732,7 @@ def serve_problems(target: str | ServeTarget, model: ModelSpec, workload: Worklo
     kv = workload.kv_dtype or workload.dtype
     if kv not in t.kv_dtypes:
         out.append(f"KV cache in {kv}: {name} stores it in {', '.join(sorted(t.kv_dtypes))}; plan --kv-dtype bf16")
-    if t.kv_heads_divisible and model.attention != "mla" and model.kv_heads % par.tp:
+    if t.kv_heads_divisible and not kv_heads_shard(model, par.tp):
         out.append(f"tp={par.tp} does not divide the {model.kv_heads} KV heads ({name} does not replicate them); "
                    f"plan --tp {_largest_divisor(model.kv_heads, par.tp)}")
     if par.ep > 1:

@@ -15,10 +15,10 @@ from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, W
 from costmodel.memory import activations_in_flight, stage_peak_bytes
 from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, inflight_microbatches,
                                 pipeline_step, stage_crosses, stage_model)
+from costmodel.units import KIB, NS_PER_S
 from planner.search.space import Candidate
 
-NS = 1e9               # integer time unit of the CP-SAT model: nanoseconds
-KIB = 1024             # integer memory unit for the memory objective
+NS = NS_PER_S          # integer time unit of the CP-SAT model: nanoseconds (KIB: the memory objective's unit)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from costmodel.inference import estimate_inference
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, Workload
+from costmodel.units import GIB
 from planner.plan.errors import InfeasibleError, SolverStopped
 from planner.search.serving_space import Candidate, enumerate_candidates
 
@@ -274,7 +275,6 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
                     rate_per_s=None) -> ServingInfeasible:
     cap = cluster.gpu.memory_bytes
     fitting = [c for c in cands if _memory_ppm(c, cap) <= MEMORY_SCALE]
-    gib = 2**30
     if not fitting and rate_per_s is not None and max_b and any(max_b.values()):
         best_deg = max(max_b, key=lambda d: (max_b[d], -d[1], d))
         closest = _evaluate(model, cluster, wl, best_deg, max_b[best_deg], sched)
@@ -293,8 +293,8 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
             return ServingInfeasible(
                 f"{model.name} does not fit {cluster.total_gpus} x {cluster.gpu.name}: even one sequence of "
                 f"{wl.prompt_len}+{wl.output_len} tokens at the largest sharding (tp={one.tp} pp={one.pp} "
-                f"ep={one.ep}) needs {one.est.peak_bytes / gib:.2f} GiB per GPU (weights "
-                f"{one.est.memory['weights_bytes'] / gib:.2f} GiB), has {cap / gib:.2f} GiB; use more GPUs "
+                f"ep={one.ep}) needs {one.est.peak_bytes / GIB:.2f} GiB per GPU (weights "
+                f"{one.est.memory['weights_bytes'] / GIB:.2f} GiB), has {cap / GIB:.2f} GiB; use more GPUs "
                 f"(--gpus) or smaller weights (--dtype fp8/int4). Closest: {one.describe()}", one, "memory")
         closest = _evaluate(model, cluster, wl, best_deg, max_b[best_deg], sched)
         return ServingInfeasible(
@@ -329,7 +329,6 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
 def _no_kv_room(model, cluster, wl, fixed, sched) -> ServingInfeasible:
     """In-flight: no split leaves the engine a KV pool for one request."""
     from planner.search.serving_space import degree_tuples
-    gib = 2**30
     tuples = degree_tuples(model, cluster, fixed)
     if not tuples:
         return ServingInfeasible(f"no legal split of {model.name} over {cluster.total_gpus} GPUs with the fixed "
@@ -339,9 +338,9 @@ def _no_kv_room(model, cluster, wl, fixed, sched) -> ServingInfeasible:
     limit = sched.gpu_memory_utilization * cluster.gpu.memory_bytes
     return ServingInfeasible(
         f"{model.name} does not fit {cluster.total_gpus} x {cluster.gpu.name}: at the largest sharding (tp={one.tp} "
-        f"pp={one.pp} ep={one.ep}) the weights take {one.est.memory['weights_bytes'] / gib:.2f} GiB per GPU and even "
-        f"one sequence of {wl.prompt_len}+{wl.output_len} tokens needs {one.est.peak_bytes / gib:.2f} GiB, over "
-        f"the engine's {sched.gpu_memory_utilization:g} x {cluster.gpu.memory_bytes / gib:.2f} = {limit / gib:.2f} "
+        f"pp={one.pp} ep={one.ep}) the weights take {one.est.memory['weights_bytes'] / GIB:.2f} GiB per GPU and even "
+        f"one sequence of {wl.prompt_len}+{wl.output_len} tokens needs {one.est.peak_bytes / GIB:.2f} GiB, over "
+        f"the engine's {sched.gpu_memory_utilization:g} x {cluster.gpu.memory_bytes / GIB:.2f} = {limit / GIB:.2f} "
         "GiB; use more GPUs (--gpus), smaller weights (--dtype fp8/int4) or a higher --gpu-memory-utilization. "
         f"Closest: {one.describe()}", one, "memory")
 

@@ -22,7 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from costmodel.inference import InferenceEstimate, check_invariants, estimate_inference, serving_max_batch
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, kv_heads_fit
+from costmodel.units import GIB
 from planner.plan.errors import UsageError
 
 BATCHES_PER_OCTAVE = 4
@@ -82,7 +83,7 @@ class Candidate:
                     f"{e.output_tokens_per_s_per_gpu:,.1f} output tokens/s per GPU")
         return (f"tp={self.tp} pp={self.pp} replicas={self.dp} ep={self.ep} batch={self.batch}: TTFT "
                 f"{e.ttft_s * 1e3:.2f} ms, TPOT {e.tpot_s * 1e3:.2f} ms, {e.output_tokens_per_s_per_gpu:,.1f} "
-                f"output tokens/s per GPU, peak {e.peak_bytes / 2**30:.2f} of {e.capacity_bytes / 2**30:.2f} GiB, "
+                f"output tokens/s per GPU, peak {e.peak_bytes / GIB:.2f} of {e.capacity_bytes / GIB:.2f} GiB, "
                 f"max batch {e.max_batch}")
 
 
@@ -93,7 +94,7 @@ def _divisors(n: int) -> list[int]:
 def _tp_ok(model: ModelSpec, tp: int) -> bool:
     if model.heads % tp or model.ffn_hidden % tp:
         return False
-    return model.attention == "mla" or model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+    return kv_heads_fit(model, tp)
 
 
 def degree_tuples(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, int]) -> list[tuple[int, int, int, int]]:
