@@ -16,10 +16,12 @@ it, over the alternatives that fit in memory; the row shows that range.
 
 The fit (``fit``): the constants of one group are chosen together on a grid by the least median
 absolute error of the rows that group reads (ties: the smaller largest error), in a fixed order:
-the GPU curves on Megatron's bf16/fp16 runs (its kernel efficiency is 1.0 by construction), then
+the GPU curves' efficiency on Megatron's bf16/fp16 runs (its kernel efficiency is 1.0 by construction), then
 each framework's kernel efficiency on its own bf16/fp16 runs, then the FP8 curve on the FP8 runs.
-The attention efficiency is taken from a kernel benchmark, not from these runs: it keeps its
-value unless its family is left out. Only runs on catalog hardware are fitted; MoE runs are
+Constants without a grid are not refitted: the attention efficiency (from a kernel benchmark,
+not from these runs) and the GEMM curves' half sizes (which end-to-end runs do not pin down: a
+scan ran to the edge of its grid); each keeps its value unless its family is left out, then takes
+its prior. Only runs on catalog hardware are fitted; MoE runs are
 predicted but never fitted (their physics is issue 24's), and runs on other machines are
 predicted and tabled apart.
 """
@@ -311,10 +313,10 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
     train = [c for c in cases if c.family != leave_out]
     values = shipped_values()
     res = FitResult(values=values)
-    att = fitted.BY_NAME["attention.flash_efficiency"]
-    if leave_out in att.families:
-        values[att.name] = att.prior
-        res.prior.append(att.name)
+    for c in fitted.FITTED:                   # not refitted (no grid): its value, or its prior when its family is out
+        if not c.grid and leave_out in c.families:
+            values[c.name] = c.prior
+            res.prior.append(c.name)
     with module_constants(values):
         for group, consts in _groups():
             if group == "fp8":
@@ -337,8 +339,9 @@ def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[Cros
         return
     if group == "fp8":
         upstream = tuple(sorted((k, v) for k, v in values.items() if not k.startswith("fp8.")))
-    else:
-        upstream = (("attention.flash_efficiency", values["attention.flash_efficiency"]),) + tuple(
+    else:                                     # the constants that are not refitted, and the GPU curves below a framework
+        fixed = tuple(sorted((c.name, values[c.name]) for c in fitted.FITTED if not c.grid))
+        upstream = fixed + tuple(
             sorted((k, v) for k, v in values.items() if k.startswith("gpu.")) if group.startswith("framework.") else ())
     key = (group, tuple(sorted(r.name for r in rows)), upstream)
     if key not in _FIT_MEMO:
