@@ -138,7 +138,7 @@ def test_unpublished_settings_give_a_range_around_the_default(res):
 
 
 def test_docs_validation_page_is_current(res):
-    """docs/validation-out-of-source.md is what `planner validate --cross` prints (regenerate: make validation)."""
+    """docs/validation.md is what `planner validate --cross` prints (regenerate: make validation)."""
     assert vc.PAGE.read_text() == vc.markdown(res)
 
 

@@ -85,7 +85,8 @@ _BY_COMMAND: dict[str, dict[str, tuple[float, float, bool, str]]] = {
 }
 
 # output flags that name a file (never a folder), by command, with an example name
-_FILE_OUTPUTS = {"plan": {"out": "plan.yaml", "csv": "candidates.csv"}, "replan": {"out": "plan.yaml"},
+# plan --out may name a folder (one <target>.yaml per target there: planner.cli.cmd_plan.out_path)
+_FILE_OUTPUTS = {"plan": {"csv": "candidates.csv"}, "replan": {"out": "plan.yaml"},
                  "explain": {"html": "report.html"}, "calibrate": {"out": "cluster.yaml"},
                  "validate": {"write": "VALIDATION.md"}, "launch": {"metrics": "metrics.jsonl"}}
 

@@ -37,6 +37,8 @@ def frontier_for(plan) -> dict[str, Any]:
     res = solve_serving(plan.model, cluster, plan.workload, {}, ttft_slo_s=slo_t, tpot_slo_s=slo_p, sched=sched,
                         disaggregation=disagg, max_time_s=30.0)
     _, pareto = _pareto(plan.model, cluster, plan.workload, res, sched, {}, disagg, slo_t, slo_p, res.solutions[0])
+    pareto["goal"] = {"ttft_s": slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") else None,
+                      "tpot_s": slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") else None}
     est = dict(plan.estimate)
     pareto["chosen"] = {"kind": "disaggregated" if srv.get("disaggregation") else "aggregated",
                         "layout": _layout(plan), "ttft_s": est["ttft_s"], "tpot_s": est["tpot_s"],

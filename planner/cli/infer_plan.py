@@ -199,6 +199,7 @@ def _candidate_summary(c: Candidate | None) -> dict | None:
          "output_tokens_per_s_per_gpu": e.output_tokens_per_s_per_gpu,
          "concurrency": e.schedule.get("concurrency", c.batch)}
     if c.disaggregated:
+        assert c.prefill is not None           # a disaggregated candidate names its prefill pool
         tp, pp, ep, r = c.prefill
         d["prefill"] = {"tp": tp, "pp": pp, "ep": ep, "replicas": r}
         d["decode"] = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "replicas": c.dp}
@@ -267,6 +268,7 @@ def _candidate_json(c: Candidate | None) -> dict | None:
     d = {"parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}, "batch": c.batch,
          "estimate": c.est.to_dict(stages=False)}
     if c.disaggregated:
+        assert c.prefill is not None
         d["prefill"] = dict(zip(("tp", "pp", "ep", "replicas"), c.prefill))
     return d
 
@@ -303,17 +305,17 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
     w = best.workload
     srv = best.serving or {}
     regime = {"inflight": f"continuous batching ({srv.get('engine')})", "static": "static batches",
-              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(srv.get("batching"), "")
+              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(str(srv.get("batching")), "")
     c.print(f"[bold]{best.model.name}[/bold] serving on {best.world_size} x {best.cluster.gpu.name} "
             f"({best.cluster.name}): prompt {w.prompt_len} + output {w.output_len} tokens, weights {w.dtype}, "
             f"KV cache {w.kv_dtype}; {regime}")
     t = Table(title=f"top {len(plans)} plan(s)", header_style="bold")
     for col in ("#", "layout", "concurrency", "TTFT", "TPOT", "tok/s/user", "tok/s/GPU", "peak mem"):
         t.add_column(col, justify="right")
-    for k, s in enumerate(res.solutions, 1):
+    for rank, s in enumerate(res.solutions, 1):
         e = s.est
         conc = e.schedule.get("concurrency", s.batch)
-        t.add_row(str(k), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
+        t.add_row(str(rank), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
                   fmt_seconds(e.ttft_s), fmt_seconds(e.tpot_s), f"{1 / e.tpot_s:,.1f}",
                   f"{e.output_tokens_per_s_per_gpu:,.1f}", fmt_bytes(e.peak_bytes))
     c.print(t)
@@ -387,6 +389,17 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
             f"bound {res.bound:.6g}, {res.candidates} candidates, {res.wall_time_s:.2f} s")
 
 
+def slo_record(args: argparse.Namespace, margins: dict, slo_t: float | None, slo_p: float | None) -> dict:
+    """The plan file's ``serving.slo``: the goals, and with any goal the margins kept and the
+    goals the search was held to (``planned_ms``)."""
+    slo: dict[str, Any] = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    if slo_t is not None or slo_p is not None:
+        slo["margin"] = {"ttft": margins["ttft"], "tpot": margins["tpot"], "source": margins["source"]}
+        slo["planned_ms"] = {"ttft": slo_t * 1e3 if slo_t is not None else None,
+                             "tpot": slo_p * 1e3 if slo_p is not None else None}
+    return slo
+
+
 def goal_slack(plan) -> list[dict[str, Any]]:
     """Per latency goal of a serving plan: the goal, the margin kept, the predicted value and the
     slack (goal - predicted) / goal."""
@@ -399,7 +412,7 @@ def goal_slack(plan) -> list[dict[str, Any]]:
         if goal_ms is None or est.get(f"{key}_s") is None:
             continue
         pred_ms = est[f"{key}_s"] * 1e3
-        out.append({"goal": name, "goal_ms": goal_ms, "predicted_ms": pred_ms, "margin": margin.get(key, 0.0),
+        out.append({"goal": name, "goal_ms": goal_ms, "predicted_ms": pred_ms, "margin": margin.get(key),
                     "slack": (goal_ms - pred_ms) / goal_ms})
     return out
 
@@ -408,8 +421,10 @@ def slack_text(plan) -> str:
     """One line per goal: predicted against the goal, the slack, and the margin the plan was held to."""
     lines = []
     for g in goal_slack(plan):
+        kept = (f" (planned with a {g['margin'] * 100:.1f}% margin below the goal)" if g["margin"] is not None
+                else " (a plan from before margins: none recorded)")
         lines.append(f"{g['goal']} goal {g['goal_ms']:g} ms: predicted {g['predicted_ms']:.4g} ms, slack "
-                     f"{g['slack'] * 100:.1f}% (planned with a {g['margin'] * 100:.1f}% margin below the goal)")
+                     f"{g['slack'] * 100:.1f}%{kept}")
     if lines:
         src = ((plan.serving or {}).get("slo") or {}).get("margin", {}).get("source", "")
         if src.startswith("auto"):
@@ -489,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
                          "--request-rate")
     fixed = _fixed(args)
     target = getattr(args, "target", None) or "vllm"      # serving's default: vLLM's scheduler
+    args._slo_record = slo_record(args, margins, slo_t, slo_p)      # what every target's plan records
     if target == "all":
         from planner.cli.plan_all import infer_all
         return infer_all(args, model, cluster, wl, slo_t, slo_p)
@@ -508,12 +524,9 @@ def run(args: argparse.Namespace) -> int:
     pareto_pts, pareto = (None, None)
     if getattr(args, "pareto", False) or getattr(args, "pareto_csv", None):
         pareto_pts, pareto = _pareto(model, cluster, wl, res, sched, fixed, disagg, slo_t, slo_p, res.solutions[0])
+        pareto["goal"] = {"ttft_s": goal_t, "tpot_s": goal_p}        # the user's, beside the margin-held slo
     hf = hf_id_for(args, model)
-    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
-    if goal_t is not None or goal_p is not None:
-        slo["margin"] = {"ttft": margins["ttft"], "tpot": margins["tpot"], "source": margins["source"]}
-        slo["planned_ms"] = {"ttft": slo_t * 1e3 if slo_t is not None else None,
-                             "tpot": slo_p * 1e3 if slo_p is not None else None}
+    slo = args._slo_record
     if disagg == "off" and res.comparison:     # that search never ran: say nothing about it
         res.comparison = {k: v for k, v in res.comparison.items() if k != "disaggregated"}
     load = {"concurrency_per_replica": args.batch, "request_rate_per_s": rate}
@@ -532,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
         import pandas as pd
         cols = ("kind", "layout", "concurrency", "decode_batch", "tokens_per_s_per_user",
                 "output_tokens_per_s_per_gpu", "ttft_s", "tpot_s")
-        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts]).to_csv(args.pareto_csv, index=False)
+        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts or []]).to_csv(args.pareto_csv, index=False)
     if args.json:
         env = {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj}
         if getattr(args, "pareto", False):

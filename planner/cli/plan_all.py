@@ -146,7 +146,7 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
     ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
     src = cluster_source_of(args.cluster)
     hf = hf_id_for(args, model)
-    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    slo = getattr(args, "_slo_record", None) or {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
     load = {"concurrency_per_replica": args.batch, "request_rate_per_s": getattr(args, "request_rate", None)}
     plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t,
                            serving_section(c, t, "static" if scheds[t] is None else "inflight", scheds[t], hf, slo,
@@ -187,6 +187,8 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
         c.print(tab)
         c.print(f"\n[bold]best: {order[0]}[/bold]")
         print_table(ok[0][1], plans[order[0]])
+        from planner.cli.infer_plan import slack_text
+        print(slack_text(plans[order[0]][0]), end="")
     for f in written:
         print(f"wrote {f}", file=sys.stderr)
     return 0

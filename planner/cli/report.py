@@ -54,6 +54,36 @@ def describe_parallel(par: ParallelConfig) -> str:
     return " ".join(parts)
 
 
+def distinct_labels(items: list[tuple[ParallelConfig, Any, Any]]) -> list[str]:
+    """``describe_parallel`` of each (parallel, stages, mesh order), with what tells apart plans
+    whose descriptions coincide: the mesh order, the stage split, per-stage recomputation, or any
+    other field of the parallel config that differs. No two different plans get the same label."""
+    import dataclasses
+    base = [describe_parallel(par) for par, _, _ in items]
+
+    def stage_split(stages) -> str:
+        return "/".join(str(s.num_layers) for s in stages or [])
+
+    def stage_rc(stages) -> str:
+        return "/".join(str(s.recompute_layers) for s in stages or [])
+
+    extra: list[list[str]] = [[] for _ in items]
+    for label in set(base):
+        group = [i for i, b in enumerate(base) if b == label]
+        if len(group) < 2:
+            continue
+        keys: list[tuple[str, Any]] = [("order", lambda i: ",".join(items[i][2] or ())),
+                                       ("stages", lambda i: stage_split(items[i][1])),
+                                       ("recompute layers", lambda i: stage_rc(items[i][1]))]
+        keys += [(f.name, (lambda name: lambda i: str(getattr(items[i][0], name)))(f.name))
+                 for f in dataclasses.fields(ParallelConfig)]
+        for name, get in keys:
+            if len({get(i) for i in group}) > 1:
+                for i in group:
+                    extra[i].append(f"{name}={get(i)}")
+    return [b + ("".join(" " + e for e in x)) for b, x in zip(base, extra)]
+
+
 def estimate_tables(est, title: str = ""):
     """Two rich tables: time per step by term, memory per GPU by category."""
     from rich.table import Table

@@ -259,12 +259,12 @@ def markdown(rows: list[Row]) -> str:
     out = ["# Cost-model validation (in-sample)", "",
            "**In-sample:** the fitted constants (`costmodel/fitted.py`) were chosen on many of these runs, so these",
            "tables measure the fit's memory as much as the model. The out-of-source error, each recipe family",
-           "predicted with constants refitted without it, is in `docs/validation-out-of-source.md`",
+           "predicted with constants refitted without it, is in `docs/validation.md`",
            "(`planner validate --cross`).", "",
            "Regenerate with `make validation` (`planner validate --write costmodel/VALIDATION.md`).",
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
            "source's software implies are set once per source in `planner/cli/validation.py`.", ""]
-    out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
+    out += table_sections(rows, (("calibration", "Training runs (calibration set, calibration/published_runs.yaml)"),
                                  ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml, "
                                                 "bf16/fp16)"),
                                  ("fp8", "FP8 training runs (NeMo 24.07, calibration/published_runs_fp8.yaml; "

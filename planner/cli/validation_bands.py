@@ -19,9 +19,9 @@ HOW = {
                  "(MoE runs are never fitted on)",
 }
 SOURCE = {
-    "train-dense": "docs/validation-out-of-source.md (planner validate --cross; calibration/published_runs*.yaml, "
+    "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
                    "holdout_runs.yaml)",
-    "train-moe": "docs/validation-out-of-source.md (planner validate --cross; calibration/published_runs_moe.yaml)",
+    "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
 }
 
 

@@ -464,7 +464,7 @@ def markdown(res: dict) -> str:
     moe = [r for r in rows if r.case.moe and r.case.catalog_hardware]
     other = [r for r in rows if not r.case.catalog_hardware]
     out = ["# Out-of-source validation", "",
-           "Regenerate with `make validation` (`planner validate --cross --write docs/validation-out-of-source.md`).",
+           "Regenerate with `make validation` (`planner validate --cross --write docs/validation.md`).",
            "Each recipe family is left out in turn: every fitted constant (`costmodel/fitted.py`) is refitted on",
            "the other families' runs and the left-out family is predicted with the result",
            "(`planner/cli/validation_cross.py` says how). Figures: tokens/s per GPU; a run that publishes",
@@ -549,7 +549,7 @@ def as_json(res: dict) -> dict:
         "shipped": res["shipped"], "skipped": res["skipped"]}
 
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "validation-out-of-source.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 
 
 def headline_block(page: Path = PAGE) -> str:
