@@ -16,6 +16,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            stage_layers)
 from emitters.encode import json_text
 from emitters.recipe import Need, model_settings, needs_block, recipe, warmup_shell
+from planner.plan import targets as T
 from planner.plan.planfile import Plan
 
 TARGET = "deepspeed"
@@ -61,16 +62,24 @@ def config(plan: Plan) -> dict:
                             "DeepSpeed's config has no attention-only recompute; the model code decides",
                             "plan recompute=none or full")
     if p.recompute == "full":
-        require(p.pp > 1, TARGET, "full recompute without pipeline stages",
-                "the config turns on activation checkpointing only for PipelineModule "
-                "(pipeline.activation_checkpoint_interval); a plain model checkpoints in its own code")
+        # without stages the script checkpoints its blocks itself (Hugging Face gradient_checkpointing_enable()
+        # or deepspeed.checkpointing.checkpoint; the activation_checkpointing section configures the latter)
         require(full_recompute_all(plan), TARGET, "recompute of some layers per stage",
                 "activation_checkpoint_interval checkpoints every n-th layer boundary and recomputes "
                 "all layers; it cannot recompute only the first k", "plan recompute of all layers")
+    method = (plan.framework or {}).get("partition_method")
     if p.pp > 1:
-        require(even_stages(plan), TARGET, f"stage split {stage_layers(plan)}",
-                "the config states the stage count; PipelineModule's partition_method balances layers "
-                "itself", "plan an even split or use megatron")
+        # PipelineModule places the layers itself: the split must be what the plan's method gives
+        # (planner.plan.targets.ds_split); an older plan without a method: an even split, as uniform-by-type
+        if method is None:
+            require(even_stages(plan), TARGET, f"stage split {stage_layers(plan)}",
+                    "the plan names no partition_method and PipelineModule balances layers itself",
+                    "plan again with --target deepspeed (the plan then names its method)")
+            method = f"type:{T.DS_BLOCK_TYPE}"
+        got = T.ds_split(plan.model, p.pp, method)
+        require(got == tuple(stage_layers(plan)), TARGET, f"stage split {stage_layers(plan)}",
+                f"partition_method {method} places {list(got) if got else 'no block on some stage'}",
+                "plan again with --target deepspeed")
     require(p.vpp == 1, TARGET, f"vpp={p.vpp}", "PipelineEngine has no interleaved schedule")
     require(not (p.pp > 1 and p.schedule == "gpipe"), TARGET, "the GPipe schedule",
             "PipelineEngine runs 1F1B")
@@ -102,8 +111,11 @@ def config(plan: Plan) -> dict:
         cfg["expert_parallel"] = {"enabled": True, "autoep_size": p.ep, "expert_tensor_parallel_size": p.tp}
     elif p.ep > 1:
         raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
+    if p.recompute == "full" and p.pp == 1:
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
     if p.pp > 1:
-        cfg["pipeline"] = {"stages": p.pp, "partition": "uniform",
+        cfg["pipeline"] = {"stages": p.pp, "partition": method,
                            "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
     return cfg
 
@@ -126,6 +138,13 @@ def emit(plan: Plan) -> dict[str, str]:
              f"train_batch_size {plan.workload.global_batch} = micro {p.micro_batch} x accumulation "
              f"{p.grad_accum} x data-parallel {p.dp}",
              "Your script builds the model, the data and the tokenizer; build this model:", model_settings(plan)]
+    if p.pp > 1:
+        usage.append(f"PipelineModule layers, in this order: the embedding, {plan.model.layers} x {T.DS_BLOCK_TYPE} (the "
+                     f"class name partition_method type: matches), the final norm, the head; ds_config.json's "
+                     f"pipeline.partition = {cfg['pipeline']['partition']} places {stage_layers(plan)} blocks per stage")
+    elif p.recompute == "full":
+        usage.append("Full recompute: your script checkpoints every block (Hugging Face: "
+                     "model.gradient_checkpointing_enable(); or deepspeed.checkpointing.checkpoint)")
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS")
     usage.append("ds_config.json holds the optimizer and a WarmupCosineLR schedule; this script writes "
                  "ds_config.run.json with the run's steps.")
@@ -142,6 +161,13 @@ def emit(plan: Plan) -> dict[str, str]:
         "--hostfile", Raw('"$HERE/hostfile"'), "--num_nodes", nnodes, "--num_gpus", nproc,
         "--master_port", Raw('"${MASTER_PORT:-' + str(MASTER_PORT) + '}"'),
     ])
+    # under a cluster launcher (planner emit --launcher slurm|kubernetes|torchrun) each node starts its own
+    # processes with torchrun, not the ssh/pdsh runner (planner.plan.targets.STARTS["deepspeed"])
+    text += ('if [ "${DS_LAUNCHER:-}" = torchrun ]; then\n'
+             f'  exec torchrun --nnodes {nnodes} --nproc-per-node {nproc} --node-rank "${{NODE_RANK:-0}}" '
+             '--master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-' + str(MASTER_PORT) + '}" '
+             '"$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n'
+             'fi\n')
     text += ('exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" '
              '--deepspeed --deepspeed_config "$RUN_CONFIG" "$@"\n')
     return {"ds_config.json": json_text(cfg), "hostfile": hostfile(plan, nnodes, nproc),

@@ -8,7 +8,7 @@ each node starts as many processes as its group has GPUs.
 """
 from __future__ import annotations
 
-from emitters.base import (PLAN_FILE, CannotExpress, Raw, ascii_id, bash_array, nodes_and_procs, one_line, plan_text,
+from emitters.base import (PLAN_FILE, CannotExpress, Raw, ascii_id, bash_array, nodes_and_procs, one_line, plan_text, sh,
                            require_mode, script_header)
 from emitters.recipe import Need, needs_block
 from planner.plan.planfile import Plan
@@ -57,7 +57,45 @@ def _groups_table(plan: Plan) -> tuple[list[tuple[int, int, str]], int]:
     return rows, rank
 
 
+def _emit_serve(plan: Plan) -> dict[str, str]:
+    """An inference plan: torchrun starts the built-in serving runtime (``python -m runtime.serve``),
+    as ``planner launch`` does, on one node or on every node (c10d)."""
+    from emitters.base import require_one_group
+    from planner.plan import targets as T
+    require_one_group(plan, TARGET)
+    batching = (plan.serving or {}).get("batching", "static")
+    if batching != "static" or (plan.serving or {}).get("disaggregation"):
+        raise CannotExpress(TARGET, f"a serving plan priced for {batching} batching",
+                            "the built-in runtime (python -m runtime.serve) serves static batches on one pool",
+                            "plan --mode infer --target builtin")
+    cannot = T.serve_problems("builtin", plan.model, plan.workload, plan.parallel, plan.cluster.gpus_per_node,
+                              len(plan.cluster.groups))
+    if cannot:
+        raise CannotExpress(TARGET, "this serving plan", "; ".join(cannot), "plan --mode infer --target builtin")
+    nnodes, nproc = nodes_and_procs(plan, TARGET)
+    usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH.",
+             "Serves the plan's static batch with the built-in runtime and prints measured beside predicted."]
+    body = needs_block("torchrun.sh", runtime_needs())
+    body += 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    body += bash_array("RUNTIME_ARGS", ["--plan", Raw('"${PLAN:-$HERE/' + PLAN_FILE + '}"')],
+                       "python -m runtime.serve --plan PLAN [--prompt-len N] [--output-len N] [--batch N]")
+    if nnodes == 1:
+        usage.append("Run: bash torchrun.sh")
+        endpoint = Raw('"${RDZV_ENDPOINT:-localhost:0}"')
+    else:
+        usage.append(f"Run on each of the {nnodes} nodes: HEAD_ADDR=<first node's address> bash torchrun.sh")
+        body += ': "${HEAD_ADDR:?set HEAD_ADDR to the first node address, the same on every node}"\n'
+        endpoint = Raw('"$HEAD_ADDR:${RDZV_PORT:-' + str(C10D_PORT) + '}"')
+    body += bash_array("TORCHRUN_ARGS", ["--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", "c10d",
+                                         "--rdzv-endpoint", endpoint,
+                                         "--rdzv-id", Raw('"${RDZV_ID:-' + _rdzv_id(plan) + '}"')])
+    body += 'exec torchrun "${TORCHRUN_ARGS[@]}" -m runtime.serve "${RUNTIME_ARGS[@]}" "$@"\n'
+    return {"torchrun.sh": script_header(plan, TARGET, FORMAT, usage) + body, PLAN_FILE: plan_text(plan)}
+
+
 def emit(plan: Plan) -> dict[str, str]:
+    if plan.mode == "infer":
+        return _emit_serve(plan)
     require_mode(plan, TARGET, "train")
     hetero = len(plan.cluster.groups) > 1
     usage = [f"Needs {PLAN_FILE} next to this script (or PLAN=path) and this repository on PYTHONPATH."]
@@ -107,3 +145,36 @@ def emit(plan: Plan) -> dict[str, str]:
 
 def _rdzv_id(plan: Plan) -> str:
     return ascii_id(plan.model.name)
+
+
+FORMAT_LAUNCH = "bash script: the framework's per-node script with one set of rendezvous variables"
+
+
+def launch(plan: Plan, framework: str, start, files: dict[str, str]) -> dict[str, str]:
+    """A per-node script that starts ``framework``'s files by hand (no cluster scheduler): run on
+    every node with ``NODE_RANK`` and ``HEAD_ADDR``; it sets the variables the framework's own
+    script reads (``planner.plan.targets.Start``) and runs that script, which starts torchrun
+    (DeepSpeed too: ``DS_LAUNCHER=torchrun`` replaces its ssh/pdsh runner)."""
+    require_mode(plan, TARGET, "train")
+    if start.script not in files:
+        raise CannotExpress(TARGET, f"{framework}'s files", f"they hold no {start.script} to run on each node",
+                            f"emit --target {framework} first")
+    nnodes, nproc = nodes_and_procs(plan, framework)
+    usage = [f"Starts {framework} ({start.script}) on this node: {nnodes} node(s) x {nproc} process(es).",
+             f"How {framework} is started: {start.source}."]
+    body = 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    if nnodes > 1:
+        usage.append(f"Run on each of the {nnodes} nodes: NODE_RANK=<0..{nnodes - 1}> HEAD_ADDR=<node 0's address> "
+                     f"bash launch-{framework}.sh")
+        body += (': "${NODE_RANK:?set NODE_RANK to this node (0 on the head node)}"\n'
+                 ': "${HEAD_ADDR:?set HEAD_ADDR to node 0 address, the same on every node}"\n')
+        if start.node_rank and start.node_rank != "NODE_RANK":
+            body += f'export {start.node_rank}="$NODE_RANK"\n'
+        if start.head_addr and start.head_addr != "HEAD_ADDR":
+            body += f'export {start.head_addr}="$HEAD_ADDR"\n'
+    else:
+        usage.append(f"Run: bash launch-{framework}.sh")
+    body += "".join(f"export {k}={sh(v)}\n" for k, v in sorted(start.env.items()))
+    body += f'exec bash "$HERE/{start.script}" "$@"\n'
+    return {f"launch-{framework}.sh": script_header(plan, f"{framework} --launcher {TARGET}", FORMAT_LAUNCH, usage)
+            + body}

@@ -208,11 +208,8 @@ def _settings(plan: Plan) -> dict:
         ac = "none"
     elif full_recompute_all(plan):
         ac = "full"
-    elif p.recompute == "selective":
-        raise CannotExpress(TARGET, "selective (attention-only) recompute",
-                            "torchtitan's SelectiveAC is a per-op policy that saves matmul and attention outputs "
-                            "and recomputes every second matmul; it is not attention-only",
-                            "plan recompute=none or full")
+    elif p.recompute == "selective" and not any(s.recompute_layers for s in plan.stages):
+        ac = "selective"       # per-op SelectiveAC: the op-level selective the cost model prices (targets table)
     else:
         raise CannotExpress(TARGET, "recompute of some layers per stage",
                             "torchtitan 0.3 recomputes every block (FullAC) or applies a per-op policy to every "
@@ -267,14 +264,19 @@ def config(plan: Plan) -> str:
                  f'            optimizer_kwargs={{"lr": {lit(r.lr)}, "betas": ({lit(r.beta1)}, {lit(r.beta2)}), '
                  f'"eps": {lit(r.eps)}, "weight_decay": {lit(r.weight_decay)}}},\n'
                  f'        )])')
-    ac = "FullAC.Config()" if s["ac"] == "full" else "None"
+    ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}.get(s["ac"], "None")
+    # the plan's framework settings (planner.plan.targets.SWITCHES), priced by the plan: written here
+    sw = plan.framework or {}
+    compile_cfg = _call("CompileConfig", [("enable", bool(sw.get("compile"))),
+                                          ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
     imports = [
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
-        "from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig",
-        "from torchtitan.distributed.activation_checkpoint import FullAC  # noqa: F401 (None = no checkpointing)",
+        "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
+        "checkpointing)",
         "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
         "from torchtitan.models.common.config_utils import decoder_vocab_size",
         "from torchtitan.models.llama3 import model_registry",
@@ -314,6 +316,7 @@ def {JOB_FUNCTION}() -> Trainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
         parallelism={_call("ParallelismConfig", par, 8)},
         activation_checkpoint={ac},
+        compile={compile_cfg},
         debug=DebugConfig(seed={lit(w.seed, "seed")}),
     )
 '''

@@ -5,6 +5,11 @@
 Each source file belongs to the layer of its package path (the longest prefix in ``LAYERS``);
 no file is exempt by its name. Every import counts: module-level and inside functions, absolute
 and relative, and ``importlib.import_module`` / ``__import__`` with a literal name.
+
+Beyond each file's own imports: no module imports itself through others (no module cycle, no
+package cycle), and what a layer pulls in *transitively* stays within what it may use
+(``CLOSURE_BANNED``: the runtime reads the plan file, and must not pull in the profiler
+through it).
 """
 from __future__ import annotations
 
@@ -102,6 +107,196 @@ def violations() -> list[str]:
                 continue
             bad.append(f"{f.relative_to(ROOT)} ({me}) imports {mod} ({target})")
     return bad
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(f): f for f in _source_files()}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, except what sits under ``if TYPE_CHECKING:`` (imported only for annotations,
+    never at run time, so it closes no cycle)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+def _is_type_checking(test: ast.AST) -> bool:
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, each resolved to a module that exists
+    (``from pkg import mod`` -> ``pkg.mod``; ``import a.b.c`` of a name inside ``a.b`` -> ``a.b``)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        out: set[str] = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    head = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    head = node.module or ""
+                names = [f"{head}.{a.name}" if f"{head}.{a.name}" in mods else head for a in node.names]
+            elif isinstance(node, ast.Call) and node.args:
+                f = node.func
+                fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                lit = _literal_prefix(node.args[0]) if fname in ("import_module", "__import__") else None
+                names = [lit] if lit else []
+            for n in names:
+                while n and n not in mods:
+                    n = n.rpartition(".")[0]
+                if n and n != mod:
+                    out.add(n)
+        graph[mod] = out
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def closure(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` reaches, each with the module that first imports it on the way."""
+    seen: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen and w != start:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+# layer -> packages it must not reach even through others (what it may import directly aside)
+CLOSURE_BANNED: dict[str, set[str]] = {
+    "costmodel": {"profiles", "planner", "emitters", "runtime"},
+    "profiles": {"planner", "emitters", "runtime"},
+    "planner.plan": {"planner.search", "planner.cli", "emitters", "runtime"},
+    "planner.search": {"planner.cli", "emitters", "runtime"},
+    "emitters": {"planner.search", "planner.cli", "runtime"},
+    "runtime": {"profiles", "planner.search", "planner.cli", "emitters"},
+}
+
+
+def closure_violations(graph: dict[str, set[str]] | None = None) -> list[str]:
+    graph = graph if graph is not None else module_graph()
+    bad = []
+    for mod in sorted(graph):
+        banned = CLOSURE_BANNED.get(layer_of(mod), set())
+        reach = closure(graph, mod)
+        for w, via in sorted(reach.items()):
+            if any(_within(w, b) for b in banned):
+                bad.append(f"{mod} ({layer_of(mod)}) reaches {w} through {via}")
+    return bad
+
+
+# Cycles known and owned, each to be removed by its owner: the test fails on any other cycle, and
+# on a listed one that is gone (so that the list only shrinks).
+KNOWN_CYCLES = {
+    # cef7162 (rules): ModelSpec's parameter counts call layers.layer_matrices from inside specs
+    # (a lazy import), and layers imports specs: one description of a layer, two modules
+    ("costmodel.comm", "costmodel.compute", "costmodel.fp8", "costmodel.layers", "costmodel.specs"),
+}
+
+
+def test_no_module_cycle():
+    found = {tuple(c) for c in cycles(module_graph())}
+    new = sorted(found - KNOWN_CYCLES)
+    assert not new, "import cycles:\n" + "\n".join(" -> ".join(c) for c in new)
+    gone = sorted(KNOWN_CYCLES - found)
+    assert not gone, f"these known cycles are gone: remove them from KNOWN_CYCLES: {gone}"
+
+
+def test_no_package_cycle():
+    """Subpackages (``planner.search``, ``planner.cli``, ``costmodel``, ...) import each other one way."""
+    graph = module_graph()
+    pkgs: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        me = layer_of(mod)
+        pkgs.setdefault(me, set()).update(layer_of(d) for d in deps if layer_of(d) != me)
+    found = cycles(pkgs)
+    assert not found, found
+
+
+def test_what_a_layer_pulls_in_transitively():
+    bad = [b for b in closure_violations() if not b.startswith("runtime.")]
+    assert not bad, "\n".join(bad[:20]) + (f"\n... {len(bad) - 20} more" if len(bad) > 20 else "")
+
+
+@pytest.mark.xfail(strict=True, reason="planner.plan.planfile imports profiles (clusters for the node rule, "
+                   "readers, safeio, version), so the runtime reaches the profiler through the plan file; the "
+                   "`rules` branch moves the node rule out; remove this mark when it passes")
+def test_the_runtime_does_not_pull_in_profiles_through_the_plan_file():
+    bad = [b for b in closure_violations() if b.startswith("runtime.")]
+    assert not bad, "\n".join(bad[:20])
+
+
+@pytest.mark.parametrize("files,kind", [
+    ({"planner/search/a.py": "from planner.search import b", "planner/search/b.py": "def f():\n    import planner.search.a"},
+     "cycle"),
+    ({"runtime/x.py": "from planner.plan import p", "planner/plan/p.py": "def f():\n    from profiles import q",
+      "profiles/q.py": ""}, "closure"),
+    ({"runtime/x.py": "from planner.plan import p", "planner/plan/p.py": "from costmodel import c",
+      "costmodel/c.py": ""}, None),
+    ({"costmodel/a.py": "from costmodel import b",
+      "costmodel/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from costmodel import a"}, None),
+])
+def test_the_cycle_and_closure_checks_catch_what_they_should(tmp_path, monkeypatch, files, kind):
+    for src, text in files.items():
+        f = tmp_path / src
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text + "\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    graph = module_graph()
+    assert bool(cycles(graph)) == (kind == "cycle"), cycles(graph)
+    assert bool(closure_violations(graph)) == (kind == "closure"), closure_violations(graph)
 
 
 def test_dependencies_point_one_way():

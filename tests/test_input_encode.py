@@ -168,7 +168,8 @@ def test_sbatch_option_refuses_bad_flag_names(flag):
 ALLOWED_CALLS = {
     "Trainer.Config", "ChunkedLossWrapper.Config", "CrossEntropyLoss.Config", "OptimizersContainer.Config",
     "ParamGroupConfig", "LRSchedulersContainer.Config", "TrainingConfig", "HuggingFaceTextDataLoader.Config",
-    "ParallelismConfig", "DebugConfig", "FullAC.Config", "model_registry", "decoder_vocab_size",
+    "ParallelismConfig", "DebugConfig", "FullAC.Config", "SelectiveAC.Config", "CompileConfig", "model_registry",
+    "decoder_vocab_size",
     "Llama3Model.Config", "_build_llama3_layers", "ComplexRoPE.Config", "Embedding.Config", "RMSNorm.Config",
     "Linear.Config", "_output_linear_init",
 }

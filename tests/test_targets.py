@@ -9,6 +9,8 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.specs import MESH_AXES, ParallelConfig, StageSpec, Workload, stages_from_counts
+from planner.cli.target_notes import plan_command
+from planner.cli.targets_table import FEATURES, table_rows
 from planner.plan import targets as T
 from planner.plan.planfile import Plan, PlanError, dump_plan, plan_from_dict, plan_to_dict, read_plan
 from planner.search.space import enumerate_candidates
@@ -33,8 +35,8 @@ ISSUE = dict(tp=2, pp=4, dp=4, cp=2, zero=2, sp=True, micro_batch=1, grad_accum=
 
 @pytest.mark.parametrize("name", T.TRAIN_TARGETS + T.LAUNCHERS)
 def test_every_fact_in_a_table_has_a_source(name):
-    rows = T.table_rows(name)
-    assert len(rows) >= len(T.FEATURES)
+    rows = table_rows(name)
+    assert len(rows) >= len(FEATURES)
     for feature, value, source in rows:
         if feature == "backend":
             continue
@@ -112,7 +114,9 @@ def test_builtin_zero1_runs_as_ddp_and_is_accepted_only_where_that_fits():
 
 def test_models_a_target_does_not_run():
     moe = _plan(model="mixtral-8x7b", gpus=32, gb=256, seq=4096, dp=32, ep=8, zero=2, grad_accum=8)
-    assert any("mixture of experts" in m for m in T.problems("torchtitan", moe))
+    # torchtitan 0.3 trains MoE only in its own model families (deepseek_v3, qwen3, gpt_oss): not Mixtral
+    assert any("ships mixture-of-experts model code for deepseek_v3, gpt_oss, qwen3 only" in m
+               for m in T.problems("torchtitan", moe))
     assert T.problems("megatron", moe) == []
     ds = _plan(model="deepseek-v3", gpus=2048, gb=4096, seq=4096, tp=4, pp=32, dp=16, ep=2, sp=True, grad_accum=256,
                stages=stages_from_counts([2] * 29 + [1, 1, 1]))
@@ -132,6 +136,12 @@ def test_the_search_offers_only_what_the_target_runs(target):
     for cand in cands:
         assert T.config_problems(target, m, wl, cand.par, cand.order) == [], cand.par
         split, per_stage, least = T.split_rule(target, cand.par)
+        if split == "partition":         # DeepSpeed places the layers: one candidate per method's split
+            assert (cand.split, cand.counts) == (("fixed", cand.counts) if cand.par.pp > 1 else ("any", ()))
+            if cand.par.pp > 1:
+                method = dict(cand.switches)["partition_method"]
+                assert T.ds_split(m, cand.par.pp, method) == cand.counts
+            split = cand.split
         assert cand.split == split and cand.least_layers == least
         assert cand.stage_recompute == per_stage or (cand.uniform_recompute and cand.par.pp == 1)
 
@@ -150,7 +160,11 @@ def test_targets_widen_the_space_where_their_defaults_do_not_run():
     wl = Workload(global_batch=512, seq_len=8192)
     ds = enumerate_candidates(m, c, wl, {}, 64, target="deepspeed")
     assert any(x.par.tp > 1 and not x.par.sp for x in ds)          # DeepSpeed: TP without SP
-    assert all(x.split == "even" for x in ds if x.par.pp > 1)
+    # DeepSpeed places the layers itself: each pipelined candidate holds one partition method's split
+    piped = [x for x in ds if x.par.pp > 1]
+    assert piped and all(x.split == "fixed" and T.ds_split(m, x.par.pp, dict(x.switches)["partition_method"])
+                         == x.counts for x in piped)
+    assert {dict(x.switches)["partition_method"] for x in piped} == set(T.DS_METHODS)
     mg = enumerate_candidates(m, c, wl, {}, 64, target="megatron")
     ns = {x.par.recompute_layers for x in mg if x.par.recompute == "full" and x.par.pp == 4}
     assert set(range(1, 20)) <= ns and 20 not in ns               # uniform N below layers / pp
@@ -177,20 +191,20 @@ def test_plan_file_records_the_target_and_reads_old_files(tmp_path):
 
 def test_plan_command_names_the_problem(tmp_path):
     plan = _plan(**ISSUE).replace(provenance={"cluster_source": "catalog"})
-    cmd = T.plan_command(plan, "megatron")
+    cmd = plan_command(plan, "megatron")
     assert cmd == ("planner plan --model llama-3-70b --cluster dgx-h100 --gpus 64 --global-batch 512 --seq-len 8192 "
                    "--target megatron")
-    assert T.plan_command(plan, "torchrun").endswith("--target builtin")
+    assert plan_command(plan, "torchrun").endswith("--target builtin")
     fp32 = plan.replace(workload=dataclasses.replace(plan.workload, dtype="fp32", optimizer="sgd"))
-    assert T.plan_command(fp32, "deepspeed").endswith("--dtype fp32 --optimizer sgd --target deepspeed")
+    assert plan_command(fp32, "deepspeed").endswith("--dtype fp32 --optimizer sgd --target deepspeed")
     # a node group of a mixed cluster: the whole cluster file, no --gpus (each group is tried again)
     mixed = plan.replace(cluster=dataclasses.replace(plan.cluster, name="mixed-h100-a100:h100"),
                          provenance={"cluster_source": "plans/clusters/mixed-h100-a100.yaml"})
-    cmd = T.plan_command(mixed, "megatron")
+    cmd = plan_command(mixed, "megatron")
     assert "--cluster plans/clusters/mixed-h100-a100.yaml" in cmd and "--gpus" not in cmd
     # a model that is not the catalog's: read back from the plan itself
     custom = plan.replace(model=dataclasses.replace(plan.model, name="my-model"))
-    assert T.plan_command(custom, "megatron", "p.yaml") == "planner plan --like p.yaml --target megatron"
+    assert plan_command(custom, "megatron", "p.yaml") == "planner plan --like p.yaml --target megatron"
 
 
 def test_the_example_plans_name_their_target_and_it_runs_them():
@@ -206,3 +220,20 @@ def test_the_example_plans_name_their_target_and_it_runs_them():
     for f in sorted(root.glob("*.yaml")):
         best = read_plan(f)
         assert best.target in T.TRAIN_TARGETS and T.problems(best.target, best) == [], f
+
+
+@pytest.mark.parametrize("target", T.TRAIN_TARGETS)
+def test_the_search_fast_check_agrees_with_the_messages(target):
+    """``runs_config`` (the search's yes/no, stops at the first broken rule) against
+    ``config_problems`` (every message) on every generic configuration of two problems; and
+    ``model_problems`` (asked before enumerating) is a subset of what each configuration hears."""
+    for name, gpus, gb, seq in (("llama-3-70b", 64, 512, 8192), ("mixtral-8x7b", 32, 256, 4096),
+                                ("deepseek-v3", 256, 1024, 4096)):
+        m, c = get_model(name), load_cluster("dgx-h100").with_gpus(gpus)
+        wl = Workload(global_batch=gb, seq_len=seq)
+        always = T.model_problems(target, m, wl)
+        for cand in enumerate_candidates(m, c, wl, {}, gpus)[::7]:
+            for order in (cand.order, ("dp", "pp", "cp", "tp")):
+                got = T.config_problems(target, m, wl, cand.par, order)
+                assert T.runs_config(target, m, wl, cand.par, order) == (not got)
+                assert set(always) <= set(got)

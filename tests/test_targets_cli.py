@@ -27,10 +27,12 @@ EMITTER = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torchti
 # What a target cannot run at all, and the reason it gives (plans/TARGETS.md lists the same).
 NO_PLAN = {
     ("deepseek-v3-2048xh100", "builtin"): "multi-latent attention",
+    ("mixtral-8x7b-32xh100", "torchtitan"): "ships mixture-of-experts model code for deepseek_v3, gpt_oss, qwen3 only",
+}
+# planned (the framework runs it), but the emitter does not write it yet: the `emitters` branch
+# writes torchtitan's MoE (issue 22); until then emit refuses with this part named
+EMIT_PENDING = {
     ("deepseek-v3-2048xh100", "torchtitan"): "mixture of experts",
-    ("mixtral-8x7b-32xh100", "torchtitan"): "mixture of experts",
-    ("deepseek-v3-2048xh100", "deepspeed"): "GiB per GPU",     # no TP with PP, no CP: it does not fit
-    ("llama-3.1-405b-16384xh100", "deepspeed"): "GiB per GPU",
 }
 
 
@@ -56,6 +58,9 @@ def test_every_example_plans_and_emits_for_every_target(name, target, tmp_path, 
     out = tmp_path / "emit"
     rc = main(["emit", str(plan_file), "--target", EMITTER[target], "--out", str(out)])
     err = capsys.readouterr().err
+    if (name, target) in EMIT_PENDING and rc != 0:
+        assert rc == 1 and EMIT_PENDING[name, target] in err, err
+        return
     assert rc == 0, err
     assert "cannot" not in err and (out / "README.md").exists()
     # the plan's own target is the default

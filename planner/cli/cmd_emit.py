@@ -32,6 +32,14 @@ def add_arguments(p) -> None:
     p.add_argument("--out", "-o", help="output folder (created if missing)")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that holds other files, replacing the files this command writes")
+    p.add_argument("--launcher", "-l", choices=("torchrun", "slurm", "kubernetes"),
+                   help="also write the file that starts a training framework's files on every node: a per-node "
+                        "script (torchrun), an sbatch script (slurm) or a PyTorchJob (kubernetes)")
+    g = p.add_argument_group("site options (--launcher slurm)")
+    g.add_argument("--time", default="", help="sbatch --time, e.g. 04:00:00 or 2-00:00:00")
+    g.add_argument("--partition", default="", help="sbatch --partition")
+    g.add_argument("--account", default="", help="sbatch --account")
+    g.add_argument("--exclusive", action="store_true", help="sbatch --exclusive (whole nodes)")
     p.add_argument("--list", action="store_true", help="list the targets and exit")
     p.add_argument("--json", action="store_true", help="with --list or after writing: machine-readable output")
 
@@ -107,6 +115,30 @@ def _check_out(out: Path, files: dict[str, str], force: bool, subfolders: frozen
                          "pass --force to replace them, or choose another folder")
 
 
+def _emit_one(plan, name: str, mod, args, site: dict) -> dict[str, str]:
+    """The target's files; with ``--launcher``, composed with the launcher's (``emitters.compose``);
+    ``--target slurm`` takes the site options itself."""
+    import emitters
+    if name == "slurm" and not args.launcher:
+        from emitters.slurm import Site
+        return _site_checked(lambda: mod.emit(plan, Site(**site)))
+    out = mod.emit(plan)
+    if not args.launcher:
+        return out
+    return _site_checked(lambda: emitters.compose(plan, name if name != "torchrun" else "builtin", args.launcher,
+                                                  out, **site))
+
+
+def _site_checked(make):
+    from emitters import CannotExpress
+    try:
+        return make()
+    except CannotExpress:
+        raise
+    except ValueError as e:          # a site option Slurm does not accept: bad input, exit 2
+        raise UsageError(str(e)) from None
+
+
 def run(args) -> int:
     from emitters import TARGETS, CannotExpress
     from planner.plan.planfile import read_plan
@@ -128,6 +160,12 @@ def run(args) -> int:
                              "with launch files of its own)")
     emit_checks.require_valid(plan, args.plan)    # the checks explain runs: exit 1 before anything is written
 
+    site = {"time": args.time, "partition": args.partition, "account": args.account, "exclusive": args.exclusive}
+    if any(site.values()) and args.launcher != "slurm" and args.target != "slurm":
+        raise UsageError("--time, --partition, --account and --exclusive are sbatch options: give them with "
+                         "--launcher slurm (or --target slurm)")
+    if args.launcher and args.target == "all":
+        raise UsageError("--launcher starts one framework's files: give --target NAME (a training framework)")
     names = list(TARGETS) if args.target == "all" else [args.target]
     files: dict[str, str] = {}
     written: dict[str, list[str]] = {}
@@ -145,7 +183,7 @@ def run(args) -> int:
             refused[name] = why
             continue
         try:
-            out = mod.emit(plan)
+            out = _emit_one(plan, name, mod, args, site)
         except CannotExpress as e:
             refused[name] = emit_checks.with_command(str(e), name, plan, args.plan)
             continue

@@ -239,11 +239,12 @@ def _check_args(args: argparse.Namespace, plan) -> tuple[int, str]:
             Dims.from_plan(plan.model, plan.parallel, plan.mesh_order, wl.seq_len, wl.global_batch, world)
         except PlanNotRunnable as e:
             raise UsageError(f"the built-in runtime cannot run {args.plan}: {e}") from None
+        from planner.cli import target_notes
         from planner.plan import targets as T
         cannot = T.problems("builtin", plan)      # the built-in target's table (planner/plan/targets.py)
         if cannot:
             raise UsageError(f"the built-in runtime cannot run {args.plan} as planned: {'; '.join(cannot)}; a plan it "
-                             f"runs: `{T.plan_command(plan, 'builtin', args.plan)}`")
+                             f"runs: `{target_notes.plan_command(plan, 'builtin', args.plan)}`")
     return nproc, device
 
 

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "all (the default for training): each framework, side by side; for serving the default is vllm "
                         "(its continuous-batching scheduler); generic: every layout the cost model knows "
                         "(a bound: no framework runs all of them)")
+    g.add_argument("--framework-setting", metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="framework settings the plan is priced with and its files write: torchtitan "
+                        "compile=true, async_tp=true (needs compile and --tp > 1)")
     g.add_argument("--like", metavar="PLAN", help="take the model, cluster, GPUs, batch and sequence (and dtype, "
                    "optimizer) from this plan file")
     o = p.add_argument_group("output")
@@ -117,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None:
         args.target = "all"
     if args.target == "all":
+        if args.framework_setting:
+            from planner.plan.errors import UsageError
+            raise UsageError("--framework-setting is one framework's: give --target (e.g. --target torchtitan)")
         from planner.cli.failures import node_mtbf_s
         if node_mtbf_s(args, cluster):
             print("planner plan: goodput is reported for one target's plans: add --target T (e.g. --target "
@@ -128,12 +134,16 @@ def run(args: argparse.Namespace) -> int:
     from planner.search.targets import solve_target
 
     target = args.target
+    from planner.cli.target_notes import framework_settings
+    switches = framework_settings([x for x in (args.framework_setting or '').split(',') if x], target, fixed)
+    extra = {"framework": T.profile_for(target, switches)} if switches else {}
     res, used = solve_target(model, cluster, wl, fixed, None if target == T.GENERIC else target,
                              objective=args.objective, price_per_gpu_hour=args.price_per_gpu_hour, top=args.top,
-                             max_time_s=args.max_time, exhaustive=args.exhaustive, score_all=bool(args.csv))
+                             max_time_s=args.max_time, exhaustive=args.exhaustive, score_all=bool(args.csv), **extra)
     res = cast("SolveResult", res)
     used = cast("ClusterSpec", used)
-    plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target)
+    plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target,
+                              switches=switches)
     if target == T.GENERIC:
         print(f"planner plan: --target {T.GENERIC} searches every layout the cost model knows; no framework runs "
               "all of them (a bound, not a plan to launch: `planner emit` checks the target's table)",

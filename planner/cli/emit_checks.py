@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from planner.plan import targets as T
 from planner.plan.check import check_plan
+from planner.cli import target_notes
 from planner.plan.errors import CheckFailed
 
 PARTIAL = 4
@@ -20,9 +21,8 @@ EMITTER_OF = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torc
 
 def default_target(plan) -> str | None:
     """The emit target for a plan made for ``plan.target`` (None: the plan names no target with
-    an emitter, e.g. an older plan file, ``generic``, or the built-in serving runtime)."""
-    if plan.mode == "infer" and plan.target == "builtin":
-        return None
+    an emitter, e.g. an older plan file or ``generic``). The built-in runtime's, training or
+    serving, is torchrun's."""
     return EMITTER_OF.get(plan.target or "")
 
 
@@ -33,7 +33,7 @@ def require_valid(plan, plan_path: str) -> None:
         target = plan.target if plan.target and plan.target != T.GENERIC else (
             "builtin" if plan.mode == "train" else "vllm")
         raise CheckFailed(f"{plan_path} fails the plan checks (`planner explain` runs them): {'; '.join(bad)}; "
-                          f"plan it again: `{T.plan_command(plan, target, plan_path)}`")
+                          f"plan it again: `{target_notes.plan_command(plan, target, plan_path)}`")
 
 
 def refusal(name: str, plan, plan_path: str) -> str | None:
@@ -51,7 +51,7 @@ def refusal(name: str, plan, plan_path: str) -> str | None:
 
 
 def with_command(message: str, name: str, plan, plan_path: str) -> str:
-    return f"{message}; a plan {name} runs: `{T.plan_command(plan, name, plan_path)}`"
+    return f"{message}; a plan {name} runs: `{target_notes.plan_command(plan, name, plan_path)}`"
 
 
 def note_target(plan, name: str) -> str | None:

@@ -24,9 +24,9 @@ TOP_K = 5    # plans the report compares: the solver's best five (the runner-up 
 
 def plan_estimate(plan: Plan) -> Estimate:
     """The plan's estimate, priced with its target's framework profile."""
-    from planner.search.targets import framework_kwargs
+    from planner.search.target_space import framework_kwargs
     return estimate(plan.model, plan.cluster, plan.workload, plan.parallel, stages=plan.stages,
-                    order=plan.mesh_order, **framework_kwargs(estimate, plan.target))
+                    order=plan.mesh_order, **framework_kwargs(estimate, plan.target, plan.framework))
 
 
 def _solve(plan: Plan, cluster=None, workload=None, top: int = 2, max_time: float = 30.0):

@@ -25,8 +25,9 @@ from typing import Any
 from costmodel.inference import kv_dtype_of
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, StageSpec, Workload, default_stages
 from planner.plan.errors import UsageError
-from planner.search.serving import ServeResult, ServingInfeasible, solve_serving
+from planner.search.serving import ServeResult, ServingInfeasible
 from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate
+from planner.search.target_serving import solve_serving_for
 
 SERVING_ORDER = MESH_AXES
 TRAINING_ONLY = ("cp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers", "zero", "sp",
@@ -432,38 +433,6 @@ def slack_text(plan) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def solve_serving_for(target: str, model: ModelSpec, cluster: ClusterSpec, wl: Workload, fixed: dict, **kw):
-    """``solve_serving`` over the candidates serving target ``target`` runs (all of them for
-    ``generic``); none: ``ServingInfeasible`` naming what the target lacks."""
-    from planner.plan import targets as T
-    from planner.search.serving_space import enumerate_candidates
-    if target == T.GENERIC:
-        return solve_serving(model, cluster, wl, fixed, **kw)
-    sched, rate = kw.get("sched"), kw.get("rate_per_s")
-    cands, max_b = enumerate_candidates(model, cluster, wl, fixed, kw.get("batch"), kw.get("batch_limit", 4096),
-                                        sched, rate)
-    if sched is not None and kw.get("disaggregation") in ("auto", "only") and kw.get("batch") is None \
-            and rate is None:
-        from planner.search.serving_disagg import enumerate_disaggregated
-        if kw.get("disaggregation") == "only":
-            cands = []
-        cands = cands + enumerate_disaggregated(model, cluster, wl, sched, fixed, kw.get("ttft_slo_s"),
-                                                kw.get("tpot_slo_s"), kw.get("prefill_sched"))
-    why: dict[str, int] = {}
-    kept = []
-    for c in cands:
-        pr = T.serve_problems(target, model, wl, c.par, cluster.gpus_per_node, len(cluster.groups))
-        for m in pr:
-            why[m] = why.get(m, 0) + 1
-        if not pr:
-            kept.append(c)
-    if cands and not kept:
-        worst = sorted(why, key=lambda m: -why[m])[:3]
-        raise ServingInfeasible(f"{target} serves none of the {len(cands)} candidate splits: " + "; ".join(worst),
-                                reason="target", closest=None)
-    return solve_serving(model, cluster, wl, fixed, candidates=(kept, max_b), **kw)
-
-
 def _pareto(model, cluster, wl, res: ServeResult, sched, fixed, disaggregation: str, slo_t, slo_p, chosen):
     """The frontier over the scored candidates and every disaggregated layout (``serving_pareto``)."""
     from planner.search.serving_disagg import frontier_points
@@ -506,7 +475,6 @@ def run(args: argparse.Namespace) -> int:
     target = getattr(args, "target", None) or "vllm"      # serving's default: vLLM's scheduler
     args._slo_record = slo_record(args, margins, slo_t, slo_p)      # what every target's plan records
     if target == "all":
-        from planner.cli.plan_all import infer_all
         return infer_all(args, model, cluster, wl, slo_t, slo_p)
     try:
         res = solve_serving_for(target, model, cluster, wl, fixed, batch=args.batch, ttft_slo_s=slo_t,
@@ -562,3 +530,86 @@ def run(args: argparse.Namespace) -> int:
 __all__ = ["slo_margins", "goal_slack", "slack_text", "same_point",
            "run", "make_plan", "plan_json", "solver_json", "serving_section", "load_serving_problem",
            "engine_and_batching", "scheduler_for", "hf_id_for", "StageSpec"]
+
+
+def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int:
+    """``--mode infer --target all``: each serving target's best plan."""
+    from planner.cli.args import cluster_source_of
+    from planner.cli.plan_all import _status, _write
+    from planner.cli.report import console, print_json
+    from planner.plan import targets as T
+    from planner.plan.errors import InfeasibleError, SolverStopped
+
+    rows: list[tuple[str, Any, str]] = []
+    errors: list = []
+    # each server with its own scheduler (continuous batching, its defaults); builtin serves static batches
+    scheds = {t: (scheduler_for(args, t, cluster) if t != "builtin" and getattr(args, "batching", None) != "static"
+                  else None) for t in T.planning_targets("infer")}
+    for t in T.planning_targets("infer"):
+        try:
+            res = solve_serving_for(t, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
+                                    tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time,
+                                    batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)),
+                                    sched=scheds[t], rate_per_s=getattr(args, "request_rate", None))
+            rows.append((t, res, ""))
+        except (InfeasibleError, SolverStopped) as e:
+            rows.append((t, None, str(e)))
+            errors.append(e)
+    ok = [(t, r) for t, r, _ in rows if r is not None]
+    if not ok:
+        first = errors[0]
+        if args.json:
+            print_json({"status": "INFEASIBLE", "plans": [], "reason": getattr(first, "reason", ""),
+                        "message": str(first), "closest": _candidate_json(getattr(first, "closest", None)),
+                        "solver": {"status": "INFEASIBLE", "objective": None, "bound": None}})
+        if len({str(e) for e in errors}) == 1:
+            raise first                   # the same reason for every target (the model, the context, ...)
+        raise InfeasibleError("no serving target has a plan: " + "; ".join(f"{t}: {e}" for t, _, e in rows))
+    lower_better = ok[0][1].objective_name == "request_latency_s"
+    ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
+    src = cluster_source_of(args.cluster)
+    hf = hf_id_for(args, model)
+    slo = getattr(args, "_slo_record", None) or {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    load = {"concurrency_per_replica": args.batch, "request_rate_per_s": getattr(args, "request_rate", None)}
+    plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t,
+                           serving_section(c, t, "static" if scheds[t] is None else "inflight", scheds[t], hf, slo,
+                                           load))
+                 for c in r.solutions] for t, r in ok}
+    order = [t for t, _ in ok]
+    written = _write(plans, order, args.out) if args.out else []
+    if getattr(args, "csv", None):
+        import pandas as pd
+
+        pd.DataFrame([{"target": t, **row} for t, r in ok for row in _csv_rows(r.scored)]).to_csv(args.csv,
+                                                                                                 index=False)
+    if args.json:
+        every = [(p, r) for t, r in ok for p in plans[t]]
+        print_json({"status": _status([r.status for _, r in ok]),
+                    "plans": [{**plan_json(p), "solver": solver_json(r)} for p, r in every],
+                    "solver": {**solver_json(ok[0][1]), "target": order[0],
+                               "targets": {t: (solver_json(r) if r is not None else {"status": "INFEASIBLE",
+                                                                                     "error": e})
+                                           for t, r, e in rows}}})
+    else:
+        from rich.table import Table
+        c = console()
+        tab = Table(title="the best serving plan of each target (best first)", header_style="bold")
+        for col in ("target", "tp", "pp", "replicas", "ep", "batch", "tok/s/GPU", "TTFT", "TPOT", "why not"):
+            tab.add_column(col)
+        by = dict((t, (r, e)) for t, r, e in rows)
+        for t in order + [t for t, r, _ in rows if r is None]:
+            r, why = by[t]
+            if r is None:
+                tab.add_row(t, "", "", "", "", "", "", "", "", why)
+                continue
+            s = r.solutions[0]
+            tab.add_row(t, str(s.tp), str(s.pp), str(s.dp), str(s.ep), str(s.batch),
+                        f"{s.est.output_tokens_per_s_per_gpu:,.1f}", f"{s.est.ttft_s * 1e3:.1f} ms",
+                        f"{s.est.tpot_s * 1e3:.2f} ms", "")
+        c.print(tab)
+        c.print(f"\n[bold]best: {order[0]}[/bold]")
+        print_table(ok[0][1], plans[order[0]])
+        print(slack_text(plans[order[0]][0]), end="")
+    for f in written:
+        print(f"wrote {f}", file=sys.stderr)
+    return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from planner.plan import targets as T
 from planner.plan.errors import InfeasibleError, SolverStopped
@@ -103,92 +102,6 @@ def train_all(args: argparse.Namespace, model, cluster, wl, fixed: dict) -> int:
         best = ok[0]
         c.print(f"\n[bold]best: {best.target}[/bold]")
         print_result(best.result, plans[best.target])
-    for f in written:
-        print(f"wrote {f}", file=sys.stderr)
-    return 0
-
-
-def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int:
-    """``--mode infer --target all``: each serving target's best plan."""
-    from planner.cli.args import cluster_source_of
-    from planner.cli.infer_plan import (_fixed, hf_id_for, make_plan, plan_json, print_table, scheduler_for,
-                                        serving_section, solve_serving_for, solver_json)
-    from planner.cli.report import console, print_json
-    from planner.plan.errors import InfeasibleError as _Infeasible
-
-    rows: list[tuple[str, Any, str]] = []
-    errors: list = []
-    # each server with its own scheduler (continuous batching, its defaults); builtin serves static batches
-    scheds = {t: (scheduler_for(args, t, cluster) if t != "builtin" and getattr(args, "batching", None) != "static"
-                  else None) for t in T.planning_targets("infer")}
-    for t in T.planning_targets("infer"):
-        try:
-            res = solve_serving_for(t, model, cluster, wl, _fixed(args), batch=args.batch, ttft_slo_s=slo_t,
-                                    tpot_slo_s=slo_p, top=args.top, max_time_s=args.max_time,
-                                    batch_limit=args.max_batch, exhaustive=bool(getattr(args, "exhaustive", False)),
-                                    sched=scheds[t], rate_per_s=getattr(args, "request_rate", None))
-            rows.append((t, res, ""))
-        except (_Infeasible, SolverStopped) as e:
-            rows.append((t, None, str(e)))
-            errors.append(e)
-    ok = [(t, r) for t, r, _ in rows if r is not None]
-    if not ok:
-        first = errors[0]
-        if args.json:
-            from planner.cli.infer_plan import _candidate_json
-            print_json({"status": "INFEASIBLE", "plans": [], "reason": getattr(first, "reason", ""),
-                        "message": str(first), "closest": _candidate_json(getattr(first, "closest", None)),
-                        "solver": {"status": "INFEASIBLE", "objective": None, "bound": None}})
-        if len({str(e) for e in errors}) == 1:
-            raise first                   # the same reason for every target (the model, the context, ...)
-        raise InfeasibleError("no serving target has a plan: " + "; ".join(f"{t}: {e}" for t, _, e in rows))
-    lower_better = ok[0][1].objective_name == "request_latency_s"
-    ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
-    src = cluster_source_of(args.cluster)
-    hf = hf_id_for(args, model)
-    slo = getattr(args, "_slo_record", None) or {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
-    load = {"concurrency_per_replica": args.batch, "request_rate_per_s": getattr(args, "request_rate", None)}
-    plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t,
-                           serving_section(c, t, "static" if scheds[t] is None else "inflight", scheds[t], hf, slo,
-                                           load))
-                 for c in r.solutions] for t, r in ok}
-    order = [t for t, _ in ok]
-    written = _write(plans, order, args.out) if args.out else []
-    if getattr(args, "csv", None):
-        import pandas as pd
-
-        from planner.cli.infer_plan import _csv_rows
-        pd.DataFrame([{"target": t, **row} for t, r in ok for row in _csv_rows(r.scored)]).to_csv(args.csv,
-                                                                                                 index=False)
-    if args.json:
-        every = [(p, r) for t, r in ok for p in plans[t]]
-        print_json({"status": _status([r.status for _, r in ok]),
-                    "plans": [{**plan_json(p), "solver": solver_json(r)} for p, r in every],
-                    "solver": {**solver_json(ok[0][1]), "target": order[0],
-                               "targets": {t: (solver_json(r) if r is not None else {"status": "INFEASIBLE",
-                                                                                     "error": e})
-                                           for t, r, e in rows}}})
-    else:
-        from rich.table import Table
-        c = console()
-        tab = Table(title="the best serving plan of each target (best first)", header_style="bold")
-        for col in ("target", "tp", "pp", "replicas", "ep", "batch", "tok/s/GPU", "TTFT", "TPOT", "why not"):
-            tab.add_column(col)
-        by = dict((t, (r, e)) for t, r, e in rows)
-        for t in order + [t for t, r, _ in rows if r is None]:
-            r, e = by[t]
-            if r is None:
-                tab.add_row(t, "", "", "", "", "", "", "", "", e)
-                continue
-            s = r.solutions[0]
-            tab.add_row(t, str(s.tp), str(s.pp), str(s.dp), str(s.ep), str(s.batch),
-                        f"{s.est.output_tokens_per_s_per_gpu:,.1f}", f"{s.est.ttft_s * 1e3:.1f} ms",
-                        f"{s.est.tpot_s * 1e3:.2f} ms", "")
-        c.print(tab)
-        c.print(f"\n[bold]best: {order[0]}[/bold]")
-        print_table(ok[0][1], plans[order[0]])
-        from planner.cli.infer_plan import slack_text
-        print(slack_text(plans[order[0]][0]), end="")
     for f in written:
         print(f"wrote {f}", file=sys.stderr)
     return 0

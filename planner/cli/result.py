@@ -18,13 +18,14 @@ def solver_json(res: SolveResult) -> dict[str, Any]:
 
 
 def plans_from_result(res: SolveResult, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                      cluster_source: str = "catalog", target: str = "") -> list[Plan]:
+                      cluster_source: str = "catalog", target: str = "", switches: dict | None = None) -> list[Plan]:
     out = []
     for s in res.solutions:
         used = cluster if s.par.world_size == cluster.total_gpus else cluster.with_gpus(s.par.world_size)
         out.append(Plan(model=model, cluster=used, workload=workload, parallel=s.par, stages=s.stages,
                         mesh_order=s.cand.order, estimate=estimate_json(s.estimate), solver=solver_json(res),
-                        provenance=provenance(cluster_source), target=target))
+                        provenance=provenance(cluster_source), target=target,
+                        framework={**(switches or {}), **dict(s.cand.switches)}))
     return out
 
 

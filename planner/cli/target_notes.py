@@ -1,8 +1,10 @@
-"""The target ``planner estimate`` prices a configuration for: the plan's own (or ``--target``),
-its framework profile, and what that target cannot run of the configuration."""
+"""The target ``planner estimate`` prices a configuration for (the plan's own, or ``--target``: its
+framework profile, and what that target cannot run of the configuration), and the exact
+``planner plan --target T ...`` command that gives a plan a target runs."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from costmodel.specs import MESH_AXES, default_stages
 from planner.plan import targets as T
@@ -13,17 +15,89 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     """``(target or "", its problems with this configuration, estimate's framework keyword)``."""
     from costmodel.training import estimate
     from planner.plan.planfile import Plan
-    from planner.search.targets import framework_kwargs
+    from planner.search.target_space import framework_kwargs
     target = getattr(args, "target", None)
-    if target is None and getattr(args, "plan", None):
+    switches: dict = {}
+    if getattr(args, "plan", None):
         from planner.plan.planfile import read_plan
-        target = read_plan(args.plan).target or None
+        made = read_plan(args.plan)
+        if target is None or target == made.target:
+            target, switches = made.target or None, dict(made.framework)
     if not target or target == T.GENERIC:
         return (target or ""), [], {}
     if target not in T.TRAIN:
         raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}")
     plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par,
-                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES))
-    return target, T.problems(target, plan), framework_kwargs(estimate, target)
+                stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES),
+                target=target, framework=switches)
+    return target, T.problems(target, plan), framework_kwargs(estimate, target, switches)
 
 
+# --------------------------------------------------------------------------------------
+# The command that plans for a target (moved from planner.plan.targets)
+# --------------------------------------------------------------------------------------
+
+def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
+    """The ``planner plan --target T ...`` command for ``plan``'s problem (same model, cluster,
+    GPUs, batch and sequence, dtype and optimizer): a plan ``target`` runs, or the reason it
+    has none. A model that is not the catalog's entry of its name is read back from the plan
+    file itself (``--like PLAN``)."""
+    import shlex
+
+    from costmodel.catalog import get_model, model_names
+    w = plan.workload
+    target = {"torchrun": "builtin", "slurm": "slurm", "kubernetes": "kubernetes"}.get(target, target)
+    catalog_model = plan.model.name in model_names() and get_model(plan.model.name) == plan.model
+    src = (plan.provenance or {}).get("cluster_source", "catalog")
+    if not catalog_model or (src == "catalog" and ":" in plan.cluster.name):
+        if plan_path:
+            return f"planner plan --like {shlex.quote(str(plan_path))} --target {target}"
+    args = ["planner", "plan"]
+    if w.mode == "infer":
+        args += ["--mode", "infer"]
+    args += ["--model", plan.model.name if catalog_model else f"<{plan.model.name} model file>"]
+    whole_file = src != "catalog"
+    cluster = src if whole_file else plan.cluster.name
+    args += ["--cluster", cluster]
+    if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
+        args += ["--gpus", str(plan.cluster.total_gpus)]
+    if w.mode == "infer":
+        args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
+    else:
+        args += ["--global-batch", str(w.global_batch), "--seq-len", str(w.seq_len)]
+    if w.dtype != "bf16":
+        args += ["--dtype", w.dtype]
+    if w.mode == "train" and w.optimizer != "adamw":
+        args += ["--optimizer", w.optimizer]
+    args += ["--target", target]
+    return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
+
+
+def framework_settings(items: list[str], target: str, fixed: dict) -> dict:
+    """``--framework-setting KEY=VALUE`` options as the plan's ``framework:`` section, each checked
+    against the target's settings (``planner.plan.targets.SWITCHES``): ``UsageError`` naming the
+    setting, its value and what the target takes."""
+    if not items:
+        return {}
+    known = T.SWITCHES.get(T.framework_of(target), {}) if target != T.GENERIC else {}
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--framework-setting {item!r}: write KEY=VALUE, e.g. compile=true")
+        if key not in known or key == "partition_method":
+            takes = ", ".join(k for k in sorted(known) if k != "partition_method") or "none"
+            raise UsageError(f"--framework-setting {key}: --target {target} takes {takes}"
+                             + (" (DeepSpeed's partition_method is chosen by the search)" if key == "partition_method"
+                                else ""))
+        kind = known[key][0]
+        if kind is bool:
+            if raw.lower() not in ("true", "false"):
+                raise UsageError(f"--framework-setting {key}={raw}: true or false")
+            out[key] = raw.lower() == "true"
+        else:
+            out[key] = raw
+    if out.get("async_tp") and not (out.get("compile") and fixed.get("tp", 1) > 1):
+        raise UsageError(f"--framework-setting async_tp=true: torchtitan's async TP needs compile=true and a fixed "
+                         f"--tp above 1 (got compile={out.get('compile', False)}, tp={fixed.get('tp', 'free')})")
+    return out

@@ -16,6 +16,65 @@ def model_error(model) -> float:
     return relative_band("train-moe" if model.is_moe else "train-dense")
 
 
+# --------------------------------------------------------------------------------------
+# The capability tables as rows (moved from planner.plan.targets: printing is the command line's)
+# --------------------------------------------------------------------------------------
+
+FEATURES = (
+    ("zero", "ZeRO without PP"), ("zero_pp", "ZeRO with PP"), ("hsdp", "HSDP"), ("cp", "context parallel"),
+    ("ep", "expert parallel"), ("expert_tp", "expert TP"), ("vpp", "virtual stages"),
+    ("split", "stage split"), ("recompute", "recompute"), ("recompute_block", "recompute N per stage"),
+    ("recompute_per_stage", "per-stage recompute"), ("sp", "sequence parallel"), ("schedules", "schedules"),
+    ("orders", "rank orders"), ("dtypes", "dtypes"), ("models", "models"), ("heterogeneous", "node groups"),
+)
+
+
+def _value(t: T.TrainTarget, key: str) -> str:
+    v = {"models": None}.get(key, getattr(t, key, None))
+    if key == "models":
+        no = [k for k, ok in (("MLA", t.mla), ("MoE", t.moe), ("ALiBi", t.alibi)) if not ok]
+        return "no " + ", ".join(no) if no else "any"
+    if key == "cp":
+        return f"yes, seq % {t.cp_seq_text}" if t.cp else "no"
+    if key == "vpp":
+        return ("no" if not t.vpp else "yes" + (", even split" if t.vpp_split == "even" else "")
+                + (", M % pp == 0" if t.microbatches == "megatron" else ""))
+    if key == "orders":
+        return "any" if v is None else " | ".join(",".join(o) for o in v)
+    if key == "sp":
+        return {"optional": "optional", "with_tp": "always with TP", "never": "no"}[v]
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, frozenset):
+        return T._stages(v) if v and all(isinstance(x, int) for x in v) else (", ".join(sorted(v)) or "none")
+    return str(v)
+
+
+def table_rows(name: str) -> list[tuple[str, str, str]]:
+    """``(feature, value, source)`` rows of a training target's table (each variant's in turn)."""
+    t = T.TRAIN[name]
+    tables = [(label, sub) for label, _, sub in t.variants] or [("", t)]
+    rows = []
+    for label, sub in tables:
+        if label:
+            rows.append(("backend", label, ""))
+        for key, title in FEATURES:
+            src = sub.sources.get(key, "")
+            rows.append((title, _value(sub, key), src))
+    return rows
+
+
+def summary(name: str) -> dict[str, str]:
+    """A training target's table in one short value per feature (the side-by-side table)."""
+    t = T.TRAIN[name]
+    subs = [sub for _, _, sub in t.variants] or [t]
+    out = {}
+    for key, title in FEATURES:
+        vals = [_value(s, key) for s in subs]
+        out[title] = vals[0] if len(set(vals)) == 1 else " / ".join(vals)
+    return out
+
+
 def short_reasons(target: str, plan) -> list[str]:
     """Why ``target`` could not run ``plan`` (another target's plan), one short clause each:
     the part of each problem before its explanation (``cp=2``, ``ZeRO-2 with pp=4``, ...)."""
@@ -49,12 +108,12 @@ def print_capabilities(names: Sequence[str] | None = None, console=None) -> None
     from planner.cli.report import console as make_console
     c = console or make_console()
     names = list(names or T.TRAIN_TARGETS)
-    rows = {n: T.summary(n) for n in names}
+    rows = {n: summary(n) for n in names}
     t = Table(title="what each training target runs (planner/plan/targets.py; sources there)", header_style="bold")
     t.add_column("feature", overflow="fold")
     for n in names:
         t.add_column(n, overflow="fold")
-    for _, title in T.FEATURES:
+    for _, title in FEATURES:
         t.add_row(title, *[rows[n][title] for n in names])
     c.print(t)
 

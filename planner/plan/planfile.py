@@ -55,6 +55,9 @@ class Plan:
     # Hugging Face id, and for disaggregated plans the prefill pool (``parallel`` is then the
     # decode pool); see planner/cli/infer_plan.py. Empty for training plans.
     serving: Mapping[str, Any] = field(default_factory=dict)
+    # the target framework's settings the price rests on and its files write (compile, async_tp,
+    # partition_method, ...: planner.plan.targets.SWITCHES); empty: each at its default
+    framework: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if sorted(self.mesh_order) != sorted(DEFAULT_ORDER):
@@ -109,6 +112,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "schema": plan.schema,
         "mode": plan.mode,
         **({"target": plan.target} if plan.target else {}),
+        **({"framework": dict(plan.framework)} if plan.framework else {}),
         "model": plan.model.to_dict(),
         "cluster": cluster_to_dict(plan.cluster),
         "workload": plan.workload.to_dict(),
@@ -162,10 +166,19 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
         if target:
             from planner.plan.targets import check_name
             check_name(str(target), workload.mode)
+        switches = d.get("framework") or {}
+        if not isinstance(switches, Mapping):
+            raise PlanError(f"{where}: framework must be a mapping of settings (compile: true, ...), got "
+                            f"{describe(switches)}")
+        if switches and target:
+            from planner.plan.targets import switch_problems
+            bad = switch_problems(str(target), par, switches)
+            if bad:
+                raise PlanError(f"{where}: " + "; ".join(bad))
         return Plan(model=model, cluster=cluster, workload=workload, parallel=par, stages=tuple(stages),
                     mesh_order=order, estimate=d.get("estimate") or {}, solver=d.get("solver") or {},
                     provenance=d.get("provenance") or {}, schema=schema, target=str(target),
-                    serving=d.get("serving") or {})
+                    serving=d.get("serving") or {}, framework=dict(switches))
     except (SpecError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, PlanError):
             raise

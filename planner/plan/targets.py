@@ -22,6 +22,7 @@ proves best must be one that runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,9 +32,6 @@ REF = "reference/training-targets.md"       # /work/shared/reference/, see the m
 LREF = "reference/launchers.md"
 SREF = "reference/serving-and-hardware.md"
 
-TRAIN_TARGETS = ("megatron", "torchtitan", "deepspeed", "accelerate", "builtin")
-SERVE_TARGETS = ("vllm", "sglang", "tensorrt-llm", "builtin")
-LAUNCHERS = ("torchrun", "slurm", "kubernetes")   # start the built-in runtime
 GENERIC = "generic"     # every layout the cost model knows; no framework runs all of them
 
 
@@ -46,10 +44,12 @@ Rule = Callable[[ModelSpec, Workload, ParallelConfig, tuple], "str | None"]
 
 @dataclass(frozen=True, kw_only=True)
 class Extra:
-    """A target-specific rule that no field states: ``check`` returns a problem or None."""
+    """A target-specific rule that no field states: ``check`` returns a problem or None.
+    ``model_only``: it reads only the model and workload (no configuration avoids it)."""
     what: str
     source: str
     check: Rule
+    model_only: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +143,15 @@ def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, o
     return None
 
 
+TITAN_MOE_FAMILIES = {"deepseek": "deepseek_v3", "qwen3": "qwen3", "gpt_oss": "gpt_oss"}
+
+
 def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if model.is_moe or model.attention == "mla":
+        if model.family in TITAN_MOE_FAMILIES:
+            return None
+        return (f"{model.name} ({model.family}, {model.num_experts} experts): torchtitan 0.3 ships mixture-of-experts "
+                "model code for " + ", ".join(sorted(TITAN_MOE_FAMILIES.values())) + " only; use the megatron target")
     checks = [(model.mlp == "swiglu", f"the {model.mlp} MLP"),
               (model.norm == "rmsnorm", model.norm), (model.positions == "rotary", f"{model.positions} positions"),
               (not model.tied_embeddings, "tied embeddings"), (not model.bias, "linear biases"),
@@ -152,6 +160,24 @@ def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tup
     if bad:
         return (f"{model.name} has {', '.join(bad)}: the torchtitan target writes its llama3 model (dense, "
                 "SwiGLU, RMSNorm, RoPE, untied, no biases); use the megatron target")
+    return None
+
+
+def _titan_ep(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    """torchtitan's expert mesh: efsdp = dp_shard * cp * tp / ep (parallel_dims.py), so ep divides
+    the sharded data-parallel ranks (tp is 1 here: expert TP is refused by the table)."""
+    shard = (par.dp_shard if par.zero >= 2 else 1) * par.cp * par.tp
+    if par.ep > 1 and shard % par.ep:
+        return (f"ep={par.ep}: torchtitan borrows expert parallel ranks from dp_shard*cp*tp = {shard} (FSDP "
+                "shards, parallel_dims.py efsdp); plan an --ep that divides it, with --zero 2 or 3")
+    return None
+
+
+def _titan_sac(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if par.recompute == "selective" and wl.attention_kernel != "flash":
+        return (f"selective recompute with the {wl.attention_kernel} attention kernel: torchtitan's SelectiveAC is "
+                "per-op (it saves SDPA's output and every other matmul's), priced with fused attention; plan "
+                "--recompute full or none")
     return None
 
 
@@ -178,11 +204,89 @@ def _ds_autotp_zero3(model: ModelSpec, wl: Workload, par: ParallelConfig, order:
     return None
 
 
-def _ds_recompute_needs_pp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
-    if par.recompute == "full" and par.pp == 1:
-        return ("full recompute without pipeline stages: DeepSpeed's config turns checkpointing on only for "
-                "PipelineModule (activation_checkpoint_interval); plan --recompute none or --pp 2 or more")
-    return None
+# --------------------------------------------------------------------------------------
+# DeepSpeed's pipeline partition methods (deepspeed/runtime/pipe/module.py _partition_layers,
+# deepspeed/runtime/utils.py partition_uniform / partition_balanced, DeepSpeed 0.19)
+# --------------------------------------------------------------------------------------
+
+# The PipelineModule layer list the DeepSpeed target's training script builds: the embedding,
+# one spec per transformer block (class DS_BLOCK_TYPE), the final norm, the output head (a
+# TiedLayerSpec when the embeddings are tied: DeepSpeed counts its parameters again).
+DS_BLOCK_TYPE = "TransformerBlock"
+DS_METHODS = ("uniform", "parameters", f"type:{DS_BLOCK_TYPE}")
+
+
+def _ds_uniform(n: int, parts: int) -> list[int]:
+    """Boundaries of ``n`` items in ``parts`` runs: ``n // parts`` each, the first ``n % parts``
+    runs one more (partition_uniform); with ``n <= parts`` one item per run, then empty runs."""
+    if n <= parts:
+        return [min(i, n) for i in range(parts + 1)]
+    size, extra = divmod(n, parts)
+    return [i * size + min(i, extra) for i in range(parts + 1)]
+
+
+def _ds_balanced(weights: Sequence[float], parts: int) -> list[int]:
+    """Boundaries that partition_balanced picks: a dynamic program over (items, runs) that keeps,
+    per state, the split with the least spread (largest run minus smallest), a later cut winning
+    a tie; then the cuts read back from the last item."""
+    n = len(weights)
+    if n <= parts:
+        return _ds_uniform(n, parts)
+    inf = float("inf")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    hi = [[inf] * (parts + 1) for _ in range(n + 1)]
+    lo = [[inf] * (parts + 1) for _ in range(n + 1)]
+    spread = [[inf] * (parts + 1) for _ in range(n + 1)]
+    cut = [[0] * (parts + 1) for _ in range(n + 1)]
+    hi[0][0] = 0.0
+    spread[0][0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, parts) + 1):
+            for k in range(i):
+                run = prefix[i] - prefix[k]
+                top, bottom = max(hi[k][j - 1], run), min(lo[k][j - 1], run)
+                if spread[i][j] >= top - bottom:
+                    spread[i][j], hi[i][j], lo[i][j], cut[i][j] = top - bottom, top, bottom, k
+    bounds = [n]
+    for j in range(parts, 0, -1):
+        bounds.append(cut[bounds[-1]][j])
+    return bounds[::-1]
+
+
+def ds_layer_weights(model: ModelSpec, method: str) -> list[float]:
+    """The weight of each PipelineModule layer spec under ``method`` (DS_METHODS)."""
+    blocks = model.layers
+    if method == "uniform":
+        return [1.0] * (blocks + 3)
+    if method == "parameters":
+        head = model.vocab * model.hidden
+        return ([float(model.embedding_params())] + [float(model.layer_params(i)) for i in range(blocks)]
+                + [float(model.norm_params()), float(head)])
+    if method.startswith("type:"):
+        return [0.0] + [1.0] * blocks + [0.0, 0.0]
+    raise ValueError(f"partition_method {method!r}: DeepSpeed partitions by " + ", ".join(DS_METHODS))
+
+
+@functools.lru_cache(maxsize=4096)
+def ds_split(model: ModelSpec, pp: int, method: str) -> tuple[int, ...] | None:
+    """Transformer blocks per pipeline stage when DeepSpeed partitions the layer list with
+    ``method``; None when a stage gets no block (the planner's stages hold at least one)."""
+    w = ds_layer_weights(model, method)
+    b = _ds_uniform(len(w), pp) if method == "uniform" else _ds_balanced(w, pp)
+    counts = tuple(sum(1 for i in range(b[s], b[s + 1]) if 1 <= i <= model.layers) for s in range(pp))
+    return counts if all(counts) and sum(counts) == model.layers else None
+
+
+def ds_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
+    """Each distinct split DeepSpeed's methods give, with the first method (DS_METHODS order) that gives it."""
+    out: dict[tuple[int, ...], str] = {}
+    for m in DS_METHODS:
+        c = ds_split(model, pp, m)
+        if c is not None and c not in out:
+            out[c] = m
+    return out
 
 
 def _accel_fsdp_recompute(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
@@ -248,25 +352,29 @@ MEGATRON = TrainTarget(
 TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
-    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=False, expert_tp=False,
+    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
     vpp=True, vpp_split="even", split="any",
-    recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
+    recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
     orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
-    mla=False, moe=False, alibi=False, kv_heads_divisible=True, heterogeneous=False,
+    mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{REF} 2.2 and 2.6: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
                 "no optimizer-only sharding; DDP only when dp is the sole parallelism (emitters/torchtitan.py)",
         "zero_pp": f"{REF} 2.2: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
         "hsdp": f"{REF} 2.2: data_parallel_replicate_degree x data_parallel_shard_degree",
         "cp": f"{REF} 2.2: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
-        "ep": f"{REF} 2.2: EP exists (divides dp_shard*cp*tp), but the torchtitan emitter writes dense llama3 only",
-        "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2)",
+        "ep": "pytorch/torchtitan v0.3.0 torchtitan/distributed/parallel_dims.py: expert_parallel_degree, "
+              "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
+        "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
+                     "tp ranks, which the cost model (experts split like tp) does not price yet",
         "vpp": f"{REF} 2.2: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
         "split": f"{REF} 2.3: module_fqns_per_model_part, any layers per stage",
-        "recompute": f"{REF} 2.4: none, full (every block), selective per-op (saves matmul outputs: not the "
-                     "attention-only selective the cost model prices, emitters/torchtitan.py)",
+        "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
+                     "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
+                     "recomputes every second matmul; priced as op-level selective (costmodel/layers.py, fused "
+                     "attention: half the stored activations, half the matmuls again)",
         "recompute_block": f"{REF} 2.4: apply() wraps every block; no every-N-layers option",
         "recompute_per_stage": f"{REF} 2.4 and 2.6: no per-stage or per-layer recompute",
         "sp": "emitters/torchtitan.py: SequenceParallel norms always with TP (enable_sequence_parallel)",
@@ -276,11 +384,16 @@ TORCHTITAN = TrainTarget(
         "orders": f"{REF} 9 / parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
         "tp_with_pp": f"{REF} 2.2: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
         "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
-        "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases)",
+        "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
+                  "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model", check=_titan_model),
+    extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model,
+                 model_only=True),
+           Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
+           Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
+                 check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
            Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16)),
 )
@@ -289,7 +402,7 @@ DEEPSPEED = TrainTarget(
     name="deepspeed", summary="DeepSpeed 0.19 (ZeRO, AutoTP, PipelineModule, AutoEP)", runs="deepspeed",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset(),
     cp=False, cp_seq=_megatron_cp, cp_seq_text="-", ep=True, expert_tp=False,
-    vpp=False, vpp_split="even", split="even",
+    vpp=False, vpp_split="even", split="partition",
     recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="never", schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
@@ -304,10 +417,13 @@ DEEPSPEED = TrainTarget(
         "expert_tp": f"{REF} 3.6: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
         "vpp": f"{REF} 3.3: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{REF} 3.3",
-        "split": f"{REF} 3.3: partition_method balances parameters or layer types; no explicit per-stage counts, "
-                 "so only an even split is known to be what runs",
-        "recompute": f"{REF} 3.3 and 3.7: PipelineModule activation_checkpoint_interval (every layer); no selective "
-                     "mode; a plain model checkpoints in its own code (emitters/deepspeed.py)",
+        "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
+                 "uniform (partition_uniform over the layer list), parameters or type:REGEX (partition_balanced); "
+                 "a split is run only if one of them gives it (ds_split; the plan names the method)",
+        "recompute": f"{REF} 3.3 and 3.7: PipelineModule activation_checkpoint_interval (every layer); without "
+                     "stages the model checkpoints its blocks itself (Hugging Face gradient_checkpointing_enable(), "
+                     "or deepspeed.checkpointing.checkpoint, which the activation_checkpointing section configures: "
+                     "docs/code-docs/source/activation-checkpointing.rst); no selective mode",
         "recompute_block": f"{REF} 3.3: one activation_checkpoint_interval for the whole module",
         "recompute_per_stage": f"{REF} 3.3: no per-stage variation",
         "sp": "emitters/deepspeed.py: AutoTP has no Megatron-style sequence-parallel norms",
@@ -320,9 +436,7 @@ DEEPSPEED = TrainTarget(
         "kv_heads_divisible": f"{REF} 3.4: AutoTP distributes heads unevenly",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{REF} 3.4", check=_ds_autotp_zero3),
-           Extra(what="recompute needs PipelineModule", source="emitters/deepspeed.py config",
-                 check=_ds_recompute_needs_pp)),
+    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{REF} 3.4", check=_ds_autotp_zero3),),
 )
 
 _ACCEL_MEGATRON = dataclasses.replace(
@@ -491,11 +605,112 @@ BUILTIN_SERVE = ServeTarget(
              "mla": "runtime/model.py check_supported: no multi-latent attention",
              "heterogeneous": "runtime/serve.py: one kind of node"})
 
-TRAIN: dict[str, TrainTarget] = {t.name: t for t in (MEGATRON, TORCHTITAN, DEEPSPEED, ACCELERATE, BUILTIN)}
-TRAIN.update({"torchrun": _launcher("torchrun", "torchrun + the built-in runtime", True),
-              "slurm": _launcher("slurm", "sbatch + torchrun + the built-in runtime", False),
-              "kubernetes": _launcher("kubernetes", "Kubeflow PyTorchJob + the built-in runtime", False)})
-SERVE: dict[str, ServeTarget] = {t.name: t for t in (VLLM, SGLANG, TRTLLM, BUILTIN_SERVE)}
+# --------------------------------------------------------------------------------------
+# The target record and its registry
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """How a cluster launcher (``emitters.LAUNCHERS``: torchrun, Slurm, Kubernetes) starts a
+    framework's files: one launcher task per node runs ``script`` (which starts the node's
+    processes itself, through torchrun or the framework's own launcher) with the node's rank and
+    node 0's address in the variables named here. ``""``: the script takes no such variable (a
+    c10d rendezvous needs no node rank). ``env``: fixed variables the launcher also sets."""
+    script: str
+    node_rank: str
+    head_addr: str
+    port: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One execution target, every part of it in one record: what it runs (``table``: the
+    capability table, each fact with its source), how fast (``profile``: the key of its cost
+    profile in ``costmodel.frameworks.FRAMEWORKS``), what it writes (``emitter``: the module with
+    ``emit(plan)``), how the search plans for it (``search``: ``module:function``) and, for a
+    training framework, how a cluster launcher starts its files (``start``). ``launcher``: a
+    wrapper target (``slurm`` = the built-in runtime started by the Slurm launcher). ``planned``:
+    ``--target all`` solves for it. Parts in other layers are named, not imported, so that this
+    record stays in the plan file's layer; ``tests/test_targets_record.py`` imports every one."""
+    name: str
+    mode: str
+    table: TrainTarget | ServeTarget
+    profile: str
+    emitter: str
+    search: str
+    start: Start | None = None
+    launcher: str = ""
+    planned: bool = True
+
+
+TRAIN_SEARCH = "planner.search.targets:solve_target"
+SERVE_SEARCH = "planner.search.target_serving:solve_serving_for"
+
+_START_SRC = "the script's DISTRIBUTED/TORCHRUN/LAUNCH arguments (emitters/{})"
+STARTS = {
+    "megatron": Start(script="megatron.sh", node_rank="NODE_RANK", head_addr="MASTER_ADDR", port="MASTER_PORT",
+                      source=_START_SRC.format("megatron.py") + "; Megatron-LM examples start torchrun per node"),
+    "torchtitan": Start(script="torchtitan.sh", node_rank="", head_addr="HEAD_ADDR", port="RDZV_PORT",
+                        source=_START_SRC.format("torchtitan.py") + "; torchtitan's multinode_trainer.slurm: one "
+                               "srun task per node, torchrun c10d inside"),
+    "deepspeed": Start(script="deepspeed.sh", node_rank="NODE_RANK", head_addr="MASTER_ADDR", port="MASTER_PORT",
+                       env={"DS_LAUNCHER": "torchrun"},
+                       source=_START_SRC.format("deepspeed.py") + ": DS_LAUNCHER=torchrun starts torchrun on "
+                              "this node instead of the ssh/pdsh runner (deepspeed.init_distributed reads "
+                              "torchrun's environment)"),
+    "accelerate": Start(script="accelerate.sh", node_rank="MACHINE_RANK", head_addr="MAIN_PROCESS_IP", port="",
+                        source=_START_SRC.format("accelerate.py") + ": accelerate launch --machine_rank "
+                               "--main_process_ip, one per node"),
+    "builtin": Start(script="torchrun.sh", node_rank="", head_addr="HEAD_ADDR", port="RDZV_PORT",
+                     source=_START_SRC.format("torchrun.py") + ": c10d rendezvous"),
+}
+
+_FRAMEWORK_TABLES = (MEGATRON, TORCHTITAN, DEEPSPEED, ACCELERATE, BUILTIN)
+_EMITTER = {"megatron": "emitters.megatron", "torchtitan": "emitters.torchtitan", "deepspeed": "emitters.deepspeed",
+            "accelerate": "emitters.accelerate", "builtin": "emitters.torchrun"}
+_WRAPPERS = (("torchrun", "torchrun + the built-in runtime", True),
+             ("slurm", "sbatch + torchrun + the built-in runtime", False),
+             ("kubernetes", "Kubeflow PyTorchJob + the built-in runtime", False))
+
+# THE registry: every target, training and serving, once.
+REGISTRY: tuple[Target, ...] = (
+    *(Target(name=t.name, mode="train", table=t, profile=t.runs, emitter=_EMITTER[t.name], search=TRAIN_SEARCH,
+             start=STARTS[t.name]) for t in _FRAMEWORK_TABLES),
+    *(Target(name=n, mode="train", table=_launcher(n, summary, hetero), profile="builtin", emitter=f"emitters.{n}",
+             search=TRAIN_SEARCH, launcher=n, planned=False) for n, summary, hetero in _WRAPPERS),
+    Target(name="vllm", mode="infer", table=VLLM, profile="vllm", emitter="emitters.vllm", search=SERVE_SEARCH),
+    Target(name="sglang", mode="infer", table=SGLANG, profile="sglang", emitter="emitters.sglang", search=SERVE_SEARCH),
+    Target(name="tensorrt-llm", mode="infer", table=TRTLLM, profile="tensorrt-llm", emitter="emitters.tensorrt_llm",
+           search=SERVE_SEARCH),
+    Target(name="builtin", mode="infer", table=BUILTIN_SERVE, profile="static", emitter="emitters.torchrun",
+           search=SERVE_SEARCH),
+)
+
+
+_BY_KEY: dict[tuple[str, str], Target] = {(r.name, r.mode): r for r in REGISTRY}
+
+
+def record(name: str, mode: str = "train") -> Target:
+    """The registered record of target ``name`` for plans of ``mode``; ``KeyError`` if none."""
+    try:
+        return _BY_KEY[name, mode]
+    except KeyError:
+        raise KeyError(name) from None
+
+
+def records(mode: str) -> tuple[Target, ...]:
+    return tuple(r for r in REGISTRY if r.mode == mode)
+
+
+# Views of the registry (names kept for the callers that read them)
+TRAIN: dict[str, TrainTarget] = {r.name: r.table for r in records("train")}      # type: ignore[misc]
+SERVE: dict[str, ServeTarget] = {r.name: r.table for r in records("infer")}      # type: ignore[misc]
+_TABLES = TRAIN
+TRAIN_TARGETS = tuple(r.name for r in records("train") if r.planned)
+SERVE_TARGETS = tuple(r.name for r in records("infer") if r.planned)
+LAUNCHERS = tuple(r.name for r in records("train") if r.launcher)   # start the built-in runtime
 
 
 def names(mode: str) -> tuple[str, ...]:
@@ -510,10 +725,7 @@ def planning_targets(mode: str) -> tuple[str, ...]:
 
 def get(name: str, mode: str = "train") -> TrainTarget | ServeTarget:
     """The table of target ``name`` for plans of ``mode``; ``KeyError`` for an unknown one."""
-    table = TRAIN if mode == "train" else SERVE
-    if name not in table:
-        raise KeyError(name)
-    return table[name]
+    return record(name, mode).table
 
 
 def check_name(name: str, mode: str) -> None:
@@ -526,8 +738,58 @@ def framework_of(name: str) -> str:
     """The cost model's framework profile for a training target (``costmodel.frameworks``)."""
     if not name or name == GENERIC:
         return GENERIC
-    t = TRAIN.get(name)
-    return t.runs if t is not None else GENERIC
+    try:
+        return record(name, "train").profile
+    except KeyError:
+        return GENERIC
+
+
+# --------------------------------------------------------------------------------------
+# Framework settings a plan carries (the plan file's ``framework:`` section)
+# --------------------------------------------------------------------------------------
+
+# target -> setting -> (type, what it is and its source). Each is priced (``profile_for``) and
+# written by the target's emitter; a plan without the section runs every one at its default.
+SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
+    "torchtitan": {
+        "compile": (bool, "torch.compile of the model and loss: CompileConfig.enable, components model, loss "
+                          "(torchtitan/config/configs.py)"),
+        "async_tp": (bool, "async tensor parallel: CompileConfig.enable_async_tensor_parallel; needs compile "
+                           "(torchtitan/config/configs.py CompileConfig.__post_init__) and tp > 1"),
+    },
+    "deepspeed": {
+        "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
+                             + " (deepspeed/runtime/pipe/module.py)"),
+    },
+}
+
+
+def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a plan's framework settings for ``target``: unknown keys, wrong types,
+    settings that need another (async TP needs compile and tp > 1)."""
+    known = SWITCHES.get(TRAIN[target].runs if target in TRAIN else target, {})
+    out = []
+    for k, v in switches.items():
+        if k not in known:
+            out.append(f"framework.{k}: {target} has no such setting"
+                       + (f" (it has {', '.join(sorted(known))})" if known else " (it takes none)"))
+        elif not isinstance(v, known[k][0]) or (known[k][0] is int and isinstance(v, bool)):
+            out.append(f"framework.{k}: {v!r} is not a {known[k][0].__name__}")
+    if switches.get("async_tp") and not (switches.get("compile") and par.tp > 1):
+        out.append(f"framework.async_tp with compile={bool(switches.get('compile'))}, tp={par.tp}: torchtitan's async "
+                   "TP needs torch.compile and tp > 1; set compile: true or drop async_tp")
+    return [f"{target}: {m}" for m in out]
+
+
+def profile_for(target: str, switches: Mapping[str, Any] | None = None):
+    """The cost profile (``costmodel.frameworks``) a plan for ``target`` with these framework
+    settings is priced with: the target's own, with each setting's term applied."""
+    from costmodel.frameworks import framework_profile
+    prof = framework_profile(framework_of(target))
+    sw = switches or {}
+    if sw.get("compile") or sw.get("async_tp"):
+        prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")))
+    return prof
 
 
 # --------------------------------------------------------------------------------------
@@ -542,119 +804,217 @@ def _zero_sets(t: TrainTarget, par: ParallelConfig) -> frozenset[int]:
     return t.zero_pp if par.pp > 1 else t.zero
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One configuration asked of one target: what every capability rule reads."""
+    t: TrainTarget               # the table that applies (an Accelerate variant, say)
+    name: str                    # the target's name as users type it
+    model: ModelSpec
+    wl: Workload
+    par: ParallelConfig
+    order: tuple[str, ...]
+    plan_check: bool
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A capability rule: the table field it reads (whose source is ``sources[field]``), when a
+    configuration breaks it, and the message naming the numbers and what to plan instead."""
+    field: str
+    broken: Callable[[Ask], bool]
+    message: Callable[[Ask], str]
+
+
+def _zero_allowed(a: Ask) -> frozenset[int]:
+    allowed = _zero_sets(a.t, a.par)
+    return allowed | {1} if a.plan_check and a.t.zero1_as_zero0 else allowed
+
+
+def _zero_message(a: Ask) -> str:
+    p, allowed = a.par, _zero_allowed(a)
+    with_pp = f" with pp={p.pp}" if p.pp > 1 else ""
+    if not allowed:
+        return f"pp={p.pp} with data parallelism: {a.name} has no pipeline stages here; plan --pp 1"
+    return (f"ZeRO-{p.zero}{with_pp}: {a.name} runs ZeRO {_stages(allowed)}{with_pp}; plan --zero "
+            f"{_nearest(p.zero, allowed)}" + ("" if p.pp == 1 or not a.t.zero - a.t.zero_pp else " (or --pp 1)"))
+
+
+def _order_broken(a: Ask) -> bool:
+    if a.t.orders is None:
+        return False
+    eff = _eff_order(a.par, a.order)
+    return not any(tuple(d for d in o if d in eff) == eff for o in a.t.orders)
+
+
+def _pp(a: Ask) -> bool:
+    return a.par.pp > 1
+
+
+def _m(a: Ask) -> int:
+    return a.par.grad_accum
+
+
+# The capability rules in the order their messages are listed. Each reads one field of the
+# table; ``config_problems`` runs them all, then the target's ``extra`` rules.
+CAPS: tuple[Cap, ...] = (
+    # the model
+    Cap("models", lambda a: a.model.attention == "mla" and not a.t.mla,
+        lambda a: f"{a.model.name} uses multi-latent attention, which {a.name} does not run; use the megatron target"),
+    Cap("models", lambda a: a.model.positions == "alibi" and not a.t.alibi,
+        lambda a: f"{a.model.name} uses ALiBi positions, which {a.name} does not run"),
+    Cap("models", lambda a: a.model.is_moe and not a.t.moe,
+        lambda a: f"{a.model.name} is a mixture of experts ({a.model.num_experts} experts), which the {a.name} "
+                  "target does not write; use the megatron target"),
+    Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
+        lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; plan --dtype bf16"),
+    Cap("kv_heads_divisible", lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
+        lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
+                  f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
+    # data parallel sharding
+    Cap("zero", lambda a: a.par.dp * a.par.cp > 1 and a.par.zero not in _zero_allowed(a), _zero_message),
+    Cap("hsdp", lambda a: a.par.dp * a.par.cp > 1 and a.par.hsdp and a.par.zero not in a.t.hsdp,
+        lambda a: f"ZeRO-{a.par.zero} over groups of {a.par.dp_shard} of dp={a.par.dp} (HSDP): {a.name} shards "
+                  + (f"part of dp only with ZeRO {_stages(a.t.hsdp)}" if a.t.hsdp else "over the whole dp group")
+                  + f"; plan --dp-shard {a.par.dp}"),
+    # context and expert parallel
+    Cap("cp", lambda a: a.par.cp > 1 and not a.t.cp,
+        lambda a: f"cp={a.par.cp}: {a.name} has no context parallelism; plan --cp 1"),
+    Cap("cp", lambda a: a.par.cp > 1 and a.t.cp and a.wl.seq_len % a.t.cp_seq(a.par) != 0,
+        lambda a: f"cp={a.par.cp} with seq_len {a.wl.seq_len}: {a.name} needs seq_len to be a multiple of "
+                  f"{a.t.cp_seq_text} = {a.t.cp_seq(a.par)}; plan another --cp or --seq-len"),
+    Cap("ep", lambda a: a.par.ep > 1 and not a.t.ep,
+        lambda a: f"ep={a.par.ep}: the {a.name} target has no expert parallelism; plan --ep 1"),
+    Cap("expert_tp", lambda a: a.par.ep > 1 and a.t.ep and a.par.tp > 1 and not a.t.expert_tp,
+        lambda a: f"ep={a.par.ep} with tp={a.par.tp}: {a.name}'s expert parallel takes no tensor parallel experts "
+                  "(expert TP must be 1); plan --tp 1 or --ep 1"),
+    # tensor and sequence parallel
+    Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
+        lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "
+                  "stages; plan --tp 1 or --pp 1"),
+    Cap("sp", lambda a: a.par.tp > 1 and a.t.sp == "with_tp" and not a.par.sp,
+        lambda a: f"tp={a.par.tp} without sequence parallel: {a.name} always applies it with TP; plan --sp"),
+    Cap("sp", lambda a: a.par.tp > 1 and a.t.sp == "never" and a.par.sp,
+        lambda a: f"sequence parallel with tp={a.par.tp}: {a.name} has no Megatron-style sequence parallel; "
+                  "plan --no-sp"),
+    # pipeline
+    Cap("schedules", lambda a: _pp(a) and a.par.schedule not in a.t.schedules,
+        lambda a: f"the {a.par.schedule} schedule: {a.name} runs {', '.join(sorted(a.t.schedules))}; plan --schedule "
+                  f"{'interleaved' if a.par.vpp > 1 and 'interleaved' in a.t.schedules else '1f1b'}"),
+    Cap("vpp", lambda a: _pp(a) and a.par.vpp > 1 and not a.t.vpp,
+        lambda a: f"vpp={a.par.vpp}: {a.name} has no virtual pipeline stages; plan --vpp 1"),
+    Cap("vpp_split", lambda a: _pp(a) and a.par.vpp > 1 and a.t.vpp and a.t.vpp_split == "even"
+        and a.model.layers % (a.par.pp * a.par.vpp) != 0,
+        lambda a: f"vpp={a.par.vpp}: {a.name} cuts {a.model.layers} layers into pp*vpp = {a.par.pp * a.par.vpp} "
+                  "equal virtual stages; plan a --vpp or --pp that divides the layers"),
+    Cap("split", lambda a: _pp(a) and a.t.split == "even" and a.model.layers % a.par.pp != 0,
+        lambda a: f"pp={a.par.pp}: {a.name} splits the {a.model.layers} layers evenly; plan a --pp that divides "
+                  "them"),
+    Cap("split", lambda a: _pp(a) and a.t.split == "partition" and not ds_splits(a.model, a.par.pp),
+        lambda a: f"pp={a.par.pp}: none of DeepSpeed's partition methods ({', '.join(DS_METHODS)}) gives each of the "
+                  f"{a.par.pp} stages a block of the {a.model.layers}; plan fewer stages"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "megatron" and a.par.vpp > 1
+        and _m(a) % a.par.pp != 0,
+        lambda a: f"vpp={a.par.vpp} with {_m(a)} micro-batches: Megatron's interleaved schedule needs a multiple of "
+                  f"pp={a.par.pp}; plan --grad-accum {_round_up(_m(a), a.par.pp)}"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "torch" and a.par.schedule == "1f1b"
+        and _m(a) < a.par.pp,
+        lambda a: f"{_m(a)} micro-batches on pp={a.par.pp}: torch's Schedule1F1B needs at least one per stage; "
+                  f"plan --grad-accum {a.par.pp} or more, or --schedule gpipe"),
+    Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "torch" and a.par.schedule == "interleaved"
+        and _m(a) % max(1, _m(a) // a.par.pp) != 0,
+        lambda a: f"{_m(a)} micro-batches on pp={a.par.pp}: torch's Interleaved1F1B needs a multiple of "
+                  f"{max(1, _m(a) // a.par.pp)} rounds"),
+    # recompute (whole-model policy)
+    Cap("recompute", lambda a: a.par.recompute not in a.t.recompute,
+        lambda a: f"recompute {a.par.recompute}: {a.name} offers {_join(sorted(a.t.recompute))} recompute; plan "
+                  f"--recompute {'full' if 'full' in a.t.recompute else sorted(a.t.recompute)[0]}"),
+    Cap("recompute_block", lambda a: a.par.recompute in a.t.recompute and a.par.recompute == "full"
+        and a.par.recompute_layers >= 0 and not a.t.recompute_block,
+        lambda a: f"full recompute of {a.par.recompute_layers} layers per stage: {a.name} recomputes every layer or "
+                  "none; plan --recompute full (all layers)"),
+    Cap("recompute_block", lambda a: a.par.recompute in a.t.recompute and a.par.recompute == "full"
+        and a.par.recompute_layers >= 0 and a.t.recompute_block and a.par.vpp > 1 and not a.t.recompute_per_stage
+        and a.par.recompute_layers % a.par.vpp != 0,
+        lambda a: f"{a.par.recompute_layers} recomputed layers per stage with vpp={a.par.vpp}: the block method "
+                  "recomputes the first N layers of each virtual stage; plan --recompute-layers "
+                  f"{_round_up(a.par.recompute_layers, a.par.vpp)}"),
+    # rank order
+    Cap("orders", _order_broken,
+        lambda a: f"mesh order {','.join(a.order)}: {a.name} orders ranks "
+                  + " or ".join(",".join(o) for o in a.t.orders) + " (outermost first); plan --mesh-order "
+                  + ",".join(a.t.orders[0])),
+)
+
+
+MODEL_FIELDS = frozenset({"models", "dtypes"})     # the rules that read only the model and the workload
+
+
+def model_problems(target: str, model: ModelSpec, workload: Workload) -> list[str]:
+    return list(_model_problems(target, model, workload))
+
+
+@functools.lru_cache(maxsize=256)
+def _model_problems(target: str, model: ModelSpec, workload: Workload) -> tuple[str, ...]:
+    """What no configuration of ``target`` avoids for this model and workload (multi-latent
+    attention on a target without it, a dtype): the search and the refusal ask this first."""
+    base = get(target)
+    par = ParallelConfig()
+    found = []
+    for t in [s for _, _, s in base.variants] or [base]:
+        ask = Ask(t, base.name, model, workload, par, MESH_AXES, False)
+        got = [cap.message(ask) for cap in CAPS if cap.field in MODEL_FIELDS and cap.broken(ask)]
+        got += [m for rule in t.extra if rule.model_only and (m := rule.check(model, workload, par, MESH_AXES))]
+        if not got:
+            return ()
+        found.append(got)
+    return tuple(f"{base.name}: {m}" for m in found[0])
+
+
+# the same rules, the ones that break most often in the search first (counted over every target's
+# enumeration of deepseek-v3 on 2,048 H100: ZeRO 54% of the configurations refused, expert TP 17%,
+# schedules 11%, rank order 2%, recompute 1%), so that runs_config stops early
+_FIRST = ("zero", "expert_tp", "schedules", "orders", "recompute")
+FAST_CAPS = tuple(sorted(CAPS, key=lambda c: _FIRST.index(c.field) if c.field in _FIRST else len(_FIRST)))
+
+
+def runs_config(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
+                order: Sequence[str] = MESH_AXES) -> bool:
+    """``not config_problems(...)`` without writing any message: stops at the first broken rule
+    (the search asks this of every configuration; tests/test_targets.py checks the two agree)."""
+    base = _TABLES[target] if isinstance(target, str) else target
+    ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), False)
+    if any(cap.broken(ask) for cap in FAST_CAPS):
+        return False
+    return not any(rule.check(model, workload, par, ask.order) for rule in ask.t.extra)
+
+
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
                     order: Sequence[str] = MESH_AXES, plan_check: bool = False) -> list[str]:
-    """What training target ``target`` cannot run in this configuration, stage split aside.
-    ``plan_check``: checking a finished plan rather than searching (ZeRO-1 on a target that runs it
-    as ZeRO-0 is then left to ``problems``' memory check)."""
+    """What training target ``target`` cannot run in this configuration, stage split aside: every
+    rule of ``CAPS`` its table breaks, then its ``extra`` rules. ``plan_check``: checking a
+    finished plan rather than searching (ZeRO-1 on a target that runs it as ZeRO-0 is then left to
+    ``problems``' memory check)."""
     base = get(target) if isinstance(target, str) else target
-    t = base.for_config(par)
-    name = base.name
-    out: list[str] = []
-    order = tuple(order)
+    ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), plan_check)
+    out = [cap.message(ask) for cap in CAPS if cap.broken(ask)]
+    out += [msg for rule in ask.t.extra if (msg := rule.check(model, workload, par, ask.order))]
+    return [f"{base.name}: {m}" for m in out]
 
-    def add(msg: str) -> None:
-        out.append(msg)
 
-    # the model
-    if model.attention == "mla" and not t.mla:
-        add(f"{model.name} uses multi-latent attention, which {name} does not run; use the megatron target")
-    if model.positions == "alibi" and not t.alibi:
-        add(f"{model.name} uses ALiBi positions, which {name} does not run")
-    if model.is_moe and not t.moe:
-        add(f"{model.name} is a mixture of experts ({model.num_experts} experts), which the {name} target does "
-            "not write; use the megatron target")
-    if workload.dtype not in t.dtypes:
-        add(f"dtype {workload.dtype}: {name} trains in {', '.join(sorted(t.dtypes))}; plan --dtype bf16")
-    if t.kv_heads_divisible and not kv_heads_shard(model, par.tp):
-        add(f"tp={par.tp} does not divide the {model.kv_heads} KV heads ({name} shards K/V heads, it does not "
-            f"replicate them); plan --tp {_largest_divisor(model.kv_heads, par.tp)} or fewer")
-    # data parallel sharding
-    if par.dp * par.cp > 1:
-        allowed = _zero_sets(t, par)
-        if plan_check and t.zero1_as_zero0:
-            allowed = allowed | {1}
-        if par.zero not in allowed:
-            with_pp = f" with pp={par.pp}" if par.pp > 1 else ""
-            if allowed:
-                add(f"ZeRO-{par.zero}{with_pp}: {name} runs ZeRO {_stages(allowed)}{with_pp}; plan --zero "
-                    f"{_nearest(par.zero, allowed)}" + ("" if par.pp == 1 or not t.zero - t.zero_pp else
-                                                       " (or --pp 1)"))
-            else:
-                add(f"pp={par.pp} with data parallelism: {name} has no pipeline stages here; plan --pp 1")
-        if par.hsdp and par.zero not in t.hsdp:
-            add(f"ZeRO-{par.zero} over groups of {par.dp_shard} of dp={par.dp} (HSDP): {name} shards "
-                + (f"part of dp only with ZeRO {_stages(t.hsdp)}" if t.hsdp else "over the whole dp group")
-                + f"; plan --dp-shard {par.dp}")
-    # context and expert parallel
-    if par.cp > 1:
-        if not t.cp:
-            add(f"cp={par.cp}: {name} has no context parallelism; plan --cp 1")
-        elif workload.seq_len % t.cp_seq(par):
-            add(f"cp={par.cp} with seq_len {workload.seq_len}: {name} needs seq_len to be a multiple of "
-                f"{t.cp_seq_text} = {t.cp_seq(par)}; plan another --cp or --seq-len")
-    if par.ep > 1:
-        if not t.ep:
-            add(f"ep={par.ep}: the {name} target has no expert parallelism; plan --ep 1")
-        elif par.tp > 1 and not t.expert_tp:
-            add(f"ep={par.ep} with tp={par.tp}: {name}'s expert parallel takes no tensor parallel experts "
-                "(expert TP must be 1); plan --tp 1 or --ep 1")
-    # tensor and sequence parallel
-    if par.tp > 1 and par.pp > 1 and not t.tp_with_pp:
-        add(f"tp={par.tp} with pp={par.pp}: {name} does not combine its tensor parallel with pipeline stages; "
-            "plan --tp 1 or --pp 1")
-    if par.tp > 1:
-        if t.sp == "with_tp" and not par.sp:
-            add(f"tp={par.tp} without sequence parallel: {name} always applies it with TP; plan --sp")
-        if t.sp == "never" and par.sp:
-            add(f"sequence parallel with tp={par.tp}: {name} has no Megatron-style sequence parallel; plan --no-sp")
-    # pipeline
-    if par.pp > 1:
-        if par.schedule not in t.schedules:
-            add(f"the {par.schedule} schedule: {name} runs {', '.join(sorted(t.schedules))}; plan --schedule "
-                f"{'interleaved' if par.vpp > 1 and 'interleaved' in t.schedules else '1f1b'}")
-        if par.vpp > 1:
-            if not t.vpp:
-                add(f"vpp={par.vpp}: {name} has no virtual pipeline stages; plan --vpp 1")
-            elif t.vpp_split == "even" and model.layers % (par.pp * par.vpp):
-                add(f"vpp={par.vpp}: {name} cuts {model.layers} layers into pp*vpp = {par.pp * par.vpp} equal "
-                    "virtual stages; plan a --vpp or --pp that divides the layers")
-        if t.split == "even" and model.layers % par.pp:
-            add(f"pp={par.pp}: {name} splits the {model.layers} layers evenly; plan a --pp that divides them")
-        m = par.grad_accum
-        if t.microbatches == "megatron" and par.vpp > 1 and m % par.pp:
-            add(f"vpp={par.vpp} with {m} micro-batches: Megatron's interleaved schedule needs a multiple of "
-                f"pp={par.pp}; plan --grad-accum {_round_up(m, par.pp)}")
-        if t.microbatches == "torch":
-            if par.schedule == "1f1b" and m < par.pp:
-                add(f"{m} micro-batches on pp={par.pp}: torch's Schedule1F1B needs at least one per stage; plan "
-                    f"--grad-accum {par.pp} or more, or --schedule gpipe")
-            if par.schedule == "interleaved" and m % max(1, m // par.pp):
-                add(f"{m} micro-batches on pp={par.pp}: torch's Interleaved1F1B needs a multiple of "
-                    f"{max(1, m // par.pp)} rounds")
-    # recompute (whole-model policy)
-    if par.recompute not in t.recompute:
-        add(f"recompute {par.recompute}: {name} offers {_join(sorted(t.recompute))} recompute; plan --recompute "
-            f"{'full' if 'full' in t.recompute else sorted(t.recompute)[0]}")
-    elif par.recompute == "full" and par.recompute_layers >= 0 and not t.recompute_block:
-        add(f"full recompute of {par.recompute_layers} layers per stage: {name} recomputes every layer or none; "
-            "plan --recompute full (all layers)")
-    elif (par.recompute == "full" and par.recompute_layers >= 0 and par.vpp > 1 and not t.recompute_per_stage
-          and par.recompute_layers % par.vpp):
-        add(f"{par.recompute_layers} recomputed layers per stage with vpp={par.vpp}: the block method recomputes "
-            f"the first N layers of each virtual stage; plan --recompute-layers {_round_up(par.recompute_layers, par.vpp)}")
-    # rank order
-    if t.orders is not None:
-        eff = _eff_order(par, order)
-        if not any(tuple(d for d in o if d in eff) == eff for o in t.orders):
-            add(f"mesh order {','.join(order)}: {name} orders ranks "
-                + " or ".join(",".join(o) for o in t.orders) + " (outermost first); plan --mesh-order "
-                + ",".join(t.orders[0]))
-    for rule in t.extra:
-        msg = rule.check(model, workload, par, order)
-        if msg:
-            add(msg)
-    return [f"{name}: {m}" for m in out]
+def _partition_problems(name: str, model: ModelSpec, pp: int, counts: tuple[int, ...], method: str | None) -> list[str]:
+    """A DeepSpeed split runs only as a partition method places it: the plan's method, or any."""
+    if method is not None:
+        if method not in DS_METHODS:
+            return [f"partition_method {method!r}: {name} plans with " + ", ".join(DS_METHODS)]
+        got = ds_split(model, pp, method)
+        if got != counts:
+            placed = list(got) if got else "no block on some stage"
+            return [f"stage split {list(counts)}: partition_method {method} places {placed}; plan --target {name}"]
+        return []
+    if counts in ds_splits(model, pp):
+        return []
+    shown = "; ".join(f"{m} gives {list(c)}" for c, m in ds_splits(model, pp).items())
+    return [f"stage split {list(counts)}: no DeepSpeed partition_method places the blocks so ({shown}); plan --target {name}"]
 
 
 def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, bool, int]:
@@ -674,13 +1034,17 @@ def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, boo
 
 
 def stage_problems(target: str | TrainTarget, model: ModelSpec, par: ParallelConfig,
-                   stages: Sequence[StageSpec], groups: int = 1) -> list[str]:
-    """What target ``target`` cannot run in this stage split (and its per-stage recompute)."""
+                   stages: Sequence[StageSpec], groups: int = 1,
+                   switches: Mapping[str, Any] | None = None) -> list[str]:
+    """What target ``target`` cannot run in this stage split (and its per-stage recompute);
+    ``switches``: the plan's framework settings (DeepSpeed's ``partition_method``)."""
     base = get(target) if isinstance(target, str) else target
     t = base.for_config(par)
     name = base.name
     out: list[str] = []
     counts = [s.num_layers for s in stages]
+    if par.pp > 1 and t.split == "partition":
+        out += _partition_problems(name, model, par.pp, tuple(counts), (switches or {}).get("partition_method"))
     used = {s.group for s in stages}
     if not t.heterogeneous and (groups > 1 or len(used - {""}) > 1):
         out.append(f"stages on {groups} node groups: {name} launches one kind of node; plan --target {name} "
@@ -772,11 +1136,23 @@ def problems(target: str, plan: Any) -> list[str]:
     if target not in TRAIN:
         return [f"{target}: a training plan; {target} is not a training target ({', '.join(names('train'))})"]
     out = (config_problems(target, plan.model, plan.workload, plan.parallel, plan.mesh_order, plan_check=True)
-           + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups)))
+           + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups),
+                            getattr(plan, "framework", None))
+           + switch_problems(target, plan.parallel, getattr(plan, "framework", None) or {}))
     par = plan.parallel
     if not out and TRAIN[target].zero1_as_zero0 and par.zero == 1 and par.dp > 1:
         out += _zero1_as_zero0(target, plan)
     return out
+
+
+def targets_running(framework: str, plan: Any) -> list[str]:
+    """The training targets priced with ``framework``'s profile that accept ``plan``'s layout: the
+    ones through which a published run of that framework may be priced (``planner validate``). No
+    target runs the Megatron-DeepSpeed / GPT-NeoX stack (TP + PP + ZeRO-1 under DeepSpeed's
+    engine): it needs an emitter of its own (Megatron-DeepSpeed's pretrain_gpt.py arguments and
+    its ds_config) that this planner does not have, so its runs (BLOOM-176B, MT-NLG 530B,
+    GPT-NeoX-20B) get an empty list here rather than the DeepSpeed target's price."""
+    return [r.name for r in records("train") if r.profile == framework and r.planned and not problems(r.name, plan)]
 
 
 def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
@@ -791,65 +1167,6 @@ def _zero1_as_zero0(target: str, plan: Any) -> list[str]:
         return []
     return [f"{target}: ZeRO-1 runs as DDP here (the optimizer state is not sharded): stage {worst.index} then "
             f"needs {peak / 2**30:.1f} GiB per GPU of {cap / 2**30:.1f} GiB; plan --zero 0, 2 or 3"]
-
-
-# --------------------------------------------------------------------------------------
-# The table as rows (for `planner plan --target all`, the README and the demo)
-# --------------------------------------------------------------------------------------
-
-FEATURES = (
-    ("zero", "ZeRO without PP"), ("zero_pp", "ZeRO with PP"), ("hsdp", "HSDP"), ("cp", "context parallel"),
-    ("ep", "expert parallel"), ("expert_tp", "expert TP"), ("vpp", "virtual stages"),
-    ("split", "stage split"), ("recompute", "recompute"), ("recompute_block", "recompute N per stage"),
-    ("recompute_per_stage", "per-stage recompute"), ("sp", "sequence parallel"), ("schedules", "schedules"),
-    ("orders", "rank orders"), ("dtypes", "dtypes"), ("models", "models"), ("heterogeneous", "node groups"),
-)
-
-
-def _value(t: TrainTarget, key: str) -> str:
-    v = {"models": None}.get(key, getattr(t, key, None))
-    if key == "models":
-        no = [k for k, ok in (("MLA", t.mla), ("MoE", t.moe), ("ALiBi", t.alibi)) if not ok]
-        return "no " + ", ".join(no) if no else "any"
-    if key == "cp":
-        return f"yes, seq % {t.cp_seq_text}" if t.cp else "no"
-    if key == "vpp":
-        return ("no" if not t.vpp else "yes" + (", even split" if t.vpp_split == "even" else "")
-                + (", M % pp == 0" if t.microbatches == "megatron" else ""))
-    if key == "orders":
-        return "any" if v is None else " | ".join(",".join(o) for o in v)
-    if key == "sp":
-        return {"optional": "optional", "with_tp": "always with TP", "never": "no"}[v]
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, frozenset):
-        return _stages(v) if v and all(isinstance(x, int) for x in v) else (", ".join(sorted(v)) or "none")
-    return str(v)
-
-
-def table_rows(name: str) -> list[tuple[str, str, str]]:
-    """``(feature, value, source)`` rows of a training target's table (each variant's in turn)."""
-    t = TRAIN[name]
-    tables = [(label, sub) for label, _, sub in t.variants] or [("", t)]
-    rows = []
-    for label, sub in tables:
-        if label:
-            rows.append(("backend", label, ""))
-        for key, title in FEATURES:
-            src = sub.sources.get(key, "")
-            rows.append((title, _value(sub, key), src))
-    return rows
-
-
-def summary(name: str) -> dict[str, str]:
-    """A training target's table in one short value per feature (the side-by-side table)."""
-    t = TRAIN[name]
-    subs = [sub for _, _, sub in t.variants] or [t]
-    out = {}
-    for key, title in FEATURES:
-        vals = [_value(s, key) for s in subs]
-        out[title] = vals[0] if len(set(vals)) == 1 else " / ".join(vals)
-    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -874,43 +1191,3 @@ def _round_up(x: int, k: int) -> int:
 
 def _largest_divisor(n: int, below: int) -> int:
     return max(d for d in range(1, min(n, below) + 1) if n % d == 0)
-
-
-# --------------------------------------------------------------------------------------
-# The command that plans for a target
-# --------------------------------------------------------------------------------------
-
-def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
-    """The ``planner plan --target T ...`` command for ``plan``'s problem (same model, cluster,
-    GPUs, batch and sequence, dtype and optimizer): a plan ``target`` runs, or the reason it
-    has none. A model that is not the catalog's entry of its name is read back from the plan
-    file itself (``--like PLAN``)."""
-    import shlex
-
-    from costmodel.catalog import get_model, model_names
-    w = plan.workload
-    target = {"torchrun": "builtin", "slurm": "slurm", "kubernetes": "kubernetes"}.get(target, target)
-    catalog_model = plan.model.name in model_names() and get_model(plan.model.name) == plan.model
-    src = (plan.provenance or {}).get("cluster_source", "catalog")
-    if not catalog_model or (src == "catalog" and ":" in plan.cluster.name):
-        if plan_path:
-            return f"planner plan --like {shlex.quote(str(plan_path))} --target {target}"
-    args = ["planner", "plan"]
-    if w.mode == "infer":
-        args += ["--mode", "infer"]
-    args += ["--model", plan.model.name if catalog_model else f"<{plan.model.name} model file>"]
-    whole_file = src != "catalog"
-    cluster = src if whole_file else plan.cluster.name
-    args += ["--cluster", cluster]
-    if not (whole_file and (":" in plan.cluster.name or len(plan.cluster.groups) > 1)):
-        args += ["--gpus", str(plan.cluster.total_gpus)]
-    if w.mode == "infer":
-        args += ["--prompt-len", str(w.prompt_len), "--output-len", str(w.output_len), "--batch", str(w.global_batch)]
-    else:
-        args += ["--global-batch", str(w.global_batch), "--seq-len", str(w.seq_len)]
-    if w.dtype != "bf16":
-        args += ["--dtype", w.dtype]
-    if w.mode == "train" and w.optimizer != "adamw":
-        args += ["--optimizer", w.optimizer]
-    args += ["--target", target]
-    return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)

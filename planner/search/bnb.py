@@ -42,7 +42,7 @@ from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
 from planner.search.space import Candidate, enumerate_candidates
 from planner.plan.targets import framework_of
-from planner.search.targets import runs, widened
+from planner.search.target_space import runs, widened
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, *, gpus: int | None = None,
@@ -193,7 +193,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
                                 f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
-        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target))
+        raise InfeasibleError(_why_infeasible(prob, cands, gpus, target, fixed))
     best = sols[0].objective
     if stopped:
         status = "FEASIBLE"
@@ -303,7 +303,7 @@ def _score_row(cand: Candidate, lb: float | None, est: Estimate | None, value: f
 
 def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                   cands: list[Candidate], framework: str = "generic",
-                  target: str | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
+                  target: str | None = None, fixed: dict | None = None) -> tuple[float, ParallelConfig, Estimate] | None:
     """The candidate needing the least memory per GPU when fully sharded (ZeRO-3, or no data
     parallelism) and fully recomputed, with an even split: (peak bytes, config, estimate)."""
     best = None
@@ -318,7 +318,9 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     for c in cands:
         if not widened(target) and c.par.zero < 3 and c.par.dp > 1:
             continue
-        full = dataclasses.replace(c.par, recompute="full", recompute_layers=-1)
+        # full recompute needs the least memory, unless the user fixed the recompute policy
+        full = c.par if "recompute" in (fixed or {}) else dataclasses.replace(c.par, recompute="full",
+                                                                              recompute_layers=-1)
         if widened(target) and not runs(target, model, workload, full, c.order):
             full = c.par                      # the target has no full recompute here
         try:
@@ -367,16 +369,17 @@ def smallest_fitting_gpus(prob: Problem, gpus: int, target: str | None = None, f
     return None
 
 
-def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None) -> str:
+def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None,
+                    fixed: dict | None = None) -> str:
     """The binding constraint and the smallest change that would make a plan exist."""
     model, cluster, wl = prob.model, prob.cluster, prob.workload
     if not cands:
         if widened(target):
-            from planner.search.targets import why_no_candidate
-            return why_no_candidate(model, cluster, wl, gpus, target)
+            from planner.search.refusal import why_no_candidate
+            return why_no_candidate(model, cluster, wl, gpus, target, fixed)
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {wl.global_batch}: "
                 "check that the global batch is divisible by a data-parallel degree and the fixed dimensions agree")
-    best = _least_memory(model, cluster, wl, cands, prob.framework, target)
+    best = _least_memory(model, cluster, wl, cands, prob.framework, target, fixed)
     if best is None:
         return f"no configuration of {model.name} fits on {gpus} GPUs"
     need, par, est = best
@@ -385,9 +388,16 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
         more_gpus = smallest_fitting_gpus(prob, gpus, target)
         if more_gpus is not None:
             hint = f"; the smallest change: --gpus {more_gpus} (or GPUs with more memory)"
-    degrees = [f"{k}={getattr(par, k)}" for k in ("tp", "pp", "dp", "cp", "ep") if k in ("tp", "pp", "dp")
-               or getattr(par, k) > 1]
-    return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at {', '.join(degrees)}, "
+    degrees = ", ".join(f"{k}={getattr(par, k)}" for k in ("tp", "pp", "dp", "cp", "ep")
+                        if k in ("tp", "pp", "dp") or getattr(par, k) > 1)
+    if est.fits:
+        # the least-memory shape fits with an even split: what binds is the stage split (a stage's peak)
+        return (f"{model.name} fits at {degrees}, zero={par.zero}, {par.recompute} "
+                f"recompute, micro-batch {par.micro_batch} with an even split ({need / GIB:.1f} of "
+                f"{est.capacity_bytes / GIB:.1f} GiB per GPU), but no stage split the search may use fits"
+                + (f" under {target}'s split rule" if widened(target) else "")
+                + "; try --target megatron (any split) or more GPUs")
+    return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at {degrees}, "
             f"zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
             + (f" (the most {target} can shard)" if widened(target) else "") + "; "
             f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")

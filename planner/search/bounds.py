@@ -47,8 +47,8 @@ def lower_bound(prob: Problem, cand: Candidate) -> float:
         sm = prob.stage_model_for(cand, g, 0)
         nd, nm = L * (1 - moe_frac), L * moe_frac
         r = par.policy_recompute_layers(L)
-        if r is None:
-            r = least_recompute(sm, nd, nm, L, 1.0)
+        if r is None:       # a target without per-stage recompute: every stage runs the policy (the tables' r = 0)
+            r = least_recompute(sm, nd, nm, L, 1.0) if cand.stage_recompute else 0
         if r is None:
             return math.inf
         c = sm.cost(nd, nm, r)
@@ -134,8 +134,8 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
             for n, slot in ((big, "big"), (lo, "small")):
                 for nd, nm in extreme_mixes(prob, n, moe_frac):
                     r = par.policy_recompute_layers(n)
-                    if r is None:
-                        r = least_recompute(sm, nd, nm, n, inflight)
+                    if r is None:   # without per-stage recompute the tables run the policy: r = 0
+                        r = least_recompute(sm, nd, nm, n, inflight) if cand.stage_recompute else 0
                     if r is None:
                         continue
                     t = sm.cost(nd, nm, r).time_s
@@ -175,8 +175,8 @@ def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac:
             t = math.inf
             for nd, nm in extreme_mixes(prob, n, moe_frac):
                 r = par.policy_recompute_layers(n)
-                if r is None:
-                    r = least_recompute(sm, nd, nm, n, inflight)
+                if r is None:       # without per-stage recompute the tables run the policy: r = 0
+                    r = least_recompute(sm, nd, nm, n, inflight) if cand.stage_recompute else 0
                 if r is not None:
                     t = min(t, sm.cost(nd, nm, r).time_s)
             ts.append(t)
@@ -213,7 +213,10 @@ def _memory_bound(prob: Problem, cand: Candidate, moe_frac: float) -> float:
 
     def peak(g: str, i: int, n: int) -> float:
         sm = prob.stage_model_for(cand, g, i)
-        return min(sm.memory(sm.cost(nd, nm, n), inflight_microbatches(par, i))["peak_bytes"]
+        # the tables recompute every layer only where a stage may recompute on its own; a target
+        # without per-stage recompute runs the policy (r = 0 on top of it): count what they count
+        r = n if cand.stage_recompute else (par.policy_recompute_layers(n) or 0)
+        return min(sm.memory(sm.cost(nd, nm, r), inflight_microbatches(par, i))["peak_bytes"]
                    for nd, nm in extreme_mixes(prob, n, moe_frac))
 
     groups = prob.groups(cand)

@@ -74,6 +74,10 @@ class PipelineModel:
             self.rows.append(row)
         self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (*_, k) in self.y])
                    == self.prob.model.layers)
+        if self.cand.split == "fixed":
+            # the target places the layers itself (DeepSpeed's partition_method): that split only
+            for i, n in enumerate(self.cand.counts):
+                self.m.add(self._layers(i) == n)
         if self.cand.split == "last" and self.p > 2:
             # the target states only the last stage's layer count: every other stage holds the first's
             for i in range(1, self.p - 1):

@@ -38,6 +38,8 @@ def exhaustive_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bo
     for ns in compositions(prob.model.layers, p, tab.lo, tab.hi):
         if cand.split == "last" and len(set(ns[:-1])) > 1:
             continue                     # the target states only the last stage's count
+        if cand.split == "fixed" and tuple(ns) != cand.counts:
+            continue                     # the target places the layers itself
         if time.perf_counter() > deadline:
             return Outcome(best, proved=False)
         for gs in assigns:

@@ -215,9 +215,12 @@ class Problem:
 
 def _split_allows(cand: Candidate, n: int, layers: int) -> bool:
     """Whether the candidate's target lets a stage hold ``n`` layers: an even split holds
-    ``layers / pp`` on every stage; Megatron's uniform recompute count N needs N layers."""
+    ``layers / pp`` on every stage, a fixed one (DeepSpeed's partition) one of its counts;
+    Megatron's uniform recompute count N needs N layers."""
     if n < cand.least_layers:
         return False
+    if cand.split == "fixed":
+        return n in cand.counts
     return cand.split != "even" or n * cand.par.pp == layers
 
 

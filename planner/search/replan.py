@@ -191,12 +191,14 @@ def _compatible_fixed(old: Plan) -> dict[str, Any]:
 
 
 def old_step_time(old: Plan) -> float | None:
-    """The old plan's step time under this cost model (its stored estimate if it cannot be
-    re-estimated)."""
+    """The old plan's step time under this cost model, priced with its own target's profile and
+    framework settings, as the new plan is (its stored estimate if it cannot be re-estimated)."""
     from costmodel.training import estimate
+    from planner.search.target_space import framework_kwargs
     try:
         return estimate(old.model, old.cluster, old.workload, old.parallel, stages=old.stages,
-                        order=old.mesh_order).step_time_s
+                        order=old.mesh_order,
+                        **framework_kwargs(estimate, old.target or None, old.framework)).step_time_s
     except (SpecError, ValueError, KeyError):
         v = (old.estimate or {}).get("step_time_s")
         return float(v) if v is not None else None

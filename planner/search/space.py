@@ -34,6 +34,8 @@ class Candidate:
     stage_recompute: bool = True
     least_layers: int = 0
     uniform_recompute: bool = False      # one stage: its own count is the policy's (finalize_par)
+    counts: tuple[int, ...] = ()         # split "fixed": the layers of each stage (DeepSpeed's partition)
+    switches: tuple[tuple[str, object], ...] = ()   # the framework settings the plan carries
 
     @property
     def world(self) -> int:
@@ -120,8 +122,10 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
-    from planner.search import targets as tg
+    from planner.search import target_space as tg
     wide = tg.widened(target)
+    if wide and tg.T.model_problems(target, model, workload):
+        return []                     # the target runs no configuration of this model (planner.search.refusal says why)
     memo: dict = {}
     found: list = []
     out = []
@@ -129,7 +133,9 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
     eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
                    if model.is_moe else [1])
-    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp) if wide else [1, 2, 3] if dp > 1 else [1])
+    if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
+        eps = [e for e in eps if tg.ep_ok(target, tp, e)]
+    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
     orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
@@ -188,8 +194,8 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     if wide:
                                         memo[kind] = any_order
     if wide:
-        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **tg.split_of(target, par, fixed))
-               for key, par in tg.prune_dominated(found)]
+        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
+               for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
     return out
 
 

@@ -1,149 +1,16 @@
-"""The search for one execution target: which candidates a target can run, and what its table
-does to the stage split.
-
-``space.enumerate_candidates(..., target=T)`` asks this module for the choices a target widens
-(ZeRO-0 where ZeRO-1 is not what runs, sequence parallel off where the target has none, GPipe
-where torch's 1F1B needs more micro-batches than there are, whole-model full recompute and
-Megatron's uniform ``--recompute-num-layers N`` where a stage cannot pick its own count) and
-keeps only those ``planner.plan.targets.config_problems`` accepts. Each candidate carries its
-target's split rule (``Candidate.split``, ``stage_recompute``, ``least_layers``), which the
-stage tables, the CP-SAT model and the brute force obey. Of two candidates that differ only in
-a choice the cost model prices identically or worse (ZeRO-0 against ZeRO-1, plain TP against
-sequence parallel, GPipe against 1F1B), the dominated one is dropped, as the space does for the
-generic target.
-"""
+"""Solving for execution targets: one target (``solve_target``, the search hook the training
+targets' records name: ``planner.plan.targets.REGISTRY``), every target (``solve_all``), and
+the node groups a target that launches one kind of node may use. What a target's search space
+is lives in ``planner.search.target_space``; why a target has no plan in
+``planner.search.refusal``."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from collections.abc import Sequence
 
-from costmodel.specs import ModelSpec, ParallelConfig, Workload
+from costmodel.specs import ModelSpec, Workload
 from planner.plan import targets as T
-
-
-def widened(target: str | None) -> bool:
-    return bool(target) and target != T.GENERIC
-
-
-def zero_choices(target: str, dp: int, cp: int) -> list[int]:
-    return [0, 1, 2, 3] if dp * cp > 1 else [1]
-
-
-def sp_choices(target: str, tp: int) -> list[bool]:
-    return [True, False] if tp > 1 else [False]
-
-
-def schedule_choices(target: str, pp: int, vpp: int) -> list[str]:
-    if vpp > 1:
-        return ["interleaved"]
-    return ["1f1b", "gpipe"] if pp > 1 else ["1f1b"]
-
-
-def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: dict) -> list[tuple[str, int]]:
-    """``(recompute, recompute_layers)`` policies to try: the target's whole-model policies, and
-    with Megatron's block method every uniform count N a stage split can hold (N a multiple of
-    vpp; N below ``layers / pp``: at ``layers / pp`` every layer would recompute)."""
-    t = T.get(target)
-    pols = set()
-    for sub in [s for _, _, s in t.variants] or [t]:
-        pols |= sub.recompute
-    block = any(s.recompute_block and not s.recompute_per_stage for s in [x for _, _, x in t.variants] or [t])
-    if "recompute" in fixed:
-        bases = [fixed["recompute"]]
-    elif t.recompute_per_stage:
-        bases = [b for b in ("none", "selective") if b in pols]
-    else:
-        bases = [b for b in ("none", "selective", "full") if b in pols]
-    out: list[tuple[str, int]] = []
-    for b in bases:
-        if b != "full":
-            out.append((b, -1))
-            continue
-        if "recompute_layers" in fixed:
-            out.append(("full", fixed["recompute_layers"]))
-            continue
-        out.append(("full", -1))
-        if block and pp > 1:            # one stage picks its own count: split_of
-            step = vpp if vpp > 1 else 1
-            top = model.layers // pp - (1 if model.layers % pp == 0 else 0) if pp > 1 else model.layers - 1
-            out += [("full", n) for n in range(step, top + 1, step)]
-    return out
-
-
-# (position in the search's choice key, the dominated value, the value that dominates it)
-_DOMINATED = ((2, 0, 1), (4, False, True), (6, "gpipe", "1f1b"))
-
-
-def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tuple, ParallelConfig]]:
-    """Drop a configuration when the one that differs only by the better choice is also there.
-    ``found`` holds ``(key, config)`` with the key ``(micro_batch, ep, zero, dp_shard, sp, vpp,
-    schedule, recompute, recompute_layers, order)`` of ``space._inner``."""
-    present = {k for k, _ in found}
-    out = []
-    for k, par in found:
-        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in _DOMINATED):
-            continue
-        out.append((k, par))
-    return out
-
-
-def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig, order: tuple) -> bool:
-    return not T.config_problems(target, model, workload, par, order)
-
-
-def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
-    """The Candidate fields that carry the target's split rule (``--recompute-layers 0`` without
-    full recompute: no stage recomputes on its own either)."""
-    split, per_stage, least = T.split_rule(target, par)
-    uniform = False
-    if not per_stage and par.pp == 1 and par.recompute == "none" and _has_block(target, par):
-        per_stage = uniform = True          # one stage: its count is the uniform N (finalize_par)
-    if fixed and fixed.get("recompute_layers") == 0 and par.recompute != "full":
-        per_stage = uniform = False
-    return {"split": split, "stage_recompute": per_stage, "least_layers": least, "uniform_recompute": uniform}
-
-
-def _has_block(target: str, par: ParallelConfig) -> bool:
-    t = T.get(target).for_config(par)
-    return t.recompute_block and "full" in t.recompute
-
-
-@functools.lru_cache(maxsize=None)
-def _takes_framework(fn) -> bool:
-    try:
-        return "framework" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def framework_kwargs(fn, target: str | None) -> dict:
-    """``{"framework": profile}`` for a cost-model function (``estimate``, ``stage_model``,
-    ``Problem``) that prices a target's framework (``costmodel.frameworks``); ``{}`` for the
-    generic target or a function that takes no framework."""
-    if not widened(target) or not _takes_framework(fn):
-        return {}
-    return {"framework": T.framework_of(target)}
-
-
-def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, target: str) -> str:
-    """Why target ``target`` runs none of the configurations the cost model knows: the problems
-    every one of them has (``MLA``, a dtype), else the most frequent ones."""
-    from collections import Counter
-
-    from planner.search.space import enumerate_candidates
-    cands = enumerate_candidates(model, cluster, workload, {}, gpus)
-    if not cands:
-        return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {workload.global_batch}: "
-                "check that the global batch is divisible by a data-parallel degree")
-    seen: Counter = Counter()
-    for c in cands:
-        seen.update(dict.fromkeys(T.config_problems(target, model, workload, c.par, c.order), 1))
-    common = [m for m, k in seen.most_common() if k == len(cands)]
-    shown = common or [m for m, _ in seen.most_common(3)]
-    return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs: "
-            + "; ".join(shown))
+from planner.search.target_space import widened
 
 
 # --------------------------------------------------------------------------------------

@@ -34,4 +34,7 @@ LAUNCHER_ARGS=(
   --num_gpus 4
   --master_port "${MASTER_PORT:-29500}"
 )
+if [ "${DS_LAUNCHER:-}" = torchrun ]; then
+  exec torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"
+fi
 exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"

@@ -8,8 +8,8 @@ $TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the 
 """
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
-from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
-from torchtitan.distributed.activation_checkpoint import FullAC  # noqa: F401 (None = no checkpointing)
+from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no checkpointing)
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import model_registry
@@ -89,5 +89,9 @@ def planner_job() -> Trainer.Config:
             module_fqns_per_model_part=[['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'layers.3', 'norm', 'lm_head']],
         ),
         activation_checkpoint=FullAC.Config(),
+        compile=CompileConfig(
+            enable=False,
+            enable_async_tensor_parallel=False,
+        ),
         debug=DebugConfig(seed=0),
     )

@@ -6,6 +6,7 @@
 # train_batch_size 8 = micro 1 x accumulation 4 x data-parallel 2
 # Your script builds the model, the data and the tokenizer; build this model:
 # Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling
+# PipelineModule layers, in this order: the embedding, 4 x TransformerBlock (the class name partition_method type: matches), the final norm, the head; ds_config.json's pipeline.partition = type:TransformerBlock places [2, 2] blocks per stage
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less; $WARMUP_STEPS overrides), cosine decay to 6.00e-05 (10%) at $TRAIN_STEPS; init std 0.0559 = sqrt(2 / (5 * hidden)).
@@ -34,4 +35,7 @@ LAUNCHER_ARGS=(
   --num_gpus 4
   --master_port "${MASTER_PORT:-29500}"
 )
+if [ "${DS_LAUNCHER:-}" = torchrun ]; then
+  exec torchrun --nnodes 1 --nproc-per-node 4 --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"
+fi
 exec deepspeed "${LAUNCHER_ARGS[@]}" "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$RUN_CONFIG" "$@"

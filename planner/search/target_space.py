@@ -1,0 +1,166 @@
+"""The search space of one execution target: which candidates a target can run, and what its
+table does to the stage split.
+
+``space.enumerate_candidates(..., target=T)`` asks this module for the choices a target widens
+(ZeRO-0 where ZeRO-1 is not what runs, sequence parallel off where the target has none, GPipe
+where torch's 1F1B needs more micro-batches than there are, whole-model full recompute and
+Megatron's uniform ``--recompute-num-layers N`` where a stage cannot pick its own count) and
+keeps only those ``planner.plan.targets.config_problems`` accepts. Each candidate carries its
+target's split rule (``Candidate.split``, ``stage_recompute``, ``least_layers``), which the
+stage tables, the CP-SAT model and the brute force obey. Of two candidates that differ only in
+a choice the cost model prices identically or worse (ZeRO-0 against ZeRO-1, plain TP against
+sequence parallel, GPipe against 1F1B), the dominated one is dropped, as the space does for the
+generic target.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from costmodel.specs import ModelSpec, ParallelConfig, Workload
+from planner.plan import targets as T
+
+
+def widened(target: str | None) -> bool:
+    return bool(target) and target != T.GENERIC
+
+
+def zero_choices(target: str, dp: int, cp: int, pp: int = 1) -> list[int]:
+    """ZeRO stages to try: with data or context parallelism, those the target's table runs at this
+    pp (any of its variants'; the table still checks each configuration), else 1 (nothing to shard)."""
+    if dp * cp <= 1:
+        return [1]
+    t = T.get(target)
+    allowed: set[int] = set()
+    for sub in [s for _, _, s in t.variants] or [t]:
+        allowed |= sub.zero_pp if pp > 1 else sub.zero
+    return [z for z in (0, 1, 2, 3) if z in allowed]
+
+
+def ep_ok(target: str, tp: int, ep: int) -> bool:
+    """Whether the target may run expert parallel ``ep`` next to tensor parallel ``tp`` at all."""
+    if ep == 1:
+        return True
+    t = T.get(target)
+    return any(sub.ep and (tp == 1 or sub.expert_tp) for sub in [s for _, _, s in t.variants] or [t])
+
+
+def sp_choices(target: str, tp: int) -> list[bool]:
+    return [True, False] if tp > 1 else [False]
+
+
+def schedule_choices(target: str, pp: int, vpp: int) -> list[str]:
+    if vpp > 1:
+        return ["interleaved"]
+    return ["1f1b", "gpipe"] if pp > 1 else ["1f1b"]
+
+
+def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: dict) -> list[tuple[str, int]]:
+    """``(recompute, recompute_layers)`` policies to try: the target's whole-model policies, and
+    with Megatron's block method every uniform count N a stage split can hold (N a multiple of
+    vpp; N below ``layers / pp``: at ``layers / pp`` every layer would recompute)."""
+    t = T.get(target)
+    pols = set()
+    for sub in [s for _, _, s in t.variants] or [t]:
+        pols |= sub.recompute
+    block = any(s.recompute_block and not s.recompute_per_stage for s in [x for _, _, x in t.variants] or [t])
+    if "recompute" in fixed:
+        bases = [fixed["recompute"]]
+    elif t.recompute_per_stage:
+        bases = [b for b in ("none", "selective") if b in pols]
+    else:
+        bases = [b for b in ("none", "selective", "full") if b in pols]
+    out: list[tuple[str, int]] = []
+    for b in bases:
+        if b != "full":
+            out.append((b, -1))
+            continue
+        if "recompute_layers" in fixed:
+            out.append(("full", fixed["recompute_layers"]))
+            continue
+        out.append(("full", -1))
+        if block and pp > 1:            # one stage picks its own count: split_of
+            step = vpp if vpp > 1 else 1
+            top = model.layers // pp - (1 if model.layers % pp == 0 else 0) if pp > 1 else model.layers - 1
+            out += [("full", n) for n in range(step, top + 1, step)]
+    return out
+
+
+# (position in the search's choice key, the dominated value, the value that dominates it)
+_DOMINATED = ((2, 0, 1), (4, False, True), (6, "gpipe", "1f1b"))
+
+
+def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tuple, ParallelConfig]]:
+    """Drop a configuration when the one that differs only by the better choice is also there.
+    ``found`` holds ``(key, config)`` with the key ``(micro_batch, ep, zero, dp_shard, sp, vpp,
+    schedule, recompute, recompute_layers, order)`` of ``space._inner``."""
+    present = {k for k, _ in found}
+    out = []
+    for k, par in found:
+        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in _DOMINATED):
+            continue
+        out.append((k, par))
+    return out
+
+
+def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig, order: tuple) -> bool:
+    return T.runs_config(target, model, workload, par, order)
+
+
+def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
+    """The Candidate fields of each split the target may run for ``par``: one, or for a target
+    that places the layers itself (DeepSpeed's partition methods) one per distinct split, each
+    fixed and naming its method."""
+    base = split_of(target, par, fixed)
+    if not widened(target) or base["split"] != "partition":
+        return [base]
+    if par.pp == 1:
+        return [{**base, "split": "any"}]
+    return [{**base, "split": "fixed", "counts": counts, "switches": (("partition_method", method),)}
+            for counts, method in T.ds_splits(model, par.pp).items()]
+
+
+def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
+    """The Candidate fields that carry the target's split rule (``--recompute-layers 0`` without
+    full recompute: no stage recomputes on its own either)."""
+    split, per_stage, least = T.split_rule(target, par)
+    uniform = False
+    if not per_stage and par.pp == 1 and par.recompute == "none" and _has_block(target, par):
+        per_stage = uniform = True          # one stage: its count is the uniform N (finalize_par)
+    if fixed and fixed.get("recompute_layers") == 0 and par.recompute != "full":
+        per_stage = uniform = False
+    if policy_fixed(fixed):
+        per_stage = uniform = False
+    return {"split": split, "stage_recompute": per_stage, "least_layers": least, "uniform_recompute": uniform}
+
+
+def policy_fixed(fixed: dict | None) -> bool:
+    """``--recompute none|selective`` without ``--recompute-layers``: the user asked for that policy
+    on every layer, so no stage recomputes layers of its own on top (which would silently turn it
+    into partial full recompute)."""
+    return bool(fixed) and fixed.get("recompute") in ("none", "selective") and "recompute_layers" not in fixed
+
+
+def _has_block(target: str, par: ParallelConfig) -> bool:
+    t = T.get(target).for_config(par)
+    return t.recompute_block and "full" in t.recompute
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_framework(fn) -> bool:
+    try:
+        return "framework" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def framework_kwargs(fn, target: str | None, switches=None) -> dict:
+    """``{"framework": profile}`` for a cost-model function (``estimate``, ``stage_model``,
+    ``Problem``) that prices a target's framework (``costmodel.frameworks``), with the plan's
+    framework settings (``switches``: compile, async TP, ...) priced; ``{}`` for the generic
+    target or a function that takes no framework."""
+    if not widened(target) or not _takes_framework(fn):
+        return {}
+    if switches:
+        return {"framework": T.profile_for(target, switches)}
+    return {"framework": T.framework_of(target)}
