@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.write, text, "--write")
     if args.write_bands:
         import sys
-        from planner.cli.validation_bands import write_bands
-        path = write_bands(res)
+        from planner.cli.uncertainty_bands import write_training_bands
+        path = write_training_bands(res)
         print(f"wrote the training bands of {path}", file=sys.stderr)
     return 0

@@ -89,6 +89,19 @@ def render(bands: dict[str, Band]) -> str:
     return HEADER + yaml.safe_dump(body, sort_keys=False, width=1000)
 
 
+def write_training_bands(res: dict) -> str:
+    """Rewrite the training kinds of the bands file from ``res`` (``planner validate --cross``'s
+    result), keeping the other kinds; returns the file's path."""
+    from costmodel import uncertainty
+    from planner.cli.validation_bands import training_bands
+    from profiles.safeio import write_text
+    bands = dict(uncertainty.bands())
+    bands.update(training_bands(res))
+    write_text(str(BANDS_FILE), render(bands), "--write-bands")
+    uncertainty.bands.cache_clear()
+    return str(BANDS_FILE)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m planner.cli.uncertainty_bands",
                                 description="the cost model's uncertainty bands from the validation tables")

@@ -4,13 +4,13 @@
 predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
 runs (never fitted on). The band is ``costmodel.uncertainty.band_from_residuals`` of them (the
 statistic every kind uses). ``planner validate --cross --write-bands`` rewrites these two kinds and
-keeps the serving kinds as they are; ``python -m planner.cli.uncertainty_bands`` (which computes the
-serving kinds) takes the training kinds from here.
+keeps the serving kinds as they are (``planner.cli.uncertainty_bands.write_training_bands``);
+``python -m planner.cli.uncertainty_bands`` (which computes the serving kinds) takes the training
+kinds from here.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 HOW = {
     "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
@@ -49,15 +49,3 @@ def training_bands(res: dict | None = None) -> dict:
             out[kind] = Band(kind=kind, band=round(band_from_residuals(errs), 4), n=len(errs),
                              how=f"{q} over {len(errs)} rows; {HOW[kind]}", source=SOURCE[kind])
     return out
-
-
-def write_bands(res: dict) -> Path:
-    """Rewrite the training kinds of the bands file from ``res`` (``cross_validate()``); returns its path."""
-    from costmodel import uncertainty
-    from planner.cli.uncertainty_bands import render
-    from profiles.safeio import write_text
-    bands = dict(uncertainty.bands())
-    bands.update(training_bands(res))
-    write_text(str(uncertainty.BANDS_FILE), render(bands), "--write-bands")
-    uncertainty.bands.cache_clear()
-    return uncertainty.BANDS_FILE
