@@ -238,8 +238,8 @@ def test_kubernetes_round_trip(name, tmp_path):
 
 # --------------------------------------------------------------------------------------
 # Megatron-LM: a parser with the flags' documented names, types and choices
-# (NVIDIA/Megatron-LM megatron/training/arguments.py, 2025-2026 main; ../shared/reference/
-# launchers.md section 3), and the checks its validate_args makes that involve the plan.
+# (NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64 and at 639c08ab82^, before
+# argparse moved to dataclass generation), and the checks its validate_args makes that involve the plan.
 # --------------------------------------------------------------------------------------
 
 def megatron_parser() -> argparse.ArgumentParser:

@@ -464,6 +464,7 @@ def markdown(res: dict) -> str:
     moe = [r for r in rows if r.case.moe and r.case.catalog_hardware]
     other = [r for r in rows if not r.case.catalog_hardware]
     out = ["# Out-of-source validation", "",
+           "The cost model's error on published runs it was not fitted on, by family, framework, GPU and scale.", "",
            "Regenerate with `make validation` (`planner validate --cross --write docs/validation.md`).",
            "Each recipe family is left out in turn: every fitted constant (`costmodel/fitted.py`) is refitted on",
            "the other families' runs and the left-out family is predicted with the result",

@@ -352,9 +352,18 @@ def _as_written(cluster):
     return cluster
 
 
+# An uneven stage split can lower the fullest stage below the even split's only by moving a few
+# layers (the fullest stage of any split holds at least the average): the least-memory even split
+# needing more than this factor of the capacity leaves no plan, and is not searched.
+_NEAR_FIT = 1.5
+_HINTING: list[bool] = []       # set while a hint's own searches run: they give no hints of their own
+
+
 def smallest_fitting_gpus(prob: Problem, gpus: int, target: str | None = None, factor: int = 32) -> int | None:
     """The smallest GPU count above ``gpus`` (one the cluster accepts, up to ``factor`` x) at which
-    the least-memory configuration fits: the ``--gpus`` an infeasibility hint suggests."""
+    a plan exists: the ``--gpus`` an infeasibility hint suggests. A count where the least-memory
+    configuration fits has one; one where it fits within ``_NEAR_FIT`` is searched (the target's
+    stage splits may fit where the even split does not)."""
     model, wl = prob.model, prob.workload
     base = _as_written(prob.cluster)
     for n in accepted_gpu_counts(base, gpus, gpus * factor):
@@ -364,9 +373,26 @@ def smallest_fitting_gpus(prob: Problem, gpus: int, target: str | None = None, f
                                  prob.framework, target)
         except (SpecError, UsageError):
             continue
-        if more is not None and more[2].fits:
+        if more is None:
+            continue
+        if more[2].fits:
+            return n
+        if more[0] <= _NEAR_FIT * more[2].capacity_bytes and _plans_at(prob, bigger, n, target):
             return n
     return None
+
+
+def _plans_at(prob: Problem, cluster: ClusterSpec, n: int, target: str | None) -> bool:
+    """Whether the search finds a plan on ``n`` GPUs (no hint of its own; a short time limit)."""
+    _HINTING.append(True)
+    try:
+        solve(prob.model, cluster, prob.workload, {}, gpus=n, max_time_s=20.0, framework=prob.framework,
+              target=target)
+        return True
+    except (InfeasibleError, SolverStopped, SpecError, UsageError):
+        return False
+    finally:
+        _HINTING.pop()
 
 
 def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None,
@@ -385,7 +411,7 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
     need, par, est = best
     hint = "; try GPUs with more memory, a shorter --seq-len or a smaller --global-batch"
     if len(cluster.groups) == 1:
-        more_gpus = smallest_fitting_gpus(prob, gpus, target)
+        more_gpus = None if _HINTING else smallest_fitting_gpus(prob, gpus, target)
         if more_gpus is not None:
             hint = f"; the smallest change: --gpus {more_gpus} (or GPUs with more memory)"
     degrees = ", ".join(f"{k}={getattr(par, k)}" for k in ("tp", "pp", "dp", "cp", "ep")
