@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.specs import ModelSpec, ParallelConfig, Workload
+from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
@@ -70,7 +70,9 @@ class Row:
 def _model(d: dict, name: str) -> ModelSpec:
     if "catalog" in d:
         from costmodel.catalog import get_model
-        return get_model(d["catalog"])
+        # the run's own router settings (the launch file's --moe-aux-loss-coeff) over the catalog's
+        over = {k: d[k] for k in ("router_aux_coeff", "router_balance") if k in d}
+        return dataclasses.replace(get_model(d["catalog"]), **over) if over else get_model(d["catalog"])
     fam = d.get("family", "gpt")
     base: dict[str, Any] = dict(name=name, layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
                                 ffn_hidden=d.get("ffn_hidden", 4 * d["hidden"]), vocab=d["vocab"])
@@ -146,18 +148,34 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         prof = dataclasses.replace(prof, tp_comm_overlap=False)
     elif "async" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
-    if "dualpipe" in str(case.get("execution", "")).lower():
-        prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe overlaps the all-to-alls
+    if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
+        prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
+    if case.get("profile"):
+        prof = dataclasses.replace(prof, **case["profile"])          # switches the run's files set otherwise
+    if case.get("moe"):
+        # how the run executed its MoE layers (costmodel.moe.MoeExecution), over the profile's
+        prof = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, **case["moe"]))
     return model, cluster, wl, par, prof, fw
+
+
+def case_stages(case: dict):
+    """A split the source does not give: one the case names (with how it was chosen), else None (the even one)."""
+    return stages_from_counts(case["stages"]) if case.get("stages") else None
 
 
 def case_rows(case: dict, split: str) -> list[Row]:
     model, cluster, wl, par, prof, fw = case_inputs(case)
-    est = estimate(model, cluster, wl, par, framework=prof)
+    md = case["model"]
+    est = estimate(model, cluster, wl, par, stages=case_stages(case), framework=prof)
     rep = case["reported"]
     rows = []
-    if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", None):
+    if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", "model-causal", None):
         pred = est.hardware_tflops_per_gpu if rep.get("tflops_kind") == "hardware" else est.model_tflops_per_gpu
+        if rep.get("tflops_kind") == "model-causal":
+            # Megatron-LM's count since 2025 (training.py num_floating_point_operations: "causal mask
+            # (only half of the mask is non-zero)"): half the paper convention's s x s attention, 12 s
+            # score_dim FLOPs per token per layer forward and backward
+            pred -= est.tokens_per_s_per_gpu * 6 * md["seq_len"] * model.score_dim * model.layers / 1e12
         rows.append(Row(case["name"], f"{rep.get('tflops_kind', 'model')} TFLOP/s per GPU", rep["tflops_per_gpu"],
                         pred, case["source"], split, fw))
     if "step_time_s" in rep:
@@ -214,7 +232,7 @@ def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
             if c["cluster"] not in cluster_names():
                 moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
             else:
-                out.append((c, "moe"))
+                out.append((c, "moe-fit" if c.get("fit") else "moe"))
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
             hold = yaml.safe_load(f) or {}
@@ -231,7 +249,7 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
         if split != "calibration" and not any(r.split == "memory" for r in rows):
             for r in cal.get("memory_references", []):
                 rows += memory_rows(r)
-        if split != "moe":
+        if not split.startswith("moe"):
             rows += case_rows(c, split)
             continue
         try:
@@ -249,7 +267,7 @@ def fp8_rows() -> list[Row]:
 def moe_rows() -> list[Row]:
     """The MoE runs (``calibration/published_runs_moe.yaml``). A case on a cluster the catalog
     does not have yet is listed in ``moe_rows.pending``, not predicted."""
-    return [r for r in all_rows(include_holdout=False) if r.split == "moe"]
+    return [r for r in all_rows(include_holdout=False) if r.split in ("moe", "moe-fit")]
 
 
 moe_rows.pending = []
@@ -275,7 +293,10 @@ def markdown(rows: list[Row]) -> str:
                                                          "(reported, not fitted: see each case's hardware_note)"),
                                  ("more", "Training runs from other public sources (calibration/published_runs_more.yaml; "
                                           "not fitted)"),
-                                 ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml)"),
+                                 ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml; "
+                                         "out of source: no constant was chosen on them)"),
+                                 ("moe-fit", "Mixture-of-experts runs that chose a constant (the load factors of "
+                                             "costmodel/moe.py, bench/fit_moe_imbalance.py)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))

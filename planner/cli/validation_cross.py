@@ -62,6 +62,7 @@ class CrossCase:
     how: str                      # how the published figure was read
     alternatives: tuple[tuple[str, ParallelConfig], ...] = ()
     unpublished: tuple[str, ...] = ()
+    stages: Any = None            # a pipeline split the case names (validation.case_stages), else the even one
 
     @property
     def fitted_on(self) -> bool:
@@ -177,7 +178,8 @@ def load_cases() -> tuple[list[CrossCase], list[str]]:
         cases.append(CrossCase(name=c["name"], family=family_of(str(c["source"])), framework=fw,
                                gen=generation(gpu.name), dtype=wl.dtype, moe=model.is_moe, num_gpus=c["num_gpus"],
                                split=split, source=str(c["source"]), inputs=(model, cluster, wl, par, prof),
-                               published=pub[0], how=pub[1], alternatives=alts, unpublished=unpub))
+                               published=pub[0], how=pub[1], alternatives=alts, unpublished=unpub,
+                               stages=validation.case_stages(c)))
     return cases, skipped
 
 
@@ -247,7 +249,7 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
 def predict(case: CrossCase, values: dict[str, float], par: ParallelConfig | None = None) -> tuple[float, bool]:
     """Predicted tokens/s per GPU (module constants already set) and whether it fits in memory."""
     model, cluster, wl, p0, prof = _specs(case, values)
-    est = estimate(model, cluster, wl, par or p0, framework=prof)
+    est = estimate(model, cluster, wl, par or p0, stages=case.stages if par is None else None, framework=prof)
     return est.tokens_per_s_per_gpu, est.fits
 
 

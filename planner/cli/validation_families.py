@@ -27,6 +27,7 @@ HELD_OUT: tuple[tuple[str, str], ...] = (
 # (family, pattern), first match wins: the families --cross leaves out one at a time
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("megatron-papers", r"narayanan|korthikanti"),
+    ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
     ("nemo-24", r"nemo\b.*24\.0\d|nvidia/nemo|nemo performance summary"),
     ("torchtitan", r"torchtitan"),
