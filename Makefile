@@ -68,6 +68,7 @@ bench: setup
 
 validation: setup
 	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
+	$(BIN)/planner validate --cross --write-bands --write docs/validation.md > /dev/null
 	$(BIN)/python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md
 
 plans: setup

@@ -120,11 +120,13 @@ def against_recipe(plan_path: Path) -> None:
                     order=plan.mesh_order, framework=fw)
     diffs = sorted(((recipe.time[k] - best.time.get(k, 0.0), k) for k in recipe.time), reverse=True)
     gain = (recipe.step_time_s / best.step_time_s - 1) * 100
+    from costmodel.uncertainty import relative_band
     terms = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {d:+.1f} s" for d, k in diffs[:3] if abs(d) > 0.05)
     c.print(f"against the NeMo-style recipe (megatron tp4 pp4 cp2 vpp5, ZeRO-1): {recipe.step_time_s:.1f} s per step, "
             f"peak {recipe.peak_bytes / GIB:.1f} GiB, against {best.step_time_s:.1f} s for the {plan.target or 'best'} plan "
             f"({gain:+.1f}% for the recipe); where the recipe spends more: {terms or 'nowhere above 0.05 s'}. "
-            "Differences under about 5% are inside the cost model's error.")
+            f"Differences under {relative_band('train-dense') * 100:.0f}% are inside the cost model's out-of-source "
+            "error band.")
 
 
 def launch_and_explain(plan_path: Path, steps: int = 6) -> None:

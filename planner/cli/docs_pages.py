@@ -296,13 +296,25 @@ def docs_index() -> str:
     return _table(["page", "what is in it"], rows)
 
 
+def validation_cross() -> str:
+    """The out-of-source headline and by-family table of docs/validation.md (``planner validate --cross``)."""
+    from planner.cli.validation_cross import headline_block
+    return headline_block()
+
+
+def validation_headline() -> str:
+    """The out-of-source headline line alone, for the README."""
+    return validation_cross().split("\n\n")[0] + "\n"
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "commands-help": commands_help, "command-list": command_list, "catalog-clusters": catalog_clusters,
     "catalog-models": catalog_models, "cluster-keys": cluster_keys, "model-fields": model_fields,
     "plan-keys": plan_keys, "uncertainty": uncertainty_table, "validation-summary": validation_summary,
     "validation-by-framework": validation_by_framework, "targets-legend": targets_legend, "layering": layering,
     "quickstart-figures": quickstart_figures, "docs-index": docs_index, "serving-flags": serving_flags,
-    "failure-flags": failure_flags,
+    "failure-flags": failure_flags, "validation-cross": validation_cross,
+    "validation-headline": validation_headline,
 }
 
 

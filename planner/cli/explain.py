@@ -100,6 +100,7 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
     est: Estimate = info["estimate"]
     lines = [f"{plan.model.name} on {plan.world_size} x {plan.cluster.gpu.name}: {info['plan']}",
              f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu * 100:.1f}%",
+             *_credibility_lines(plan, est),
              "", "Where the time goes: " + ", ".join(info["time_words"]) + ".",
              f"Where the memory goes (peak stage, {est.peak_bytes / GIB:.1f} of {est.capacity_bytes / GIB:.1f} GiB): "
              + ", ".join(info["memory_words"]) + "."]
@@ -296,9 +297,20 @@ def html_report(plan: Plan, info: dict[str, Any]) -> str:
             ".cap{color:#555;margin:0.2em 0 0.5em}</style></head><body>" + "\n".join(body) + "</body></html>\n")
 
 
+def _credibility(plan: Plan, est: Estimate) -> dict[str, Any]:
+    from planner.cli.report import credibility
+    return credibility(plan.model, plan.cluster, plan.workload.dtype, est.step_time_s, est.mfu)
+
+
+def _credibility_lines(plan: Plan, est: Estimate) -> list[str]:
+    from planner.cli.report import credibility_lines
+    return [line.replace("[yellow]", "").replace("[/yellow]", "") for line in credibility_lines(_credibility(plan, est))]
+
+
 def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
     est: Estimate = info["estimate"]
-    d = {"plan": info["plan"], "estimate": est.to_dict(), "time_words": info["time_words"],
+    d = {"plan": info["plan"], "estimate": est.to_dict(), "uncertainty": _credibility(plan, est),
+         "time_words": info["time_words"],
          "memory_words": info["memory_words"], "solver_status": info["solver"].status}
     if info.get("runner_up"):
         ru = dict(info["runner_up"])

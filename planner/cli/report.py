@@ -114,6 +114,31 @@ def throughput_line(est) -> str:
             f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
 
 
+def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> dict[str, Any]:
+    """How far a training prediction can be trusted: the out-of-source band of its kind
+    (``costmodel.uncertainty``), the step-time range it gives, and a flag when the predicted MFU is
+    above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile."""
+    from costmodel.ceilings import mfu_ceiling, mfu_flag
+    from costmodel.uncertainty import relative_band
+    kind = "train-moe" if model.is_moe else "train-dense"
+    band = relative_band(kind)
+    gpu = cluster.groups[0].gpu.name
+    measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
+    ceil = mfu_ceiling(gpu, dtype)
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - band), step_time_s * (1 + band)],
+            "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
+            "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured)}
+
+
+def credibility_lines(cred: dict[str, Any]) -> list[str]:
+    lo, hi = cred["step_time_s_range"]
+    out = [f"uncertainty: +/-{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
+           f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
+    if cred["mfu_flag"]:
+        out.append(f"[yellow]warning:[/yellow] {cred['mfu_flag']}")
+    return out
+
+
 def sig(x: float, digits: int = 3) -> str:
     """``x`` with at least ``digits`` significant digits, never in exponent form: 526, 52.6,
     0.0823 (a small figure is a small number, not a zero), 1,093 (no digit dropped above)."""

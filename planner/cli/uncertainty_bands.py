@@ -6,10 +6,9 @@ tables, each kind with ``band_from_residuals``:
 * ``serve-tpot``: the serving benchmarks' ITL rows and the static tables' decode rows;
 * ``serve-throughput``: the serving benchmarks' output tokens/s and the static tables' throughput
   rows (static and in-flight predictions of the same figure);
-* ``train-dense``, ``train-moe``: today the in-sample rows of ``planner validate`` (throughput
-  figures; the memory rows excluded), labelled as such: the constants were fitted on some of these
-  sources, so these bands are optimistic until out-of-source residuals (``planner validate
-  --cross``) replace them.
+* ``train-dense``, ``train-moe``: out-of-source residuals of ``planner validate --cross``
+  (``planner.cli.validation_bands``: each run predicted with constants refitted without its own
+  recipe family).
 
 ``python -m planner.cli.uncertainty_bands --write`` rewrites the file; ``--check`` exits 1 when it
 is stale (tests/test_uncertainty.py runs the same comparison).
@@ -52,13 +51,9 @@ def serving_residuals() -> dict[str, list[float]]:
 
 
 def training_residuals() -> dict[str, list[float]]:
-    from planner.cli.validation import all_rows
-    res: dict[str, list[float]] = {"train-dense": [], "train-moe": []}
-    for row in all_rows():
-        if row.split == "memory" or "memory" in row.metric or "GB" in row.metric:
-            continue
-        res["train-moe" if row.split == "moe" else "train-dense"].append(_rel(row.predicted, row.published))
-    return res
+    """Out of source: ``planner validate --cross`` (``planner.cli.validation_bands``)."""
+    from planner.cli.validation_bands import training_residuals as cross_residuals
+    return cross_residuals()
 
 
 _HOW = {
@@ -67,18 +62,15 @@ _HOW = {
     "serve-tpot": "TPOT against the serving benchmarks' ITL rows and the static tables' decode rows",
     "serve-throughput": "output tokens/s: the serving benchmarks' rows and the static tables' throughput rows "
                         "(static and in-flight predictions)",
-    "train-dense": "IN-SAMPLE placeholder: the dense throughput rows of `planner validate` (constants were fitted on "
-                   "some of these sources, so it is optimistic); to be replaced by out-of-source residuals",
-    "train-moe": "IN-SAMPLE placeholder: the MoE rows of `planner validate` (calibration/published_runs_moe.yaml); "
-                 "to be replaced by out-of-source residuals",
 }
 _SOURCE = {
     "serve-ttft": "costmodel/VALIDATION_INFERENCE.md (calibration/published_inference*.yaml)",
     "serve-tpot": "costmodel/VALIDATION_INFERENCE.md (calibration/published_inference*.yaml)",
     "serve-throughput": "costmodel/VALIDATION_INFERENCE.md (calibration/published_inference*.yaml)",
-    "train-dense": "costmodel/VALIDATION.md (calibration/published_runs*.yaml, holdout_runs.yaml)",
-    "train-moe": "costmodel/VALIDATION.md (calibration/published_runs_moe.yaml)",
 }
+from planner.cli.validation_bands import HOW as _TRAIN_HOW, SOURCE as _TRAIN_SOURCE  # noqa: E402
+_HOW.update(_TRAIN_HOW)
+_SOURCE.update(_TRAIN_SOURCE)
 COMPUTERS: dict[str, Callable[[], dict[str, list[float]]]] = {"serving": serving_residuals,
                                                               "training": training_residuals}
 
@@ -95,6 +87,19 @@ def compute_bands(groups: tuple[str, ...] = ("serving", "training")) -> dict[str
 def render(bands: dict[str, Band]) -> str:
     body = {k: bands[k].to_dict() for k in KINDS if k in bands}
     return HEADER + yaml.safe_dump(body, sort_keys=False, width=1000)
+
+
+def write_training_bands(res: dict) -> str:
+    """Rewrite the training kinds of the bands file from ``res`` (``planner validate --cross``'s
+    result), keeping the other kinds; returns the file's path."""
+    from costmodel import uncertainty
+    from planner.cli.validation_bands import training_bands
+    from profiles.safeio import write_text
+    bands = dict(uncertainty.bands())
+    bands.update(training_bands(res))
+    write_text(str(BANDS_FILE), render(bands), "--write-bands")
+    uncertainty.bands.cache_clear()
+    return str(BANDS_FILE)
 
 
 def main(argv: list[str] | None = None) -> int:
