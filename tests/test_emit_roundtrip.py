@@ -263,7 +263,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
-             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling"]
+             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--grad-reduce-in-bf16"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
