@@ -73,6 +73,7 @@ class FrameworkProfile:
     moe: MoeExecution = DEFAULT_EXECUTION   # dispatcher, permute/router fusion (what its launch file sets)
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
+    grads_bf16: bool = False          # gradients accumulated and reduced in BF16 (memory.bytes_per_param)
     calibrated: bool = False          # fitted on that framework's own published runs
     note: str = ""
 
@@ -87,11 +88,16 @@ class FrameworkProfile:
     def with_headroom(self, fraction: float) -> "FrameworkProfile":
         return dataclasses.replace(self, memory_headroom_fraction=fraction)
 
-    def with_switches(self, *, compile: bool = False, async_tp: bool = False) -> "FrameworkProfile":
+    def with_switches(self, *, compile: bool = False, async_tp: bool = False,
+                      grads_bf16: bool = False) -> "FrameworkProfile":
         """This profile with a plan's framework settings (``planner.plan.targets.SWITCHES``) priced:
         ``compile`` multiplies the kernel efficiency by ``COMPILE_KERNEL_FACTOR``; ``async_tp``
-        overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``)."""
+        overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``); ``grads_bf16``
+        keeps and reduces the gradients in BF16 (Megatron's ``--grad-reduce-in-bf16``: 2 bytes per
+        parameter in the gradient buffer and on the wire instead of 4)."""
         out = self
+        if grads_bf16:
+            out = dataclasses.replace(out, grads_bf16=True, name=f"{out.name}+grads_bf16")
         if compile:
             out = dataclasses.replace(out, kernel_efficiency=out.kernel_efficiency * COMPILE_KERNEL_FACTOR,
                                       name=f"{out.name}+compile")

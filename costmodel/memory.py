@@ -33,16 +33,25 @@ class StateBytes:
 
 
 @lru_cache(maxsize=64)
-def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> tuple[float, float, float]:
+def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None,
+                    grads_bf16: bool = False) -> tuple[float, float, float]:
     """(weights, grads, optimizer state) bytes per parameter. FP8 training (``costmodel.fp8``)
     keeps FP32 master weights and moments (12), FP32 gradients (4) and the recipe's model weights
     (BF16 and the cached FP8 copies: ``Fp8Recipe.weight_bytes_per_param``); without a recipe the
-    least any recipe keeps (1 byte: FP8 weights, one copy, on Blackwell), a floor for bounds."""
+    least any recipe keeps (1 byte: FP8 weights, one copy, on Blackwell), a floor for bounds.
+    ``grads_bf16`` (BF16 and FP8 training): the gradient buffer is BF16, 2 bytes (Megatron-LM's
+    ``--grad-reduce-in-bf16``, ``DistributedDataParallelConfig.grad_reduce_in_fp32=False``; NeMo's
+    ``optim.grad_sync_dtype: bf16`` in NeMo-Framework-Launcher's ``conf/training/nemotron/
+    nemotron_340b.yaml`` and ``grad_reduce_in_fp32 = False`` in its 2.0 recipes' performance mode).
+    The distributed optimizer then makes the FP32 copy of its own gradient shard only inside the
+    optimizer step (Megatron ``DistributedOptimizer._copy_model_grads_to_main_grads``), after the
+    activations are freed, so it does not add to the peak this model counts."""
     k = 12.0 if optimizer in ("adam", "adamw") else 8.0
+    low = dtype in ("bf16", "bfloat16", "fp8") and grads_bf16
     if dtype == "fp8":
-        return (fp8.weight_bytes_per_param() if fp8 is not None else 1.0), 4.0, k
+        return (fp8.weight_bytes_per_param() if fp8 is not None else 1.0), (2.0 if low else 4.0), k
     w = dtype_bytes(dtype)
-    g = 4.0 if dtype in ("bf16", "bfloat16") else w
+    g = (2.0 if low else 4.0) if dtype in ("bf16", "bfloat16") else w
     if dtype in ("fp32", "float32"):
         return 4.0, 4.0, (8.0 if optimizer in ("adam", "adamw") else 4.0)
     return w, g, k
@@ -82,7 +91,8 @@ def param_gather_bytes_per_param(dtype: str, fp8: Fp8Recipe | None = None) -> fl
     return bytes_per_param(dtype)[0]
 
 
-def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> float:
+def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None,
+                                      grads_bf16: bool = False) -> float:
     """HBM bytes the optimizer step moves per local parameter: it reads the optimizer state
     (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
     state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
@@ -91,7 +101,7 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     FP8 recipes that cache FP8 weights quantize them once per step after it (Megatron's
     ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the
     delayed recipe on Hopper: 24 + 4 + 2 + (2 + 2) = 34."""
-    w, g, k = bytes_per_param(dtype, optimizer, fp8)
+    w, g, k = bytes_per_param(dtype, optimizer, fp8, grads_bf16)
     if dtype == "fp8":
         if fp8 is None or not fp8.weight_copies:
             return 2 * k + g + 2.0
@@ -100,12 +110,11 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     return 2 * k + g + w
 
 
-# Allocator fragmentation, as a fraction of the activation memory: PyTorch's caching allocator
-# keeps freed blocks of one size for reuse, so tensors of changing sizes (activations of
-# micro-batches in flight, recompute buffers) leave reserved-but-unallocated memory. 5% is an
-# assumption inside the 3-10% gap between ``memory_reserved`` and ``memory_allocated`` commonly
-# seen in steady-state training; it has not been measured on a GPU by this project.
-FRAGMENTATION = 0.05
+# Allocator fragmentation (PyTorch's caching allocator keeps freed blocks of one size for reuse,
+# so tensors of changing sizes leave reserved-but-unallocated memory) has one owner: the
+# framework's ``memory_headroom_fraction`` of the GPU's memory (``costmodel.frameworks``), which
+# the plan must leave free. Until stop 19 a second term, 5% of the activations, counted the same
+# reserved-but-unallocated blocks again on top of it; it is gone.
 # Data-parallel gradient buckets in flight for ZeRO 0-2: torch DDP fills buckets of
 # ``bucket_cap_mb = 25`` (MiB) and reduces one while the next fills, so two are live.
 DDP_BUCKET_BYTES = 2 * 25 * MIB
@@ -120,9 +129,10 @@ def activations_in_flight(inflight: float, per_microbatch_bytes: float, fixed_by
 
 def other_bytes(activations_bytes: float, reserved_bytes: float, buffers_bytes: float) -> float:
     """A stage's memory besides model states and activations: the GPU's reserved memory (CUDA
-    context, library workspaces), communication buffers (DDP buckets or ZeRO-3 prefetch) and
-    ``FRAGMENTATION`` of the activations."""
-    return reserved_bytes + buffers_bytes + FRAGMENTATION * activations_bytes
+    context, library workspaces) and communication buffers (DDP buckets or ZeRO-3 prefetch).
+    Fragmentation is the framework's memory headroom (see above), not a term here;
+    ``activations_bytes`` stays in the signature for the callers that pass it."""
+    return reserved_bytes + buffers_bytes
 
 
 def stage_memory(weights_bytes: float, grads_bytes: float, optimizer_bytes: float, activations_bytes: float,

@@ -325,6 +325,13 @@ def training_args(plan: Plan) -> list:
         dtype = dtype + ["--fp8-recipe", name]
     if w.fp8_param_gather:
         dtype = dtype + ["--fp8-param-gather"]
+    if (plan.framework or {}).get("grads_bf16"):
+        # the plan's framework setting (planner.plan.targets.SWITCHES), priced as a BF16 gradient
+        # buffer (costmodel.memory.bytes_per_param)
+        if w.dtype not in ("bf16", "bfloat16", "fp8"):
+            raise CannotExpress(TARGET, f"framework.grads_bf16 with dtype {w.dtype}",
+                                "--grad-reduce-in-bf16 is for BF16 (or FP8) training; drop the setting")
+        dtype = dtype + ["--grad-reduce-in-bf16"]
     r = recipe(plan)
     opt: list = ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam"]
     if w.optimizer != "sgd":   # Megatron's adam is AdamW (decoupled weight decay)

@@ -13,6 +13,13 @@ An instance is memory-tight when the best plan among its candidates peaks within
 capacity: the GPU's memory is shrunk until the best plan of a roomy run barely fits (that plan
 still fits, so it stays the best). ``run_property`` is what the test runs; the note of stop 19
 runs it against the ``_may_fit`` of before (``docs/notes/stop-19/bounds.md``).
+
+Candidates come from the generic space (the search's bound for ``--target generic``: stages may
+recompute on top of the policy) and, in about half the instances, from a training target's own
+space (``enumerate_candidates(..., target=T)``, priced with that target's framework profile, as
+``bnb.solve`` does): candidates whose stages run the policy only (every target but builtin),
+DeepSpeed's fixed ``partition_method`` splits, torchtitan's op-level selective AC, Megatron's
+interleaved stages. Every training target is drawn (``Stats.covered``).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from costmodel.catalog import get_model
 from costmodel.specs import ModelSpec, Workload
 from costmodel.training import inflight_microbatches
+from planner.plan import targets as T
 from planner.plan.errors import UsageError
 from planner.search import bounds
 from planner.search.bnb import _group_fields
@@ -106,19 +114,32 @@ def _optimum(prob: Problem, cand) -> tuple[float | None, float | None]:
     return (val * KIB if mem_obj else val * prob.weight(cand)), peak
 
 
+def _problem(inst: dict, cluster) -> Problem:
+    """The instance's problem on ``cluster``, priced as ``bnb.solve`` prices its target."""
+    return Problem(inst["model"], cluster, inst["wl"], inst["objective"], price_per_gpu_hour=2.0,
+                   framework=T.framework_of(inst["target"]))
+
+
 def _instance(seed: int):
-    """(problem maker, candidates' group, sampled members, fixed) of one random instance, or None."""
+    """(problem maker, candidates' group, sampled members, fixed, target) of one random instance, or None."""
     rng = random.Random(seed)
     model = _model(rng)
     shape = {"mixed": rng.random() < 0.12, "ratio": rng.choice([0.5, 1.0, 1.5]),
              "base": rng.choice(["dgx-h100", "dgx-a100-40gb"]), "gpn": rng.choice([2, 4, 8]),
              "nodes": rng.choice([1, 1, 2])}
     wl = Workload(global_batch=rng.choice([4, 8, 16, 32]), seq_len=rng.choice([512, 1024, 2048]))
-    objective = rng.choices(["throughput", "cost", "memory"], [0.75, 0.1, 0.15])[0]
+    # half the instances search a training target's own space (None: the generic search)
+    target = rng.choice([None] * len(T.TRAIN_TARGETS) + list(T.TRAIN_TARGETS))
+    # the memory objective is the one place _memory_bound prunes: drawn more often for targets,
+    # whose stages run the recompute policy as it is (the bound must count what their tables count)
+    objective = rng.choices(["throughput", "cost", "memory"], [0.75, 0.1, 0.15] if target is None
+                            else [0.5, 0.1, 0.4])[0]
+    if target is not None and not T.get(target).heterogeneous:
+        shape["mixed"] = False        # it launches one kind of node: solve_target solves each group alone
     cluster = _cluster(80.0, shape)
     fixed = _fixed(rng, model, cluster.total_gpus)
     try:
-        cands = enumerate_candidates(model, cluster, wl, fixed, cluster.total_gpus, objective)
+        cands = enumerate_candidates(model, cluster, wl, fixed, cluster.total_gpus, objective, target=target)
     except UsageError:
         return None
     if not cands:
@@ -131,10 +152,10 @@ def _instance(seed: int):
     picked = rng.sample(range(len(members)), min(MAX_MEMBERS, len(members)))
     tight = rng.random() < 0.55
     return dict(rng=rng, model=model, shape=shape, wl=wl, objective=objective, fixed=fixed,
-                members=members, picked=sorted(picked), tight=tight)
+                members=members, picked=sorted(picked), tight=tight, target=target)
 
 
-def _check(prob: Problem, members: list, picked: list[int], st: Stats, seed: int) -> tuple:
+def _check(prob: Problem, members: list, picked: list[int], st: Stats, seed: int, target: str) -> tuple:
     """Check every bound on one group; return the peak of its best plan and the least peak of
     its members' best plans (None, None if none fits)."""
     mem_obj = prob.objective == "memory"
@@ -157,6 +178,13 @@ def _check(prob: Problem, members: list, picked: list[int], st: Stats, seed: int
         opts.append((opt, peak, cand))
         par = cand.par
         st.candidates += 1
+        st.cover(f"target {target}")
+        if cand.split == "fixed":
+            st.cover("fixed split")
+        if not cand.stage_recompute:
+            st.cover("policy-only recompute")
+        if par.recompute == "selective" and target == "torchtitan":
+            st.cover("torchtitan selective AC")
         st.cover(f"pp{par.pp}")
         st.cover(f"zero{par.zero}")
         if par.cp > 1:
@@ -223,9 +251,9 @@ def run_property(n: int = N_INSTANCES, first_seed: int = 0) -> Stats:
         inst = _instance(seed)
         if inst is None:
             continue
-        prob = Problem(inst["model"], _cluster(80.0, inst["shape"]), inst["wl"], inst["objective"],
-                       price_per_gpu_hour=2.0)
-        peak, least = _check(prob, inst["members"], inst["picked"], st, seed)
+        prob = _problem(inst, _cluster(80.0, inst["shape"]))
+        target = inst["target"] or "generic"
+        peak, least = _check(prob, inst["members"], inst["picked"], st, seed, target)
         if inst["tight"] and peak is not None:
             # shrink the GPUs until the best plan barely fits: capacity = peak / u, u in [0.9, 1);
             # or, half the time, until the member needing the least memory barely fits (where
@@ -238,9 +266,9 @@ def run_property(n: int = N_INSTANCES, first_seed: int = 0) -> Stats:
             mem = 80.0 * (peak / u) / cap
             shape = dict(inst["shape"], ratio=1.0)     # both groups shrunk alike
             cluster = _cluster(mem, shape)
-            prob = Problem(inst["model"], cluster, inst["wl"], inst["objective"], price_per_gpu_hour=2.0)
+            prob = _problem(inst, cluster)
             members = [(k, c) for k, c in inst["members"]]
-            peak2, _ = _check(prob, members, inst["picked"], st, seed)
+            peak2, _ = _check(prob, members, inst["picked"], st, seed, target)
             cap2 = prob.stage_model_for(cand, prob.groups(cand)[0], 0).capacity_bytes
             if peak2 is not None and peak2 >= 0.9 * cap2:
                 st.tight += 1
@@ -254,5 +282,9 @@ def test_every_bound_is_at_most_the_true_optimum():
     assert st.instances >= 500
     assert st.tight * 3 >= st.instances, (st.tight, st.instances)
     assert st.feasible >= st.candidates // 3, (st.feasible, st.candidates)
-    for key in ("pp1", "pp2", "zero1", "zero2", "zero3", "cp>1", "moe ep>1"):
+    for key in ("pp1", "pp2", "zero1", "zero2", "zero3", "cp>1", "moe ep>1", "target generic",
+                *(f"target {t}" for t in T.TRAIN_TARGETS), "policy-only recompute"):
         assert st.covered.get(key, 0) >= 20, (key, st.covered)
+    # DeepSpeed's partition_method splits and torchtitan's per-op SAC are in the space drawn
+    for key in ("fixed split", "torchtitan selective AC"):
+        assert st.covered.get(key, 0) >= 5, (key, st.covered)

@@ -782,6 +782,11 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
         "async_tp": (bool, "async tensor parallel: CompileConfig.enable_async_tensor_parallel; needs compile "
                            "(torchtitan/config/configs.py CompileConfig.__post_init__) and tp > 1"),
     },
+    "megatron": {
+        "grads_bf16": (bool, "gradients accumulated and reduced in BF16: --grad-reduce-in-bf16 (Megatron-LM "
+                             "megatron/training/arguments.py; NeMo's optim.grad_sync_dtype: bf16); BF16 or FP8 "
+                             "training"),
+    },
     "deepspeed": {
         "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
                              + " (deepspeed/runtime/pipe/module.py)"),
@@ -812,8 +817,9 @@ def profile_for(target: str, switches: Mapping[str, Any] | None = None):
     from costmodel.frameworks import framework_profile
     prof = framework_profile(framework_of(target))
     sw = switches or {}
-    if sw.get("compile") or sw.get("async_tp"):
-        prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")))
+    if sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16"):
+        prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")),
+                                  grads_bf16=bool(sw.get("grads_bf16")))
     return prof
 
 
