@@ -482,7 +482,7 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
     tmpdir = tempfile.mkdtemp(prefix="planner-launch-")
     log_path = worker_log_path(args.checkpoint_dir)
     args._worker_log = str(log_path)
-    from profiles.safeio import check_append
+    from costmodel.files.safeio import check_append
     check_append(str(log_path), "the worker log")
     log = open(log_path, "a")
     _say(f"worker output (every launch, tracebacks included): {log_path}")

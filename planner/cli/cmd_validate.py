@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(markdown(rows), end="")
         if args.write:
-            from profiles.safeio import write_text
+            from costmodel.files.safeio import write_text
             write_text(args.write, markdown(rows), "--write")
         return 0
 

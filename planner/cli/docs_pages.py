@@ -108,7 +108,7 @@ def failure_flags() -> str:
 
 
 def catalog_clusters() -> str:
-    from profiles.clusters import cluster_names, load_cluster
+    from costmodel.files.clusters import cluster_names, load_cluster
     rows = []
     for n in cluster_names():
         c = load_cluster(n)

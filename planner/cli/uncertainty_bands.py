@@ -94,7 +94,7 @@ def write_training_bands(res: dict) -> str:
     result), keeping the other kinds; returns the file's path."""
     from costmodel import uncertainty
     from planner.cli.validation_bands import training_bands
-    from profiles.safeio import write_text
+    from costmodel.files.safeio import write_text
     bands = dict(uncertainty.bands())
     bands.update(training_bands(res))
     write_text(str(BANDS_FILE), render(bands), "--write-bands")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     text = render(compute_bands())
     if a.write:
-        from profiles.safeio import write_text
+        from costmodel.files.safeio import write_text
         write_text(str(BANDS_FILE), text, "--write")
         return 0
     if a.check:

@@ -226,7 +226,7 @@ def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
         out += [(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8") for c in data.get("cases", [])]
     moe_rows.pending = []
     if MOE_RUNS.exists():
-        from profiles.clusters import cluster_names
+        from costmodel.files.clusters import cluster_names
         with open(MOE_RUNS) as f:
             data = yaml.safe_load(f) or {}
         for c in data.get("cases", []):

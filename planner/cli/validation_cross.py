@@ -197,7 +197,7 @@ def _clear_caches() -> None:
 
 def shipped_values() -> dict[str, float]:
     """Every fitted constant's value as the cost model ships it (read from its owner)."""
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     out = {"attention.flash_efficiency": compute.FLASH_ATTENTION_EFFICIENCY,
            "fp8.gemm_efficiency": fp8.FP8_GEMM_EFFICIENCY, "fp8.half_size_factor": fp8.FP8_HALF_SIZE_FACTOR}
     for gen, name in (("A100", "dgx-a100-80gb"), ("H100", "dgx-h100")):

@@ -344,7 +344,7 @@ def accepted_gpu_counts(cluster, above: int, limit: int) -> list[int]:
 def _as_written(cluster):
     """The cluster as its catalog entry has it: ``with_gpus`` shrinks a cluster asked for less
     than one host to one host of that many, which no larger count fits."""
-    from profiles.clusters import cluster_names, load_cluster
+    from costmodel.files.clusters import cluster_names, load_cluster
     if len(cluster.groups) == 1 and cluster.name in cluster_names():
         full = load_cluster(cluster.name)
         if len(full.groups) == 1 and full.groups[0].gpu == cluster.groups[0].gpu:
