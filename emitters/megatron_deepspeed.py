@@ -146,7 +146,9 @@ def emit(plan: Plan) -> dict[str, str]:
     if p.pp > 1:
         usage.append(f"GPTModelPipe partitions with {T.MDS_METHOD} (written in its model code): "
                      f"{stage_layers(plan)} blocks per stage, as planned.")
-    usage += [s.format(kernel=plan.workload.attention_kernel) for s in NOT_EXPRESSED]
+    usage.append(NOT_EXPRESSED[0].format(kernel=plan.workload.attention_kernel))
+    if plan.model.rope_scaling:
+        usage.append(NOT_EXPRESSED[1])
     usage += recipe(plan).comment()
     text = script_header(plan, TARGET, FORMAT, usage) + needs_block("megatron_deepspeed.sh", needs(plan))
     text += warmup_shell(recipe(plan))

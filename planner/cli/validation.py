@@ -41,6 +41,7 @@ from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
+from planner.plan import targets as T
 from profiles.clusters import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +146,17 @@ def case_rows(case: dict, split: str) -> list[Row]:
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if "dualpipe" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe overlaps the all-to-alls
-    est = estimate(model, cluster, wl, par, framework=prof)
+    via = ""
+    if fw in FRAMEWORKS and fw != "generic":
+        via, stages, why = target_for(fw, model, cluster, wl, par)
+        if not via:
+            REFUSED[case["name"]] = why
+            return []
+        runs = T.record(via).table.for_config(par).runs
+        prof = _with_overrides(prof, FRAMEWORKS.get(runs, FRAMEWORKS[T.record(via).profile]))
+        est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
+    else:
+        est = estimate(model, cluster, wl, par, framework=prof)
     rep = case["reported"]
     rows = []
     if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", None):
@@ -160,6 +171,44 @@ def case_rows(case: dict, split: str) -> list[Row]:
         rows.append(Row(case["name"], "tokens/s per GPU", rep["tokens_per_s_per_gpu"], est.tokens_per_s_per_gpu,
                         case["source"], split, fw))
     return rows
+
+
+# published runs no target accepts: case name -> the binding reason (planner validate prices a run
+# only through a target that runs its layout: planner.plan.targets.targets_running)
+REFUSED: dict[str, str] = {}
+
+
+def target_for(fw: str, model, cluster, wl, par):
+    """The first target that runs this published layout of framework ``fw``, with the stage split
+    it places: ``(target, stages, "")``, or ``("", None, the binding reason)``."""
+    from costmodel.specs import default_stages, stages_from_counts
+    from planner.plan.planfile import Plan
+    reasons = []
+    for rec in T.records("train"):
+        if not rec.planned or fw not in (rec.profile, T.PUBLISHED_AS.get(rec.profile), rec.table.for_config(par).runs):
+            continue
+        stages = default_stages(model.layers, par.pp)
+        if rec.table.split == "partition" and par.pp > 1:
+            splits = T.partition_splits(rec.name, model, par.pp)
+            if splits:
+                stages = stages_from_counts(list(next(iter(splits))))
+        plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par, stages=stages, target=rec.name)
+        got = T.problems(rec.name, plan)
+        if not got:
+            return rec.name, stages, ""
+        reasons.append(got[0])
+    return "", None, "; ".join(reasons) or f"no target is priced with {fw}"
+
+
+def _with_overrides(case_prof, target_prof):
+    """The accepting target's profile, keeping what the case's execution notes changed (TP overlap
+    of 2021-22 Megatron, async TP, DualPipe) relative to the framework's profile."""
+    base = FRAMEWORKS.get(case_prof.name)
+    if base is None or target_prof.name == case_prof.name:
+        return case_prof
+    changed = {f.name: getattr(case_prof, f.name) for f in dataclasses.fields(case_prof)
+               if f.name != "name" and getattr(case_prof, f.name) != getattr(base, f.name)}
+    return dataclasses.replace(target_prof, **changed)
 
 
 def memory_rows(ref: dict) -> list[Row]:
@@ -255,6 +304,12 @@ def markdown(rows: list[Row]) -> str:
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
     if moe_rows.pending:
         out += ["MoE runs not predicted yet: " + "; ".join(moe_rows.pending) + ".", ""]
+    if REFUSED:
+        out += ["## Runs no target accepts (not priced)", "",
+                "A published run is priced only through a target that runs its layout "
+                "(`planner.plan.targets`); these are refused, each with the binding reason.", "",
+                "| case | reason |", "|---|---|"]
+        out += [f"| {name} | {why} |" for name, why in sorted(REFUSED.items())] + [""]
     out += by_framework(rows)
     return "\n".join(out) + "\n"
 
