@@ -4,9 +4,10 @@ The stack BLOOM-176B, MT-NLG 530B and GPT-NeoX-20B ran on: Megatron's tensor par
 mpu) inside DeepSpeed's pipeline engine and ZeRO-1. Written for microsoft/Megatron-DeepSpeed
 (commit f4157bea; ``megatron/arguments.py`` for every flag, ``megatron/model/gpt_model.py``
 ``GPTModelPipe`` for the layer list and ``partition_method='type:transformer'``) and DeepSpeed
-0.19's config (``deepspeed/runtime/config.py``). Its argument parser is not on PyPI (the repo is
-not a package), so only ``ds_config.json`` is read back by a framework's own parser in the tests
-(DeepSpeed's ``DeepSpeedConfig``); the flags are checked against the fork's ``arguments.py``
+0.19's config (``deepspeed/runtime/config.py``), written as ``megatron_deepspeed_config.json`` (a
+name of its own: the DeepSpeed target writes ``ds_config.json``). The fork's argument parser is not
+on PyPI (the repo is not a package), so only the config is read back by a framework's own parser
+in the tests (DeepSpeed's ``DeepSpeedConfig``); the flags are checked against the fork's ``arguments.py``
 names in ``tests/test_megads.py``.
 
 What the file sets is what the price assumes (``costmodel.frameworks`` ``megatron-deepspeed``):
@@ -28,7 +29,7 @@ TARGET = "megatron-deepspeed"
 MODE = "train"
 FORMAT = ("Megatron-DeepSpeed pretrain_gpt.py flags (microsoft/Megatron-DeepSpeed f4157bea megatron/arguments.py) "
           "+ DeepSpeed 0.19 config JSON")
-SUMMARY = "Megatron-DeepSpeed pretrain_gpt.py arguments, ds_config.json (ZeRO, pipeline engine) and a launch line"
+SUMMARY = "Megatron-DeepSpeed pretrain_gpt.py arguments, its ds_config (ZeRO, pipeline engine) and a launch line"
 RUN = ("`MEGATRON_DS=/path/to/Megatron-DeepSpeed DATA_PATH=<indexed dataset prefix> TOKENIZER=<HF tokenizer> "
        "TRAIN_ITERS=<steps> bash megatron_deepspeed.sh` on every node with NODE_RANK=<i> MASTER_ADDR=<node 0>.")
 
@@ -110,7 +111,7 @@ def parallel_args(plan: Plan) -> list:
     p = plan.parallel
     out: list = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
                  "--micro-batch-size", p.micro_batch, "--global-batch-size", plan.workload.global_batch,
-                 "--deepspeed", "--deepspeed_config", Raw('"$HERE/ds_config.json"'), "--zero-stage", p.zero]
+                 "--deepspeed", "--deepspeed_config", Raw('"$HERE/megatron_deepspeed_config.json"'), "--zero-stage", p.zero]
     if p.pp == 1:
         out += ["--no-pipeline-parallel"]
     if p.recompute == "full":
@@ -172,7 +173,7 @@ def emit(plan: Plan) -> dict[str, str]:
     text += ('exec torchrun "${DISTRIBUTED_ARGS[@]}" "$MEGATRON_DS/pretrain_gpt.py" \\\n'
              '  "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" '
              '"${CHECKPOINT_ARGS[@]}"\n')
-    return {"ds_config.json": json_text(ds_config(plan)), "megatron_deepspeed.sh": text}
+    return {"megatron_deepspeed_config.json": json_text(ds_config(plan)), "megatron_deepspeed.sh": text}
 
 
 def needs(plan: Plan) -> list[Need]:

@@ -147,7 +147,7 @@ def test_emit_and_parse_back(key, tmp_path, monkeypatch):
     class Mpu:
         def get_data_parallel_world_size(self):
             return p.dp
-    c = dsc.DeepSpeedConfig(str(out / "ds_config.json"), mpu=Mpu())
+    c = dsc.DeepSpeedConfig(str(out / "megatron_deepspeed_config.json"), mpu=Mpu())
     assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == \
         (plan.workload.global_batch, p.micro_batch, p.grad_accum)
     assert c.zero_optimization_stage == p.zero
@@ -178,7 +178,7 @@ def test_emit_and_parse_back(key, tmp_path, monkeypatch):
     assert ("--untie-embeddings-and-output-weights" in flags) == (not m.tied_embeddings)
     assert ("--use-rotary-position-embeddings" in flags) == (m.positions == "rotary")
     assert int(val("--global-batch-size")) == plan.workload.global_batch
-    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == p.zero
+    assert json.loads((out / "megatron_deepspeed_config.json").read_text())["zero_optimization"]["stage"] == p.zero
     assert str(list(T.mds_split(m, p.pp))) in (out / "megatron_deepspeed.sh").read_text()
 
 
@@ -187,6 +187,6 @@ def test_emit_and_parse_back(key, tmp_path, monkeypatch):
 def test_launchers_compose(launcher):
     from emitters import compose
     files = compose(_published("gpt-neox-20b"), NAME, launcher)
-    assert "megatron_deepspeed.sh" in files and "ds_config.json" in files
-    launch = {k: v for k, v in files.items() if k not in ("megatron_deepspeed.sh", "ds_config.json")}
+    assert "megatron_deepspeed.sh" in files and "megatron_deepspeed_config.json" in files
+    launch = {k: v for k, v in files.items() if k not in ("megatron_deepspeed.sh", "megatron_deepspeed_config.json")}
     assert launch and any("megatron_deepspeed.sh" in v for v in launch.values())

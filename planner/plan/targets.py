@@ -1006,7 +1006,8 @@ CAPS: tuple[Cap, ...] = (
         lambda a: f"pp={a.par.pp}: {a.name} splits the {a.model.layers} layers evenly; plan a --pp that divides "
                   "them"),
     Cap("split", lambda a: _pp(a) and a.t.split == "partition" and not partition_splits(a.name, a.model, a.par.pp),
-        lambda a: f"pp={a.par.pp}: none of {a.name}'s partition methods ({', '.join(partition_methods(a.name))}) gives each of the "
+        lambda a: f"pp={a.par.pp}: none of {a.name}'s partition methods ({', '.join(partition_methods(a.name))}) gives "
+                  "each of the "
                   f"{a.par.pp} stages a block of the {a.model.layers}; plan fewer stages"),
     Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "megatron" and a.par.vpp > 1
         and _m(a) % a.par.pp != 0,
