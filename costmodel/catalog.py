@@ -43,20 +43,32 @@ MODELS: dict[str, dict[str, Any]] = {
                         vocab=32000, max_seq_len=4096, published_params=69.0e9),
     # Mixtral (Mistral AI, "Mixtral of Experts", 2024): 46.7B total / 12.9B active
     "mixtral-8x7b": dict(family="mixtral", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
-                         vocab=32000, max_seq_len=32768, rope_theta=1e6, num_experts=8, top_k=2, published_params=46.7e9),
+                         vocab=32000, max_seq_len=32768, rope_theta=1e6, num_experts=8, top_k=2, published_params=46.7e9,
+                         router_balance="aux_loss", router_aux_coeff=0.02),
     # Mixtral 8x22B (v0.1 model card): 141B total / 39B active
     "mixtral-8x22b": dict(family="mixtral", layers=56, hidden=6144, ffn_hidden=16384, heads=48, kv_heads=8,
-                          vocab=32000, max_seq_len=65536, rope_theta=1e6, num_experts=8, top_k=2, published_params=141e9),
+                          vocab=32000, max_seq_len=65536, rope_theta=1e6, num_experts=8, top_k=2, published_params=141e9,
+                          router_balance="aux_loss", router_aux_coeff=0.001),
     # DeepSeek-V3 (technical report, 2024): 671B total / 37B active, MLA, 1 shared + 256 routed
     "deepseek-v3": dict(family="deepseek", layers=61, hidden=7168, ffn_hidden=18432, heads=128,
                         vocab=129280, max_seq_len=163840, num_experts=256, top_k=8, shared_experts=1,
                         expert_ffn_hidden=2048, first_dense_layers=3, attention="mla", q_lora_rank=1536,
                         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                        head_dim=192, norm_eps=1e-6, published_params=671e9),
+                        head_dim=192, norm_eps=1e-6, published_params=671e9,
+                        # config.json: scoring_func sigmoid, n_group 8, topk_group 4, topk_method noaux_tc,
+                        # aux_loss_alpha 0.001 (the sequence-wise loss), num_nextn_predict_layers 1
+                        router_scoring="sigmoid", router_groups=8, router_topk_groups=4, router_balance="aux_free",
+                        router_aux_coeff=0.001, mtp_layers=1),
     # Qwen3-235B-A22B (Qwen3 technical report, 2025): 235B total / 22B active
     "qwen3-235b-a22b": dict(family="qwen3", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
                             head_dim=128, vocab=151936, max_seq_len=40960, num_experts=128, top_k=8,
-                            expert_ffn_hidden=1536, rope_theta=1e6, norm_eps=1e-6, published_params=235e9),
+                            expert_ffn_hidden=1536, rope_theta=1e6, norm_eps=1e-6, published_params=235e9,
+                            router_balance="aux_loss", router_aux_coeff=0.001),
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 30.5B total / 3.3B active, 128 experts of 768
+    "qwen3-30b-a3b": dict(family="qwen3", layers=48, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4,
+                          head_dim=128, vocab=151936, max_seq_len=40960, num_experts=128, top_k=8,
+                          expert_ffn_hidden=768, rope_theta=1e6, norm_eps=1e-6, published_params=30.5e9,
+                          router_balance="aux_loss", router_aux_coeff=0.001),
     # gpt-oss (OpenAI model card, 2025): 20.91B / 116.83B total; MoE every layer, biases, attention
     # sinks, 128-token sliding window on every other layer (layer 0 sliding)
     "gpt-oss-20b": dict(_GPT_OSS, layers=24, num_experts=32, published_params=20.91e9),
@@ -295,6 +307,39 @@ def _window(cfg: Mapping[str, Any], where: str, layers: int, default_pattern: in
     return dict(sliding_window=int(w), sliding_window_pattern=step if full else 0)
 
 
+def _router(cfg: Mapping[str, Any], where: str) -> dict:
+    """An MoE model's router from config.json: ``scoring_func`` (DeepSeek-V3: sigmoid; softmax
+    otherwise), ``n_group``/``topk_group`` (group-limited routing), the balancing (``topk_method``
+    ``noaux_tc``: DeepSeek-V3's auxiliary-loss-free bias; an auxiliary loss otherwise, its
+    coefficient ``router_aux_loss_coef`` or ``aux_loss_alpha``) and the multi-token-prediction
+    modules (``num_nextn_predict_layers``)."""
+    out: dict = {}
+    scoring = cfg.get("scoring_func")
+    if scoring is not None:
+        if scoring not in ("softmax", "sigmoid"):
+            raise SpecError(f"{where}: field 'scoring_func' must be softmax or sigmoid, got {describe(scoring)}")
+        out["router_scoring"] = scoring
+    groups, topk = cfg.get("n_group"), cfg.get("topk_group")
+    for k, v in (("n_group", groups), ("topk_group", topk), ("num_nextn_predict_layers",
+                                                             cfg.get("num_nextn_predict_layers"))):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise SpecError(f"{where}: field {k!r} must be a non-negative integer (or null), got {describe(v)}")
+    if groups and groups > 1 and topk:
+        out.update(router_groups=groups, router_topk_groups=topk)
+    if cfg.get("topk_method") == "noaux_tc":
+        out["router_balance"] = "aux_free"
+    else:
+        out["router_balance"] = "aux_loss"
+    coeff = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha"))
+    if coeff is not None:
+        if isinstance(coeff, bool) or not isinstance(coeff, (int, float)) or not 0 <= coeff < 1e3:
+            raise SpecError(f"{where}: field 'router_aux_loss_coef' must be a number >= 0, got {describe(coeff)}")
+        out["router_aux_coeff"] = float(coeff)
+    if cfg.get("num_nextn_predict_layers"):
+        out["mtp_layers"] = cfg["num_nextn_predict_layers"]
+    return out
+
+
 def from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelSpec:
     """A ``ModelSpec`` from a Hugging Face ``config.json`` dict."""
     try:
@@ -436,6 +481,8 @@ def _from_hf_config(cfg: Mapping[str, Any], name: str = "", where: str = "config
                  positions="alibi" if opt("alibi") else "rotary", tied_embeddings=bool(opt("tie_word_embeddings", True)),
                  bias=bool(opt("bias", False)), max_seq_len=opt("max_position_embeddings") or 2048)
         d.update(_settings(cfg, "layer_norm_epsilon"))
+    if d.get("num_experts"):
+        d.update(_router(cfg, where))
     for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden"):
         v = d.get(k)
         if not isinstance(v, int) or v <= 0:

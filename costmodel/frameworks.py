@@ -23,6 +23,10 @@ Sources per field (``/work/shared/reference/training-targets.md`` cites the code
   micro-batch's compute: Megatron's ``--overlap-moe-expert-parallel-comm`` (off by default; it
   needs no full recompute, bf16/fp16) and DeepSeek-V3's DualPipe. Off in every profile by
   default: a run that turns it on says so (``dataclasses.replace``).
+* ``moe``: how MoE layers run (``costmodel.moe.MoeExecution``). Megatron's emitter writes the
+  alltoall dispatcher with ``--moe-permute-fusion`` and ``--moe-router-fusion`` (Transformer
+  Engine's fused permutation and router, Megatron-Core MoE README "performance best practices"),
+  so its profile prices them fused; the others run PyTorch's unfused index ops.
 * ``kernel_efficiency``: the framework's achieved GEMM and fused-kernel speed relative to the
   cluster's efficiency curve, which was fitted on Megatron-LM runs (SC'21, Korthikanti et al.):
   1.0 for Megatron; for the others it is fitted on their own published runs where there are any
@@ -38,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .moe import DEFAULT_EXECUTION, MoeExecution
 from .specs import SpecError
 
 
@@ -50,6 +55,7 @@ class FrameworkProfile:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     ep_comm_overlap: bool = False
+    moe: MoeExecution = DEFAULT_EXECUTION   # dispatcher, permute/router fusion (what its launch file sets)
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     calibrated: bool = False          # fitted on that framework's own published runs
@@ -99,6 +105,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True,
+                     moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,

@@ -80,6 +80,7 @@ from typing import Any
 from .comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network, crosses_nodes, launched, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
+from .moe import dispatch_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes
@@ -476,7 +477,9 @@ class _Serving:
                     if mx.role == "expert":
                         self._gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
             if par.ep > 1:
-                sent = T / t * k * h * self.ab       # each TP rank dispatches its share of the tokens
+                # each TP rank dispatches its share of the tokens (``costmodel.moe.dispatch_bytes``,
+                # the one rule training uses too)
+                sent = dispatch_bytes(T / t, k, h, self.ab)
                 out.ep += launched(self.net.all_to_all(sent, self.ep_lay), 2)
             kernels += MOE_EXTRA_KERNELS
         out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm

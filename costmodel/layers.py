@@ -18,8 +18,13 @@ Sources, per term:
   T*h activations per layer forward and two backward; with sequence parallelism each becomes a
   reduce-scatter plus an all-gather of the same total volume (Korthikanti Sec. 4.2.2). Full
   recomputation repeats the forward ones.
-* EP: one all-to-all to dispatch and one to combine the T*top_k routed token copies per MoE
-  layer forward, and the same backward (GShard, Lepikhin et al., 2020).
+* MoE (``costmodel.moe``, one function per rule): one all-to-all to dispatch and one to combine
+  the T*top_k routed token copies per MoE layer forward, and the same backward (GShard, Lepikhin
+  et al., 2020), at the bandwidth the framework's dispatcher reaches; with expert tensor parallel
+  ``etp > 1`` the received tokens are all-gathered over the ETP group and the outputs
+  reduce-scattered back (Megatron-Core's alltoall dispatcher); the expert GEMMs as grouped GEMMs
+  at the busiest rank's tokens per expert; permutation and the router at the bandwidth their
+  kernels reach; the dropless per-layer host sync.
 * CP: ring attention (Liu et al., 2023) passes K and V around the ring, cp-1 hops forward, K, V
   and their gradients backward; it overlaps with the attention computation.
 * Elementwise traffic: each stored activation is written once and read once forward
@@ -40,7 +45,8 @@ from .comm import GroupLayout, Network, launched
 from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
-from .moe import load_factor, permute_bytes, router_bytes
+from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
+                  grouped_gemm_factor, host_sync_s, load_factor, permute_time_s, router_time_s)
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -244,6 +250,7 @@ class LayerCost:
     selective_extra_flops: float
     tp_fwd_s: float             # TP collectives of one forward pass
     ep_fwd_s: float             # EP all-to-alls of one forward pass
+    etp_fwd_s: float            # the dispatcher's gather / reduce-scatter over expert TP, one forward
     cp_fwd_s: float             # CP ring traffic of one forward pass (before overlap)
     act_bytes: float            # stored for backward without recompute
     act_selective_bytes: float  # stored under selective recompute
@@ -256,10 +263,13 @@ class LayerCost:
 def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int, ep: int, sp: bool,
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
-               fp8: Fp8Recipe | None = None) -> LayerCost:
+               fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
+               moe_exec: MoeExecution | None = None) -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
-    efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload."""
+    efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
+    ``etp``: expert tensor parallel (0: ``tp``), its group laid out as ``etp_lay`` (default the
+    TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``)."""
     net = Network(cluster, intra)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
@@ -272,51 +282,81 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- GEMMs (forward), from the layer's matrices -----------------------------------
     mats = 3 if model.mlp == "swiglu" else 2
-    matrices = layer_matrices(model, moe, t, ep)
-    lp = layer_params(model, moe, t, ep)
+    et = t if etp <= 0 else etp
+    ex = moe_exec or DEFAULT_EXECUTION
+    matrices = layer_matrices(model, moe, t, ep, et)
+    lp = layer_params(model, moe, t, ep, et)
     params, expert_params = lp.total, lp.experts
-    # expert matrices see their share of the routed token copies, on the busiest rank
-    # (``costmodel.moe.load_factor``: 1.0 is balanced routing)
-    load = load_factor() if moe else 1.0
-    tokens_per_expert = T * model.top_k * ep / model.num_experts * load if moe else 0.0
+    # the tokens a rank routes: its sequence-parallel share (the TP ranks hold copies otherwise)
+    t_route = T / t if sp else T
+    # the busiest expert-parallel rank's share of the routed token copies (``costmodel.moe.load_factor``)
+    load = (load_factor(model.router_balance, model.router_aux_coeff, ex.capacity_factor, ep)
+            if moe and not ex.forced_balance else 1.0)
+    # tokens per local expert on a rank: the routed copies of its EP group's ranks, gathered over
+    # the ETP group (with SP each TP rank routes its own share)
+    mean_per_expert = t_route * ep * (et if sp else 1) * model.top_k / model.num_experts if moe else 0.0
+    tokens_per_expert = mean_per_expert * load
     gemms = [(tokens_per_expert if mx.role == "expert" else T, mx.n, mx.k, mx.count) for mx in matrices]
     mlp_act = 0.0          # stored MLP bytes per token, TP-sharded part
     moe_extra_act = 0.0
-    moe_ew_bytes = 0.0     # permutation and router traffic (costmodel.moe)
+    moe_ew_s = 0.0         # permutation, router and the host sync (costmodel.moe)
     ep_fwd_s = 0.0
+    etp_fwd_s = 0.0
     if moe:
         E, k = model.num_experts, model.top_k
         fe = model.expert_ffn_hidden
         if model.shared_experts:
             fs = model.shared_expert_ffn_hidden * model.shared_experts
             mlp_act += ((mats - 1) * a_bytes + lin_b) * fs / t
-        # routed copies: permuted inputs, expert intermediates (k copies of each token)
-        mlp_act += k * (lin_b * h + ((mats - 1) * a_bytes + lin_b) * fe / t)
+        # routed copies: permuted inputs (gathered over ETP), expert intermediates (k copies of
+        # each token), on the busiest rank
+        mlp_act += k * load * (lin_b * h * et / t + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
-        tokens_sent = T * k * h * a_bytes / (t if sp else 1) * load
-        ep_fwd_s = launched(net.all_to_all(tokens_sent, ep_lay), 2) if ep > 1 else 0.0
-        moe_ew_bytes = (permute_bytes(T * load / (t if sp else 1), k, h, a_bytes)
-                        + router_bytes(T / (t if sp else 1), E))
+        inter = cluster.inter_node
+        for combine in (False, True):
+            sent = dispatch_bytes(t_route, k, h, dispatch_value_bytes(a_bytes, ex, combine))
+            if ep > 1:      # one collective each, with its launch cost (comm.launched)
+                ep_fwd_s += launched(dispatch_time_s(sent, k, ep_lay.n, ep_lay.k, intra, inter, ex,
+                                                     model.router_groups, model.router_topk_groups, load))
+        if et > 1:
+            # the received copies all-gathered over the ETP group, the outputs reduce-scattered back
+            gathered = et * dispatch_bytes(t_route, k, h, a_bytes, load)
+            lay = etp_lay if etp_lay is not None else tp_lay
+            etp_fwd_s = launched(net.all_gather(gathered, lay)) + launched(net.reduce_scatter(gathered, lay))
+        hbm = gpu.hbm_bandwidth_bytes_per_s
+        moe_ew_s = (permute_time_s(hbm, t_route * load, k, h, a_bytes, ex.permute_fusion)
+                    + router_time_s(hbm, t_route, E, ex.router_fusion))
     else:
         # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product (the fc2 / w2 input: a linear input)
         mlp_act += ((mats - 1) * a_bytes + lin_b) * model.ffn_hidden / t
 
+    def _time(m: float, n: float, kk: float, c: float, mx: Matrix, fp8_gemm: bool) -> float:
+        if mx.role == "expert":
+            # one grouped GEMM over the local experts: the dense curve at the whole problem's
+            # size, slowed by the grouped kernel's factor (``costmodel.moe.grouped_gemm_factor``)
+            base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk) if fp8_gemm
+                    else gemm_time_s(gpu, cluster, dt, m * c, n, kk))
+            return base / grouped_gemm_factor(m, kk)
+        if fp8_gemm:
+            return fp8_gemm_time_s(gpu, cluster, m, n, kk, c)
+        return gemm_time_s(gpu, cluster, dt, m, n, kk, c)
+
     if fp8 is None:
-        gemm_s = sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for m, n, kk, c in gemms)
+        gemm_s = sum(_time(m, n, kk, c, mx, False) for (m, n, kk, c), mx in zip(gemms, matrices))
         quant_s = 0.0
     else:
         # the router is a plain (BF16) linear in Megatron and torchtitan alike
         lin = [g for g, mx in zip(gemms, matrices) if mx.role != "router"]
-        gemm_s = (sum(fp8_gemm_time_s(gpu, cluster, m, n, kk, c) for m, n, kk, c in lin)
-                  + sum(gemm_time_s(gpu, cluster, dt, m, n, kk, c) for (m, n, kk, c), mx in zip(gemms, matrices)
-                        if mx.role == "router"))
+        gemm_s = sum(_time(m, n, kk, c, mx, mx.role != "router") for (m, n, kk, c), mx in zip(gemms, matrices))
         cast_values = sum(m * kk * c for m, n, kk, c in lin)
         if not fp8.weight_copies:
             cast_values += sum(n * kk * c for m, n, kk, c in lin)     # weights cast per use
         quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values)
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
-    gemm_flops = sum(2 * m * n * kk * c for m, n, kk, c in gemms)
+    # FLOPs at the mean share of the routed tokens (the busiest rank's excess is time, not work)
+    gemm_flops = sum(2 * (m / load if mx.role == "expert" else m) * n * kk * c
+                     for (m, n, kk, c), mx in zip(gemms, matrices))
 
     # ---- attention core ------------------------------------------------------------------
     score = model.score_dim / t                     # per-token QK^T+AV width on this GPU
@@ -361,10 +401,13 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
-    ew_s = memory_time_s(gpu, ew_bytes + moe_ew_bytes) + quant_s
+    ew_s = memory_time_s(gpu, ew_bytes) + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
+    if moe:
+        # the dropless token-count sync, once per layer forward (compute counts 3 forwards)
+        fwd_s += host_sync_s(ex.dropless) / 3
 
     # selective recompute: the attention core (and its memory traffic) again in backward
     if flash:
@@ -382,9 +425,11 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     if t <= 1:
         tp_fwd_s = 0.0
     elif sp:
-        # Transformer Engine all-gathers the quantized input of the column-parallel GEMM
+        # Transformer Engine all-gathers the quantized input of the column-parallel GEMM; an MoE
+        # layer's MLP block moves its tokens in the dispatcher instead (the ETP gather above)
         ag_bytes = T * h * fp8.copy_bytes if fp8 is not None and fp8.tp_gather_fp8 else tp_bytes
-        tp_fwd_s = 2 * (launched(net.all_gather(ag_bytes, tp_lay)) + launched(net.reduce_scatter(tp_bytes, tp_lay)))
+        blocks = 1 if moe and not model.shared_experts else 2
+        tp_fwd_s = blocks * (launched(net.all_gather(ag_bytes, tp_lay)) + launched(net.reduce_scatter(tp_bytes, tp_lay)))
     else:
         tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
@@ -394,7 +439,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     return LayerCost(
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
-        selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, cp_fwd_s=cp_fwd_s,
+        selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, etp_fwd_s=etp_fwd_s,
+        cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params)
 

@@ -58,7 +58,9 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "num_experts": (0, MAX_EXPERTS, _NN), "top_k": (0, MAX_EXPERTS, _NN),
         "shared_experts": (0, MAX_EXPERTS, _NN), "expert_ffn_hidden": (0, MAX_FFN, _NN),
         "shared_expert_ffn_hidden": (0, MAX_FFN, _NN), "first_dense_layers": (0, MAX_LAYERS, _NN),
-        "moe_layer_freq": (1, MAX_LAYERS, _NN), "q_lora_rank": (0, MAX_HIDDEN, _NN),
+        "moe_layer_freq": (1, MAX_LAYERS, _NN), "router_groups": (0, MAX_EXPERTS, _NN),
+        "router_topk_groups": (0, MAX_EXPERTS, _NN), "mtp_layers": (0, MAX_LAYERS, _NN),
+        "router_aux_coeff": (0, 1e3, _NN), "q_lora_rank": (0, MAX_HIDDEN, _NN),
         "kv_lora_rank": (0, MAX_HIDDEN, _NN), "qk_nope_head_dim": (0, MAX_HIDDEN, _NN),
         "qk_rope_head_dim": (0, MAX_HIDDEN, _NN), "v_head_dim": (0, MAX_HIDDEN, _NN),
         "sliding_window": (0, MAX_SEQ, _NN), "sliding_window_pattern": (0, MAX_LAYERS, _NN),
@@ -87,6 +89,7 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("ParallelConfig", "micro_batch"): (1, MAX_BATCH, _NN),
     ("ParallelConfig", "grad_accum"): (1, MAX_BATCH, _NN),
     ("ParallelConfig", "dp_shard"): (0, MAX_GPUS, _NN),
+    ("ParallelConfig", "etp"): (0, MAX_GPUS, _NN),
     ("ParallelConfig", "zero"): (0, 3, _NN),
     ("ParallelConfig", "recompute_layers"): (-1, MAX_LAYERS, _NN),
 }

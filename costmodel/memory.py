@@ -66,7 +66,10 @@ def model_state_bytes(params: float, shard: int, zero: int, dtype: str = "fp16",
 
 
 def expert_shard(par: ParallelConfig) -> int:
-    """Ranks over which one expert's parameters can be ZeRO-sharded."""
+    """Ranks over which one expert's parameters can be ZeRO-sharded: the expert data-parallel
+    group (folded: ``ParallelConfig.expert_dp``), within the ZeRO shard group."""
+    if par.folded:
+        return max(1, par.expert_dp if not par.hsdp else min(par.dp_shard, par.expert_dp))
     return max(1, min(par.dp_shard, par.dp * par.cp // par.ep))
 
 

@@ -1,29 +1,78 @@
-"""Mixture-of-experts terms beyond the GEMMs: token permutation, the router's elementwise work,
-and load imbalance. ``costmodel.layers.layer_cost`` calls these for an MoE layer.
+"""Mixture-of-experts rules, one function each, shared by training (``costmodel.layers``) and
+serving (``costmodel.inference``): how fast the grouped expert GEMMs run, what permutation and the
+router cost, how unevenly the routed tokens fall on the expert-parallel ranks, how many bytes the
+dispatch moves and at what fraction of the link the chosen dispatcher reaches, and the host's share
+of a dropless MoE layer. Pure; every constant names its source. ``[REF §n]`` is
+``/work/shared/reference/moe-and-fp8.md`` section n, which copies the numbers from the sources
+named beside them.
 
-* Permutation (Megatron's ``moe_permute`` / ``unpermute``, torchtitan's ``generate_permute_indices``):
-  before the experts each token's hidden state is copied once per chosen expert into expert
-  order (read ``T*h``, write ``T*k*h``), and after them the ``k`` outputs are gathered back and
-  summed with their routing weights (read ``T*k*h``, write ``T*h``): memory-bound, BF16.
-* Router: a BF16 GEMM to ``E`` logits (in ``layer_matrices``), then softmax or sigmoid, top-k and
-  the auxiliary-loss statistics over ``T*E`` FP32 values (Megatron recommends FP32 routing with
-  32 or more experts): read and written once each.
-* Load imbalance (dropless routing): the busiest expert-parallel rank receives ``imbalance``
-  times the mean share of the routed tokens, and every rank waits for it in the combine
-  all-to-all; its expert GEMMs and its all-to-all volume scale by it. ``MOE_LOAD_IMBALANCE`` is
-  1.0, perfectly balanced routing: an assumption, not a measurement (no published per-rank load
-  figure was found; DeepSeek-V3's report says its auxiliary-loss-free balancing keeps the load
-  balanced through training and drops no tokens). A capacity factor ``c`` (token dropping, GShard)
-  bounds it: ``min(imbalance, c)``.
+What the launch file selects is ``MoeExecution`` (``FrameworkProfile.moe``): the token dispatcher,
+fused permutation, fused router, FP8 dispatch. A rule that depends on one of them is priced only
+as the file sets it; the Megatron emitter writes each of them (``emitters/megatron.py``).
 """
 from __future__ import annotations
 
-MOE_LOAD_IMBALANCE = 1.0
-ROUTER_FP32_BYTES = 4
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .units import US
+
+if TYPE_CHECKING:                      # only the attributes are read: no import cycle through specs
+    from .specs import LinkSpec
+
+ROUTER_FP32_BYTES = 4            # router logits in FP32 (Megatron recommends --moe-router-dtype fp32) [REF §2]
+
+# ---- grouped GEMM ------------------------------------------------------------------------------
+# DeepGEMM's FP8 grouped GEMM on H800 [REF §1, DeepGEMM README @55ab91f7]: contiguous groups of
+# 4,096-8,192 tokens reach 1,346 TFLOPS where its dense GEMM at M=4,096 reaches up to 1,426: a grouped
+# kernel at large per-expert M runs at 1346/1426 = 0.94 of the dense one.
+GROUPED_LARGE_M_RATIO = 0.94
+# The same tables, small M (derived in [REF §1]): 0.92 of the large-M rate at 1,024 tokens, 0.77 at
+# 512, 0.69 at 256, 0.40 at 128, 0.21 at 64. m/(m+m0) through each point gives m0 = 89, 153, 115,
+# 192, 240 tokens; the median, 153, is taken.
+GROUPED_HALF_TOKENS = 153.0
+# Small K costs more than small N: at the same M the 7168x2048 (N x K) shapes run 10-25% below the
+# 4096x7168 ones [REF §1]. K/(K+K0) through that ratio (0.82, the middle of 0.75-0.90) at K=2,048
+# against K=7,168 gives K0 = 690 (derived: 2048/(2048+K0) = 0.82 * 7168/(7168+K0)); normalised to 1
+# at K=7,168. Below K=2,048 it is an extrapolation of the same curve (no narrower shape published).
+GROUPED_HALF_K = 690.0
+_K_REF = 7168.0
+
+
+def grouped_gemm_factor(tokens_per_expert: float, k: float) -> float:
+    """How much slower than one dense GEMM of the same total size a grouped expert GEMM runs,
+    as a factor <= 1 on its efficiency: the grouped kernel at large M, the per-expert M
+    (``tokens_per_expert``) against ``GROUPED_HALF_TOKENS``, and the reduction width ``k`` (the
+    expert FFN width for the down projection) against ``GROUPED_HALF_K``."""
+    m = max(tokens_per_expert, 1e-9)
+    m_factor = m / (m + GROUPED_HALF_TOKENS)
+    k_factor = min(1.0, (k / (k + GROUPED_HALF_K)) / (_K_REF / (_K_REF + GROUPED_HALF_K)))
+    return GROUPED_LARGE_M_RATIO * m_factor * k_factor
+
+
+# ---- permutation and router ----------------------------------------------------------------------
+# A standalone permute (gather) kernel on H200 reaches 1.5-2.4 TB/s of 4.8 (0.31-0.50) in a tuned
+# kernel, 0.84-1.61 TB/s (0.18-0.34) as PyTorch ops (TileOPs PR #603, [REF §2]). Unfused permutation
+# (index ops): the PyTorch middle, 0.25 of HBM. Fused (TE's moe_permute/unpermute, Megatron's
+# --moe-permute-fusion: 1.1-1.6x faster permute, 1.7-3x faster unpermute, TE PR #1921): the tuned
+# kernel's middle, 0.40 of HBM (0.25 x 1.6, the middle of 1.1-3x).
+PERMUTE_HBM_FRACTION = {False: 0.25, True: 0.40}
+# The router's softmax/sigmoid, top-k and aux-loss statistics: unfused it is launch-bound, 4 kernels
+# in 15.5 us (3.9 us each), fused 1 kernel in 2.0 us (Megatron-LM PR #6456, 128 experts, 256 tokens,
+# [REF §2]): those are its floors.
+KERNEL_LAUNCH_S = 15.5 * US / 4
+ROUTER_FLOOR_S = {False: 15.5 * US, True: 2.0 * US}
+# Permutation kernels a forward pass launches: index generation, sort, gather before the experts,
+# scatter-add and the probability multiply after; fused, one each way (TE's fused permute and
+# unpermute). Counted from Megatron-Core's moe_utils.permute/unpermute code paths, not measured.
+PERMUTE_KERNELS = {False: 5, True: 2}
 
 
 def permute_bytes(tokens: float, top_k: int, hidden: float, a_bytes: float) -> float:
-    """HBM bytes of permuting ``tokens`` routed ``top_k`` ways and unpermuting them, forward."""
+    """HBM bytes of permuting ``tokens`` routed ``top_k`` ways and unpermuting them, forward:
+    each token read once and written ``top_k`` times into expert order, and the ``top_k`` outputs
+    read back and summed into one (Megatron's ``moe_permute``/``unpermute``)."""
     return 2.0 * (tokens * hidden + tokens * top_k * hidden) * a_bytes
 
 
@@ -32,6 +81,189 @@ def router_bytes(tokens: float, experts: int) -> float:
     return 2.0 * tokens * experts * ROUTER_FP32_BYTES
 
 
-def load_factor(imbalance: float = MOE_LOAD_IMBALANCE, capacity_factor: float = 0.0) -> float:
-    """How much more than the mean share of routed tokens the busiest rank handles."""
-    return min(imbalance, capacity_factor) if capacity_factor > 0 else imbalance
+def permute_time_s(hbm_bytes_per_s: float, tokens: float, top_k: int, hidden: float, a_bytes: float,
+                   fused: bool) -> float:
+    """Forward time of permutation plus unpermutation: the bytes at the fraction of HBM those
+    kernels reach, never under their launches."""
+    bw = PERMUTE_HBM_FRACTION[fused] * hbm_bytes_per_s
+    return max(permute_bytes(tokens, top_k, hidden, a_bytes) / bw, PERMUTE_KERNELS[fused] * KERNEL_LAUNCH_S)
+
+
+def router_time_s(hbm_bytes_per_s: float, tokens: float, experts: int, fused: bool) -> float:
+    """Forward time of the router after its GEMM: its FP32 traffic at the permutation kernels'
+    fraction of HBM, never under its measured launch-bound floor."""
+    bw = PERMUTE_HBM_FRACTION[fused] * hbm_bytes_per_s
+    return max(router_bytes(tokens, experts) / bw, ROUTER_FLOOR_S[fused])
+
+
+# ---- host synchronisation ------------------------------------------------------------------------
+# Dropless routing copies the per-expert token counts to the host once per MoE layer forward (the
+# all-to-all's split sizes and the grouped GEMM's group sizes; Megatron-LM PR #5258 names this
+# per-layer ``.item()`` sync, and its README that dropless MoE layers cannot be captured in CUDA
+# graphs [REF §5]). The queue drains there: the GPU waits one device-to-host round trip and the
+# launch of the next kernel -- taken as two kernel launches (no published per-sync figure was found;
+# [REF §5] "not found").
+DROPLESS_SYNC_S = 2 * KERNEL_LAUNCH_S
+
+
+def host_sync_s(dropless: bool = True) -> float:
+    """Exposed host time per MoE layer forward: the dropless token-count sync; none when a
+    capacity factor fixes the shapes."""
+    return DROPLESS_SYNC_S if dropless else 0.0
+
+
+# ---- load imbalance ------------------------------------------------------------------------------
+# The busiest expert-parallel rank's routed tokens over the mean, by how the router balances.
+# * aux_free (DeepSeek-V3's bias update): Wang et al., "Auxiliary-Loss-Free Load Balancing"
+#   (arXiv 2408.15664), Table 2: MaxVio_global 0.04 [REF §3].
+# * aux_loss, a strong coefficient (>= 1e-2) and a weak one (< 1e-2): fitted by
+#   ``bench/fit_moe_imbalance.py`` on the Megatron-MoE-ModelZoo runs that publish the same layout
+#   dropless and with ``--moe-router-force-load-balancing`` (calibration/published_runs_moe.yaml,
+#   ``forced_balance`` cases): Mixtral-8x22B, coefficient 1e-2, 445 vs 465 TFLOPS on 128 H100; Qwen3-235B-A22B,
+#   coefficient 1e-3, 237/277/320/357 vs 295/335/368/389 TFLOPS at 16k-128k tokens on 256 H100.
+#   The factor that makes this cost model's dropless/forced step-time ratio equal the published one:
+#   1.061 (Mixtral, one pair); 1.516-1.544 over the four Qwen3 pairs, median 1.532. The weak figure
+#   agrees with LFB's aux-loss MaxVio_global at the same coefficient (1.52 at 3B), which nothing fitted.
+LOAD_FACTOR = {"aux_free": 1.04, "aux_loss_strong": 1.06, "aux_loss_weak": 1.53}
+STRONG_AUX_COEFF = 1e-2
+
+
+def balance_kind(balance: str, aux_coeff: float) -> str:
+    """``LOAD_FACTOR``'s key for a router: aux-free, or an auxiliary loss strong or weak (an
+    unknown coefficient counts as weak: the slower assumption)."""
+    if balance == "aux_free":
+        return "aux_free"
+    return "aux_loss_strong" if aux_coeff >= STRONG_AUX_COEFF else "aux_loss_weak"
+
+
+def load_factor(balance: str = "aux_loss", aux_coeff: float = 0.0, capacity_factor: float = 0.0,
+                ep: int = 2) -> float:
+    """How much more than the mean share of routed tokens the busiest expert-parallel rank
+    handles (``LOAD_FACTOR``); 1 without expert parallelism (one rank holds every expert). With a
+    capacity factor ``c`` every expert's input is cut to, and padded up to, ``c`` times the mean
+    (Megatron's ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, the
+    only capacity mode Megatron-Core can capture in CUDA graphs [REF §5]): exactly ``c``, on every
+    rank, whatever the routing."""
+    if capacity_factor > 0:
+        return capacity_factor
+    if ep <= 1:
+        return 1.0
+    return LOAD_FACTOR[balance_kind(balance, aux_coeff)]
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+# Bytes per value of an FP8 dispatch with 1x128 FP32 scales: (1 + 4/128) (DeepEP's and HybridEP's
+# ``fp8_factor`` counts (1 + 4/128)/2 of BF16) [REF §4]. The combine stays BF16 [DSV3 §3.3].
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
+
+# The fraction of the link's per-direction bandwidth (``LinkSpec.gb_per_s``) a dispatcher's
+# all-to-all reaches, inside the NVLink domain and across nodes [REF §4]:
+# * alltoall (NCCL): 8 x H100 NVLink, 64 MB in 210 us (SGLang#22583): 7/8 of it leaves each rank,
+#   58.7 MB / 210 us = 280 GB/s of 450 = 0.62; across nodes one NIC's rate, 48-49 of 50 GB/s (CX7
+#   NDR, nccl-tests#267) = 0.97.
+# * deepep (DeepEP V1, H800): 153-158 GB/s of NVLink's 160 = 0.96; across nodes its RDMA
+#   "bottleneck bandwidth" is 43, 58 and 51 GB/s at EP16, 32 and 64 on 50 GB/s NICs (legacy.md
+#   table): the median, 51 of 50 = 1.02 (its count of bytes is not ours exactly: [REF §7] "DeepEP
+#   bandwidth definitions differ"; above 1 only by that).
+DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.62, "inter": 0.97}, "deepep": {"intra": 0.96, "inter": 1.02}}
+DISPATCHERS = tuple(DISPATCH_LINK_FRACTION)
+
+
+@dataclass(frozen=True)
+class MoeExecution:
+    """How a framework runs MoE layers, as its launch file sets them."""
+
+    dispatcher: str = "alltoall"     # Megatron --moe-token-dispatcher-type alltoall | flex + DeepEP
+    permute_fusion: bool = False     # Megatron --moe-permute-fusion (TE fused permute/unpermute)
+    router_fusion: bool = False      # Megatron --moe-router-fusion
+    fp8_dispatch: bool = False       # FP8 tokens in the dispatch (DeepEP / HybridEP under FP8 training)
+    capacity_factor: float = 0.0     # Megatron --moe-expert-capacity-factor (with padding); 0: dropless
+    forced_balance: bool = False     # Megatron --moe-router-force-load-balancing (benchmarks only)
+
+    @property
+    def dropless(self) -> bool:
+        """No capacity factor: the per-layer token-count sync, nothing dropped."""
+        return self.capacity_factor <= 0
+
+    def __post_init__(self) -> None:
+        if self.dispatcher not in DISPATCH_LINK_FRACTION:
+            raise ValueError(f"moe dispatcher {self.dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
+
+
+DEFAULT_EXECUTION = MoeExecution()
+
+
+def dispatch_bytes(tokens: float, top_k: float, hidden: float, value_bytes: float, load: float = 1.0) -> float:
+    """Bytes one rank sends in one dispatch (or combine): its ``tokens`` times ``top_k`` routed
+    copies of ``hidden`` values, on the busiest rank ``load`` times the mean. The one rule for
+    training and serving."""
+    return tokens * top_k * hidden * value_bytes * load
+
+
+def dispatch_value_bytes(a_bytes: float, execution: MoeExecution, combine: bool) -> float:
+    """Bytes per value on the wire: FP8 with scales for an FP8 dispatch, the activation dtype
+    otherwise and always for the combine."""
+    return FP8_DISPATCH_BYTES if execution.fp8_dispatch and not combine else a_bytes
+
+
+def remote_node_copies(top_k: int, nodes: int, max_nodes: int = 0) -> float:
+    """Routed copies of a token that cross the inter-node network per token, where a dispatcher
+    sends a token once per destination node and forwards it inside the node over NVLink
+    (DeepEP's internode kernels; DeepSeek-V3 Sec. 3.2.2): the expected number of other nodes
+    among ``top_k`` experts spread uniformly over ``nodes`` nodes, ``nodes (1 - (1-1/nodes)^k)``
+    less the token's own node's share, at most ``max_nodes`` (node-limited routing: DeepSeek-V3
+    sends each token to at most 4 nodes)."""
+    if nodes <= 1:
+        return 0.0
+    distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    if max_nodes > 0:
+        distinct = min(distinct, float(max_nodes))
+    return distinct * (nodes - 1) / nodes
+
+
+def node_limit(groups: int, topk_groups: int, nodes: int) -> int:
+    """Most nodes one token's experts span under group-limited routing (DeepSeek-V3's
+    ``n_group``/``topk_group``: 8 groups, 4 chosen, one group per node of its EP64 = "at most 4
+    nodes", Sec. 3.2.2): ``topk_groups`` groups, each spread over ``nodes/groups`` nodes when the
+    EP group has more nodes than groups; 0 (no limit) without groups."""
+    if groups <= 0 or topk_groups <= 0:
+        return 0
+    return topk_groups * max(1, nodes // groups)
+
+
+def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, intra: "LinkSpec", inter: "LinkSpec",
+                    execution: MoeExecution, groups: int = 0, topk_groups: int = 0, load: float = 1.0) -> float:
+    """One dispatch (or combine) all-to-all among ``ep`` ranks, ``ep_per_node`` of them in each
+    NVLink domain, each rank sending ``sent_bytes`` (``dispatch_bytes`` at the mean share: its
+    ``top_k`` copies of every token). The share bound for the other ranks of its domain moves at
+    the dispatcher's NVLink fraction of ``intra``; across nodes the alltoall dispatcher sends
+    every copy bound for another node straight to its expert's rank, DeepEP one per destination
+    node to the GPU of the same local index, which forwards it over NVLink
+    (``remote_node_copies``, at most ``node_limit`` nodes). The busiest rank receives ``load``
+    times the mean (``load_factor``): on every tier it receives from directly, so not on DeepEP's
+    network tier, whose receiving GPU is set by the sender's index, not by the expert. The tiers
+    run at once and the slower sets the time, plus one latency of each tier used."""
+    if ep <= 1 or sent_bytes <= 0:
+        return 0.0
+    frac = DISPATCH_LINK_FRACTION[execution.dispatcher]
+    bw_intra = frac["intra"] * intra.bandwidth_bytes_per_s
+    k_local = max(1, min(ep, ep_per_node))
+    nodes = max(1, ep // k_local)
+    t_intra = (k_local - 1) / ep * sent_bytes * load / bw_intra if k_local > 1 else 0.0
+    t_inter = 0.0
+    if nodes > 1:
+        if execution.dispatcher == "deepep":
+            inter_bytes = sent_bytes / top_k * remote_node_copies(top_k, nodes, node_limit(groups, topk_groups, nodes))
+            if k_local > 1:
+                t_intra = (k_local - 1) / k_local * sent_bytes * load / bw_intra
+        else:
+            inter_bytes = (ep - k_local) / ep * sent_bytes * load
+        t_inter = inter_bytes / (frac["inter"] * inter.bandwidth_bytes_per_s)
+    lat = (intra.latency_s if k_local > 1 else 0.0) + (inter.latency_s if nodes > 1 else 0.0)
+    return max(t_intra, t_inter) + lat
+
+
+def alignment_tokens(tokens_per_expert: float, align: int) -> float:
+    """Tokens per expert after padding to the kernel's alignment (FP8 needs M in multiples of 16,
+    MXFP8 of 32 [REF §1])."""
+    return math.ceil(tokens_per_expert / align) * align if align > 1 else tokens_per_expert

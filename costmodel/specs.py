@@ -113,6 +113,13 @@ class ModelSpec:
     shared_expert_ffn_hidden: int = 0  # 0 -> expert_ffn_hidden (per shared expert)
     first_dense_layers: int = 0       # leading layers with a dense MLP (DeepSeek-V3: 3)
     moe_layer_freq: int = 1           # every n-th layer after those is MoE
+    # the router (config.json: scoring_func, n_group/topk_group, topk_method / aux-loss coefficient)
+    router_scoring: str = ""          # softmax | sigmoid ("" -> softmax)
+    router_balance: str = ""          # aux_loss | aux_free (DeepSeek-V3's bias update, "noaux_tc"); "" -> aux_loss
+    router_aux_coeff: float = 0.0     # the auxiliary loss's coefficient (Mixtral 0.02, Qwen3 0.001); 0: not given
+    router_groups: int = 0            # expert groups (DeepSeek-V3: 8); 0: none
+    router_topk_groups: int = 0       # groups a token may use (DeepSeek-V3: 4, node-limited routing)
+    mtp_layers: int = 0               # multi-token-prediction modules (DeepSeek-V3: 1), trained with the model
     # multi-latent attention (DeepSeek-V2/V3)
     attention: str = "mha"            # mha (covers GQA/MQA) | mla
     q_lora_rank: int = 0
@@ -162,6 +169,14 @@ class ModelSpec:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
             if self.shared_expert_ffn_hidden == 0:
                 object.__setattr__(self, "shared_expert_ffn_hidden", self.expert_ffn_hidden)
+            if self.router_scoring not in ("", "softmax", "sigmoid"):
+                raise SpecError(f"{where}: router_scoring must be softmax or sigmoid, got {self.router_scoring!r}")
+            if self.router_balance not in ("", "aux_loss", "aux_free"):
+                raise SpecError(f"{where}: router_balance must be aux_loss or aux_free, got {self.router_balance!r}")
+            if self.router_topk_groups > self.router_groups or (
+                    self.router_groups and self.num_experts % self.router_groups):
+                raise SpecError(f"{where}: router_topk_groups {self.router_topk_groups} must be <= router_groups "
+                                f"{self.router_groups}, which must divide num_experts {self.num_experts}")
             if self.moe_layer_freq < 1 or self.first_dense_layers < 0 or self.first_dense_layers > self.layers:
                 raise SpecError(f"{where}: moe_layer_freq {self.moe_layer_freq} must be >= 1 and "
                                 f"first_dense_layers {self.first_dense_layers} in 0..{self.layers}")
@@ -677,7 +692,14 @@ class Workload:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    """Degrees and execution choices. ``tp*pp*dp*cp`` is the world size; ep divides dp*cp."""
+    """Degrees and execution choices. ``tp*pp*dp*cp`` is the world size.
+
+    Routed experts have their own layout (Megatron-Core's "MoE parallel folding", Liu et al.,
+    arXiv 2504.14960, and ``megatron/core/parallel_state.py``): each stage's ``tp*cp*dp`` ranks
+    are regrouped as expert tensor parallel ``etp`` (innermost) x expert parallel ``ep`` x expert
+    data parallel ``expert_dp``, so ``etp*ep`` must divide ``tp*cp*dp`` (Megatron asserts
+    ``world % (etp*ep*pp) == 0``). ``etp`` 0 means ``tp`` (Megatron's default for
+    ``--expert-tensor-parallel-size``), and then ``ep`` divides ``dp*cp`` as before."""
     __hash__ = _cached_hash
 
     tp: int = 1
@@ -685,6 +707,7 @@ class ParallelConfig:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 0                     # expert tensor parallel; 0 -> tp
     zero: int = 1                    # 0 DDP, 1 optimizer, 2 +grads, 3 +params (FSDP)
     dp_shard: int = 0                # ZeRO shard group size; 0 -> dp; < dp -> HSDP
     sp: bool = False                 # sequence parallel (with tp > 1)
@@ -708,6 +731,10 @@ class ParallelConfig:
             raise SpecError(f"parallel: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.dp_shard == 0:
             object.__setattr__(self, "dp_shard", self.dp)
+        if self.etp == 0:
+            object.__setattr__(self, "etp", self.tp)
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 1:
+            raise SpecError(f"parallel: etp must be an integer >= 1 (0 means tp), got {describe(self.etp)}")
         if self.dp_shard < 1 or self.dp % self.dp_shard:
             raise SpecError(f"parallel: dp_shard {self.dp_shard} must divide dp {self.dp}")
         if not self.schedule:
@@ -723,6 +750,16 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel: the ranks of a stage holding the same expert shard."""
+        return max(1, self.tp * self.cp * self.dp // (self.etp * self.ep))
+
+    @property
+    def folded(self) -> bool:
+        """Is the expert layout folded over TP (``etp != tp``)? Then EP spans TP ranks too."""
+        return self.etp != self.tp
 
     @property
     def hsdp(self) -> bool:
@@ -745,7 +782,10 @@ class ParallelConfig:
         return min(stage_recompute_layers, num_layers) if fixed is None else fixed
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.etp == self.tp:
+            del out["etp"]           # the default: plan files without expert TP stay as they were
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "parallel") -> "ParallelConfig":
@@ -809,6 +849,27 @@ def ep_problems(model: ModelSpec, ep: int) -> list[str]:
     return []
 
 
+def expert_layout_problems(par: ParallelConfig) -> list[str]:
+    """Can a stage's ``tp*cp*dp`` ranks hold the expert layout ``etp x ep x expert_dp``? The one
+    rule (Megatron-Core's ``world % (etp*ep*pp) == 0``, ``parallel_state.initialize_model_parallel``);
+    with ``etp == tp`` it is the old ``ep`` divides ``dp*cp``. Folding EP over TP needs sequence
+    parallelism when ``tp > 1`` (Megatron-LM asserts it for MoE with TP: each TP rank routes its
+    own share of the tokens)."""
+    out = []
+    stage = par.tp * par.cp * par.dp
+    if not par.folded:
+        if par.ep > 1 and (par.dp * par.cp) % par.ep:
+            out.append(f"ep {par.ep} must divide dp*cp = {par.dp * par.cp} (experts are spread over "
+                       "data-parallel ranks); or set etp to fold EP over TP too")
+        return out
+    if stage % (par.etp * par.ep):
+        out.append(f"etp*ep = {par.etp}*{par.ep} = {par.etp * par.ep} must divide tp*cp*dp = {stage} "
+                   "(the ranks of one pipeline stage)")
+    if par.tp > 1 and not par.sp:
+        out.append(f"etp {par.etp} != tp {par.tp} needs sequence parallel (sp) with tp > 1")
+    return out
+
+
 def _shape_problems(model: ModelSpec, tp: int, ep: int) -> tuple[str, ...]:
     """``tp_problems + ep_problems``, kept on the model (validate runs for every estimate)."""
     memo = model.__dict__.setdefault("_memo_shape_problems", {})
@@ -827,12 +888,11 @@ def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         problems.append(f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.world_size}, "
                         f"but there are {n} GPUs")
     problems += _shape_problems(model, par.tp, par.ep)
+    if par.folded and model.is_moe and model.expert_ffn_hidden % par.etp:
+        problems.append(f"etp {par.etp} does not divide expert_ffn_hidden {model.expert_ffn_hidden}")
     if par.pp * par.vpp > model.layers:
         problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}")
-    if par.ep > 1:
-        if (par.dp * par.cp) % par.ep:
-            problems.append(f"ep {par.ep} must divide dp*cp = {par.dp * par.cp} (experts are spread "
-                            "over data-parallel ranks)")
+    problems += expert_layout_problems(par)
     if workload.seq_len % par.cp:
         problems.append(f"cp {par.cp} does not divide seq_len {workload.seq_len}")
     if par.sp and workload.seq_len // par.cp % par.tp:
@@ -876,6 +936,7 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "default_stages",
+    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "expert_layout_problems",
+    "default_stages",
     "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

@@ -60,14 +60,16 @@ class _Shared:
         self.meshes: dict[tuple, StageMesh] = {}
         self.flights: dict[tuple, list[float]] = {}
 
-    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay) -> tuple[LayerCost, LayerTerms]:
+    def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
+              etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
-        key = (moe, par.tp, par.cp, par.ep, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay)
+        key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
+               etp_lay)
         hit = self.layers.get(key)
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8)
+                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
             # TP overlap needs sequence parallelism (Megatron's --tp-comm-overlap requires it)
             tp_overlap = self.framework.tp_comm_overlap and par.sp and par.tp > 1
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
@@ -75,12 +77,18 @@ class _Shared:
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
-        """Where a layer's TP, EP and CP groups sit in the mesh (``comm.group_layout``): what its
-        communication terms depend on."""
+        """Where a layer's TP, EP, CP and expert-TP groups sit in the mesh (``comm.group_layout``):
+        what its communication terms depend on. EP strides over dp; folded (``ParallelConfig.etp``
+        != tp: Megatron-Core's expert rank generator, order tp-ep-dp inside a stage) ETP is innermost
+        along TP and EP follows it, the stage's tp*cp*dp ranks taken as consecutive from the TP
+        stride on. The expert-TP layout is None where it is the TP group's."""
         gpn = grp.nvlink_gpus
         degrees = _degrees(par)
-        return (group_layout(degrees, order, "tp", gpn), layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn),
-                group_layout(degrees, order, "cp", gpn))
+        tp_lay, cp_lay = group_layout(degrees, order, "tp", gpn), group_layout(degrees, order, "cp", gpn)
+        if par.folded:
+            ts = axis_stride(degrees, order, "tp")
+            return tp_lay, layout_for(par.ep, ts * par.etp, gpn), cp_lay, layout_for(par.etp, ts, gpn)
+        return tp_lay, layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn), cp_lay, None
 
     def inflight(self, par: ParallelConfig) -> list[float]:
         """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
@@ -94,7 +102,8 @@ class _Shared:
         """The ``StageMesh`` of a node group, mesh order and micro-batch: where the dp, ZeRO-shard
         and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
-        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.dp_shard, par.sp, par.micro_batch, grp.name)
+        key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.etp, par.dp_shard, par.sp, par.micro_batch,
+               grp.name)
         mesh = self.meshes.get(key)
         if mesh is not None:
             return mesh
@@ -103,7 +112,7 @@ class _Shared:
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
         dp_stride = axis_stride(degrees, order, "dp")
-        tp_lay, ep_lay, cp_lay = self.layer_layouts(par, order, grp)
+        tp_lay, ep_lay, cp_lay, etp_lay = self.layer_layouts(par, order, grp)
         dp_only = group_layout(degrees, order, "dp", gpn)
         e_shard = expert_shard(par)
         # the ranks that hold the same dense weights are the dp x cp ranks (context parallel
@@ -117,11 +126,19 @@ class _Shared:
         rep_lay = layout_for(par.dp // par.dp_shard, dp_stride * par.dp_shard, gpn)
         e_rep_lay = layout_for(max(1, par.dp * par.cp // par.ep // e_shard), dp_stride * par.ep * e_shard, gpn)
         e_all_lay = layout_for(par.dp * par.cp // par.ep, dp_stride * par.ep, gpn)
+        if par.folded:
+            # MoE parallel folding: expert-DP follows ETP x EP (``layer_layouts``)
+            base = axis_stride(degrees, order, "tp") * par.etp * par.ep
+            edp = par.expert_dp
+            e_lay = layout_for(e_shard, base, gpn)
+            e_rep_lay = layout_for(max(1, edp // e_shard), base * e_shard, gpn)
+            e_all_lay = layout_for(edp, base, gpn)
         dense, dense_terms = self.layer(False, par, grp, tp_lay, ep_lay, cp_lay)
-        moe, moe_terms = self.layer(True, par, grp, tp_lay, ep_lay, cp_lay) if model.is_moe else (None, None)
+        moe, moe_terms = (self.layer(True, par, grp, tp_lay, ep_lay, cp_lay, etp_lay) if model.is_moe
+                          else (None, None))
         ends = self.ends_of(par, grp)
         dense_p = layer_params(model, False, t, par.ep)
-        moe_p = layer_params(model, True, t, par.ep) if model.is_moe else None
+        moe_p = layer_params(model, True, t, par.ep, par.etp) if model.is_moe else None
         mesh = self.meshes[key] = StageMesh(
             group=grp, network=net, dense=dense, dense_terms=dense_terms, moe=moe, moe_terms=moe_terms, ends=ends,
             head_compute_s=head_compute_s(ends), head_model_flops=3 * ends.head_model_flops_fwd,
@@ -144,7 +161,7 @@ class _Shared:
         """FP8 scaling state of one layer's GEMM weights on a GPU (``Fp8Recipe.scaling_state_bytes``)."""
         if self.fp8 is None or (moe and not self.model.is_moe):
             return 0.0
-        mats = layer_matrices(self.model, moe, par.tp, par.ep)
+        mats = layer_matrices(self.model, moe, par.tp, par.ep, par.etp)
         return self.fp8.scaling_state_bytes(sum(m.count for m in mats if m.role != "router"))
 
     def ends_of(self, par: ParallelConfig, grp) -> EndsCost:
@@ -248,8 +265,8 @@ def stage_compute_time(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     (no ``StageMesh``), for the search's group bound."""
     sh = _shared(model, cluster, workload, framework_profile(framework))
     grp = cluster.group(group)
-    tp_lay, ep_lay, cp_lay = sh.layer_layouts(par, order, grp)
+    tp_lay, ep_lay, cp_lay, etp_lay = sh.layer_layouts(par, order, grp)
     dense = sh.layer(False, par, grp, tp_lay, ep_lay, cp_lay)[1]
-    moe = sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay)[1] if n_moe else None
+    moe = sh.layer(True, par, grp, tp_lay, ep_lay, cp_lay, etp_lay)[1] if n_moe else None
     head = head_compute_s(sh.ends_of(par, grp)) * head_share if head_share else 0.0
     return LayerSums(*layer_sums(dense, n_dense, 0.0, moe, n_moe, 0.0, par.recompute == "selective")).time_s + head

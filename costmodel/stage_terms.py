@@ -103,6 +103,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: bool = False, ep_ove
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown) if tp_overlap else lc.tp_fwd_s
     ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
+    tp_fwd += lc.etp_fwd_s
     return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=2 * tp_fwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
@@ -336,12 +338,28 @@ class StageModel:
         comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
             mesh.dense_terms, n_dense, r - r_moe, mesh.moe_terms, n_moe, r_moe, self.selective)
         ec = mesh.ends
+        mtp = sh.model.mtp_layers if self.last else 0
         if self.last:
             comp += mesh.head_compute_s
             model_flops += mesh.head_model_flops
             hw_flops += mesh.head_model_flops
-        dense_params = n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
-        expert_params = n_moe * mesh.routed_per_gpu
+        if mtp:
+            # DeepSeek-V3's multi-token-prediction modules (Sec. 2.2; Megatron's --mtp-num-layers, on
+            # the last stage): each one more layer of the model's kind, the shared output head once
+            # more and its 2h -> h projection (counted with the head: same token count, 2h/V of it)
+            lt = mesh.moe_terms or mesh.dense_terms
+            head = 1.0 + 2.0 * sh.model.hidden / sh.model.vocab
+            comp += mtp * (lt.compute_s + head * mesh.head_compute_s)
+            tp += mtp * lt.tp_comm_s
+            ep += mtp * lt.ep_comm_s
+            cp += mtp * lt.cp_comm_s
+            model_flops += mtp * (lt.model_flops + head * mesh.head_model_flops)
+            hw_flops += mtp * (lt.hw_flops + head * mesh.head_model_flops)
+            act_stored += mtp * (lt.act_selective_bytes if self.selective else lt.act_bytes)
+        mtp_dense = (mesh.moe_layer_params if mesh.moe_terms else mesh.dense_layer_params) if mtp else 0.0
+        dense_params = (n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
+                        + mtp * (mtp_dense + 2.0 * sh.model.hidden ** 2 / self.par.tp))
+        expert_params = (n_moe + (mtp if mesh.moe_terms else 0)) * mesh.routed_per_gpu
         w_b, g_b, k_b = sh.w_b, sh.g_b, sh.k_b
         zs = self.zero
         zero = zs.zero

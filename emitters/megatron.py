@@ -87,7 +87,45 @@ def model_args(plan: Plan) -> list:
         pattern = _moe_layer_pattern(plan)
         if pattern:
             a += ["--moe-layer-freq", pattern]
-        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        a += moe_args(plan)
+    return a
+
+
+# How this file runs MoE layers: the alltoall dispatcher with Transformer Engine's fused permutation
+# and router (the Megatron-Core MoE README's performance recommendations). The megatron profile
+# prices exactly these (``costmodel.frameworks`` ``FRAMEWORKS["megatron"].moe``, rules in
+# ``costmodel.moe``); tests/test_moe_etp.py parses the file back and holds the two together.
+MOE_DISPATCHER = "alltoall"
+MOE_PERMUTE_FUSION = True
+MOE_ROUTER_FUSION = True
+
+
+def moe_args(plan: Plan) -> list:
+    """The MoE execution flags (``MOE_*`` above) and the router as the model's config has it: its
+    score function, group-limited routing, and its balancing, whose coefficient sets the priced
+    load factor (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and
+    written as 1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
+    m = plan.model
+    a: list = ["--moe-token-dispatcher-type", MOE_DISPATCHER, "--moe-grouped-gemm"]
+    if MOE_PERMUTE_FUSION:
+        a.append("--moe-permute-fusion")
+    if MOE_ROUTER_FUSION:
+        a.append("--moe-router-fusion")
+    a += ["--moe-router-dtype", "fp32"]
+    if m.router_scoring == "sigmoid":
+        a += ["--moe-router-score-function", "sigmoid"]
+    if m.router_groups:
+        a += ["--moe-router-num-groups", m.router_groups, "--moe-router-group-topk", m.router_topk_groups]
+    if m.mtp_layers:
+        # DeepSeek-V3's multi-token prediction (priced on the last stage: costmodel.training); the
+        # report's loss weight 0.1 for the first 10T tokens (Sec. 4.2)
+        a += ["--mtp-num-layers", m.mtp_layers, "--mtp-loss-scaling-factor", "0.1"]
+    if m.router_balance == "aux_free":
+        # DeepSeek-V3: the bias update (rate 1e-3, Sec. 2.1.2) and a small sequence-wise loss
+        a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-3",
+              "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-4)]
+    else:
+        a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
     return a
 
 
@@ -105,11 +143,13 @@ def _virtual_counts(plan: Plan) -> list[int]:
 
 def layout(plan: Plan) -> str:
     """``--pipeline-model-parallel-layout``: ``E`` (embedding) on the first stage, ``t*n`` decoder
-    layers per stage, ``L`` (loss) on the last, stages separated by ``|`` (Megatron's
+    layers per stage, ``m`` per multi-token-prediction module and ``L`` (loss) on the last, stages
+    separated by ``|`` (Megatron's
     ``PipelineParallelLayerLayout`` expands ``t*n``)."""
     counts = _virtual_counts(plan)
     last = len(counts) - 1
-    return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if s == last else "")
+    mtp = "m" * plan.model.mtp_layers          # multi-token prediction, before the loss
+    return "|".join(("E" if s == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + (mtp + "L" if s == last else "")
                     for s, n in enumerate(counts))
 
 
@@ -217,7 +257,8 @@ def parallel_args(plan: Plan) -> tuple[list, bool]:
     if mapping == 1:
         a.append("--use-tp-pp-dp-mapping")
     if m.is_moe:
-        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.tp]
+        # the expert layout (MoE parallel folding: etp x ep over the stage's tp x cp x dp ranks)
+        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp]
     elif p.ep > 1:
         raise CannotExpress(TARGET, f"ep={p.ep}", f"{m.name} has no experts")
     if p.sp:

@@ -253,23 +253,31 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-distributed-optimizer-instances",
             "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
             "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval", "--rotary-base",
-            "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters"]
+            "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters", "--moe-router-num-groups",
+            "--moe-router-group-topk", "--mtp-num-layers"]
     for f in ints:
         p.add_argument(f, type=int)
     for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout", "--norm-epsilon",
               "--rope-scaling-factor", "--init-method-std", "--weight-decay", "--adam-beta1", "--adam-beta2",
-              "--adam-eps"]:
+              "--adam-eps", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--moe-expert-capacity-factor",
+              "--mtp-loss-scaling-factor"]:
         p.add_argument(f, type=float)
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--multi-latent-attention", "--moe-grouped-gemm", "--sequence-parallel", "--use-tp-pp-dp-mapping",
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
-             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling"]
+             "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
+             "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"])
+    p.add_argument("--moe-router-dtype", choices=["fp32", "fp64"])
+    p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"])
+    p.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss",
+                                                                "sinkhorn", "none"])
     p.add_argument("--moe-layer-freq")
     p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
@@ -369,6 +377,8 @@ def test_megatron_round_trip(name, tmp_path):
     assert a.num_query_groups == (m.kv_heads if m.kv_heads < m.heads else None)
     if m.is_moe:
         assert (a.num_experts, a.moe_router_topk, a.expert_model_parallel_size) == (m.num_experts, m.top_k, p.ep)
+        # Megatron-Core's expert grid: world % (etp * ep * pp) == 0 (parallel_state.initialize_model_parallel)
+        assert a.expert_tensor_parallel_size == p.etp and world % (p.etp * p.ep * p.pp) == 0
     if p.cp > 1:
         assert a.seq_length % (2 * a.context_parallel_size) == 0
     # pipeline split

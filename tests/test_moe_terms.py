@@ -1,5 +1,6 @@
-"""MoE terms (``costmodel.moe``): permutation and router traffic by hand, the load factor, the
-all-to-all overlap a framework may run, and the MoE validation rows."""
+"""MoE rules (``costmodel.moe``), each against a hand derivation or the published figure it rests
+on; how ``layer_cost`` uses them; the all-to-all overlap a framework may run; the MoE validation
+rows."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,38 +8,208 @@ import dataclasses
 import pytest
 
 from costmodel import moe
-from costmodel.catalog import get_model
+from costmodel.catalog import from_hf_config, get_model
 from costmodel.comm import GroupLayout
 from costmodel.frameworks import FRAMEWORKS
-from costmodel.layers import layer_cost
-from costmodel.specs import ParallelConfig, Workload
+from costmodel.layers import layer_cost, layer_matrices
+from costmodel.specs import LinkSpec, ParallelConfig, SpecError, Workload
 from costmodel.training import estimate
+from costmodel.units import US
 from profiles.clusters import load_cluster
 
 ONE = GroupLayout(1, 1)
+NVLINK4 = LinkSpec(name="nvlink4", bandwidth_bytes_per_s=450e9, latency_s=3 * US)
+IB = LinkSpec(name="ib", bandwidth_bytes_per_s=50e9, latency_s=5 * US)
 
 
-def test_permutation_and_router_traffic_by_hand():
-    # 4096 tokens routed 8 ways, h 7168, BF16: permute reads T*h and writes T*k*h, unpermute the
-    # reverse: 2 * (T*h + T*k*h) * 2 bytes; router softmax/top-k over T x 256 FP32 logits, read + write
-    T, k, h, E = 4096, 8, 7168, 256
-    assert moe.permute_bytes(T, k, h, 2) == 2 * (T * h + T * k * h) * 2
-    assert moe.router_bytes(T, E) == 2 * T * E * 4
-    assert moe.load_factor(1.3) == 1.3
-    assert moe.load_factor(1.3, capacity_factor=1.1) == 1.1
+# ---- grouped GEMM ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens, published", [(1024, 0.92), (512, 0.77), (256, 0.69), (128, 0.40)])
+def test_grouped_gemm_falls_with_tokens_per_expert_as_deepgemm_measured(tokens, published):
+    # DeepGEMM on H800 (reference §1): the fraction of the large-M rate at small tokens per group;
+    # m/(m+153) stays within 0.08 of each published point (a one-parameter curve through four)
+    big = moe.grouped_gemm_factor(8192, 7168)
+    assert moe.grouped_gemm_factor(tokens, 7168) / big == pytest.approx(published, abs=0.08)
 
 
-def test_moe_layer_pays_the_permutation_traffic():
-    m = get_model("mixtral-8x7b")
+def test_grouped_gemm_narrow_k_is_slower_as_published():
+    # K=2048 shapes run 10-25% below K=7168 ones at the same M (DeepGEMM): K0 puts it at 0.82
+    r = moe.grouped_gemm_factor(4096, 2048) / moe.grouped_gemm_factor(4096, 7168)
+    assert r == pytest.approx(0.82, abs=0.005)
+    assert 0.75 <= r <= 0.90
+    # a wider K never beats the reference width; and 4096-token groups at K=7168 run at 0.94 x
+    # m/(m+153) of the dense kernel (1346 vs 1426 TFLOPS)
+    assert moe.grouped_gemm_factor(4096, 16384) == pytest.approx(0.94 * 4096 / (4096 + 153))
+
+
+def test_small_experts_make_the_moe_layer_slower_than_its_flops_say():
+    # Qwen3-30B-A3B's 768-wide experts: its expert GEMMs run at a lower fraction of peak than
+    # Mixtral's 14336-wide ones at the same tokens per expert
     cl = load_cluster("dgx-h100").with_gpus(8)
     g = cl.groups[0]
     wl = Workload(global_batch=8, seq_len=4096)
-    lc = layer_cost(m, True, wl, 1, 1, 1, False, 1, g.gpu, cl, g.intra_node, ONE, ONE, ONE)
-    base = 2.0 * lc.act_bytes / g.gpu.hbm_bandwidth_bytes_per_s
-    extra = (moe.permute_bytes(4096, m.top_k, m.hidden, 2) + moe.router_bytes(4096, m.num_experts)) \
-        / g.gpu.hbm_bandwidth_bytes_per_s
-    assert lc.elementwise_fwd_s == pytest.approx(base + extra)
 
+    def expert_rate(name):
+        m = get_model(name)
+        lc = layer_cost(m, True, wl, 1, 1, 1, False, 1, g.gpu, cl, g.intra_node, ONE, ONE, ONE)
+        mats = layer_matrices(m, True, 1, 1)
+        t = 4096 * m.top_k / m.num_experts
+        flops = sum(2 * t * mx.n * mx.k * mx.count for mx in mats if mx.role == "expert")
+        others = sum(2 * 4096 * mx.n * mx.k * mx.count for mx in mats if mx.role != "expert")
+        return flops, others, lc.gemm_fwd_s
+    f_small, o_small, t_small = expert_rate("qwen3-30b-a3b")
+    f_big, o_big, t_big = expert_rate("mixtral-8x7b")
+    assert f_small / t_small < f_big / t_big
+
+
+# ---- permutation, router, host ------------------------------------------------------------------
+
+def test_permutation_and_router_by_hand():
+    # 4096 tokens routed 8 ways, h 7168, BF16: permute reads T*h and writes T*k*h, unpermute the
+    # reverse; at 0.25 of HBM unfused, 0.40 fused
+    T, k, h, E = 4096, 8, 7168, 256
+    hbm = 3.35e12
+    assert moe.permute_bytes(T, k, h, 2) == 2 * (T * h + T * k * h) * 2
+    assert moe.permute_time_s(hbm, T, k, h, 2, False) == pytest.approx(2 * (T * h + T * k * h) * 2 / (0.25 * hbm))
+    assert moe.permute_time_s(hbm, T, k, h, 2, True) == pytest.approx(2 * (T * h + T * k * h) * 2 / (0.40 * hbm))
+    assert moe.router_bytes(T, E) == 2 * T * E * 4
+    # the tiny case is launch-bound: five unfused kernels of 3.9 us
+    assert moe.permute_time_s(hbm, 1, 1, 128, 2, False) == pytest.approx(5 * 15.5e-6 / 4)
+
+
+def test_router_floor_is_the_published_decode_measurement():
+    # Megatron-LM PR #6456: 128 experts, 256 tokens: 4 kernels in 15.5 us unfused, 1 in 2.0 us fused
+    assert moe.router_time_s(3.35e12, 256, 128, False) == pytest.approx(15.5e-6)
+    assert moe.router_time_s(3.35e12, 256, 128, True) == pytest.approx(2.0e-6)
+
+
+def test_dropless_pays_a_host_sync_a_capacity_factor_does_not():
+    assert moe.MoeExecution().dropless and moe.host_sync_s(True) > 0
+    cf = moe.MoeExecution(capacity_factor=1.25)
+    assert not cf.dropless and moe.host_sync_s(cf.dropless) == 0.0
+
+
+# ---- imbalance ----------------------------------------------------------------------------------
+
+def test_load_factor_by_balancing():
+    assert moe.load_factor("aux_free", 0.0) == pytest.approx(1.04)       # LFB Table 2
+    strong = moe.load_factor("aux_loss", 1e-2)
+    weak = moe.load_factor("aux_loss", 1e-3)
+    assert 1.0 < strong < weak
+    assert moe.load_factor("aux_loss", 0.0) == weak                       # unknown: the slower one
+    assert moe.load_factor("aux_loss", 1e-3, capacity_factor=1.1) == 1.1  # dropped above, padded below
+    assert moe.load_factor("aux_free", 0.0, capacity_factor=1.25) == 1.25
+    assert moe.load_factor("aux_loss", 1e-3, ep=1) == 1.0                 # one rank holds every expert
+
+
+def test_load_factors_reproduce_their_forced_balance_pairs():
+    # bench/fit_moe_imbalance.py's result is what costmodel/moe.py holds (to the rounding)
+    import bench.fit_moe_imbalance as fit
+    import yaml
+    cases = {c["name"]: c for c in yaml.safe_load(fit.RUNS.read_text())["cases"] if c.get("fit")}
+    for name in ("zoo-mixtral-8x22b-h100-128gpu", "zoo-qwen3-235b-h100-16k-cp1"):
+        kind, _, f = fit.fit_pair(cases[name + "-dropless"], cases[name + "-forced"])
+        assert moe.LOAD_FACTOR[kind] == pytest.approx(f, abs=0.02)
+
+
+def test_busiest_rank_sets_the_pace_and_holds_the_memory():
+    m = get_model("qwen3-235b-a22b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    g = cl.groups[0]
+    wl = Workload(global_batch=8, seq_len=4096)
+    ep8 = GroupLayout(8, 8)
+    args = (wl, 1, 1, 8, False, 1, g.gpu, cl, g.intra_node, ONE, ep8, ONE)
+    dropless = layer_cost(m, True, *args)
+    forced = layer_cost(m, True, *args, 1.0, None, 0, None, moe.MoeExecution(forced_balance=True))
+    assert dropless.gemm_fwd_s > forced.gemm_fwd_s
+    assert dropless.ep_fwd_s > forced.ep_fwd_s
+    assert dropless.act_bytes > forced.act_bytes
+    assert dropless.model_flops_fwd == pytest.approx(forced.model_flops_fwd)   # the excess is time, not work
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+
+def test_dispatch_bytes_one_owner_for_training_and_serving():
+    assert moe.dispatch_bytes(2048, 8, 4096, 2) == 2048 * 8 * 4096 * 2
+    assert moe.dispatch_bytes(2048, 8, 4096, 2, load=1.5) == 1.5 * 2048 * 8 * 4096 * 2
+    import inspect
+
+    from costmodel import inference, layers
+    assert "dispatch_bytes(" in inspect.getsource(layers.layer_cost)
+    assert "dispatch_bytes(" in inspect.getsource(inference)
+
+
+def test_fp8_dispatch_moves_the_scales_and_combines_in_bf16():
+    ex = moe.MoeExecution(fp8_dispatch=True)
+    assert moe.dispatch_value_bytes(2, ex, combine=False) == pytest.approx(1 + 4 / 128)   # DeepEP's fp8_factor x 2
+    assert moe.dispatch_value_bytes(2, ex, combine=True) == 2
+    assert moe.dispatch_value_bytes(2, moe.MoeExecution(), combine=False) == 2
+
+
+def test_nccl_all_to_all_inside_a_node_matches_the_published_64mb_time():
+    # 8 x H100, NCCL all-to-all of 64 MB: 210 us (SGLang#22583)
+    t = moe.dispatch_time_s(64e6, 8, 8, 8, NVLINK4, IB, moe.MoeExecution())
+    assert t == pytest.approx(210e-6, rel=0.05)
+
+
+def test_node_limited_routing_by_hand():
+    # 8 experts uniform over 8 nodes: 8 (1 - (7/8)^8) = 5.25 distinct nodes, 7/8 of them remote;
+    # DeepSeek-V3's limit of 4 nodes: 4 * 7/8 = 3.5
+    assert moe.remote_node_copies(8, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8) * 7 / 8)
+    assert moe.remote_node_copies(8, 8, 4) == pytest.approx(3.5)
+    assert moe.node_limit(8, 4, 8) == 4 and moe.node_limit(8, 4, 16) == 8 and moe.node_limit(0, 0, 8) == 0
+
+
+def test_deepep_sends_once_per_node_alltoall_once_per_copy():
+    sent = 2048 * 8 * 7168 * 2.0
+    a2a = moe.dispatch_time_s(sent, 8, 64, 8, NVLINK4, IB, moe.MoeExecution())
+    dep = moe.dispatch_time_s(sent, 8, 64, 8, NVLINK4, IB, moe.MoeExecution(dispatcher="deepep"), 8, 4)
+    # by hand: the network tier dominates both
+    assert a2a == pytest.approx(56 / 64 * sent / (0.97 * 50e9) + 3e-6 + 5e-6)
+    assert dep == pytest.approx(sent / 8 * 3.5 / (1.02 * 50e9) + 3e-6 + 5e-6)
+    # the busiest rank's load slows alltoall's network tier, not DeepEP's (its receiver is the
+    # sender's same-index GPU)
+    assert moe.dispatch_time_s(sent, 8, 64, 8, NVLINK4, IB, moe.MoeExecution(), load=1.5) > 1.4 * a2a
+    dep_l = moe.dispatch_time_s(sent, 8, 64, 8, NVLINK4, IB, moe.MoeExecution(dispatcher="deepep"), 8, 4, load=1.5)
+    assert dep_l == pytest.approx(dep)
+
+
+def test_unknown_dispatcher_is_refused():
+    with pytest.raises(ValueError, match="dispatcher"):
+        moe.MoeExecution(dispatcher="nccl2")
+
+
+# ---- the router from config.json -----------------------------------------------------------------
+
+def _dsv3_config(**kw):
+    cfg = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+           "vocab_size": 129280, "intermediate_size": 18432, "n_routed_experts": 256, "num_experts_per_tok": 8,
+           "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+           "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+           "scoring_func": "sigmoid", "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+           "aux_loss_alpha": 0.001, "num_nextn_predict_layers": 1, "max_position_embeddings": 163840}
+    cfg.update(kw)
+    return cfg
+
+
+def test_router_read_from_config_json():
+    m = from_hf_config(_dsv3_config(), "dsv3")
+    assert (m.router_scoring, m.router_groups, m.router_topk_groups, m.router_balance, m.mtp_layers) == \
+        ("sigmoid", 8, 4, "aux_free", 1)
+    q = from_hf_config({"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+                        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                        "intermediate_size": 6144, "num_experts": 128, "num_experts_per_tok": 8,
+                        "moe_intermediate_size": 768, "router_aux_loss_coef": 0.001}, "q3")
+    assert (q.router_balance, q.router_aux_coeff, q.router_groups) == ("aux_loss", 0.001, 0)
+
+
+@pytest.mark.parametrize("field, value", [("scoring_func", "relu"), ("n_group", -1), ("router_aux_loss_coef", "x")])
+def test_bad_router_field_is_named(field, value):
+    with pytest.raises(SpecError, match=field.split("_coef")[0]):
+        from_hf_config(_dsv3_config(**{field: value}), "dsv3")
+
+
+# ---- the layer and the step ------------------------------------------------------------------------
 
 def test_expert_all_to_all_overlap_hides_what_compute_covers():
     m = get_model("mixtral-8x7b")
@@ -50,18 +221,31 @@ def test_expert_all_to_all_overlap_hides_what_compute_covers():
     a = estimate(m, cl, wl, par, framework=plain)
     b = estimate(m, cl, wl, par, framework=over)
     assert a.time["ep_comm_s"] > 0
-    # overlapped, only the slowdown share of the hidden part is left (plus any excess over compute)
     assert b.time["ep_comm_s"] < 0.5 * a.time["ep_comm_s"]
     assert b.step_time_s < a.step_time_s
+
+
+def test_fused_permutation_is_priced_only_where_the_file_sets_it():
+    m = get_model("qwen3-30b-a3b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    g = cl.groups[0]
+    wl = Workload(global_batch=8, seq_len=4096)
+    args = (wl, 1, 1, 8, False, 1, g.gpu, cl, g.intra_node, ONE, GroupLayout(8, 8), ONE, 1.0, None, 0, None)
+    plain = layer_cost(m, True, *args, moe.MoeExecution())
+    fused = layer_cost(m, True, *args, moe.MoeExecution(permute_fusion=True, router_fusion=True))
+    assert fused.elementwise_fwd_s < plain.elementwise_fwd_s
+    assert FRAMEWORKS["megatron"].moe.permute_fusion and not FRAMEWORKS["torchtitan"].moe.permute_fusion
 
 
 def test_moe_validation_section():
     from planner.cli.validation import all_rows, markdown, moe_rows
     rows = all_rows(include_holdout=False)
     sel = [r for r in rows if r.split == "moe"]
-    assert any("mixtral" in r.case for r in sel)
+    fit = [r for r in rows if r.split == "moe-fit"]
+    assert any("mixtral" in r.case for r in sel) and fit
+    # at least four public sources among the out-of-source rows
+    assert len({r.source.split(" @")[0].split(",")[0] for r in sel}) >= 4
     text = markdown(rows)
     assert "## Mixture-of-experts training runs" in text
-    # a case whose cluster the catalog lacks is named, not silently dropped
     for p in moe_rows.pending:
         assert p.split(":")[0] in text

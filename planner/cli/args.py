@@ -44,7 +44,8 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 def add_degree_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallel dimensions (fixed when given)")
     for name, help in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("dp", "data parallel"),
-                       ("cp", "context parallel"), ("ep", "expert parallel (inside dp)"),
+                       ("cp", "context parallel"), ("ep", "expert parallel (inside dp x cp; with --etp, tp x cp x dp)"),
+                       ("etp", "expert tensor parallel (default tp; 1 folds EP over TP: Megatron's MoE parallel folding)"),
                        ("vpp", "virtual stages per pipeline rank"), ("micro-batch", "sequences per micro-batch"),
                        ("grad-accum", "micro-batches per step"), ("dp-shard", "ZeRO shard group (< dp: HSDP)"),
                        ("recompute-layers", "layers per stage with full recompute")):
@@ -56,7 +57,7 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
 
 
-DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
+DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
                "zero", "sp", "recompute", "schedule")
 
 

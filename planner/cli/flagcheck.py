@@ -49,7 +49,7 @@ _COMMON: dict[str, tuple[float, float, bool, str]] = {
     "global_batch": (0, MAX_BATCH, True, ""),
     "seq_len": (0, MAX_SEQ, True, "tokens"),
     "seed": (0, MAX_SEED, False, ""),
-    **{k: (1, MAX_GPUS, False, "") for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "dp_shard")},
+    **{k: (1, MAX_GPUS, False, "") for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "dp_shard")},
     "micro_batch": (1, MAX_BATCH, False, ""),
     "grad_accum": (1, MAX_BATCH, False, ""),
     "recompute_layers": (0, MAX_LAYERS, False, ""),
@@ -91,7 +91,7 @@ _FILE_OUTPUTS = {"plan": {"out": "plan.yaml", "csv": "candidates.csv"}, "replan"
 
 _PROBLEM = ("model", "cluster", "gpus", "global_batch", "seq_len", "dtype", "optimizer", "attention_kernel",
             "seed", "allow_long_context")
-_DEGREES = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
+_DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
             "zero", "sp", "recompute", "schedule", "mesh_order")
 _SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "kv_dtype", "max_batch",
             "request_rate", "batching", "disaggregation", "max_num_batched_tokens", "max_num_seqs",

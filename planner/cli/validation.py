@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.specs import ModelSpec, ParallelConfig, Workload
+from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
@@ -70,7 +70,9 @@ class Row:
 def _model(d: dict, name: str) -> ModelSpec:
     if "catalog" in d:
         from costmodel.catalog import get_model
-        return get_model(d["catalog"])
+        # the run's own router settings (the launch file's --moe-aux-loss-coeff) over the catalog's
+        over = {k: d[k] for k in ("router_aux_coeff", "router_balance") if k in d}
+        return dataclasses.replace(get_model(d["catalog"]), **over) if over else get_model(d["catalog"])
     fam = d.get("family", "gpt")
     base: dict[str, Any] = dict(name=name, layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
                                 ffn_hidden=d.get("ffn_hidden", 4 * d["hidden"]), vocab=d["vocab"])
@@ -144,23 +146,33 @@ def case_rows(case: dict, split: str) -> list[Row]:
         prof = dataclasses.replace(prof, tp_comm_overlap=False)
     elif "async" in str(case.get("execution", "")).lower():
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
-    if "dualpipe" in str(case.get("execution", "")).lower():
-        prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe overlaps the all-to-alls
-    via = ""
+    if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
+        prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
+    if case.get("profile"):
+        prof = dataclasses.replace(prof, **case["profile"])          # switches the run's files set otherwise
+    if case.get("moe"):
+        # how the run executed its MoE layers (costmodel.moe.MoeExecution), over the profile's
+        prof = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, **case["moe"]))
+    # a split the source does not give: one the case names (with how it was chosen), else the even one
+    stages = stages_from_counts(case["stages"]) if case.get("stages") else None
     if fw in FRAMEWORKS and fw != "generic":
-        via, stages, why = target_for(fw, model, cluster, wl, par)
+        # priced only through a target that runs this layout (its split, its profile), else refused
+        via, stages, why = target_for(fw, model, cluster, wl, par, stages)
         if not via:
             REFUSED[case["name"]] = why
             return []
         runs = T.record(via).table.for_config(par).runs
         prof = _with_overrides(prof, FRAMEWORKS.get(runs, FRAMEWORKS[T.record(via).profile]))
-        est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
-    else:
-        est = estimate(model, cluster, wl, par, framework=prof)
+    est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
     rep = case["reported"]
     rows = []
-    if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", None):
+    if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", "model-causal", None):
         pred = est.hardware_tflops_per_gpu if rep.get("tflops_kind") == "hardware" else est.model_tflops_per_gpu
+        if rep.get("tflops_kind") == "model-causal":
+            # Megatron-LM's count since 2025 (training.py num_floating_point_operations: "causal mask
+            # (only half of the mask is non-zero)"): half the paper convention's s x s attention, 12 s
+            # score_dim FLOPs per token per layer forward and backward
+            pred -= est.tokens_per_s_per_gpu * 6 * md["seq_len"] * model.score_dim * model.layers / 1e12
         rows.append(Row(case["name"], f"{rep.get('tflops_kind', 'model')} TFLOP/s per GPU", rep["tflops_per_gpu"],
                         pred, case["source"], split, fw))
     if "step_time_s" in rep:
@@ -178,17 +190,18 @@ def case_rows(case: dict, split: str) -> list[Row]:
 REFUSED: dict[str, str] = {}
 
 
-def target_for(fw: str, model, cluster, wl, par):
+def target_for(fw: str, model, cluster, wl, par, given=None):
     """The first target that runs this published layout of framework ``fw``, with the stage split
-    it places: ``(target, stages, "")``, or ``("", None, the binding reason)``."""
-    from costmodel.specs import default_stages, stages_from_counts
+    it places (``given``: the split the case names): ``(target, stages, "")``, or ``("", None,
+    the binding reason)``."""
+    from costmodel.specs import default_stages
     from planner.plan.planfile import Plan
     reasons = []
     for rec in T.records("train"):
         if not rec.planned or fw not in (rec.profile, T.PUBLISHED_AS.get(rec.profile), rec.table.for_config(par).runs):
             continue
-        stages = default_stages(model.layers, par.pp)
-        if rec.table.split == "partition" and par.pp > 1:
+        stages = tuple(given) if given else default_stages(model.layers, par.pp)
+        if not given and rec.table.split == "partition" and par.pp > 1:
             splits = T.partition_splits(rec.name, model, par.pp)
             if splits:
                 stages = stages_from_counts(list(next(iter(splits))))
@@ -275,7 +288,7 @@ def moe_rows() -> list[Row]:
             moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
             continue
         try:
-            rows += case_rows(c, "moe")
+            rows += case_rows(c, "moe-fit" if c.get("fit") else "moe")
         except SpecError as e:
             moe_rows.pending.append(f"{c['name']}: {e}")
     return rows
@@ -298,7 +311,10 @@ def markdown(rows: list[Row]) -> str:
                                                   "(reported, not fitted)"),
                                  ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
                                                          "(reported, not fitted: see each case's hardware_note)"),
-                                 ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml)"),
+                                 ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml; "
+                                         "out of source: no constant was chosen on them)"),
+                                 ("moe-fit", "Mixture-of-experts runs that chose a constant (the load factors of "
+                                             "costmodel/moe.py, bench/fit_moe_imbalance.py)"),
                                  ("holdout", "Training runs the model was not tuned on "
                                              "(calibration/holdout_runs.yaml)"),
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))

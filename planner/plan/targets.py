@@ -91,6 +91,9 @@ class TrainTarget:
     # ZeRO-1 runs as ZeRO-0 (DDP: the optimizer state is not sharded): never planned, and a plan
     # of ZeRO-1 is accepted when it fits as ZeRO-0 (``problems``)
     zero1_as_zero0: bool = False
+    # MoE parallel folding: routed experts on their own expert-TP x EP grid over the stage's
+    # tp x cp x dp ranks (``ParallelConfig.etp`` != tp); the sources entry "expert_fold" says where
+    expert_fold: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -350,6 +353,8 @@ MEGATRON_SOURCES = {
     "cp": f"{REF} 1.5: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
     "ep": f"{REF} 1.6: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
     "expert_tp": f"{REF} 1.2: --expert-tensor-parallel-size (default = TP)",
+    "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
+                   "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{REF} 1.4: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
     "vpp_split": f"{LREF} 3: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{REF} 1.4: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
@@ -375,7 +380,7 @@ MEGATRON_SOURCES = {
 MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
-    cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True,
+    cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
@@ -404,6 +409,8 @@ TORCHTITAN = TrainTarget(
               "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
         "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
+        "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
+                       "with etp = tp (docs/notes/stop-19/moe.md)",
         "vpp": f"{REF} 2.2: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
         "split": f"{REF} 2.3: module_fqns_per_model_part, any layers per stage",
@@ -451,6 +458,8 @@ DEEPSPEED = TrainTarget(
         "cp": f"{REF} 3.5: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
         "ep": f"{REF} 3.6: AutoEP expert_parallel.autoep_size (divides world/pp)",
         "expert_tp": f"{REF} 3.6: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
+        "expert_fold": f"{REF} 3.6: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
+                       "(emitters/deepspeed.py writes no folding)",
         "vpp": f"{REF} 3.3: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{REF} 3.3",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
@@ -528,10 +537,12 @@ MEGADS = TrainTarget(
 
 _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
+    expert_fold=False,
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
+             "expert_fold": f"{REF} 4.2: the MegatronLMPlugin has no expert tensor parallel size; not planned",
              "zero": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
@@ -560,7 +571,8 @@ _ACCEL_FSDP = TrainTarget(
         "hsdp": f"{REF} 4.1: dp_replicate_size x dp_shard_size",
         "cp": f"{REF} 4.1: cp_size (torch backend) under FSDP2",
         "ep": f"{REF} 4.1: no EP field",
-        "expert_tp": f"{REF} 4.1", "vpp": f"{REF} 4.1", "vpp_split": f"{REF} 4.1", "split": f"{REF} 4.1",
+        "expert_tp": f"{REF} 4.1", "expert_fold": f"{REF} 4.1: no EP field", "vpp": f"{REF} 4.1",
+        "vpp_split": f"{REF} 4.1", "split": f"{REF} 4.1",
         "recompute": f"{REF} 4.1: FSDP plugin activation_checkpointing (bool, whole model)",
         "recompute_block": f"{REF} 4.1", "recompute_per_stage": f"{REF} 4.1",
         "sp": f"{REF} 4.1: no TP here", "schedules": f"{REF} 4.1", "microbatches": f"{REF} 4.1",
@@ -586,6 +598,7 @@ BUILTIN_SOURCES = {
     "cp": "runtime/parallel.py Dims.from_plan: cp > 1 refused (torch's CPU attention has no CP rule)",
     "ep": "runtime/parallel.py Dims.from_plan: ep divides num_experts and the dp shard group",
     "expert_tp": "runtime/parallel.py: expert weights are DTensors on ep x tp (the FFN dimension)",
+    "expert_fold": "runtime/parallel.py: experts on an ep x tp mesh inside dp; no separate expert TP",
     "vpp": "runtime/pipeline.py: ScheduleInterleaved1F1B, a rank's layers cut into vpp chunks",
     "vpp_split": "runtime/pipeline.py virtual_stage_layers: any counts, each >= vpp",
     "split": "runtime/pipeline.py virtual_stage_layers: the plan's stage split as it is",
@@ -983,6 +996,9 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_tp", lambda a: a.par.ep > 1 and a.t.ep and a.par.tp > 1 and not a.t.expert_tp,
         lambda a: f"ep={a.par.ep} with tp={a.par.tp}: {a.name}'s expert parallel takes no tensor parallel experts "
                   "(expert TP must be 1); plan --tp 1 or --ep 1"),
+    Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
+        lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
+                  f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
     # tensor and sequence parallel
     Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
         lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "

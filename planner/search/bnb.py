@@ -274,7 +274,7 @@ def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int
 
 
 # the fields a group of candidates shares (with the world size): its bound is computed once
-_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "sp", "micro_batch", "recompute")
+_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
 
 
@@ -311,7 +311,7 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         # the target may shard less than ZeRO-3: its most sharded shape of each degree tuple
         most: dict = {}
         for c in cands:
-            key = (c.par.tp, c.par.pp, c.par.dp, c.par.cp, c.par.ep, c.par.micro_batch, c.order)
+            key = (c.par.tp, c.par.pp, c.par.dp, c.par.cp, c.par.ep, c.par.etp, c.par.micro_batch, c.order)
             if key not in most or (c.par.zero, -c.par.dp_shard) > (most[key].par.zero, -most[key].par.dp_shard):
                 most[key] = c
         cands = list(most.values())

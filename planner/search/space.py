@@ -131,10 +131,16 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     out = []
     per_replica = workload.global_batch // dp
     mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
-    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts) if (dp * cp) % e == 0]
-                   if model.is_moe else [1])
+    # expert layouts (ep, etp): EP inside dp x cp with the attention's TP, and, folded (Megatron-Core's
+    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1), searched for a target
+    # that runs it (the generic target keeps EP inside dp); --etp fixes it
+    # (``costmodel.specs.expert_layout_problems`` is the rule, ``targets`` what a framework runs)
+    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe and tg.folds_experts(target) else [tp])
+    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts)] if model.is_moe else [1])
+    experts = ([(e, et) for et in etps for e in eps if et == tp and (dp * cp) % e == 0]
+               + [(e, et) for et in etps for e in eps if et != tp and e > 1 and (tp * cp * dp) % (e * et) == 0])
     if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
-        eps = [e for e in eps if tg.ep_ok(target, tp, e)]
+        experts = [(e, et) for e, et in experts if tg.ep_ok(target, tp, e)]
     zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
@@ -147,7 +153,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
             continue
         vpps = _choices(fixed, "vpp", [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and ga % pp == 0
                                                                               and model.layers // pp >= v)])
-        for ep in eps:
+        for ep, etp in experts:
             for zero in zeros:
                 shards = [dp]
                 if zero == 3:
@@ -167,11 +173,11 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                 policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
                             for sched in scheds:
                                 for base, rl in policies:
-                                    kind = (mb, ep, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
+                                    kind = (mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
                                     if wide and memo.get(kind) is False:
                                         continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
                                     try:
-                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
+                                        par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
                                                              dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
                                                              grad_accum=ga, recompute=base, schedule=sched,
                                                              recompute_layers=rl)
@@ -189,7 +195,8 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                             ok = memo[mk] = tg.runs(target, model, workload, par, order)
                                         if ok:
                                             any_order = True
-                                            found.append(((mb, ep, zero, dp_shard, sp, vpp, sched, base, rl, order),
+                                            found.append(((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl,
+                                                           order),
                                                           par))
                                     if wide:
                                         memo[kind] = any_order
@@ -221,6 +228,13 @@ def _check_fixed(model: ModelSpec, workload: Workload, fixed: dict, gpus: int) -
             raise UsageError(f"--ep {fixed['ep']} but {model.name} has no experts")
         if model.is_moe and model.num_experts % fixed["ep"]:
             raise UsageError(f"--ep {fixed['ep']} does not divide {model.name}'s {model.num_experts} experts")
+    if "etp" in fixed:
+        if not model.is_moe:
+            raise UsageError(f"--etp {fixed['etp']} but {model.name} has no experts (expert tensor parallel "
+                             "splits routed experts); leave --etp out")
+        if fixed["etp"] < 1 or model.expert_ffn_hidden % fixed["etp"]:
+            raise UsageError(f"--etp {fixed['etp']} must be >= 1 and divide {model.name}'s expert FFN width "
+                             f"{model.expert_ffn_hidden}")
     if "micro_batch" in fixed and "dp" in fixed and workload.global_batch % (fixed["micro_batch"] * fixed["dp"]):
         raise UsageError(f"--global-batch {workload.global_batch} is not a multiple of dp*micro_batch = "
                          f"{fixed['dp']}*{fixed['micro_batch']}")

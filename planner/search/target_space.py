@@ -37,6 +37,12 @@ def zero_choices(target: str, dp: int, cp: int, pp: int = 1) -> list[int]:
     return [z for z in (0, 1, 2, 3) if z in allowed]
 
 
+def folds_experts(target: str | None) -> bool:
+    """Whether the target runs MoE parallel folding (``TrainTarget.expert_fold``: expert TP apart
+    from TP, EP over tp x cp x dp), so the search offers it."""
+    return widened(target) and T.get(target).expert_fold
+
+
 def ep_ok(target: str, tp: int, ep: int) -> bool:
     """Whether the target may run expert parallel ``ep`` next to tensor parallel ``tp`` at all."""
     if ep == 1:
@@ -87,12 +93,12 @@ def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: d
 
 
 # (position in the search's choice key, the dominated value, the value that dominates it)
-_DOMINATED = ((2, 0, 1), (4, False, True), (6, "gpipe", "1f1b"))
+_DOMINATED = ((3, 0, 1), (5, False, True), (7, "gpipe", "1f1b"))
 
 
 def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tuple, ParallelConfig]]:
     """Drop a configuration when the one that differs only by the better choice is also there.
-    ``found`` holds ``(key, config)`` with the key ``(micro_batch, ep, zero, dp_shard, sp, vpp,
+    ``found`` holds ``(key, config)`` with the key ``(micro_batch, ep, etp, zero, dp_shard, sp, vpp,
     schedule, recompute, recompute_layers, order)`` of ``space._inner``."""
     present = {k for k, _ in found}
     out = []
