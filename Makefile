@@ -68,6 +68,7 @@ bench: setup
 
 validation: setup
 	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
+	$(BIN)/planner validate --cross --write-bands --write docs/validation.md > /dev/null
 	$(BIN)/python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md
 
 plans: setup
@@ -84,3 +85,9 @@ readme: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# make docs: rewrite the generated blocks of the README and docs/*.md (tests/test_docs_pages.py
+# fails when one is stale: after `make validation`, `make plans` or a changed flag, run this)
+.PHONY: docs
+docs: setup
+	$(BIN)/python -m planner.cli.docs_pages --write

@@ -1,55 +1,34 @@
-"""Fit the FP8 GEMM efficiency curve (``costmodel.fp8``: ``FP8_GEMM_EFFICIENCY`` and
+"""Refit the FP8 GEMM efficiency curve (``costmodel.fp8``: ``FP8_GEMM_EFFICIENCY`` and
 ``FP8_HALF_SIZE_FACTOR``) on the FP8 runs on catalog hardware.
 
     python bench/fit_fp8.py
 
-The runs: NeMo 24.07's FP8 table (``calibration/published_runs_fp8.yaml``) and the torchtitan Float8
-rows of ``calibration/published_runs_frameworks.yaml`` whose machines are the catalog cluster
-(``planner.cli.validation``, split ``fp8``). Two physics parameters shared by every case are scanned
-on a grid and the pair with the least median absolute error printed, with the error before and
-after; the chosen values are written into ``costmodel/fp8.py`` by hand. Never fitted on: the
-performance summaries of NeMo 25.x and Megatron-Bridge (held out), runs on other machines.
+The two constants, their grid, their prior and the families they are fitted on are recorded in
+``costmodel/fitted.py``; the fit is ``planner.cli.validation_cross.fit`` with every family in (the
+procedure ``planner validate --cross`` runs with one family out): the BF16 GPU curves first, then
+the FP8 pair on the FP8 runs (NeMo 24.07's FP8 table and torchtitan's Float8 rows on catalog
+hardware), least median absolute error of tokens/s per GPU. Prints the shipped pair and the refit
+with their errors. The chosen values are written into ``costmodel/fp8.py`` by hand.
 """
 from __future__ import annotations
 
 import statistics
 
-from costmodel import fp8, layers, stage_cache
-from planner.cli import validation
-
-
-def _clear() -> None:
-    layers.layer_cost.cache_clear()
-    layers.ends_cost.cache_clear()
-    stage_cache._shared_equal.cache_clear()
-    stage_cache._stage_model.cache_clear()
-    stage_cache._SHARED_BY_ID.clear()
-
-
-def errors(eff: float, half: float) -> list[float]:
-    old = fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR
-    fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR = eff, half
-    _clear()
-    try:
-        return [abs(r.error) for r in validation.all_rows(include_holdout=False) if r.split == "fp8"]
-    finally:
-        fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR = old
-        _clear()
+from planner.cli import validation_cross as vc
 
 
 def main() -> None:
-    now = errors(fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR)
-    best = None
-    for half in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
-        for k in range(60, 101, 2):
-            e = errors(k / 100, half)
-            key = (statistics.median(e), max(e))
-            if best is None or key < best[0]:
-                best = (key, k / 100, half)
-    (med, big), eff, half = best
-    print(f"figures {len(now)}: now eff {fp8.FP8_GEMM_EFFICIENCY:.2f} half x{fp8.FP8_HALF_SIZE_FACTOR:g}: median "
-          f"{statistics.median(now) * 100:.1f}% largest {max(now) * 100:.1f}%")
-    print(f"fitted eff {eff:.2f} half x{half:g}: median {med * 100:.1f}% largest {big * 100:.1f}%")
+    cases, _ = vc.load_cases()
+    rows = vc._rows_for("fp8", cases)
+    shipped = vc.shipped_values()
+    full = vc.fit(cases)
+    for label, v in (("shipped", shipped), ("refit", full.values)):
+        with vc.module_constants(v):
+            e = [abs(vc._err(r, vc.predict(r, v)[0])) for r in rows]
+        print(f"{label:<8} eff {v['fp8.gemm_efficiency']:.2f} half x{v['fp8.half_size_factor']:g} "
+              f"(BF16 H100 curve {v['gpu.H100.matmul_efficiency']:.2f}/{v['gpu.H100.matmul_half_size']:g}): "
+              f"{len(e)} figures, median {statistics.median(e) * 100:.1f}%, largest {max(e) * 100:.1f}%")
+    print(f"families: {', '.join(full.families['fp8'])}")
 
 
 if __name__ == "__main__":

@@ -1,50 +1,47 @@
-"""Fit each framework's ``kernel_efficiency`` (``costmodel.frameworks``) on its own published runs.
+"""Refit each framework's ``kernel_efficiency`` (``costmodel.frameworks``) on its own published runs.
 
     python bench/fit_frameworks.py
 
-For every framework with runs on catalog hardware (``planner.cli.validation``: the calibration set
-and ``calibration/published_runs_frameworks.yaml``, FP8 rows and runs on other machines left out),
-scans the kernel efficiency from 0.60 to 1.40 and prints the value with the least median absolute
-error, with the error before and after. The chosen values are written into
-``costmodel/frameworks.py`` by hand, with these figures beside them; the holdout set is never used.
+The constants, the rows each fit reads and the families they come from are recorded in
+``costmodel/fitted.py``; the fit is ``planner.cli.validation_cross.fit`` with every family in (the
+same procedure ``planner validate --cross`` runs with one family out): the GPU curves first, on
+Megatron's runs, then each framework's kernel efficiency on its own bf16/fp16 runs on catalog
+hardware (least median absolute error of tokens/s per GPU over the registry's grid). Prints, per
+framework: figures, the shipped value and its median error, the refitted value and its median and
+largest error. The shipped values are written into ``costmodel/frameworks.py`` by hand; the held-out
+sources are never in calibration/ (tests/test_validation_sources.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 
-from costmodel import frameworks
-from planner.cli import validation
+from costmodel import fitted
+from planner.cli import validation_cross as vc
 
 
-def rows_for(fw: str, eff: float) -> list:
-    base = frameworks.FRAMEWORKS[fw]
-    frameworks.FRAMEWORKS[fw] = dataclasses.replace(base, kernel_efficiency=eff)
-    try:
-        return [r for r in validation.all_rows(include_holdout=False)
-                if r.framework == fw and r.split in ("calibration", "frameworks")]
-    finally:
-        frameworks.FRAMEWORKS[fw] = base
+def _errors(rows, values):
+    with vc.module_constants(values):
+        return [abs(vc._err(r, vc.predict(r, values)[0])) for r in rows]
 
 
 def main() -> None:
-    print(f"{'framework':<11} {'figures':>7} {'now':>6} {'median now':>10} {'fitted':>7} {'median fitted':>13} {'largest':>8}")
-    for fw in ("megatron", "torchtitan", "deepspeed", "accelerate"):
-        now = frameworks.FRAMEWORKS[fw].kernel_efficiency
-        base = rows_for(fw, now)
-        if not base:
+    cases, _ = vc.load_cases()
+    shipped = vc.shipped_values()
+    full = vc.fit(cases)
+    print(f"{'framework':<11} {'figures':>7} {'shipped':>7} {'median':>7} {'refit':>6} {'median':>7} {'largest':>8}  families")
+    for c in fitted.FITTED:
+        if not c.name.startswith("framework."):
+            continue
+        group = c.name.rsplit(".", 1)[0]
+        rows = vc._rows_for(group, cases)
+        fw = group.split(".")[1]
+        if not rows:
             print(f"{fw:<11} {0:>7}  no runs on catalog hardware")
             continue
-        best = None
-        for k in range(60, 141):
-            eff = k / 100
-            errs = [abs(r.error) for r in rows_for(fw, eff)]
-            m = statistics.median(errs)
-            if best is None or m < best[1] - 1e-12:
-                best = (eff, m, max(errs))
-        med_now = statistics.median(abs(r.error) for r in base)
-        print(f"{fw:<11} {len(base):>7} {now:>6.2f} {med_now * 100:>9.1f}% {best[0]:>7.2f} {best[1] * 100:>12.1f}% "
-              f"{best[2] * 100:>7.1f}%")
+        now, new = _errors(rows, shipped), _errors(rows, full.values)
+        print(f"{fw:<11} {len(rows):>7} {shipped[c.name]:>7.2f} {statistics.median(now) * 100:>6.1f}% "
+              f"{full.values[c.name]:>6.2f} {statistics.median(new) * 100:>6.1f}% {max(new) * 100:>7.1f}%  "
+              f"{', '.join(full.families[group])}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Training with ``dtype = "fp8"`` means a *recipe* (``Workload.fp8_recipe``; "" takes the
 framework's default, ``default_recipe``). Facts from Transformer Engine's low-precision docs
-(``docs/features/low_precision_training/*.rst``, summarised with line numbers in
-``/work/shared/reference/training-targets.md`` Sec. 5) and torchao's float8 training:
+(github.com/NVIDIA/TransformerEngine at d0067d0d, ``docs/features/low_precision_training/``
+``{introduction,performance_considerations,fp8_delayed_scaling,fp8_current_scaling,mxfp8,speedups}.rst``,
+also published at nvidia.github.io/TransformerEngine) and torchao's float8 training
+(github.com/pytorch/ao, ``torchao/float8/``):
 
 * Only the linear layers' GEMMs (fprop, dgrad, wgrad) run in FP8; attention, norms, softmax,
   the loss and the output head stay BF16, and GEMM outputs come back in BF16. So the

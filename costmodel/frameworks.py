@@ -5,7 +5,9 @@ prices a plan with its target's profile (``estimate(..., framework=...)``).
 What a framework *can* run (ZeRO with PP, virtual stages, uneven splits, ...) is not here: that
 is the target's capability table (``planner.plan.targets``). Here is only how fast and how big.
 
-Sources per field (``/work/shared/reference/training-targets.md`` cites the code lines):
+Sources per field, in each framework's repository (github.com/NVIDIA/Megatron-LM at d98e8a64dd,
+pytorch/torchtitan at b5bcd76c66, deepspeedai/DeepSpeed at edaa722126, huggingface/accelerate at
+16cb6eb80d):
 
 * ``overlap_grad_reduce``: Megatron-LM's ``--overlap-grad-reduce`` (on in its recipes), torch
   DDP and FSDP2 reduce gradients in buckets while backward runs; DeepSpeed's ZeRO-1/2

@@ -49,8 +49,15 @@ def describe(plan: Plan) -> str:
     """One line: model, cluster, degrees and batch, for headers and READMEs."""
     p = plan.parallel
     w = plan.workload
-    head = (f"{one_line(plan.model.name)} on {one_line(plan.cluster.name)} ({plan.world_size} GPUs), {w.mode}: "
-            f"tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}")
+    where = f"{one_line(plan.model.name)} on {one_line(plan.cluster.name)} ({plan.world_size} GPUs), {w.mode}"
+    dis = (plan.serving or {}).get("disaggregation") if w.mode == "infer" else None
+    if dis:        # two pools of their own sizes: never the decode pool's degrees as the plan's
+        def pool(d: dict) -> str:
+            return f"{d['replicas']} x tp={d['tp']} pp={d['pp']}" + (f" ep={d['ep']}" if d.get("ep", 1) > 1 else "")
+        return (f"{where}, disaggregated: prefill {pool(dis['prefill'])}, decode {pool(dis['decode'])}; "
+                f"{w.global_batch} concurrent sequences, prompt {w.prompt_len} + output {w.output_len} = "
+                f"{w.seq_len} tokens, {w.dtype}")
+    head = f"{where}: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}"
     if w.mode == "train":
         return (head + f" zero={p.zero} sp={str(p.sp).lower()} vpp={p.vpp} recompute={p.recompute}; "
                 f"micro_batch={p.micro_batch} x grad_accum={p.grad_accum} x dp={p.dp} = "

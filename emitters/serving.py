@@ -72,6 +72,18 @@ def check(plan: Plan, target: str) -> None:
         raise CannotExpress(target, f"ep={p.ep}", f"{plan.model.name} has no experts")
 
 
+def context_limit(plan: Plan) -> int:
+    """The longest request (prompt + output tokens) the engine is told to accept (vLLM
+    ``--max-model-len``, SGLang ``--context-length``): the model's context, capped by the tokens one
+    replica's KV pool holds (the plan's ``kv_cache_capacity_tokens``), and never below the planned
+    prompt + output. Prompt + output exactly would refuse a prompt one token longer than planned;
+    the figures are still for the planned lengths."""
+    w = plan.workload
+    room = int((plan.estimate or {}).get("kv_cache_capacity_tokens") or 0)
+    limit = min(plan.model.max_seq_len, room) if room else w.seq_len
+    return max(w.seq_len, limit)
+
+
 def disaggregation(plan: Plan) -> dict | None:
     """The plan's prefill/decode pools, or None for an aggregated plan."""
     return (plan.serving or {}).get("disaggregation") or None

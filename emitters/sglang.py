@@ -23,8 +23,8 @@ RDMA between the pools' nodes (``--disaggregation-ib-device`` via ``IB_DEVICE``)
 from __future__ import annotations
 
 from emitters.base import CannotExpress, Raw, bash_array, require, script_header
-from emitters.serving import (WEIGHT_DTYPES, batching_note, check, disaggregation, fraction, instances, layout,
-                              memory, model_line, pool_notes, settings)
+from emitters.serving import (WEIGHT_DTYPES, batching_note, check, context_limit, disaggregation, fraction, instances,
+                              layout, memory, model_line, pool_notes, settings)
 from planner.plan.planfile import Plan
 
 TARGET = "sglang"
@@ -32,8 +32,8 @@ MODE = "infer"
 FORMAT = "SGLang 0.5 `python -m sglang.launch_server` flags (python/sglang/srt/server_args.py)"
 SUMMARY = "sglang.launch_server with tp/pp/dp sizes, the planned chunked prefill, static memory fraction, context"
 RUN = ("`bash sglang.sh` (multi-node: on every node with `NODE_RANK=<i>` and `HEAD_ADDR=<node 0>`); the "
-       "server listens on port 30000. Disaggregated plans: `INSTANCE=<i> bash prefill.sh`, "
-       "`INSTANCE=<j> bash decode.sh`, then `bash router.sh`.")
+       "server listens on port 30000.")
+RUN_DISAGGREGATED = "`INSTANCE=<i> bash prefill.sh`, `INSTANCE=<j> bash decode.sh`, then `bash router.sh`."
 
 DIST_PORT = 50000
 PREFILL_PORT = 30000
@@ -69,7 +69,7 @@ def _dtypes(plan: Plan) -> list:
 
 def _scheduler(plan: Plan, s, running: int) -> tuple[list, list[str]]:
     w = plan.workload
-    a: list = ["--context-length", w.seq_len]
+    a: list = ["--context-length", context_limit(plan)]
     if s.token_budget is not None:
         a += ["--chunked-prefill-size", s.token_budget, "--enable-mixed-chunk"]
     a += ["--max-running-requests", running]

@@ -3,7 +3,8 @@
 Flags from ``vllm/engine/arg_utils.py`` (EngineArgs, vLLM 0.9+): ``--tensor-parallel-size``,
 ``--pipeline-parallel-size``, ``--data-parallel-size`` (replicas), ``--enable-expert-parallel``
 (MoE layers then shard over tp * dp ranks with data-parallel attention, so the plan's ep must
-equal tp * dp), ``--max-model-len`` (prompt + output), and the scheduler the plan assumed:
+equal tp * dp), ``--max-model-len`` (``emitters.serving.context_limit``: the model's context, within
+the KV pool), and the scheduler the plan assumed:
 ``--enable-chunked-prefill``, ``--max-num-batched-tokens`` (the token budget per step),
 ``--max-num-seqs`` (the concurrent requests), ``--block-size``, ``--gpu-memory-utilization``
 (the engine's share of *total* GPU memory; ``emitters.serving.settings``). Multi-node: replicas
@@ -23,8 +24,8 @@ distinct per instance on one host, prompts longer than one block.
 from __future__ import annotations
 
 from emitters.base import CannotExpress, Raw, bash_array, require, script_header
-from emitters.serving import (WEIGHT_DTYPES, batching_note, check, disaggregation, instances, layout, model_line,
-                              pool_notes, settings)
+from emitters.serving import (WEIGHT_DTYPES, batching_note, check, context_limit, disaggregation, instances, layout,
+                              model_line, pool_notes, settings)
 from planner.plan.planfile import Plan
 
 TARGET = "vllm"
@@ -32,8 +33,9 @@ MODE = "infer"
 FORMAT = "vLLM >= 0.9 `vllm serve` flags (vllm/engine/arg_utils.py EngineArgs)"
 SUMMARY = "vllm serve with tensor/pipeline/data/expert parallel, the planned scheduler, memory share, context"
 RUN = ("`bash vllm.sh` (multi-node: on every node with `NODE_RANK=<i>` and `HEAD_ADDR=<node 0>`; the head "
-       "serves the OpenAI API on port 8000). Disaggregated plans: `INSTANCE=<i> bash prefill.sh` and "
-       "`INSTANCE=<j> bash decode.sh` on the nodes the scripts name, then `bash proxy.sh`.")
+       "serves the OpenAI API on port 8000).")
+RUN_DISAGGREGATED = ("`INSTANCE=<i> bash prefill.sh` and `INSTANCE=<j> bash decode.sh` on the nodes the scripts name, "
+                     "then `bash proxy.sh` (the OpenAI API in front of both pools).")
 
 DP_RPC_PORT = 13345
 MASTER_PORT = 29501
@@ -84,7 +86,7 @@ def serve_args(plan: Plan) -> tuple[list, list[str]]:
 
 def _scheduler(plan: Plan, s, seqs: int) -> list:
     w = plan.workload
-    a: list = ["--max-model-len", w.seq_len]
+    a: list = ["--max-model-len", context_limit(plan)]
     if s.token_budget is not None:
         a += ["--enable-chunked-prefill", "--max-num-batched-tokens", s.token_budget]
     a += ["--max-num-seqs", seqs]

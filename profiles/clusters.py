@@ -115,9 +115,14 @@ def _read_yaml(path: Path) -> dict:
 
 
 def _unknown(d: Mapping, known: set, where: str) -> None:
+    import difflib
     bad = sorted(set(d) - known)
     if bad:
-        raise SpecError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+        near = {b: difflib.get_close_matches(str(b), sorted(known), n=1, cutoff=0.6) for b in bad}
+        mean = [f"{b} -> {m[0]}" for b, m in near.items() if m]
+        raise SpecError(f"{where}: unknown key(s) {', '.join(map(str, bad))}"
+                        + (f"; did you mean {', '.join(mean)}?" if mean else "")
+                        + f" (known: {', '.join(sorted(known))})")
 
 
 def _num(d: Mapping, key: str, where: str, default: Any = None, above: float | None = None,

@@ -156,7 +156,9 @@ def parse_json(text: str, where: str) -> Any:
     try:
         data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_json_pairs)
     except json.JSONDecodeError as e:
-        raise SpecError(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        # some messages end in "at" ("Unterminated string starting at"): no second one
+        at = " " if e.msg.endswith(" at") else " at "
+        raise SpecError(f"{where}: not valid JSON ({e.msg}{at}line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply to read") from None
     except ValueError as e:              # NaN/Infinity, or an integer of more than 4300 digits

@@ -30,6 +30,7 @@ import yaml
 from costmodel.specs import stages_from_counts
 from emitters import torchtitan as tt_emitter
 from emitters.base import recompute_per_stage, stage_layers
+from emitters.serving import context_limit
 from planner.plan.planfile import plan_from_dict, plan_to_dict
 
 from test_emit_support import ROOT, examples, make_plan, run_script, split_module_args, write
@@ -237,8 +238,8 @@ def test_kubernetes_round_trip(name, tmp_path):
 
 # --------------------------------------------------------------------------------------
 # Megatron-LM: a parser with the flags' documented names, types and choices
-# (NVIDIA/Megatron-LM megatron/training/arguments.py, 2025-2026 main; ../shared/reference/
-# launchers.md section 3), and the checks its validate_args makes that involve the plan.
+# (NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64 and at 639c08ab82^, before
+# argparse moved to dataclass generation), and the checks its validate_args makes that involve the plan.
 # --------------------------------------------------------------------------------------
 
 def megatron_parser() -> argparse.ArgumentParser:
@@ -837,7 +838,7 @@ def test_vllm_round_trip(name, tmp_path):
             assert a.enable_expert_parallel == (p.ep > 1)
             if p.ep > 1:
                 assert a.tensor_parallel_size * a.data_parallel_size == p.ep
-            assert a.max_model_len == w.seq_len and a.max_num_seqs >= w.global_batch
+            assert a.max_model_len == context_limit(plan) >= w.seq_len and a.max_num_seqs >= w.global_batch
             sched = (plan.serving or {}).get("scheduler")
             if sched:         # the scheduler the plan assumed; plans without one keep the engine's defaults
                 assert a.enable_chunked_prefill is True and a.max_num_batched_tokens == sched["token_budget"]
@@ -904,7 +905,7 @@ def _check_sglang(a, plan) -> None:
         assert (a.model_path, a.tp_size, a.dp_size, a.ep_size, a.enable_dp_attention) == ("m", p.ep, p.dp, p.ep, True)
     else:
         assert (a.model_path, a.tp_size, a.pp_size, a.dp_size, a.ep_size) == ("m", p.tp, p.pp, p.dp, 1)
-    assert a.context_length == w.seq_len and a.max_running_requests >= w.global_batch
+    assert a.context_length == context_limit(plan) >= w.seq_len and a.max_running_requests >= w.global_batch
     sched = (plan.serving or {}).get("scheduler")
     assert a.enable_mixed_chunk == bool(sched)
     assert a.chunked_prefill_size == (sched["token_budget"] if sched else None)

@@ -93,10 +93,16 @@ def test_on_failure_replan_gets_past_a_dead_device(pool, tmp_path):
                 "--inject-failure", "rank=2,step=5,permanent", "--on-failure", "replan",
                 "--metrics", str(tmp_path / "m.jsonl"), "--timeout", "200")
     assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stderr.count("rank 2: injected failure at step 5") == 2
+    # the workers' output (tracebacks and all) is in the log beside the checkpoint dir, not on the terminal
+    log = tmp_path / "ck.workers.log"
+    assert log.read_text().count("rank 2: injected failure at step 5") == 2
+    assert "Traceback" not in r.stderr and "injected failure" not in r.stderr
+    assert len(r.stderr.splitlines()) <= 10, r.stderr
+    assert f"worker output (every launch, tracebacks included): {log}" in r.stderr
     assert "rank 2 (device 2) failed (1 of 2 before it counts as dead)" in r.stderr
     assert "rank 2 (device 2) failed 2 times: a dead device" in r.stderr
     got = json.loads(r.stdout)
+    assert got["worker_log"] == str(log)
     assert got["steps"] == [1, 2, 3, 4, 5, 6] and got["resumed_from_step"] == 4
     assert got["world_size"] < 4 and got["restarts"] == 2
     [rp] = got["replans"]

@@ -165,7 +165,6 @@ PLAN_CASES = [
     ("plan-int4-training", ["--dtype", "int4"], "training in int4"),
     ("plan-kv-dtype-training", ["--kv-dtype", "fp8"], "--kv-dtype: serving options"),
     ("plan-batch-training", ["--batch", "4"], "--batch: serving options"),
-    ("plan-out-folder", ["--out", "{tmp}"], "is a folder"),
     ("plan-csv-folder", ["--csv", "{tmp}"], "--csv"),
 ]
 

@@ -90,7 +90,8 @@ def test_all_targets_side_by_side_json_and_files(tmp_path, capsys):
     assert main(["plan", *problem]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert all(t in text for t in T.TRAIN_TARGETS) and "why it loses" in text
-    assert "within the cost model's error (5%)" in text
+    from costmodel.uncertainty import relative_band
+    assert f"within the cost model's error (+/-{relative_band('train-dense') * 100:.0f}%, out of source)" in text
 
 
 def test_a_hand_edited_plan_gets_no_launch_files(tmp_path, capsys):

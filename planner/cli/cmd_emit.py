@@ -65,10 +65,12 @@ def _readme(plan, written: dict[str, list[str]], refused: dict[str, str], skippe
     from emitters import get
     from emitters.base import describe
     lines = ["# Launch files", "", f"Written by `planner emit` for the plan: {describe(plan)}.", ""]
+    disaggregated = bool((plan.serving or {}).get("disaggregation"))
     for name, files in written.items():
         mod = get(name)
+        run = getattr(mod, "RUN_DISAGGREGATED", mod.RUN) if disaggregated else mod.RUN     # what these files run
         lines += [f"## {name}", "", f"Format: {mod.FORMAT}.", "",
-                  "Files: " + ", ".join(f"`{f}`" for f in files) + ".", "", mod.RUN, ""]
+                  "Files: " + ", ".join(f"`{f}`" for f in files) + ".", "", run, ""]
     if refused:
         lines += ["## Targets that cannot express this plan", ""]
         lines += [f"- **{name}**: {msg}" for name, msg in refused.items()]
@@ -220,8 +222,8 @@ def run(args) -> int:
         print(json.dumps({"out": str(out_dir), "written": written, "refused": refused, "skipped": skipped},
                          indent=2))
     else:
-        for name, fl in written.items():
-            print(f"{name}: {', '.join(str(out_dir / f) for f in fl)}")
+        for name, paths in written.items():
+            print(f"{name}: {', '.join(str(out_dir / f) for f in paths)}")
     for name, msg in refused.items():
         print(f"planner emit: {msg}", file=sys.stderr)
     for name in written:

@@ -20,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from costmodel.training import estimate
-    from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
-                                print_json, throughput_line)
+    from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
+                                estimate_tables, parallel_json, print_json, throughput_line)
 
     if args.plan:
         from planner.plan.planfile import read_plan
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.cli.args import warn_drift as _warn_drift
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     if args.json:
-        out = {"parallel": parallel_json(par), "estimate": estimate_json(est)}
+        out = {"parallel": parallel_json(par), "estimate": estimate_json(est),
+               "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)}
         if target:
             out["target"] = {"name": target, "problems": cannot}
         print_json(out)
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     c.print(t)
     c.print(mt)
     c.print(throughput_line(est))
+    for line in credibility_lines(credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)):
+        c.print(line)
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
         from costmodel.batching import estimate_serving
         from planner.cli.infer_explain import run as run_infer
         if plan.estimate and "tpot_s" in plan.estimate:     # explained from the recomputed figures
-            fresh = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel, plan.serving,
-                                     stages=plan.stages).to_dict()
+            fresh = estimate_serving(plan.model, plan.cluster, plan.workload, plan.parallel,
+                                     dict(plan.serving or {}), stages=plan.stages).to_dict()
             _warn_drift(plan, {k: fresh[k] for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu")
                                if k in fresh}, args.plan)
             plan = plan.replace(estimate={**plan.estimate, **fresh})

@@ -341,7 +341,9 @@ def _failed_rank(stderr_tail: str) -> int | None:
 
 
 def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
-                  env_extra: dict[str, str] | None = None) -> tuple[int, str]:
+                  env_extra: dict[str, str] | None = None, log: Any = None) -> tuple[int, str]:
+    """Runs torchrun; its workers' output goes to our stderr, or with ``log`` (an open text file)
+    there instead. Returns (exit code, the output's last lines)."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env.update(_SESSION_ENV)
@@ -362,7 +364,10 @@ def _run_torchrun(cmd: list[str], timeout_s: float, quiet: bool,
             tail.append(line)
             if len(tail) > 400:
                 del tail[:100]
-            if not quiet:
+            if log is not None:
+                log.write(line)
+                log.flush()
+            elif not quiet:
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
@@ -437,6 +442,13 @@ def _injection(text: str, slot: str | None, used: list[str], first: bool) -> str
     return re.sub(r"^rank=\d+", f"rank={used.index(slot)}", text)
 
 
+def worker_log_path(ckpt_dir: str) -> Path:
+    """Where ``--on-failure replan`` keeps every launch's worker output: beside the checkpoint
+    directory, like the replanned plans (``D.workers.log``)."""
+    d = Path(ckpt_dir).resolve()
+    return d.parent / f"{d.name}.workers.log"
+
+
 def _replan_path(ckpt_dir: str, k: int) -> Path:
     d = Path(ckpt_dir).resolve()
     return d.parent / f"{d.name}.replan-{k}.yaml"
@@ -468,6 +480,12 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
     budget = max(args.max_restarts, args.dead_after - 1)
     deadline = (time.monotonic() + args.timeout) if args.timeout else None
     tmpdir = tempfile.mkdtemp(prefix="planner-launch-")
+    log_path = worker_log_path(args.checkpoint_dir)
+    args._worker_log = str(log_path)
+    from profiles.safeio import check_append
+    check_append(str(log_path), "the worker log")
+    log = open(log_path, "a")
+    _say(f"worker output (every launch, tracebacks included): {log_path}")
     try:
         while True:
             a = argparse.Namespace(**vars(args))
@@ -479,7 +497,9 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
             left = (deadline - time.monotonic()) if deadline else 0
             if deadline and left <= 0:
                 raise CheckFailed(f"the job did not finish in --timeout {args.timeout:g} s; stopped it")
-            rc, tail = _run_torchrun(cmd, left, quiet=False, env_extra=env)
+            log.write(f"==== planner launch: {' '.join(cmd)}\n")
+            log.flush()
+            rc, tail = _run_torchrun(cmd, left, quiet=False, env_extra=env, log=log)
             first, resume = False, True
             if rc == 0:
                 if not os.path.exists(json_out):
@@ -529,7 +549,10 @@ def _run_replanning(args: argparse.Namespace, plan, nproc: int, device: str,
                  f"{latest.name if latest else 'step 1 (no complete checkpoint)'}")
             cur, cur_path, used = new, str(path), alive[:new.world_size]
             failures, restarts = {}, 0
+    except (CheckFailed, UsageError) as e:       # the one-line summary, with where the details are
+        raise type(e)(f"{e}; worker output: {log_path}") from None
     finally:
+        log.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -651,6 +674,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.on_failure == "replan":
         out.update(replans=replans, restarts=restarts, plan=str(Path(args.plan).resolve()) if not replans
                    else replans[-1]["plan"])
+        if getattr(args, "_worker_log", None):
+            out["worker_log"] = args._worker_log
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

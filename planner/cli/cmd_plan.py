@@ -4,6 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from costmodel.specs import ClusterSpec
+    from planner.search.problem import SolveResult
 
 from planner.cli.args import (add_degree_args, add_problem_args, check_writable, cluster_source_of, fixed_degrees,
                               load_problem, mesh_order)
@@ -74,10 +79,20 @@ def _like(args: argparse.Namespace) -> None:
     args.dtype, args.optimizer = w.dtype, w.optimizer
 
 
+def out_path(out: str | None, target: str) -> str | None:
+    """``--out``: a file, or an existing folder, which gets ``<target>.yaml`` (with ``--target all``
+    one file per target, ``planner.cli.plan_all``). Re-running a command overwrites its files."""
+    if out and target != "all" and Path(out).is_dir() and not Path(out).is_symlink():
+        return str(Path(out) / f"{target}.yaml")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     _check_target(args)
     if getattr(args, "like", None):
         _like(args)
+    default = "vllm" if args.mode == "infer" else "all"       # each mode's default target
+    args.out = out_path(args.out, getattr(args, "target", None) or default)
     if args.mode == "infer":
         from planner.cli import infer_plan
         return infer_plan.run(args)
@@ -125,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     res, used = solve_target(model, cluster, wl, fixed, None if target == T.GENERIC else target,
                              objective=args.objective, price_per_gpu_hour=args.price_per_gpu_hour, top=args.top,
                              max_time_s=args.max_time, exhaustive=args.exhaustive, score_all=bool(args.csv), **extra)
+    res = cast("SolveResult", res)
+    used = cast("ClusterSpec", used)
     plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target,
                               switches=switches)
     if target == T.GENERIC:

@@ -78,7 +78,8 @@ def table(results: dict[str, tuple[dict, dict]]) -> str:
     lines = ["# Example plans by target", "",
              "Written by `python -m planner.cli.examples` (do not edit): each example solved once per training",
              "target (`planner plan --target T`); `plans/<target>/<example>.yaml` is the plan, `plans/<example>.yaml`",
-             "the best of them. Step time by the cost model with the target's profile.", ""]
+             "the best of them. Step time by the cost model with the target's profile. What the plan cells mean",
+             "(`z3/2`, `full/1`, ...): [docs/targets.md](../docs/targets.md#reading-the-compact-plan-cells).", ""]
     for name, (plans, missing) in results.items():
         lines += [f"## {name}", "", "| target | plan | step time | MFU |", "|---|---|---:|---:|"]
         ranked = sorted(plans.items(), key=lambda kv: kv[1].estimate["step_time_s"])

@@ -100,6 +100,7 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
     est: Estimate = info["estimate"]
     lines = [f"{plan.model.name} on {plan.world_size} x {plan.cluster.gpu.name}: {info['plan']}",
              f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu * 100:.1f}%",
+             *_credibility_lines(plan, est),
              "", "Where the time goes: " + ", ".join(info["time_words"]) + ".",
              f"Where the memory goes (peak stage, {est.peak_bytes / GIB:.1f} of {est.capacity_bytes / GIB:.1f} GiB): "
              + ", ".join(info["memory_words"]) + "."]
@@ -134,9 +135,16 @@ def text(plan: Plan, info: dict[str, Any]) -> str:
 
 def _label(par) -> str:
     """A plan's degrees on two lines, for figure axes."""
-    d = describe_parallel(par)
+    return _wrap(describe_parallel(par))
+
+
+def _wrap(d: str) -> str:
+    """A plan's label on two lines (at " mb="), three when what tells it apart follows."""
     i = d.find(" mb=")
-    return d if i < 0 else d[:i] + "\n" + d[i + 1:]
+    d = d if i < 0 else d[:i] + "\n" + d[i + 1:]
+    j = d.find(" recompute=")
+    k = d.find(" ", j + 1) if j >= 0 else -1
+    return d if k < 0 else d[:k] + "\n" + d[k + 1:]
 
 
 def _figures(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -167,73 +175,112 @@ def figure_objects(plan: Plan, info: dict[str, Any]) -> list[tuple[str, str, Any
                 "found, each cut into the terms that add up to its step time.", F.time_figure(rows)))
     p = plan.parallel
     if p.pp > 1:
-        shown = min(p.grad_accum, 8)
+        shown = shown_microbatches(p.pp, p.vpp, p.grad_accum)
         out.append(("Pipeline schedule", "When each stage runs which micro-batch's forward and backward pass; "
-                    "the gaps are the pipeline bubble.",
+                    "the gaps are the pipeline bubble."
+                    + (f" Interleaved: each block is one of the {p.vpp} model chunks a stage holds." if p.vpp > 1
+                       else ""),
                     F.timeline_figure(_timeline(plan, est), p.pp, shown, p.grad_accum, p.schedule, p.vpp)))
-    top = [(_label(s.par), s.estimate, bool(chosen) and s is chosen[0]) for s in sols]
+    from costmodel.uncertainty import relative_band
+    from planner.cli.report import distinct_labels
+    items = [(s.par, s.stages, tuple(s.cand.order), s.estimate, bool(chosen) and s is chosen[0]) for s in sols]
     if not chosen:
-        top.append(("this plan\n" + _label(plan.parallel), est, True))
-        top.sort(key=lambda r: r[1].step_time_s)
+        items.append((plan.parallel, plan.stages, tuple(plan.mesh_order), est, True))
+        items.sort(key=lambda r: r[3].step_time_s)
+    labels = distinct_labels([(par, st, order) for par, st, order, _, _ in items])
+    top = [(_wrap(("this plan: " if c else "") + lab), e, c) for lab, (_, _, _, e, c) in zip(labels, items)]
+    band = relative_band("train-moe" if plan.model.is_moe else "train-dense")
     if len(top) > 1:
         out.append(("Top plans", "Step time of the best plans relative to the best one: how much choosing "
-                    "another would cost.", F.topk_figure(top)))
+                    f"another would cost. Grey: the cost model's error band (\u00b1{band * 100:.0f}%, "
+                    "costmodel/uncertainty_bands.yaml); plans inside it are ties.", F.topk_figure(top, band)))
     return out
 
 
+def shown_microbatches(pp: int, vpp: int, grad_accum: int, max_mb: int = 8) -> int:
+    """How many micro-batches the schedule figure draws: up to ``max_mb``; interleaved, a whole
+    number of groups of ``pp`` (Megatron-LM's interleaved schedule runs micro-batches in groups of
+    pp and needs their number to be a multiple of it)."""
+    m = min(grad_accum, max_mb)
+    if vpp > 1:
+        m = min(grad_accum, max(pp, m // pp * pp))
+    return m
+
+
+def schedule_order(pp: int, vpp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """The order in which pipeline rank ``rank`` runs its passes: (``"f"`` or ``"b"``, micro-batch,
+    model chunk). vpp = 1: 1F1B (min(pp - rank, m) forwards, then one backward and one forward in
+    turn); vpp > 1: Megatron-LM's interleaved 1F1B (``forward_backward_pipelining_with_interleaving``:
+    (pp - rank - 1) x 2 + (vpp - 1) x pp warm-up forwards; micro-batches in groups of pp, forwards
+    through the chunks in order, backwards in reverse)."""
+    if vpp == 1:
+        warm = min(pp - rank, m)
+        seq = [("f", k, 0) for k in range(warm)]
+        nf = warm
+        for nb in range(m):
+            seq.append(("b", nb, 0))
+            if nf < m:
+                seq.append(("f", nf, 0))
+                nf += 1
+        return seq
+    total = m * vpp
+    group = pp * vpp
+
+    def virtual(i: int, forward: bool) -> tuple[int, int]:
+        within = i % group
+        chunk = within // pp
+        return (i // group) * pp + within % pp, (chunk if forward else vpp - 1 - chunk)
+
+    warm = total if m == pp else min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp)
+    seq = [("f", *virtual(i, True)) for i in range(warm)]
+    for i in range(total - warm):
+        seq.append(("f", *virtual(warm + i, True)))
+        seq.append(("b", *virtual(i, False)))
+    seq += [("b", *virtual(i, False)) for i in range(total - warm, total)]
+    return seq
+
+
 def _timeline(plan: Plan, est: Estimate, max_mb: int = 8):
-    """Forward/backward blocks (start, length, micro-batch) per stage for a 1F1B schedule of the
-    first micro-batches."""
-    p = plan.parallel.pp
-    m = min(plan.parallel.grad_accum, max_mb)
-    t = [s.time_per_microbatch_s for s in est.stages]
+    """Forward/backward blocks (start, length, micro-batch) per pipeline rank for the first
+    micro-batches of the plan's schedule (``schedule_order``): each rank runs its passes in that
+    order as soon as the pass before it in the model (the previous virtual stage's forward, the
+    next one's backward) is done. Interleaved, each block is one model chunk: 1/vpp of the
+    stage's layers."""
+    p, v = plan.parallel.pp, max(1, plan.parallel.vpp)
+    m = shown_microbatches(p, v, plan.parallel.grad_accum, max_mb)
+    t = [s.time_per_microbatch_s / v for s in est.stages]
     fwd = [x / 3 for x in t]
     bwd = [2 * x / 3 for x in t]
-    f_end = [[0.0] * m for _ in range(p)]
-    b_end = [[0.0] * m for _ in range(p)]
+    V = p * v                                    # virtual stages: chunk c of rank r is stage c * p + r
+    f_end: dict[tuple[int, int], float] = {}
+    b_end: dict[tuple[int, int], float] = {}
+    order = [schedule_order(p, v, m, r) for r in range(p)]
     free = [0.0] * p
-    order = []
-    for s in range(p):
-        warm = min(p - s, m)
-        seq = [("f", k) for k in range(warm)]
-        nf, nb = warm, 0
-        while nb < m:
-            seq.append(("b", nb))
-            nb += 1
-            if nf < m:
-                seq.append(("f", nf))
-                nf += 1
-        order.append(seq)
     ptr = [0] * p
-    done = 0
-    total = sum(len(o) for o in order)
-    intervals = [([], []) for _ in range(p)]
-    guard = 0
-    while done < total and guard < total * p * 4:
-        guard += 1
-        for s in range(p):
-            if ptr[s] >= len(order[s]):
-                continue
-            kind, k = order[s][ptr[s]]
-            if kind == "f":
-                dep = f_end[s - 1][k] if s > 0 else 0.0
-                if s > 0 and f_end[s - 1][k] == 0.0:
-                    continue
-                start = max(free[s], dep)
-                f_end[s][k] = start + fwd[s]
-                intervals[s][0].append((start, fwd[s], k))
-            else:
-                if s < p - 1 and b_end[s + 1][k] == 0.0:
-                    continue
-                if f_end[s][k] == 0.0:
-                    continue
-                dep = b_end[s + 1][k] if s < p - 1 else f_end[s][k]
-                start = max(free[s], dep)
-                b_end[s][k] = start + bwd[s]
-                intervals[s][1].append((start, bwd[s], k))
-            free[s] = (f_end[s][k] if kind == "f" else b_end[s][k])
-            ptr[s] += 1
-            done += 1
+    intervals: list[tuple[list, list]] = [([], []) for _ in range(p)]
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while ptr[r] < len(order[r]):
+                kind, k, c = order[r][ptr[r]]
+                j = c * p + r
+                if kind == "f":
+                    if j > 0 and (k, j - 1) not in f_end:
+                        break
+                    start = max(free[r], f_end.get((k, j - 1), 0.0))
+                    f_end[(k, j)] = free[r] = start + fwd[r]
+                    intervals[r][0].append((start, fwd[r], k))
+                else:
+                    dep = b_end.get((k, j + 1)) if j < V - 1 else f_end.get((k, j))
+                    if dep is None or (k, j) not in f_end:
+                        break
+                    start = max(free[r], dep)
+                    b_end[(k, j)] = free[r] = start + bwd[r]
+                    intervals[r][1].append((start, bwd[r], k))
+                ptr[r] += 1
+                progress = True
+    assert all(ptr[r] == len(order[r]) for r in range(p)), "the schedule deadlocked"
     return intervals
 
 
@@ -250,9 +297,20 @@ def html_report(plan: Plan, info: dict[str, Any]) -> str:
             ".cap{color:#555;margin:0.2em 0 0.5em}</style></head><body>" + "\n".join(body) + "</body></html>\n")
 
 
+def _credibility(plan: Plan, est: Estimate) -> dict[str, Any]:
+    from planner.cli.report import credibility
+    return credibility(plan.model, plan.cluster, plan.workload.dtype, est.step_time_s, est.mfu)
+
+
+def _credibility_lines(plan: Plan, est: Estimate) -> list[str]:
+    from planner.cli.report import credibility_lines
+    return [line.replace("[yellow]", "").replace("[/yellow]", "") for line in credibility_lines(_credibility(plan, est))]
+
+
 def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
     est: Estimate = info["estimate"]
-    d = {"plan": info["plan"], "estimate": est.to_dict(), "time_words": info["time_words"],
+    d = {"plan": info["plan"], "estimate": est.to_dict(), "uncertainty": _credibility(plan, est),
+         "time_words": info["time_words"],
          "memory_words": info["memory_words"], "solver_status": info["solver"].status}
     if info.get("runner_up"):
         ru = dict(info["runner_up"])
@@ -263,7 +321,7 @@ def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
-    """The serving frontier (``planner plan --mode infer --pareto``): output tokens/s per GPU against
+    """(title, base64 PNG text) of the serving frontier (``planner plan --mode infer --pareto``): output tokens/s per GPU against
     tokens/s per user, aggregated and disaggregated points, the chosen plan marked, the TPOT goal
     as a vertical line (plans right of it meet it); below, each point's TTFT with the TTFT goal."""
     import matplotlib
@@ -287,22 +345,31 @@ def pareto_figure(pareto: dict[str, Any]) -> tuple[str, str]:
                     c="red", zorder=5, label=f"chosen: {chosen.get('layout', '')}")
         bottom.scatter([chosen["tokens_per_s_per_user"]], [chosen["ttft_s"] * 1e3], marker="*", s=120, c="red",
                        zorder=5)
-    if slo.get("tpot_s"):
+    goal = pareto.get("goal") or slo          # the user's goals; ``slo``: what the search was held to
+    if goal.get("tpot_s"):
         for ax in (top, bottom):
-            ax.axvline(1.0 / slo["tpot_s"], color="tab:red", ls="--", lw=1)
-        top.annotate(f"TPOT goal {slo['tpot_s'] * 1e3:g} ms", (1.0 / slo["tpot_s"], top.get_ylim()[1]),
+            ax.axvline(1.0 / goal["tpot_s"], color="tab:red", ls="--", lw=1)
+        top.annotate(f"TPOT goal {goal['tpot_s'] * 1e3:.3g} ms", (1.0 / goal["tpot_s"], top.get_ylim()[1]),
                      fontsize=7, color="tab:red", va="top")
-    if slo.get("ttft_s"):
-        bottom.axhline(slo["ttft_s"] * 1e3, color="tab:red", ls="--", lw=1)
-        bottom.annotate(f"TTFT goal {slo['ttft_s'] * 1e3:g} ms", (bottom.get_xlim()[0], slo["ttft_s"] * 1e3),
+    if goal.get("ttft_s"):
+        bottom.axhline(goal["ttft_s"] * 1e3, color="tab:red", ls="--", lw=1)
+        bottom.annotate(f"TTFT goal {goal['ttft_s'] * 1e3:.3g} ms", (bottom.get_xlim()[0], goal["ttft_s"] * 1e3),
                         fontsize=7, color="tab:red", va="bottom")
+    if pareto.get("goal"):                    # the margin: where the search held the predictions
+        if slo.get("tpot_s") and slo["tpot_s"] != goal.get("tpot_s"):
+            for ax in (top, bottom):
+                ax.axvline(1.0 / slo["tpot_s"], color="tab:red", ls=":", lw=1)
+        if slo.get("ttft_s") and slo["ttft_s"] != goal.get("ttft_s"):
+            bottom.axhline(slo["ttft_s"] * 1e3, color="tab:red", ls=":", lw=1)
+            bottom.annotate("less the margin (dotted)", (bottom.get_xlim()[0], slo["ttft_s"] * 1e3), fontsize=7,
+                            color="tab:red", va="top")
     top.set_ylabel("output tokens/s per GPU")
     top.set_title("serving frontier over concurrency and layouts")
     top.legend(fontsize=7)
     bottom.set_xlabel("tokens/s per user (1 / TPOT)")
     bottom.set_ylabel("TTFT (ms)")
     from planner.cli.figures import png
-    return "Serving frontier", png(fig)
+    return "Serving frontier", base64.b64encode(png(fig)).decode("ascii")
 
 
 __all__ = ["explain", "text", "html_report", "explain_json", "plan_estimate", "pareto_figure"]

@@ -169,7 +169,7 @@ def assess(model, cluster, workload, par, stages, order, step_time_s: float, nod
             held = {"nodes": n2, "dp": p2.dp, "step_time_s": e2.step_time_s, **_goodput_json(held_run)}
     ways = [("no_spares", no_spares.steps_per_hour)] + ([("spares_held", held["steps_per_hour"])] if held else [])
     best_way = max(ways, key=lambda kv: kv[1])
-    return {"nodes": nodes, "gpus": world, "step_time_s": step_time_s, "state_bytes": state,
+    return {"nodes": nodes, "gpus": world, "dp": par.dp, "step_time_s": step_time_s, "state_bytes": state,
             "node_mtbf_h": node_mtbf / 3600, "job_mtbf_h": no_spares.job_mtbf_s / 3600,
             "checkpoint": {"stall_s": no_spares.checkpoint.stall_s, "write_s": no_spares.checkpoint.write_s,
                            "asynchronous": asyn, "storage_gb_per_s_per_node": per_node / 1e9,
@@ -214,35 +214,27 @@ def for_plan_command(args: argparse.Namespace, res, plans) -> dict[str, Any] | N
     """``planner plan``: the report over the plans it found (``--top``)."""
     if not plans or plans[0].mode != "train":
         return None
+    from planner.cli.report import distinct_labels
     p0 = plans[0]
-    entries = [(f"#{k} " + _label(p.parallel, p.stages, p.mesh_order, plans), p.parallel, p.stages, p.mesh_order,
-                s.estimate.step_time_s) for k, (p, s) in enumerate(zip(plans, res.solutions), 1)]
+    labels = distinct_labels([(p.parallel, p.stages, p.mesh_order) for p in plans])
+    entries = [(f"#{k} " + lab, p.parallel, p.stages, p.mesh_order, s.estimate.step_time_s)
+               for k, (lab, p, s) in enumerate(zip(labels, plans, res.solutions), 1)]
     return report(args, entries, p0.model, p0.cluster, p0.workload)
-
-
-def _label(par, stages, order, plans) -> str:
-    """The degrees, with the mesh order and stage split where another plan has the same degrees."""
-    from planner.cli.report import describe_parallel
-    d = describe_parallel(par)
-    twins = [p for p in plans if p.parallel == par]
-    if len(twins) > 1:
-        d += f" order={','.join(order)}"
-        if len({p.mesh_order for p in twins}) < len(twins) and par.pp > 1:
-            d += " stages=" + "/".join(str(s.num_layers) for s in stages)
-    return d
 
 
 def for_explain(args: argparse.Namespace, plan, info: dict[str, Any]) -> dict[str, Any] | None:
     """``planner explain``: this plan and the runners-up the solver found."""
-    from planner.cli.report import describe_parallel
+    from planner.cli.report import distinct_labels
     est = info["estimate"]
-    entries = [("this plan: " + describe_parallel(plan.parallel), plan.parallel, plan.stages, plan.mesh_order,
-                est.step_time_s)]
+    entries = [("", plan.parallel, plan.stages, plan.mesh_order, est.step_time_s)]
     for s in info["solver"].solutions:
         if s.par == plan.parallel and s.stages == plan.stages:
             continue
-        entries.append((describe_parallel(s.par), s.par, s.stages, s.cand.order, s.estimate.step_time_s))
-    return report(args, entries[:5], plan.model, plan.cluster, plan.workload)
+        entries.append(("", s.par, s.stages, s.cand.order, s.estimate.step_time_s))
+    entries = entries[:5]
+    labels = distinct_labels([(e[1], e[2], e[3]) for e in entries])
+    entries = [(("this plan: " if k == 0 else "") + lab, *e[1:]) for k, (lab, e) in enumerate(zip(labels, entries))]
+    return report(args, entries, plan.model, plan.cluster, plan.workload)
 
 
 def text(rep: dict[str, Any] | None) -> str:
@@ -271,8 +263,11 @@ def text(rep: dict[str, Any] | None) -> str:
         d1 = (f"on {r['nodes'] - 1:,} nodes {r['slowdown_one_node_less']:.2f}x the step time" if
               r["keeps_layout_on_one_node_less"] else f"no run on {r['nodes'] - 1:,} nodes with this layout")
         held = r["spares_held"]
-        hs = (f"{held['steps_per_hour']:,.1f} on {held['nodes']:,} nodes with {r['spares']} spare(s) held back"
-              if held else "no layout with spares held back")
+        left = r["nodes"] - r["spares"]
+        hs = (f"{held['steps_per_hour']:,.1f} with {r['spares']} spare(s) held back ({left:,} nodes left; this "
+              f"layout fills {held['nodes']:,} of them: dp {r['dp']} -> {held['dp']}"
+              + (f", {left - held['nodes']:,} idle" if left > held["nodes"] else "")
+              + f", step {held['step_time_s']:.3g} s)" if held else "no layout with spares held back")
         ideal = 3600 / r["step_time_s"]
         lines.append(f"    {r['goodput_rank']}. {r['plan']}: step {r['step_time_s']:.3g} s, ideal {ideal:,.1f}; "
                      f"{r['no_spares']['steps_per_hour']:,.1f} without spares, {hs}; "

@@ -14,7 +14,8 @@ at the figure's own size (tests check exactly that: every artist inside the canv
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from typing import Any, Sequence
+
 from costmodel.units import GIB
 
 MEMORY_CATS = (("weights_bytes", "weights", "#4C72B0"), ("grads_bytes", "gradients", "#DD8452"),
@@ -76,7 +77,7 @@ def memory_figure(est, title: str = ""):
     return fig
 
 
-def time_figure(rows: Sequence[tuple[str, object]], title: str = ""):
+def time_figure(rows: Sequence[tuple[str, Any]], title: str = ""):
     """``rows``: (label, estimate), the chosen plan first."""
     used = [(k, lab, col) for k, lab, col in TIME_TERMS if any(e.time.get(k, 0.0) > 0 for _, e in rows)]
     fig = _figure(9.0, 1.4 + 0.55 * len(rows))
@@ -118,10 +119,10 @@ def timeline_figure(intervals, pp: int, micro_shown: int, micro_total: int, sche
     ax.set_ylim(pp - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01 or 1.0)
     ax.set_xlabel("seconds from the start of the step (white: idle)"
-                  + (f"; with vpp={vpp} each block is {vpp} interleaved chunks" if vpp > 1 else ""))
+                  + (f"; each block is one of {vpp} model chunks per stage" if vpp > 1 else ""))
     shown = (f"drawn for {micro_shown} micro-batches; the plan runs {micro_total} (the steady middle repeats)"
              if micro_shown < micro_total else f"all {micro_total} micro-batches")
-    kind = "1F1B" if schedule == "1f1b" or vpp > 1 else schedule
+    kind = {"1f1b": "1F1B", "interleaved": f"interleaved 1F1B, {vpp} chunks per stage"}.get(schedule, schedule)
     ax.set_title(f"pipeline schedule ({kind}): blocks numbered by micro-batch\n{shown}", fontsize=10, wrap=True)
     from matplotlib.patches import Patch
     fig.legend(handles=[Patch(facecolor=FWD, edgecolor="black", label="forward"),
@@ -130,11 +131,13 @@ def timeline_figure(intervals, pp: int, micro_shown: int, micro_total: int, sche
     return fig
 
 
-def topk_figure(rows: Sequence[tuple[str, object, bool]]):
-    """``rows``: (label, estimate, is the chosen plan), best first. Bars: % slower than the best."""
+def topk_figure(rows: Sequence[tuple[str, Any, bool]], band: float = 0.0):
+    """``rows``: (label, estimate, is the chosen plan), best first. Bars: % slower than the best;
+    shaded, the cost model's error band (``band``, relative: ``costmodel.uncertainty``): plans
+    inside it are ties, and the axis is at least that wide so a small spread is not magnified."""
     best = min(e.step_time_s for _, e, _ in rows)
     pct = [(e.step_time_s / best - 1) * 100 for _, e, _ in rows]
-    fig = _figure(9.0, 1.4 + 0.45 * len(rows))
+    fig = _figure(10.5, 1.5 + 0.55 * len(rows))
     ax = fig.subplots()
     ys = list(range(len(rows)))
     colours = ["#C44E52" if chosen else "#4C72B0" for _, _, chosen in rows]
@@ -153,9 +156,15 @@ def topk_figure(rows: Sequence[tuple[str, object, bool]]):
                marker="D", color="#C44E52", zorder=3, clip_on=False)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set_xlim(0, span * 2.6)
-    ax.set_xlabel("step time, % slower than the best plan")
-    ax.set_title(f"the top {len(rows)} plans: the spread is {span:.2f}% of the step time", fontsize=10)
+    if band > 0:
+        ax.axvspan(0, band * 100, color="#E5E5E5", zorder=0, lw=0)
+        ax.text(band * 100, len(rows) - 0.45, f" error band \u00b1{band * 100:.0f}%", fontsize=7, color="#555555",
+                va="bottom", ha="right")
+    ax.set_xlim(0, max(span * 2.6, band * 100 * 1.9))
+    ax.set_xlabel("step time, % slower than the best plan" + ("; grey: the model's error band (ties)" if band > 0 else ""))
+    tie = band > 0 and span <= band * 100
+    ax.set_title(f"the top {len(rows)} plans: the spread is {span:.2f}% of the step time"
+                 + (f", inside the model's \u00b1{band * 100:.0f}% error: a tie" if tie else ""), fontsize=10)
     return fig
 
 

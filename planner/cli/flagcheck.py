@@ -85,7 +85,8 @@ _BY_COMMAND: dict[str, dict[str, tuple[float, float, bool, str]]] = {
 }
 
 # output flags that name a file (never a folder), by command, with an example name
-_FILE_OUTPUTS = {"plan": {"out": "plan.yaml", "csv": "candidates.csv"}, "replan": {"out": "plan.yaml"},
+# plan --out may name a folder (one <target>.yaml per target there: planner.cli.cmd_plan.out_path)
+_FILE_OUTPUTS = {"plan": {"csv": "candidates.csv"}, "replan": {"out": "plan.yaml"},
                  "explain": {"html": "report.html"}, "calibrate": {"out": "cluster.yaml"},
                  "validate": {"write": "VALIDATION.md"}, "launch": {"metrics": "metrics.jsonl"}}
 
@@ -93,7 +94,7 @@ _PROBLEM = ("model", "cluster", "gpus", "global_batch", "seq_len", "dtype", "opt
             "seed", "allow_long_context")
 _DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
             "zero", "sp", "recompute", "schedule", "mesh_order")
-_SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "kv_dtype", "max_batch",
+_SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "slo_margin", "kv_dtype", "max_batch",
             "request_rate", "batching", "disaggregation", "max_num_batched_tokens", "max_num_seqs",
             "gpu_memory_utilization", "pareto", "pareto_csv", "hf_id")
 _FAILURES = ("mtbf_hours", "repair_hours", "restart_overhead_s", "async_checkpoint")

@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "serves it with the lowest request latency")
     g.add_argument("--ttft-slo-ms", type=float, help="time-to-first-token goal in milliseconds (mean)")
     g.add_argument("--tpot-slo-ms", type=float, help="time-per-output-token goal in milliseconds (mean)")
+    g.add_argument("--slo-margin", default=None, metavar="auto|FRACTION",
+                   help="how far below each goal the predicted TTFT and TPOT must stay, as a fraction of the goal "
+                        "(the plan must meet goal / (1 + margin)); default auto: the cost model's validated "
+                        "serving error (costmodel/uncertainty_bands.yaml: serve-ttft, serve-tpot); 0 plans on "
+                        "the goals themselves")
     g.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES,
                    help="KV-cache precision (default: the weights' dtype; 16-bit for int8/int4 weights)")
     g.add_argument("--max-batch", type=int, default=4096,

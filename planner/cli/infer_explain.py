@@ -29,13 +29,16 @@ def frontier_for(plan) -> dict[str, Any]:
     from planner.search.serving import solve_serving
     sched = SchedulerConfig(**srv["scheduler"]) if srv.get("scheduler") else None
     slo = srv.get("slo") or {}
-    slo_t = slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") else None
-    slo_p = slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") else None
+    planned = slo.get("planned_ms") or {}       # the goals less the margin the plan was held to
+    slo_t = (planned.get("ttft") or slo.get("ttft_ms") or 0) / 1e3 or None
+    slo_p = (planned.get("tpot") or slo.get("tpot_ms") or 0) / 1e3 or None
     disagg = "auto" if sched is not None else "off"
     cluster = plan.cluster
     res = solve_serving(plan.model, cluster, plan.workload, {}, ttft_slo_s=slo_t, tpot_slo_s=slo_p, sched=sched,
                         disaggregation=disagg, max_time_s=30.0)
     _, pareto = _pareto(plan.model, cluster, plan.workload, res, sched, {}, disagg, slo_t, slo_p, res.solutions[0])
+    pareto["goal"] = {"ttft_s": slo["ttft_ms"] / 1e3 if slo.get("ttft_ms") else None,
+                      "tpot_s": slo["tpot_ms"] / 1e3 if slo.get("tpot_ms") else None}
     est = dict(plan.estimate)
     pareto["chosen"] = {"kind": "disaggregated" if srv.get("disaggregation") else "aggregated",
                         "layout": _layout(plan), "ttft_s": est["ttft_s"], "tpot_s": est["tpot_s"],
@@ -67,9 +70,8 @@ def text(plan) -> str:
              f"{srv.get('engine', 'engine not recorded')})",
              f"TTFT {_fmt_ms(est.get('ttft_s'))}, TPOT {_fmt_ms(est.get('tpot_s'))}, "
              f"{est.get('output_tokens_per_s_per_gpu', 0):,.1f} output tokens/s per GPU"]
-    slo = srv.get("slo") or {}
-    if slo.get("ttft_ms") or slo.get("tpot_ms"):
-        lines.append(f"goals: TTFT <= {slo.get('ttft_ms')} ms, TPOT <= {slo.get('tpot_ms')} ms")
+    from planner.cli.infer_plan import slack_text
+    lines += slack_text(plan).splitlines()      # each goal, the prediction, its slack and the margin kept
     t = est.get("time") or {}
     if est.get("batching") == "inflight":
         lines.append(f"steady state: {sch['concurrency']:.1f} requests per replica at {sch['request_rate_per_s']:.2f}/s; "
@@ -100,17 +102,23 @@ def text(plan) -> str:
 def html_report(plan, pareto: dict[str, Any]) -> str:
     from planner.cli.explain import pareto_figure
     title, png = pareto_figure(pareto)
-    rows = "".join(f"<tr><td>{html.escape(q['kind'])}</td><td>{html.escape(q['layout'])}</td>"
+    from planner.cli.infer_plan import same_point
+    chosen = pareto.get("chosen")
+    pts = [(q, same_point(q, chosen)) for q in pareto["points"]]
+    if chosen and not any(on for _, on in pts):
+        pts = sorted(pts + [(chosen, True)], key=lambda r: r[0]["tokens_per_s_per_user"])
+    rows = "".join(f"<tr{' class=chosen' if on else ''}><td>{'chosen' if on else ''}</td>"
+                   f"<td>{html.escape(q['kind'])}</td><td>{html.escape(q['layout'])}</td>"
                    f"<td>{q['tokens_per_s_per_user']:.1f}</td><td>{q['output_tokens_per_s_per_gpu']:.1f}</td>"
-                   f"<td>{q['ttft_s'] * 1e3:.1f}</td><td>{q['tpot_s'] * 1e3:.2f}</td></tr>" for q in pareto["points"])
+                   f"<td>{q['ttft_s'] * 1e3:.1f}</td><td>{q['tpot_s'] * 1e3:.2f}</td></tr>" for q, on in pts)
     body = [f"<h1>Serving plan: {html.escape(plan.model.name)} on {plan.world_size} x "
             f"{html.escape(plan.cluster.gpu.name)}</h1>", f"<pre>{html.escape(text(plan))}</pre>",
             f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'/>",
-            "<table><tr><th>kind</th><th>layout</th><th>tok/s/user</th><th>tok/s/GPU</th><th>TTFT ms</th>"
+            "<table><tr><th></th><th>kind</th><th>layout</th><th>tok/s/user</th><th>tok/s/GPU</th><th>TTFT ms</th>"
             f"<th>TPOT ms</th></tr>{rows}</table>"]
     return ("<!doctype html><html><head><meta charset='utf-8'><title>planner explain</title>"
             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}pre{background:#f6f6f6;padding:1em;"
-            "white-space:pre-wrap}td,th{padding:0 0.6em;text-align:right}</style></head><body>"
+            "white-space:pre-wrap}td,th{padding:0 0.6em;text-align:right}tr.chosen{font-weight:bold}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
 
 

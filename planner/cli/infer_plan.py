@@ -74,9 +74,29 @@ def _check_usage(args: argparse.Namespace) -> None:
     u = getattr(args, "gpu_memory_utilization", None)
     if u is not None and not 0.05 <= u <= 1.0:
         raise UsageError(f"--gpu-memory-utilization must be in [0.05, 1], got {u:g} (a fraction, e.g. 0.9)")
+    slo_margins(args)          # a bad --slo-margin: exit 2 before any work
     hf = getattr(args, "hf_id", None)
     if hf is not None and not (HF_ID.match(hf) or hf.startswith("/")):
         raise UsageError(f"--hf-id {hf!r} is not a Hugging Face id (org/name) or an absolute path")
+
+
+def slo_margins(args: argparse.Namespace) -> dict[str, Any]:
+    """The margin kept below each latency goal: ``--slo-margin`` (a fraction, both goals), or by
+    default each goal's validated error band (``costmodel.uncertainty.relative_band``: serve-ttft,
+    serve-tpot). The plan must predict at most goal / (1 + margin)."""
+    from costmodel.uncertainty import relative_band
+    raw = getattr(args, "slo_margin", None)
+    if raw is None or str(raw).strip().lower() == "auto":
+        return {"ttft": relative_band("serve-ttft"), "tpot": relative_band("serve-tpot"),
+                "source": "auto: the cost model's validated serving error (costmodel/uncertainty_bands.yaml)"}
+    try:
+        m = float(raw)
+    except ValueError:
+        m = float("nan")
+    if not 0.0 <= m < 1.0:
+        raise UsageError(f"--slo-margin {raw}: must be auto or a fraction in [0, 1) (e.g. 0.1 keeps each "
+                         "prediction 10% below its goal; 0 plans on the goals themselves)")
+    return {"ttft": m, "tpot": m, "source": "--slo-margin"}
 
 
 def engine_and_batching(args: argparse.Namespace) -> tuple[str, str]:
@@ -180,6 +200,7 @@ def _candidate_summary(c: Candidate | None) -> dict | None:
          "output_tokens_per_s_per_gpu": e.output_tokens_per_s_per_gpu,
          "concurrency": e.schedule.get("concurrency", c.batch)}
     if c.disaggregated:
+        assert c.prefill is not None           # a disaggregated candidate names its prefill pool
         tp, pp, ep, r = c.prefill
         d["prefill"] = {"tp": tp, "pp": pp, "ep": ep, "replicas": r}
         d["decode"] = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "replicas": c.dp}
@@ -235,7 +256,8 @@ def plan_json(plan) -> dict[str, Any]:
            "serving": {"replicas": plan.parallel.dp, "batch_per_replica": w.global_batch,
                        "prompt_len": w.prompt_len, "output_len": w.output_len, "dtype": w.dtype,
                        "kv_dtype": w.kv_dtype,
-                       **{k: v for k, v in srv.items() if k not in ("pareto", "comparison")}}}
+                       **{k: v for k, v in srv.items() if k not in ("pareto", "comparison")},
+                       "goals": goal_slack(plan)}}
     if plan.target:
         out["target"] = plan.target
     return out
@@ -247,6 +269,7 @@ def _candidate_json(c: Candidate | None) -> dict | None:
     d = {"parallel": {"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep}, "batch": c.batch,
          "estimate": c.est.to_dict(stages=False)}
     if c.disaggregated:
+        assert c.prefill is not None
         d["prefill"] = dict(zip(("tp", "pp", "ep", "replicas"), c.prefill))
     return d
 
@@ -263,6 +286,16 @@ def _csv_rows(cands: list[Candidate]) -> list[dict]:
     return rows
 
 
+def same_point(p: dict | None, q: dict | None) -> bool:
+    """Two frontier points are the same plan at the same operating point."""
+    if not p or not q:
+        return False
+    return (p["layout"] == q["layout"] and p["kind"] == q["kind"]
+            and abs(p["tpot_s"] - q["tpot_s"]) <= 1e-9 * max(p["tpot_s"], 1e-12)
+            and abs(p["output_tokens_per_s_per_gpu"] - q["output_tokens_per_s_per_gpu"])
+            <= 1e-9 * max(p["output_tokens_per_s_per_gpu"], 1e-12))
+
+
 def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> None:
     from rich.table import Table
 
@@ -273,17 +306,17 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
     w = best.workload
     srv = best.serving or {}
     regime = {"inflight": f"continuous batching ({srv.get('engine')})", "static": "static batches",
-              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(srv.get("batching"), "")
+              "disaggregated": f"disaggregated prefill/decode ({srv.get('engine')})"}.get(str(srv.get("batching")), "")
     c.print(f"[bold]{best.model.name}[/bold] serving on {best.world_size} x {best.cluster.gpu.name} "
             f"({best.cluster.name}): prompt {w.prompt_len} + output {w.output_len} tokens, weights {w.dtype}, "
             f"KV cache {w.kv_dtype}; {regime}")
     t = Table(title=f"top {len(plans)} plan(s)", header_style="bold")
     for col in ("#", "layout", "concurrency", "TTFT", "TPOT", "tok/s/user", "tok/s/GPU", "peak mem"):
         t.add_column(col, justify="right")
-    for k, s in enumerate(res.solutions, 1):
+    for rank, s in enumerate(res.solutions, 1):
         e = s.est
         conc = e.schedule.get("concurrency", s.batch)
-        t.add_row(str(k), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
+        t.add_row(str(rank), s.layout(), f"{conc:,.1f}" if isinstance(conc, float) else str(conc),
                   fmt_seconds(e.ttft_s), fmt_seconds(e.tpot_s), f"{1 / e.tpot_s:,.1f}",
                   f"{e.output_tokens_per_s_per_gpu:,.1f}", fmt_bytes(e.peak_bytes))
     c.print(t)
@@ -294,17 +327,23 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
     for k, v in e.time.items():
         if v:
             tt.add_row(k.removesuffix("_s").replace("_", " "), fmt_seconds(v))
-    mt = Table(title="memory per GPU (fullest stage)", header_style="bold")
+    pools = [("bytes", e.memory)]
+    dis = (e.schedule or {}).get("disaggregation") if e.batching == "disaggregated" else None
+    if dis:          # each pool's own memory: never one pool's weights beside the other's KV room
+        pools = [("prefill pool", dis["prefill"]["memory"]), ("decode pool", dis["decode"]["memory"])]
+    mt = Table(title="memory per GPU (fullest stage" + (" of each pool)" if dis else ")"), header_style="bold")
     mt.add_column("category")
-    mt.add_column("bytes", justify="right")
+    for name, _ in pools:
+        mt.add_column(name, justify="right")
     for k in ("weights_bytes", "kv_cache_bytes", "activations_bytes", "other_bytes"):
-        mt.add_row(k.removesuffix("_bytes").replace("_", " "), fmt_bytes(e.memory[k]))
-    mt.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(e.peak_bytes)} of {fmt_bytes(e.capacity_bytes)}[/bold]")
+        mt.add_row(k.removesuffix("_bytes").replace("_", " "), *(fmt_bytes(m.get(k, 0.0)) for _, m in pools))
+    mt.add_row("[bold]peak[/bold]", *(f"[bold]{fmt_bytes(m['peak_bytes'])} of {fmt_bytes(e.capacity_bytes)}[/bold]"
+                                      for _, m in pools))
     c.print(tt)
     c.print(mt)
     c.print(f"{e.output_tokens_per_s:,.0f} output tokens/s ({e.output_tokens_per_s_per_gpu:,.1f} per GPU), "
             f"request latency {fmt_seconds(e.request_latency_s)}, KV cache {fmt_bytes(e.kv_cache_bytes_per_token)}"
-            f" per token per GPU, room for {e.kv_cache_capacity_tokens:,} tokens")
+            f" per token per GPU, room for {e.kv_cache_capacity_tokens:,} tokens" + (" (decode pool)" if dis else ""))
     sch = e.schedule or {}
     if e.batching == "inflight":
         c.print(f"steady state: {sch['concurrency']:.1f} requests per replica ({sch['request_rate_per_s']:.2f}/s), "
@@ -322,6 +361,8 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
         a, d = comp.get("aggregated"), comp.get("disaggregated")
         line = []
         for name, x in (("aggregated", a), ("disaggregated", d)):
+            if name not in comp:
+                continue                    # not searched (--disaggregation off, or a fixed load)
             line.append(f"best {name}: " + (f"{x.layout()} {x.est.output_tokens_per_s_per_gpu:,.1f} tok/s/GPU "
                                             f"(TTFT {fmt_seconds(x.est.ttft_s)}, TPOT {fmt_seconds(x.est.tpot_s)})"
                                             if x is not None else "none meets the goals"))
@@ -331,17 +372,65 @@ def print_table(res: ServeResult, plans: list, pareto: list | None = None) -> No
         c.print("; ".join(line))
     if pareto:
         pt = Table(title="frontier: output tokens/s per GPU vs tokens/s per user", header_style="bold")
-        for col in ("kind", "layout", "concurrency", "tok/s/user", "tok/s/GPU", "TTFT", "TPOT"):
+        for col in ("", "kind", "layout", "concurrency", "tok/s/user", "tok/s/GPU", "TTFT", "TPOT"):
             pt.add_column(col, justify="right")
-        for p in pareto:
+        chosen = ((best.serving or {}).get("pareto") or {}).get("chosen")
+        rows = [(p, same_point(p, chosen)) for p in pareto]
+        if chosen and not any(on for _, on in rows):     # the chosen plan inside the frontier: its own row
+            rows.append((chosen, True))
+            rows.sort(key=lambda r: r[0]["tokens_per_s_per_user"])
+        for p, on in rows:
             conc = p.get("concurrency")
-            pt.add_row(p["kind"], p["layout"], "" if conc is None else f"{conc:,.1f}",
+            pt.add_row("chosen" if on else "", p["kind"], p["layout"], "" if conc is None else f"{conc:,.1f}",
                        f"{p['tokens_per_s_per_user']:,.1f}", f"{p['output_tokens_per_s_per_gpu']:,.1f}",
-                       fmt_seconds(p["ttft_s"]), fmt_seconds(p["tpot_s"]))
+                       fmt_seconds(p["ttft_s"]), fmt_seconds(p["tpot_s"]), style="bold" if on else None)
         c.print(pt)
     gap = f", gap {solver_json(res)['gap'] * 100:.2f}%" if res.status != "OPTIMAL" else ""
     c.print(f"solver: [bold]{res.status}[/bold]{gap}, objective {res.objective:.6g} ({res.objective_name}), "
             f"bound {res.bound:.6g}, {res.candidates} candidates, {res.wall_time_s:.2f} s")
+
+
+def slo_record(args: argparse.Namespace, margins: dict, slo_t: float | None, slo_p: float | None) -> dict:
+    """The plan file's ``serving.slo``: the goals, and with any goal the margins kept and the
+    goals the search was held to (``planned_ms``)."""
+    slo: dict[str, Any] = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    if slo_t is not None or slo_p is not None:
+        slo["margin"] = {"ttft": margins["ttft"], "tpot": margins["tpot"], "source": margins["source"]}
+        slo["planned_ms"] = {"ttft": slo_t * 1e3 if slo_t is not None else None,
+                             "tpot": slo_p * 1e3 if slo_p is not None else None}
+    return slo
+
+
+def goal_slack(plan) -> list[dict[str, Any]]:
+    """Per latency goal of a serving plan: the goal, the margin kept, the predicted value and the
+    slack (goal - predicted) / goal."""
+    srv = plan.serving or {}
+    slo, margin = srv.get("slo") or {}, (srv.get("slo") or {}).get("margin") or {}
+    est = plan.estimate or {}
+    out = []
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        goal_ms = slo.get(f"{key}_ms")
+        if goal_ms is None or est.get(f"{key}_s") is None:
+            continue
+        pred_ms = est[f"{key}_s"] * 1e3
+        out.append({"goal": name, "goal_ms": goal_ms, "predicted_ms": pred_ms, "margin": margin.get(key),
+                    "slack": (goal_ms - pred_ms) / goal_ms})
+    return out
+
+
+def slack_text(plan) -> str:
+    """One line per goal: predicted against the goal, the slack, and the margin the plan was held to."""
+    lines = []
+    for g in goal_slack(plan):
+        kept = (f" (planned with a {g['margin'] * 100:.1f}% margin below the goal)" if g["margin"] is not None
+                else " (a plan from before margins: none recorded)")
+        lines.append(f"{g['goal']} goal {g['goal_ms']:g} ms: predicted {g['predicted_ms']:.4g} ms, slack "
+                     f"{g['slack'] * 100:.1f}%{kept}")
+    if lines:
+        src = ((plan.serving or {}).get("slo") or {}).get("margin", {}).get("source", "")
+        if src.startswith("auto"):
+            lines.append("margins: the cost model's validated serving error (--slo-margin F to change, 0 for none)")
+    return "".join(line + "\n" for line in lines)
 
 
 def _pareto(model, cluster, wl, res: ServeResult, sched, fixed, disaggregation: str, slo_t, slo_p, chosen):
@@ -367,8 +456,13 @@ def run(args: argparse.Namespace) -> int:
     check_writable(getattr(args, "csv", None))
     check_writable(getattr(args, "pareto_csv", None))
     model, cluster, wl = load_serving_problem(args)
-    slo_t = args.ttft_slo_ms / 1e3 if args.ttft_slo_ms is not None else None
-    slo_p = args.tpot_slo_ms / 1e3 if args.tpot_slo_ms is not None else None
+    from costmodel.uncertainty import margin_goal
+    margins = slo_margins(args)
+    goal_t = args.ttft_slo_ms / 1e3 if args.ttft_slo_ms is not None else None
+    goal_p = args.tpot_slo_ms / 1e3 if args.tpot_slo_ms is not None else None
+    # what the search must meet: each goal less its margin (the goals themselves are printed with the slack)
+    slo_t = margin_goal(goal_t, margins["ttft"]) if goal_t is not None else None
+    slo_p = margin_goal(goal_p, margins["tpot"]) if goal_p is not None else None
     sched = scheduler_for(args, engine, cluster) if batching == "inflight" else None
     disagg = getattr(args, "disaggregation", "auto") if sched is not None else "off"
     rate = getattr(args, "request_rate", None)
@@ -379,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
                          "--request-rate")
     fixed = _fixed(args)
     target = getattr(args, "target", None) or "vllm"      # serving's default: vLLM's scheduler
+    args._slo_record = slo_record(args, margins, slo_t, slo_p)      # what every target's plan records
     if target == "all":
         return infer_all(args, model, cluster, wl, slo_t, slo_p)
     try:
@@ -397,8 +492,11 @@ def run(args: argparse.Namespace) -> int:
     pareto_pts, pareto = (None, None)
     if getattr(args, "pareto", False) or getattr(args, "pareto_csv", None):
         pareto_pts, pareto = _pareto(model, cluster, wl, res, sched, fixed, disagg, slo_t, slo_p, res.solutions[0])
+        pareto["goal"] = {"ttft_s": goal_t, "tpot_s": goal_p}        # the user's, beside the margin-held slo
     hf = hf_id_for(args, model)
-    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    slo = args._slo_record
+    if disagg == "off" and res.comparison:     # that search never ran: say nothing about it
+        res.comparison = {k: v for k, v in res.comparison.items() if k != "disaggregated"}
     load = {"concurrency_per_replica": args.batch, "request_rate_per_s": rate}
     plans = [make_plan(model, cluster, wl, c, sj, source, target,
                        serving_section(c, engine, batching, sched, hf, slo, load,
@@ -415,7 +513,7 @@ def run(args: argparse.Namespace) -> int:
         import pandas as pd
         cols = ("kind", "layout", "concurrency", "decode_batch", "tokens_per_s_per_user",
                 "output_tokens_per_s_per_gpu", "ttft_s", "tpot_s")
-        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts]).to_csv(args.pareto_csv, index=False)
+        pd.DataFrame([{k: p.get(k) for k in cols} for p in pareto_pts or []]).to_csv(args.pareto_csv, index=False)
     if args.json:
         env = {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": sj}
         if getattr(args, "pareto", False):
@@ -423,12 +521,14 @@ def run(args: argparse.Namespace) -> int:
         print_json(env)
     else:
         print_table(res, plans, pareto_pts if getattr(args, "pareto", False) else None)
+        print(slack_text(plans[0]), end="")
         if args.out:
             print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
-__all__ = ["run", "make_plan", "plan_json", "solver_json", "serving_section", "load_serving_problem",
+__all__ = ["slo_margins", "goal_slack", "slack_text", "same_point",
+           "run", "make_plan", "plan_json", "solver_json", "serving_section", "load_serving_problem",
            "engine_and_batching", "scheduler_for", "hf_id_for", "StageSpec"]
 
 
@@ -469,7 +569,7 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
     ok.sort(key=lambda x: x[1].objective if lower_better else -x[1].objective)
     src = cluster_source_of(args.cluster)
     hf = hf_id_for(args, model)
-    slo = {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
+    slo = getattr(args, "_slo_record", None) or {"ttft_ms": args.ttft_slo_ms, "tpot_ms": args.tpot_slo_ms}
     load = {"concurrency_per_replica": args.batch, "request_rate_per_s": getattr(args, "request_rate", None)}
     plans = {t: [make_plan(model, cluster, wl, c, solver_json(r), src, t,
                            serving_section(c, t, "static" if scheds[t] is None else "inflight", scheds[t], hf, slo,
@@ -498,9 +598,9 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
             tab.add_column(col)
         by = dict((t, (r, e)) for t, r, e in rows)
         for t in order + [t for t, r, _ in rows if r is None]:
-            r, e = by[t]
+            r, why = by[t]
             if r is None:
-                tab.add_row(t, "", "", "", "", "", "", "", "", e)
+                tab.add_row(t, "", "", "", "", "", "", "", "", why)
                 continue
             s = r.solutions[0]
             tab.add_row(t, str(s.tp), str(s.pp), str(s.dp), str(s.ep), str(s.batch),
@@ -509,6 +609,7 @@ def infer_all(args: argparse.Namespace, model, cluster, wl, slo_t, slo_p) -> int
         c.print(tab)
         c.print(f"\n[bold]best: {order[0]}[/bold]")
         print_table(ok[0][1], plans[order[0]])
+        print(slack_text(plans[order[0]][0]), end="")
     for f in written:
         print(f"wrote {f}", file=sys.stderr)
     return 0

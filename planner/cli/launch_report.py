@@ -75,8 +75,8 @@ def print_table(out: dict[str, Any], plan) -> None:
         t = Table(title=f"{plan.model.name} serving: predicted vs measured ({out['world_size']} {out['device']} "
                         f"processes, {out['dtype']}, batch {out['batch']} x {out['replicas']} replicas, "
                         f"prompt {out['prompt_len']} + output {out['output_len']})", header_style="bold")
-        for c in ("", "predicted", "measured", "measured / predicted"):
-            t.add_column(c, justify="right" if c else "left")
+        for col in ("", "predicted", "measured", "measured / predicted"):
+            t.add_column(col, justify="right" if col else "left")
         for label, p, m, kind in compare_rows({**out, "predicted": out.get("predicted_run")}):
             t.add_row(label, _fmt(p, kind), _fmt(m, kind), f"{m / p:.2f}" if (p and m is not None) else "-")
         c = make_console()
@@ -89,8 +89,8 @@ def print_table(out: dict[str, Any], plan) -> None:
              if out.get("predicted_for_dtype") else "")
     t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
                     f"{out['dtype']}{again})", header_style="bold")
-    for c in ("", "predicted", "measured", "measured / predicted"):
-        t.add_column(c, justify="right" if c else "left")
+    for col in ("", "predicted", "measured", "measured / predicted"):
+        t.add_column(col, justify="right" if col else "left")
     rows = [("step time", "step_time_s", "s"), ("tokens/s", "tokens_per_s", "n"),
             ("peak memory per rank (max)", "peak_memory_bytes", "bytes"), ("MFU", "mfu", "pct")]
     for label, key, kind in rows:
@@ -120,5 +120,7 @@ def print_table(out: dict[str, Any], plan) -> None:
         c.print(f"replanned after rank {r['failed_rank']} failed (devices excluded: {', '.join(r['excluded_devices'])}): "
                 f"{'; '.join(r['changes'])}; plan {r['plan']}")
     c.print(f"metrics: {out['metrics_file']}")
+    if out.get("worker_log"):
+        c.print(f"worker output: {out['worker_log']}")
 
 

@@ -54,6 +54,36 @@ def describe_parallel(par: ParallelConfig) -> str:
     return " ".join(parts)
 
 
+def distinct_labels(items: list[tuple[ParallelConfig, Any, Any]]) -> list[str]:
+    """``describe_parallel`` of each (parallel, stages, mesh order), with what tells apart plans
+    whose descriptions coincide: the mesh order, the stage split, per-stage recomputation, or any
+    other field of the parallel config that differs. No two different plans get the same label."""
+    import dataclasses
+    base = [describe_parallel(par) for par, _, _ in items]
+
+    def stage_split(stages) -> str:
+        return "/".join(str(s.num_layers) for s in stages or [])
+
+    def stage_rc(stages) -> str:
+        return "/".join(str(s.recompute_layers) for s in stages or [])
+
+    extra: list[list[str]] = [[] for _ in items]
+    for label in set(base):
+        group = [i for i, b in enumerate(base) if b == label]
+        if len(group) < 2:
+            continue
+        keys: list[tuple[str, Any]] = [("order", lambda i: ",".join(items[i][2] or ())),
+                                       ("stages", lambda i: stage_split(items[i][1])),
+                                       ("recompute layers", lambda i: stage_rc(items[i][1]))]
+        keys += [(f.name, (lambda name: lambda i: str(getattr(items[i][0], name)))(f.name))
+                 for f in dataclasses.fields(ParallelConfig)]
+        for name, get in keys:
+            if len({get(i) for i in group}) > 1:
+                for i in group:
+                    extra[i].append(f"{name}={get(i)}")
+    return [b + ("".join(" " + e for e in x)) for b, x in zip(base, extra)]
+
+
 def estimate_tables(est, title: str = ""):
     """Two rich tables: time per step by term, memory per GPU by category."""
     from rich.table import Table
@@ -82,6 +112,31 @@ def throughput_line(est) -> str:
     return (f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
             f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%, "
             f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
+
+
+def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> dict[str, Any]:
+    """How far a training prediction can be trusted: the out-of-source band of its kind
+    (``costmodel.uncertainty``), the step-time range it gives, and a flag when the predicted MFU is
+    above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile."""
+    from costmodel.ceilings import mfu_ceiling, mfu_flag
+    from costmodel.uncertainty import relative_band
+    kind = "train-moe" if model.is_moe else "train-dense"
+    band = relative_band(kind)
+    gpu = cluster.groups[0].gpu.name
+    measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
+    ceil = mfu_ceiling(gpu, dtype)
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - band), step_time_s * (1 + band)],
+            "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
+            "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured)}
+
+
+def credibility_lines(cred: dict[str, Any]) -> list[str]:
+    lo, hi = cred["step_time_s_range"]
+    out = [f"uncertainty: +/-{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
+           f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
+    if cred["mfu_flag"]:
+        out.append(f"[yellow]warning:[/yellow] {cred['mfu_flag']}")
+    return out
 
 
 def sig(x: float, digits: int = 3) -> str:

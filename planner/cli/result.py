@@ -6,8 +6,8 @@ from typing import Any
 from costmodel.specs import ClusterSpec, ModelSpec, Workload
 from costmodel.units import GIB
 from planner.plan.planfile import Plan, provenance
-from planner.cli.report import (console, describe_parallel, estimate_json, estimate_tables, parallel_json,
-                            throughput_line)
+from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
+                            estimate_tables, parallel_json, throughput_line)
 from planner.search.problem import SolveResult
 
 
@@ -33,7 +33,27 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return {"parallel": parallel_json(plan.parallel), "estimate": dict(plan.estimate),
             "stages": [s.to_dict() for s in plan.stages], "mesh": {"order": list(plan.mesh_order),
                                                                    **plan.rank_layout()},
-            "gpus": plan.world_size, **({"target": plan.target} if plan.target else {})}
+            "gpus": plan.world_size, **({"target": plan.target} if plan.target else {}),
+            **({"uncertainty": _credibility(plan)} if plan.mode == "train" and "mfu" in plan.estimate else {})}
+
+
+def _credibility(plan: Plan) -> dict[str, Any]:
+    return credibility(plan.model, plan.cluster, plan.workload.dtype, plan.estimate["step_time_s"], plan.estimate["mfu"])
+
+
+def tie_line(plans: list[Plan]) -> str | None:
+    """Which of the other plans lie inside the best plan's band (``costmodel.uncertainty.within_band``):
+    the cost model cannot tell them apart."""
+    from costmodel.uncertainty import within_band
+    if len(plans) < 2 or plans[0].mode != "train":
+        return None
+    band = _credibility(plans[0])["band"]
+    best = plans[0].estimate["step_time_s"]
+    ties = [str(k) for k, p in enumerate(plans[1:], 2) if within_band(best, p.estimate["step_time_s"], band)]
+    if not ties:
+        return None
+    return (f"plan{'s' if len(ties) > 1 else ''} {', '.join(ties)} {'are' if len(ties) > 1 else 'is'} within the "
+            f"cost model's +/-{band * 100:.0f}% band of plan 1: a tie (it cannot tell them apart; pick by what you run)")
 
 
 def result_json(res: SolveResult, plans: list[Plan]) -> dict[str, Any]:
@@ -61,6 +81,12 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
     c.print(tt)
     c.print(mt)
     c.print(throughput_line(res.solutions[0].estimate))
+    if best.mode == "train":
+        for line in credibility_lines(_credibility(best)):
+            c.print(line)
+        tie = tie_line(plans)
+        if tie:
+            c.print(tie)
     layout = best.rank_layout()
     c.print(f"placement: mesh order {','.join(best.mesh_order)} (outer->inner); inside a node: "
             f"{', '.join(layout['within_node']) or 'nothing'}; TP inside a node: {layout['tp_within_node']}")

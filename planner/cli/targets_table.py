@@ -8,9 +8,12 @@ from typing import Any, Sequence
 from planner.plan import targets as T
 from costmodel.units import GIB
 
-# The cost model's error on published runs: plans closer than this are not told apart by it.
-# 5% until the per-framework validation gives a figure (README, "Validation").
-MODEL_ERROR = 0.05
+
+def model_error(model) -> float:
+    """The cost model's out-of-source band for this model's kind (``costmodel.uncertainty``, written by
+    ``planner validate --cross --write-bands``): plans closer than this are not told apart by it."""
+    from costmodel.uncertainty import relative_band
+    return relative_band("train-moe" if model.is_moe else "train-dense")
 
 
 # --------------------------------------------------------------------------------------
@@ -167,10 +170,11 @@ def print_side_by_side(results: list, plans: dict[str, list], console=None) -> N
     c.print(t)
     if not ok:
         return
+    band = model_error(best_plan.model)
     near = [r.target for r in ok[1:] if plans[r.target][0].estimate["step_time_s"]
-            <= best_plan.estimate["step_time_s"] * (1 + MODEL_ERROR)]
+            <= best_plan.estimate["step_time_s"] * (1 + band)]
     if near:
         names = [ok[0].target] + near
         c.print(f"[yellow]the plans of {', '.join(names[:-1])} and {names[-1]} are within the cost model's error "
-                f"({MODEL_ERROR * 100:.0f}%) of each other: it does not tell them apart; pick by what you run."
+                f"(+/-{band * 100:.0f}%, out of source) of each other: it does not tell them apart; pick by what you run."
                 "[/yellow]")

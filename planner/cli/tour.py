@@ -92,7 +92,9 @@ def normalise(section: str) -> str:
     """What may differ between two runs of the tour: solver wall times, and everything ``planner
     launch`` measures: its whole block (step times, memory, throughput, the metrics file's name)
     with digits, table rules and spacing (column widths follow the numbers) evened out."""
-    out, block, measured = [], [], False
+    out: list[str] = []
+    block: list[str] = []
+    measured = False
 
     def flush():
         text = re.sub(r"\d[\d,.]*\d|\d", "#", "\n".join(block))
@@ -131,6 +133,7 @@ def replace_section(text: str, section: str) -> str:
 def screenshot(page: Path, png: Path, width: int = 1280, height: int = 4000) -> None:
     """The whole page as Chromium draws it headless, cropped below the last thing drawn."""
     import matplotlib.image as mpimg
+    import numpy as np
     exe = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
     if exe is None:
         raise RuntimeError("no chromium on PATH (apt-get install -y chromium)")
@@ -138,7 +141,7 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 4000) -> 
                     f"--window-size={width},{height}", "--virtual-time-budget=5000", f"--screenshot={png}",
                     page.resolve().as_uri()], check=True, capture_output=True, timeout=120)
     img = mpimg.imread(png)
-    rows = (img[..., :3] < 0.97).any(axis=-1).any(axis=-1).nonzero()[0]
+    rows = np.nonzero((img[..., :3] < 0.97).any(axis=-1).any(axis=-1))[0]
     if len(rows):
         mpimg.imsave(png, img[:min(img.shape[0], rows[-1] + 40)])
 

@@ -50,6 +50,7 @@ HOLDOUT = ROOT / "calibration" / "holdout_runs.yaml"
 FRAMEWORK_RUNS = ROOT / "calibration" / "published_runs_frameworks.yaml"
 FP8_RUNS = ROOT / "calibration" / "published_runs_fp8.yaml"
 MOE_RUNS = ROOT / "calibration" / "published_runs_moe.yaml"
+MORE_RUNS = ROOT / "calibration" / "published_runs_more.yaml"
 
 
 @dataclass
@@ -112,7 +113,9 @@ def framework_of(case: dict) -> str:
     return "generic"
 
 
-def case_rows(case: dict, split: str) -> list[Row]:
+def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, Any, str]:
+    """What ``estimate`` is called with for a published case (module docstring): model, cluster,
+    workload, parallel config, framework profile, and the framework's name."""
     md = case["model"]
     model = _model(md, case["name"])
     cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
@@ -153,8 +156,18 @@ def case_rows(case: dict, split: str) -> list[Row]:
     if case.get("moe"):
         # how the run executed its MoE layers (costmodel.moe.MoeExecution), over the profile's
         prof = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, **case["moe"]))
-    # a split the source does not give: one the case names (with how it was chosen), else the even one
-    stages = stages_from_counts(case["stages"]) if case.get("stages") else None
+    return model, cluster, wl, par, prof, fw
+
+
+def case_stages(case: dict):
+    """A split the source does not give: one the case names (with how it was chosen), else None (the even one)."""
+    return stages_from_counts(case["stages"]) if case.get("stages") else None
+
+
+def case_rows(case: dict, split: str) -> list[Row]:
+    model, cluster, wl, par, prof, fw = case_inputs(case)
+    md = case["model"]
+    stages = case_stages(case)
     if fw in FRAMEWORKS and fw != "generic":
         # priced only through a target that runs this layout (its split, its profile), else refused
         via, stages, why = target_for(fw, model, cluster, wl, par, stages)
@@ -233,14 +246,14 @@ def memory_rows(ref: dict) -> list[Row]:
     return rows
 
 
-def all_rows(include_holdout: bool = True) -> list[Row]:
+def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
+    """Every published training case on file with its split (the section it is tabled in):
+    calibration, frameworks / fp8 (``-hardware`` when its machines are not the catalog cluster),
+    moe, holdout. Duplicates of another file's run are skipped; MoE cases on a cluster the catalog
+    lacks are listed in ``moe_rows.pending``."""
     with open(CALIBRATION) as f:
         cal = yaml.safe_load(f)
-    rows: list[Row] = []
-    for c in cal["cases"]:
-        rows += case_rows(c, "calibration")
-    for r in cal.get("memory_references", []):
-        rows += memory_rows(r)
+    out: list[tuple[dict, str]] = [(c, "calibration") for c in cal["cases"]]
     if FRAMEWORK_RUNS.exists():
         with open(FRAMEWORK_RUNS) as f:
             fwk = yaml.safe_load(f) or {}
@@ -248,61 +261,77 @@ def all_rows(include_holdout: bool = True) -> list[Row]:
             if "duplicate" in str(c.get("note", "")) or "same run as" in str(c.get("note", "")):
                 continue
             kind = "fp8" if c.get("dtype") == "fp8" else "frameworks"
-            rows += case_rows(c, kind if hardware_matches(c) else kind + "-hardware")
-    rows += fp8_rows()
-    rows += moe_rows()
+            out.append((c, kind if hardware_matches(c) else kind + "-hardware"))
+    if MORE_RUNS.exists():
+        with open(MORE_RUNS) as f:
+            more = yaml.safe_load(f) or {}
+        out += [(c, "more" if hardware_matches(c) else "frameworks-hardware") for c in more.get("cases", [])]
+    if FP8_RUNS.exists():
+        # NeMo 24.07's FP8 table: Megatron with NeMo's defaults (module docstring), FP8 with the
+        # framework's default recipe
+        with open(FP8_RUNS) as f:
+            data = yaml.safe_load(f) or {}
+        out += [(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8") for c in data.get("cases", [])]
+    moe_rows.pending = []
+    if MOE_RUNS.exists():
+        from profiles.clusters import cluster_names
+        with open(MOE_RUNS) as f:
+            data = yaml.safe_load(f) or {}
+        for c in data.get("cases", []):
+            if c["cluster"] not in cluster_names():
+                moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
+            else:
+                out.append((c, "moe-fit" if c.get("fit") else "moe"))
     if include_holdout and HOLDOUT.exists():
         with open(HOLDOUT) as f:
             hold = yaml.safe_load(f) or {}
-        for c in hold.get("cases", []):
-            rows += case_rows(c, "holdout")
+        out += [(c, "holdout") for c in hold.get("cases", [])]
+    return out
+
+
+def all_rows(include_holdout: bool = True) -> list[Row]:
+    from costmodel.specs import SpecError
+    with open(CALIBRATION) as f:
+        cal = yaml.safe_load(f)
+    rows: list[Row] = []
+    for c, split in all_cases(include_holdout):
+        if split != "calibration" and not any(r.split == "memory" for r in rows):
+            for r in cal.get("memory_references", []):
+                rows += memory_rows(r)
+        if not split.startswith("moe"):
+            rows += case_rows(c, split)
+            continue
+        try:
+            rows += case_rows(c, split)
+        except SpecError as e:
+            moe_rows.pending.append(f"{c['name']}: {e}")
     return rows
 
 
 def fp8_rows() -> list[Row]:
-    """NeMo 24.07's FP8 table (``calibration/published_runs_fp8.yaml``): Megatron with NeMo's
-    defaults (module docstring), FP8 with the framework's default recipe."""
-    if not FP8_RUNS.exists():
-        return []
-    with open(FP8_RUNS) as f:
-        data = yaml.safe_load(f) or {}
-    rows: list[Row] = []
-    for c in data.get("cases", []):
-        rows += case_rows(dict(c, framework="megatron", dtype="fp8", nemo_defaults=True), "fp8")
-    return rows
+    """The FP8 rows of NeMo 24.07's table (``calibration/published_runs_fp8.yaml``)."""
+    return [r for r in all_rows(include_holdout=False) if r.split == "fp8" and "nemo2407" in r.case]
 
 
 def moe_rows() -> list[Row]:
     """The MoE runs (``calibration/published_runs_moe.yaml``). A case on a cluster the catalog
     does not have yet is listed in ``moe_rows.pending``, not predicted."""
-    moe_rows.pending = []
-    if not MOE_RUNS.exists():
-        return []
-    from costmodel.specs import SpecError
-    from profiles.clusters import cluster_names
-    with open(MOE_RUNS) as f:
-        data = yaml.safe_load(f) or {}
-    rows: list[Row] = []
-    for c in data.get("cases", []):
-        if c["cluster"] not in cluster_names():
-            moe_rows.pending.append(f"{c['name']}: cluster {c['cluster']} is not in the catalog")
-            continue
-        try:
-            rows += case_rows(c, "moe-fit" if c.get("fit") else "moe")
-        except SpecError as e:
-            moe_rows.pending.append(f"{c['name']}: {e}")
-    return rows
+    return [r for r in all_rows(include_holdout=False) if r.split in ("moe", "moe-fit")]
 
 
 moe_rows.pending = []
 
 
 def markdown(rows: list[Row]) -> str:
-    out = ["# Cost-model validation", "",
+    out = ["# Cost-model validation (in-sample)", "",
+           "**In-sample:** the fitted constants (`costmodel/fitted.py`) were chosen on many of these runs, so these",
+           "tables measure the fit's memory as much as the model. The out-of-source error, each recipe family",
+           "predicted with constants refitted without it, is in `docs/validation.md`",
+           "(`planner validate --cross`).", "",
            "Regenerate with `make validation` (`planner validate --write costmodel/VALIDATION.md`).",
            "Predicted by `costmodel.training.estimate` with the catalog cluster; the execution facts each",
            "source's software implies are set once per source in `planner/cli/validation.py`.", ""]
-    out += table_sections(rows, (("calibration", "Training runs (calibration set, ../shared/calibration)"),
+    out += table_sections(rows, (("calibration", "Training runs (calibration set, calibration/published_runs.yaml)"),
                                  ("frameworks", "Training runs by framework (calibration/published_runs_frameworks.yaml, "
                                                 "bf16/fp16)"),
                                  ("fp8", "FP8 training runs (NeMo 24.07, calibration/published_runs_fp8.yaml; "
@@ -311,6 +340,8 @@ def markdown(rows: list[Row]) -> str:
                                                   "(reported, not fitted)"),
                                  ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
                                                          "(reported, not fitted: see each case's hardware_note)"),
+                                 ("more", "Training runs from other public sources (calibration/published_runs_more.yaml; "
+                                          "not fitted)"),
                                  ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml; "
                                          "out of source: no constant was chosen on them)"),
                                  ("moe-fit", "Mixture-of-experts runs that chose a constant (the load factors of "
@@ -332,7 +363,7 @@ def markdown(rows: list[Row]) -> str:
 
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
-    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "moe", "holdout")]
+    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "more", "moe", "holdout")]
     out = ["## Error by framework", "",
            "Each framework's runs on catalog hardware (calibration, framework, FP8, MoE and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",

@@ -20,7 +20,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     if p.is_dir() and (p / "config.json").exists():
         p = p / "config.json"
     if not p.exists():
-        raise SpecError(f"model file {p} does not exist")
+        raise SpecError(_missing_model(name_or_path, p))
     text = read_text(p, "model file")
     if p.suffix == ".json":
         cfg = parse_json(text, str(p))
@@ -43,6 +43,29 @@ def load_model(name_or_path: str) -> ModelSpec:
         d = base
     d.setdefault("name", p.stem)
     return ModelSpec.from_dict(d, str(p))
+
+
+def _missing_model(given: str, p: Path) -> str:
+    """The message for a ``--model`` that names no file: a Hugging Face id (org/name) gets told
+    that the planner reads no hub, and the catalog model of that architecture where there is one
+    (the id's name without -Instruct/-hf/Meta-), else the catalog's names and how to fetch a
+    config.json."""
+    import re
+
+    from costmodel.catalog import HF_IDS, model_names
+    if p.suffix not in (".json", ".yaml", ".yml") and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", given):
+        def norm(x: str) -> str:
+            x = x.lower().split("/")[-1]
+            for suffix in ("-instruct", "-hf", "-base", "-chat"):
+                x = x.removesuffix(suffix)
+            return x.removeprefix("meta-")
+        same = [name for name in model_names() if norm(given) in (name, norm(HF_IDS.get(name, "")))]
+        head = f"--model {given}: a Hugging Face id, and no file of that name; the planner reads no hub"
+        if same:
+            return f"{head}: the catalog has it as {same[0]}: give --model {same[0]}"
+        return (f"{head}: give a catalog name ({', '.join(model_names())}) or the path of the model's config.json "
+                f"(e.g. `huggingface-cli download {given} config.json --local-dir m`, then --model m/config.json)")
+    return f"model file {p} does not exist (--model takes a catalog name, a model .yaml or a config.json path)"
 
 
 def load_cluster_sized(name_or_path: str, gpus: int | None) -> ClusterSpec:

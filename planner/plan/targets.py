@@ -5,9 +5,9 @@ A *target* is where a plan runs: a training framework (``megatron``, ``torchtita
 starts the built-in runtime (``torchrun``, ``slurm``, ``kubernetes``: builtin's table, and for
 the last two one kind of node), or a serving engine (``vllm``, ``sglang``, ``tensorrt-llm``,
 ``builtin``). Each has one table (``TrainTarget`` / ``ServeTarget``): plain fields that say what
-it runs, and ``sources`` naming where each fact is stated (file and line at the commit the
-reference notes in ``/work/shared/reference/`` were read from, or the emitter that writes the
-files). A table states what this project can launch on the target: the framework's own limits,
+it runs, and ``sources`` naming where each fact is stated: the framework's repository at the
+commit read (``MEGATRON_SRC`` ... below) with the file and line, or the emitter that writes the
+files. A table states what this project can launch on the target: the framework's own limits,
 and where the files the emitter writes can state less than the framework runs, the emitter's.
 
 ``problems(target, plan)`` lists everything a plan asks that its target cannot run, each with
@@ -15,8 +15,8 @@ the numbers and what to change; the search asks ``config_problems`` of every can
 stage split yet) and keeps the split within ``split_rule``. Imports ``costmodel`` and the plan
 file only: the search, the emitters, the runtime and the command line may all read it.
 
-Where the sources disagree or a combination is unconfirmed (reference section 8: Megatron-FSDP
-with pipeline stages, DeepSpeed AutoTP with ZeRO-3), the table says no: a plan the solver
+Where the sources disagree or a combination is unconfirmed (Megatron-FSDP with pipeline stages,
+DeepSpeed AutoTP with ZeRO-3), the table says no: a plan the solver
 proves best must be one that runs.
 """
 from __future__ import annotations
@@ -28,9 +28,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, kv_heads_shard
 
-REF = "reference/training-targets.md"       # /work/shared/reference/, see the module docstring
-LREF = "reference/launchers.md"
-SREF = "reference/serving-and-hardware.md"
+# Primary sources: each framework's GitHub repository at the commit its code was read (the file
+# and line follow in each row); the serving engines by repository and file, or the document
+MEGATRON_SRC = "NVIDIA/Megatron-LM@d98e8a64"
+TORCHTITAN_SRC = "pytorch/torchtitan@b5bcd76c"
+DEEPSPEED_SRC = "deepspeedai/DeepSpeed@edaa7221"
+ACCELERATE_SRC = "huggingface/accelerate@16cb6eb8"
+VLLM_SRC = "vllm-project/vllm vllm/engine/arg_utils.py, vllm/config/parallel.py"
+SGLANG_SRC = "sgl-project/sglang python/sglang/srt/server_args.py"
+TRTLLM_SRC = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py"
+VLLM_EP_SRC = "vllm-project/vllm docs/serving/expert_parallel_deployment.md@01702569"
+SGLANG_EP_SRC = "sgl-project/sglang docs/advanced_features/expert_parallelism.md@020017c4"
+DEEPSEEK_SERVING_SRC = "lm-sys/lm-sys.github.io blog/2025-05-05-large-scale-ep.md@2db4e404"
 
 GENERIC = "generic"     # every layout the cost model knows; no framework runs all of them
 
@@ -344,31 +353,31 @@ def _accel_fsdp_cp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: t
 
 
 MEGATRON_SOURCES = {
-    "zero": f"{REF} 1.7: --use-distributed-optimizer (ZeRO-1), --use-megatron-fsdp optim_grads / "
+    "zero": f"{MEGATRON_SRC}: --use-distributed-optimizer (ZeRO-1), --use-megatron-fsdp optim_grads / "
             "optim_grads_params (ZeRO-2/3), arguments.py ~3170",
-    "zero_pp": f"{REF} 1.7 and 8: the distributed optimizer with PP; torch-FSDP2 refuses PP (arguments.py ~1034); "
+    "zero_pp": f"{MEGATRON_SRC}: the distributed optimizer with PP; torch-FSDP2 refuses PP (arguments.py ~1034); "
                "Megatron-FSDP with PP is unconfirmed (no refusal, no test), so not planned",
-    "hsdp": f"{REF} 1.2: --num-distributed-optimizer-instances (distributed optimizer over part of dp x cp); "
+    "hsdp": f"{MEGATRON_SRC}: --num-distributed-optimizer-instances (distributed optimizer over part of dp x cp); "
             "Megatron-FSDP's --outer-dp-sharding-strategy is not written by emitters/megatron.py",
-    "cp": f"{REF} 1.5: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
-    "ep": f"{REF} 1.6: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
-    "expert_tp": f"{REF} 1.2: --expert-tensor-parallel-size (default = TP)",
+    "cp": f"{MEGATRON_SRC}: --context-parallel-size; seq_length % (2*CP) == 0 (arguments.py ~1336)",
+    "ep": f"{MEGATRON_SRC}: num_experts % EP == 0 (arguments.py ~1656); expert grid ETP x EP x PP (parallel_state.py ~870)",
+    "expert_tp": f"{MEGATRON_SRC}: --expert-tensor-parallel-size (default = TP)",
     "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
                    "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
-    "vpp": f"{REF} 1.4: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
-    "vpp_split": f"{LREF} 3: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
-    "split": f"{REF} 1.4: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
-    "recompute": f"{REF} 1.8: --recompute-granularity full|selective; full needs a method and num-layers "
+    "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
+    "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
+    "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
+    "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
                  "(transformer_config.py ~1905)",
-    "recompute_block": f"{REF} 1.8: --recompute-method block: the first N layers of every pipeline stage "
+    "recompute_block": f"{MEGATRON_SRC}: --recompute-method block: the first N layers of every pipeline stage "
                        "(transformer_config.py ~543); with vpp, of every virtual stage",
-    "recompute_per_stage": f"{REF} 1.4: no CLI for a different recompute per stage",
-    "sp": f"{REF} 1.3: --sequence-parallel, forced off with TP = 1 (arguments.py ~1432)",
-    "schedules": f"{REF} 1.4: 1F1B, interleaved 1F1B with VPP; no GPipe (schedules.py)",
-    "microbatches": f"{REF} 1.4: interleaved: microbatch_group_size_per_vp_stage = PP in [PP, M], M mod group "
+    "recompute_per_stage": f"{MEGATRON_SRC}: no CLI for a different recompute per stage",
+    "sp": f"{MEGATRON_SRC}: --sequence-parallel, forced off with TP = 1 (arguments.py ~1432)",
+    "schedules": f"{MEGATRON_SRC}: 1F1B, interleaved 1F1B with VPP; no GPipe (schedules.py)",
+    "microbatches": f"{MEGATRON_SRC}: interleaved: microbatch_group_size_per_vp_stage = PP in [PP, M], M mod group "
                     "0 or >= PP (schedules.py ~1160-1172), so M % PP == 0",
-    "orders": f"{REF} 1.2: order tp-cp-ep-dp-pp (parallel_state.py ~617), or --use-tp-pp-dp-mapping",
-    "tp_with_pp": f"{REF} 1.2: DP = world / (TP x PP x CP)",
+    "orders": f"{MEGATRON_SRC}: order tp-cp-ep-dp-pp (parallel_state.py ~617), or --use-tp-pp-dp-mapping",
+    "tp_with_pp": f"{MEGATRON_SRC}: DP = world / (TP x PP x CP)",
     "dtypes": "emitters/megatron.py training_args: --bf16, --fp16, fp32, fp8 through TE --fp8-format",
     "models": "emitters/megatron.py model_args: Megatron-Core GPT has no ALiBi; MLA (--multi-latent-attention) "
               "and MoE supported",
@@ -387,7 +396,7 @@ MEGATRON = TrainTarget(
     orders=MEGATRON_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources=MEGATRON_SOURCES,
-    extra=(Extra(what="expert grid", source=f"{REF} 1.2: parallel_state.py ~870-907", check=_megatron_expert_grid),),
+    extra=(Extra(what="expert grid", source=f"{MEGATRON_SRC}: parallel_state.py ~870-907", check=_megatron_expert_grid),),
 )
 
 TORCHTITAN = TrainTarget(
@@ -400,32 +409,32 @@ TORCHTITAN = TrainTarget(
     orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
-        "zero": f"{REF} 2.2 and 2.6: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
+        "zero": f"{TORCHTITAN_SRC}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
                 "no optimizer-only sharding; DDP only when dp is the sole parallelism (emitters/torchtitan.py)",
-        "zero_pp": f"{REF} 2.2: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
-        "hsdp": f"{REF} 2.2: data_parallel_replicate_degree x data_parallel_shard_degree",
-        "cp": f"{REF} 2.2: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
+        "zero_pp": f"{TORCHTITAN_SRC}: FSDP2 with PP, no reshard by default (fsdp.py ~112-132)",
+        "hsdp": f"{TORCHTITAN_SRC}: data_parallel_replicate_degree x data_parallel_shard_degree",
+        "cp": f"{TORCHTITAN_SRC}: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
         "ep": "pytorch/torchtitan v0.3.0 torchtitan/distributed/parallel_dims.py: expert_parallel_degree, "
               "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
-        "expert_tp": f"{REF} 2.2: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
+        "expert_tp": f"{TORCHTITAN_SRC}: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
-        "vpp": f"{REF} 2.2: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
+        "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
-        "split": f"{REF} 2.3: module_fqns_per_model_part, any layers per stage",
+        "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
         "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
                      "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
                      "recomputes every second matmul; priced as op-level selective (costmodel/layers.py, fused "
                      "attention: half the stored activations, half the matmuls again)",
-        "recompute_block": f"{REF} 2.4: apply() wraps every block; no every-N-layers option",
-        "recompute_per_stage": f"{REF} 2.4 and 2.6: no per-stage or per-layer recompute",
+        "recompute_block": f"{TORCHTITAN_SRC}: apply() wraps every block; no every-N-layers option",
+        "recompute_per_stage": f"{TORCHTITAN_SRC}: no per-stage or per-layer recompute",
         "sp": "emitters/torchtitan.py: SequenceParallel norms always with TP (enable_sequence_parallel)",
-        "schedules": f"{REF} 2.2: get_schedule_class names (1F1B, GPipe, Interleaved1F1B, ...)",
+        "schedules": f"{TORCHTITAN_SRC}: get_schedule_class names (1F1B, GPipe, Interleaved1F1B, ...)",
         "microbatches": "torch/distributed/pipelining/schedules.py: Schedule1F1B needs micro-batches >= stages "
                         "(~1020); Interleaved1F1B a multiple of max(1, M // pp) rounds (~2937)",
-        "orders": f"{REF} 9 / parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
-        "tp_with_pp": f"{REF} 2.2: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
+        "orders": f"{TORCHTITAN_SRC} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
+        "tp_with_pp": f"{TORCHTITAN_SRC}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
         "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
         "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
                   "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
@@ -451,37 +460,37 @@ DEEPSPEED = TrainTarget(
     orders=(MESH_AXES,), tp_with_pp=False, dtypes=frozenset({"bf16", "fp16", "fp32"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
-        "zero": f"{REF} 3.2: zero_optimization.stage 0-3",
-        "zero_pp": f"{REF} 3.3: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
-        "hsdp": f"{REF} 3.2: hpZ is a secondary parameter partition, not replicas of shards; MiCS removed in 0.19 "
+        "zero": f"{DEEPSPEED_SRC}: zero_optimization.stage 0-3",
+        "zero_pp": f"{DEEPSPEED_SRC}: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
+        "hsdp": f"{DEEPSPEED_SRC}: hpZ is a secondary parameter partition, not replicas of shards; MiCS removed in 0.19 "
                 "(emitters/deepspeed.py)",
-        "cp": f"{REF} 3.5: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
-        "ep": f"{REF} 3.6: AutoEP expert_parallel.autoep_size (divides world/pp)",
-        "expert_tp": f"{REF} 3.6: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
-        "expert_fold": f"{REF} 3.6: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
+        "cp": f"{DEEPSPEED_SRC}: Ulysses sequence parallel (all-to-all over heads), not ring context parallel",
+        "ep": f"{DEEPSPEED_SRC}: AutoEP expert_parallel.autoep_size (divides world/pp)",
+        "expert_tp": f"{DEEPSPEED_SRC}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
+        "expert_fold": f"{DEEPSPEED_SRC}: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
                        "(emitters/deepspeed.py writes no folding)",
-        "vpp": f"{REF} 3.3: TrainSchedule is synchronous 1F1B; no interleaved schedule",
-        "vpp_split": f"{REF} 3.3",
+        "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
+        "vpp_split": f"{DEEPSPEED_SRC}",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
                  "uniform (partition_uniform over the layer list), parameters or type:REGEX (partition_balanced); "
                  "a split is run only if one of them gives it (ds_split; the plan names the method)",
-        "recompute": f"{REF} 3.3 and 3.7: PipelineModule activation_checkpoint_interval (every layer); without "
+        "recompute": f"{DEEPSPEED_SRC}: PipelineModule activation_checkpoint_interval (every layer); without "
                      "stages the model checkpoints its blocks itself (Hugging Face gradient_checkpointing_enable(), "
                      "or deepspeed.checkpointing.checkpoint, which the activation_checkpointing section configures: "
                      "docs/code-docs/source/activation-checkpointing.rst); no selective mode",
-        "recompute_block": f"{REF} 3.3: one activation_checkpoint_interval for the whole module",
-        "recompute_per_stage": f"{REF} 3.3: no per-stage variation",
+        "recompute_block": f"{DEEPSPEED_SRC}: one activation_checkpoint_interval for the whole module",
+        "recompute_per_stage": f"{DEEPSPEED_SRC}: no per-stage variation",
         "sp": "emitters/deepspeed.py: AutoTP has no Megatron-style sequence-parallel norms",
-        "schedules": f"{REF} 3.3: TrainSchedule (1F1B)",
-        "microbatches": f"{REF} 3.1: gradient_accumulation_steps = pipeline micro-batches",
-        "orders": f"{LREF} 4: PipeModelDataParallelTopology axes pipe, data, model (model innermost)",
-        "tp_with_pp": f"{REF} 3.4: AutoTP with PipelineModule not confirmed in source",
+        "schedules": f"{DEEPSPEED_SRC}: TrainSchedule (1F1B)",
+        "microbatches": f"{DEEPSPEED_SRC}: gradient_accumulation_steps = pipeline micro-batches",
+        "orders": f"{DEEPSPEED_SRC}: PipeModelDataParallelTopology axes pipe, data, model (model innermost)",
+        "tp_with_pp": f"{DEEPSPEED_SRC}: AutoTP with PipelineModule not confirmed in source",
         "dtypes": "emitters/deepspeed.py: bf16 / fp16 sections or fp32",
         "models": "DeepSpeed runs the user's model code; AutoTP/AutoEP presets cover llama, mixtral, deepseek",
-        "kv_heads_divisible": f"{REF} 3.4: AutoTP distributes heads unevenly",
+        "kv_heads_divisible": f"{DEEPSPEED_SRC}: AutoTP distributes heads unevenly",
         "heterogeneous": "emitters/base.py require_one_group",
     },
-    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{REF} 3.4", check=_ds_autotp_zero3),),
+    extra=(Extra(what="AutoTP with ZeRO-3", source=f"{DEEPSPEED_SRC}", check=_ds_autotp_zero3),),
 )
 
 MEGADS_REPO = "microsoft/Megatron-DeepSpeed f4157bea"
@@ -542,16 +551,16 @@ _ACCEL_MEGATRON = dataclasses.replace(
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
-             "expert_fold": f"{REF} 4.2: the MegatronLMPlugin has no expert tensor parallel size; not planned",
-             "zero": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
-             "zero_pp": f"{REF} 4.2: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
+             "expert_fold": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no expert tensor parallel size; not planned",
+             "zero": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
+             "zero_pp": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
-             "vpp": f"{REF} 4.2: num_layers_per_virtual_pipeline_stage, not written by emitters/accelerate.py",
-             "split": f"{REF} 4.2: decoder_last_pipeline_num_layers only (the first via other args, untested)",
+             "vpp": f"{ACCELERATE_SRC}: num_layers_per_virtual_pipeline_stage, not written by emitters/accelerate.py",
+             "split": f"{ACCELERATE_SRC}: decoder_last_pipeline_num_layers only (the first via other args, untested)",
              "recompute": "emitters/accelerate.py: MegatronLMPlugin always passes a recompute method (full "
                           "granularity); no 'off', and a method with selective is refused by Megatron",
-             "schedules": f"{REF} 4.2: Megatron 1F1B",
-             "orders": f"{REF} 1.2: Megatron tp-cp-ep-dp-pp"},
+             "schedules": f"{ACCELERATE_SRC}: Megatron 1F1B",
+             "orders": f"{MEGATRON_SRC}: Megatron tp-cp-ep-dp-pp"},
     extra=())
 
 _ACCEL_FSDP = TrainTarget(
@@ -565,19 +574,20 @@ _ACCEL_FSDP = TrainTarget(
     dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=True, kv_heads_divisible=False, heterogeneous=False,
     sources={
-        "zero": f"{REF} 4.1 / 4.3: FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-2); DeepSpeed plugin stage 1; "
+        "zero": f"{ACCELERATE_SRC}  4.3: FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-2); DeepSpeed plugin stage 1; "
                 "DDP (emitters/accelerate.py)",
-        "zero_pp": f"{REF} 4.1: ParallelismConfig has no PP field",
-        "hsdp": f"{REF} 4.1: dp_replicate_size x dp_shard_size",
-        "cp": f"{REF} 4.1: cp_size (torch backend) under FSDP2",
-        "ep": f"{REF} 4.1: no EP field",
-        "expert_tp": f"{REF} 4.1", "expert_fold": f"{REF} 4.1: no EP field", "vpp": f"{REF} 4.1",
-        "vpp_split": f"{REF} 4.1", "split": f"{REF} 4.1",
-        "recompute": f"{REF} 4.1: FSDP plugin activation_checkpointing (bool, whole model)",
-        "recompute_block": f"{REF} 4.1", "recompute_per_stage": f"{REF} 4.1",
-        "sp": f"{REF} 4.1: no TP here", "schedules": f"{REF} 4.1", "microbatches": f"{REF} 4.1",
-        "orders": f"{REF} 4.1: mesh dp_replicate, dp_shard, cp, tp",
-        "tp_with_pp": f"{REF} 4.1", "dtypes": "emitters/accelerate.py MIXED: no, fp16, bf16, fp8",
+        "zero_pp": f"{ACCELERATE_SRC}: ParallelismConfig has no PP field",
+        "hsdp": f"{ACCELERATE_SRC}: dp_replicate_size x dp_shard_size",
+        "cp": f"{ACCELERATE_SRC}: cp_size (torch backend) under FSDP2",
+        "ep": f"{ACCELERATE_SRC}: no EP field",
+        "expert_tp": f"{ACCELERATE_SRC}", "expert_fold": f"{ACCELERATE_SRC}: no EP field",
+        "vpp": f"{ACCELERATE_SRC}", "vpp_split": f"{ACCELERATE_SRC}",
+        "split": f"{ACCELERATE_SRC}",
+        "recompute": f"{ACCELERATE_SRC}: FSDP plugin activation_checkpointing (bool, whole model)",
+        "recompute_block": f"{ACCELERATE_SRC}", "recompute_per_stage": f"{ACCELERATE_SRC}",
+        "sp": f"{ACCELERATE_SRC}: no TP here", "schedules": f"{ACCELERATE_SRC}", "microbatches": f"{ACCELERATE_SRC}",
+        "orders": f"{ACCELERATE_SRC}: mesh dp_replicate, dp_shard, cp, tp",
+        "tp_with_pp": f"{ACCELERATE_SRC}", "dtypes": "emitters/accelerate.py MIXED: no, fp16, bf16, fp8",
         "models": "Accelerate runs the user's model", "kv_heads_divisible": "no TP here",
         "heterogeneous": "emitters/base.py require_one_group",
     },
@@ -659,26 +669,26 @@ VLLM = ServeTarget(
     name="vllm", summary="vllm serve", runs="vllm", ep="tp_dp", replicas=True, multi_node_replica=True,
     replicas_over_nodes=True, dtypes=SERVE_DTYPES | {"fp8"}, kv_dtypes=SERVE_DTYPES | {"fp8"},
     kv_heads_divisible=False, mla=True, heterogeneous=False,
-    sources={"ep": f"{SREF} 3.1: --enable-expert-parallel gives EP = TP x DP",
-             "replicas": f"{LREF} 5.1: --data-parallel-size (-local, -start-rank over nodes)",
-             "multi_node_replica": f"{LREF} 5.1: --nnodes/--node-rank/--headless, one replica over nodes",
+    sources={"ep": f"{VLLM_EP_SRC}: --enable-expert-parallel gives EP = TP x DP",
+             "replicas": f"{VLLM_SRC}: --data-parallel-size (-local, -start-rank over nodes)",
+             "multi_node_replica": f"{VLLM_SRC}: --nnodes/--node-rank/--headless, one replica over nodes",
              "replicas_over_nodes": "emitters/vllm.py: node-sized replicas or one replica over nodes, not a "
                                     "replica over nodes and several replicas",
              "dtypes": "emitters/vllm.py: --dtype, fp8 as --quantization fp8; int8/int4 need a named method",
              "kv_dtypes": "emitters/vllm.py: --kv-cache-dtype fp8 or the model dtype",
-             "kv_heads_divisible": f"{LREF} 5.1: KV heads replicated when tp > kv heads",
-             "mla": f"{SREF} 3.1: DeepSeek MLA served", "heterogeneous": "emitters/base.py require_one_group"})
+             "kv_heads_divisible": f"{VLLM_SRC}: KV heads replicated when tp > kv heads",
+             "mla": f"{VLLM_EP_SRC}: DeepSeek MLA served", "heterogeneous": "emitters/base.py require_one_group"})
 
 SGLANG = ServeTarget(
     name="sglang", summary="python -m sglang.launch_server", runs="sglang", ep="none", replicas=True,
     multi_node_replica=True, replicas_over_nodes=True, dtypes=SERVE_DTYPES, kv_dtypes=SERVE_DTYPES | {"fp8"},
     kv_heads_divisible=False, mla=True, heterogeneous=False,
     sources={"ep": "emitters/sglang.py: --ep-size splits experts within one TP group (ep = tp); the serving "
-                   f"planner spreads them over replicas ({SREF} 3.2)",
-             "replicas": f"{LREF} 5.2: --dp-size", "multi_node_replica": f"{LREF} 5.2: --nnodes --node-rank",
-             "replicas_over_nodes": f"{LREF} 5.2", "dtypes": "emitters/sglang.py: --dtype float16/bfloat16/float32",
+                   f"planner spreads them over replicas ({SGLANG_EP_SRC})",
+             "replicas": f"{SGLANG_SRC}: --dp-size", "multi_node_replica": f"{SGLANG_SRC}: --nnodes --node-rank",
+             "replicas_over_nodes": f"{SGLANG_SRC}", "dtypes": "emitters/sglang.py: --dtype float16/bfloat16/float32",
              "kv_dtypes": "emitters/sglang.py: --kv-cache-dtype fp8_e4m3 or the model dtype",
-             "kv_heads_divisible": f"{SREF} 3.2", "mla": f"{SREF} 3.2: DeepSeek served",
+             "kv_heads_divisible": f"{SGLANG_EP_SRC}", "mla": f"{SGLANG_EP_SRC}: DeepSeek served",
              "heterogeneous": "emitters/base.py require_one_group"})
 
 TRTLLM = ServeTarget(
@@ -691,7 +701,7 @@ TRTLLM = ServeTarget(
              "replicas_over_nodes": "emitters/tensorrt_llm.py",
              "dtypes": "emitters/tensorrt_llm.py: quantized weights come from a ModelOpt checkpoint",
              "kv_dtypes": "emitters/tensorrt_llm.py: fp8 or the model dtype",
-             "kv_heads_divisible": f"{LREF} 5.3", "mla": f"{SREF} 3.3",
+             "kv_heads_divisible": f"{TRTLLM_SRC}", "mla": f"{DEEPSEEK_SERVING_SRC}",
              "heterogeneous": "emitters/base.py require_one_group"})
 
 BUILTIN_SERVE = ServeTarget(

@@ -332,6 +332,69 @@ def _least_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     return best
 
 
+def accepted_gpu_counts(cluster, above: int, limit: int) -> list[int]:
+    """The ``--gpus`` values above ``above`` (up to ``limit``) that ``cluster`` accepts
+    (``ClusterSpec.with_gpus``: part of one host, or whole hosts), in increasing order."""
+    per = cluster.groups[0].gpus_per_node
+    out = set(range(above + 1, min(per, limit + 1)))
+    out |= {k * per for k in range(1, limit // per + 1)}
+    return sorted(n for n in out if n > above)
+
+
+def _as_written(cluster):
+    """The cluster as its catalog entry has it: ``with_gpus`` shrinks a cluster asked for less
+    than one host to one host of that many, which no larger count fits."""
+    from profiles.clusters import cluster_names, load_cluster
+    if len(cluster.groups) == 1 and cluster.name in cluster_names():
+        full = load_cluster(cluster.name)
+        if len(full.groups) == 1 and full.groups[0].gpu == cluster.groups[0].gpu:
+            return full
+    return cluster
+
+
+# An uneven stage split can lower the fullest stage below the even split's only by moving a few
+# layers (the fullest stage of any split holds at least the average): the least-memory even split
+# needing more than this factor of the capacity leaves no plan, and is not searched.
+_NEAR_FIT = 1.5
+_HINTING: list[bool] = []       # set while a hint's own searches run: they give no hints of their own
+
+
+def smallest_fitting_gpus(prob: Problem, gpus: int, target: str | None = None, factor: int = 32) -> int | None:
+    """The smallest GPU count above ``gpus`` (one the cluster accepts, up to ``factor`` x) at which
+    a plan exists: the ``--gpus`` an infeasibility hint suggests. A count where the least-memory
+    configuration fits has one; one where it fits within ``_NEAR_FIT`` is searched (the target's
+    stage splits may fit where the even split does not)."""
+    model, wl = prob.model, prob.workload
+    base = _as_written(prob.cluster)
+    for n in accepted_gpu_counts(base, gpus, gpus * factor):
+        try:
+            bigger = base.with_gpus(n)
+            more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, n, target=target),
+                                 prob.framework, target)
+        except (SpecError, UsageError):
+            continue
+        if more is None:
+            continue
+        if more[2].fits:
+            return n
+        if more[0] <= _NEAR_FIT * more[2].capacity_bytes and _plans_at(prob, bigger, n, target):
+            return n
+    return None
+
+
+def _plans_at(prob: Problem, cluster: ClusterSpec, n: int, target: str | None) -> bool:
+    """Whether the search finds a plan on ``n`` GPUs (no hint of its own; a short time limit)."""
+    _HINTING.append(True)
+    try:
+        solve(prob.model, cluster, prob.workload, {}, gpus=n, max_time_s=20.0, framework=prob.framework,
+              target=target)
+        return True
+    except (InfeasibleError, SolverStopped, SpecError, UsageError):
+        return False
+    finally:
+        _HINTING.pop()
+
+
 def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: str | None = None,
                     fixed: dict | None = None) -> str:
     """The binding constraint and the smallest change that would make a plan exist."""
@@ -348,24 +411,19 @@ def _why_infeasible(prob: Problem, cands: list[Candidate], gpus: int, target: st
     need, par, est = best
     hint = "; try GPUs with more memory, a shorter --seq-len or a smaller --global-batch"
     if len(cluster.groups) == 1:
-        for mult in (2, 4, 8, 16, 32):
-            try:
-                bigger = cluster.with_gpus(gpus * mult)
-                more = _least_memory(model, bigger, wl, enumerate_candidates(model, bigger, wl, {}, gpus * mult,
-                                                                             target=target), prob.framework, target)
-            except (SpecError, UsageError):
-                continue
-            if more is not None and more[2].fits:
-                hint = f"; the smallest change: --gpus {gpus * mult} (or GPUs with more memory)"
-                break
+        more_gpus = None if _HINTING else smallest_fitting_gpus(prob, gpus, target)
+        if more_gpus is not None:
+            hint = f"; the smallest change: --gpus {more_gpus} (or GPUs with more memory)"
+    degrees = ", ".join(f"{k}={getattr(par, k)}" for k in ("tp", "pp", "dp", "cp", "ep")
+                        if k in ("tp", "pp", "dp") or getattr(par, k) > 1)
     if est.fits:
         # the least-memory shape fits with an even split: what binds is the stage split (a stage's peak)
-        return (f"{model.name} fits at tp={par.tp}, pp={par.pp}, dp={par.dp}, zero={par.zero}, {par.recompute} "
+        return (f"{model.name} fits at {degrees}, zero={par.zero}, {par.recompute} "
                 f"recompute, micro-batch {par.micro_batch} with an even split ({need / GIB:.1f} of "
                 f"{est.capacity_bytes / GIB:.1f} GiB per GPU), but no stage split the search may use fits"
                 + (f" under {target}'s split rule" if widened(target) else "")
                 + "; try --target megatron (any split) or more GPUs")
-    return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at tp={par.tp}, pp={par.pp}, "
-            f"dp={par.dp}, zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
+    return (f"{model.name} needs at least {need / GIB:.1f} GiB per GPU even at {degrees}, "
+            f"zero={par.zero}, {par.recompute} recompute, micro-batch {par.micro_batch}"
             + (f" (the most {target} can shard)" if widened(target) else "") + "; "
             f"{cluster.gpu.name} has {est.capacity_bytes / GIB:.1f} GiB{hint}")

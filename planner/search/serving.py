@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from costmodel.inference import estimate_inference
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, Workload
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
 from costmodel.units import GIB
 from planner.plan.errors import InfeasibleError, SolverStopped
 from planner.search.serving_space import Candidate, enumerate_candidates
@@ -297,6 +297,9 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
                 f"{one.est.memory['weights_bytes'] / GIB:.2f} GiB), has {cap / GIB:.2f} GiB; use more GPUs "
                 f"(--gpus) or smaller weights (--dtype fp8/int4). Closest: {one.describe()}", one, "memory")
         closest = _evaluate(model, cluster, wl, best_deg, max_b[best_deg], sched)
+        capped = _seq_cap_binds(model, cluster, wl, best_deg, sched, batch)
+        if capped:
+            return ServingInfeasible(capped + f". Closest: {closest.describe()}", closest, "scheduler")
         return ServingInfeasible(
             f"batch {batch} does not fit any split of {model.name} over {cluster.total_gpus} GPUs at context "
             f"{wl.prompt_len}+{wl.output_len}: the most that fits is {max_b[best_deg]} sequences per replica "
@@ -324,6 +327,27 @@ def _why_infeasible(model, cluster, wl, cands, max_b, batch, ttft_slo_s, tpot_sl
     return ServingInfeasible(
         f"no split of {model.name} over {cluster.total_gpus} GPUs meets {_slo_text(ttft_slo_s, tpot_slo_s)}"
         f"{at_batch}{what}. Closest: {closest.describe()}", closest, "latency")
+
+
+def _seq_cap_binds(model, cluster, wl, deg, sched, batch) -> str | None:
+    """In-flight, a fixed --batch above what runs at once: when the scheduler's running-request cap
+    (max_num_seqs), not the KV pool, is the limit, the message saying so (None otherwise)."""
+    if sched is None or not batch:
+        return None
+    from costmodel.batching import InflightReplica
+    tp, pp, dp, ep = deg
+    try:
+        rep = InflightReplica(model, cluster, wl, ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep), sched)
+    except SpecError:
+        return None
+    kv = rep.kv
+    held = int(kv.blocks // kv.blocks_per_request) if kv.blocks_per_request > 0 else 0
+    if kv.kv_limited or held < batch:
+        return None          # memory binds (too): the caller's message
+    return (f"batch {batch} is more than run at once: the {sched.server} scheduler caps a replica at "
+            f"{sched.max_num_seqs} running requests (--max-num-seqs), while its KV pool holds {held:,} requests of "
+            f"{wl.prompt_len}+{wl.output_len} tokens (tp={tp} pp={pp} ep={ep}); use --max-num-seqs {batch} or "
+            f"--batch {sched.max_num_seqs}")
 
 
 def _no_kv_room(model, cluster, wl, fixed, sched) -> ServingInfeasible:

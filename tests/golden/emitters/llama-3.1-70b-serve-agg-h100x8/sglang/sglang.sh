@@ -14,7 +14,7 @@ SERVER_ARGS=(
   --pp-size 2
   --dp-size 1
   --dtype bfloat16
-  --context-length 1200
+  --context-length 131072
   --chunked-prefill-size 8192
   --enable-mixed-chunk
   --max-running-requests 46

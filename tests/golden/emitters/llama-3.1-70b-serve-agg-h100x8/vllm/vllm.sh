@@ -12,7 +12,7 @@ SERVE_ARGS=(
   --pipeline-parallel-size 2
   --data-parallel-size 1
   --dtype bfloat16
-  --max-model-len 1200
+  --max-model-len 131072
   --enable-chunked-prefill
   --max-num-batched-tokens 8192
   --max-num-seqs 46

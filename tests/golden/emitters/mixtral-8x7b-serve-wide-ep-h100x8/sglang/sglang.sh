@@ -17,7 +17,7 @@ SERVER_ARGS=(
   --enable-dp-attention
   --ep-size 8
   --dtype bfloat16
-  --context-length 2500
+  --context-length 32768
   --chunked-prefill-size 8192
   --enable-mixed-chunk
   --max-running-requests 201

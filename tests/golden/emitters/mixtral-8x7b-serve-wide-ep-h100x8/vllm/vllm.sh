@@ -14,7 +14,7 @@ SERVE_ARGS=(
   --data-parallel-size 8
   --enable-expert-parallel
   --dtype bfloat16
-  --max-model-len 2500
+  --max-model-len 32768
   --enable-chunked-prefill
   --max-num-batched-tokens 8192
   --max-num-seqs 201

@@ -1,0 +1,99 @@
+"""The cost model's fitted constants: every number chosen while looking at published throughput,
+with the recipe families it was chosen on, the rows a refit reads, and the prior it falls back to.
+
+This module owns the *record*, not the values: each value stays where the cost model reads it
+(``owner``). ``planner validate --cross`` (``planner.cli.validation_cross``) reads this table to
+refit every constant without one recipe family at a time; ``bench/fit_frameworks.py`` and
+``bench/fit_fp8.py`` read it to know which rows to fit on. A constant none of whose families is
+left in the fit's rows falls back to its ``prior`` -- a value stated here in advance, with the
+reason, never chosen on a family's figures -- and the cross-validation row says so.
+
+Recipe families (``planner.cli.validation_families.FAMILIES``): megatron-papers (Narayanan SC'21,
+Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE README), nemo-24
+(NeMo 24.07 performance summary), torchtitan (docs and benchmarks), bigscience, mt-nlg, gpt-neox,
+llama3, accelerate, deepseek, flashattention (Dao 2023).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedConstant:
+    """One fitted constant. ``rows`` says which published figures its fit reads (dtype, framework,
+    GPU generation); ``grid`` the values a refit scans; ``group`` names constants fitted jointly."""
+
+    name: str
+    owner: str
+    families: tuple[str, ...]
+    prior: float
+    prior_why: str
+    rows: str
+    grid: tuple[float, ...]
+    group: str = ""
+    note: str = ""
+
+
+def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
+    n = int(round((hi - lo) / step))
+    return tuple(round(lo + i * step, 6) for i in range(n + 1))
+
+
+_EFF_GRID = _steps(0.45, 0.90, 0.01)
+_GPU_PRIOR_WHY = ("GpuSpec's default (costmodel/specs.py), what every GPU outside the catalog gets; "
+                  "stated before any fit")
+
+
+def _gpu(gen: str, catalog: str, families: tuple[str, ...], note: str) -> tuple[FittedConstant, ...]:
+    rows = f"bf16/fp16 Megatron runs on {gen} (Megatron's kernel efficiency is 1.0 by construction)"
+    return (
+        FittedConstant(name=f"gpu.{gen}.matmul_efficiency", owner=f"profiles/catalog/clusters.yaml {catalog} gpu",
+                       families=families, prior=0.70, prior_why=_GPU_PRIOR_WHY, rows=rows, grid=_EFF_GRID,
+                       group=f"gpu.{gen}", note=note),
+        # not refitted: end-to-end runs do not pin it down (their GEMMs are all large; a scan of
+        # 60..400 with either a median or a mean-log objective ran to an edge of the grid, trading
+        # against the efficiency); it keeps its value unless its family is out, then its prior
+        FittedConstant(name=f"gpu.{gen}.matmul_half_size", owner=f"profiles/catalog/clusters.yaml {catalog} gpu",
+                       families=families, prior=160.0, prior_why=_GPU_PRIOR_WHY,
+                       rows="not refitted on training runs (not identifiable from them); falls back to the "
+                            "prior only when its family is left out", grid=(), group=f"gpu.{gen}", note=note),
+    )
+
+
+def _kernel(fw: str, families: tuple[str, ...], note: str) -> FittedConstant:
+    return FittedConstant(
+        name=f"framework.{fw}.kernel_efficiency", owner=f"costmodel/frameworks.py FRAMEWORKS[{fw!r}]",
+        families=families, prior=1.0,
+        prior_why="an unfitted framework's kernel efficiency (costmodel/frameworks.py docstring: left at 1.0, "
+                  "flagged uncalibrated)",
+        rows=f"bf16/fp16 {fw} runs on catalog hardware", grid=_steps(0.60, 1.40, 0.01), note=note)
+
+
+FITTED: tuple[FittedConstant, ...] = (
+    *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
+          "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs"),
+    *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
+          "set at the skeleton commit; the README calls the H100 constants the least tested"),
+    FittedConstant(
+        name="attention.flash_efficiency", owner="costmodel/compute.py FLASH_ATTENTION_EFFICIENCY",
+        families=("flashattention",), prior=1.0,
+        prior_why="fused attention at the GEMM efficiency beside it (no kernel measurement)",
+        rows="not refitted on training runs: the ratio of FlashAttention-2's kernel throughput to cuBLAS "
+             "GEMMs (Dao 2023, Fig. 4-6); falls back to the prior only when its family is left out",
+        grid=()),
+    FittedConstant(
+        name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
+        families=("nemo-24", "torchtitan"), prior=0.80,
+        prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
+        rows="FP8 runs on catalog hardware", grid=_steps(0.60, 1.00, 0.02), group="fp8"),
+    FittedConstant(
+        name="fp8.half_size_factor", owner="costmodel/fp8.py FP8_HALF_SIZE_FACTOR",
+        families=("nemo-24", "torchtitan"), prior=2.0,
+        prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
+        rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
+    _kernel("torchtitan", ("torchtitan",), "16 figures; builtin assumes torchtitan's value"),
+    _kernel("deepspeed", ("mt-nlg",), "MT-NLG on Selene; BLOOM and GPT-NeoX ran on other hardware and are not fitted"),
+    _kernel("accelerate", ("accelerate",), "one approximate figure: not called calibrated"),
+)
+
+BY_NAME: dict[str, FittedConstant] = {c.name: c for c in FITTED}

@@ -1,0 +1,51 @@
+"""The training kinds of ``costmodel/uncertainty_bands.yaml`` from out-of-source residuals.
+
+``train-dense``: the errors of ``planner validate --cross`` on dense runs on catalog hardware, each
+predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
+runs (never fitted on). The band is ``costmodel.uncertainty.band_from_residuals`` of them (the
+statistic every kind uses). ``planner validate --cross --write-bands`` rewrites these two kinds and
+keeps the serving kinds as they are (``planner.cli.uncertainty_bands.write_training_bands``);
+``python -m planner.cli.uncertainty_bands`` (which computes the serving kinds) takes the training
+kinds from here.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+HOW = {
+    "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
+                   "--cross`, each predicted with every fitted constant refitted without its own recipe family",
+    "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
+                 "(MoE runs are never fitted on)",
+}
+SOURCE = {
+    "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
+                   "holdout_runs.yaml)",
+    "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
+}
+
+
+@lru_cache(maxsize=1)
+def _cross() -> dict:
+    from planner.cli.validation_cross import cross_validate
+    return cross_validate()
+
+
+def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
+    """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
+    from planner.cli.validation_cross import headline_rows
+    res = res if res is not None else _cross()
+    return {"train-dense": [r.error for r in headline_rows(res["rows"])],
+            "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware]}
+
+
+def training_bands(res: dict | None = None) -> dict:
+    """Band per training kind (``costmodel.uncertainty.Band``)."""
+    from costmodel.uncertainty import QUANTILE, Band, band_from_residuals
+    q = f"{QUANTILE * 100:.0f}th percentile (nearest rank) of |predicted - published| / published"
+    out = {}
+    for kind, errs in training_residuals(res).items():
+        if errs:
+            out[kind] = Band(kind=kind, band=round(band_from_residuals(errs), 4), n=len(errs),
+                             how=f"{q} over {len(errs)} rows; {HOW[kind]}", source=SOURCE[kind])
+    return out

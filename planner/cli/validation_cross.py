@@ -1,0 +1,566 @@
+"""``planner validate --cross``: the cost model's error on recipe families it was not fitted on.
+
+For each recipe family (``planner.cli.validation_families``) in turn: refit every fitted constant
+(``costmodel.fitted.FITTED``) on the published runs of the *other* families, predict the left-out
+family's runs with the result, and record the error. A constant with no rows left falls back to
+its prior (stated in ``costmodel/fitted.py``) and the row says so. The errors are then tabled by
+family, framework, GPU generation, dense or MoE, and scale.
+
+What is compared: tokens/s per GPU, one figure per run. A run that publishes tokens/s or a step
+time is compared on it; one that publishes only TFLOP/s or MFU is converted to tokens/s with that
+source's own FLOP formula (``source_flops_per_token``); the conversion is named on its row.
+
+Unpublished settings: a case whose micro-batch or recompute policy the source does not give is
+priced at the setting on file (the framework's default, ``planner.cli.validation``) and, beside
+it, over the alternatives that fit in memory; the row shows that range.
+
+The fit (``fit``): the constants of one group are chosen together on a grid by the least median
+absolute error of the rows that group reads (ties: the smaller largest error), in a fixed order:
+the GPU curves' efficiency on Megatron's bf16/fp16 runs (its kernel efficiency is 1.0 by construction), then
+each framework's kernel efficiency on its own bf16/fp16 runs, then the FP8 curve on the FP8 runs.
+Constants without a grid are not refitted: the attention efficiency (from a kernel benchmark,
+not from these runs) and the GEMM curves' half sizes (which end-to-end runs do not pin down: a
+scan ran to the edge of its grid); each keeps its value unless its family is left out, then takes
+its prior. Only runs on catalog hardware are fitted; MoE runs are
+predicted but never fitted (their physics is issue 24's), and runs on other machines are
+predicted and tabled apart.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from costmodel import compute, fitted, fp8, layers, stage_cache
+from costmodel.frameworks import FRAMEWORKS
+from costmodel.specs import ParallelConfig, SpecError
+from costmodel.training import estimate
+from planner.cli import validation
+from planner.cli.validation_families import family_of, generation, scale_bucket
+
+FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
+MICRO_BATCHES = (1, 2, 4, 8)
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass
+class CrossCase:
+    name: str
+    family: str
+    framework: str
+    gen: str
+    dtype: str
+    moe: bool
+    num_gpus: int
+    split: str
+    source: str
+    inputs: tuple                 # model, cluster, workload, parallel, profile
+    published: float              # tokens/s per GPU
+    how: str                      # how the published figure was read
+    alternatives: tuple[tuple[str, ParallelConfig], ...] = ()
+    unpublished: tuple[str, ...] = ()
+    stages: Any = None            # a pipeline split the case names (validation.case_stages), else the even one
+
+    @property
+    def fitted_on(self) -> bool:
+        return self.split in FIT_SPLITS and not self.moe
+
+    @property
+    def catalog_hardware(self) -> bool:
+        return not self.split.endswith("-hardware")
+
+
+# --------------------------------------------------------------------------------------
+# The published figure, as tokens/s per GPU
+# --------------------------------------------------------------------------------------
+
+def _megatron_model_flops_per_token(m: Any, s: int, causal: bool = False) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py, r0.8) per
+    token: 12 l h^2 [(1 + g/a + s/h) + (ffn/h) x (1.5 if gated) + V / (2 l h)] (no recomputation,
+    full causal square counted). For a GPT (ffn 4h, g = a) it is 72 l h^2 (1 + s/(6h) + V/(12 l h))."""
+    h, l_ = m.hidden, m.layers
+    gate = 1.5 if m.mlp in ("swiglu", "geglu", "gated") else 1.0
+    g_over_a = (m.kv_heads or m.heads) / m.heads
+    # MoE (every layer an MoE layer, as Megatron's formula of r0.8 counts it): the routed experts'
+    # width times top-k in place of the dense MLP's
+    ffn = (m.expert_ffn_hidden or m.ffn_hidden) * m.top_k if m.is_moe else m.ffn_hidden
+    # Megatron-LM since 2025 counts half the s x s attention ("causal mask": tflops_kind model-causal)
+    att = s / h / (2 if causal else 1)
+    return 12 * l_ * h * h * ((1 + g_over_a + att) + (ffn / h) * gate + m.vocab / (2 * l_ * h))
+
+
+def _narayanan_hardware_flops_per_token(m: Any, s: int) -> float:
+    """Narayanan et al. SC'21 eq. 3 per token: 96 l h^2 (1 + s/(6h) + V/(16 l h)) (GPT, full
+    recomputation counted)."""
+    h, l_ = m.hidden, m.layers
+    return 96 * l_ * h * h * (1 + s / (6 * h) + m.vocab / (16 * l_ * h))
+
+
+def _six_n_flops_per_token(m: Any, s: int) -> float:
+    """6 x parameters + 12 l h s (torchtitan's MFU formula; Meta's Llama 3 report does not print
+    its own, and this one is assumed for it)."""
+    return 6 * m.total_params() + 12 * m.layers * m.hidden * s
+
+
+def source_flops_per_token(case: dict, m: Any, kind: str) -> tuple[float, str]:
+    """The FLOPs per token a source counted behind its TFLOP/s or MFU, and the formula's name."""
+    s = case["model"]["seq_len"]
+    src = case["source"]
+    if kind == "hardware":
+        return _narayanan_hardware_flops_per_token(m, s), "Narayanan eq. 3"
+    if kind == "mfu":
+        return _six_n_flops_per_token(m, s), "6N + 12lhs (assumed)"
+    if kind == "model-causal":
+        return _megatron_model_flops_per_token(m, s, causal=True), "Megatron's model FLOPs, causal"
+    if "Megatron" in src or "NeMo" in src or case.get("framework") == "megatron" or "Korthikanti" in src:
+        return _megatron_model_flops_per_token(m, s), "Megatron's model FLOPs"
+    return _six_n_flops_per_token(m, s), "6N + 12lhs"
+
+
+def published_tokens_per_s(case: dict, m: Any, peak_flops: float) -> tuple[float, str] | None:
+    """The run's tokens/s per GPU and how it was read, or None when nothing comparable is published."""
+    rep = case["reported"]
+    n, tokens = case["num_gpus"], case["global_batch"] * case["model"]["seq_len"]
+    if "tokens_per_s_per_gpu" in rep:
+        return float(rep["tokens_per_s_per_gpu"]), "tokens/s"
+    if "step_time_s" in rep:
+        return tokens / (rep["step_time_s"] * n), "step time"
+    kind = rep.get("tflops_kind")
+    if "tflops_per_gpu" in rep and kind in ("hardware", "model", "model-causal"):
+        if m.is_moe and (kind == "hardware" or m.attention == "mla" or m.shared_experts or m.first_dense_layers):
+            return None                  # Megatron r0.8's formula counts neither MLA nor shared or dense layers
+        f, name = source_flops_per_token(case, m, kind)
+        return rep["tflops_per_gpu"] * 1e12 / f, f"{kind} TFLOP/s via {name}"
+    if "mfu" in rep and not m.is_moe:
+        f, name = source_flops_per_token(case, m, "mfu")
+        return rep["mfu"] * peak_flops / f, f"MFU via {name}"
+    return None
+
+
+def _alternatives(case: dict, par: ParallelConfig) -> tuple[tuple[str, ...], tuple[tuple[str, ParallelConfig], ...]]:
+    """The settings a source does not publish, and the configurations they could have been."""
+    given = case["parallel"]
+    unpub = tuple(k for k, key in (("micro-batch", "micro_batch"), ("recompute", "recompute")) if key not in given)
+    if not unpub:
+        return (), ()
+    dp = par.dp
+    mbs = [b for b in MICRO_BATCHES if case["global_batch"] % (dp * b) == 0] if "micro-batch" in unpub else [par.micro_batch]
+    rcs = list(RECOMPUTE) if "recompute" in unpub else [par.recompute]
+    out = []
+    for b in mbs:
+        for r in rcs:
+            try:
+                alt = dataclasses.replace(par, micro_batch=b, grad_accum=case["global_batch"] // (dp * b), recompute=r)
+            except (SpecError, ValueError, TypeError):
+                continue
+            out.append((f"mb{b} {r}", alt))
+    return unpub, tuple(out)
+
+
+def load_cases() -> tuple[list[CrossCase], list[str]]:
+    """Every training case on file with one comparable figure; and the names skipped, with why."""
+    cases, skipped = [], []
+    for c, split in validation.all_cases(include_holdout=True):
+        try:
+            model, cluster, wl, par, prof, fw = validation.case_inputs(c)
+        except SpecError as e:
+            skipped.append(f"{c['name']}: {e}")
+            continue
+        gpu = cluster.groups[0].gpu
+        pub = published_tokens_per_s(c, model, gpu.peak(wl.dtype if wl.dtype != "fp8" else "bf16"))
+        if pub is None:
+            skipped.append(f"{c['name']}: no tokens/s, step time or convertible TFLOP/s published")
+            continue
+        unpub, alts = _alternatives(c, par)
+        cases.append(CrossCase(name=c["name"], family=family_of(str(c["source"])), framework=fw,
+                               gen=generation(gpu.name), dtype=wl.dtype, moe=model.is_moe, num_gpus=c["num_gpus"],
+                               split=split, source=str(c["source"]), inputs=(model, cluster, wl, par, prof),
+                               published=pub[0], how=pub[1], alternatives=alts, unpublished=unpub,
+                               stages=validation.case_stages(c)))
+    return cases, skipped
+
+
+# --------------------------------------------------------------------------------------
+# Constants in, predictions out
+# --------------------------------------------------------------------------------------
+
+def _clear_caches() -> None:
+    layers.layer_cost.cache_clear()
+    layers.ends_cost.cache_clear()
+    stage_cache._shared_equal.cache_clear()
+    stage_cache._stage_model.cache_clear()
+    stage_cache._SHARED_BY_ID.clear()
+
+
+def shipped_values() -> dict[str, float]:
+    """Every fitted constant's value as the cost model ships it (read from its owner)."""
+    from profiles.clusters import load_cluster
+    out = {"attention.flash_efficiency": compute.FLASH_ATTENTION_EFFICIENCY,
+           "fp8.gemm_efficiency": fp8.FP8_GEMM_EFFICIENCY, "fp8.half_size_factor": fp8.FP8_HALF_SIZE_FACTOR}
+    for gen, name in (("A100", "dgx-a100-80gb"), ("H100", "dgx-h100")):
+        g = load_cluster(name).groups[0].gpu
+        out[f"gpu.{gen}.matmul_efficiency"] = g.matmul_efficiency
+        out[f"gpu.{gen}.matmul_half_size"] = g.matmul_half_size
+    for fw in ("torchtitan", "deepspeed", "accelerate"):
+        out[f"framework.{fw}.kernel_efficiency"] = FRAMEWORKS[fw].kernel_efficiency
+    missing = {c.name for c in fitted.FITTED} ^ set(out)
+    assert not missing, f"fitted constants without a reader (or a reader without a record): {missing}"
+    return out
+
+
+@contextlib.contextmanager
+def module_constants(values: dict[str, float]) -> Iterator[None]:
+    """The cost model's module-level fitted constants set to ``values`` (restored on exit)."""
+    old = (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
+           fp8.FP8_HALF_SIZE_FACTOR)
+    a = values["attention.flash_efficiency"]
+    compute.FLASH_ATTENTION_EFFICIENCY = layers.FLASH_ATTENTION_EFFICIENCY = a
+    fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR = values["fp8.gemm_efficiency"], values["fp8.half_size_factor"]
+    _clear_caches()
+    try:
+        yield
+    finally:
+        (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
+         fp8.FP8_HALF_SIZE_FACTOR) = old
+        _clear_caches()
+
+
+# catalog GPUs whose curve is another's (their catalog entry extends it: dgx-h200 and dgx-h800 extend dgx-h100)
+CURVE_OF = {"H200": "H100", "H800": "H100"}
+
+
+def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
+    model, cluster, wl, par, prof = case.inputs
+    gen = CURVE_OF.get(case.gen, case.gen)
+    e, h = values.get(f"gpu.{gen}.matmul_efficiency"), values.get(f"gpu.{gen}.matmul_half_size")
+    if e is not None and not cluster.matmul_table:
+        groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, matmul_efficiency=e, matmul_half_size=h))
+                       for g in cluster.groups)
+        cluster = dataclasses.replace(cluster, groups=groups)
+    k = values.get(f"framework.{case.framework}.kernel_efficiency")
+    if k is not None:
+        prof = dataclasses.replace(prof, kernel_efficiency=k)
+    return model, cluster, wl, par, prof
+
+
+def predict(case: CrossCase, values: dict[str, float], par: ParallelConfig | None = None) -> tuple[float, bool]:
+    """Predicted tokens/s per GPU (module constants already set) and whether it fits in memory."""
+    model, cluster, wl, p0, prof = _specs(case, values)
+    est = estimate(model, cluster, wl, par or p0, stages=case.stages if par is None else None, framework=prof)
+    return est.tokens_per_s_per_gpu, est.fits
+
+
+def _err(case: CrossCase, pred: float) -> float:
+    return pred / case.published - 1.0
+
+
+# --------------------------------------------------------------------------------------
+# The fit
+# --------------------------------------------------------------------------------------
+
+def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
+    fit = [c for c in cases if c.fitted_on]
+    if group.startswith("gpu."):
+        gen = group.split(".")[1]
+        return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.framework == "megatron" and c.dtype != "fp8"]
+    if group.startswith("framework."):
+        fw = group.split(".")[1]
+        return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
+    if group == "fp8":
+        return [c for c in fit if c.dtype == "fp8"]
+    raise KeyError(group)
+
+
+def _groups() -> list[tuple[str, list[fitted.FittedConstant]]]:
+    """The fitted groups in fit order (GPU curves, kernel efficiencies, FP8), attention apart."""
+    by: dict[str, list[fitted.FittedConstant]] = {}
+    for c in fitted.FITTED:
+        if c.grid:
+            by.setdefault(c.group or c.name.rsplit(".", 1)[0], []).append(c)
+    order = lambda g: (0 if g.startswith("gpu.") else 1 if g.startswith("framework.") else 2, g)  # noqa: E731
+    return [(g, by[g]) for g in sorted(by, key=order)]
+
+
+@dataclass
+class FitResult:
+    values: dict[str, float]
+    prior: list[str] = field(default_factory=list)        # constants at their prior (no rows left)
+    rows: dict[str, int] = field(default_factory=dict)     # group -> rows fitted on
+    families: dict[str, list[str]] = field(default_factory=dict)   # group -> families of those rows
+
+
+def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: dict[str, float]) -> dict[str, float]:
+    import itertools
+    best = None
+    for combo in itertools.product(*(c.grid for c in consts)):
+        v = dict(values, **{c.name: x for c, x in zip(consts, combo)})
+        # module-level constants (FP8 curve, attention) are set for the estimate; the others ride on the specs
+        with module_constants(v) if any(c.name.startswith(_MODULE_LEVEL) for c in consts) else contextlib.nullcontext():
+            errs = [abs(_err(r, predict(r, v)[0])) for r in rows]
+        key = (round(statistics.median(errs), 12), max(errs))
+        if best is None or key < best[0]:
+            best = (key, combo)
+    return {c.name: x for c, x in zip(consts, best[1])}
+
+
+_FIT_MEMO: dict[tuple, dict[str, float]] = {}
+_MODULE_LEVEL = ("fp8.", "attention.")
+
+
+def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
+    """Every fitted constant refitted on ``cases`` without family ``leave_out``."""
+    train = [c for c in cases if c.family != leave_out]
+    values = shipped_values()
+    res = FitResult(values=values)
+    for c in fitted.FITTED:                   # not refitted (no grid): its value, or its prior when its family is out
+        if not c.grid and leave_out in c.families:
+            values[c.name] = c.prior
+            res.prior.append(c.name)
+    with module_constants(values):
+        for group, consts in _groups():
+            if group == "fp8":
+                continue
+            _fit_group(group, consts, train, values, res)
+    with module_constants(values):           # the FP8 curve sits on the fitted BF16 ones
+        _fit_group("fp8", [c for g, cs in _groups() if g == "fp8" for c in cs], train, values, res)
+    return res
+
+
+def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[CrossCase], values: dict[str, float],
+               res: FitResult) -> None:
+    rows = _rows_for(group, train)
+    res.rows[group] = len(rows)
+    res.families[group] = sorted({r.family for r in rows})
+    if not rows:
+        for c in consts:
+            values[c.name] = c.prior
+            res.prior.append(c.name)
+        return
+    if group == "fp8":
+        upstream = tuple(sorted((k, v) for k, v in values.items() if not k.startswith("fp8.")))
+    else:                                     # the constants that are not refitted, and the GPU curves below a framework
+        fixed = tuple(sorted((c.name, values[c.name]) for c in fitted.FITTED if not c.grid))
+        upstream = fixed + tuple(
+            sorted((k, v) for k, v in values.items() if k.startswith("gpu.")) if group.startswith("framework.") else ())
+    key = (group, tuple(sorted(r.name for r in rows)), upstream)
+    if key not in _FIT_MEMO:
+        _FIT_MEMO[key] = _scan(rows, consts, values)
+    values.update(_FIT_MEMO[key])
+
+
+# --------------------------------------------------------------------------------------
+# Cross-validation
+# --------------------------------------------------------------------------------------
+
+# The baseline a cost model must beat: every run at a flat fraction of the GPU's dense peak for its
+# precision (llm-analysis's default efficiency, 0.5), FLOPs per token 6N + 12 l h s. Stated before
+# looking at any residual; it has nothing to fit.
+BASELINE_MFU = 0.5
+
+
+def baseline_tokens_per_s(case: CrossCase) -> float:
+    model, cluster, wl, _, _ = case.inputs
+    peak = cluster.groups[0].gpu.peak(wl.dtype)
+    return BASELINE_MFU * peak / _six_n_flops_per_token(model, wl.seq_len)
+
+
+@dataclass
+class CrossRow:
+    case: CrossCase
+    predicted: float
+    error: float                  # out of source, at the settings on file
+    low: float                    # error range over the unpublished settings' alternatives that fit
+    high: float
+    in_sample: float              # the shipped model's error on the same figure
+    priors: tuple[str, ...]       # constants that fell back to their prior for this family
+    constant: float = 0.0         # the error of a flat BASELINE_MFU of peak (``baseline_tokens_per_s``)
+
+    @property
+    def credited(self) -> float:
+        """The smallest |error| any alternative gives (0 when the published figure is inside the range)."""
+        if self.low <= 0 <= self.high:
+            return 0.0
+        return min(abs(self.low), abs(self.high), abs(self.error))
+
+
+def _predict_rows(cases: list[CrossCase], values: dict[str, float], shipped: dict[str, float],
+                  priors: tuple[str, ...]) -> list[CrossRow]:
+    out = []
+    with module_constants(values):
+        preds = [predict(c, values)[0] for c in cases]
+        ranges = []
+        for c, p in zip(cases, preds):
+            alts = []
+            for _, par in c.alternatives:
+                try:
+                    alts.append(predict(c, values, par))
+                except (SpecError, ValueError):         # a schedule the alternative cannot run
+                    continue
+            vals = [v for v, ok in alts if ok] or [p]
+            ranges.append((min(vals + [p]), max(vals + [p])))
+    with module_constants(shipped):
+        ins = [predict(c, shipped)[0] for c in cases]
+    for c, p, (lo, hi), i in zip(cases, preds, ranges, ins):
+        out.append(CrossRow(c, p, _err(c, p), _err(c, lo), _err(c, hi), _err(c, i), priors,
+                            _err(c, baseline_tokens_per_s(c))))
+    return out
+
+
+def cross_validate(families: list[str] | None = None) -> dict:
+    """Leave each family out in turn; returns ``{rows, fits, full, skipped}``."""
+    cases, skipped = load_cases()
+    fams = sorted({c.family for c in cases})
+    if families:
+        unknown = sorted(set(families) - set(fams))
+        if unknown:
+            from planner.plan.errors import UsageError
+            raise UsageError(f"--families: unknown family {', '.join(unknown)}; known: {', '.join(fams)}")
+        fams = [f for f in fams if f in families]
+    shipped = shipped_values()
+    full = fit(cases, None)
+    rows: list[CrossRow] = []
+    fits: dict[str, FitResult] = {}
+    for fam in fams:
+        res = fit(cases, fam)
+        fits[fam] = res
+        rows += _predict_rows([c for c in cases if c.family == fam], res.values, shipped, tuple(res.prior))
+    return {"rows": rows, "fits": fits, "full": full, "shipped": shipped, "skipped": skipped}
+
+
+# --------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------
+
+def headline_rows(rows: list[CrossRow]) -> list[CrossRow]:
+    """The rows the headline counts: dense runs on catalog hardware."""
+    return [r for r in rows if r.case.catalog_hardware and not r.case.moe]
+
+
+def _stats(rows: list[CrossRow], attr: str = "error") -> tuple[float, float]:
+    e = [abs(getattr(r, attr)) for r in rows]
+    return statistics.median(e), max(e)
+
+
+def _group_table(rows: list[CrossRow], title: str, key) -> list[str]:
+    out = [f"### By {title}", "", f"| {title} | runs | median out-of-source | largest | mean signed | "
+                                  "median in-sample (shipped) | median credited | median flat 50% |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    groups: dict[str, list[CrossRow]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    for k in sorted(groups):
+        g = groups[k]
+        med, big = _stats(g)
+        out.append(f"| {k} | {len(g)} | {med * 100:.1f}% | {big * 100:.1f}% | "
+                   f"{statistics.mean(r.error for r in g) * 100:+.1f}% | {_stats(g, 'in_sample')[0] * 100:.1f}% | "
+                   f"{_stats(g, 'credited')[0] * 100:.1f}% | {_stats(g, 'constant')[0] * 100:.1f}% |")
+    return out + [""]
+
+
+def markdown(res: dict) -> str:
+    rows = res["rows"]
+    head = headline_rows(rows)
+    moe = [r for r in rows if r.case.moe and r.case.catalog_hardware]
+    other = [r for r in rows if not r.case.catalog_hardware]
+    out = ["# Out-of-source validation", "",
+           "The cost model's error on published runs it was not fitted on, by family, framework, GPU and scale.", "",
+           "Regenerate with `make validation` (`planner validate --cross --write docs/validation.md`).",
+           "Each recipe family is left out in turn: every fitted constant (`costmodel/fitted.py`) is refitted on",
+           "the other families' runs and the left-out family is predicted with the result",
+           "(`planner/cli/validation_cross.py` says how). Figures: tokens/s per GPU; a run that publishes",
+           "only TFLOP/s or MFU is converted with its source's FLOP formula. Error = predicted / published - 1",
+           "(positive: predicted too fast). \"In-sample\" is the shipped model on the same figure, fitted with",
+           "every family in; \"credited\" is the smallest error any unpublished setting (micro-batch,",
+           "recompute) that fits in memory gives; \"flat 50%\" is the baseline of every run at half the dense",
+           "peak (6N + 12lhs FLOPs per token), which a cost model must beat.", ""]
+    if head:
+        med, big = _stats(head)
+        out += [f"**Out of source, dense runs on catalog hardware: median {med * 100:.1f}%, largest "
+                f"{big * 100:.1f}% over {len(head)} runs from {len({r.case.family for r in head})} families.** "
+                f"In-sample (the shipped constants) on the same runs: median {_stats(head, 'in_sample')[0] * 100:.1f}%, "
+                f"largest {_stats(head, 'in_sample')[1] * 100:.1f}%. A flat {BASELINE_MFU:.0%} of peak "
+                f"(nothing fitted): median {_stats(head, 'constant')[0] * 100:.1f}%, largest "
+                f"{_stats(head, 'constant')[1] * 100:.1f}%.", ""]
+    if moe:
+        med, big = _stats(moe)
+        out += [f"MoE, apart: median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(moe)} runs.", ""]
+    if other:
+        med, big = _stats(other)
+        out += [f"Runs on machines other than the catalog cluster they name (not fitted; predicted on the catalog "
+                f"cluster): median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(other)} runs.", ""]
+    out += ["## Error by group (dense, catalog hardware)", ""]
+    out += _group_table(head, "family", lambda r: r.case.family)
+    out += _group_table(head, "framework", lambda r: r.case.framework)
+    out += _group_table(head, "GPU generation", lambda r: r.case.gen)
+    out += _group_table(head, "dtype", lambda r: r.case.dtype)
+    out += _group_table(head, "scale", lambda r: scale_bucket(r.case.num_gpus))
+    out += _group_table([r for r in rows if r.case.catalog_hardware], "dense or MoE",
+                        lambda r: "MoE" if r.case.moe else "dense")
+    if other:
+        out += _group_table(other, "family (other hardware)", lambda r: r.case.family)
+    out += ["## Fitted constants and their sources (`costmodel/fitted.py`)", "",
+            "| constant | lives in | fitted on (families) | rows the fit reads | prior when none is left |",
+            "|---|---|---|---|---|"]
+    for c in fitted.FITTED:
+        out.append(f"| {c.name} | {c.owner} | {', '.join(c.families)} | {c.rows} | {c.prior:g}: {c.prior_why} |")
+    out += ["", "## Refitted constants per left-out family", "",
+            "`shipped` is the value in the code; `all in` the refit on every family; a value in *italics* fell "
+            "back to its prior (no rows left).", ""]
+    names = [c.name for c in fitted.FITTED]
+    out += ["| left out | " + " | ".join(n.replace("framework.", "").replace(".kernel_efficiency", " kernel")
+                                         for n in names) + " |",
+            "|---|" + "---:|" * len(names)]
+
+    def line(label: str, fr: FitResult | None, vals: dict[str, float]) -> str:
+        cells = [(f"*{vals[n]:g}*" if fr and n in fr.prior else f"{vals[n]:g}") for n in names]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    out.append(line("shipped", None, res["shipped"]))
+    out.append(line("all in", res["full"], res["full"].values))
+    for fam, fr in res["fits"].items():
+        out.append(line(fam, fr, fr.values))
+    out += ["", "## Every run", "",
+            "| run | family | framework | GPUs | published tok/s/GPU | read from | predicted | out-of-source | "
+            "range (unpublished settings) | in-sample | constants at prior |",
+            "|---|---|---|---:|---:|---|---:|---:|---|---:|---|"]
+    for r in rows:
+        c = r.case
+        rng = (f"{r.low * 100:+.1f}% .. {r.high * 100:+.1f}% ({', '.join(c.unpublished)})" if c.unpublished else "-")
+        pri = ", ".join(p.split(".")[1] if p.startswith(("gpu.", "framework.")) else p for p in sorted(set(r.priors)))
+        out.append(f"| {c.name} | {c.family} | {c.framework} | {c.num_gpus} | {c.published:.4g} | {c.how} | "
+                   f"{r.predicted:.4g} | {r.error * 100:+.1f}% | {rng} | {r.in_sample * 100:+.1f}% | {pri or '-'} |")
+    if res["skipped"]:
+        out += ["", "Not predicted: " + "; ".join(res["skipped"]) + "."]
+    return "\n".join(out) + "\n"
+
+
+def as_json(res: dict) -> dict:
+    return {
+        "rows": [{"case": r.case.name, "family": r.case.family, "framework": r.case.framework, "gpu": r.case.gen,
+                  "dtype": r.case.dtype, "moe": r.case.moe, "num_gpus": r.case.num_gpus,
+                  "catalog_hardware": r.case.catalog_hardware, "metric": "tokens/s per GPU",
+                  "published": r.case.published, "read_from": r.case.how, "predicted": r.predicted,
+                  "error": r.error, "error_low": r.low, "error_high": r.high, "unpublished": list(r.case.unpublished),
+                  "in_sample_error": r.in_sample, "flat_50_error": r.constant,
+                  "at_prior": sorted(set(r.priors))} for r in res["rows"]],
+        "fits": {fam: {"values": fr.values, "at_prior": fr.prior, "rows": fr.rows, "families": fr.families}
+                 for fam, fr in res["fits"].items()},
+        "all_in": {"values": res["full"].values, "rows": res["full"].rows, "families": res["full"].families},
+        "shipped": res["shipped"], "skipped": res["skipped"]}
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
+
+
+def headline_block(page: Path = PAGE) -> str:
+    """The out-of-source headline (the bold line, MoE, other hardware) and the by-family table of the
+    committed page, for the README and docs/validation.md (``planner.cli.docs_pages`` can quote it:
+    cheap, it reads the page ``make validation`` wrote, and that page's staleness is tested)."""
+    lines = page.read_text().splitlines()
+    head = [ln for ln in lines if ln.startswith(("**Out of source", "MoE, apart", "Runs on machines other"))]
+    i = lines.index("### By family")
+    j = next(k for k in range(i + 2, len(lines)) if not lines[k].startswith("|") and k > i + 2)
+    return "\n\n".join(head) + "\n\n" + "\n".join(lines[i + 2:j]) + "\n"

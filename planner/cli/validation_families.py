@@ -1,0 +1,71 @@
+"""Which recipe family a published figure belongs to, and which families are held out.
+
+A *recipe family* is one publisher's series of runs made with one stack and one way of counting
+(a paper's tables, one framework's docs and benchmark pages, one release line of NVIDIA's
+performance summaries). ``planner validate --cross`` leaves one family out at a time, refits
+every fitted constant without it and predicts it (``planner.cli.validation_cross``).
+
+*Held out* sources are never fitted nor used to choose a constant (issue 23): their figures judge
+the model from outside. ``tests/test_validation_sources.py`` fails if a ``source:`` in
+``calibration/`` matches one of ``HELD_OUT``'s patterns.
+"""
+from __future__ import annotations
+
+import re
+
+# (family, pattern): matched case-insensitively on a source string (paper, URL, page, table)
+HELD_OUT: tuple[tuple[str, str], ...] = (
+    ("Megatron-Bridge performance summaries", r"megatron[-_ ]?bridge"),
+    # a NeMo release of 2025 (25.01 .. 25.12, or "25.x") named near "NeMo"
+    ("NeMo 25.x performance summaries", r"nemo[^\n]{0,80}\b25\.(0[1-9]|1[0-2]|x)\b|\b25\.(0[1-9]|1[0-2]|x)\b[^\n]{0,40}nemo"),
+    ("NVIDIA dgxc-benchmarking", r"dgxc"),
+    ("MosaicML llm-foundry benchmark tables", r"llm[-_ ]?foundry"),
+    ("MegaScale paper", r"megascale|2402\.15627"),
+    ("Nemotron-4 technical reports", r"nemotron[-_ ]?4|2402\.16819|2406\.11704"),
+)
+
+# (family, pattern), first match wins: the families --cross leaves out one at a time
+FAMILIES: tuple[tuple[str, str], ...] = (
+    ("megatron-papers", r"narayanan|korthikanti"),
+    ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
+    ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
+    ("nemo-24", r"nemo\b.*24\.0\d|nvidia/nemo|nemo performance summary"),
+    ("torchtitan", r"torchtitan"),
+    ("bigscience", r"bigscience"),
+    ("mt-nlg", r"megatron-turing|mt-nlg|2201\.11990"),
+    ("gpt-neox", r"gpt-neox"),
+    ("llama3", r"llama 3 herd|2407\.21783"),
+    ("accelerate", r"accelerate"),
+    ("deepseek", r"deepseek"),
+    ("flashattention", r"flash-?attention|2307\.08691"),
+)
+
+
+def held_out_family(text: str) -> str | None:
+    """The held-out family a source string names, or None."""
+    for fam, pat in HELD_OUT:
+        if re.search(pat, text, re.IGNORECASE):
+            return fam
+    return None
+
+
+def family_of(source: str) -> str:
+    """The recipe family of a case's ``source`` ("other" when none matches)."""
+    for fam, pat in FAMILIES:
+        if re.search(pat, source, re.IGNORECASE):
+            return fam
+    return "other"
+
+
+def scale_bucket(num_gpus: int) -> str:
+    """The scale a run is reported under: 1-64, 65-512, 513-4096, more than 4096 GPUs."""
+    for top, name in ((64, "<=64 GPUs"), (512, "65-512"), (4096, "513-4096")):
+        if num_gpus <= top:
+            return name
+    return ">4096"
+
+
+def generation(gpu_name: str) -> str:
+    """The GPU generation of a catalog GPU name (A100, H100, H200, B200, ...)."""
+    m = re.match(r"(GB\d00|[A-Z]+\d+[A-Z]?)", gpu_name)
+    return m.group(1) if m else gpu_name

@@ -1,0 +1,97 @@
+"""The MFU ceilings (``costmodel.ceilings``) are the best published runs on file, and predictions
+above them are flagged unless a measured profile backs them; every training prediction carries its
+out-of-source band, and plans inside each other's band are ties (issue 23, item 3)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costmodel import ceilings
+from costmodel.uncertainty import relative_band
+from planner.cli import validation
+
+
+def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
+    """The slow obvious version: the highest published MFU per (architecture, precision) in calibration/
+    (the MFU a source prints, else its model TFLOP/s over the dense peak of the precision it ran)."""
+    from profiles.clusters import load_cluster
+    best: dict[tuple[str, str], tuple[float, str]] = {}
+    for c, _split in validation.all_cases():
+        model = validation._model(c["model"], c["name"])
+        if model.is_moe:
+            continue
+        rep = c["reported"]
+        gpu = load_cluster(c["cluster"]).groups[0].gpu
+        fp8 = c.get("dtype") == "fp8"
+        if "mfu" in rep:
+            v = rep["mfu"]
+        elif rep.get("tflops_kind") == "model" and "tflops_per_gpu" in rep:
+            v = rep["tflops_per_gpu"] * 1e12 / gpu.peak("fp8" if fp8 else "bf16")
+        else:
+            continue
+        key = (ceilings.architecture(gpu.name), "fp8" if fp8 else "16-bit")
+        if key[0] and v > best.get(key, (0.0, ""))[0]:
+            best[key] = (v, c["name"])
+    return best
+
+
+def test_ceilings_are_the_best_published_runs_on_file():
+    best = _published_mfu()
+    assert set(best) == set(ceilings.BEST_MEASURED_MFU)
+    for key, (v, name) in best.items():
+        assert ceilings.BEST_MEASURED_MFU[key][0] == pytest.approx(v, abs=5e-4), (key, name)
+
+
+def test_flag_above_the_ceiling_unless_measured():
+    a100 = ceilings.BEST_MEASURED_MFU[("A100", "16-bit")][0]
+    assert ceilings.mfu_flag(a100 + 0.02, "A100-SXM4-80GB", "bf16", measured=False)
+    assert "A100" in ceilings.mfu_flag(0.66, "A100-SXM4-40GB", "bf16", measured=False)
+    assert ceilings.mfu_flag(a100 - 0.01, "A100-SXM4-80GB", "bf16", measured=False) is None
+    assert ceilings.mfu_flag(0.9, "A100-SXM4-80GB", "bf16", measured=True) is None
+    assert ceilings.mfu_flag(0.5, "H200-SXM-141GB", "bf16", measured=False)          # Hopper: 49%
+    assert ceilings.mfu_flag(0.5, "H100-SXM5-80GB", "fp8", measured=False)           # FP8 peak basis: 42.6%
+    assert ceilings.mfu_flag(0.9, "B200-180GB", "bf16", measured=False) is None       # nothing on file to compare
+
+
+def test_estimate_json_carries_band_and_flag(capsys):
+    from planner.cli import main
+    args = ["estimate", "--model", "llama-3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "64",
+            "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    u = out["uncertainty"]
+    assert u["kind"] == "train-dense" and u["band"] == relative_band("train-dense")
+    lo, hi = u["step_time_s_range"]
+    st = out["estimate"]["step_time_s"]
+    assert lo == pytest.approx(st * (1 - u["band"])) and hi == pytest.approx(st * (1 + u["band"]))
+    # the generic profile on 64 A100 predicts more than the best A100 run ever published
+    assert out["estimate"]["mfu"] > u["mfu_ceiling"] and u["mfu_flag"] and not u["measured_profile"]
+
+
+def test_plans_inside_the_band_are_ties():
+    from types import SimpleNamespace
+
+    from planner.cli.result import tie_line
+    from profiles.clusters import load_cluster
+    from costmodel.catalog import get_model
+    band = relative_band("train-dense")
+
+    def plan(step):
+        return SimpleNamespace(mode="train", model=get_model("llama-3-8b"), cluster=load_cluster("dgx-h100"),
+                               workload=SimpleNamespace(dtype="bf16"), estimate={"step_time_s": step, "mfu": 0.4})
+    line = tie_line([plan(10.0), plan(10.0 * (1 + band / 2)), plan(10.0 * (1 + 2 * band))])
+    assert line and line.startswith("plan 2 is within")
+    assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band))]) is None
+
+
+@pytest.mark.solver
+def test_plan_json_carries_the_band_of_each_plan(capsys):
+    from planner.cli import main
+    assert main(["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "256",
+                 "--seq-len", "4096", "--target", "megatron", "--top", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for p in d["plans"]:
+        u = p["uncertainty"]
+        assert u["band"] == relative_band("train-dense") and u["kind"] == "train-dense"
+        assert u["step_time_s_range"][0] < p["estimate"]["step_time_s"] < u["step_time_s_range"][1]
