@@ -508,15 +508,15 @@ MEGADS = TrainTarget(
         "zero": f"{MEGADS_REPO} megatron/arguments.py --zero-stage (into ds_config zero_optimization.stage); "
                 "ZeRO-2/3 need --no-pipeline-parallel and the model built under deepspeed.zero.Init, which "
                 "emitters/megatron_deepspeed.py does not write: stages 0 and 1 only",
-        "zero_pp": f"{REF} 3.3: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
+        "zero_pp": f"{DEEPSPEED_SRC}: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
         "hsdp": "DeepSpeed 0.19 removed MiCS (emitters/deepspeed.py)",
         "cp": f"{MEGADS_REPO} megatron/arguments.py --ds-sequence-parallel-size is DeepSpeed-Ulysses (all-to-all "
               "over heads), not ring context parallelism",
         "ep": f"{MEGADS_REPO}: MoE (--num-experts) runs without the pipeline engine only "
               "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
         "expert_tp": "no MoE here",
-        "vpp": f"{REF} 3.3: DeepSpeed's TrainSchedule is synchronous 1F1B; no interleaved schedule",
-        "vpp_split": f"{REF} 3.3",
+        "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
+        "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
         "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
                  "'type:transformer'), written in the model code; the blocks per stage are DeepSpeed's "
                  "partition_balanced over the layer list (mds_split)",
@@ -525,11 +525,11 @@ MEGADS = TrainTarget(
                      "recompute under the pipeline engine",
         "recompute_block": f"{MEGADS_REPO} gpt_model.py: 'deepspeed's pipeline doesn't support the block "
                            "recompute method'",
-        "recompute_per_stage": f"{REF} 3.3: one activation_checkpoint_interval for the whole module",
+        "recompute_per_stage": f"{DEEPSPEED_SRC}: one activation_checkpoint_interval for the whole module",
         "sp": f"{MEGADS_REPO} megatron/arguments.py --sequence-parallel exists but is not written by "
               "emitters/megatron_deepspeed.py (BLOOM, MT-NLG and NeoX ran without it)",
-        "schedules": f"{REF} 3.3: TrainSchedule (1F1B)",
-        "microbatches": f"{REF} 3.1: gradient_accumulation_steps = pipeline micro-batches",
+        "schedules": f"{DEEPSPEED_SRC}: TrainSchedule (1F1B)",
+        "microbatches": f"{DEEPSPEED_SRC}: gradient_accumulation_steps = pipeline micro-batches",
         "orders": f"{MEGADS_REPO} gpt_model.py: PipeModelDataParallelTopology(num_pp, num_mp, num_dp): axes "
                   "pipe, data, model (model innermost)",
         "tp_with_pp": f"{MEGADS_REPO} megatron/arguments.py --tensor-model-parallel-size with "
