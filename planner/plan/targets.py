@@ -515,6 +515,7 @@ MEGADS = TrainTarget(
         "ep": f"{MEGADS_REPO}: MoE (--num-experts) runs without the pipeline engine only "
               "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
         "expert_tp": "no MoE here",
+        "expert_fold": "not planned: no MoE under GPTModelPipe (see ep)",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
         "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
