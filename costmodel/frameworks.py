@@ -136,6 +136,16 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
                      kernel_efficiency=0.76, calibrated=True,
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
+    # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
+    # the score matrix unless --use-flash-attn) inside DeepSpeed's pipeline engine. The pipeline engine
+    # reduces gradients once after the last micro-batch (pipe/engine.py _exec_reduce_grads) and the ds_config
+    # the emitter writes sets overlap_comm false; ZeRO-1's all-gather follows the step: no overlap.
+    # kernel_efficiency: the DeepSpeed profile's 0.76 was fitted on the 6 MT-NLG 530B figures, which are
+    # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
+    FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
+                     tp_comm_overlap=False, kernel_efficiency=0.76, calibrated=True,
+                     note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
+                          "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
     FrameworkProfile(name="accelerate", kernel_efficiency=0.83,

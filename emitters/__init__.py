@@ -26,6 +26,7 @@ TARGETS: dict[str, str] = {
     "kubernetes": "emitters.kubernetes",
     "megatron": "emitters.megatron",
     "deepspeed": "emitters.deepspeed",
+    "megatron-deepspeed": "emitters.megatron_deepspeed",
     "torchtitan": "emitters.torchtitan",
     "accelerate": "emitters.accelerate",
     "vllm": "emitters.vllm",

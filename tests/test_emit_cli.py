@@ -53,7 +53,7 @@ def test_all_targets_with_refusals(plan_file, tmp_path, capsys):
     assert emit(plan_file, "--target", "all", "--out", out, "--json") == 4   # partial: torchtitan and accelerate refuse
     cap = capsys.readouterr()
     res = json.loads(cap.out)
-    assert set(res["written"]) == {"torchrun", "slurm", "kubernetes", "megatron", "deepspeed"}
+    assert set(res["written"]) == {"torchrun", "slurm", "kubernetes", "megatron", "deepspeed", "megatron-deepspeed"}
     assert set(res["refused"]) == {"torchtitan", "accelerate"}
     assert set(res["skipped"]) == {"vllm", "sglang", "tensorrt-llm"}
     assert "torchtitan cannot run this plan" in cap.err

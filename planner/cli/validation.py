@@ -42,6 +42,7 @@ from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.training import estimate
 from costmodel.files.clusters import load_cluster
+from planner.plan import targets as T
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "calibration" / "published_runs.yaml"
@@ -167,7 +168,16 @@ def case_stages(case: dict):
 def case_rows(case: dict, split: str) -> list[Row]:
     model, cluster, wl, par, prof, fw = case_inputs(case)
     md = case["model"]
-    est = estimate(model, cluster, wl, par, stages=case_stages(case), framework=prof)
+    stages = case_stages(case)
+    if fw in FRAMEWORKS and fw != "generic":
+        # priced only through a target that runs this layout (its split, its profile), else refused
+        via, stages, why = target_for(fw, model, cluster, wl, par, stages)
+        if not via:
+            REFUSED[case["name"]] = why
+            return []
+        runs = T.record(via).table.for_config(par).runs
+        prof = _with_overrides(prof, FRAMEWORKS.get(runs, FRAMEWORKS[T.record(via).profile]))
+    est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
     rep = case["reported"]
     rows = []
     if "tflops_per_gpu" in rep and rep.get("tflops_kind") in ("hardware", "model", "model-causal", None):
@@ -187,6 +197,45 @@ def case_rows(case: dict, split: str) -> list[Row]:
         rows.append(Row(case["name"], "tokens/s per GPU", rep["tokens_per_s_per_gpu"], est.tokens_per_s_per_gpu,
                         case["source"], split, fw))
     return rows
+
+
+# published runs no target accepts: case name -> the binding reason (planner validate prices a run
+# only through a target that runs its layout: planner.plan.targets.targets_running)
+REFUSED: dict[str, str] = {}
+
+
+def target_for(fw: str, model, cluster, wl, par, given=None):
+    """The first target that runs this published layout of framework ``fw``, with the stage split
+    it places (``given``: the split the case names): ``(target, stages, "")``, or ``("", None,
+    the binding reason)``."""
+    from costmodel.specs import default_stages
+    from planner.plan.planfile import Plan
+    reasons = []
+    for rec in T.records("train"):
+        if not rec.planned or fw not in (rec.profile, T.PUBLISHED_AS.get(rec.profile), rec.table.for_config(par).runs):
+            continue
+        stages = tuple(given) if given else default_stages(model.layers, par.pp)
+        if not given and rec.table.split == "partition" and par.pp > 1:
+            splits = T.partition_splits(rec.name, model, par.pp)
+            if splits:
+                stages = stages_from_counts(list(next(iter(splits))))
+        plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par, stages=stages, target=rec.name)
+        got = T.problems(rec.name, plan)
+        if not got:
+            return rec.name, stages, ""
+        reasons.append(got[0])
+    return "", None, "; ".join(reasons) or f"no target is priced with {fw}"
+
+
+def _with_overrides(case_prof, target_prof):
+    """The accepting target's profile, keeping what the case's execution notes changed (TP overlap
+    of 2021-22 Megatron, async TP, DualPipe) relative to the framework's profile."""
+    base = FRAMEWORKS.get(case_prof.name)
+    if base is None or target_prof.name == case_prof.name:
+        return case_prof
+    changed = {f.name: getattr(case_prof, f.name) for f in dataclasses.fields(case_prof)
+               if f.name != "name" and getattr(case_prof, f.name) != getattr(base, f.name)}
+    return dataclasses.replace(target_prof, **changed)
 
 
 def memory_rows(ref: dict) -> list[Row]:
@@ -303,6 +352,12 @@ def markdown(rows: list[Row]) -> str:
                                  ("memory", "ZeRO model-state memory (Rajbhandari et al., SC'20, Fig. 1)")))
     if moe_rows.pending:
         out += ["MoE runs not predicted yet: " + "; ".join(moe_rows.pending) + ".", ""]
+    if REFUSED:
+        out += ["## Runs no target accepts (not priced)", "",
+                "A published run is priced only through a target that runs its layout "
+                "(`planner.plan.targets`); these are refused, each with the binding reason.", "",
+                "| case | reason |", "|---|---|"]
+        out += [f"| {name} | {why} |" for name, why in sorted(REFUSED.items())] + [""]
     out += by_framework(rows)
     return "\n".join(out) + "\n"
 

@@ -301,6 +301,42 @@ def ds_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
     return out
 
 
+# Megatron-DeepSpeed's GPTModelPipe (microsoft/Megatron-DeepSpeed megatron/model/gpt_model.py, commit
+# f4157bea): layer list = a cast function, the embedding, L x ParallelTransformerLayerPipe, the final
+# norm, the (tied) head, a cast function; PipelineModule(partition_method='type:transformer') is written
+# in the model code, so the blocks per stage are partition_balanced over 0/1 weights (1: the blocks).
+MDS_METHOD = "type:transformer"
+
+
+@functools.lru_cache(maxsize=4096)
+def mds_split(model: ModelSpec, pp: int) -> tuple[int, ...] | None:
+    """Transformer blocks per pipeline stage that Megatron-DeepSpeed's GPTModelPipe places; None
+    when a stage gets no block."""
+    w = [0.0, 0.0] + [1.0] * model.layers + [0.0, 0.0, 0.0]
+    b = _ds_balanced(w, pp)
+    counts = tuple(sum(1 for i in range(b[s], b[s + 1]) if 2 <= i < 2 + model.layers) for s in range(pp))
+    return counts if all(counts) and sum(counts) == model.layers else None
+
+
+def partition_splits(target: str, model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
+    """The splits a target that places the layers itself runs, each with its partition method:
+    DeepSpeed's three methods, or Megatron-DeepSpeed's one."""
+    if target == "megatron-deepspeed":
+        got = mds_split(model, pp)
+        return {got: MDS_METHOD} if got else {}
+    return ds_splits(model, pp)
+
+
+def partition_split(target: str, model: ModelSpec, pp: int, method: str) -> tuple[int, ...] | None:
+    if target == "megatron-deepspeed":
+        return mds_split(model, pp) if method == MDS_METHOD else None
+    return ds_split(model, pp, method)
+
+
+def partition_methods(target: str) -> tuple[str, ...]:
+    return (MDS_METHOD,) if target == "megatron-deepspeed" else DS_METHODS
+
+
 def _accel_fsdp_recompute(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if par.recompute == "full" and par.zero < 2:
         return (f"full recompute with ZeRO-{par.zero}: Accelerate's DDP and DeepSpeed-ZeRO-1 configs have no "
@@ -455,6 +491,58 @@ DEEPSPEED = TrainTarget(
         "heterogeneous": "emitters/base.py require_one_group",
     },
     extra=(Extra(what="AutoTP with ZeRO-3", source=f"{DEEPSPEED_SRC}", check=_ds_autotp_zero3),),
+)
+
+MEGADS_REPO = "microsoft/Megatron-DeepSpeed f4157bea"
+MEGADS = TrainTarget(
+    name="megatron-deepspeed", summary="Megatron-DeepSpeed pretrain_gpt.py + ds_config (Megatron TP, DeepSpeed "
+    "pipeline engine and ZeRO-1): the stack of BLOOM-176B, MT-NLG 530B, GPT-NeoX-20B", runs="megatron-deepspeed",
+    zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(),
+    cp=False, cp_seq=_megatron_cp, cp_seq_text="-", ep=False, expert_tp=False,
+    vpp=False, vpp_split="even", split="partition",
+    recompute=frozenset({"none", "full"}), recompute_block=False, recompute_per_stage=False,
+    sp="never", schedules=frozenset({"1f1b"}), microbatches="none",
+    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32"}),
+    mla=False, moe=False, alibi=False, kv_heads_divisible=True, heterogeneous=False,
+    sources={
+        "zero": f"{MEGADS_REPO} megatron/arguments.py --zero-stage (into ds_config zero_optimization.stage); "
+                "ZeRO-2/3 need --no-pipeline-parallel and the model built under deepspeed.zero.Init, which "
+                "emitters/megatron_deepspeed.py does not write: stages 0 and 1 only",
+        "zero_pp": f"{DEEPSPEED_SRC}: PipelineEngine asserts ZeRO stage < 2 (pipe/engine.py ~74-77)",
+        "hsdp": "DeepSpeed 0.19 removed MiCS (emitters/deepspeed.py)",
+        "cp": f"{MEGADS_REPO} megatron/arguments.py --ds-sequence-parallel-size is DeepSpeed-Ulysses (all-to-all "
+              "over heads), not ring context parallelism",
+        "ep": f"{MEGADS_REPO}: MoE (--num-experts) runs without the pipeline engine only "
+              "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
+        "expert_tp": "no MoE here",
+        "expert_fold": "not planned: no MoE under GPTModelPipe (see ep)",
+        "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
+        "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
+        "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
+                 "'type:transformer'), written in the model code; the blocks per stage are DeepSpeed's "
+                 "partition_balanced over the layer list (mds_split)",
+        "recompute": f"{MEGADS_REPO} megatron/arguments.py --checkpoint-activations: GPTModelPipe's "
+                     "activation_checkpoint_interval = --checkpoint-num-layers (1: every block); no selective "
+                     "recompute under the pipeline engine",
+        "recompute_block": f"{MEGADS_REPO} gpt_model.py: 'deepspeed's pipeline doesn't support the block "
+                           "recompute method'",
+        "recompute_per_stage": f"{DEEPSPEED_SRC}: one activation_checkpoint_interval for the whole module",
+        "sp": f"{MEGADS_REPO} megatron/arguments.py --sequence-parallel exists but is not written by "
+              "emitters/megatron_deepspeed.py (BLOOM, MT-NLG and NeoX ran without it)",
+        "schedules": f"{DEEPSPEED_SRC}: TrainSchedule (1F1B)",
+        "microbatches": f"{DEEPSPEED_SRC}: gradient_accumulation_steps = pipeline micro-batches",
+        "orders": f"{MEGADS_REPO} gpt_model.py: PipeModelDataParallelTopology(num_pp, num_mp, num_dp): axes "
+                  "pipe, data, model (model innermost)",
+        "tp_with_pp": f"{MEGADS_REPO} megatron/arguments.py --tensor-model-parallel-size with "
+                      "--pipeline-model-parallel-size: Megatron's mpu inside DeepSpeed's topology",
+        "dtypes": f"{MEGADS_REPO} megatron/arguments.py --bf16 / --fp16 (and the ds_config sections)",
+        "models": f"{MEGADS_REPO} megatron/arguments.py: --swiglu, --normalization rmsnorm, "
+                  "--use-rotary-position-embeddings, --num-key-value-heads, --untie-embeddings-and-output-weights,"
+                  " --disable-bias-linear; no ALiBi in this fork (BigScience's fork had it), no multi-latent "
+                  "attention",
+        "kv_heads_divisible": f"{MEGADS_REPO} megatron/model/transformer.py: KV heads split over tp",
+        "heterogeneous": "emitters/base.py require_one_group",
+    },
 )
 
 _ACCEL_MEGATRON = dataclasses.replace(
@@ -685,6 +773,10 @@ STARTS = {
                        source=_START_SRC.format("deepspeed.py") + ": DS_LAUNCHER=torchrun starts torchrun on "
                               "this node instead of the ssh/pdsh runner (deepspeed.init_distributed reads "
                               "torchrun's environment)"),
+    "megatron-deepspeed": Start(script="megatron_deepspeed.sh", node_rank="NODE_RANK", head_addr="MASTER_ADDR",
+                                port="MASTER_PORT",
+                                source=_START_SRC.format("megatron_deepspeed.py") + ": torchrun per node (the "
+                                       "fork's examples start it so; deepspeed.init_distributed reads its env)"),
     "accelerate": Start(script="accelerate.sh", node_rank="MACHINE_RANK", head_addr="MAIN_PROCESS_IP", port="",
                         source=_START_SRC.format("accelerate.py") + ": accelerate launch --machine_rank "
                                "--main_process_ip, one per node"),
@@ -692,8 +784,9 @@ STARTS = {
                      source=_START_SRC.format("torchrun.py") + ": c10d rendezvous"),
 }
 
-_FRAMEWORK_TABLES = (MEGATRON, TORCHTITAN, DEEPSPEED, ACCELERATE, BUILTIN)
+_FRAMEWORK_TABLES = (MEGATRON, TORCHTITAN, DEEPSPEED, MEGADS, ACCELERATE, BUILTIN)
 _EMITTER = {"megatron": "emitters.megatron", "torchtitan": "emitters.torchtitan", "deepspeed": "emitters.deepspeed",
+            "megatron-deepspeed": "emitters.megatron_deepspeed",
             "accelerate": "emitters.accelerate", "builtin": "emitters.torchrun"}
 _WRAPPERS = (("torchrun", "torchrun + the built-in runtime", True),
              ("slurm", "sbatch + torchrun + the built-in runtime", False),
@@ -790,6 +883,10 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
     "deepspeed": {
         "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
                              + " (deepspeed/runtime/pipe/module.py)"),
+    },
+    "megatron-deepspeed": {
+        "partition_method": (str, f"{MDS_METHOD} only: GPTModelPipe writes it in the model code "
+                             "(megatron/model/gpt_model.py)"),
     },
 }
 
@@ -943,8 +1040,9 @@ CAPS: tuple[Cap, ...] = (
     Cap("split", lambda a: _pp(a) and a.t.split == "even" and a.model.layers % a.par.pp != 0,
         lambda a: f"pp={a.par.pp}: {a.name} splits the {a.model.layers} layers evenly; plan a --pp that divides "
                   "them"),
-    Cap("split", lambda a: _pp(a) and a.t.split == "partition" and not ds_splits(a.model, a.par.pp),
-        lambda a: f"pp={a.par.pp}: none of DeepSpeed's partition methods ({', '.join(DS_METHODS)}) gives each of the "
+    Cap("split", lambda a: _pp(a) and a.t.split == "partition" and not partition_splits(a.name, a.model, a.par.pp),
+        lambda a: f"pp={a.par.pp}: none of {a.name}'s partition methods ({', '.join(partition_methods(a.name))}) gives "
+                  "each of the "
                   f"{a.par.pp} stages a block of the {a.model.layers}; plan fewer stages"),
     Cap("microbatches", lambda a: _pp(a) and a.t.microbatches == "megatron" and a.par.vpp > 1
         and _m(a) % a.par.pp != 0,
@@ -1037,18 +1135,21 @@ def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workl
 
 def _partition_problems(name: str, model: ModelSpec, pp: int, counts: tuple[int, ...], method: str | None) -> list[str]:
     """A DeepSpeed split runs only as a partition method places it: the plan's method, or any."""
+    methods = partition_methods(name)
     if method is not None:
-        if method not in DS_METHODS:
-            return [f"partition_method {method!r}: {name} plans with " + ", ".join(DS_METHODS)]
-        got = ds_split(model, pp, method)
+        if method not in methods:
+            return [f"partition_method {method!r}: {name} plans with " + ", ".join(methods)]
+        got = partition_split(name, model, pp, method)
         if got != counts:
             placed = list(got) if got else "no block on some stage"
             return [f"stage split {list(counts)}: partition_method {method} places {placed}; plan --target {name}"]
         return []
-    if counts in ds_splits(model, pp):
+    splits = partition_splits(name, model, pp)
+    if counts in splits:
         return []
-    shown = "; ".join(f"{m} gives {list(c)}" for c, m in ds_splits(model, pp).items())
-    return [f"stage split {list(counts)}: no DeepSpeed partition_method places the blocks so ({shown}); plan --target {name}"]
+    shown = "; ".join(f"{m} gives {list(c)}" for c, m in splits.items()) or "no stage split with a block on every stage"
+    who = "Megatron-DeepSpeed" if name == "megatron-deepspeed" else "DeepSpeed"
+    return [f"stage split {list(counts)}: no {who} partition_method places the blocks so ({shown}); plan --target {name}"]
 
 
 def split_rule(target: str | TrainTarget, par: ParallelConfig) -> tuple[str, bool, int]:
@@ -1179,14 +1280,20 @@ def problems(target: str, plan: Any) -> list[str]:
     return out
 
 
+# published runs are labelled by the engine that ran them: Megatron-DeepSpeed's and GPT-NeoX's runs
+# say "deepspeed" (calibration/published_runs_frameworks.yaml); they may be priced by either target
+PUBLISHED_AS = {"megatron-deepspeed": "deepspeed"}
+
+
 def targets_running(framework: str, plan: Any) -> list[str]:
-    """The training targets priced with ``framework``'s profile that accept ``plan``'s layout: the
-    ones through which a published run of that framework may be priced (``planner validate``). No
-    target runs the Megatron-DeepSpeed / GPT-NeoX stack (TP + PP + ZeRO-1 under DeepSpeed's
-    engine): it needs an emitter of its own (Megatron-DeepSpeed's pretrain_gpt.py arguments and
-    its ds_config) that this planner does not have, so its runs (BLOOM-176B, MT-NLG 530B,
-    GPT-NeoX-20B) get an empty list here rather than the DeepSpeed target's price."""
-    return [r.name for r in records("train") if r.profile == framework and r.planned and not problems(r.name, plan)]
+    """The training targets that accept ``plan``'s layout and are priced with ``framework``'s
+    profile, or whose runs are published under that name (``PUBLISHED_AS``): the ones through
+    which a published run of that framework may be priced (``planner validate``). BLOOM-176B,
+    MT-NLG 530B and GPT-NeoX-20B (TP + PP + ZeRO-1 under DeepSpeed's engine) get the
+    megatron-deepspeed target; the DeepSpeed target (AutoTP does not combine with pipelines)
+    refuses them."""
+    return [r.name for r in records("train")
+            if framework in (r.profile, PUBLISHED_AS.get(r.profile)) and r.planned and not problems(r.name, plan)]
 
 
 def _zero1_as_zero0(target: str, plan: Any) -> list[str]:

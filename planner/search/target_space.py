@@ -123,7 +123,7 @@ def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: Model
     if par.pp == 1:
         return [{**base, "split": "any"}]
     return [{**base, "split": "fixed", "counts": counts, "switches": (("partition_method", method),)}
-            for counts, method in T.ds_splits(model, par.pp).items()]
+            for counts, method in T.partition_splits(target, model, par.pp).items()]
 
 
 def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
