@@ -74,8 +74,11 @@ MODEL_ARGS=(
   --moe-ffn-hidden-size 14336
   --moe-token-dispatcher-type alltoall
   --moe-grouped-gemm
+  --moe-permute-fusion
+  --moe-router-fusion
+  --moe-router-dtype fp32
   --moe-router-load-balancing-type aux_loss
-  --moe-aux-loss-coeff 0.01
+  --moe-aux-loss-coeff 2.00e-02
 )
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 2

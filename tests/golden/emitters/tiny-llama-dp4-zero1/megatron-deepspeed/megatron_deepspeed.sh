@@ -23,7 +23,7 @@ need DATA_PATH 'the indexed dataset prefix (tools/preprocess_data.py output)'
 need TOKENIZER 'the Hugging Face tokenizer (name or folder)'
 need TRAIN_ITERS 'the run'"'"'s optimizer steps (the cosine schedule ends there)'
 [[ "$TRAIN_ITERS" =~ ^[0-9]+$ ]] && [ "$TRAIN_ITERS" -gt "0" ] || stop "TRAIN_ITERS must be an integer above 0, got $TRAIN_ITERS"
-WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 732422 ? TRAIN_ITERS / 10 : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run
+WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 732422 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DISTRIBUTED_ARGS=(
