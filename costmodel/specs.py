@@ -276,9 +276,9 @@ class ModelSpec:
     # ---- parameter counts: views of the one layer description ---------------------------
     # A layer's matrices (shapes, biases, experts) are written once, in
     # ``costmodel.layers.layer_matrices``; the counts here sum them unsharded (tp = ep = 1).
-    # (Imported where used: ``costmodel.layers`` builds on this module.)
+    # (Imported where used: ``costmodel.matrices`` reads this class's fields.)
     def _matrix_params(self, moe: bool, *prefixes: str) -> int:
-        from .layers import layer_matrices
+        from .matrices import layer_matrices
         return int(round(sum(m.params for m in layer_matrices(self, moe, 1, 1, 1) if m.name.startswith(prefixes))))
 
     @_memo

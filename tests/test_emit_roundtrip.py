@@ -282,7 +282,6 @@ def megatron_parser() -> argparse.ArgumentParser:
                                                                 "sinkhorn", "none"])
     p.add_argument("--moe-layer-freq")
     p.add_argument("--tp-comm-bootstrap-backend", choices=["nccl", "mpi", "gloo"])
-    p.add_argument("--moe-aux-loss-coeff", type=float)
     p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -320,7 +319,7 @@ def megatron_layout(a: argparse.Namespace):
     assert a.decoder_first_pipeline_num_layers is None and a.decoder_last_pipeline_num_layers is None
     assert a.num_virtual_stages_per_pipeline_rank is None and a.num_layers_per_virtual_pipeline_stage is None
     lay = mod.PipelineParallelLayerLayout(a.pipeline_model_parallel_layout, a.pipeline_model_parallel_size)
-    lay.validate_layer_layout(a.num_layers, 0)     # E first, L last, once each, num_layers decoder layers
+    lay.validate_layer_layout(a.num_layers, getattr(a, "mtp_num_layers", None) or 0)   # E first, L last, once each; MTP as set
     return lay
 
 

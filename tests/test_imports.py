@@ -244,11 +244,7 @@ def closure_violations(graph: dict[str, set[str]] | None = None) -> list[str]:
 
 # Cycles known and owned, each to be removed by its owner: the test fails on any other cycle, and
 # on a listed one that is gone (so that the list only shrinks).
-KNOWN_CYCLES = {
-    # cef7162 (rules): ModelSpec's parameter counts call layers.layer_matrices from inside specs
-    # (a lazy import), and layers imports specs: one description of a layer, two modules
-    ("costmodel.comm", "costmodel.compute", "costmodel.fp8", "costmodel.layers", "costmodel.specs"),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def test_no_module_cycle():

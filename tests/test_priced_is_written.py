@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.frameworks import FrameworkProfile
+from costmodel.moe import MoeExecution
 from costmodel.specs import ParallelConfig, Workload, stages_from_counts
 from costmodel.training import estimate
 from emitters import CannotExpress, get
@@ -205,7 +206,11 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     prof = FrameworkProfile(name="megatron", tp_comm_overlap=a.tp_comm_overlap, tp_comm_overlap_backward=True,
                             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
                             ep_comm_overlap=False, kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"],
+                            moe=MoeExecution(dispatcher=a.moe_token_dispatcher_type or "alltoall",
+                                             permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
+                                             capacity_factor=a.moe_expert_capacity_factor or 0.0),
+                            grads_bf16=a.grad_reduce_in_bf16)
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
                   kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,
@@ -229,7 +234,8 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                              attention_kernel="flash" if a.attention_backend == "flash" else "materialized",
                              optimizer="sgd" if a.optimizer == "sgd" else "adamw")
     assert h["attention_kernel"] == wl.attention_kernel
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=a.expert_model_parallel_size or 1, zero=zero, dp_shard=dp_shard,
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=a.expert_model_parallel_size or 1,
+                         etp=a.expert_tensor_parallel_size or tp, zero=zero, dp_shard=dp_shard,
                          sp=a.sequence_parallel, vpp=vpp, micro_batch=a.micro_batch_size,
                          grad_accum=a.global_batch_size // (a.micro_batch_size * dp), recompute=recompute,
                          recompute_layers=_recompute_layers(counts, per) if recompute == "full" else -1,
@@ -271,9 +277,18 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     prof = FrameworkProfile(name="deepspeed", overlap_grad_reduce=overlap, overlap_param_gather=False,
                             kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"])
-    full = pp > 1 and c.pipeline["activation_checkpoint_interval"] == 1
-    counts = [plan.model.layers // pp] * pp      # partition "uniform" over equal layers
-    assert pp == 1 or c.pipeline["partition"] == "uniform"
+    # pipeline: every layer boundary checkpointed; no pipeline: the model calls deepspeed.checkpointing,
+    # which the activation_checkpointing section configures (the shipped script checkpoints every block)
+    full = (c.pipeline["activation_checkpoint_interval"] == 1) if pp > 1 else "activation_checkpointing" in raw
+    if pp > 1:
+        # the split PipelineModule makes with the file's partition method (the rule tested against
+        # DeepSpeed's own partition functions in tests/test_targets_switches.py)
+        from planner.plan.targets import partition_split
+        got = partition_split("deepspeed", plan.model, pp, c.pipeline["partition"])
+        assert got, c.pipeline["partition"]
+        counts = list(got)
+    else:
+        counts = [plan.model.layers]
     dtype = "bf16" if c.bfloat16_config.enabled else "fp16" if c.float16_config.enabled else "fp32"
     ep = (raw.get("expert_parallel") or {}).get("autoep_size", 1)
     wl = dataclasses.replace(plan.workload, global_batch=c.train_batch_size, dtype=dtype,
@@ -322,14 +337,15 @@ def torchtitan_as_written(plan: Plan, tmp: Path) -> AsWritten:
         micro, accum, vpp, counts, schedule = tr.local_batch_size, tr.global_batch_size // (tr.local_batch_size * dp), \
             1, [plan.model.layers], "1f1b"
     ac = job.activation_checkpoint
-    recompute = "none" if ac is None else {"FullAC": "full"}[type(ac).__qualname__.split(".")[0]]
+    recompute = "none" if ac is None else {"FullAC": "full", "SelectiveAC": "selective"}[type(ac).__qualname__.split(".")[0]]
     text = (out / "torchtitan.sh").read_text()
     h = header_assumptions(text)
     assert "FSDP2 prefetches" in engine_facts(text)
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"]).with_switches(
+                                compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
@@ -438,6 +454,10 @@ def test_price_equals_what_is_written(target, which, tmp_path, monkeypatch):
     if plan is None:
         pytest.fail(f"{target}: fewer than {SPREAD_PER_TARGET} spread plans emit (test_spread_is_wide_enough)")
     plan = plan.replace(target=target)
+    if target == "torchtitan" and plan.model.is_moe:
+        # planned (torchtitan 0.3 trains deepseek_v3/qwen3/gpt-oss with EP) but not yet written:
+        # the emitter refuses MoE (issue 22, left), so there is no file to hold the price against
+        pytest.xfail("the torchtitan emitter writes dense models only (MoE planned, not yet emitted)")
     priced = plan_estimate(plan)
     reader = {"megatron": megatron_as_written, "deepspeed": deepspeed_as_written,
               "torchtitan": torchtitan_as_written}.get(target)

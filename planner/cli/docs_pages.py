@@ -137,7 +137,7 @@ def catalog_models() -> str:
 
 
 def cluster_keys() -> str:
-    import profiles.clusters as C
+    import costmodel.files.clusters as C
     rows = [["top level", ", ".join(f"`{k}`" for k in sorted(C._TOP_KEYS))],
             ["`gpu:`", ", ".join(f"`{k}`" for k in sorted(C._GPU_KEYS))],
             ["`intra_node:`, `inter_node:`", ", ".join(f"`{k}`" for k in sorted(C._LINK_KEYS))],

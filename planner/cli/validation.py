@@ -175,8 +175,10 @@ def case_rows(case: dict, split: str) -> list[Row]:
         if not via:
             REFUSED[case["name"]] = why
             return []
-        runs = T.record(via).table.for_config(par).runs
-        prof = _with_overrides(prof, FRAMEWORKS.get(runs, FRAMEWORKS[T.record(via).profile]))
+        rec = T.record(via)
+        assert isinstance(rec.table, T.TrainTarget), via      # target_for picks training targets only
+        runs = rec.table.for_config(par).runs
+        prof = _with_overrides(prof, FRAMEWORKS.get(runs, FRAMEWORKS[rec.profile]))
     est = estimate(model, cluster, wl, par, stages=stages, framework=prof)
     rep = case["reported"]
     rows = []
@@ -212,6 +214,7 @@ def target_for(fw: str, model, cluster, wl, par, given=None):
     from planner.plan.planfile import Plan
     reasons = []
     for rec in T.records("train"):
+        assert isinstance(rec.table, T.TrainTarget), rec.name
         if not rec.planned or fw not in (rec.profile, T.PUBLISHED_AS.get(rec.profile), rec.table.for_config(par).runs):
             continue
         stages = tuple(given) if given else default_stages(model.layers, par.pp)

@@ -303,6 +303,7 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
         key = (round(statistics.median(errs), 12), max(errs))
         if best is None or key < best[0]:
             best = (key, combo)
+    assert best is not None, "an empty grid"
     return {c.name: x for c, x in zip(consts, best[1])}
 
 
