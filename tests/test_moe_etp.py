@@ -110,7 +110,8 @@ def test_published_etp1_layout_planned_emitted_and_read_by_megatron_core(tmp_pat
     assert (p.tp, p.pp, p.ep, p.etp) == (2, 8, 32, 1)
     files = write(plan, "megatron", tmp_path / "out")
     meg = fake_megatron(tmp_path)
-    calls = run_script(files / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1"})
+    calls = run_script(files / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1",
+                                                                "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
     argv = calls[0]["argv"]
     i = argv.index(f"{meg}/pretrain_gpt.py")
     t = torchrun_args(argv[:i + 1])
