@@ -152,7 +152,7 @@ def test_builtin_target_is_static_and_hf_id_comes_from_the_config(tmp_path, caps
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 is more than 1"),
     (["--request-rate", "0"], "--request-rate must be > 0"),
     (["--batch", "4", "--request-rate", "3"], "give one"),
     (["--batching", "static", "--request-rate", "3"], "continuous batching"),

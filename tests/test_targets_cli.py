@@ -22,12 +22,14 @@ pytestmark = pytest.mark.solver     # these tests run the search (CP-SAT)
 
 ROOT = Path(__file__).resolve().parents[1]
 EMITTER = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
-           "accelerate": "accelerate"}
+           "accelerate": "accelerate", "megatron-deepspeed": "megatron-deepspeed"}
 
 # What a target cannot run at all, and the reason it gives (plans/TARGETS.md lists the same).
 NO_PLAN = {
     ("deepseek-v3-2048xh100", "builtin"): "multi-latent attention",
     ("mixtral-8x7b-32xh100", "torchtitan"): "ships mixture-of-experts model code for deepseek_v3, gpt_oss, qwen3 only",
+    ("deepseek-v3-2048xh100", "megatron-deepspeed"): "multi-latent attention",
+    ("mixtral-8x7b-32xh100", "megatron-deepspeed"): "is a mixture of experts",
 }
 # planned (the framework runs it), but the emitter does not write it yet: the `emitters` branch
 # writes torchtitan's MoE (issue 22); until then emit refuses with this part named

@@ -16,7 +16,8 @@ PARTIAL = 4
 # the emitter that launches a plan made for a target (None: no emitter of its own)
 EMITTER_OF = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
               "accelerate": "accelerate", "torchrun": "torchrun", "slurm": "slurm", "kubernetes": "kubernetes",
-              "vllm": "vllm", "sglang": "sglang", "tensorrt-llm": "tensorrt-llm"}
+              "vllm": "vllm", "sglang": "sglang", "tensorrt-llm": "tensorrt-llm",
+              "megatron-deepspeed": "megatron-deepspeed"}
 
 
 def default_target(plan) -> str | None:
