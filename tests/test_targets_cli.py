@@ -93,7 +93,10 @@ def test_all_targets_side_by_side_json_and_files(tmp_path, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert all(t in text for t in T.TRAIN_TARGETS) and "why it loses" in text
     from costmodel.uncertainty import relative_band
-    assert f"within the cost model's error (+/-{relative_band('train-dense') * 100:.0f}%, out of source)" in text
+    band = relative_band("train-dense")
+    tied = any(s <= steps[0] * (1 + band) for s in steps[1:])      # another target inside the best one's band
+    said = f"within the cost model's error (+/-{band * 100:.0f}%, out of source)" in text
+    assert said == tied, (steps, band)
 
 
 def test_a_hand_edited_plan_gets_no_launch_files(tmp_path, capsys):
