@@ -28,10 +28,6 @@ RUN = ("`MEGATRON=/path/to/Megatron-LM DATA_PATH=<indexed dataset prefix> TOKENI
        "value before it starts.")
 
 MASTER_PORT = 6000
-# Megatron-LM's Mixtral example (examples/mixtral/train_mixtral_8x7b_distributed.sh) and NeMo's MoE
-# recipes train the router with a load-balancing loss of this weight; Megatron's own default is 0
-# (no balancing), which would train the router unbalanced while the cost model prices balanced
-# experts (costmodel.moe.MOE_LOAD_IMBALANCE)
 
 
 def _moe_layer_pattern(plan: Plan) -> str | None:

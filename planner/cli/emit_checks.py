@@ -13,18 +13,18 @@ from planner.plan.errors import CheckFailed
 
 PARTIAL = 4
 
-# the emitter that launches a plan made for a target (None: no emitter of its own)
-EMITTER_OF = {"builtin": "torchrun", "megatron": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
-              "accelerate": "accelerate", "torchrun": "torchrun", "slurm": "slurm", "kubernetes": "kubernetes",
-              "vllm": "vllm", "sglang": "sglang", "tensorrt-llm": "tensorrt-llm",
-              "megatron-deepspeed": "megatron-deepspeed"}
-
-
 def default_target(plan) -> str | None:
     """The emit target for a plan made for ``plan.target`` (None: the plan names no target with
-    an emitter, e.g. an older plan file or ``generic``). The built-in runtime's, training or
-    serving, is torchrun's."""
-    return EMITTER_OF.get(plan.target or "")
+    an emitter, e.g. an older plan file or ``generic``): the emit target whose module is the
+    target record's emitter (the built-in runtime's, training or serving, is torchrun's)."""
+    from emitters import TARGETS
+    if not plan.target or plan.target == T.GENERIC:
+        return None
+    try:
+        module = T.record(plan.target, plan.mode).emitter
+    except KeyError:
+        return None
+    return next((name for name, mod in TARGETS.items() if mod == module), None)
 
 
 def require_valid(plan, plan_path: str) -> None:
