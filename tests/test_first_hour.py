@@ -40,7 +40,7 @@ def test_infeasibility_hint_is_the_smallest_command_that_plans(gpus, target, cap
     """The hint names a --gpus the tool accepts, at which a plan exists, and no smaller accepted
     count above the asked one plans; the layout it quotes uses exactly the GPUs asked for."""
     from planner.search.bnb import accepted_gpu_counts
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     assert main(HINTED + ["--gpus", str(gpus), "--target", target]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1

@@ -15,7 +15,7 @@ from costmodel.frameworks import FRAMEWORKS
 from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from planner.plan import targets as T
 from planner.plan.planfile import Plan
-from profiles.clusters import load_cluster
+from costmodel.files.clusters import load_cluster
 from test_emit_roundtrip import targets_package
 from test_emit_support import run_script, write
 

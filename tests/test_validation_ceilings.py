@@ -15,7 +15,7 @@ from planner.cli import validation
 def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
     """The slow obvious version: the highest published MFU per (architecture, precision) in calibration/
     (the MFU a source prints, else its model TFLOP/s over the dense peak of the precision it ran)."""
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for c, _split in validation.all_cases():
         model = validation._model(c["model"], c["name"])
@@ -73,7 +73,7 @@ def test_plans_inside_the_band_are_ties():
     from types import SimpleNamespace
 
     from planner.cli.result import tie_line
-    from profiles.clusters import load_cluster
+    from costmodel.files.clusters import load_cluster
     from costmodel.catalog import get_model
     band = relative_band("train-dense")
 

@@ -1,8 +1,0 @@
-"""Moved to ``costmodel.files.readers`` (below the plan file, so the runtime does not reach the
-profiler through it). This name is the same module object, kept for code written against the
-old path; new code imports ``costmodel.files.readers``."""
-import sys
-
-from costmodel.files import readers as _moved
-
-sys.modules[__name__] = _moved
