@@ -24,6 +24,14 @@ pytorch/torchtitan at b5bcd76c66, deepspeedai/DeepSpeed at edaa722126, huggingfa
   The cost model takes it only where the launch file can turn it on (``tp_overlap_mode``):
   sequence parallel on and the TP group inside one NVLink domain (Transformer Engine's
   userbuffers reach the peers over CUDA IPC); ``emitters/megatron.py`` writes the flag exactly there.
+  Userbuffers' default path allocates CUDA multicast objects, which need compute capability 9.0+
+  (TransformerEngine ``examples/pytorch/comm_gemm_overlap/README.md``, "Requirements": "Devices older
+  than compute capability 9.0 require ``UB_SKIPMC=1`` ... to fall back on a less performant
+  implementation based on CUDA IPC handles"; ``userbuffers.cu`` initialises multicast only for
+  ``sm_arch >= 9``, and ``initialize_ub`` asserts otherwise). The launch file does not write
+  ``UB_SKIPMC``, so on an A100 (or any pre-Hopper GPU) the flag would fail at start: Megatron's
+  profile says so (``tp_overlap_needs_multicast``) and ``tp_overlap_mode`` then prices (and the
+  emitter writes) only the backward overlap.
 * ``tp_comm_overlap_backward``: without ``--tp-comm-overlap`` Megatron still overlaps part of the
   backward's TP traffic: each column-parallel linear launches its input-gradient reduce-scatter
   (all-reduce without sequence parallel) asynchronously and computes its weight gradient while it
@@ -53,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 
 from .comm import GroupLayout, group_layout
@@ -69,6 +78,7 @@ class FrameworkProfile:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     tp_comm_overlap_backward: bool = False
+    tp_overlap_needs_multicast: bool = False   # TE userbuffers: full TP overlap only on sm_90+ (docstring)
     ep_comm_overlap: bool = False
     moe: MoeExecution = DEFAULT_EXECUTION   # dispatcher, permute/router fusion (what its launch file sets)
     kernel_efficiency: float = 1.0
@@ -126,6 +136,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
+                     tp_overlap_needs_multicast=True,
                      moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
@@ -211,23 +222,38 @@ def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:
 TP_OVERLAP_MODES = ("none", "backward", "full")
 
 
-def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout) -> str:
+# NVIDIA GPUs of compute capability 9.0 and later (Hopper, Blackwell): CUDA multicast objects exist
+# there (CUDA driver API, cuMulticastCreate: "supported on devices of compute capability 9.0 and
+# higher"). Matched anywhere in the name, so a measured profile's "NVIDIA H100 80GB HBM3" counts.
+_MULTICAST_GPU = re.compile(r"(?<![A-Z0-9])G?(H|B)\d{2,3}(?![0-9])")
+
+
+def has_cuda_multicast(gpu_name: str) -> bool:
+    """Whether a GPU (by its catalog or device name) supports CUDA multicast: Hopper and Blackwell
+    (H100, H200, H800, H20, GH200, B200, B300, GB200, GB300). A100, L40S, AMD and CPUs do not."""
+    return bool(_MULTICAST_GPU.search(gpu_name.upper()))
+
+
+def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout, gpu_name: str) -> str:
     """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
     ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
-    sequence parallel, the TP group inside one NVLink domain), ``backward`` where it overlaps only
-    the column-parallel input-gradient collectives with the weight-gradient GEMMs, else ``none``.
-    The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
+    sequence parallel, the TP group inside one NVLink domain, and -- Transformer Engine's
+    userbuffers as the launch file starts them -- a GPU with CUDA multicast), ``backward`` where it
+    overlaps only the column-parallel input-gradient collectives with the weight-gradient GEMMs,
+    else ``none``. The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
     if par.tp <= 1:
         return "none"
     framework = backend_profile(framework, par)
-    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes:
+    if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes \
+            and (has_cuda_multicast(gpu_name) or not framework.tp_overlap_needs_multicast):
         return "full"
     return "backward" if framework.tp_comm_overlap_backward else "none"
 
 
 def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
-                  nvlink_gpus: int) -> str:
+                  nvlink_gpus: int, gpu_name: str) -> str:
     """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
-    and the NVLink domain's size (what an emitter knows)."""
+    and the NVLink domain's size, and the GPU (what an emitter knows)."""
     degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}     # as training._degrees
-    return tp_overlap_mode(framework_profile(framework), par, group_layout(degrees, tuple(order), "tp", nvlink_gpus))
+    return tp_overlap_mode(framework_profile(framework), par,
+                           group_layout(degrees, tuple(order), "tp", nvlink_gpus), gpu_name)

@@ -70,7 +70,7 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
-            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
+            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
         return hit
