@@ -65,6 +65,7 @@ import re
 from dataclasses import dataclass
 
 from .comm import GroupLayout, group_layout
+from .compute import ELEMENTWISE_KINDS
 from .moe import DEFAULT_EXECUTION, MoeExecution
 from .specs import ParallelConfig, SpecError
 
@@ -84,6 +85,9 @@ class FrameworkProfile:
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     grads_bf16: bool = False          # gradients accumulated and reduced in BF16 (memory.bytes_per_param)
+    # how its memory-bound kernels run: "fused" (Transformer Engine / Apex), "eager" (PyTorch ops),
+    # "compiled" (torch.compile); their achieved HBM fractions: costmodel.compute.MEMORY_BOUND_FRACTION
+    elementwise: str = "fused"
     calibrated: bool = False          # fitted on that framework's own published runs
     note: str = ""
 
@@ -91,6 +95,9 @@ class FrameworkProfile:
         if not 0.0 <= self.memory_headroom_fraction < 0.5:
             raise SpecError(f"framework {self.name!r}: memory headroom {self.memory_headroom_fraction:g} must be "
                             "in [0, 0.5) of the GPU's memory")
+        if self.elementwise not in ELEMENTWISE_KINDS:
+            raise SpecError(f"framework {self.name!r}: elementwise {self.elementwise!r} must be one of "
+                            f"{', '.join(ELEMENTWISE_KINDS)}")
         if not 0.1 <= self.kernel_efficiency <= 1.5:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
                             "[0.1, 1.5]")
@@ -140,7 +147,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, elementwise="eager",
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -159,9 +166,9 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.83,
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.83, elementwise="eager",
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91,
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91, elementwise="eager",
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
@@ -190,7 +197,7 @@ def accelerate_backend(par: ParallelConfig) -> str:
 # with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
 ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
     "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                        tp_comm_overlap_backward=True),
+                        tp_comm_overlap_backward=True, elementwise="fused"),    # Megatron's model: its fused kernels
     "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
 }
 

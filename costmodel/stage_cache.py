@@ -69,7 +69,8 @@ class _Shared:
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
+                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe,
+                            self.framework.elementwise)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
@@ -168,7 +169,8 @@ class _Shared:
         ec = self.ends.get(key)
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
-                                            grp.gpu, self.cluster, self.framework.kernel_efficiency)
+                                            grp.gpu, self.cluster, self.framework.kernel_efficiency,
+                                            self.framework.elementwise)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:
