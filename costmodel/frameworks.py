@@ -147,7 +147,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, elementwise="eager",
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -166,9 +166,9 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.83, elementwise="eager",
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.83,
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91, elementwise="eager",
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91,
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),

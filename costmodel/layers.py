@@ -49,6 +49,7 @@ from .fp8 import Fp8Recipe
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
                   grouped_gemm_factor, host_sync_s, load_factor, permute_time_s, router_time_s)
+from .scale import straggler_factor
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -324,7 +325,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
-    fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
+    # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured
+    # host floor, GpuSpec.layer_overhead_s) are the runtime's own test rigs and keep their measurement
+    fwd_s = (gemm_s + attn_s + ew_s) * _straggler(gpu, cluster) + gpu.layer_overhead_s / 3
     if moe:
         # the dropless token-count sync, once per layer forward (compute counts 3 forwards)
         fwd_s += host_sync_s(ex.dropless) / 3
@@ -377,6 +380,11 @@ class EndsCost:
     embed_act_bytes: float
 
 
+def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
+    """``scale.straggler_factor`` over the cluster's GPUs (1 for CPU devices: see ``layer_cost``)."""
+    return 1.0 if gpu.layer_overhead_s or gpu.name.startswith("cpu") else straggler_factor(cluster.total_gpus)
+
+
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
               cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused") -> EndsCost:
@@ -392,6 +400,7 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     # softmax / cross-entropy over the logits
     head_s += memory_time_s(gpu, 2 * logits_bytes) * memory_bound_factor(elementwise)
+    head_s *= _straggler(gpu, cluster)
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
