@@ -322,6 +322,11 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
+    if not flash:
+        # the s x s scores are not "written once, read once" per stored byte: their kernels' own
+        # traffic, in forward units (``score_traffic_bytes``), replaces that rule's share for them
+        ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
+                         - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
     ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
@@ -338,7 +343,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         sel_extra_s = 0.5 * gemm_s + ew_s
         sel_extra_flops = 0.5 * gemm_flops
     else:
-        sel_extra_s = attn_s + memory_time_s(gpu, ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * T * scores) * mem_factor
+        sel_extra_s = attn_s + memory_time_s(gpu, T * heads_local * s * score_traffic_bytes(
+            a_bytes, model.dropout, forward_only=True)) * mem_factor
         sel_extra_flops = attn_model_flops
 
     # ---- communication of one forward pass ---------------------------------------------
@@ -378,6 +384,23 @@ class EndsCost:
     head_params: float
     head_act_bytes: float
     embed_act_bytes: float
+
+
+def score_traffic_bytes(a_bytes: float, dropout: bool, forward_only: bool = False) -> float:
+    """HBM bytes per element of the s x s score matrix that unfused (materialized) attention's
+    memory-bound kernels move, per forward unit (the layer's compute counts forward + twice it
+    backward, so the forward + backward total is divided by 3), or its forward alone.
+    Megatron-LM's core attention (megatron/model/transformer.py CoreAttention, 2021-22): the
+    scale-mask-softmax is one fused kernel (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h:
+    it reads the scores and writes the probabilities, one pass; its backward reads the output
+    gradient and the probabilities and writes the input gradient), then dropout (reads the
+    probabilities, writes the output and a 1-byte mask; backward reads the gradient and the mask,
+    writes the gradient). The QK^T output and the PV input are the batched GEMMs' own traffic."""
+    fwd = 2 * a_bytes + ((2 * a_bytes + 1) if dropout else 0)
+    if forward_only:
+        return fwd
+    bwd = 3 * a_bytes + ((2 * a_bytes + 1) if dropout else 0)
+    return (fwd + bwd) / 3.0
 
 
 def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
