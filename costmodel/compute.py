@@ -69,14 +69,14 @@ def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
 
 
 # The fraction of HBM bandwidth memory-bound training kernels reach, forward and backward, by how
-# the framework runs them. Source: NVIDIA/cudnn-frontend @ 3929da2e, benchmark/norms/results/h200
-# (RMSNorm, bf16, LLM shapes 4096x16384 .. 16384x4096; ../shared/reference/attention-and-scale.md
-# section 2): cuDNN's fused kernel 69-80% forward / 64-79% backward, eager PyTorch 50-70% / 30-38%,
-# torch.compile 71-87% / 34-47% -- the midpoints below. "fused": Transformer Engine / Apex kernels
-# (Megatron, NeMo, Megatron-DeepSpeed); "eager": PyTorch's own ops (torchtitan and Accelerate
-# without compile, the built-in runtime); "compiled": torch.compile's generated kernels. One norm
-# kernel stands for every elementwise op (no published table for the others on these GPUs); the
-# GB200 rows of the same benchmark fall in the same ranges.
+# they run. Source: NVIDIA/cudnn-frontend @ 3929da2e, benchmark/norms/results/h200 (RMSNorm, bf16,
+# LLM shapes 4096x16384 .. 16384x4096, all_models_*.csv): cuDNN's fused kernel 69-80% forward /
+# 64-79% backward, eager PyTorch 50-70% / 30-38%, torch.compile 71-87% / 34-47% -- the midpoints
+# below; the GB200 rows of the same benchmark fall in the same ranges. The term this prices is mostly
+# pointwise traffic (residual adds, activations, dropout, casts), with the norms a small part of it;
+# the eager and compiled backward figures are a norm's backward (a reduction kernel), not a pointwise
+# kernel's, so every shipped profile uses "fused" (FrameworkProfile.elementwise) until a table for
+# pointwise kernels per framework exists; "eager" and "compiled" stay for a profile that measures them.
 MEMORY_BOUND_FRACTION: dict[str, tuple[float, float]] = {
     "fused": (0.75, 0.71), "eager": (0.60, 0.34), "compiled": (0.79, 0.40)}
 ELEMENTWISE_KINDS = tuple(MEMORY_BOUND_FRACTION)

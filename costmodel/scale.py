@@ -5,13 +5,14 @@ TP's exchanges) that wait for the slowest rank. With per-rank compute times inde
 ``mu`` and standard deviation ``c_v * mu``, the expected maximum over ``N`` ranks is
 ``mu * (1 + c_v * z_N)``, ``z_N`` the expected maximum of ``N`` standard normals: exactly
 ``1 / sqrt(pi)`` = 0.564 for two (textbook order statistics) and by Monte Carlo 1.42 (8), 2.35 (64),
-3.05 (512), 3.23 (1024), 3.63 (4096), 3.98 (16384) (../shared/reference/attention-and-scale.md
-section 5), interpolated in log N; beyond the table grown as ``sqrt(2 ln N)``.
+3.05 (512), 3.23 (1024), 3.63 (4096), 3.98 (16384) (each under the ``sqrt(2 ln N)`` bound;
+``tests/test_refit_rules.py`` checks one against a simulation), interpolated in log N; beyond the
+table grown as ``sqrt(2 ln N)``.
 
-``JITTER_CV`` = 0.02: the reference's range for a healthy fleet's per-rank coefficient of variation
-is 1-3%, stated there as an assumption, not a published figure (the only fleet-level figure it found
-is the Llama 3 report's 1-2% diurnal throughput swing, arXiv:2407.21783 Sec. 3.3.4). The middle is
-taken, written here before any fit or validation run with it; it is not fitted.
+``JITTER_CV`` = 0.02: a healthy fleet's per-rank coefficient of variation of 1-3% is an assumption,
+not a published figure (the only fleet-level figure the project's reference notes found is the
+Llama 3 report's 1-2% diurnal throughput swing, arXiv:2407.21783 Sec. 3.3.4). The middle is taken,
+written here before any fit or validation run with it; it is not fitted.
 
 Not priced here, with why: per-step work that does not shrink with data parallelism (the
 gradient-norm and loss all-reduces are two latency-bound collectives, tens of microseconds; the
