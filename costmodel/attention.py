@@ -45,12 +45,7 @@ An empty field keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of t
 Megatron and NeMo, whose kernel depends on what the launch file selects (the emitter writes
 ``--attention-backend flash``, which runs flash-attn, while the published runs used Transformer
 Engine's default, cuDNN fused attention on Hopper), and the generic profile. AMD, Ada and CPUs: no
-table; FA2's Ampere curve (an assumption). "te": Transformer Engine's own choice
-(``get_attention_backend`` in ``transformer_engine/pytorch/attention/dot_product_attention/utils.py``
-disables FlashAttention "to give FusedAttention preference on Hopper+"): cuDNN fused attention on
-Hopper and Blackwell, flash-attn (FA2) on Ampere -- what the published Megatron-LM and NeMo runs
-ran (``planner validate`` prices them so); a plan's Megatron profile takes it once its launch file
-writes ``--attention-backend auto``.
+table; FA2's Ampere curve (an assumption).
 """
 from __future__ import annotations
 
@@ -115,14 +110,11 @@ def kernel_for(attention: str, gpu: GpuSpec) -> str:
     GEMM-curve rule."""
     if not attention:
         return ""
-    if attention == "te":
-        # Transformer Engine's default backend choice (DotProductAttention, --attention-backend auto)
-        return "cudnn" if architecture(gpu) in ("hopper", "blackwell") else "fa2"
     if attention == "sdpa-torchtitan":
         return "cudnn" if architecture(gpu) == "blackwell" else "fa2"
     if attention in ("sdpa", "flash-attn"):
         return "fa2"
-    raise ValueError(f"unknown attention implementation {attention!r}; known: {', '.join(ATTENTION_IMPLEMENTATIONS[1:])}")
+    raise ValueError(f"unknown attention implementation {attention!r}; known: sdpa, sdpa-torchtitan, flash-attn")
 
 
 def _eta_max(points: tuple[float, float, float], head_dim: float) -> float:
@@ -175,4 +167,4 @@ def attention_time_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: fl
     return fwd_flops / (peak_flops * ef) + BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * eb)
 
 
-ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flash-attn", "te")
+ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flash-attn")

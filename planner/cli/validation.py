@@ -148,11 +148,7 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
         # nor the asynchronous input-gradient all-reduce of later Megatron-Core
         prof = dataclasses.replace(prof, tp_comm_overlap=False, tp_comm_overlap_backward=False)
-    elif megatron:
-        # the published Megatron-LM / NeMo runs used Transformer Engine's default attention backend
-        # (cuDNN fused attention on Hopper+, flash-attn on Ampere: costmodel.attention "te")
-        prof = dataclasses.replace(prof, attention="te")
-    if not materialized and ran_async_tp(case.get("execution")):
+    elif ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
