@@ -63,15 +63,14 @@ class _Shared:
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
-        attention = backend_profile(self.framework, par).attention     # Accelerate: its engine's model code
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, attention)
+               etp_lay)
         hit = self.layers.get(key)
         if hit is None:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe,
-                            self.framework.elementwise, attention)
+                            self.framework.elementwise, backend_profile(self.framework, par).attention)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
