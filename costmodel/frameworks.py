@@ -64,7 +64,6 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .attention import ATTENTION_IMPLEMENTATIONS
 from .comm import GroupLayout, group_layout
 from .compute import ELEMENTWISE_KINDS
 from .moe import DEFAULT_EXECUTION, MoeExecution
@@ -89,9 +88,6 @@ class FrameworkProfile:
     # how its memory-bound kernels run: "fused" (Transformer Engine / Apex), "eager" (PyTorch ops),
     # "compiled" (torch.compile); their achieved HBM fractions: costmodel.compute.MEMORY_BOUND_FRACTION
     elementwise: str = "fused"
-    # which attention implementation its model code calls (costmodel.attention.kernel_for picks the
-    # kernel per GPU): "sdpa", "sdpa-torchtitan", "flash-attn"; "" keeps the GEMM-curve rule
-    attention: str = ""
     calibrated: bool = False          # fitted on that framework's own published runs
     note: str = ""
 
@@ -102,9 +98,6 @@ class FrameworkProfile:
         if self.elementwise not in ELEMENTWISE_KINDS:
             raise SpecError(f"framework {self.name!r}: elementwise {self.elementwise!r} must be one of "
                             f"{', '.join(ELEMENTWISE_KINDS)}")
-        if self.attention not in ATTENTION_IMPLEMENTATIONS:
-            raise SpecError(f"framework {self.name!r}: attention {self.attention!r} must be one of "
-                            f"{', '.join(repr(a) for a in ATTENTION_IMPLEMENTATIONS)}")
         if not 0.1 <= self.kernel_efficiency <= 1.5:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
                             "[0.1, 1.5]")
@@ -158,12 +151,12 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      moe=MoeExecution(permute_fusion=True, router_fusion=True),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, attention="sdpa-torchtitan",
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
     FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     kernel_efficiency=0.78, calibrated=True, attention="sdpa",
+                     kernel_efficiency=0.78, calibrated=True,
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
     # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
     # the score matrix unless --use-flash-attn) inside DeepSpeed's pipeline engine. The pipeline engine
@@ -172,14 +165,14 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # kernel_efficiency: the DeepSpeed profile's 0.78 was fitted on the 6 MT-NLG 530B figures, which are
     # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
     FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True, attention="flash-attn",
+                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True,
                      note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.73, attention="sdpa",
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.73,
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91, attention="sdpa",
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91,
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
@@ -208,7 +201,7 @@ def accelerate_backend(par: ParallelConfig) -> str:
 # with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
 ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
     "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                        tp_comm_overlap_backward=True, attention=""),    # Megatron's model code
+                        tp_comm_overlap_backward=True, elementwise="fused"),    # Megatron's model: its fused kernels
     "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
 }
 

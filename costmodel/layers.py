@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .attention import attention_time_s, kernel_for
 from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
@@ -184,14 +183,13 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
-               moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "") -> LayerCost:
+               moe_exec: MoeExecution | None = None, elementwise: str = "fused") -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
     ``etp``: expert tensor parallel (0: ``tp``), its group laid out as ``etp_lay`` (default the
     TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``);
-    ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``);
-    ``attention``: the attention implementation its model code calls (``costmodel.attention``)."""
+    ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
@@ -287,16 +285,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     causal = 0.5 if flash else 1.0                  # fused causal kernels skip the masked half
     attn_hw_flops = attn_model_flops * causal
     hd = model.head_dim
-    kernel = kernel_for(attention, gpu) if flash else ""
-    if kernel:
-        # the kernel's measured curve (costmodel.attention), forward + backward in forward units
-        # (the layer's compute counts forward + 2x backward); a rank's s / cp queries per ring step
-        attn_s = attention_time_s(kernel, gpu, gpu.peak(dt), attn_hw_flops, hd, s / cp, True) / 3.0
-    else:
-        attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
-        if flash:
-            attn_eff *= FLASH_ATTENTION_EFFICIENCY
-        attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
+    attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
+    if flash:
+        attn_eff *= FLASH_ATTENTION_EFFICIENCY
+    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
 
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t

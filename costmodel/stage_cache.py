@@ -12,7 +12,7 @@ from operator import itemgetter
 
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, backend_profile, framework_profile, tp_overlap_mode
+from .frameworks import FrameworkProfile, framework_profile, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
 from .memory import (bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
@@ -70,7 +70,7 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe,
-                            self.framework.elementwise, backend_profile(self.framework, par).attention)
+                            self.framework.elementwise)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
                                                       self.framework.ep_comm_overlap and moe and par.ep > 1))
