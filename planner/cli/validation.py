@@ -113,12 +113,19 @@ def framework_of(case: dict) -> str:
     return "generic"
 
 
+def case_cluster(case: dict):
+    """The cluster a case ran on: a catalog name, or a cluster file under ``calibration/clusters/``
+    (a path from the repository root) where the source states a network the catalog lacks."""
+    name = str(case["cluster"])
+    return load_cluster(str(ROOT / name) if name.endswith((".yaml", ".yml")) else name)
+
+
 def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, Any, str]:
     """What ``estimate`` is called with for a published case (module docstring): model, cluster,
     workload, parallel config, framework profile, and the framework's name."""
     md = case["model"]
     model = _model(md, case["name"])
-    cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
+    cluster = case_cluster(case).with_gpus(case["num_gpus"])
     par_d = dict(case["parallel"])
     if "virtual_stages" in par_d:
         v = par_d.pop("virtual_stages")

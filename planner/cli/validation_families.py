@@ -38,6 +38,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("accelerate", r"accelerate"),
     ("deepseek", r"deepseek"),
     ("flashattention", r"flash-?attention|2307\.08691"),
+    ("ibm-fsdp", r"maximizing-training|fms-fsdp"),  # the PyTorch/IBM FSDP blog posts
 )
 
 

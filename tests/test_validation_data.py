@@ -1,0 +1,79 @@
+"""The public runs added for issue 23 item 4 load, are priced, and their derived figures follow from
+their sources' own figures (``calibration/published_runs_more.yaml``, ``calibration/clusters/``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.files.clusters import load_cluster
+from planner.cli import validation
+from planner.cli.validation_families import family_of
+
+ROOT = Path(__file__).resolve().parents[1]
+MORE = yaml.safe_load(validation.MORE_RUNS.read_text())["cases"]
+BY_NAME = {c["name"]: c for c in MORE}
+
+
+def test_case_names_are_unique_across_files():
+    names = [c["name"] for c, _split in validation.all_cases()]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    # the MoE file repeats one Megatron README run on purpose (its own split); nothing else may repeat
+    assert set(dup) <= {"mlm-moe-mixtral-8x7b-h100-64gpu"}, dup
+
+
+@pytest.mark.parametrize("case", [c for c in MORE if str(c["cluster"]).endswith(".yaml")], ids=lambda c: c["name"])
+def test_cluster_files_state_only_what_the_catalog_lacks(case):
+    """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
+    with the same GPU, and differs from it in the network the source states (else the catalog name
+    would do)."""
+    path = ROOT / case["cluster"]
+    assert path.parent == ROOT / "calibration" / "clusters" and path.exists(), case["cluster"]
+    parent = yaml.safe_load(path.read_text())["extends"]
+    mine, cat = validation.case_cluster(case), load_cluster(parent)
+    assert mine.groups[0].gpu == cat.groups[0].gpu
+    assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s
+    assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
+
+
+@pytest.mark.parametrize("case", [c for c in MORE if c.get("derived_from")], ids=lambda c: c["name"])
+def test_derived_figures_follow_from_the_sources_own(case):
+    """tokens/s a source does not print: recomputed from the figures on file it was derived from."""
+    d = case["derived_from"]
+    base = BY_NAME[d["case"]]
+    got, tps0 = case["reported"]["tokens_per_s_per_gpu"], base["reported"]["tokens_per_s_per_gpu"]
+    if "gain_pct" in d:
+        want = tps0 * (1 + d["gain_pct"] / 100)
+    else:
+        assert d.get("mfu_ratio") is True
+        want = tps0 * case["reported"]["mfu"] / base["reported"]["mfu"]
+    assert got == pytest.approx(want, abs=0.5)
+    # same model, sequence and per-GPU batch as the run it is derived from
+    assert case["model"] == base["model"]
+    assert case["global_batch"] / case["num_gpus"] == base["global_batch"] / base["num_gpus"]
+
+
+def test_every_added_case_is_priced_and_has_a_family():
+    """No new case is refused, skipped by --cross, or left without a recipe family."""
+    from planner.cli.validation_cross import load_cases
+    validation.REFUSED.clear()
+    rows = validation.all_rows(include_holdout=False)
+    priced = {r.case for r in rows if r.metric == "tokens/s per GPU"}
+    cases, skipped = load_cases()
+    cross = {c.name for c in cases}
+    for c in MORE:
+        assert c["name"] in priced, (c["name"], validation.REFUSED.get(c["name"]))
+        assert c["name"] in cross, [s for s in skipped if s.startswith(c["name"])]
+        assert family_of(c["source"]) != "other", c["name"]
+
+
+def test_ibm_fsdp_cases_read_as_the_posts_print_them():
+    """Spot checks against the posts (March post Table 1; May post Tables 1-2): a changed figure on
+    file fails here, not silently in the refit."""
+    rep = {n: c["reported"] for n, c in BY_NAME.items() if n.startswith("ibm-fsdp-")}
+    assert rep["ibm-fsdp-llama2-7b-a100-128gpu"] == {"tokens_per_s_per_gpu": 3700, "mfu": 0.57}
+    assert rep["ibm-fsdp-llama2-70b-h100-96gpu"] == {"tokens_per_s_per_gpu": 800, "mfu": 0.34}
+    assert rep["ibm-fsdp-llama2-7b-a100-128gpu-compile"]["mfu"] == 0.68
+    assert rep["ibm-fsdp-llama2-70b-h100-464gpu"]["mfu"] == 0.32
+    assert len(rep) == 20
