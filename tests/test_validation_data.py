@@ -77,3 +77,20 @@ def test_ibm_fsdp_cases_read_as_the_posts_print_them():
     assert rep["ibm-fsdp-llama2-7b-a100-128gpu-compile"]["mfu"] == 0.68
     assert rep["ibm-fsdp-llama2-70b-h100-464gpu"]["mfu"] == 0.32
     assert len(rep) == 20
+
+
+def test_olmo_core_cases_read_as_the_readme_prints_them():
+    """allenai/OLMo-core README at e27ba74550: TPS per device, BF16 and BF16/FP8, and the per-rank
+    micro-batch and global batch of each script at that commit."""
+    got = {n: (c["reported"]["tokens_per_s_per_gpu"], c["parallel"]["micro_batch"], c["global_batch"], c["dtype"])
+           for n, c in BY_NAME.items() if n.startswith("olmo-core-")}
+    assert got == {
+        "olmo-core-olmo2-1b-h100-8gpu-bf16": (55000, 8, 1024, "bf16"),
+        "olmo-core-olmo2-1b-h100-8gpu-fp8": (65000, 8, 1024, "fp8"),
+        "olmo-core-olmo2-7b-h100-8gpu-bf16": (10000, 2, 1024, "bf16"),
+        "olmo-core-olmo2-7b-h100-8gpu-fp8": (13000, 2, 1024, "fp8"),
+        "olmo-core-llama3-8b-h100-8gpu-bf16": (9500, 2, 1024, "bf16"),
+        "olmo-core-llama3-8b-h100-8gpu-fp8": (12500, 2, 1024, "fp8"),
+        "olmo-core-olmo2-13b-h100-8gpu-bf16": (4600, 1, 2048, "bf16"),
+        "olmo-core-olmo2-13b-h100-8gpu-fp8": (5500, 1, 2048, "fp8"),
+    }

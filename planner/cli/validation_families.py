@@ -39,6 +39,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("deepseek", r"deepseek"),
     ("flashattention", r"flash-?attention|2307\.08691"),
     ("ibm-fsdp", r"maximizing-training|fms-fsdp"),  # the PyTorch/IBM FSDP blog posts
+    ("olmo-core", r"olmo-core"),
 )
 
 
