@@ -11,6 +11,9 @@ source, never per case:
   Megatron-LM in 2023): ``attention_kernel: materialized``; GPT models there use dropout.
 * torchtitan runs use fused SDPA (flash) attention, bf16 and AdamW.
 * A micro-batch size the source does not give is 1 (Megatron's default).
+* A case may name a cluster file (``calibration/clusters/*.yaml``, a path from the repository root)
+  where its source states a network the catalog cluster lacks (``case_cluster``), and an
+  ``attention_kernel`` where the run did not use a fused one.
 * Every case is predicted with its own framework's profile (``costmodel.frameworks``): the
   ``framework`` field of ``calibration/published_runs_frameworks.yaml``, else the software the
   source names (Narayanan/Korthikanti: megatron; torchtitan); Meta's Llama 3 stack is none of the
@@ -149,7 +152,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     if dtype == "fp8":
         recipe = case.get("fp8_recipe") or ("rowwise" if "rowwise" in case["name"] else "")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
-                  attention_kernel="materialized" if materialized else "flash", fp8_recipe=recipe)
+                  attention_kernel=case.get("attention_kernel") or ("materialized" if materialized else "flash"),
+                  fp8_recipe=recipe)
     prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
     if materialized:
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)

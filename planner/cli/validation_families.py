@@ -40,6 +40,8 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("flashattention", r"flash-?attention|2307\.08691"),
     ("ibm-fsdp", r"maximizing-training|fms-fsdp"),  # the PyTorch/IBM FSDP blog posts
     ("olmo-core", r"olmo-core"),
+    ("tinyllama", r"tinyllama"),
+    ("bloomberggpt", r"bloomberggpt|2303\.17564"),
 )
 
 
