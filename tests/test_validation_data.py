@@ -94,3 +94,17 @@ def test_olmo_core_cases_read_as_the_readme_prints_them():
         "olmo-core-olmo2-13b-h100-8gpu-bf16": (4600, 1, 2048, "bf16"),
         "olmo-core-olmo2-13b-h100-8gpu-fp8": (5500, 1, 2048, "fp8"),
     }
+
+
+def test_mlperf_cases_read_as_the_logs_print_them():
+    """MLPerf Training v3.1 GPT-3 175B (NVIDIA, Eos): the median train_step_timing per scale, and a
+    layout whose degrees multiply to the GPU count with the log's global batch."""
+    got = {c["num_gpus"]: (c["reported"]["step_time_s"], c["global_batch"]) for n, c in BY_NAME.items()
+           if n.startswith("mlperf31-")}
+    assert got == {512: (11.0539, 2048), 4096: (1.6084, 2048), 6144: (1.6152, 3072), 8192: (1.6192, 4096),
+                   10240: (0.9256, 2560), 10752: (0.9296, 2688)}
+    for n, c in BY_NAME.items():
+        if n.startswith("mlperf31-"):
+            p = c["parallel"]
+            assert p["tp"] * p["pp"] * p["dp"] == c["num_gpus"]
+            assert c["global_batch"] % p["dp"] == 0
