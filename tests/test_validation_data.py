@@ -103,8 +103,10 @@ def test_mlperf_cases_read_as_the_logs_print_them():
            if n.startswith("mlperf31-")}
     assert got == {512: (11.0539, 2048), 4096: (1.6084, 2048), 6144: (1.6152, 3072), 8192: (1.6192, 4096),
                    10240: (0.9256, 2560), 10752: (0.9296, 2688)}
+    v30 = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf30-gpt3-175b-h100")}
+    assert v30 == {512: 12.0744, 768: 12.1275}
     for n, c in BY_NAME.items():
-        if n.startswith("mlperf31-"):
+        if n.startswith("mlperf"):
             p = c["parallel"]
             assert p["tp"] * p["pp"] * p["dp"] == c["num_gpus"]
             assert c["global_batch"] % p["dp"] == 0
