@@ -64,6 +64,8 @@ STOCK_FLAVORS = {
 STOCK_SETTINGS = (500000.0, 1e-5, 8.0)
 STOCK_MAX_SEQ_LEN = 131072          # ComplexRoPE.Config max_seq_len of every stock flavor
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# Float8 plans: the modules torchao leaves in bf16 (Float8LinearConverter.Config.filter_fqns)
+FLOAT8_FILTER_FQNS = ("lm_head",)
 
 
 def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -213,8 +215,13 @@ def _settings(plan: Plan) -> dict:
         param_dtype = "bfloat16"
     elif w.dtype in ("fp32", "float32", "tf32"):
         param_dtype = "float32"
+    elif w.dtype == "fp8":
+        require(fsdp or (p.tp == 1 and p.pp == 1), TARGET, "Float8 without FSDP",
+                "torchtitan's Float8 linears run in a bf16 model whose precision fully_shard sets",
+                "plan zero=2 or 3 with dp > 1")
+        param_dtype = "bfloat16"
     else:
-        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan trains in float32 or bfloat16")
+        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan trains in float32, bfloat16 or Float8")
     if p.recompute == "none":
         ac = "none"
     elif full_recompute_all(plan):
@@ -241,7 +248,27 @@ def _settings(plan: Plan) -> dict:
         batch_note = (f"gradient accumulation = global / (local x dp) = {w.global_batch} / "
                       f"({local_batch} x {p.dp}) = {p.grad_accum}")
     return dict(flavor=fl, replicate=replicate, shard=shard, reshard=reshard, param_dtype=param_dtype, ac=ac,
-                optimizer=optimizer, local_batch=local_batch, batch_note=batch_note)
+                optimizer=optimizer, local_batch=local_batch, batch_note=batch_note, float8=float8_recipe(plan))
+
+
+def float8_recipe(plan: Plan) -> str | None:
+    """The torchao recipe a Float8 plan is priced with and this file writes (None without FP8):
+    the plan's recipe as the cost model resolves it (``fp8_recipe_of``), which torchtitan 0.3.0's
+    ``Float8LinearConverter`` must take."""
+    if plan.workload.dtype != "fp8":
+        return None
+    from costmodel.stage_terms import fp8_recipe_of
+    from planner.plan.targets import TITAN_FP8_WRITTEN, titan_fp8_problem
+    why = titan_fp8_problem(plan.model, plan.workload, plan.parallel, tuple(plan.mesh_order))
+    if why:
+        raise CannotExpress(TARGET, "this Float8 plan", why)
+    rec = fp8_recipe_of(plan.cluster, plan.workload, TARGET)
+    require(rec.name == TITAN_FP8_WRITTEN and not rec.param_gather, TARGET, f"fp8 recipe {rec.name}"
+            + (" with the FP8 FSDP all-gather" if rec.param_gather else ""),
+            f"torchtitan {VERSION}'s Float8LinearConverter takes recipe_name rowwise or rowwise_with_gw_hp only "
+            "(components/quantization/float8.py); tensorwise scaling with enable_fsdp_float8_all_gather was "
+            "torchtitan <= 0.2's float8 section", f"plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+    return rec.name
 
 
 def _call(name: str, items: list[tuple[str, object]], indent: int) -> str:
@@ -282,10 +309,20 @@ def config(plan: Plan) -> str:
                                           ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
+    if s["float8"]:
+        # torchao Float8Linear on every block linear; the output head stays bf16 (the cost model prices
+        # the head in the compute dtype; torchtitan's own 405B Float8 job filters it the same way)
+        conv = _call("Float8LinearConverter.Config", [
+            ("recipe_name", s["float8"]), ("filter_fqns", list(FLOAT8_FILTER_FQNS)),
+            ("model_compile_enabled", bool(sw.get("compile")))], 8)
+        spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
+    else:
+        spec = f"model_registry({lit(fl)})"
     imports = [
         "from torchtitan.components.checkpointer import CheckpointManager",
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
+        "from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)",
         "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
         "checkpointing)",
@@ -313,7 +350,7 @@ def config(plan: Plan) -> str:
 {custom_model_code(plan) if custom else ""}
 
 def {JOB_FUNCTION}() -> Trainer.Config:
-    model_spec = model_registry({lit(fl)})
+    model_spec = {spec}
     return Trainer.Config(
         model_spec=model_spec,
         hf_assets_path="./tests/assets/tokenizer",   # torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1)
@@ -349,7 +386,9 @@ def emit(plan: Plan) -> dict[str, str]:
              model_settings(plan), TORCH_NOTE]
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during "
-        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"])
+        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"]
+        + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
+            "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else []))
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")

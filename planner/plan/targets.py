@@ -203,9 +203,48 @@ def _titan_ddp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple
 
 def _titan_bf16(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     fsdp = (par.zero >= 2 and par.dp_shard > 1) or par.cp > 1
-    if wl.dtype in ("bf16", "bfloat16") and (par.tp > 1 or par.pp > 1) and not fsdp:
-        return (f"bf16 with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
+    if wl.dtype in ("bf16", "bfloat16", "fp8") and (par.tp > 1 or par.pp > 1) and not fsdp:
+        return (f"{wl.dtype} with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
                 "torchtitan mixes precision through fully_shard; plan dp > 1 with --zero 2 or 3")
+    return None
+
+
+# torchtitan's Float8 is torchao's ``Float8Linear`` (pytorch/torchtitan v0.3.0
+# torchtitan/components/quantization/float8.py ``Float8LinearConverter``): dynamic scaling, casts per
+# use, BF16 saved inputs (costmodel/fp8.py resolve). The published torchtitan Float8 runs (2024-12,
+# 2025-06, torchtitan <= 0.2) used tensorwise scaling with the FP8 FSDP all-gather, or rowwise;
+# torchtitan 0.3.0's converter takes ``recipe_name`` rowwise (its default) or rowwise_with_gw_hp only,
+# so rowwise is what the emitter writes and what a torchtitan plan defaults to.
+TITAN_FP8_RECIPES = ("rowwise", "tensorwise")
+TITAN_FP8_WRITTEN = "rowwise"
+# torchao converts a Linear only when every dimension is a multiple of 16 (FP8 tensor cores;
+# torchtitan/components/quantization/utils.py module_filter_fn); the cost model runs every linear
+# GEMM of the blocks in FP8, so a model with another width is refused, not silently mixed
+FP8_DIM_MULTIPLE = 16
+
+
+def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
+    """The widths of the block linears torchtitan's llama3 converts to Float8 (fused wqkv, wo, w1/w3, w2)."""
+    return {"hidden": model.hidden, "q heads x head_dim": model.heads * model.head_dim,
+            "kv heads x head_dim": model.kv_heads * model.head_dim, "ffn_hidden": model.ffn_hidden}
+
+
+def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if wl.dtype != "fp8":
+        return None
+    from costmodel.fp8 import default_recipe
+    recipe = wl.fp8_recipe or default_recipe("torchtitan", None)
+    if recipe not in TITAN_FP8_RECIPES:
+        return (f"fp8 recipe {recipe}: torchtitan's Float8 is torchao's Float8Linear (recipes "
+                f"{', '.join(TITAN_FP8_RECIPES)}), not Transformer Engine's; plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+    if wl.fp8_param_gather and recipe != "tensorwise":
+        return (f"--fp8-param-gather with fp8 recipe {recipe}: torchao all-gathers FP8 weights under FSDP only "
+                "with tensorwise scaling (enable_fsdp_float8_all_gather); drop --fp8-param-gather")
+    bad = [f"{k} {v}" for k, v in titan_fp8_linear_dims(model).items() if v % FP8_DIM_MULTIPLE]
+    if bad:
+        return (f"fp8 with {', '.join(bad)}: torchao converts a linear layer to Float8 only when its widths are "
+                f"multiples of {FP8_DIM_MULTIPLE} (module_filter_fn), the cost model prices every block linear in "
+                "FP8; plan --dtype bf16")
     return None
 
 
@@ -406,7 +445,7 @@ TORCHTITAN = TrainTarget(
     vpp=True, vpp_split="even", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
-    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
+    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{TORCHTITAN_SRC}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
@@ -435,7 +474,9 @@ TORCHTITAN = TrainTarget(
                         "(~1020); Interleaved1F1B a multiple of max(1, M // pp) rounds (~2937)",
         "orders": f"{TORCHTITAN_SRC} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
         "tp_with_pp": f"{TORCHTITAN_SRC}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
-        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
+        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32; fp8 through "
+                  "pytorch/torchtitan v0.3.0 torchtitan/components/quantization/float8.py Float8LinearConverter "
+                  "(torchao Float8Linear on the block linears, lm_head kept in bf16 with filter_fqns)",
         "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
                   "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
@@ -447,7 +488,9 @@ TORCHTITAN = TrainTarget(
            Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
                  check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
-           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16)),
+           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16),
+           Extra(what="Float8", source="torchtitan/components/quantization/float8.py, utils.py module_filter_fn",
+                 check=titan_fp8_problem)),
 )
 
 DEEPSPEED = TrainTarget(
@@ -860,6 +903,15 @@ def framework_of(name: str) -> str:
         return record(name, "train").profile
     except KeyError:
         return GENERIC
+
+
+def default_fp8_recipe(target: str | None, gpu) -> str:
+    """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
+    emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
+    target's framework (``costmodel.fp8.default_recipe``)."""
+    from costmodel.fp8 import default_recipe
+    fw = framework_of(target or GENERIC) if target in TRAIN or not target else GENERIC
+    return TITAN_FP8_WRITTEN if fw == "torchtitan" else default_recipe(fw, gpu)
 
 
 # --------------------------------------------------------------------------------------
