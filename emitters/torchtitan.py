@@ -78,6 +78,13 @@ def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> 
 
 def _check_model(plan: Plan) -> None:
     m = plan.model
+    if m.is_moe or m.attention == "mla":
+        from planner.plan.targets import titan_moe_problem, titan_mtp_problem
+        why = (titan_moe_problem(m, plan.workload)
+               or titan_mtp_problem(m, plan.workload, plan.parallel, tuple(plan.mesh_order)))
+        if why:
+            raise CannotExpress(TARGET, "this mixture of experts", why)
+        return
     checks = [
         (not m.is_moe, "mixture of experts", f"{m.name} has {m.num_experts} experts and this emitter maps only "
          "dense models to torchtitan's llama3 model"),
@@ -95,8 +102,17 @@ def _check_model(plan: Plan) -> None:
             raise CannotExpress(TARGET, part, detail, "use the megatron target")
 
 
+def moe_flavor(plan: Plan) -> tuple[str, str] | None:
+    """(torchtitan model package, stock flavor) of a mixture-of-experts plan; None for llama3."""
+    from planner.plan.targets import titan_moe_flavor
+    fl = titan_moe_flavor(plan.model) if plan.model.is_moe or plan.model.attention == "mla" else None
+    return (fl[0], fl[1]) if fl else None
+
+
 def flavor(plan: Plan) -> str:
     m = plan.model
+    if (moe := moe_flavor(plan)) is not None:
+        return moe[1]
     shape = (m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
     if (m.rope_theta, m.norm_eps, m.rope_scaling) != STOCK_SETTINGS or plan.workload.seq_len > STOCK_MAX_SEQ_LEN:
         return CUSTOM_FLAVOR
@@ -194,7 +210,7 @@ def _settings(plan: Plan) -> dict:
     _check_model(plan)
     require_order(plan, TARGET, ("pp", "dp", "cp", "tp"),
                   note=" (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)")
-    require(p.ep == 1, TARGET, f"ep={p.ep}", "the model is dense")
+    require(p.ep == 1 or plan.model.is_moe, TARGET, f"ep={p.ep}", "the model is dense")
     require(p.tp == 1 or p.sp, TARGET, "tensor parallel without sequence parallel",
             "torchtitan always applies sequence parallel (SequenceParallel norms) with TP",
             "plan sp=true")
@@ -286,7 +302,7 @@ def config(plan: Plan) -> str:
         ("data_parallel_replicate_degree", s["replicate"]), ("data_parallel_shard_degree", s["shard"]),
         ("fsdp_reshard_after_forward", s["reshard"]), ("tensor_parallel_degree", p.tp),
         ("enable_sequence_parallel", p.tp > 1),
-        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp), ("expert_parallel_degree", 1)]
+        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp), ("expert_parallel_degree", p.ep)]
     parts = model_parts(plan)
     if parts is not None:
         par += [("pipeline_parallel_schedule", SCHEDULES[p.schedule]),
@@ -295,7 +311,9 @@ def config(plan: Plan) -> str:
     training = [("local_batch_size", s["local_batch"]), ("global_batch_size", w.global_batch),
                 ("seq_len", w.seq_len), ("max_norm", r.grad_clip), ("steps", 10),
                 ("mixed_precision_param", s["param_dtype"]), ("mixed_precision_reduce", "float32")]
-    if p.pp > 1:   # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP
+    # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP, and EP with the
+    # all-to-all token dispatcher the stock MoE flavors build (it synchronises with the CPU)
+    if p.pp > 1 or p.ep > 1:
         training.append(("disable_cuda_graphs", True))
     optimizer = (f'OptimizersContainer.Config(param_groups=[ParamGroupConfig(\n'
                  f'            pattern=r".*", optimizer_name={lit(s["optimizer"])},\n'
@@ -318,6 +336,11 @@ def config(plan: Plan) -> str:
         spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
     else:
         spec = f"model_registry({lit(fl)})"
+    moe = moe_flavor(plan)
+    mtp = plan.model.mtp_layers if moe else 0
+    if mtp:      # DeepSeek-V3's multi-token prediction, priced on the last stage (costmodel/stage_terms.py)
+        spec = f"model_registry({lit(fl)}, num_mtp_layers={lit(mtp)})"
+    package = moe[0] if moe else "llama3"
     imports = [
         "from torchtitan.components.checkpointer import CheckpointManager",
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
@@ -328,9 +351,16 @@ def config(plan: Plan) -> str:
         "checkpointing)",
         "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
         "from torchtitan.models.common.config_utils import decoder_vocab_size",
-        "from torchtitan.models.llama3 import model_registry",
+        f"from torchtitan.models.{package} import model_registry",
         "from torchtitan.trainer import Trainer",
     ]
+    if mtp:
+        imports.append("from torchtitan.models.deepseek_v3 import MTPLoss")
+        loss = "MTPLoss.Config(global_vocab_size=decoder_vocab_size(model_spec))"
+    else:
+        loss = ("ChunkedLossWrapper.Config(\n"
+                "            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),\n"
+                "        )")
     if custom:
         imports += [
             "from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
@@ -355,9 +385,7 @@ def {JOB_FUNCTION}() -> Trainer.Config:
         model_spec=model_spec,
         hf_assets_path="./tests/assets/tokenizer",   # torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1)
         dump_folder="./outputs",
-        loss=ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),
-        ),
+        loss={loss},
         optimizer={optimizer},
         lr_scheduler={_call("LRSchedulersContainer.Config", [("warmup_steps", r.warmup_steps),
                                                                ("decay_type", "cosine"), ("min_lr_factor", 0.1)], 8)},

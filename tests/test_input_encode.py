@@ -173,6 +173,7 @@ ALLOWED_CALLS = {
     "decoder_vocab_size",
     "Llama3Model.Config", "_build_llama3_layers", "ComplexRoPE.Config", "Embedding.Config", "RMSNorm.Config",
     "Linear.Config", "_output_linear_init",
+    "Float8LinearConverter.Config", "MTPLoss.Config",       # Float8 plans; DeepSeek-V3's multi-token prediction
 }
 ALLOWED_MODULES = ("torchtitan.",)
 

@@ -103,6 +103,24 @@ FLOAT8_PLANS = {
 }
 
 
+# torchtitan mixture-of-experts (its stock qwen3 / gpt_oss flavors, expert parallel); deepseek_v3 is the
+# example plan plans/torchtitan/deepseek-v3-2048xh100.yaml
+MOE_PLANS = {
+    "qwen3-30b-a3b-fsdp16-ep8": ("qwen3-30b-a3b", 16, dict(dp=16, ep=8, zero=3, grad_accum=2), {}),
+    "qwen3-30b-a3b-pp2-fsdp8-ep4": ("qwen3-30b-a3b", 16, dict(pp=2, dp=8, ep=4, zero=2, grad_accum=8,
+                                                             recompute="full"), {}),
+    "gpt-oss-20b-fsdp8-ep8": ("gpt-oss-20b", 8, dict(dp=8, ep=8, zero=3, grad_accum=2, recompute="selective"),
+                              {"compile": True}),
+}
+
+
+def moe_plan(which: str) -> Plan:
+    model, gpus, par, switches = MOE_PLANS[which]
+    dp, accum = par["dp"], par["grad_accum"]
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    return plan.replace(target="torchtitan", framework=switches)
+
+
 def float8_plan(which: str) -> Plan:
     model, gpus, par, switches = FLOAT8_PLANS[which]
     dp, accum = par["dp"], par["grad_accum"]
@@ -114,6 +132,7 @@ def float8_plan(which: str) -> Plan:
 def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
+    cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
     for t in TARGETS:
         for f in sorted((ROOT / "plans" / t).glob("*.yaml")):
             cases.append(pytest.param(t, f"file:{f.name}", id=f"{t}-{f.stem}"))
@@ -127,6 +146,8 @@ _SPREADS: dict[str, list] = {}
 def _plan(target: str, which: str) -> Plan | None:
     if which == "demo":
         return read_plan(DEMO)
+    if which.startswith("moe:"):
+        return moe_plan(which[4:])
     if which.startswith("float8:"):
         return float8_plan(which[7:])
     if which.startswith("file:"):
@@ -321,6 +342,19 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     return AsWritten(plan.model, wl, par, _stages(counts, counts if full else None), prof, world)
 
 
+def torchtitan_params(built, model) -> int:
+    """The parameters of torchtitan's built model as the cost model counts them: without the MTP
+    modules (priced as compute on the last stage; their number must be the model's) and without the
+    few weights the catalog's count leaves out, each named: Qwen3's q/k RMSNorms (2 x head_dim per
+    layer), gpt-oss's attention sinks (one per head) and router biases (one per expert)."""
+    mtp = getattr(built, "mtp_layers", None) or []
+    assert len(mtp) == model.mtp_layers
+    n = sum(x.numel() for x in built.parameters()) - sum(x.numel() for x in mtp.parameters()) if mtp else \
+        sum(x.numel() for x in built.parameters())
+    uncounted = {"qwen3": 2 * model.head_dim, "gpt_oss": model.heads + model.num_experts}.get(model.family, 0)
+    return n - (uncounted * model.layers if model.is_moe else 0)
+
+
 def torchtitan_float8(job, model) -> tuple[str, str, bool]:
     """(dtype, torchao recipe, FP8 all-gather) as the parsed job's model states them: which linears
     torchtitan swapped to ``Float8Linear`` and the torchao config they carry. The cost model runs
@@ -398,12 +432,13 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
-    assert sum(x.numel() for x in built.parameters()) == plan.model.total_params()   # the model as priced
+    assert torchtitan_params(built, plan.model) == plan.model.total_params()   # the model as priced
     dtype, recipe, fp8_gather = torchtitan_float8(job, plan.model)
     wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
                              dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather and recipe != "tensorwise",
                              attention_kernel=h["attention_kernel"])
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, dp_shard=shard if fsdp else dp,
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=pa.expert_parallel_degree, zero=zero,
+                         dp_shard=shard if fsdp else dp,
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
@@ -504,10 +539,6 @@ def test_price_equals_what_is_written(target, which, tmp_path, monkeypatch):
     if plan is None:
         pytest.fail(f"{target}: fewer than {SPREAD_PER_TARGET} spread plans emit (test_spread_is_wide_enough)")
     plan = plan.replace(target=target)
-    if target == "torchtitan" and plan.model.is_moe:
-        # planned (torchtitan 0.3 trains deepseek_v3/qwen3/gpt-oss with EP) but not yet written:
-        # the emitter refuses MoE (issue 22, left), so there is no file to hold the price against
-        pytest.xfail("the torchtitan emitter writes dense models only (MoE planned, not yet emitted)")
     priced = plan_estimate(plan)
     reader = {"megatron": megatron_as_written, "deepspeed": deepspeed_as_written}.get(target)
     w = reader(plan, tmp_path) if reader else {"torchtitan": torchtitan_as_written,

@@ -158,10 +158,47 @@ def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, o
 TITAN_MOE_FAMILIES = {"deepseek": "deepseek_v3", "qwen3": "qwen3", "gpt_oss": "gpt_oss"}
 
 
+# The mixture-of-experts flavors torchtitan 0.3.0 ships (torchtitan/models/{qwen3,gpt_oss,deepseek_v3}/__init__.py
+# *_configs), by the model shape they build: (family, hidden, layers, heads, kv_heads, experts, top_k,
+# expert FFN width, vocab) -> (model package, flavor, RoPE base, RoPE max_seq_len). Each builds the
+# catalog model's parameters up to weights the cost model does not count (Qwen3's q/k norms,
+# gpt-oss's attention sinks and router biases; tests/test_priced_is_written.py checks on meta).
+TITAN_MOE_FLAVORS: dict[tuple, tuple[str, str, float, int]] = {
+    ("qwen3", 2048, 48, 32, 4, 128, 8, 768, 151936): ("qwen3", "30B-A3B", 1e6, 40960),
+    ("qwen3", 4096, 94, 64, 4, 128, 8, 1536, 151936): ("qwen3", "235B-A22B", 5e6, 40960),
+    ("gpt_oss", 2880, 24, 64, 8, 32, 4, 2880, 201088): ("gpt_oss", "20b", 150000.0, 131072),
+    ("gpt_oss", 2880, 36, 64, 8, 128, 4, 2880, 201088): ("gpt_oss", "120b", 150000.0, 131072),
+    ("deepseek", 7168, 61, 128, 128, 256, 8, 2048, 129280): ("deepseek_v3", "671B", 10000.0, 16384),
+}
+
+
+def titan_moe_flavor(model: ModelSpec) -> tuple[str, str, float, int] | None:
+    """torchtitan's stock flavor for a mixture-of-experts model (``TITAN_MOE_FLAVORS``), None if none."""
+    return TITAN_MOE_FLAVORS.get((model.family, model.hidden, model.layers, model.heads, model.kv_heads,
+                                  model.num_experts, model.top_k, model.expert_ffn_hidden, model.vocab))
+
+
+def titan_moe_problem(model: ModelSpec, wl: Workload) -> str | None:
+    """Why torchtitan's stock flavors cannot train this mixture-of-experts model as priced, or None."""
+    fl = titan_moe_flavor(model)
+    if fl is None:
+        return (f"{model.name}: torchtitan 0.3 builds its mixture-of-experts models from stock flavors "
+                "(qwen3 30B-A3B, 235B-A22B; gpt_oss 20b, 120b; deepseek_v3 671B) and this shape is none of them; "
+                "use the megatron target")
+    pkg, flavor, theta, max_len = fl
+    if model.rope_theta != theta:
+        return (f"{model.name}: RoPE base {model.rope_theta:g}, torchtitan's {pkg} {flavor} flavor uses {theta:g}; "
+                "use the megatron target")
+    if wl.seq_len > max_len:
+        return (f"seq_len {wl.seq_len}: torchtitan's {pkg} {flavor} flavor has RoPE for {max_len} positions; plan "
+                f"--seq-len {max_len} or less")
+    return None
+
+
 def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if model.is_moe or model.attention == "mla":
         if model.family in TITAN_MOE_FAMILIES:
-            return None
+            return titan_moe_problem(model, wl)
         return (f"{model.name} ({model.family}, {model.num_experts} experts): torchtitan 0.3 ships mixture-of-experts "
                 "model code for " + ", ".join(sorted(TITAN_MOE_FAMILIES.values())) + " only; use the megatron target")
     checks = [(model.mlp == "swiglu", f"the {model.mlp} MLP"),
@@ -172,6 +209,13 @@ def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tup
     if bad:
         return (f"{model.name} has {', '.join(bad)}: the torchtitan target writes its llama3 model (dense, "
                 "SwiGLU, RMSNorm, RoPE, untied, no biases); use the megatron target")
+    return None
+
+
+def titan_mtp_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if model.mtp_layers and par.pp > 1:
+        return (f"{model.mtp_layers} multi-token-prediction module(s) with pp={par.pp}: the torchtitan emitter "
+                "states no pipeline stage for DeepSeek-V3's MTP modules (module_fqns_per_model_part); plan --pp 1")
     return None
 
 
@@ -232,6 +276,9 @@ def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
 def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if wl.dtype != "fp8":
         return None
+    if model.is_moe or model.attention == "mla":
+        return (f"fp8 with {model.name}: torchtitan's Float8 for experts (Float8GroupedExpertsConverter) and MLA "
+                "is not written by this emitter; plan --dtype bf16")
     from costmodel.fp8 import default_recipe
     recipe = wl.fp8_recipe or default_recipe("torchtitan", None)
     if recipe not in TITAN_FP8_RECIPES:
@@ -485,6 +532,7 @@ TORCHTITAN = TrainTarget(
     extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model,
                  model_only=True),
            Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
+           Extra(what="MTP stage", source="emitters/torchtitan.py model_parts", check=titan_mtp_problem),
            Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
                  check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
