@@ -149,7 +149,9 @@ def config(plan: Plan, nnodes: int) -> dict:
 # What each engine needs installed beside accelerate and torch (accelerate/utils/imports.py:
 # is_deepspeed_available, is_megatron_lm_available; the Megatron-LM integration,
 # accelerate/utils/megatron_lm.py, builds its model classes from transformers' configs)
-ENGINE_PACKAGES = {"DEEPSPEED": [("deepspeed", "DeepSpeed (pip install deepspeed): the DEEPSPEED engine runs ZeRO-1")],
+ENGINE_PACKAGES = {"DEEPSPEED": [("deepspeed", "DeepSpeed (pip install deepspeed): the DEEPSPEED engine runs ZeRO-1"),
+                                 ("transformers", "transformers: Accelerate's DeepSpeed plugin reads its version "
+                                  "(utils/dataclasses.py DeepSpeedPlugin.set_deepspeed_weakref)")],
                    "MEGATRON_LM": [("megatron", "Megatron-LM (megatron-core and Megatron-LM's megatron/training on "
                                     "PYTHONPATH): the MEGATRON_LM engine runs TP/PP"),
                                    ("transformers", "transformers: Accelerate's Megatron-LM integration reads the "

@@ -48,6 +48,9 @@ def main():
     torch.manual_seed(0)         # every rank starts from the same weights
     model = Decoder()
     opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER)
+    if acc.state.deepspeed_plugin is not None:
+        # DeepSpeed learns the per-device batch from a DataLoader given to prepare(), else from its config
+        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = MICRO_BATCH
     model, opt = acc.prepare(model, opt)
     steps = Steps()
     acc.register_for_checkpointing(steps)

@@ -269,16 +269,15 @@ def _settings(plan: Plan) -> dict:
 
 def float8_recipe(plan: Plan) -> str | None:
     """The torchao recipe a Float8 plan is priced with and this file writes (None without FP8):
-    the plan's recipe as the cost model resolves it (``fp8_recipe_of``), which torchtitan 0.3.0's
+    the plan's recipe as the cost model resolves it (``titan_fp8_recipe``), which torchtitan 0.3.0's
     ``Float8LinearConverter`` must take."""
     if plan.workload.dtype != "fp8":
         return None
-    from costmodel.stage_terms import fp8_recipe_of
-    from planner.plan.targets import TITAN_FP8_WRITTEN, titan_fp8_problem
+    from planner.plan.targets import TITAN_FP8_WRITTEN, titan_fp8_problem, titan_fp8_recipe
     why = titan_fp8_problem(plan.model, plan.workload, plan.parallel, tuple(plan.mesh_order))
     if why:
         raise CannotExpress(TARGET, "this Float8 plan", why)
-    rec = fp8_recipe_of(plan.cluster, plan.workload, TARGET)
+    rec = titan_fp8_recipe(plan.cluster, plan.workload)
     require(rec.name == TITAN_FP8_WRITTEN and not rec.param_gather, TARGET, f"fp8 recipe {rec.name}"
             + (" with the FP8 FSDP all-gather" if rec.param_gather else ""),
             f"torchtitan {VERSION}'s Float8LinearConverter takes recipe_name rowwise or rowwise_with_gw_hp only "

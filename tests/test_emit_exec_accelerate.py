@@ -15,8 +15,9 @@ GPU, every rank runs alone). What cannot run here, each test skips saying why:
 * the FSDP engine: Accelerate 1.15 turns its FSDP plugin on only for accelerator device types
   (``AcceleratorState.__init__``: MULTI_GPU, MULTI_XPU, ...; never MULTI_CPU), so on a CPU the
   same config trains as plain DDP;
-* the DeepSpeed engine (ZeRO-1) needs transformers (``DeepSpeedPlugin.set_deepspeed_weakref``
-  compares its version), which the targets environment does not install;
+* the DeepSpeed engine (ZeRO-1): without a GPU Accelerate's state counts one process while
+  DeepSpeed counts two (the batch sizes then disagree), and its plugin needs transformers
+  (``DeepSpeedPlugin.set_deepspeed_weakref``), which the targets environment does not install;
 * the Megatron-LM engine (TP/PP) needs Megatron-LM's training code and a GPU.
 """
 from __future__ import annotations
@@ -113,12 +114,16 @@ def test_fsdp_config_cannot_run_on_cpu(tmp_path):
     assert {r["engine"] for r in rows} == {"FSDP"} and rows[0]["checksum"] == rows[1]["checksum"]
 
 
-def test_deepspeed_config_needs_transformers(tmp_path):
+def test_deepspeed_config_cannot_run_on_cpu(tmp_path):
     _accelerate_or_skip()
-    if not (TARGETS_ENV / "transformers").is_dir():
-        pytest.skip("Accelerate 1.15's DeepSpeed plugin imports transformers (utils/dataclasses.py "
-                    "DeepSpeedPlugin.set_deepspeed_weakref compares its version), which .venv-targets does not "
-                    "install; the DeepSpeed ZeRO files themselves run in test_emit_exec_deepspeed.py")
+    import torch
+    if not torch.cuda.is_available() or not (TARGETS_ENV / "transformers").is_dir():
+        pytest.skip("Accelerate 1.15 runs its DeepSpeed engine only on an accelerator: on a CPU-only machine its "
+                    "state finds no device (accelerate/state.py _prepare_backend) and counts one process, so "
+                    "prepare() sets train_batch_size for a world of 1 and DeepSpeed (world 2) refuses it; its "
+                    "DeepSpeed plugin also needs transformers (utils/dataclasses.py set_deepspeed_weakref), which "
+                    ".venv-targets does not install. The DeepSpeed ZeRO files themselves run in "
+                    "test_emit_exec_deepspeed.py")
     plan = make_plan(gpus=2, gb=4, dp=2, zero=1, micro_batch=1, grad_accum=2, seq=32).replace(target="accelerate")
     out = write(plan, "accelerate", tmp_path / "out")
     rows = _run(out, tmp_path, steps=2, extra={"DS_ACCELERATOR": "cpu"})

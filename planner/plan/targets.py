@@ -953,6 +953,13 @@ def framework_of(name: str) -> str:
         return GENERIC
 
 
+def titan_fp8_recipe(cluster, workload: Workload):
+    """The torchao recipe a torchtitan Float8 workload is priced with (``costmodel.stage_terms.fp8_recipe_of``
+    with the torchtitan profile): what its emitter must write."""
+    from costmodel.stage_terms import fp8_recipe_of
+    return fp8_recipe_of(cluster, workload, "torchtitan")
+
+
 def default_fp8_recipe(target: str | None, gpu) -> str:
     """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
     emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
