@@ -22,7 +22,7 @@ from __future__ import annotations
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs,
                            require,
                            require_mode, require_one_group, require_order, script_header,
-                           virtual_stage_layers)
+                           stage_layers, virtual_counts)
 from emitters.encode import one_line, py_docstring, py_literal as lit
 from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
@@ -172,8 +172,11 @@ def model_parts(plan: Plan) -> list[list[str]] | None:
     if p.pp == 1:
         return None
     if p.vpp > 1:
-        per = virtual_stage_layers(plan, TARGET)
-        bounds = [(i * per, (i + 1) * per) for i in range(p.pp * p.vpp)]
+        counts = virtual_counts(plan)
+        require(min(counts) >= 1, TARGET, f"vpp={p.vpp} with stages {stage_layers(plan)}",
+                "every virtual stage needs a layer", "plan fewer virtual stages")
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        bounds = [(a, a + n) for a, n in zip(starts, counts)]
     else:
         bounds = [(s.first_layer, s.last_layer) for s in plan.stages]
     parts = [[f"layers.{i}" for i in range(lo, hi)] for lo, hi in bounds]

@@ -114,6 +114,22 @@ MOE_PLANS = {
 }
 
 
+# torchtitan's interleaved schedule over an uneven split (any layers per model part): the 126 layers of
+# Llama 3.1 405B on pp8 x vpp2 (torchtitan's published 512-GPU run), and 32 layers in 3 chunks per rank
+UNEVEN_VPP_PLANS = {
+    "405b-pp8-vpp2": ("llama-3.1-405b", 512, dict(tp=8, sp=True, pp=8, vpp=2, dp=8, zero=3, grad_accum=16,
+                                                  schedule="interleaved", recompute="full")),
+    "8b-pp4-vpp3": ("llama-3.1-8b", 32, dict(pp=4, vpp=3, dp=8, zero=2, grad_accum=12, schedule="interleaved")),
+}
+
+
+def uneven_vpp_plan(which: str) -> Plan:
+    model, gpus, par = UNEVEN_VPP_PLANS[which]
+    dp, accum = par["dp"], par["grad_accum"]
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    return plan.replace(target="torchtitan")
+
+
 def moe_plan(which: str) -> Plan:
     model, gpus, par, switches = MOE_PLANS[which]
     dp, accum = par["dp"], par["grad_accum"]
@@ -133,6 +149,7 @@ def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
     cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
+    cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
     for t in TARGETS:
         for f in sorted((ROOT / "plans" / t).glob("*.yaml")):
             cases.append(pytest.param(t, f"file:{f.name}", id=f"{t}-{f.stem}"))
@@ -146,6 +163,8 @@ _SPREADS: dict[str, list] = {}
 def _plan(target: str, which: str) -> Plan | None:
     if which == "demo":
         return read_plan(DEMO)
+    if which.startswith("vpp:"):
+        return uneven_vpp_plan(which[4:])
     if which.startswith("moe:"):
         return moe_plan(which[4:])
     if which.startswith("float8:"):

@@ -489,7 +489,7 @@ TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
     cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
-    vpp=True, vpp_split="even", split="any",
+    vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
     orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32", "fp8"}),
@@ -507,7 +507,9 @@ TORCHTITAN = TrainTarget(
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
-        "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
+        "vpp_split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per model part; "
+                     "emitters/torchtitan.py model_parts writes each rank's near-equal chunks (emitters/base.py "
+                     "virtual_counts, the built-in runtime's cut)",
         "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
         "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
                      "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
