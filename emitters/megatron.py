@@ -11,6 +11,7 @@ tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``
 from __future__ import annotations
 
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
+                           virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.frameworks import tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
@@ -161,15 +162,8 @@ def not_expressed(plan: Plan) -> list[str]:
 
 
 def _virtual_counts(plan: Plan) -> list[int]:
-    """Layers of each virtual stage in pipeline order: virtual stage ``v*pp + r`` on rank ``r``
-    holds the ``v``-th of rank ``r``'s ``vpp`` near-equal chunks (the extra layers first), as the
-    built-in runtime cuts them (``runtime/pipeline.py``) and Megatron maps layout stages to ranks."""
-    p = plan.parallel
-    chunks = []
-    for n in stage_layers(plan):
-        base, extra = divmod(n, p.vpp)
-        chunks.append([base + (1 if v < extra else 0) for v in range(p.vpp)])
-    return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
+    """Layers of each virtual stage in pipeline order (``emitters.base.virtual_counts``)."""
+    return virtual_counts(plan)
 
 
 def layout(plan: Plan) -> str:

@@ -100,7 +100,9 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
         for grp in cluster.groups:       # refuses a GPU without FP8 tensor cores, MXFP8 before Blackwell
             resolve(wl.fp8_recipe, "generic", grp.gpu, wl.fp8_param_gather)
         if not wl.fp8_recipe:            # the plan records the recipe it was priced with
-            wl = dataclasses.replace(wl, fp8_recipe=resolve("", "generic", cluster.groups[0].gpu).name)
+            from planner.plan.targets import default_fp8_recipe
+            wl = dataclasses.replace(wl, fp8_recipe=default_fp8_recipe(getattr(args, "target", None),
+                                                                       cluster.groups[0].gpu))
     if mode == "train" and wl.seq_len > model.max_seq_len:
         over = f"--seq-len {wl.seq_len} is {wl.seq_len / model.max_seq_len:.3g}x the position limit of " \
                f"{model.name} (max_seq_len {model.max_seq_len})"

@@ -158,10 +158,47 @@ def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, o
 TITAN_MOE_FAMILIES = {"deepseek": "deepseek_v3", "qwen3": "qwen3", "gpt_oss": "gpt_oss"}
 
 
+# The mixture-of-experts flavors torchtitan 0.3.0 ships (torchtitan/models/{qwen3,gpt_oss,deepseek_v3}/__init__.py
+# *_configs), by the model shape they build: (family, hidden, layers, heads, kv_heads, experts, top_k,
+# expert FFN width, vocab) -> (model package, flavor, RoPE base, RoPE max_seq_len). Each builds the
+# catalog model's parameters up to weights the cost model does not count (Qwen3's q/k norms,
+# gpt-oss's attention sinks and router biases; tests/test_priced_is_written.py checks on meta).
+TITAN_MOE_FLAVORS: dict[tuple, tuple[str, str, float, int]] = {
+    ("qwen3", 2048, 48, 32, 4, 128, 8, 768, 151936): ("qwen3", "30B-A3B", 1e6, 40960),
+    ("qwen3", 4096, 94, 64, 4, 128, 8, 1536, 151936): ("qwen3", "235B-A22B", 5e6, 40960),
+    ("gpt_oss", 2880, 24, 64, 8, 32, 4, 2880, 201088): ("gpt_oss", "20b", 150000.0, 131072),
+    ("gpt_oss", 2880, 36, 64, 8, 128, 4, 2880, 201088): ("gpt_oss", "120b", 150000.0, 131072),
+    ("deepseek", 7168, 61, 128, 128, 256, 8, 2048, 129280): ("deepseek_v3", "671B", 10000.0, 16384),
+}
+
+
+def titan_moe_flavor(model: ModelSpec) -> tuple[str, str, float, int] | None:
+    """torchtitan's stock flavor for a mixture-of-experts model (``TITAN_MOE_FLAVORS``), None if none."""
+    return TITAN_MOE_FLAVORS.get((model.family, model.hidden, model.layers, model.heads, model.kv_heads,
+                                  model.num_experts, model.top_k, model.expert_ffn_hidden, model.vocab))
+
+
+def titan_moe_problem(model: ModelSpec, wl: Workload) -> str | None:
+    """Why torchtitan's stock flavors cannot train this mixture-of-experts model as priced, or None."""
+    fl = titan_moe_flavor(model)
+    if fl is None:
+        return (f"{model.name}: torchtitan 0.3 builds its mixture-of-experts models from stock flavors "
+                "(qwen3 30B-A3B, 235B-A22B; gpt_oss 20b, 120b; deepseek_v3 671B) and this shape is none of them; "
+                "use the megatron target")
+    pkg, flavor, theta, max_len = fl
+    if model.rope_theta != theta:
+        return (f"{model.name}: RoPE base {model.rope_theta:g}, torchtitan's {pkg} {flavor} flavor uses {theta:g}; "
+                "use the megatron target")
+    if wl.seq_len > max_len:
+        return (f"seq_len {wl.seq_len}: torchtitan's {pkg} {flavor} flavor has RoPE for {max_len} positions; plan "
+                f"--seq-len {max_len} or less")
+    return None
+
+
 def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if model.is_moe or model.attention == "mla":
         if model.family in TITAN_MOE_FAMILIES:
-            return None
+            return titan_moe_problem(model, wl)
         return (f"{model.name} ({model.family}, {model.num_experts} experts): torchtitan 0.3 ships mixture-of-experts "
                 "model code for " + ", ".join(sorted(TITAN_MOE_FAMILIES.values())) + " only; use the megatron target")
     checks = [(model.mlp == "swiglu", f"the {model.mlp} MLP"),
@@ -172,6 +209,13 @@ def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tup
     if bad:
         return (f"{model.name} has {', '.join(bad)}: the torchtitan target writes its llama3 model (dense, "
                 "SwiGLU, RMSNorm, RoPE, untied, no biases); use the megatron target")
+    return None
+
+
+def titan_mtp_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if model.mtp_layers and par.pp > 1:
+        return (f"{model.mtp_layers} multi-token-prediction module(s) with pp={par.pp}: the torchtitan emitter "
+                "states no pipeline stage for DeepSeek-V3's MTP modules (module_fqns_per_model_part); plan --pp 1")
     return None
 
 
@@ -203,9 +247,51 @@ def _titan_ddp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple
 
 def _titan_bf16(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     fsdp = (par.zero >= 2 and par.dp_shard > 1) or par.cp > 1
-    if wl.dtype in ("bf16", "bfloat16") and (par.tp > 1 or par.pp > 1) and not fsdp:
-        return (f"bf16 with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
+    if wl.dtype in ("bf16", "bfloat16", "fp8") and (par.tp > 1 or par.pp > 1) and not fsdp:
+        return (f"{wl.dtype} with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
                 "torchtitan mixes precision through fully_shard; plan dp > 1 with --zero 2 or 3")
+    return None
+
+
+# torchtitan's Float8 is torchao's ``Float8Linear`` (pytorch/torchtitan v0.3.0
+# torchtitan/components/quantization/float8.py ``Float8LinearConverter``): dynamic scaling, casts per
+# use, BF16 saved inputs (costmodel/fp8.py resolve). The published torchtitan Float8 runs (2024-12,
+# 2025-06, torchtitan <= 0.2) used tensorwise scaling with the FP8 FSDP all-gather, or rowwise;
+# torchtitan 0.3.0's converter takes ``recipe_name`` rowwise (its default) or rowwise_with_gw_hp only,
+# so rowwise is what the emitter writes and what a torchtitan plan defaults to.
+TITAN_FP8_RECIPES = ("rowwise", "tensorwise")
+TITAN_FP8_WRITTEN = "rowwise"
+# torchao converts a Linear only when every dimension is a multiple of 16 (FP8 tensor cores;
+# torchtitan/components/quantization/utils.py module_filter_fn); the cost model runs every linear
+# GEMM of the blocks in FP8, so a model with another width is refused, not silently mixed
+FP8_DIM_MULTIPLE = 16
+
+
+def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
+    """The widths of the block linears torchtitan's llama3 converts to Float8 (fused wqkv, wo, w1/w3, w2)."""
+    return {"hidden": model.hidden, "q heads x head_dim": model.heads * model.head_dim,
+            "kv heads x head_dim": model.kv_heads * model.head_dim, "ffn_hidden": model.ffn_hidden}
+
+
+def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if wl.dtype != "fp8":
+        return None
+    if model.is_moe or model.attention == "mla":
+        return (f"fp8 with {model.name}: torchtitan's Float8 for experts (Float8GroupedExpertsConverter) and MLA "
+                "is not written by this emitter; plan --dtype bf16")
+    from costmodel.fp8 import default_recipe
+    recipe = wl.fp8_recipe or default_recipe("torchtitan", None)
+    if recipe not in TITAN_FP8_RECIPES:
+        return (f"fp8 recipe {recipe}: torchtitan's Float8 is torchao's Float8Linear (recipes "
+                f"{', '.join(TITAN_FP8_RECIPES)}), not Transformer Engine's; plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+    if wl.fp8_param_gather and recipe != "tensorwise":
+        return (f"--fp8-param-gather with fp8 recipe {recipe}: torchao all-gathers FP8 weights under FSDP only "
+                "with tensorwise scaling (enable_fsdp_float8_all_gather); drop --fp8-param-gather")
+    bad = [f"{k} {v}" for k, v in titan_fp8_linear_dims(model).items() if v % FP8_DIM_MULTIPLE]
+    if bad:
+        return (f"fp8 with {', '.join(bad)}: torchao converts a linear layer to Float8 only when its widths are "
+                f"multiples of {FP8_DIM_MULTIPLE} (module_filter_fn), the cost model prices every block linear in "
+                "FP8; plan --dtype bf16")
     return None
 
 
@@ -403,10 +489,10 @@ TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
     cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
-    vpp=True, vpp_split="even", split="any",
+    vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
-    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
+    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{TORCHTITAN_SRC}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
@@ -421,7 +507,9 @@ TORCHTITAN = TrainTarget(
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
-        "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
+        "vpp_split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per model part; "
+                     "emitters/torchtitan.py model_parts writes each rank's near-equal chunks (emitters/base.py "
+                     "virtual_counts, the built-in runtime's cut)",
         "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
         "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
                      "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
@@ -435,7 +523,9 @@ TORCHTITAN = TrainTarget(
                         "(~1020); Interleaved1F1B a multiple of max(1, M // pp) rounds (~2937)",
         "orders": f"{TORCHTITAN_SRC} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
         "tp_with_pp": f"{TORCHTITAN_SRC}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
-        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
+        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32; fp8 through "
+                  "pytorch/torchtitan v0.3.0 torchtitan/components/quantization/float8.py Float8LinearConverter "
+                  "(torchao Float8Linear on the block linears, lm_head kept in bf16 with filter_fqns)",
         "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
                   "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
@@ -444,10 +534,13 @@ TORCHTITAN = TrainTarget(
     extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model,
                  model_only=True),
            Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
+           Extra(what="MTP stage", source="emitters/torchtitan.py model_parts", check=titan_mtp_problem),
            Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
                  check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
-           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16)),
+           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16),
+           Extra(what="Float8", source="torchtitan/components/quantization/float8.py, utils.py module_filter_fn",
+                 check=titan_fp8_problem)),
 )
 
 DEEPSPEED = TrainTarget(
@@ -860,6 +953,22 @@ def framework_of(name: str) -> str:
         return record(name, "train").profile
     except KeyError:
         return GENERIC
+
+
+def titan_fp8_recipe(cluster, workload: Workload):
+    """The torchao recipe a torchtitan Float8 workload is priced with (``costmodel.stage_terms.fp8_recipe_of``
+    with the torchtitan profile): what its emitter must write."""
+    from costmodel.stage_terms import fp8_recipe_of
+    return fp8_recipe_of(cluster, workload, "torchtitan")
+
+
+def default_fp8_recipe(target: str | None, gpu) -> str:
+    """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
+    emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
+    target's framework (``costmodel.fp8.default_recipe``)."""
+    from costmodel.fp8 import default_recipe
+    fw = framework_of(target or GENERIC) if target in TRAIN or not target else GENERIC
+    return TITAN_FP8_WRITTEN if fw == "torchtitan" else default_recipe(fw, gpu)
 
 
 # --------------------------------------------------------------------------------------
