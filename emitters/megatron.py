@@ -103,6 +103,9 @@ def model_args(plan: Plan) -> list:
 MOE_DISPATCHER = "alltoall"
 MOE_PERMUTE_FUSION = True
 MOE_ROUTER_FUSION = True
+# --moe-grouped-gemm without --moe-use-legacy-grouped-gemm: Transformer Engine's GroupedLinear, one GEMM
+# call per local expert (priced: costmodel.moe.expert_gemm_host_floor_s); no --cuda-graph-impl: MoE
+# layers run eagerly (priced: costmodel.moe.MEGATRON_LAYER_HOST_S).
 
 
 def moe_args(plan: Plan) -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.frameworks import FrameworkProfile
-from costmodel.moe import MoeExecution
+from costmodel.moe import MEGATRON_LAYER_HOST_S, MoeExecution
 from costmodel.specs import ParallelConfig, Workload, stages_from_counts
 from costmodel.training import estimate
 from emitters import CannotExpress, get
@@ -209,7 +209,11 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             memory_headroom_fraction=h["memory_headroom_fraction"],
                             moe=MoeExecution(dispatcher=a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
-                                             capacity_factor=a.moe_expert_capacity_factor or 0.0),
+                                             capacity_factor=a.moe_expert_capacity_factor or 0.0,
+                                             # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
+                                             per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
+                                             # eager MoE layers: the host time of costmodel.moe, unless graphed
+                                             layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
                             grads_bf16=a.grad_reduce_in_bf16)
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
