@@ -147,14 +147,17 @@ def expert_gemm_host_floor_s(local_experts: float, per_expert_launches: bool) ->
 # GEMMs, combine); its README's remedy for a CPU-bound step is a larger micro-batch "to reduce kernel
 # launches" or CUDA graphs [REF §5], and for dropless layers graphs cover only attn, moe_router and
 # moe_preprocess (the emitted file captures none). No per-layer host figure was published ([REF §5]
-# "not found"), so the fixed part is FITTED (bench/fit_moe_host.py) on the one public Megatron run
-# of a small-expert model with a full layout found: yanring/Megatron-MoE-ModelZoo issue #7,
-# Qwen3-30B-A3B on 8 B200, EP8, micro-batch 1, forced balance, "~150 TFLOPs / GPU", whose nsys
-# summary puts most GPU time in the dispatcher's kernels (all-to-alls waiting on the other ranks'
-# hosts); the repository's answer (run_30b.sh @8c19702, the next day) was micro-batch 4 on B200.
-# Forward + backward of one MoE layer, per micro-batch, whatever its token count; the per-expert
-# GEMM calls (``expert_gemm_host_floor_s``, three per expert matrix: forward, dgrad, wgrad) on top.
-MEGATRON_LAYER_HOST_S = 12.16e-3
+# "not found"), so the fixed part is FITTED (bench/fit_moe_host.py) on the two public Megatron runs
+# whose layers come out host-paced: yanring/Megatron-MoE-ModelZoo issue #7 (Qwen3-30B-A3B on 8 B200,
+# EP8, micro-batch 1, forced balance, "~150 TFLOPs / GPU", Aug 2025; its nsys summary puts most GPU
+# time in the dispatcher's kernels -- all-to-alls waiting on the other ranks' hosts -- and the
+# repository's answer, run_30b.sh @8c19702 the next day, was micro-batch 4 on B200) -> 12.16 ms; the
+# ModelZoo's Qwen3-235B-A22B TP4 EP8 PP8 row (256 H100, Mar 2026 code, 16 local experts and 1,024
+# tokens a rank) -> 8.61 ms. Their median, 10.39 ms; the spread (8.6-12.2 ms: two software versions,
+# two host CPUs) is this constant's uncertainty. Forward + backward of one MoE layer, per
+# micro-batch, whatever its token count; the per-expert GEMM calls (``expert_gemm_host_floor_s``,
+# three per expert matrix: forward, dgrad, wgrad) on top.
+MEGATRON_LAYER_HOST_S = 10.39e-3
 
 
 def layer_host_s(base_s: float, local_experts: float, per_expert_launches: bool) -> float:

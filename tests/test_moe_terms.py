@@ -307,9 +307,12 @@ def test_megatron_profile_prices_what_its_file_runs():
 
 
 def test_layer_host_time_reproduces_its_fit():
-    # bench/fit_moe_host.py's result is what costmodel/moe.py holds (to the rounding)
+    # bench/fit_moe_host.py's median over its runs is what costmodel/moe.py holds (to the rounding);
+    # each run alone lands within the stated spread (8.6-12.2 ms)
+    import statistics
+
     import bench.fit_moe_host as fit
-    import yaml
-    case = next(c for c in yaml.safe_load(fit.RUNS.read_text())["cases"] if str(c.get("fit", "")).startswith("host"))
-    _, h = fit.fit(case)
-    assert moe.MEGATRON_LAYER_HOST_S == pytest.approx(h, rel=0.01)
+    out = fit.fits()
+    assert len(out) >= 2
+    assert moe.MEGATRON_LAYER_HOST_S == pytest.approx(statistics.median(out.values()), rel=0.01)
+    assert all(8.0e-3 < h < 13.0e-3 for h in out.values())
