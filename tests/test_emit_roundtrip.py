@@ -268,7 +268,7 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
              "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
              "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity", "--tp-comm-overlap", "--add-qkv-bias",
-             "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm"]
+             "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm", "--overlap-moe-expert-parallel-comm"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])

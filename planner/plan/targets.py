@@ -103,6 +103,10 @@ class TrainTarget:
     # MoE parallel folding: routed experts on their own expert-TP x EP grid over the stage's
     # tp x cp x dp ranks (``ParallelConfig.etp`` != tp); the sources entry "expert_fold" says where
     expert_fold: bool = False
+    # how MoE layers may run, as the launch file can set it (``ParallelConfig.moe_dispatcher`` and
+    # ``ep_overlap``, priced by costmodel.moe); the sources entries of the same names say where
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    ep_overlap: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -365,6 +369,11 @@ MEGATRON_SOURCES = {
     "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
                    "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
+    "moe_dispatchers": "Megatron-Core 0.16 transformer_config.py: --moe-token-dispatcher-type alltoall, or flex with "
+                       "--moe-flex-dispatcher-backend deepep (not with --moe-pad-expert-input-to-capacity)",
+    "ep_overlap": "Megatron-Core 0.16 transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm): EP > 1, "
+                  "alltoall or flex dispatcher, no full recompute, VPP when PP > 1, bf16/fp16, at most 1 MTP layer "
+                  "and then PP > 1",
     "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
     "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
@@ -390,6 +399,7 @@ MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
     cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
+    moe_dispatchers=("alltoall", "deepep"), ep_overlap=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
@@ -1018,6 +1028,31 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
+    # how MoE layers run (costmodel.moe; Megatron-Core's TransformerConfig checks for the EP overlap)
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and not a.model.is_moe,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.model.name} has no experts; leave it out"),
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and a.par.moe_dispatcher not in a.t.moe_dispatchers,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.name} writes the "
+                  f"{' or '.join(a.t.moe_dispatchers)} dispatcher; plan moe_dispatcher {a.t.moe_dispatchers[0]}"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and not a.t.ep_overlap,
+        lambda a: f"ep_overlap: {a.name} does not overlap the expert-parallel all-to-alls with compute; leave it out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (not a.model.is_moe or a.par.ep <= 1),
+        lambda a: f"ep_overlap with ep={a.par.ep}: the overlap hides expert-parallel all-to-alls, and "
+                  f"{'this plan has none' if a.model.is_moe else a.model.name + ' has no experts'}; plan --ep 2 or "
+                  "more, or leave ep_overlap out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.recompute == "full",
+        lambda a: f"ep_overlap with recompute=full: {a.name} refuses full recomputation with the EP overlap; "
+                  "plan --recompute selective or none"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.pp > 1 and a.par.vpp == 1,
+        lambda a: f"ep_overlap with pp={a.par.pp} and vpp=1: {a.name} needs virtual pipeline stages for the EP "
+                  "overlap when pp > 1; plan --vpp 2 or more"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.wl.dtype == "fp32",
+        lambda a: f"ep_overlap with dtype fp32: {a.name} runs the EP overlap in bf16 or fp16 models only; "
+                  "plan --dtype bf16"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (a.model.mtp_layers > 1
+                                                                          or a.model.mtp_layers == 1 and a.par.pp == 1),
+        lambda a: f"ep_overlap with {a.model.mtp_layers} MTP layers and pp={a.par.pp}: {a.name} takes at most one "
+                  "MTP layer with the EP overlap, and then pp > 1; plan --pp 2 or more, or leave ep_overlap out"),
     # tensor and sequence parallel
     Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
         lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "
