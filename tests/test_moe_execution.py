@@ -113,3 +113,37 @@ def test_other_refusals_name_the_binding_rule():
     assert any("does not overlap" in p for p in config_problems("torchtitan", MIXTRAL, WL, _par(ep_overlap=True)))
     assert any("writes the alltoall dispatcher" in p
                for p in config_problems("torchtitan", MIXTRAL, WL, _par(moe_dispatcher="deepep")))
+
+
+# ---- the search ------------------------------------------------------------------------------------
+
+def _pairs(cands) -> set:
+    return {(c.par.ep, c.par.moe_dispatcher, c.par.ep_overlap) for c in cands}
+
+
+def test_search_offers_each_choice_the_target_writes():
+    from planner.search.space import enumerate_candidates
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    cl = load_cluster("dgx-h100").with_gpus(32)
+    fixed = dict(tp=1, pp=1, micro_batch=1)
+    meg = _pairs(enumerate_candidates(q, cl, wl, fixed, 32, target="megatron"))
+    # the overlap both ways at every EP; DeepEP only where EP leaves the 8-GPU NVLink domain
+    assert {(8, "", False), (8, "", True), (16, "", True), (16, "deepep", False), (16, "deepep", True)} <= meg
+    assert not any(d == "deepep" and ep <= 8 for ep, d, _ in meg)
+    assert not any(o for ep, _, o in meg if ep == 1)
+    # a target whose file sets neither: the defaults only
+    assert {(d, o) for _, d, o in _pairs(enumerate_candidates(q, cl, wl, fixed, 32, target="torchtitan"))} \
+        <= {("", False)}
+    # pinned by --moe-dispatcher / --ep-overlap
+    pinned = _pairs(enumerate_candidates(q, cl, wl, dict(fixed, ep=16, moe_dispatcher="deepep", ep_overlap=False),
+                                         32, target="megatron"))
+    assert pinned == {(16, "deepep", False)}
+
+
+def test_dense_search_is_unchanged():
+    from planner.search.space import enumerate_candidates
+    m = get_model("llama-3-8b")
+    cands = enumerate_candidates(m, load_cluster("dgx-h100").with_gpus(8), Workload(global_batch=64, seq_len=4096),
+                                 dict(tp=2), 8, target="megatron")
+    assert cands and all(not c.par.moe_dispatcher and not c.par.ep_overlap for c in cands)
