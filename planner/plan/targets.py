@@ -430,6 +430,8 @@ TORCHTITAN = TrainTarget(
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
+        "moe_dispatchers": "its own all-to-all (priced as alltoall); emitters/torchtitan.py writes no dispatcher choice",
+        "ep_overlap": "not planned: emitters/torchtitan.py writes no expert-parallel overlap",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
         "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
@@ -479,6 +481,8 @@ DEEPSPEED = TrainTarget(
         "expert_tp": f"{DEEPSPEED_SRC}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
         "expert_fold": f"{DEEPSPEED_SRC}: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
                        "(emitters/deepspeed.py writes no folding)",
+        "moe_dispatchers": f"{DEEPSPEED_SRC}: AutoEP's all-to-all (priced as alltoall); no dispatcher choice",
+        "ep_overlap": "not planned: emitters/deepspeed.py writes no expert-parallel overlap",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
@@ -526,6 +530,8 @@ MEGADS = TrainTarget(
               "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
         "expert_tp": "no MoE here",
         "expert_fold": "not planned: no MoE under GPTModelPipe (see ep)",
+        "moe_dispatchers": "not planned: no MoE under GPTModelPipe (see ep)",
+        "ep_overlap": "not planned: no MoE under GPTModelPipe (see ep)",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
         "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
@@ -563,6 +569,9 @@ _ACCEL_MEGATRON = dataclasses.replace(
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
              "expert_fold": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no expert tensor parallel size; not planned",
+             "moe_dispatchers": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no dispatcher field (Megatron's "
+                                "default alltoall)",
+             "ep_overlap": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no EP overlap field; not planned",
              "zero": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
@@ -592,6 +601,7 @@ _ACCEL_FSDP = TrainTarget(
         "cp": f"{ACCELERATE_SRC}: cp_size (torch backend) under FSDP2",
         "ep": f"{ACCELERATE_SRC}: no EP field",
         "expert_tp": f"{ACCELERATE_SRC}", "expert_fold": f"{ACCELERATE_SRC}: no EP field", "vpp": f"{ACCELERATE_SRC}",
+        "moe_dispatchers": f"{ACCELERATE_SRC}: no EP field", "ep_overlap": f"{ACCELERATE_SRC}: no EP field",
         "vpp_split": f"{ACCELERATE_SRC}", "split": f"{ACCELERATE_SRC}",
         "recompute": f"{ACCELERATE_SRC}: FSDP plugin activation_checkpointing (bool, whole model)",
         "recompute_block": f"{ACCELERATE_SRC}", "recompute_per_stage": f"{ACCELERATE_SRC}",
@@ -622,6 +632,8 @@ BUILTIN_SOURCES = {
     "ep": "runtime/parallel.py Dims.from_plan: ep divides num_experts and the dp shard group",
     "expert_tp": "runtime/parallel.py: expert weights are DTensors on ep x tp (the FFN dimension)",
     "expert_fold": "runtime/parallel.py: experts on an ep x tp mesh inside dp; no separate expert TP",
+    "moe_dispatchers": "runtime/parallel.py: its own all-to-all over the EP group (priced as alltoall)",
+    "ep_overlap": "runtime/parallel.py: the all-to-alls run in line with compute; no overlap",
     "vpp": "runtime/pipeline.py: ScheduleInterleaved1F1B, a rank's layers cut into vpp chunks",
     "vpp_split": "runtime/pipeline.py virtual_stage_layers: any counts, each >= vpp",
     "split": "runtime/pipeline.py virtual_stage_layers: the plan's stage split as it is",
