@@ -147,3 +147,14 @@ def test_dense_search_is_unchanged():
     cands = enumerate_candidates(m, load_cluster("dgx-h100").with_gpus(8), Workload(global_batch=64, seq_len=4096),
                                  dict(tp=2), 8, target="megatron")
     assert cands and all(not c.par.moe_dispatcher and not c.par.ep_overlap for c in cands)
+
+
+def test_only_megatron_writes_them():
+    # every table (and every variant: Accelerate's Megatron plugin is built from Megatron's) that
+    # offers a dispatcher or the overlap is one whose emitter writes them
+    from planner.plan import targets as T
+    for name in T.TRAIN_TARGETS:
+        t = T.get(name)
+        for sub in [s for _, _, s in t.variants] or [t]:
+            writes = name == "megatron"
+            assert (sub.ep_overlap, "deepep" in sub.moe_dispatchers) == (writes, writes), name

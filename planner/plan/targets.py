@@ -563,7 +563,7 @@ MEGADS = TrainTarget(
 
 _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
-    expert_fold=False,
+    expert_fold=False, moe_dispatchers=("alltoall",), ep_overlap=False,
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
