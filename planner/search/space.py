@@ -148,6 +148,9 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
     orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
+    # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
+    # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
+    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     for mb in mbs:
         if per_replica % mb:
             continue
@@ -189,7 +192,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                             par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
                                                                  dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
                                                                  grad_accum=ga, recompute=base, schedule=sched,
-                                                                 recompute_layers=rl)
+                                                                 recompute_layers=rl, **moe_fixed)
                                         except SpecError:
                                             continue
                                         if rl >= 0:
@@ -212,8 +215,25 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     if wide:
                                         memo[kind] = any_order
     if wide:
+        kept = tg.prune_dominated(found)
+        if model.is_moe and any(par.ep > 1 for _, par in kept):
+            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key[-1], gpn,
+                                                                            fixed)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
-               for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
+               for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
+    return out
+
+
+def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict) -> list[ParallelConfig]:
+    """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
+    the target's table accepting it."""
+    from planner.search import target_space as tg
+    out = []
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+        v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
+            dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
+        if v is par or tg.runs(target, model, workload, v, order):
+            out.append(v)
     return out
 
 
