@@ -80,10 +80,20 @@ def test_status_constants_are_cp_models():
     assert satmodel.MODEL is satmodel.SatModel, "this OR-Tools version should take the fast path"
 
 
+def test_a_settled_comparison_is_cp_models_too():
+    """A group sum over no variables compared to a count is a Python bool: always true or never."""
+    for ct in (True, False):
+        ours, theirs = satmodel.SatModel(), cp_model.CpModel()
+        for m in (ours, theirs):
+            m.add(m.new_bool_var("x") == 1)
+            m.add(ct)
+        assert str(ours.proto) == str(theirs.proto)
+        assert satmodel.solve(ours, 5.0).status == (satmodel.OPTIMAL if ct else satmodel.INFEASIBLE)
+
+
 def test_a_non_linear_add_is_refused():
-    m = satmodel.SatModel()
     with pytest.raises(TypeError, match="linear"):
-        m.add(True)
+        satmodel.SatModel().add("x")
 
 
 @pytest.mark.subprocess

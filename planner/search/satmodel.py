@@ -47,9 +47,11 @@ class SatModel(cmh.CpBaseModel):
         return self.new_int_var(0, 1, name)
 
     def add(self, ct):
-        if not isinstance(ct, cmh.BoundedLinearExpression):
-            raise TypeError(f"SatModel.add takes a linear (in)equality, not {type(ct).__name__}")
-        return self._add_bounded_linear_expression(ct)
+        if isinstance(ct, cmh.BoundedLinearExpression):
+            return self._add_bounded_linear_expression(ct)
+        if isinstance(ct, bool):      # a comparison Python settled (a sum over no variables): or(true) / or()
+            return self._add_bool_argument_constraint(cmh.BoolArgumentConstraint.bool_or, *([True] if ct else []))
+        raise TypeError(f"SatModel.add takes a linear (in)equality, not {type(ct).__name__}")
 
     def add_exactly_one(self, *literals):
         return self._add_bool_argument_constraint(cmh.BoolArgumentConstraint.exactly_one, *literals)
