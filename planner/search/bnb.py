@@ -40,7 +40,8 @@ from planner.search import bounds
 from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
-from planner.search.space import Candidate, enumerate_candidates
+from planner.search.space import (Candidate, Shape, enumerate_candidates, group_representatives, shape_candidates,
+                                   shapes)
 from planner.plan.targets import framework_of
 from planner.search.target_space import runs, widened
 
@@ -50,7 +51,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
           worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
-          framework: str | None = None, target: str | None = None) -> SolveResult:
+          framework: str | None = None, target: str | None = None, lazy: bool | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -67,6 +68,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     which every candidate's solve and the brute force also stop at).
     ``target``: only plans that execution target runs (``planner.search.targets``); None (or
     ``generic``) searches every layout the cost model knows.
+    ``lazy`` (default: with ``worlds``, a replan's search): build an outer shape's candidates only
+    when the search reaches it (``_LazyShapes``); the same plans are solved in the same order,
+    and ``SolveResult.candidates`` counts the candidates built, not every one.
 
     Status: OPTIMAL only when every candidate solved was proved and the search ended by its
     bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
@@ -77,17 +81,33 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     gpus = gpus or cluster.total_gpus
     framework = framework or framework_of(target)
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
+    if lazy is None:
+        lazy = worlds is not None
+    lazy = (lazy and not exhaustive and not score_all and not mem_obj and (not hint or set(hint) <= _SHAPE_FIELDS)
+            and (worlds is None or len(set(worlds)) == len(worlds)))
+    shp = _LazyShapes(prob, fixed, gpus, worlds, target) if lazy else None
+    cands = None if lazy else enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds,
+                                                   target=target)
     if exhaustive:
         return _solve_exhaustive(prob, cands, gpus, top, max_time_s, cutoff, score_all, target, t0)
+    # level -2 (lazy): an outer shape not built yet, bounded below every group it may hold;
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
-    groups: dict[tuple, list] = {}
-    for k, c in enumerate(cands):
-        p_ = c.par
-        groups.setdefault((c.world,) + _group_fields(p_), []).append((k, c))
     heap = []
+    groups: dict[tuple, list] = {}
+    if lazy:
+        for si in range(len(shp.shapes)):
+            if hint and _shape_matches(shp.shapes[si], hint):
+                for gkey, members in shp.groups(si):       # the hint's shapes are built at once
+                    groups[gkey] = members
+            else:
+                pb = shp.bound(si)
+                if pb is not None:
+                    heap.append((pb, -2, (si,), si))
+    else:
+        for k, c in enumerate(cands):
+            groups.setdefault((c.world,) + _group_fields(c.par), []).append((k, c))
     hinted = []
     # a hint on the group's own fields matches a whole group or none of it
     group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
@@ -125,6 +145,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 scored += [_score_row(c, lb, None, None) for _, c in cand] if strong == -1 else \
                     [_score_row(cand, lb, None, None)]
             break
+        if strong == -2:
+            if lb >= _kth(sols, top, cutoff) * (1 - 1e-9):
+                remaining_bound = lb
+                break
+            for _, members in shp.groups(cand):
+                heapq.heappush(heap, (bounds.group_bound(prob, members), -1, members[0][0], members))
+            continue
         if strong == -1:
             kth = _kth(sols, top, cutoff)
             if lb >= kth * (1 - 1e-9) and not score_all:
@@ -183,16 +210,19 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols = sols[:top]
     wall = time.perf_counter() - t0
     stopped = timed_out or bool(open_bounds)
+    n_cands = shp.built if lazy else len(cands)
     if not sols and cutoff is not None and not stopped:
         return SolveResult(status="CUTOFF", solutions=[], objective=None,
                            bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
-                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                           candidates=n_cands, solved=solved, objective_name=objective, scored=scored,
                            solved_worlds=solved_worlds)
     if not sols:
         if stopped:
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
-                                f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
+                                f"({solved} of {n_cands} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
+        if lazy:            # the reason looks at every candidate
+            cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
         raise InfeasibleError(_why_infeasible(prob, cands, gpus, target, fixed))
     best = sols[0].objective
     if stopped:
@@ -203,7 +233,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         status = "OPTIMAL"
         bound = best
     return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
-                       candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                       candidates=n_cands, solved=solved, objective_name=objective, scored=scored,
                        solved_worlds=solved_worlds, stopped=len(open_bounds))
 
 
@@ -276,6 +306,52 @@ def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int
 # the fields a group of candidates shares (with the world size): its bound is computed once
 _GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
+_SHAPE_FIELDS = {"tp", "cp", "pp", "dp"}        # what an outer shape fixes (``space.Shape``)
+
+
+def _shape_matches(shape: Shape, hint: dict) -> bool:
+    return all(getattr(shape, k) == v for k, v in hint.items())
+
+
+class _LazyShapes:
+    """The search space as outer shapes (``space.shapes``), each built (``space.shape_candidates``,
+    where the target's rules are asked) only when the search pops it.
+
+    A shape waits in the heap at level -2 with ``bound``: the least ``bounds.group_bound`` over
+    ``space.group_representatives``, one configuration per group the shape may hold, with every
+    mesh order it may take and its largest virtual-stage count. A group's bound reads only the
+    fields the group shares and the mesh order (``stage_cache.stage_compute_time``; of the
+    recompute policy only whether it is selective) and falls with more orders and a larger
+    virtual-stage count, so this is at most the bound of each group the shape holds, in the
+    same floating-point operations. Candidate keys are ``(shape index, index in the shape)``,
+    which sort as ``enumerate_candidates``' indices do: each group enters the heap before
+    anything above its bound leaves it, so the heap yields the groups and candidates in the
+    eager order (tests/test_lazy_search.py compares the two, and checks the bound)."""
+
+    def __init__(self, prob: Problem, fixed: dict, gpus: int, worlds, target):
+        self.prob, self.fixed, self.target = prob, fixed, target
+        self.shapes = shapes(prob.model, prob.cluster, prob.workload, fixed, gpus, prob.objective, worlds=worlds)
+        self.built = 0
+
+    def bound(self, si: int) -> float | None:
+        """A bound below every group of shape ``si`` (None: it has no candidates)."""
+        prob = self.prob
+        reps = group_representatives(prob.model, prob.workload, self.fixed, self.shapes[si], self.target)
+        if reps is None:
+            return 0.0              # a representative failed ParallelConfig's checks: built first
+        if not reps:
+            return None
+        return min(bounds.group_bound(prob, [(0, c) for c in rep]) for rep in reps)
+
+    def groups(self, si: int) -> list[tuple[tuple, list]]:
+        """Shape ``si``'s candidates in groups, each ``(key, [(key, candidate), ...])``, in order."""
+        prob = self.prob
+        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target)
+        self.built += len(cands)
+        out: dict[tuple, list] = {}
+        for j, c in enumerate(cands):
+            out.setdefault((c.world,) + _group_fields(c.par), []).append(((si, j), c))
+        return list(out.items())
 
 
 def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:
