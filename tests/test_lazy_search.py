@@ -107,7 +107,8 @@ def test_the_lazy_search_builds_fewer_candidates_on_a_replan_sized_space():
 @pytest.mark.parametrize("seed", range(6))
 def test_a_shape_waits_under_each_of_its_groups_bounds(seed):
     """``_LazyShapes.bound`` is at most the group bound of every group the shape holds (the
-    heap order rests on it), and equal to the least of them somewhere (it is not vacuous)."""
+    heap order rests on it), and equal to the least of them somewhere (it is not vacuous); less
+    ``_MEMBER_MARGIN``, at most each candidate's weak bound (where the hint's shapes wait)."""
     rng = random.Random(seed)
     checked = tight = 0
     while checked <= 10:           # draw until an instance has groups (a target may run none of a model)
@@ -130,6 +131,11 @@ def test_a_shape_waits_under_each_of_its_groups_bounds(seed):
             for gb in gbs:
                 assert pb <= gb, (shp.shapes[si], pb, gb)
                 checked += 1
+            # a shape the hint matches waits under this less the margin: below each candidate's own bound
+            hb = pb * (1 - bnb._MEMBER_MARGIN)
+            for _, members in groups:
+                for _, c in members[:8]:
+                    assert hb <= bounds.lower_bound(prob, c), (c.par, hb)
             if gbs and pb == min(gbs) and pb > 0:
                 tight += 1
     assert checked > 10 and tight >= 1, (checked, tight)

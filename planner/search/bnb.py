@@ -96,29 +96,43 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
     heap = []
     groups: dict[tuple, list] = {}
+    hinted = []
+
+    def push_hinted(members: list, push) -> None:
+        # a group the hint matches: each candidate on its own bound, the least hinted one solved first
+        for k, c in members:
+            lb_ = bounds.lower_bound(prob, c)
+            push((lb_, 0, k, c))
+            if _matches(c, hint) and lb_ < math.inf:
+                hinted.append((lb_, k, c))
+
     if lazy:
+        waiting = []         # the hint's shapes, each under a bound below its candidates' own bounds
         for si in range(len(shp.shapes)):
+            pb = shp.bound(si)
+            if pb is None:
+                continue
             if hint and _shape_matches(shp.shapes[si], hint):
-                for gkey, members in shp.groups(si):       # the hint's shapes are built at once
-                    groups[gkey] = members
+                waiting.append((pb * (1 - _MEMBER_MARGIN), si))
             else:
-                pb = shp.bound(si)
-                if pb is not None:
-                    heap.append((pb, -2, (si,), si))
+                heap.append((pb, -2, (si,), (si, False)))
+        # the hinted candidate is the least bound of all the hint's candidates: shapes in the order
+        # of their bounds, until one's bound exceeds the least found (the rest wait in the heap)
+        for hb, si in sorted(waiting):
+            if hinted and hb > min(hinted, key=lambda x: (x[0], x[1]))[0]:
+                heap.append((hb, -2, (si,), (si, True)))
+                continue
+            for _, members in shp.groups(si):
+                push_hinted(members, heap.append)
     else:
         for k, c in enumerate(cands):
             groups.setdefault((c.world,) + _group_fields(c.par), []).append((k, c))
-    hinted = []
     # a hint on the group's own fields matches a whole group or none of it
     group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
     for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
         if hint and not mem_obj and (_matches(members[0][1], hint) if group_level_hint else
                                                      any(_matches(c, hint) for _, c in members)):
-            for k, c in members:
-                lb_ = bounds.lower_bound(prob, c)
-                heap.append((lb_, 0, k, c))
-                if _matches(c, hint) and lb_ < math.inf:
-                    hinted.append((lb_, k, c))
+            push_hinted(members, heap.append)
         elif mem_obj:
             heap += [(bounds.lower_bound(prob, c), 1, k, c) for k, c in members]
         else:
@@ -149,8 +163,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             if lb >= _kth(sols, top, cutoff) * (1 - 1e-9):
                 remaining_bound = lb
                 break
-            for _, members in shp.groups(cand):
-                heapq.heappush(heap, (bounds.group_bound(prob, members), -1, members[0][0], members))
+            si, hint_shape = cand
+            for _, members in shp.groups(si):
+                if hint_shape:
+                    push_hinted(members, lambda e: heapq.heappush(heap, e))
+                else:
+                    heapq.heappush(heap, (bounds.group_bound(prob, members), -1, members[0][0], members))
             continue
         if strong == -1:
             kth = _kth(sols, top, cutoff)
@@ -307,6 +325,10 @@ def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int
 _GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
 _SHAPE_FIELDS = {"tp", "cp", "pp", "dp"}        # what an outer shape fixes (``space.Shape``)
+# A candidate's weak bound (``bounds.lower_bound``) is at least its group's bound
+# (``bounds.group_bound``'s docstring derives it) but is computed along another path: a shape
+# the hint matches waits under its bound less this relative margin for the rounding.
+_MEMBER_MARGIN = 1e-6
 
 
 def _shape_matches(shape: Shape, hint: dict) -> bool:

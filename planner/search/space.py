@@ -10,7 +10,6 @@ the ring).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -166,11 +165,10 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
 
 def _copied(par: ParallelConfig, fields: dict) -> ParallelConfig:
     """``par`` with ``fields`` set, its cached hash and memos dropped, no check run."""
-    out = copy.copy(par)
+    out = object.__new__(type(par))
     d = out.__dict__
-    for k in [k for k in d if k == "_hash" or k.startswith("_memo_")]:
-        del d[k]                 # cached from par's fields
-    d.update(fields)
+    d.update({k: v for k, v in par.__dict__.items() if k != "_hash" and not k.startswith("_memo_")})
+    d.update(fields)            # the hash and memos were cached from par's fields
     return out
 
 
