@@ -165,11 +165,16 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
 
 def _copied(par: ParallelConfig, fields: dict) -> ParallelConfig:
     """``par`` with ``fields`` set, its cached hash and memos dropped, no check run."""
-    out = object.__new__(type(par))
+    out = object.__new__(ParallelConfig)
+    src = par.__dict__
     d = out.__dict__
-    d.update({k: v for k, v in par.__dict__.items() if k != "_hash" and not k.startswith("_memo_")})
-    d.update(fields)            # the hash and memos were cached from par's fields
+    for k in _PAR_FIELDS:       # the fields alone: the hash and memos were cached from par's
+        d[k] = src[k]
+    d.update(fields)
     return out
+
+
+_PAR_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 
 
 @dataclass
