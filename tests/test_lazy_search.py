@@ -106,9 +106,10 @@ def test_the_lazy_search_builds_fewer_candidates_on_a_replan_sized_space():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_shape_waits_under_each_of_its_groups_bounds(seed):
-    """``_LazyShapes.bound`` is at most the group bound of every group the shape holds (the
-    heap order rests on it), and equal to the least of them somewhere (it is not vacuous); less
-    ``_MEMBER_MARGIN``, at most each candidate's weak bound (where the hint's shapes wait)."""
+    """Each part of a shape (one micro-batch) waits under a bound at most the group bound of every
+    group it holds (the heap order rests on it), and equal to the least of them somewhere (it
+    is not vacuous); less ``_MEMBER_MARGIN``, at most each candidate's weak bound (where the
+    hint's parts wait). The parts hold the shape's candidates, in its order."""
     rng = random.Random(seed)
     checked = tight = 0
     while checked <= 10:           # draw until an instance has groups (a target may run none of a model)
@@ -122,22 +123,30 @@ def test_a_shape_waits_under_each_of_its_groups_bounds(seed):
         worlds = [w for w in world_sizes_upto(cluster, n) if has_shape(model, wl, min(8, w), w)][:4]
         shp = bnb._LazyShapes(prob, {}, n, worlds, target)
         for si in range(len(shp.shapes)):
-            pb = shp.bound(si)
-            groups = shp.groups(si)
-            if pb is None:
-                assert not groups
+            parts = shp.bounds(si)
+            whole = shp.groups(si, None)
+            if not parts:
+                assert not whole
                 continue
-            gbs = [bounds.group_bound(prob, members) for _, members in groups]
-            for gb in gbs:
-                assert pb <= gb, (shp.shapes[si], pb, gb)
-                checked += 1
-            # a shape the hint matches waits under this less the margin: below each candidate's own bound
-            hb = pb * (1 - bnb._MEMBER_MARGIN)
-            for _, members in groups:
-                for _, c in members[:8]:
-                    assert hb <= bounds.lower_bound(prob, c), (c.par, hb)
-            if gbs and pb == min(gbs) and pb > 0:
-                tight += 1
+            in_parts = []
+            for mb, pb in parts:
+                groups = shp.groups(si, mb)
+                in_parts += [k for _, members in groups for k, _ in members]
+                gbs = [bounds.group_bound(prob, members) for _, members in groups]
+                for gb in gbs:
+                    assert pb <= gb, (shp.shapes[si], mb, pb, gb)
+                    checked += 1
+                # a part the hint matches waits under this less the margin: below each candidate's own bound
+                hb = pb * (1 - bnb._MEMBER_MARGIN)
+                for _, members in groups:
+                    for _, c in members[:8]:
+                        assert hb <= bounds.lower_bound(prob, c), (c.par, hb)
+                if gbs and pb == min(gbs) and pb > 0:
+                    tight += 1
+            # the parts hold exactly the shape's candidates, in its order
+            assert len(set(in_parts)) == len(in_parts) == sum(len(m) for _, m in whole)
+            assert [c for _, m in whole for _, c in m] == [c for mb, _ in parts for _, m in shp.groups(si, mb)
+                                                          for _, c in m]
     assert checked > 10 and tight >= 1, (checked, tight)
 
 

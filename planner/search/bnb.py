@@ -107,22 +107,20 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 hinted.append((lb_, k, c))
 
     if lazy:
-        waiting = []         # the hint's shapes, each under a bound below its candidates' own bounds
+        waiting = []         # the hint's parts, each under a bound below its candidates' own bounds
         for si in range(len(shp.shapes)):
-            pb = shp.bound(si)
-            if pb is None:
-                continue
-            if hint and _shape_matches(shp.shapes[si], hint):
-                waiting.append((pb * (1 - _MEMBER_MARGIN), si))
-            else:
-                heap.append((pb, -2, (si,), (si, False)))
-        # the hinted candidate is the least bound of all the hint's candidates: shapes in the order
+            for mb, pb in shp.bounds(si):
+                if hint and _shape_matches(shp.shapes[si], hint):
+                    waiting.append((pb * (1 - _MEMBER_MARGIN), (si, mb or 0), mb))
+                else:
+                    heap.append((pb, -2, (si, mb or 0), (si, mb, False)))
+        # the hinted candidate is the least bound of all the hint's candidates: parts in the order
         # of their bounds, until one's bound exceeds the least found (the rest wait in the heap)
-        for hb, si in sorted(waiting):
+        for hb, key, mb in sorted(waiting):
             if hinted and hb > min(hinted, key=lambda x: (x[0], x[1]))[0]:
-                heap.append((hb, -2, (si,), (si, True)))
+                heap.append((hb, -2, key, (key[0], mb, True)))
                 continue
-            for _, members in shp.groups(si):
+            for _, members in shp.groups(key[0], mb):
                 push_hinted(members, heap.append)
     else:
         for k, c in enumerate(cands):
@@ -163,8 +161,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             if lb >= _kth(sols, top, cutoff) * (1 - 1e-9):
                 remaining_bound = lb
                 break
-            si, hint_shape = cand
-            for _, members in shp.groups(si):
+            si, mb, hint_shape = cand
+            for _, members in shp.groups(si, mb):
                 if hint_shape:
                     push_hinted(members, lambda e: heapq.heappush(heap, e))
                 else:
@@ -339,14 +337,16 @@ class _LazyShapes:
     """The search space as outer shapes (``space.shapes``), each built (``space.shape_candidates``,
     where the target's rules are asked) only when the search pops it.
 
-    A shape waits in the heap at level -2 with ``bound``: the least ``bounds.group_bound`` over
-    ``space.group_representatives``, one configuration per group the shape may hold, with every
-    mesh order it may take and its largest virtual-stage count. A group's bound reads only the
+    A shape waits in the heap at level -2 in parts, one per micro-batch (the outermost choice of
+    ``space._inner``: a part's candidates are a contiguous block of the shape's), each under
+    ``bounds``: the least ``bounds.group_bound`` over ``space.group_representatives`` of that
+    micro-batch, one configuration per group the part may hold, with every mesh order it may
+    take and its largest virtual-stage count. A group's bound reads only the
     fields the group shares and the mesh order (``stage_cache.stage_compute_time``; of the
     recompute policy only whether it is selective) and falls with more orders and a larger
     virtual-stage count, so this is at most the bound of each group the shape holds, in the
-    same floating-point operations. Candidate keys are ``(shape index, index in the shape)``,
-    which sort as ``enumerate_candidates``' indices do: each group enters the heap before
+    same floating-point operations. Candidate keys are ``(shape index, micro-batch, index)``,
+    which sort as ``enumerate_candidates``' indices do (micro-batches ascend): each group enters the heap before
     anything above its bound leaves it, so the heap yields the groups and candidates in the
     eager order (tests/test_lazy_search.py compares the two, and checks the bound)."""
 
@@ -355,24 +355,32 @@ class _LazyShapes:
         self.shapes = shapes(prob.model, prob.cluster, prob.workload, fixed, gpus, prob.objective, worlds=worlds)
         self.built = 0
 
-    def bound(self, si: int) -> float | None:
-        """A bound below every group of shape ``si`` (None: it has no candidates)."""
+    def bounds(self, si: int) -> list[tuple[int | None, float]]:
+        """Shape ``si``'s parts, one per micro-batch, each with a bound below every group it
+        holds: ``(micro_batch, bound)``; none when the shape has no candidates, and
+        ``[(None, 0.0)]`` (the whole shape, built first) when a representative failed
+        ``ParallelConfig``'s checks."""
         prob = self.prob
         reps = group_representatives(prob.model, prob.workload, self.fixed, self.shapes[si], self.target)
         if reps is None:
-            return 0.0              # a representative failed ParallelConfig's checks: built first
-        if not reps:
-            return None
-        return min(bounds.group_bound(prob, [(0, c) for c in rep]) for rep in reps)
+            return [(None, 0.0)]
+        out: dict[int, float] = {}
+        for rep in reps:
+            mb = rep[0].par.micro_batch
+            b = bounds.group_bound(prob, [(0, c) for c in rep])
+            out[mb] = min(out.get(mb, math.inf), b)
+        return sorted(out.items())
 
-    def groups(self, si: int) -> list[tuple[tuple, list]]:
-        """Shape ``si``'s candidates in groups, each ``(key, [(key, candidate), ...])``, in order."""
+    def groups(self, si: int, mb: int | None) -> list[tuple[tuple, list]]:
+        """The candidates of shape ``si`` with micro-batch ``mb`` (None: all) in groups, each
+        ``(key, [(key, candidate), ...])``, in order; a candidate's key is ``(si, its
+        micro-batch, its index)``, which sorts as its index in ``enumerate_candidates``."""
         prob = self.prob
-        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target)
+        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb)
         self.built += len(cands)
         out: dict[tuple, list] = {}
         for j, c in enumerate(cands):
-            out.setdefault((c.world,) + _group_fields(c.par), []).append(((si, j), c))
+            out.setdefault((c.world,) + _group_fields(c.par), []).append(((si, c.par.micro_batch, j), c))
         return list(out.items())
 
 

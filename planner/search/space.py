@@ -111,10 +111,13 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
 
 
 def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
-                     target: str | None = None) -> list[Candidate]:
-    """The candidates of one outer shape, in ``enumerate_candidates``' order."""
+                     target: str | None = None, micro_batch: int | None = None) -> list[Candidate]:
+    """The candidates of one outer shape, in ``enumerate_candidates``' order; with
+    ``micro_batch``, those of that micro-batch alone (the micro-batch is the outermost choice,
+    and nothing about one micro-batch's candidates depends on another's, so these are a
+    contiguous part of the shape's list)."""
     return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
-                  target)
+                  target, micro_batch)
 
 
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
@@ -255,7 +258,7 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
     return tuple(counts) if sum(c for _, c in counts) == pp else None
 
 
-def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
+def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None) -> list[Candidate]:
     from planner.search import target_space as tg
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
@@ -267,7 +270,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     found: list = []
     out = []
     for mb in mbs:
-        if per_replica % mb:
+        if per_replica % mb or (only_mb is not None and mb != only_mb):
             continue
         ga = per_replica // mb
         if "grad_accum" in fixed and fixed["grad_accum"] != ga:
