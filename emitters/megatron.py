@@ -83,7 +83,7 @@ def model_args(plan: Plan) -> list:
         a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     a += ["--make-vocab-size-divisible-by", vocab_divisor(m.vocab, plan.parallel.tp),
           "--init-method-std", recipe(plan).init_std]
-    a += ["--attention-backend", "flash" if w.attention_kernel == "flash" else "unfused"]
+    a += ["--attention-backend", attention_backend(plan)]
     if m.is_moe:
         a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
               "--moe-ffn-hidden-size", m.expert_ffn_hidden]
@@ -134,6 +134,30 @@ def moe_args(plan: Plan) -> list:
     return a
 
 
+# The attention kernel the price assumes, as Megatron's --attention-backend (AttnBackend in
+# megatron/core/transformer/enums.py: flash, fused, unfused, local, auto). The cost model prices a
+# workload's "flash" kernel as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY),
+# not a particular library, and that is what Megatron's default ``auto`` runs: it leaves the choice to
+# Transformer Engine, which picks cuDNN's fused attention on Hopper and later and FlashAttention on
+# Ampere (TE's dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference
+# on Hopper+"). ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
+# "materialized" workload is Megatron's ``unfused`` path (the s x s scores stored).
+ATTENTION_BACKEND = {"flash": "auto", "materialized": "unfused"}
+
+
+def attention_backend(plan: Plan) -> str:
+    return ATTENTION_BACKEND[plan.workload.attention_kernel]
+
+
+def attention_note(plan: Plan) -> str:
+    """The header's line on the attention kernel: which one the price assumes and what the file asks."""
+    if plan.workload.attention_kernel == "flash":
+        return ("attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); "
+                "written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on "
+                "Hopper+, FlashAttention on Ampere)")
+    return "attention priced unfused (scores materialized and stored); written --attention-backend unfused"
+
+
 def tp_comm_overlap(plan: Plan) -> bool:
     """Whether the file turns on ``--tp-comm-overlap``: where the cost model prices full TP
     overlap for Megatron (``costmodel.training.tp_overlap_mode``: sequence parallel, TP inside one
@@ -144,7 +168,7 @@ def tp_comm_overlap(plan: Plan) -> bool:
 def not_expressed(plan: Plan) -> list[str]:
     """Model settings and assumptions the file cannot set, for its header."""
     m = plan.model
-    out = []
+    out = [attention_note(plan)]
     if m.sliding_window:
         out.append(f"sliding-window attention ({m.sliding_window} tokens"
                    + (f", every {m.sliding_window_pattern}-th layer global" if m.sliding_window_pattern else "")
