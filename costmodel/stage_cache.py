@@ -72,7 +72,8 @@ class _Shared:
                             self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
-                                                      self.framework.ep_comm_overlap and moe and par.ep > 1))
+                                                      self.framework.ep_comm_overlap and moe and par.ep > 1,
+                                                      self.framework.selective_recompute))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:

@@ -248,6 +248,10 @@ def _pipeline_split_args(plan: Plan) -> list:
     return out
 
 
+# Megatron's selective recompute as the megatron profile prices it (FrameworkProfile.selective_recompute)
+RECOMPUTE_MODULES = ("core_attn",)
+
+
 def _recompute_args(plan: Plan) -> list:
     p = plan.parallel
     per_stage = recompute_per_stage(plan)
@@ -256,7 +260,9 @@ def _recompute_args(plan: Plan) -> list:
     if p.recompute == "selective":
         require(not any(per_stage), TARGET, f"selective recompute plus full recompute of {per_stage} layers",
                 "Megatron takes one recompute granularity", "re-plan with --recompute selective only")
-        return ["--recompute-granularity", "selective"]
+        # the module set the price assumes (costmodel.layers.core_attn_recompute), written although it
+        # is Megatron's default so that a changed default cannot change what runs
+        return ["--recompute-granularity", "selective", "--recompute-modules", *RECOMPUTE_MODULES]
     layers = stage_layers(plan)
     if per_stage == layers:
         # every layer: checkpoint each layer's input (uniform groups of one layer)

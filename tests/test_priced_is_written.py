@@ -216,7 +216,10 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             moe=MoeExecution(dispatcher=a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0),
-                            grads_bf16=a.grad_reduce_in_bf16)
+                            grads_bf16=a.grad_reduce_in_bf16,
+                            # Megatron's selective recompute is per module; core_attn is its default
+                            selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]
+                            else "unpriced module set")
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
                   kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,

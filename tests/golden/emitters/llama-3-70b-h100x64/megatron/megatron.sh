@@ -80,6 +80,7 @@ PARALLEL_ARGS=(
   --tp-comm-bootstrap-backend nccl
   --num-virtual-stages-per-pipeline-rank 2
   --recompute-granularity selective
+  --recompute-modules core_attn
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
