@@ -61,6 +61,12 @@ RECIPES = {
     "titan-llama31-70b-2d": (TITAN + " Table 4 (FSDP 32, TP 8, local batch 16, full AC)", "llama-3.1-70b", "torchtitan",
                              256, 512, 8192, "bf16",
                              dict(tp=8, dp=32, sp=True, zero=3, micro_batch=16, grad_accum=1, recompute="full")),
+    # Megatron-LM's own example (examples/llama/train_llama3_8b_h100_fp8.sh, 2026-07): 8 H100, TP1 PP1 CP1,
+    # micro-batch 1, GBS 128, seq 8192, FP8 hybrid with --fp8-param-gather and --grad-reduce-in-bf16, the
+    # distributed optimizer, no recompute (its own settings: WORKLOAD and FRAMEWORK below)
+    "megatron-llama3-8b-fp8": ("NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh", "llama-3-8b",
+                               "megatron", 8, 128, 8192, "fp8",
+                               dict(tp=1, pp=1, cp=1, dp=8, zero=1, micro_batch=1, grad_accum=16, recompute="none")),
     # torchtitan's own 405B preset ("a preset for 128 H100 GPUs"): FSDP over the rest, 8-way TP (async),
     # local batch 2 at 8,192 tokens, full AC, compile and Float8. Float8 is not planned for torchtitan yet,
     # so it is priced in BF16: an upper bound on its memory (Float8Linear saves BF16 inputs, and the FP8
@@ -76,6 +82,11 @@ RECIPES = {
 # the framework settings a recipe's own file sets (planner.plan.targets.SWITCHES), priced and written
 FRAMEWORK = {
     "nemo-nemotron4-340b": {"grads_bf16": True},      # optim.grad_sync_dtype: bf16 in its launcher config
+    "megatron-llama3-8b-fp8": {"grads_bf16": True},   # --grad-reduce-in-bf16
+}
+# the workload settings a recipe's own file sets
+WORKLOAD = {
+    "megatron-llama3-8b-fp8": {"fp8_param_gather": True},    # --fp8-param-gather: FP8 weights, no BF16 copy
 }
 # what does not fit yet, with the figure it gets (a strict xfail: it fails loudly once it fits)
 NOT_YET: dict[str, str] = {
@@ -105,7 +116,7 @@ def test_a_published_recipe_is_accepted_and_fits(name):
     m = _model(model)
     p = ParallelConfig(**par)
     plan = Plan(model=m, cluster=load_cluster("dgx-h100").with_gpus(gpus),
-                workload=Workload(global_batch=gb, seq_len=seq, dtype=dtype), parallel=p,
+                workload=Workload(global_batch=gb, seq_len=seq, dtype=dtype, **WORKLOAD.get(name, {})), parallel=p,
                 stages=default_stages(m.layers, p.pp), target=target, framework=FRAMEWORK.get(name, {}))
     assert T.problems(target, plan) == [], source
     est = estimate(plan.model, plan.cluster, plan.workload, p, stages=plan.stages,
@@ -171,3 +182,22 @@ def test_nemo_llama31_405b_is_refused_for_megatrons_own_interleaved_rule():
     ok = dataclasses.replace(p, grad_accum=252)
     plan = dataclasses.replace(plan, parallel=ok, workload=Workload(global_batch=504, seq_len=8192, dtype="bf16"))
     assert T.problems("megatron", plan) == []
+
+
+def test_megatrons_fp8_example_fits_because_of_its_fp8_weights_and_bf16_gradients():
+    """Megatron's own 8-GPU FP8 Llama-3 8B example sets --fp8-param-gather and --grad-reduce-in-bf16; without
+    either the same layout does not fit (each adds 15 GiB: BF16 weights beside the FP8 ones, FP32 gradients),
+    so the fit comes from the file's settings, not from a loose rule. The same two settings are what the NeMo
+    24.07 FP8 rows would need (docs/notes/stop-20/megfix.md)."""
+    source, model, target, gpus, gb, seq, dtype, par = RECIPES["megatron-llama3-8b-fp8"]
+    m = get_model(model)
+    p = ParallelConfig(**par)
+    fits = {}
+    for pg in (False, True):
+        for g16 in (False, True):
+            est = estimate(m, load_cluster("dgx-h100").with_gpus(gpus),
+                           Workload(global_batch=gb, seq_len=seq, dtype=dtype, fp8_param_gather=pg), p,
+                           stages=default_stages(m.layers, p.pp),
+                           framework=T.profile_for(target, {"grads_bf16": True} if g16 else {}))
+            fits[pg, g16] = est.fits
+    assert fits == {(False, False): False, (False, True): False, (True, False): False, (True, True): True}
