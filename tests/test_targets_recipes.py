@@ -67,6 +67,12 @@ RECIPES = {
     "megatron-llama3-8b-fp8": ("NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh", "llama-3-8b",
                                "megatron", 8, 128, 8192, "fp8",
                                dict(tp=1, pp=1, cp=1, dp=8, zero=1, micro_batch=1, grad_accum=16, recompute="none")),
+    # its Megatron-FSDP twin (examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh): the same run with
+    # --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (ZeRO-3) and --fp8-param-gather
+    "megatron-fsdp-llama3-8b-fp8": ("NVIDIA/Megatron-LM examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh",
+                                    "llama-3-8b", "megatron", 8, 128, 8192, "fp8",
+                                    dict(tp=1, pp=1, cp=1, dp=8, zero=3, micro_batch=1, grad_accum=16,
+                                         recompute="none")),
     # torchtitan's own 405B preset ("a preset for 128 H100 GPUs"): FSDP over the rest, 8-way TP (async),
     # local batch 2 at 8,192 tokens, full AC, compile and Float8. Float8 is not planned for torchtitan yet,
     # so it is priced in BF16: an upper bound on its memory (Float8Linear saves BF16 inputs, and the FP8
@@ -87,6 +93,7 @@ FRAMEWORK = {
 # the workload settings a recipe's own file sets
 WORKLOAD = {
     "megatron-llama3-8b-fp8": {"fp8_param_gather": True},    # --fp8-param-gather: FP8 weights, no BF16 copy
+    "megatron-fsdp-llama3-8b-fp8": {"fp8_param_gather": True},
 }
 # what does not fit yet, with the figure it gets (a strict xfail: it fails loudly once it fits)
 NOT_YET: dict[str, str] = {
