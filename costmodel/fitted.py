@@ -11,7 +11,8 @@ reason, never chosen on a family's figures -- and the cross-validation row says 
 Recipe families (``planner.cli.validation_families.FAMILIES``): megatron-papers (Narayanan SC'21,
 Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE README), nemo-24
 (NeMo 24.07 performance summary), torchtitan (docs and benchmarks), bigscience, mt-nlg, gpt-neox,
-llama3, accelerate, deepseek, flashattention (Dao 2023).
+llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
+olmo-core (OLMo-core README), mlperf (MLPerf Training v3.1 logs).
 """
 from __future__ import annotations
 
@@ -83,12 +84,12 @@ FITTED: tuple[FittedConstant, ...] = (
         grid=()),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
-        families=("nemo-24", "torchtitan"), prior=0.80,
+        families=("mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=0.80,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=_steps(0.60, 1.00, 0.02), group="fp8"),
     FittedConstant(
         name="fp8.half_size_factor", owner="costmodel/fp8.py FP8_HALF_SIZE_FACTOR",
-        families=("nemo-24", "torchtitan"), prior=2.0,
+        families=("mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=2.0,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     _kernel("torchtitan", ("torchtitan",), "16 figures; builtin assumes torchtitan's value"),

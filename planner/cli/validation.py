@@ -11,6 +11,9 @@ source, never per case:
   Megatron-LM in 2023): ``attention_kernel: materialized``; GPT models there use dropout.
 * torchtitan runs use fused SDPA (flash) attention, bf16 and AdamW.
 * A micro-batch size the source does not give is 1 (Megatron's default).
+* A case may name a cluster file (``calibration/clusters/*.yaml``, a path from the repository root)
+  where its source states a network the catalog cluster lacks (``case_cluster``), and an
+  ``attention_kernel`` where the run did not use a fused one.
 * Every case is predicted with its own framework's profile (``costmodel.frameworks``): the
   ``framework`` field of ``calibration/published_runs_frameworks.yaml``, else the software the
   source names (Narayanan/Korthikanti: megatron; torchtitan); Meta's Llama 3 stack is none of the
@@ -113,12 +116,19 @@ def framework_of(case: dict) -> str:
     return "generic"
 
 
+def case_cluster(case: dict):
+    """The cluster a case ran on: a catalog name, or a cluster file under ``calibration/clusters/``
+    (a path from the repository root) where the source states a network the catalog lacks."""
+    name = str(case["cluster"])
+    return load_cluster(str(ROOT / name) if name.endswith((".yaml", ".yml")) else name)
+
+
 def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, Any, str]:
     """What ``estimate`` is called with for a published case (module docstring): model, cluster,
     workload, parallel config, framework profile, and the framework's name."""
     md = case["model"]
     model = _model(md, case["name"])
-    cluster = load_cluster(case["cluster"]).with_gpus(case["num_gpus"])
+    cluster = case_cluster(case).with_gpus(case["num_gpus"])
     par_d = dict(case["parallel"])
     if "virtual_stages" in par_d:
         v = par_d.pop("virtual_stages")
@@ -142,7 +152,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     if dtype == "fp8":
         recipe = case.get("fp8_recipe") or ("rowwise" if "rowwise" in case["name"] else "")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
-                  attention_kernel="materialized" if materialized else "flash", fp8_recipe=recipe)
+                  attention_kernel=case.get("attention_kernel") or ("materialized" if materialized else "flash"),
+                  fp8_recipe=recipe)
     prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
     if materialized:
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)

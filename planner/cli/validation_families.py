@@ -26,6 +26,7 @@ HELD_OUT: tuple[tuple[str, str], ...] = (
 
 # (family, pattern), first match wins: the families --cross leaves out one at a time
 FAMILIES: tuple[tuple[str, str], ...] = (
+    ("mlperf", r"mlcommons|mlperf"),                # MLPerf Training submissions (before the NeMo/Megatron patterns)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
@@ -38,6 +39,10 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("accelerate", r"accelerate"),
     ("deepseek", r"deepseek"),
     ("flashattention", r"flash-?attention|2307\.08691"),
+    ("ibm-fsdp", r"maximizing-training|fms-fsdp"),  # the PyTorch/IBM FSDP blog posts
+    ("olmo-core", r"olmo-core"),
+    ("tinyllama", r"tinyllama"),
+    ("bloomberggpt", r"bloomberggpt|2303\.17564"),
 )
 
 

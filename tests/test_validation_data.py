@@ -1,0 +1,112 @@
+"""The public runs added for issue 23 item 4 load, are priced, and their derived figures follow from
+their sources' own figures (``calibration/published_runs_more.yaml``, ``calibration/clusters/``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.files.clusters import load_cluster
+from planner.cli import validation
+from planner.cli.validation_families import family_of
+
+ROOT = Path(__file__).resolve().parents[1]
+MORE = yaml.safe_load(validation.MORE_RUNS.read_text())["cases"]
+BY_NAME = {c["name"]: c for c in MORE}
+
+
+def test_case_names_are_unique_across_files():
+    names = [c["name"] for c, _split in validation.all_cases()]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    # the MoE file repeats one Megatron README run on purpose (its own split); nothing else may repeat
+    assert set(dup) <= {"mlm-moe-mixtral-8x7b-h100-64gpu"}, dup
+
+
+@pytest.mark.parametrize("case", [c for c in MORE if str(c["cluster"]).endswith(".yaml")], ids=lambda c: c["name"])
+def test_cluster_files_state_only_what_the_catalog_lacks(case):
+    """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
+    with the same GPU, and differs from it in the network the source states (else the catalog name
+    would do)."""
+    path = ROOT / case["cluster"]
+    assert path.parent == ROOT / "calibration" / "clusters" and path.exists(), case["cluster"]
+    parent = yaml.safe_load(path.read_text())["extends"]
+    mine, cat = validation.case_cluster(case), load_cluster(parent)
+    assert mine.groups[0].gpu == cat.groups[0].gpu
+    assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s
+    assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
+
+
+@pytest.mark.parametrize("case", [c for c in MORE if c.get("derived_from")], ids=lambda c: c["name"])
+def test_derived_figures_follow_from_the_sources_own(case):
+    """tokens/s a source does not print: recomputed from the figures on file it was derived from."""
+    d = case["derived_from"]
+    base = BY_NAME[d["case"]]
+    got, tps0 = case["reported"]["tokens_per_s_per_gpu"], base["reported"]["tokens_per_s_per_gpu"]
+    if "gain_pct" in d:
+        want = tps0 * (1 + d["gain_pct"] / 100)
+    else:
+        assert d.get("mfu_ratio") is True
+        want = tps0 * case["reported"]["mfu"] / base["reported"]["mfu"]
+    assert got == pytest.approx(want, abs=0.5)
+    # same model, sequence and per-GPU batch as the run it is derived from
+    assert case["model"] == base["model"]
+    assert case["global_batch"] / case["num_gpus"] == base["global_batch"] / base["num_gpus"]
+
+
+def test_every_added_case_is_priced_and_has_a_family():
+    """No new case is refused, skipped by --cross, or left without a recipe family."""
+    from planner.cli.validation_cross import load_cases
+    validation.REFUSED.clear()
+    rows = validation.all_rows(include_holdout=False)
+    priced = {r.case for r in rows if r.metric in ("tokens/s per GPU", "step time (s)")}
+    cases, skipped = load_cases()
+    cross = {c.name for c in cases}
+    for c in MORE:
+        assert c["name"] in priced, (c["name"], validation.REFUSED.get(c["name"]))
+        assert c["name"] in cross, [s for s in skipped if s.startswith(c["name"])]
+        assert family_of(c["source"]) != "other", c["name"]
+
+
+def test_ibm_fsdp_cases_read_as_the_posts_print_them():
+    """Spot checks against the posts (March post Table 1; May post Tables 1-2): a changed figure on
+    file fails here, not silently in the refit."""
+    rep = {n: c["reported"] for n, c in BY_NAME.items() if n.startswith("ibm-fsdp-")}
+    assert rep["ibm-fsdp-llama2-7b-a100-128gpu"] == {"tokens_per_s_per_gpu": 3700, "mfu": 0.57}
+    assert rep["ibm-fsdp-llama2-70b-h100-96gpu"] == {"tokens_per_s_per_gpu": 800, "mfu": 0.34}
+    assert rep["ibm-fsdp-llama2-7b-a100-128gpu-compile"]["mfu"] == 0.68
+    assert rep["ibm-fsdp-llama2-70b-h100-464gpu"]["mfu"] == 0.32
+    assert len(rep) == 20
+
+
+def test_olmo_core_cases_read_as_the_readme_prints_them():
+    """allenai/OLMo-core README at e27ba74550: TPS per device, BF16 and BF16/FP8, and the per-rank
+    micro-batch and global batch of each script at that commit."""
+    got = {n: (c["reported"]["tokens_per_s_per_gpu"], c["parallel"]["micro_batch"], c["global_batch"], c["dtype"])
+           for n, c in BY_NAME.items() if n.startswith("olmo-core-")}
+    assert got == {
+        "olmo-core-olmo2-1b-h100-8gpu-bf16": (55000, 8, 1024, "bf16"),
+        "olmo-core-olmo2-1b-h100-8gpu-fp8": (65000, 8, 1024, "fp8"),
+        "olmo-core-olmo2-7b-h100-8gpu-bf16": (10000, 2, 1024, "bf16"),
+        "olmo-core-olmo2-7b-h100-8gpu-fp8": (13000, 2, 1024, "fp8"),
+        "olmo-core-llama3-8b-h100-8gpu-bf16": (9500, 2, 1024, "bf16"),
+        "olmo-core-llama3-8b-h100-8gpu-fp8": (12500, 2, 1024, "fp8"),
+        "olmo-core-olmo2-13b-h100-8gpu-bf16": (4600, 1, 2048, "bf16"),
+        "olmo-core-olmo2-13b-h100-8gpu-fp8": (5500, 1, 2048, "fp8"),
+    }
+
+
+def test_mlperf_cases_read_as_the_logs_print_them():
+    """MLPerf Training v3.1 GPT-3 175B (NVIDIA, Eos): the median train_step_timing per scale, and a
+    layout whose degrees multiply to the GPU count with the log's global batch."""
+    got = {c["num_gpus"]: (c["reported"]["step_time_s"], c["global_batch"]) for n, c in BY_NAME.items()
+           if n.startswith("mlperf31-")}
+    assert got == {512: (11.0539, 2048), 4096: (1.6084, 2048), 6144: (1.6152, 3072), 8192: (1.6192, 4096),
+                   10240: (0.9256, 2560), 10752: (0.9296, 2688)}
+    v30 = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf30-gpt3-175b-h100")}
+    assert v30 == {512: 12.0744, 768: 12.1275}
+    for n, c in BY_NAME.items():
+        if n.startswith("mlperf"):
+            p = c["parallel"]
+            assert p["tp"] * p["pp"] * p["dp"] == c["num_gpus"]
+            assert c["global_batch"] % p["dp"] == 0
