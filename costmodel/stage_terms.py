@@ -462,7 +462,7 @@ class StageModel:
             model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
             act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
             embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
-            weights_bytes=(dense_params * w_b / dw + expert_params * w_b / ew
+            weights_bytes=((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
                            + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
             grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
             optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
