@@ -1271,9 +1271,34 @@ def runs_config(target: str | TrainTarget, model: ModelSpec, workload: Workload,
     (the search asks this of every configuration; tests/test_targets.py checks the two agree)."""
     base = _TABLES[target] if isinstance(target, str) else target
     ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), False)
-    if any(cap.broken(ask) for cap in FAST_CAPS):
+    caps = _config_caps(ask)
+    if caps is None:
         return False
-    return not any(rule.check(model, workload, par, ask.order) for rule in ask.t.extra)
+    for cap in caps:
+        if cap.broken(ask):
+            return False
+    for rule in ask.t.extra:
+        if rule.check(model, workload, par, ask.order):
+            return False
+    return True
+
+
+_CONFIG_CAPS: dict = {}
+
+
+def _config_caps(ask: Ask) -> tuple[Cap, ...] | None:
+    """``FAST_CAPS`` less the rules that read only the model and the workload (``MODEL_FIELDS``),
+    asked once per table, model and workload: None when one of those breaks (every configuration
+    is refused)."""
+    key = (id(ask.t), ask.model, ask.wl)
+    hit = _CONFIG_CAPS.get(key)
+    if hit is None:
+        if len(_CONFIG_CAPS) > 4096:
+            _CONFIG_CAPS.clear()
+        broken = any(cap.broken(ask) for cap in FAST_CAPS if cap.field in MODEL_FIELDS)
+        hit = _CONFIG_CAPS[key] = (ask.t, None if broken else
+                                   tuple(cap for cap in FAST_CAPS if cap.field not in MODEL_FIELDS))
+    return hit[1]
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,
