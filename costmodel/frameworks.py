@@ -70,6 +70,9 @@ from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
 from .specs import ParallelConfig, SpecError
 
 
+SELECTIVE_RECOMPUTE = ("op", "core_attn")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FrameworkProfile:
     """The speed and memory behaviour of one execution framework."""
@@ -88,6 +91,10 @@ class FrameworkProfile:
     # how its memory-bound kernels run: "fused" (Transformer Engine / Apex), "eager" (PyTorch ops),
     # "compiled" (torch.compile); their achieved HBM fractions: costmodel.compute.MEMORY_BOUND_FRACTION
     elementwise: str = "fused"
+    # what "selective" recompute means in the framework: "op" (torchtitan's per-op SAC: the
+    # outputs of every other matmul kept) or "core_attn" (Megatron's --recompute-modules core_attn:
+    # the core attention module checkpointed; costmodel.layers.core_attn_recompute)
+    selective_recompute: str = "op"
     calibrated: bool = False          # fitted on that framework's own published runs
     note: str = ""
 
@@ -98,6 +105,9 @@ class FrameworkProfile:
         if self.elementwise not in ELEMENTWISE_KINDS:
             raise SpecError(f"framework {self.name!r}: elementwise {self.elementwise!r} must be one of "
                             f"{', '.join(ELEMENTWISE_KINDS)}")
+        if self.selective_recompute not in SELECTIVE_RECOMPUTE:
+            raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
+                            f"of {', '.join(SELECTIVE_RECOMPUTE)}")
         if not 0.1 <= self.kernel_efficiency <= 1.5:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
                             "[0.1, 1.5]")
@@ -150,6 +160,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      tp_overlap_needs_multicast=True,
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
+                     selective_recompute="core_attn",
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,

@@ -170,8 +170,8 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
                     if ep > 1:
                         for disp, over in _MOE_EXEC_PAIRS:
                             if (disp, over) != (par.moe_dispatcher, par.ep_overlap):
-                                v = _copied(par, dict(moe_dispatcher=disp, ep_overlap=over))
-                                out.append([Candidate(par=v, order=tuple(o), stage_counts=shape.stage_counts)
+                                alt = _copied(par, dict(moe_dispatcher=disp, ep_overlap=over))
+                                out.append([Candidate(par=alt, order=tuple(o), stage_counts=shape.stage_counts)
                                             for o in ch.orders])
     return out
 
