@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml Makefile
 # list is each package plus the pure-Python modules its config parser imports (torchtitan 0.3.0's
 # import chain needs datasets, pyarrow and triton, which installs as a plain wheel without a GPU;
 # SGLang's server_args needs the web-server stack, IPython and aiohttp, not its CUDA kernels;
-# megatron-core for its --pipeline-model-parallel-layout parser, PipelineParallelLayerLayout).
+# megatron-core for its --pipeline-model-parallel-layout parser, PipelineParallelLayerLayout; torchao for
+# torchtitan's Float8LinearConverter, which a Float8 job builds while it is parsed).
 # DeepSpeed is an sdist: DS_BUILD_OPS=0 builds no kernels, --no-build-isolation lets its setup.py see torch.
 TARGETS_DIR := .venv-targets
 TARGETS_STAMP := $(TARGETS_DIR)/.installed
@@ -42,7 +43,7 @@ TARGET_PKGS := torchtitan==0.3.0 tyro==1.0.17 docstring_parser==0.18.0 typeguard
 	sglang==0.5.23 orjson==3.13.0 pybase64==1.5.1 requests==2.34.2 urllib3==2.8.0 certifi==2026.10.19.post1 \
 	starlette==1.10.0 anyio==4.16.0 msgspec==0.23.0 pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 \
 	aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 \
-	aiosignal==1.4.0 frozenlist==1.8.0 megatron-core==0.16.1
+	aiosignal==1.4.0 frozenlist==1.8.0 megatron-core==0.16.1 torchao==0.18.0
 
 targets-env: $(TARGETS_STAMP)
 

@@ -105,7 +105,7 @@ def default_recipe(framework: str, gpu: GpuSpec) -> str:
     Engine take delayed scaling on Hopper (NeMo 24.x's FP8 recipes: ``fp8_recipe: delayed``) and
     MXFP8 on Blackwell (Megatron-LM's ``--fp8-recipe mxfp8`` for SM100); torchtitan's Float8
     converter takes tensorwise dynamic scaling (torchao's default) with its FP8 FSDP all-gather."""
-    if framework == "torchtitan":
+    if framework.split("+")[0] == "torchtitan":      # its profile with switches: "torchtitan+compile"
         return "tensorwise"
     return "mxfp8" if is_blackwell(gpu) else "delayed"
 

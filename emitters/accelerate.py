@@ -15,6 +15,7 @@ from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_
                            recompute_per_stage, require, require_mode, require_one_group, require_order,
                            script_header, stage_layers)
 from costmodel.frameworks import accelerate_backend
+from emitters import accelerate_train
 from emitters.base import comment_block
 from emitters.encode import yaml_document
 from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe
@@ -148,7 +149,9 @@ def config(plan: Plan, nnodes: int) -> dict:
 # What each engine needs installed beside accelerate and torch (accelerate/utils/imports.py:
 # is_deepspeed_available, is_megatron_lm_available; the Megatron-LM integration,
 # accelerate/utils/megatron_lm.py, builds its model classes from transformers' configs)
-ENGINE_PACKAGES = {"DEEPSPEED": [("deepspeed", "DeepSpeed (pip install deepspeed): the DEEPSPEED engine runs ZeRO-1")],
+ENGINE_PACKAGES = {"DEEPSPEED": [("deepspeed", "DeepSpeed (pip install deepspeed): the DEEPSPEED engine runs ZeRO-1"),
+                                 ("transformers", "transformers: Accelerate's DeepSpeed plugin reads its version "
+                                  "(utils/dataclasses.py DeepSpeedPlugin.set_deepspeed_weakref)")],
                    "MEGATRON_LM": [("megatron", "Megatron-LM (megatron-core and Megatron-LM's megatron/training on "
                                     "PYTHONPATH): the MEGATRON_LM engine runs TP/PP"),
                                    ("transformers", "transformers: Accelerate's Megatron-LM integration reads the "
@@ -183,6 +186,14 @@ def emit(plan: Plan) -> dict[str, str]:
     usage += recipe(plan).comment("", "")
     usage += [f"Engine {engine} also needs, in the environment accelerate runs in: {what}"
               for _, what in ENGINE_PACKAGES.get(engine, [])]
+    try:
+        starter = accelerate_train.script(plan)
+        usage.append(f"{accelerate_train.NAME}, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/"
+                     f"{accelerate_train.NAME} trains the plan's model on synthetic tokens (or DATA=<token file>); "
+                     "replace it with yours")
+    except CannotExpress as e:
+        starter = None
+        usage.append(f"No starting-point script ships for this plan ({e.part}: {e.detail}); bring your own")
     body = needs_block("accelerate.sh", [
         Need("accelerate", "activate the Python environment that has Accelerate 1.x and its torch", kind="cmd"),
         Need("TRAIN_SCRIPT", "your training script (it builds the model, optimizer and data; per-device batch "
@@ -198,4 +209,7 @@ def emit(plan: Plan) -> dict[str, str]:
                  "--main_process_ip", Raw('"${MAIN_PROCESS_IP:?set MAIN_PROCESS_IP to node 0}"')]
     body += bash_array("LAUNCH_ARGS", args)
     body += 'exec accelerate launch "${LAUNCH_ARGS[@]}" "$TRAIN_SCRIPT" "$@"\n'
-    return {"accelerate.yaml": text, "accelerate.sh": script_header(plan, TARGET, FORMAT, usage) + body}
+    files = {"accelerate.yaml": text, "accelerate.sh": script_header(plan, TARGET, FORMAT, usage) + body}
+    if starter is not None:
+        files[accelerate_train.NAME] = starter
+    return files

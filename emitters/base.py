@@ -154,6 +154,19 @@ def full_recompute_all(plan: Plan) -> bool:
     return plan.parallel.recompute == "full" and recompute_per_stage(plan) == stage_layers(plan)
 
 
+def virtual_counts(plan: Plan) -> list[int]:
+    """Layers of each virtual stage in pipeline order: virtual stage ``v*pp + r`` on rank ``r``
+    holds the ``v``-th of rank ``r``'s ``vpp`` near-equal chunks (the extra layers first), as the
+    built-in runtime cuts them (``runtime/pipeline.py``); Megatron's layout and torchtitan's model
+    parts state the same chunks."""
+    p = plan.parallel
+    chunks = []
+    for n in stage_layers(plan):
+        base, extra = divmod(n, p.vpp)
+        chunks.append([base + (1 if v < extra else 0) for v in range(p.vpp)])
+    return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
+
+
 def virtual_stage_layers(plan: Plan, target: str) -> int:
     """Layers per virtual stage when vpp > 1: the interleaved schedule needs an even split."""
     p = plan.parallel

@@ -11,6 +11,7 @@ tp-cp-ep-dp-pp (TP innermost), or tp-cp-ep-pp-dp with ``--use-tp-pp-dp-mapping``
 from __future__ import annotations
 
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
+                           virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.frameworks import tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
@@ -103,6 +104,9 @@ def model_args(plan: Plan) -> list:
 MOE_DISPATCHER = "alltoall"
 MOE_PERMUTE_FUSION = True
 MOE_ROUTER_FUSION = True
+# --moe-grouped-gemm without --moe-use-legacy-grouped-gemm: Transformer Engine's GroupedLinear, one GEMM
+# call per local expert (priced: costmodel.moe.expert_gemm_host_floor_s); no --cuda-graph-impl: MoE
+# layers run eagerly (priced: costmodel.moe.MEGATRON_LAYER_HOST_S).
 
 
 def moe_args(plan: Plan) -> list:
@@ -110,8 +114,16 @@ def moe_args(plan: Plan) -> list:
     score function, group-limited routing, and its balancing, whose coefficient sets the priced
     load factor (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and
     written as 1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
-    m = plan.model
-    a: list = ["--moe-token-dispatcher-type", MOE_DISPATCHER, "--moe-grouped-gemm"]
+    m, p = plan.model, plan.parallel
+    # the plan's dispatcher and EP overlap (ParallelConfig.moe_dispatcher / ep_overlap, priced by
+    # costmodel.stage_cache over the profile's; the target's table says what Megatron accepts)
+    if (p.moe_dispatcher or MOE_DISPATCHER) == "deepep":
+        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    else:
+        a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
+    a.append("--moe-grouped-gemm")
+    if p.ep_overlap:
+        a.append("--overlap-moe-expert-parallel-comm")
     if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
     if MOE_ROUTER_FUSION:
@@ -161,15 +173,8 @@ def not_expressed(plan: Plan) -> list[str]:
 
 
 def _virtual_counts(plan: Plan) -> list[int]:
-    """Layers of each virtual stage in pipeline order: virtual stage ``v*pp + r`` on rank ``r``
-    holds the ``v``-th of rank ``r``'s ``vpp`` near-equal chunks (the extra layers first), as the
-    built-in runtime cuts them (``runtime/pipeline.py``) and Megatron maps layout stages to ranks."""
-    p = plan.parallel
-    chunks = []
-    for n in stage_layers(plan):
-        base, extra = divmod(n, p.vpp)
-        chunks.append([base + (1 if v < extra else 0) for v in range(p.vpp)])
-    return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
+    """Layers of each virtual stage in pipeline order (``emitters.base.virtual_counts``)."""
+    return virtual_counts(plan)
 
 
 def layout(plan: Plan) -> str:

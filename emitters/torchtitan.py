@@ -22,7 +22,7 @@ from __future__ import annotations
 from emitters.base import (require_no_stage_recompute, CannotExpress, Raw, bash_array, full_recompute_all, nodes_and_procs,
                            require,
                            require_mode, require_one_group, require_order, script_header,
-                           virtual_stage_layers)
+                           stage_layers, virtual_counts)
 from emitters.encode import one_line, py_docstring, py_literal as lit
 from emitters.recipe import Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, warmup_shell
 from planner.plan.planfile import Plan
@@ -64,6 +64,8 @@ STOCK_FLAVORS = {
 STOCK_SETTINGS = (500000.0, 1e-5, 8.0)
 STOCK_MAX_SEQ_LEN = 131072          # ComplexRoPE.Config max_seq_len of every stock flavor
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# Float8 plans: the modules torchao leaves in bf16 (Float8LinearConverter.Config.filter_fqns)
+FLOAT8_FILTER_FQNS = ("lm_head",)
 
 
 def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -76,6 +78,13 @@ def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> 
 
 def _check_model(plan: Plan) -> None:
     m = plan.model
+    if m.is_moe or m.attention == "mla":
+        from planner.plan.targets import titan_moe_problem, titan_mtp_problem
+        why = (titan_moe_problem(m, plan.workload)
+               or titan_mtp_problem(m, plan.workload, plan.parallel, tuple(plan.mesh_order)))
+        if why:
+            raise CannotExpress(TARGET, "this mixture of experts", why)
+        return
     checks = [
         (not m.is_moe, "mixture of experts", f"{m.name} has {m.num_experts} experts and this emitter maps only "
          "dense models to torchtitan's llama3 model"),
@@ -93,8 +102,17 @@ def _check_model(plan: Plan) -> None:
             raise CannotExpress(TARGET, part, detail, "use the megatron target")
 
 
+def moe_flavor(plan: Plan) -> tuple[str, str] | None:
+    """(torchtitan model package, stock flavor) of a mixture-of-experts plan; None for llama3."""
+    from planner.plan.targets import titan_moe_flavor
+    fl = titan_moe_flavor(plan.model) if plan.model.is_moe or plan.model.attention == "mla" else None
+    return (fl[0], fl[1]) if fl else None
+
+
 def flavor(plan: Plan) -> str:
     m = plan.model
+    if (moe := moe_flavor(plan)) is not None:
+        return moe[1]
     shape = (m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
     if (m.rope_theta, m.norm_eps, m.rope_scaling) != STOCK_SETTINGS or plan.workload.seq_len > STOCK_MAX_SEQ_LEN:
         return CUSTOM_FLAVOR
@@ -154,8 +172,11 @@ def model_parts(plan: Plan) -> list[list[str]] | None:
     if p.pp == 1:
         return None
     if p.vpp > 1:
-        per = virtual_stage_layers(plan, TARGET)
-        bounds = [(i * per, (i + 1) * per) for i in range(p.pp * p.vpp)]
+        counts = virtual_counts(plan)
+        require(min(counts) >= 1, TARGET, f"vpp={p.vpp} with stages {stage_layers(plan)}",
+                "every virtual stage needs a layer", "plan fewer virtual stages")
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        bounds = [(a, a + n) for a, n in zip(starts, counts)]
     else:
         bounds = [(s.first_layer, s.last_layer) for s in plan.stages]
     parts = [[f"layers.{i}" for i in range(lo, hi)] for lo, hi in bounds]
@@ -192,7 +213,7 @@ def _settings(plan: Plan) -> dict:
     _check_model(plan)
     require_order(plan, TARGET, ("pp", "dp", "cp", "tp"),
                   note=" (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)")
-    require(p.ep == 1, TARGET, f"ep={p.ep}", "the model is dense")
+    require(p.ep == 1 or plan.model.is_moe, TARGET, f"ep={p.ep}", "the model is dense")
     require(p.tp == 1 or p.sp, TARGET, "tensor parallel without sequence parallel",
             "torchtitan always applies sequence parallel (SequenceParallel norms) with TP",
             "plan sp=true")
@@ -213,8 +234,13 @@ def _settings(plan: Plan) -> dict:
         param_dtype = "bfloat16"
     elif w.dtype in ("fp32", "float32", "tf32"):
         param_dtype = "float32"
+    elif w.dtype == "fp8":
+        require(fsdp or (p.tp == 1 and p.pp == 1), TARGET, "Float8 without FSDP",
+                "torchtitan's Float8 linears run in a bf16 model whose precision fully_shard sets",
+                "plan zero=2 or 3 with dp > 1")
+        param_dtype = "bfloat16"
     else:
-        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan trains in float32 or bfloat16")
+        raise CannotExpress(TARGET, f"dtype {w.dtype}", "torchtitan trains in float32, bfloat16 or Float8")
     if p.recompute == "none":
         ac = "none"
     elif full_recompute_all(plan):
@@ -241,7 +267,26 @@ def _settings(plan: Plan) -> dict:
         batch_note = (f"gradient accumulation = global / (local x dp) = {w.global_batch} / "
                       f"({local_batch} x {p.dp}) = {p.grad_accum}")
     return dict(flavor=fl, replicate=replicate, shard=shard, reshard=reshard, param_dtype=param_dtype, ac=ac,
-                optimizer=optimizer, local_batch=local_batch, batch_note=batch_note)
+                optimizer=optimizer, local_batch=local_batch, batch_note=batch_note, float8=float8_recipe(plan))
+
+
+def float8_recipe(plan: Plan) -> str | None:
+    """The torchao recipe a Float8 plan is priced with and this file writes (None without FP8):
+    the plan's recipe as the cost model resolves it (``titan_fp8_recipe``), which torchtitan 0.3.0's
+    ``Float8LinearConverter`` must take."""
+    if plan.workload.dtype != "fp8":
+        return None
+    from planner.plan.targets import TITAN_FP8_WRITTEN, titan_fp8_problem, titan_fp8_recipe
+    why = titan_fp8_problem(plan.model, plan.workload, plan.parallel, tuple(plan.mesh_order))
+    if why:
+        raise CannotExpress(TARGET, "this Float8 plan", why)
+    rec = titan_fp8_recipe(plan.cluster, plan.workload)
+    require(rec.name == TITAN_FP8_WRITTEN and not rec.param_gather, TARGET, f"fp8 recipe {rec.name}"
+            + (" with the FP8 FSDP all-gather" if rec.param_gather else ""),
+            f"torchtitan {VERSION}'s Float8LinearConverter takes recipe_name rowwise or rowwise_with_gw_hp only "
+            "(components/quantization/float8.py); tensorwise scaling with enable_fsdp_float8_all_gather was "
+            "torchtitan <= 0.2's float8 section", f"plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+    return rec.name
 
 
 def _call(name: str, items: list[tuple[str, object]], indent: int) -> str:
@@ -259,7 +304,7 @@ def config(plan: Plan) -> str:
         ("data_parallel_replicate_degree", s["replicate"]), ("data_parallel_shard_degree", s["shard"]),
         ("fsdp_reshard_after_forward", s["reshard"]), ("tensor_parallel_degree", p.tp),
         ("enable_sequence_parallel", p.tp > 1),
-        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp), ("expert_parallel_degree", 1)]
+        ("pipeline_parallel_degree", p.pp), ("context_parallel_degree", p.cp), ("expert_parallel_degree", p.ep)]
     parts = model_parts(plan)
     if parts is not None:
         par += [("pipeline_parallel_schedule", SCHEDULES[p.schedule]),
@@ -268,7 +313,9 @@ def config(plan: Plan) -> str:
     training = [("local_batch_size", s["local_batch"]), ("global_batch_size", w.global_batch),
                 ("seq_len", w.seq_len), ("max_norm", r.grad_clip), ("steps", 10),
                 ("mixed_precision_param", s["param_dtype"]), ("mixed_precision_reduce", "float32")]
-    if p.pp > 1:   # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP
+    # Trainer.Config._validate_cuda_graphs: CUDA graphs (on by default) refuse PP, and EP with the
+    # all-to-all token dispatcher the stock MoE flavors build (it synchronises with the CPU)
+    if p.pp > 1 or p.ep > 1:
         training.append(("disable_cuda_graphs", True))
     optimizer = (f'OptimizersContainer.Config(param_groups=[ParamGroupConfig(\n'
                  f'            pattern=r".*", optimizer_name={lit(s["optimizer"])},\n'
@@ -282,18 +329,40 @@ def config(plan: Plan) -> str:
                                           ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
+    if s["float8"]:
+        # torchao Float8Linear on every block linear; the output head stays bf16 (the cost model prices
+        # the head in the compute dtype; torchtitan's own 405B Float8 job filters it the same way)
+        conv = _call("Float8LinearConverter.Config", [
+            ("recipe_name", s["float8"]), ("filter_fqns", list(FLOAT8_FILTER_FQNS)),
+            ("model_compile_enabled", bool(sw.get("compile")))], 8)
+        spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
+    else:
+        spec = f"model_registry({lit(fl)})"
+    moe = moe_flavor(plan)
+    mtp = plan.model.mtp_layers if moe else 0
+    if mtp:      # DeepSeek-V3's multi-token prediction, priced on the last stage (costmodel/stage_terms.py)
+        spec = f"model_registry({lit(fl)}, num_mtp_layers={lit(mtp)})"
+    package = moe[0] if moe else "llama3"
     imports = [
         "from torchtitan.components.checkpointer import CheckpointManager",
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
+        "from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)",
         "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
         "checkpointing)",
         "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
         "from torchtitan.models.common.config_utils import decoder_vocab_size",
-        "from torchtitan.models.llama3 import model_registry",
+        f"from torchtitan.models.{package} import model_registry",
         "from torchtitan.trainer import Trainer",
     ]
+    if mtp:
+        imports.append("from torchtitan.models.deepseek_v3 import MTPLoss")
+        loss = "MTPLoss.Config(global_vocab_size=decoder_vocab_size(model_spec))"
+    else:
+        loss = ("ChunkedLossWrapper.Config(\n"
+                "            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),\n"
+                "        )")
     if custom:
         imports += [
             "from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
@@ -313,14 +382,12 @@ def config(plan: Plan) -> str:
 {custom_model_code(plan) if custom else ""}
 
 def {JOB_FUNCTION}() -> Trainer.Config:
-    model_spec = model_registry({lit(fl)})
+    model_spec = {spec}
     return Trainer.Config(
         model_spec=model_spec,
         hf_assets_path="./tests/assets/tokenizer",   # torchtitan.sh passes $HF_ASSETS (this one: MOCK_DATA=1)
         dump_folder="./outputs",
-        loss=ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),
-        ),
+        loss={loss},
         optimizer={optimizer},
         lr_scheduler={_call("LRSchedulersContainer.Config", [("warmup_steps", r.warmup_steps),
                                                                ("decay_type", "cosine"), ("min_lr_factor", 0.1)], 8)},
@@ -349,7 +416,9 @@ def emit(plan: Plan) -> dict[str, str]:
              model_settings(plan), TORCH_NOTE]
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during "
-        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"])
+        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"]
+        + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
+            "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else []))
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")

@@ -173,6 +173,7 @@ ALLOWED_CALLS = {
     "decoder_vocab_size",
     "Llama3Model.Config", "_build_llama3_layers", "ComplexRoPE.Config", "Embedding.Config", "RMSNorm.Config",
     "Linear.Config", "_output_linear_init",
+    "Float8LinearConverter.Config", "MTPLoss.Config",       # Float8 plans; DeepSeek-V3's multi-token prediction
 }
 ALLOWED_MODULES = ("torchtitan.",)
 
@@ -357,7 +358,7 @@ def test_emitted_files_fuzz(model_name, cluster_name, target):
     plan = _with_names(plans[target], model_name + marker, marker + cluster_name)
     files = get(target).emit(plan)
     for name, text in files.items():
-        if name == "train_deepspeed.py":             # the starting-point script: the names only in comments
+        if name in ("train_deepspeed.py", "train_accelerate.py"):   # starting-point scripts: names only in comments
             ast.parse(text)
             assert all(line.lstrip().startswith("#") for line in text.splitlines() if marker in line)
         elif name.endswith(".py"):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.frameworks import FrameworkProfile
-from costmodel.moe import MoeExecution
+from costmodel.moe import MEGATRON_LAYER_HOST_S, MoeExecution
 from costmodel.specs import ParallelConfig, Workload, stages_from_counts
 from costmodel.training import estimate
 from emitters import CannotExpress, get
@@ -92,8 +92,78 @@ def _spread(target: str) -> list[tuple[str, Plan]]:
     return out
 
 
+# torchtitan Float8 (torchao rowwise, what torchtitan 0.3.0 writes): FSDP, TP with SP under compile and
+# async TP, pipeline stages with selective AC; name -> (model, gpus, parallel, framework settings)
+FLOAT8_PLANS = {
+    "8b-fsdp8": ("llama-3-8b", 8, dict(dp=8, zero=3, grad_accum=2), {}),
+    "8b-fsdp8-compile": ("llama-3.1-8b", 8, dict(dp=8, zero=3, grad_accum=2, recompute="selective"), {"compile": True}),
+    "70b-tp8-fsdp8-asynctp": ("llama-3-70b", 64, dict(tp=8, sp=True, dp=8, zero=3, grad_accum=2, recompute="full"),
+                              {"compile": True, "async_tp": True}),
+    "70b-pp4-tp2-fsdp8": ("llama-3-70b", 64, dict(tp=2, sp=True, pp=4, dp=8, zero=2, grad_accum=8), {}),
+}
+
+
+# torchtitan mixture-of-experts (its stock qwen3 / gpt_oss flavors, expert parallel); deepseek_v3 is the
+# example plan plans/torchtitan/deepseek-v3-2048xh100.yaml
+MOE_PLANS = {
+    "qwen3-30b-a3b-fsdp16-ep8": ("qwen3-30b-a3b", 16, dict(dp=16, ep=8, zero=3, grad_accum=2), {}),
+    "qwen3-30b-a3b-pp2-fsdp8-ep4": ("qwen3-30b-a3b", 16, dict(pp=2, dp=8, ep=4, zero=2, grad_accum=8,
+                                                             recompute="full"), {}),
+    "gpt-oss-20b-fsdp8-ep8": ("gpt-oss-20b", 8, dict(dp=8, ep=8, zero=3, grad_accum=2, recompute="selective"),
+                              {"compile": True}),
+}
+
+
+# torchtitan's interleaved schedule over an uneven split (any layers per model part): the 126 layers of
+# Llama 3.1 405B on pp8 x vpp2 (torchtitan's published 512-GPU run), and 32 layers in 3 chunks per rank
+UNEVEN_VPP_PLANS = {
+    "405b-pp8-vpp2": ("llama-3.1-405b", 512, dict(tp=8, sp=True, pp=8, vpp=2, dp=8, zero=3, grad_accum=16,
+                                                  schedule="interleaved", recompute="full")),
+    "8b-pp4-vpp3": ("llama-3.1-8b", 32, dict(pp=4, vpp=3, dp=8, zero=2, grad_accum=12, schedule="interleaved")),
+}
+
+
+def uneven_vpp_plan(which: str) -> Plan:
+    model, gpus, par = UNEVEN_VPP_PLANS[which]
+    dp, accum = par["dp"], par["grad_accum"]
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    return plan.replace(target="torchtitan")
+
+
+def moe_plan(which: str) -> Plan:
+    model, gpus, par, switches = MOE_PLANS[which]
+    dp, accum = par["dp"], par["grad_accum"]
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    return plan.replace(target="torchtitan", framework=switches)
+
+
+def float8_plan(which: str) -> Plan:
+    model, gpus, par, switches = FLOAT8_PLANS[which]
+    dp, accum = par["dp"], par["grad_accum"]
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    wl = dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="rowwise")
+    return plan.replace(target="torchtitan", workload=wl, framework=switches)
+# the MoE execution choices a plan carries (ParallelConfig.moe_dispatcher / ep_overlap): each
+# written by the Megatron file and read back
+MOE_CHOICES = {"alltoall-overlap": dict(ep_overlap=True), "deepep": dict(moe_dispatcher="deepep"),
+               "deepep-overlap": dict(moe_dispatcher="deepep", ep_overlap=True),
+               "deepep-pp2-vpp2-overlap": dict(moe_dispatcher="deepep", ep_overlap=True, pp=2, dp=16, vpp=2,
+                                               schedule="interleaved", grad_accum=8)}
+
+
+def _moe_plan(choice: str) -> Plan:
+    par = dict(tp=1, pp=1, dp=32, ep=8, zero=1, micro_batch=1, grad_accum=2)
+    par.update(MOE_CHOICES[choice])
+    plan = make_plan("mixtral-8x7b", gpus=32, gb=par["dp"] * par["grad_accum"], seq=2048, cluster="dgx-h100", **par)
+    return plan.replace(target="megatron")
+
+
 def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
+    cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
+    cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
+    cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
+    cases += [pytest.param("megatron", f"moechoice:{c}", id=f"megatron-moe-{c}") for c in MOE_CHOICES]
     for t in TARGETS:
         for f in sorted((ROOT / "plans" / t).glob("*.yaml")):
             cases.append(pytest.param(t, f"file:{f.name}", id=f"{t}-{f.stem}"))
@@ -107,6 +177,14 @@ _SPREADS: dict[str, list] = {}
 def _plan(target: str, which: str) -> Plan | None:
     if which == "demo":
         return read_plan(DEMO)
+    if which.startswith("vpp:"):
+        return uneven_vpp_plan(which[4:])
+    if which.startswith("moe:"):
+        return moe_plan(which[4:])
+    if which.startswith("float8:"):
+        return float8_plan(which[7:])
+    if which.startswith("moechoice:"):
+        return _moe_plan(which[10:])
     if which.startswith("file:"):
         return read_plan(ROOT / "plans" / target / which[5:])
     if target not in _SPREADS:
@@ -199,17 +277,25 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     if a.tp_comm_overlap:
         # Megatron's own check (arguments.py), and the userbuffers' reach: one NVLink domain
         assert a.sequence_parallel and tp <= plan.cluster.nvlink_gpus and a.tp_comm_bootstrap_backend
-    assert "--overlap-moe-expert-parallel-comm" not in argv
+    # the EP overlap and the dispatcher as the plan sets them (and the file writes them)
+    assert a.overlap_moe_expert_parallel_comm == plan.parallel.ep_overlap
+    flex = a.moe_token_dispatcher_type == "flex"
+    assert flex == (plan.parallel.moe_dispatcher == "deepep") and (not flex or a.moe_flex_dispatcher_backend == "deepep")
     h = header_assumptions(text)
     # Megatron's linear layers overlap the backward's column-parallel collectives without any flag
     assert "column-parallel input-gradient collectives" in engine_facts(text)
     prof = FrameworkProfile(name="megatron", tp_comm_overlap=a.tp_comm_overlap, tp_comm_overlap_backward=True,
                             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
-                            ep_comm_overlap=False, kernel_efficiency=h["kernel_efficiency"],
+                            ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
+                            kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"],
-                            moe=MoeExecution(dispatcher=a.moe_token_dispatcher_type or "alltoall",
+                            moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
-                                             capacity_factor=a.moe_expert_capacity_factor or 0.0),
+                                             capacity_factor=a.moe_expert_capacity_factor or 0.0,
+                                             # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
+                                             per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
+                                             # eager MoE layers: the host time of costmodel.moe, unless graphed
+                                             layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
                             grads_bf16=a.grad_reduce_in_bf16)
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
@@ -299,9 +385,49 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     return AsWritten(plan.model, wl, par, _stages(counts, counts if full else None), prof, world)
 
 
-def torchtitan_as_written(plan: Plan, tmp: Path) -> AsWritten:
+def torchtitan_params(built, model) -> int:
+    """The parameters of torchtitan's built model as the cost model counts them: without the MTP
+    modules (priced as compute on the last stage; their number must be the model's) and without the
+    few weights the catalog's count leaves out, each named: Qwen3's q/k RMSNorms (2 x head_dim per
+    layer), gpt-oss's attention sinks (one per head) and router biases (one per expert)."""
+    mtp = getattr(built, "mtp_layers", None) or []
+    assert len(mtp) == model.mtp_layers
+    n = sum(x.numel() for x in built.parameters()) - sum(x.numel() for x in mtp.parameters()) if mtp else \
+        sum(x.numel() for x in built.parameters())
+    uncounted = {"qwen3": 2 * model.head_dim, "gpt_oss": model.heads + model.num_experts}.get(model.family, 0)
+    return n - (uncounted * model.layers if model.is_moe else 0)
+
+
+def torchtitan_float8(job, model) -> tuple[str, str, bool]:
+    """(dtype, torchao recipe, FP8 all-gather) as the parsed job's model states them: which linears
+    torchtitan swapped to ``Float8Linear`` and the torchao config they carry. The cost model runs
+    every block linear in FP8 and the head in bf16, so the file must convert exactly those."""
+    from torchtitan.models.common.linear import Linear
+    linears = [(fqn, c) for fqn, c, _, _ in job.model_spec.model.traverse(Linear.Config)]
+    f8 = [(fqn, c) for fqn, c in linears if type(c).__qualname__.startswith("Float8Linear")]
+    if not f8:
+        return ("bf16" if job.training.mixed_precision_param == "bfloat16" else "fp32"), "", False
+    assert job.training.mixed_precision_param == "bfloat16"
+    assert {fqn for fqn, _ in f8} == {fqn for fqn, _ in linears if fqn.startswith("layers.")}, \
+        "Float8 must cover every block linear and nothing else (the cost model's FP8 GEMMs)"
+    assert len(f8) == 5 * model.layers              # fused wqkv, wo, w1, w2, w3 per block
+    from torchao.float8 import Float8LinearConfig
+    cfgs = {id(c._torchao_config): c._torchao_config for _, c in f8}
+    assert len(cfgs) == 1
+    cfg = next(iter(cfgs.values()))
+    recipe = next(r for r in ("rowwise", "tensorwise") if Float8LinearConfig.from_recipe_name(r) == cfg)
+    return "fp8", recipe, bool(cfg.enable_fsdp_float8_all_gather)
+
+
+def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     targets_package("torchtitan", "torchtitan 0.3.0")
     from torchtitan.config import ConfigManager
+    if plan.workload.dtype == "fp8":
+        targets_package("torchao", "torchao 0.18.0")
+        import torchtitan.components.quantization.float8 as f8
+        # Float8LinearConverter asks the GPU for SM89+ while the job is built; the plan's GPU has it
+        assert "fp8" in plan.cluster.groups[0].gpu.peak_flops_per_s
+        monkeypatch.setattr(f8, "has_cuda_capability", lambda *a: True)
 
     from emitters import torchtitan as tt
     out = write(plan, "torchtitan", tmp / "out")
@@ -349,11 +475,13 @@ def torchtitan_as_written(plan: Plan, tmp: Path) -> AsWritten:
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
-    assert sum(x.numel() for x in built.parameters()) == plan.model.total_params()   # the model as priced
+    assert torchtitan_params(built, plan.model) == plan.model.total_params()   # the model as priced
+    dtype, recipe, fp8_gather = torchtitan_float8(job, plan.model)
     wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
-                             dtype={"bfloat16": "bf16", "float32": "fp32"}[tr.mixed_precision_param],
+                             dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather and recipe != "tensorwise",
                              attention_kernel=h["attention_kernel"])
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, dp_shard=shard if fsdp else dp,
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=pa.expert_parallel_degree, zero=zero,
+                         dp_shard=shard if fsdp else dp,
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
@@ -454,14 +582,10 @@ def test_price_equals_what_is_written(target, which, tmp_path, monkeypatch):
     if plan is None:
         pytest.fail(f"{target}: fewer than {SPREAD_PER_TARGET} spread plans emit (test_spread_is_wide_enough)")
     plan = plan.replace(target=target)
-    if target == "torchtitan" and plan.model.is_moe:
-        # planned (torchtitan 0.3 trains deepseek_v3/qwen3/gpt-oss with EP) but not yet written:
-        # the emitter refuses MoE (issue 22, left), so there is no file to hold the price against
-        pytest.xfail("the torchtitan emitter writes dense models only (MoE planned, not yet emitted)")
     priced = plan_estimate(plan)
-    reader = {"megatron": megatron_as_written, "deepspeed": deepspeed_as_written,
-              "torchtitan": torchtitan_as_written}.get(target)
-    w = reader(plan, tmp_path) if reader else accelerate_as_written(plan, tmp_path, monkeypatch)
+    reader = {"megatron": megatron_as_written, "deepspeed": deepspeed_as_written}.get(target)
+    w = reader(plan, tmp_path) if reader else {"torchtitan": torchtitan_as_written,
+                                               "accelerate": accelerate_as_written}[target](plan, tmp_path, monkeypatch)
     assert w.world == plan.world_size
     again = estimate(w.model, plan.cluster, w.workload, w.par, stages=w.stages, order=plan.mesh_order,
                      framework=w.profile)

@@ -31,11 +31,9 @@ NO_PLAN = {
     ("deepseek-v3-2048xh100", "megatron-deepspeed"): "multi-latent attention",
     ("mixtral-8x7b-32xh100", "megatron-deepspeed"): "is a mixture of experts",
 }
-# planned (the framework runs it), but the emitter does not write it yet: the `emitters` branch
-# writes torchtitan's MoE (issue 22); until then emit refuses with this part named
-EMIT_PENDING = {
-    ("deepseek-v3-2048xh100", "torchtitan"): "mixture of experts",
-}
+# planned (the framework runs it), but the emitter does not write it yet: none now (torchtitan's MoE is
+# written since the `titan` branch); an entry names the part emit refuses
+EMIT_PENDING: dict[tuple[str, str], str] = {}
 
 
 def _problem_args(name: str) -> list[str]:

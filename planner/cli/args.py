@@ -55,10 +55,14 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=["none", "selective", "full"])
     g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
+    g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep"],
+                   help="MoE token dispatcher (default: searched where the target writes several; else alltoall)")
+    _bool_flag(g, "ep-overlap", "overlap the expert-parallel all-to-alls with compute (Megatron's "
+                                "--overlap-moe-expert-parallel-comm; default: searched where the target writes it)")
 
 
 DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
-               "zero", "sp", "recompute", "schedule")
+               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap")
 
 
 def fixed_degrees(args: argparse.Namespace) -> dict:
@@ -100,7 +104,9 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
         for grp in cluster.groups:       # refuses a GPU without FP8 tensor cores, MXFP8 before Blackwell
             resolve(wl.fp8_recipe, "generic", grp.gpu, wl.fp8_param_gather)
         if not wl.fp8_recipe:            # the plan records the recipe it was priced with
-            wl = dataclasses.replace(wl, fp8_recipe=resolve("", "generic", cluster.groups[0].gpu).name)
+            from planner.plan.targets import default_fp8_recipe
+            wl = dataclasses.replace(wl, fp8_recipe=default_fp8_recipe(getattr(args, "target", None),
+                                                                       cluster.groups[0].gpu))
     if mode == "train" and wl.seq_len > model.max_seq_len:
         over = f"--seq-len {wl.seq_len} is {wl.seq_len / model.max_seq_len:.3g}x the position limit of " \
                f"{model.name} (max_seq_len {model.max_seq_len})"

@@ -103,6 +103,10 @@ class TrainTarget:
     # MoE parallel folding: routed experts on their own expert-TP x EP grid over the stage's
     # tp x cp x dp ranks (``ParallelConfig.etp`` != tp); the sources entry "expert_fold" says where
     expert_fold: bool = False
+    # how MoE layers may run, as the launch file can set it (``ParallelConfig.moe_dispatcher`` and
+    # ``ep_overlap``, priced by costmodel.moe); the sources entries of the same names say where
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    ep_overlap: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -158,10 +162,47 @@ def _megatron_expert_grid(model: ModelSpec, wl: Workload, par: ParallelConfig, o
 TITAN_MOE_FAMILIES = {"deepseek": "deepseek_v3", "qwen3": "qwen3", "gpt_oss": "gpt_oss"}
 
 
+# The mixture-of-experts flavors torchtitan 0.3.0 ships (torchtitan/models/{qwen3,gpt_oss,deepseek_v3}/__init__.py
+# *_configs), by the model shape they build: (family, hidden, layers, heads, kv_heads, experts, top_k,
+# expert FFN width, vocab) -> (model package, flavor, RoPE base, RoPE max_seq_len). Each builds the
+# catalog model's parameters up to weights the cost model does not count (Qwen3's q/k norms,
+# gpt-oss's attention sinks and router biases; tests/test_priced_is_written.py checks on meta).
+TITAN_MOE_FLAVORS: dict[tuple, tuple[str, str, float, int]] = {
+    ("qwen3", 2048, 48, 32, 4, 128, 8, 768, 151936): ("qwen3", "30B-A3B", 1e6, 40960),
+    ("qwen3", 4096, 94, 64, 4, 128, 8, 1536, 151936): ("qwen3", "235B-A22B", 5e6, 40960),
+    ("gpt_oss", 2880, 24, 64, 8, 32, 4, 2880, 201088): ("gpt_oss", "20b", 150000.0, 131072),
+    ("gpt_oss", 2880, 36, 64, 8, 128, 4, 2880, 201088): ("gpt_oss", "120b", 150000.0, 131072),
+    ("deepseek", 7168, 61, 128, 128, 256, 8, 2048, 129280): ("deepseek_v3", "671B", 10000.0, 16384),
+}
+
+
+def titan_moe_flavor(model: ModelSpec) -> tuple[str, str, float, int] | None:
+    """torchtitan's stock flavor for a mixture-of-experts model (``TITAN_MOE_FLAVORS``), None if none."""
+    return TITAN_MOE_FLAVORS.get((model.family, model.hidden, model.layers, model.heads, model.kv_heads,
+                                  model.num_experts, model.top_k, model.expert_ffn_hidden, model.vocab))
+
+
+def titan_moe_problem(model: ModelSpec, wl: Workload) -> str | None:
+    """Why torchtitan's stock flavors cannot train this mixture-of-experts model as priced, or None."""
+    fl = titan_moe_flavor(model)
+    if fl is None:
+        return (f"{model.name}: torchtitan 0.3 builds its mixture-of-experts models from stock flavors "
+                "(qwen3 30B-A3B, 235B-A22B; gpt_oss 20b, 120b; deepseek_v3 671B) and this shape is none of them; "
+                "use the megatron target")
+    pkg, flavor, theta, max_len = fl
+    if model.rope_theta != theta:
+        return (f"{model.name}: RoPE base {model.rope_theta:g}, torchtitan's {pkg} {flavor} flavor uses {theta:g}; "
+                "use the megatron target")
+    if wl.seq_len > max_len:
+        return (f"seq_len {wl.seq_len}: torchtitan's {pkg} {flavor} flavor has RoPE for {max_len} positions; plan "
+                f"--seq-len {max_len} or less")
+    return None
+
+
 def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if model.is_moe or model.attention == "mla":
         if model.family in TITAN_MOE_FAMILIES:
-            return None
+            return titan_moe_problem(model, wl)
         return (f"{model.name} ({model.family}, {model.num_experts} experts): torchtitan 0.3 ships mixture-of-experts "
                 "model code for " + ", ".join(sorted(TITAN_MOE_FAMILIES.values())) + " only; use the megatron target")
     checks = [(model.mlp == "swiglu", f"the {model.mlp} MLP"),
@@ -172,6 +213,13 @@ def _titan_model(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tup
     if bad:
         return (f"{model.name} has {', '.join(bad)}: the torchtitan target writes its llama3 model (dense, "
                 "SwiGLU, RMSNorm, RoPE, untied, no biases); use the megatron target")
+    return None
+
+
+def titan_mtp_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if model.mtp_layers and par.pp > 1:
+        return (f"{model.mtp_layers} multi-token-prediction module(s) with pp={par.pp}: the torchtitan emitter "
+                "states no pipeline stage for DeepSeek-V3's MTP modules (module_fqns_per_model_part); plan --pp 1")
     return None
 
 
@@ -203,9 +251,51 @@ def _titan_ddp(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple
 
 def _titan_bf16(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     fsdp = (par.zero >= 2 and par.dp_shard > 1) or par.cp > 1
-    if wl.dtype in ("bf16", "bfloat16") and (par.tp > 1 or par.pp > 1) and not fsdp:
-        return (f"bf16 with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
+    if wl.dtype in ("bf16", "bfloat16", "fp8") and (par.tp > 1 or par.pp > 1) and not fsdp:
+        return (f"{wl.dtype} with tp={par.tp} pp={par.pp} and no FSDP (dp_shard={par.dp_shard}, zero={par.zero}): "
                 "torchtitan mixes precision through fully_shard; plan dp > 1 with --zero 2 or 3")
+    return None
+
+
+# torchtitan's Float8 is torchao's ``Float8Linear`` (pytorch/torchtitan v0.3.0
+# torchtitan/components/quantization/float8.py ``Float8LinearConverter``): dynamic scaling, casts per
+# use, BF16 saved inputs (costmodel/fp8.py resolve). The published torchtitan Float8 runs (2024-12,
+# 2025-06, torchtitan <= 0.2) used tensorwise scaling with the FP8 FSDP all-gather, or rowwise;
+# torchtitan 0.3.0's converter takes ``recipe_name`` rowwise (its default) or rowwise_with_gw_hp only,
+# so rowwise is what the emitter writes and what a torchtitan plan defaults to.
+TITAN_FP8_RECIPES = ("rowwise", "tensorwise")
+TITAN_FP8_WRITTEN = "rowwise"
+# torchao converts a Linear only when every dimension is a multiple of 16 (FP8 tensor cores;
+# torchtitan/components/quantization/utils.py module_filter_fn); the cost model runs every linear
+# GEMM of the blocks in FP8, so a model with another width is refused, not silently mixed
+FP8_DIM_MULTIPLE = 16
+
+
+def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
+    """The widths of the block linears torchtitan's llama3 converts to Float8 (fused wqkv, wo, w1/w3, w2)."""
+    return {"hidden": model.hidden, "q heads x head_dim": model.heads * model.head_dim,
+            "kv heads x head_dim": model.kv_heads * model.head_dim, "ffn_hidden": model.ffn_hidden}
+
+
+def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
+    if wl.dtype != "fp8":
+        return None
+    if model.is_moe or model.attention == "mla":
+        return (f"fp8 with {model.name}: torchtitan's Float8 for experts (Float8GroupedExpertsConverter) and MLA "
+                "is not written by this emitter; plan --dtype bf16")
+    from costmodel.fp8 import default_recipe
+    recipe = wl.fp8_recipe or default_recipe("torchtitan", None)
+    if recipe not in TITAN_FP8_RECIPES:
+        return (f"fp8 recipe {recipe}: torchtitan's Float8 is torchao's Float8Linear (recipes "
+                f"{', '.join(TITAN_FP8_RECIPES)}), not Transformer Engine's; plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+    if wl.fp8_param_gather and recipe != "tensorwise":
+        return (f"--fp8-param-gather with fp8 recipe {recipe}: torchao all-gathers FP8 weights under FSDP only "
+                "with tensorwise scaling (enable_fsdp_float8_all_gather); drop --fp8-param-gather")
+    bad = [f"{k} {v}" for k, v in titan_fp8_linear_dims(model).items() if v % FP8_DIM_MULTIPLE]
+    if bad:
+        return (f"fp8 with {', '.join(bad)}: torchao converts a linear layer to Float8 only when its widths are "
+                f"multiples of {FP8_DIM_MULTIPLE} (module_filter_fn), the cost model prices every block linear in "
+                "FP8; plan --dtype bf16")
     return None
 
 
@@ -365,6 +455,11 @@ MEGATRON_SOURCES = {
     "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
                    "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
+    "moe_dispatchers": "Megatron-Core 0.16 transformer_config.py: --moe-token-dispatcher-type alltoall, or flex with "
+                       "--moe-flex-dispatcher-backend deepep (not with --moe-pad-expert-input-to-capacity)",
+    "ep_overlap": "Megatron-Core 0.16 transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm): EP > 1, "
+                  "alltoall or flex dispatcher, no full recompute, VPP when PP > 1, bf16/fp16, at most 1 MTP layer "
+                  "and then PP > 1",
     "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
     "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
@@ -390,6 +485,7 @@ MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
     cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
+    moe_dispatchers=("alltoall", "deepep"), ep_overlap=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
@@ -403,10 +499,10 @@ TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
     cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
-    vpp=True, vpp_split="even", split="any",
+    vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
-    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32"}),
+    orders=(MESH_AXES,), tp_with_pp=True, dtypes=frozenset({"bf16", "fp32", "fp8"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources={
         "zero": f"{TORCHTITAN_SRC}: FSDP2 only (fsdp_reshard_after_forward never = ZeRO-2, always = ZeRO-3); "
@@ -420,8 +516,12 @@ TORCHTITAN = TrainTarget(
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
+        "moe_dispatchers": "its own all-to-all (priced as alltoall); emitters/torchtitan.py writes no dispatcher choice",
+        "ep_overlap": "not planned: emitters/torchtitan.py writes no expert-parallel overlap",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
-        "vpp_split": "emitters/torchtitan.py model_parts: with vpp > 1, pp*vpp equal chunks",
+        "vpp_split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per model part; "
+                     "emitters/torchtitan.py model_parts writes each rank's near-equal chunks (emitters/base.py "
+                     "virtual_counts, the built-in runtime's cut)",
         "split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per stage",
         "recompute": "pytorch/torchtitan v0.3.0 torchtitan/distributed/activation_checkpoint.py: FullAC (every "
                      "block) or SelectiveAC, per-op: saves SDPA, linear, reduce-scatter and all-to-all outputs, "
@@ -435,7 +535,9 @@ TORCHTITAN = TrainTarget(
                         "(~1020); Interleaved1F1B a multiple of max(1, M // pp) rounds (~2937)",
         "orders": f"{TORCHTITAN_SRC} torchtitan/distributed/parallel_dims.py: pp, dp_replicate, dp_shard, cp, tp",
         "tp_with_pp": f"{TORCHTITAN_SRC}: dp_replicate*dp_shard*cp*tp*pp == WORLD_SIZE",
-        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32",
+        "dtypes": "emitters/torchtitan.py: mixed_precision_param bfloat16 or float32; fp8 through "
+                  "pytorch/torchtitan v0.3.0 torchtitan/components/quantization/float8.py Float8LinearConverter "
+                  "(torchao Float8Linear on the block linears, lm_head kept in bf16 with filter_fqns)",
         "models": "emitters/torchtitan.py _check_model: llama3 (dense, SwiGLU, RMSNorm, RoPE, untied, no biases); "
                   "torchtitan/models/ deepseek_v3 (MLA + MoE), qwen3, gpt_oss for mixtures of experts",
         "kv_heads_divisible": "torchtitan llama3 parallelize: wk/wv column-parallel, KV heads split over tp",
@@ -444,10 +546,13 @@ TORCHTITAN = TrainTarget(
     extra=(Extra(what="model", source="emitters/torchtitan.py _check_model; torchtitan/models/", check=_titan_model,
                  model_only=True),
            Extra(what="expert mesh", source="torchtitan/distributed/parallel_dims.py efsdp", check=_titan_ep),
+           Extra(what="MTP stage", source="emitters/torchtitan.py model_parts", check=titan_mtp_problem),
            Extra(what="per-op SAC", source="torchtitan/distributed/activation_checkpoint.py SelectiveAC",
                  check=_titan_sac),
            Extra(what="DDP", source="emitters/torchtitan.py _data_parallel", check=_titan_ddp),
-           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16)),
+           Extra(what="bf16 needs FSDP", source="emitters/torchtitan.py config", check=_titan_bf16),
+           Extra(what="Float8", source="torchtitan/components/quantization/float8.py, utils.py module_filter_fn",
+                 check=titan_fp8_problem)),
 )
 
 DEEPSPEED = TrainTarget(
@@ -469,6 +574,8 @@ DEEPSPEED = TrainTarget(
         "expert_tp": f"{DEEPSPEED_SRC}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
         "expert_fold": f"{DEEPSPEED_SRC}: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
                        "(emitters/deepspeed.py writes no folding)",
+        "moe_dispatchers": f"{DEEPSPEED_SRC}: AutoEP's all-to-all (priced as alltoall); no dispatcher choice",
+        "ep_overlap": "not planned: emitters/deepspeed.py writes no expert-parallel overlap",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
@@ -516,6 +623,8 @@ MEGADS = TrainTarget(
               "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
         "expert_tp": "no MoE here",
         "expert_fold": "not planned: no MoE under GPTModelPipe (see ep)",
+        "moe_dispatchers": "not planned: no MoE under GPTModelPipe (see ep)",
+        "ep_overlap": "not planned: no MoE under GPTModelPipe (see ep)",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
         "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
@@ -547,12 +656,15 @@ MEGADS = TrainTarget(
 
 _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
-    expert_fold=False,
+    expert_fold=False, moe_dispatchers=("alltoall",), ep_overlap=False,
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
              "expert_fold": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no expert tensor parallel size; not planned",
+             "moe_dispatchers": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no dispatcher field (Megatron's "
+                                "default alltoall)",
+             "ep_overlap": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no EP overlap field; not planned",
              "zero": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
@@ -582,6 +694,7 @@ _ACCEL_FSDP = TrainTarget(
         "cp": f"{ACCELERATE_SRC}: cp_size (torch backend) under FSDP2",
         "ep": f"{ACCELERATE_SRC}: no EP field",
         "expert_tp": f"{ACCELERATE_SRC}", "expert_fold": f"{ACCELERATE_SRC}: no EP field", "vpp": f"{ACCELERATE_SRC}",
+        "moe_dispatchers": f"{ACCELERATE_SRC}: no EP field", "ep_overlap": f"{ACCELERATE_SRC}: no EP field",
         "vpp_split": f"{ACCELERATE_SRC}", "split": f"{ACCELERATE_SRC}",
         "recompute": f"{ACCELERATE_SRC}: FSDP plugin activation_checkpointing (bool, whole model)",
         "recompute_block": f"{ACCELERATE_SRC}", "recompute_per_stage": f"{ACCELERATE_SRC}",
@@ -612,6 +725,8 @@ BUILTIN_SOURCES = {
     "ep": "runtime/parallel.py Dims.from_plan: ep divides num_experts and the dp shard group",
     "expert_tp": "runtime/parallel.py: expert weights are DTensors on ep x tp (the FFN dimension)",
     "expert_fold": "runtime/parallel.py: experts on an ep x tp mesh inside dp; no separate expert TP",
+    "moe_dispatchers": "runtime/parallel.py: its own all-to-all over the EP group (priced as alltoall)",
+    "ep_overlap": "runtime/parallel.py: the all-to-alls run in line with compute; no overlap",
     "vpp": "runtime/pipeline.py: ScheduleInterleaved1F1B, a rank's layers cut into vpp chunks",
     "vpp_split": "runtime/pipeline.py virtual_stage_layers: any counts, each >= vpp",
     "split": "runtime/pipeline.py virtual_stage_layers: the plan's stage split as it is",
@@ -862,6 +977,22 @@ def framework_of(name: str) -> str:
         return GENERIC
 
 
+def titan_fp8_recipe(cluster, workload: Workload):
+    """The torchao recipe a torchtitan Float8 workload is priced with (``costmodel.stage_terms.fp8_recipe_of``
+    with the torchtitan profile): what its emitter must write."""
+    from costmodel.stage_terms import fp8_recipe_of
+    return fp8_recipe_of(cluster, workload, "torchtitan")
+
+
+def default_fp8_recipe(target: str | None, gpu) -> str:
+    """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
+    emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
+    target's framework (``costmodel.fp8.default_recipe``)."""
+    from costmodel.fp8 import default_recipe
+    fw = framework_of(target or GENERIC) if target in TRAIN or not target else GENERIC
+    return TITAN_FP8_WRITTEN if fw == "torchtitan" else default_recipe(fw, gpu)
+
+
 # --------------------------------------------------------------------------------------
 # Framework settings a plan carries (the plan file's ``framework:`` section)
 # --------------------------------------------------------------------------------------
@@ -1018,6 +1149,31 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
+    # how MoE layers run (costmodel.moe; Megatron-Core's TransformerConfig checks for the EP overlap)
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and not a.model.is_moe,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.model.name} has no experts; leave it out"),
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and a.par.moe_dispatcher not in a.t.moe_dispatchers,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.name} writes the "
+                  f"{' or '.join(a.t.moe_dispatchers)} dispatcher; plan moe_dispatcher {a.t.moe_dispatchers[0]}"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and not a.t.ep_overlap,
+        lambda a: f"ep_overlap: {a.name} does not overlap the expert-parallel all-to-alls with compute; leave it out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (not a.model.is_moe or a.par.ep <= 1),
+        lambda a: f"ep_overlap with ep={a.par.ep}: the overlap hides expert-parallel all-to-alls, and "
+                  f"{'this plan has none' if a.model.is_moe else a.model.name + ' has no experts'}; plan --ep 2 or "
+                  "more, or leave ep_overlap out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.recompute == "full",
+        lambda a: f"ep_overlap with recompute=full: {a.name} refuses full recomputation with the EP overlap; "
+                  "plan --recompute selective or none"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.pp > 1 and a.par.vpp == 1,
+        lambda a: f"ep_overlap with pp={a.par.pp} and vpp=1: {a.name} needs virtual pipeline stages for the EP "
+                  "overlap when pp > 1; plan --vpp 2 or more"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.wl.dtype == "fp32",
+        lambda a: f"ep_overlap with dtype fp32: {a.name} runs the EP overlap in bf16 or fp16 models only; "
+                  "plan --dtype bf16"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (a.model.mtp_layers > 1
+                                                                          or a.model.mtp_layers == 1 and a.par.pp == 1),
+        lambda a: f"ep_overlap with {a.model.mtp_layers} MTP layers and pp={a.par.pp}: {a.name} takes at most one "
+                  "MTP layer with the EP overlap, and then pp > 1; plan --pp 2 or more, or leave ep_overlap out"),
     # tensor and sequence parallel
     Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
         lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "

@@ -320,7 +320,7 @@ def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int
 
 
 # the fields a group of candidates shares (with the world size): its bound is computed once
-_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute")
+_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute", "moe_dispatcher", "ep_overlap")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
 _SHAPE_FIELDS = {"tp", "cp", "pp", "dp"}        # what an outer shape fixes (``space.Shape``)
 # A candidate's weak bound (``bounds.lower_bound``) is at least its group's bound

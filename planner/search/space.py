@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.limits import MAX_LAYERS
+from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
@@ -166,7 +167,20 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
                         par = _copied(base_par, fields)
                     out.append([Candidate(par=par, order=tuple(o), stage_counts=shape.stage_counts)
                                 for o in ch.orders])
+                    # an MoE group's members may carry any MoE execution (dispatcher, EP overlap:
+                    # ``_moe_variants``), each priced apart: one representative per pair, so the
+                    # shape's bound is at most every member's
+                    if ep > 1:
+                        for disp, over in _MOE_EXEC_PAIRS:
+                            if (disp, over) != (par.moe_dispatcher, par.ep_overlap):
+                                alt = _copied(par, dict(moe_dispatcher=disp, ep_overlap=over))
+                                out.append([Candidate(par=alt, order=tuple(o), stage_counts=shape.stage_counts)
+                                            for o in ch.orders])
     return out
+
+
+# every (dispatcher, EP overlap) pair a plan may carry ("" is the target's default dispatcher)
+_MOE_EXEC_PAIRS = tuple((d, o) for d in ("",) + MOE_DISPATCHERS for o in (False, True))
 
 
 def _copied(par: ParallelConfig, fields: dict) -> ParallelConfig:
@@ -272,6 +286,9 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     protos: dict = {}
     found: list = []
     out = []
+    # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
+    # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
+    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     for mb in mbs:
         if per_replica % mb or (only_mb is not None and mb != only_mb):
             continue
@@ -312,7 +329,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                             par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
                                                                  dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
                                                                  grad_accum=ga, recompute=base, schedule=sched,
-                                                                 recompute_layers=rl)
+                                                                 recompute_layers=rl, **moe_fixed)
                                         except SpecError:
                                             continue
                                         if rl >= 0:
@@ -335,8 +352,25 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     if wide:
                                         memo[kind] = any_order
     if wide:
+        kept = tg.prune_dominated(found)
+        if model.is_moe and any(par.ep > 1 for _, par in kept):
+            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key[-1], gpn,
+                                                                            fixed)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
-               for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
+               for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
+    return out
+
+
+def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict) -> list[ParallelConfig]:
+    """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
+    the target's table accepting it."""
+    from planner.search import target_space as tg
+    out = []
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+        v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
+            dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
+        if v is par or tg.runs(target, model, workload, v, order):
+            out.append(v)
     return out
 
 

@@ -9,6 +9,8 @@
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 366211 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
 # Engine DEEPSPEED also needs, in the environment accelerate runs in: DeepSpeed (pip install deepspeed): the DEEPSPEED engine runs ZeRO-1
+# Engine DEEPSPEED also needs, in the environment accelerate runs in: transformers: Accelerate's DeepSpeed plugin reads its version (utils/dataclasses.py DeepSpeedPlugin.set_deepspeed_weakref)
+# train_accelerate.py, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/train_accelerate.py trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
 #   accelerate      on PATH: activate the Python environment that has Accelerate 1.x and its torch

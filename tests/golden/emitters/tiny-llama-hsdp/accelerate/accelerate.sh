@@ -8,6 +8,7 @@
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
+# train_accelerate.py, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/train_accelerate.py trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
 #   accelerate      on PATH: activate the Python environment that has Accelerate 1.x and its torch

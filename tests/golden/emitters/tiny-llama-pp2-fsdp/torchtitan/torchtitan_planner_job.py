@@ -9,6 +9,7 @@ $TRAIN_STEPS and $WARMUP_STEPS (375M tokens, at most a tenth of the run) on the 
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)
 from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no checkpointing)
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader

@@ -10,6 +10,7 @@
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less), cosine decay to 6.00e-05 (10%) at the run's last step; init std 0.0559 = sqrt(2 / (5 * hidden)).
 # Engine MEGATRON_LM also needs, in the environment accelerate runs in: Megatron-LM (megatron-core and Megatron-LM's megatron/training on PYTHONPATH): the MEGATRON_LM engine runs TP/PP
 # Engine MEGATRON_LM also needs, in the environment accelerate runs in: transformers: Accelerate's Megatron-LM integration reads the model's Hugging Face config
+# No starting-point script ships for this plan (the Megatron-LM engine (tp=1, pp=2): the starting-point script builds a plain torch decoder, not Megatron-LM's model); bring your own
 set -euo pipefail
 # ---- what you supply (each is checked below; exit 2 says what is missing) ----
 #   accelerate      on PATH: activate the Python environment that has Accelerate 1.x and its torch
