@@ -56,7 +56,7 @@ import functools
 from dataclasses import dataclass
 
 from .comm import GroupLayout, group_layout
-from .moe import DEFAULT_EXECUTION, MoeExecution
+from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
 from .specs import ParallelConfig, SpecError
 
 
@@ -126,7 +126,8 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
-                     moe=MoeExecution(permute_fusion=True, router_fusion=True),
+                     moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
+                                      layer_host_s=MEGATRON_LAYER_HOST_S),
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,

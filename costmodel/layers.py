@@ -47,7 +47,8 @@ from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
-                  grouped_gemm_factor, host_sync_s, load_factor, permute_time_s, router_time_s)
+                  expert_gemm_host_floor_s, grouped_gemm_factor, host_excess_s, host_sync_s, layer_host_s,
+                  load_factor, permute_time_s, router_time_s)
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -253,7 +254,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             # size, slowed by the grouped kernel's factor (``costmodel.moe.grouped_gemm_factor``)
             base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk) if fp8_gemm
                     else gemm_time_s(gpu, cluster, dt, m * c, n, kk))
-            return base / grouped_gemm_factor(m, kk)
+            # never under the host's issue time where the framework calls one GEMM per local expert
+            # (``costmodel.moe.expert_gemm_host_floor_s``)
+            return max(base / grouped_gemm_factor(m, kk), expert_gemm_host_floor_s(c, ex.per_expert_gemms))
         if fp8_gemm:
             return fp8_gemm_time_s(gpu, cluster, m, n, kk, c)
         return gemm_time_s(gpu, cluster, dt, m, n, kk, c)
@@ -351,6 +354,13 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
     cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes), cp - 1) if cp > 1 else 0.0
+
+    if moe and ex.layer_host_s > 0:
+        # a host-paced layer: the host's issue time beyond the layer's GPU time (compute three
+        # forwards, the EP/ETP/TP collectives forward and backward), spread over the compute
+        local = model.num_experts / ep
+        gpu_layer = 3 * fwd_s + 2 * (ep_fwd_s + etp_fwd_s + tp_fwd_s)
+        fwd_s += host_excess_s(gpu_layer, layer_host_s(ex.layer_host_s, local, ex.per_expert_gemms)) / 3
 
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(

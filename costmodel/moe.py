@@ -112,6 +112,69 @@ def host_sync_s(dropless: bool = True) -> float:
     return DROPLESS_SYNC_S if dropless else 0.0
 
 
+# ---- per-expert launches of the expert GEMMs --------------------------------------------------------
+# Megatron's ``--moe-grouped-gemm`` without ``--moe-use-legacy-grouped-gemm`` runs the routed experts as
+# TEGroupedMLP (Megatron-LM's own argument check names the pair), whose Transformer Engine
+# ``GroupedLinear`` is not one grouped kernel: it issues one cuBLAS GEMM per local expert on several
+# streams (TransformerEngine PR #853, "Grouped GEMM via multi-stream cuBLAS"; TE issue #1386: batched
+# GEMM cannot take unequal sizes and cuBLAS/CUTLASS grouped kernels were slower). Every one of those
+# calls costs the host its own operations: the input's split by expert and the GEMM call itself (TE
+# issue #1499, a maintainer: the gap between GroupedLinear and its GEMMs is the CPU overhead of
+# ``torch.split`` and the per-GEMM allocations), each at the measured per-operation cost
+# ``KERNEL_LAUNCH_S``. Two host operations per expert GEMM are counted (the split and the call; FP8's
+# per-GEMM allocations are not counted: a lower bound). torchtitan's ``torch._grouped_mm`` and the
+# legacy grouped GEMM are one kernel per matrix: no per-expert floor. CUDA graphs do not remove it
+# where Megatron captures them for dropless MoE (attn, moe_router, moe_preprocess: the experts stay
+# eager, [REF §5] from the Megatron-Core MoE README); the emitted file captures none.
+HOST_OPS_PER_EXPERT_GEMM = 2
+
+
+def expert_gemm_host_floor_s(local_experts: float, per_expert_launches: bool) -> float:
+    """The least time one expert matrix's forward GEMMs take when the host issues one GEMM per
+    local expert (``per_expert_launches``: TE's GroupedLinear): ``local_experts`` x
+    ``HOST_OPS_PER_EXPERT_GEMM`` host operations at ``KERNEL_LAUNCH_S``; 0 for a single grouped
+    kernel. The backward issues two GEMMs per expert (input and weight gradients), twice this,
+    as the cost model's backward is twice its forward."""
+    if not per_expert_launches:
+        return 0.0
+    return max(local_experts, 0.0) * HOST_OPS_PER_EXPERT_GEMM * KERNEL_LAUNCH_S
+
+
+# ---- host pacing of a whole MoE layer -------------------------------------------------------------
+# A dropless MoE layer drains the launch queue once per forward (``host_sync_s``), so the host cannot
+# run a layer ahead: a layer takes at least the host's time to issue it. Megatron-Core runs the layer
+# eagerly from Python (router, aux loss, the dispatcher's preprocessing, permutation, per-expert
+# GEMMs, combine); its README's remedy for a CPU-bound step is a larger micro-batch "to reduce kernel
+# launches" or CUDA graphs [REF §5], and for dropless layers graphs cover only attn, moe_router and
+# moe_preprocess (the emitted file captures none). No per-layer host figure was published ([REF §5]
+# "not found"), so the fixed part is FITTED (bench/fit_moe_host.py) on the two public Megatron runs
+# whose layers come out host-paced: yanring/Megatron-MoE-ModelZoo issue #7 (Qwen3-30B-A3B on 8 B200,
+# EP8, micro-batch 1, forced balance, "~150 TFLOPs / GPU", Aug 2025; its nsys summary puts most GPU
+# time in the dispatcher's kernels -- all-to-alls waiting on the other ranks' hosts -- and the
+# repository's answer, run_30b.sh @8c19702 the next day, was micro-batch 4 on B200) -> 12.16 ms; the
+# ModelZoo's Qwen3-235B-A22B TP4 EP8 PP8 row (256 H100, Mar 2026 code, 16 local experts and 1,024
+# tokens a rank) -> 8.61 ms. Their median, 10.39 ms; the spread (8.6-12.2 ms: two software versions,
+# two host CPUs) is this constant's uncertainty. Forward + backward of one MoE layer, per
+# micro-batch, whatever its token count; the per-expert GEMM calls (``expert_gemm_host_floor_s``,
+# three per expert matrix: forward, dgrad, wgrad) on top.
+MEGATRON_LAYER_HOST_S = 10.39e-3
+
+
+def layer_host_s(base_s: float, local_experts: float, per_expert_launches: bool) -> float:
+    """Host time to issue one MoE layer's forward and backward for one micro-batch: the
+    framework's fixed part ``base_s`` (``MoeExecution.layer_host_s``) and its per-expert GEMM
+    calls (two matrices, each forward + two backward GEMMs per local expert)."""
+    if base_s <= 0:
+        return 0.0
+    return base_s + 2 * 3 * expert_gemm_host_floor_s(local_experts, per_expert_launches)
+
+
+def host_excess_s(gpu_layer_s: float, host_s: float) -> float:
+    """What a host-paced layer adds to its GPU time: the host's time beyond it (the layer takes
+    the longer of the two; the dropless sync keeps the host from running a layer ahead)."""
+    return max(0.0, host_s - gpu_layer_s)
+
+
 # ---- load imbalance ------------------------------------------------------------------------------
 # The busiest expert-parallel rank's routed tokens over the mean, by how the router balances.
 # * aux_free (DeepSeek-V3's bias update): Wang et al., "Auxiliary-Loss-Free Load Balancing"
@@ -179,6 +242,9 @@ class MoeExecution:
     fp8_dispatch: bool = False       # FP8 tokens in the dispatch (DeepEP / HybridEP under FP8 training)
     capacity_factor: float = 0.0     # Megatron --moe-expert-capacity-factor (with padding); 0: dropless
     forced_balance: bool = False     # Megatron --moe-router-force-load-balancing (benchmarks only)
+    per_expert_gemms: bool = False   # one GEMM call per local expert (Megatron's TEGroupedMLP: --moe-grouped-gemm
+    #                                  without --moe-use-legacy-grouped-gemm); False: one grouped kernel
+    layer_host_s: float = 0.0        # host time to issue one MoE layer fwd+bwd (eager); 0: not priced
 
     @property
     def dropless(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
                      range_problem,
                      type_problem)
+from .moe import DISPATCHERS as MOE_DISPATCHERS
 from .units import GIB, US, dtype_bytes
 
 # What communication overlapped with compute still costs when nothing measured it: NCCL's
@@ -719,6 +720,11 @@ class ParallelConfig:
     recompute_layers: int = -1       # with full: layers per stage recomputed; -1 -> all
     schedule: str = ""               # 1f1b | gpipe | interleaved; "" -> from vpp
     overlap_dp_comm: bool = True
+    # how the MoE layers run, as the launch file sets them (``costmodel.moe``): the token
+    # dispatcher ("" -> the target's: alltoall) and the expert-parallel all-to-alls overlapped
+    # with another micro-batch's compute (Megatron's --overlap-moe-expert-parallel-comm)
+    moe_dispatcher: str = ""
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum"):
@@ -746,6 +752,9 @@ class ParallelConfig:
             raise SpecError(f"parallel: vpp {self.vpp} > 1 needs the interleaved schedule, got {self.schedule!r}")
         if self.sp and self.tp == 1:
             object.__setattr__(self, "sp", False)
+        if self.moe_dispatcher not in ("",) + MOE_DISPATCHERS:
+            raise SpecError(f"parallel: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)} (or empty: the "
+                            f"target's), got {describe(self.moe_dispatcher)}")
         check_ranges(self, "parallel", SpecError)
 
     @property
@@ -786,6 +795,9 @@ class ParallelConfig:
         out = dataclasses.asdict(self)
         if self.etp == self.tp:
             del out["etp"]           # the default: plan files without expert TP stay as they were
+        for k in ("moe_dispatcher", "ep_overlap"):
+            if not out[k]:
+                del out[k]           # defaults: plan files of dense models (and alltoall MoE) unchanged
         return out
 
     @classmethod

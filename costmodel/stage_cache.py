@@ -7,6 +7,7 @@ bounds). Nothing here is a rule: each entry is what a rule in ``costmodel.stage_
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from operator import itemgetter
 
@@ -64,15 +65,19 @@ class _Shared:
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay)
+               etp_lay, par.moe_dispatcher, par.ep_overlap)
         hit = self.layers.get(key)
         if hit is None:
+            # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
+            ex = self.framework.moe
+            if moe and par.moe_dispatcher and par.moe_dispatcher != ex.dispatcher:
+                ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, self.framework.moe)
+                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, ex)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap,
-                                                      self.framework.ep_comm_overlap and moe and par.ep > 1))
+            ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
@@ -102,7 +107,7 @@ class _Shared:
         and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
         key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.etp, par.dp_shard, par.sp, par.micro_batch,
-               grp.name)
+               grp.name, par.moe_dispatcher, par.ep_overlap)
         mesh = self.meshes.get(key)
         if mesh is not None:
             return mesh

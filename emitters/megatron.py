@@ -104,6 +104,9 @@ def model_args(plan: Plan) -> list:
 MOE_DISPATCHER = "alltoall"
 MOE_PERMUTE_FUSION = True
 MOE_ROUTER_FUSION = True
+# --moe-grouped-gemm without --moe-use-legacy-grouped-gemm: Transformer Engine's GroupedLinear, one GEMM
+# call per local expert (priced: costmodel.moe.expert_gemm_host_floor_s); no --cuda-graph-impl: MoE
+# layers run eagerly (priced: costmodel.moe.MEGATRON_LAYER_HOST_S).
 
 
 def moe_args(plan: Plan) -> list:
@@ -111,8 +114,16 @@ def moe_args(plan: Plan) -> list:
     score function, group-limited routing, and its balancing, whose coefficient sets the priced
     load factor (``costmodel.moe.load_factor``; an unknown coefficient is priced as a weak loss and
     written as 1e-3, Qwen3's). Megatron-Core 0.16 names (transformer_config.py)."""
-    m = plan.model
-    a: list = ["--moe-token-dispatcher-type", MOE_DISPATCHER, "--moe-grouped-gemm"]
+    m, p = plan.model, plan.parallel
+    # the plan's dispatcher and EP overlap (ParallelConfig.moe_dispatcher / ep_overlap, priced by
+    # costmodel.stage_cache over the profile's; the target's table says what Megatron accepts)
+    if (p.moe_dispatcher or MOE_DISPATCHER) == "deepep":
+        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    else:
+        a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
+    a.append("--moe-grouped-gemm")
+    if p.ep_overlap:
+        a.append("--overlap-moe-expert-parallel-comm")
     if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
     if MOE_ROUTER_FUSION:

@@ -47,7 +47,9 @@ def test_legend_explains_every_compact_token():
         for example in re.findall(r"`([^`]+)`", cell):
             for tok in example.strip("[]. ").split():
                 patterns.append(re.compile("^" + re.sub(r"\d+", r"\\d+", re.escape(tok)) + "$"))
-    for tok in compact(par).split() + compact(ParallelConfig(tp=1, recompute="selective")).split():
+    moe = ParallelConfig(dp=8, ep=8, moe_dispatcher="deepep", ep_overlap=True)
+    for tok in (compact(par).split() + compact(ParallelConfig(tp=1, recompute="selective")).split()
+                + compact(moe).split()):
         assert any(p.match(tok) for p in patterns), f"{tok!r} has no legend entry"
 
 

@@ -268,13 +268,14 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
              "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
              "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity", "--tp-comm-overlap", "--add-qkv-bias",
-             "--grad-reduce-in-bf16"]
+             "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm", "--overlap-moe-expert-parallel-comm"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--cuda-graph-impl", choices=["none", "local", "transformer_engine"], default="none")
     p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"])
     p.add_argument("--moe-router-dtype", choices=["fp32", "fp64"])
     p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"])

@@ -249,3 +249,70 @@ def test_moe_validation_section():
     assert "## Mixture-of-experts training runs" in text
     for p in moe_rows.pending:
         assert p.split(":")[0] in text
+
+
+# ---- host pacing -----------------------------------------------------------------------------------
+
+def test_per_expert_gemm_floor_by_hand():
+    # TE GroupedLinear: one GEMM call per local expert, two host operations each (split, call) at
+    # the measured 15.5 us / 4 per operation (Megatron-LM PR #6456)
+    assert moe.expert_gemm_host_floor_s(16, True) == pytest.approx(16 * 2 * 15.5e-6 / 4)
+    assert moe.expert_gemm_host_floor_s(16, False) == 0.0          # one grouped kernel: no floor
+    # a layer: the fixed part plus three calls per expert for each of the two matrices
+    assert moe.layer_host_s(0.01, 16, True) == pytest.approx(0.01 + 6 * 16 * 2 * 15.5e-6 / 4)
+    assert moe.layer_host_s(0.0, 16, True) == 0.0                   # not priced where unset
+    assert moe.host_excess_s(0.004, 0.010) == pytest.approx(0.006)
+    assert moe.host_excess_s(0.020, 0.010) == 0.0
+
+
+def _qwen3_30b_layer(ex: moe.MoeExecution, ep: int = 8, mb: int = 1, cluster: str = "dgx-b200"):
+    m = get_model("qwen3-30b-a3b")
+    cl = load_cluster(cluster).with_gpus(8)
+    g = cl.groups[0]
+    wl = Workload(global_batch=64, seq_len=4096)
+    return layer_cost(m, True, wl, 1, 1, ep, False, mb, g.gpu, cl, g.intra_node, ONE, GroupLayout(ep, ep), ONE,
+                      1.0, None, 0, None, ex)
+
+
+def test_host_pacing_is_priced_only_where_set_and_only_beyond_the_gpu():
+    base = moe.MoeExecution(forced_balance=True)
+    paced = dataclasses.replace(base, layer_host_s=moe.MEGATRON_LAYER_HOST_S, per_expert_gemms=True)
+    free, hosted = _qwen3_30b_layer(base), _qwen3_30b_layer(paced)
+    gpu = 3 * free.fwd_s + 2 * free.ep_fwd_s
+    host = moe.layer_host_s(moe.MEGATRON_LAYER_HOST_S, 16, True)
+    assert host > gpu                                   # Qwen3-30B-A3B, micro-batch 1, B200: host-bound
+    assert 3 * hosted.fwd_s + 2 * hosted.ep_fwd_s == pytest.approx(host, rel=1e-9)
+    assert hosted.model_flops_fwd == free.model_flops_fwd      # time, not work
+    # a bigger micro-batch amortises the host (the ModelZoo's answer: micro-batch 4 on B200)
+    big = _qwen3_30b_layer(paced, mb=8)
+    assert 3 * big.fwd_s + 2 * big.ep_fwd_s > host      # GPU-bound again
+    assert big.fwd_s / 8 < hosted.fwd_s
+
+
+def test_per_expert_launches_make_few_ep_ranks_slow():
+    # one rank holding all 128 experts issues 128 GEMM calls per matrix: the floor binds
+    per = moe.MoeExecution(forced_balance=True, per_expert_gemms=True)
+    one = moe.MoeExecution(forced_balance=True)
+    slow, fast = _qwen3_30b_layer(per, ep=1), _qwen3_30b_layer(one, ep=1)
+    assert slow.gemm_fwd_s - fast.gemm_fwd_s > 0.5 * 2 * moe.expert_gemm_host_floor_s(128, True)
+    # at EP8 (16 experts a rank, ~4k tokens each) the GEMMs outlast the launches
+    assert _qwen3_30b_layer(per).gemm_fwd_s == _qwen3_30b_layer(one).gemm_fwd_s
+
+
+def test_megatron_profile_prices_what_its_file_runs():
+    ex = FRAMEWORKS["megatron"].moe
+    assert ex.per_expert_gemms and ex.layer_host_s == moe.MEGATRON_LAYER_HOST_S
+    for name in ("torchtitan", "generic"):
+        assert FRAMEWORKS[name].moe.layer_host_s == 0.0 and not FRAMEWORKS[name].moe.per_expert_gemms
+
+
+def test_layer_host_time_reproduces_its_fit():
+    # bench/fit_moe_host.py's median over its runs is what costmodel/moe.py holds (to the rounding);
+    # each run alone lands within the stated spread (8.6-12.2 ms)
+    import statistics
+
+    import bench.fit_moe_host as fit
+    out = fit.fits()
+    assert len(out) >= 2
+    assert moe.MEGATRON_LAYER_HOST_S == pytest.approx(statistics.median(out.values()), rel=0.01)
+    assert all(8.0e-3 < h < 13.0e-3 for h in out.values())

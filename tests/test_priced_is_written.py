@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.frameworks import FrameworkProfile
-from costmodel.moe import MoeExecution
+from costmodel.moe import MEGATRON_LAYER_HOST_S, MoeExecution
 from costmodel.specs import ParallelConfig, Workload, stages_from_counts
 from costmodel.training import estimate
 from emitters import CannotExpress, get
@@ -143,6 +143,19 @@ def float8_plan(which: str) -> Plan:
     plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
     wl = dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="rowwise")
     return plan.replace(target="torchtitan", workload=wl, framework=switches)
+# the MoE execution choices a plan carries (ParallelConfig.moe_dispatcher / ep_overlap): each
+# written by the Megatron file and read back
+MOE_CHOICES = {"alltoall-overlap": dict(ep_overlap=True), "deepep": dict(moe_dispatcher="deepep"),
+               "deepep-overlap": dict(moe_dispatcher="deepep", ep_overlap=True),
+               "deepep-pp2-vpp2-overlap": dict(moe_dispatcher="deepep", ep_overlap=True, pp=2, dp=16, vpp=2,
+                                               schedule="interleaved", grad_accum=8)}
+
+
+def _moe_plan(choice: str) -> Plan:
+    par = dict(tp=1, pp=1, dp=32, ep=8, zero=1, micro_batch=1, grad_accum=2)
+    par.update(MOE_CHOICES[choice])
+    plan = make_plan("mixtral-8x7b", gpus=32, gb=par["dp"] * par["grad_accum"], seq=2048, cluster="dgx-h100", **par)
+    return plan.replace(target="megatron")
 
 
 def _cases() -> list:
@@ -150,6 +163,7 @@ def _cases() -> list:
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
     cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
     cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
+    cases += [pytest.param("megatron", f"moechoice:{c}", id=f"megatron-moe-{c}") for c in MOE_CHOICES]
     for t in TARGETS:
         for f in sorted((ROOT / "plans" / t).glob("*.yaml")):
             cases.append(pytest.param(t, f"file:{f.name}", id=f"{t}-{f.stem}"))
@@ -169,6 +183,8 @@ def _plan(target: str, which: str) -> Plan | None:
         return moe_plan(which[4:])
     if which.startswith("float8:"):
         return float8_plan(which[7:])
+    if which.startswith("moechoice:"):
+        return _moe_plan(which[10:])
     if which.startswith("file:"):
         return read_plan(ROOT / "plans" / target / which[5:])
     if target not in _SPREADS:
@@ -261,17 +277,25 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     if a.tp_comm_overlap:
         # Megatron's own check (arguments.py), and the userbuffers' reach: one NVLink domain
         assert a.sequence_parallel and tp <= plan.cluster.nvlink_gpus and a.tp_comm_bootstrap_backend
-    assert "--overlap-moe-expert-parallel-comm" not in argv
+    # the EP overlap and the dispatcher as the plan sets them (and the file writes them)
+    assert a.overlap_moe_expert_parallel_comm == plan.parallel.ep_overlap
+    flex = a.moe_token_dispatcher_type == "flex"
+    assert flex == (plan.parallel.moe_dispatcher == "deepep") and (not flex or a.moe_flex_dispatcher_backend == "deepep")
     h = header_assumptions(text)
     # Megatron's linear layers overlap the backward's column-parallel collectives without any flag
     assert "column-parallel input-gradient collectives" in engine_facts(text)
     prof = FrameworkProfile(name="megatron", tp_comm_overlap=a.tp_comm_overlap, tp_comm_overlap_backward=True,
                             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
-                            ep_comm_overlap=False, kernel_efficiency=h["kernel_efficiency"],
+                            ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
+                            kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"],
-                            moe=MoeExecution(dispatcher=a.moe_token_dispatcher_type or "alltoall",
+                            moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
-                                             capacity_factor=a.moe_expert_capacity_factor or 0.0),
+                                             capacity_factor=a.moe_expert_capacity_factor or 0.0,
+                                             # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
+                                             per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
+                                             # eager MoE layers: the host time of costmodel.moe, unless graphed
+                                             layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
                             grads_bf16=a.grad_reduce_in_bf16)
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,

@@ -55,10 +55,14 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=["none", "selective", "full"])
     g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
+    g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep"],
+                   help="MoE token dispatcher (default: searched where the target writes several; else alltoall)")
+    _bool_flag(g, "ep-overlap", "overlap the expert-parallel all-to-alls with compute (Megatron's "
+                                "--overlap-moe-expert-parallel-comm; default: searched where the target writes it)")
 
 
 DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
-               "zero", "sp", "recompute", "schedule")
+               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap")
 
 
 def fixed_degrees(args: argparse.Namespace) -> dict:

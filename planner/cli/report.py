@@ -42,6 +42,10 @@ def describe_parallel(par: ParallelConfig) -> str:
         parts.append(f"cp={par.cp}")
     if par.ep > 1:
         parts.append(f"ep={par.ep}")
+        if par.moe_dispatcher:
+            parts.append(f"dispatcher={par.moe_dispatcher}")
+        if par.ep_overlap:
+            parts.append("ep-overlap")
     parts.append(f"zero={par.zero}" + (f" (hsdp shard {par.dp_shard})" if par.hsdp else ""))
     if par.sp:
         parts.append("sp")

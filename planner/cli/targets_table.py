@@ -92,6 +92,8 @@ def compact(par) -> str:
     parts = [f"tp{par.tp}", f"pp{par.pp}", f"dp{par.dp}"]
     parts += [f"cp{par.cp}"] if par.cp > 1 else []
     parts += [f"ep{par.ep}"] if par.ep > 1 else []
+    parts += [par.moe_dispatcher] if par.moe_dispatcher else []
+    parts += ["ep-overlap"] if par.ep_overlap else []
     parts.append(f"z{par.zero}" + (f"/{par.dp_shard}" if par.hsdp else ""))
     parts += ["sp"] if par.sp else []
     parts += [f"vpp{par.vpp}"] if par.vpp > 1 else []

@@ -2,9 +2,10 @@
 
 ``train-dense``: the errors of ``planner validate --cross`` on dense runs on catalog hardware, each
 predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
-runs (never fitted on). The band is ``costmodel.uncertainty.band_from_residuals`` of them (the
-statistic every kind uses). ``planner validate --cross --write-bands`` rewrites these two kinds and
-keeps the serving kinds as they are (``planner.cli.uncertainty_bands.write_training_bands``);
+runs that chose no MoE constant (split ``moe-fit`` left out). The band is
+``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
+``planner validate --cross --write-bands`` rewrites these two kinds and keeps the serving kinds
+as they are (``planner.cli.uncertainty_bands.write_training_bands``);
 ``python -m planner.cli.uncertainty_bands`` (which computes the serving kinds) takes the training
 kinds from here.
 """
@@ -16,7 +17,8 @@ HOW = {
     "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
                    "--cross`, each predicted with every fitted constant refitted without its own recipe family",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
-                 "(MoE runs are never fitted on)",
+                 "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
+                 "time of costmodel/moe.py, are left out)",
 }
 SOURCE = {
     "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
@@ -36,7 +38,8 @@ def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     from planner.cli.validation_cross import headline_rows
     res = res if res is not None else _cross()
     return {"train-dense": [r.error for r in headline_rows(res["rows"])],
-            "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware]}
+            "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
+                          and r.case.split != "moe-fit"]}
 
 
 def training_bands(res: dict | None = None) -> dict:

@@ -87,9 +87,12 @@ def _megatron_model_flops_per_token(m: Any, s: int, causal: bool = False) -> flo
     # MoE (every layer an MoE layer, as Megatron's formula of r0.8 counts it): the routed experts'
     # width times top-k in place of the dense MLP's
     ffn = (m.expert_ffn_hidden or m.ffn_hidden) * m.top_k if m.is_moe else m.ffn_hidden
-    # Megatron-LM since 2025 counts half the s x s attention ("causal mask": tflops_kind model-causal)
+    # Megatron-LM since 2025 counts half the s x s attention ("causal mask": tflops_kind model-causal),
+    # and scales the attention by query_projection_size / hidden (kv_channels x heads: Qwen3's 128 x 32
+    # over 2,048 is 2) in that same formula (training.py num_floating_point_operations)
     att = s / h / (2 if causal else 1)
-    return 12 * l_ * h * h * ((1 + g_over_a + att) + (ffn / h) * gate + m.vocab / (2 * l_ * h))
+    q_ratio = m.q_dim / h if causal else 1.0
+    return 12 * l_ * h * h * ((1 + g_over_a + att) * q_ratio + (ffn / h) * gate + m.vocab / (2 * l_ * h))
 
 
 def _narayanan_hardware_flops_per_token(m: Any, s: int) -> float:
@@ -487,7 +490,16 @@ def markdown(res: dict) -> str:
                 f"{_stats(head, 'constant')[1] * 100:.1f}%.", ""]
     if moe:
         med, big = _stats(moe)
-        out += [f"MoE, apart: median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(moe)} runs.", ""]
+        line = f"MoE, apart: median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(moe)} runs"
+        # the MoE constants (costmodel/moe.py: load factors, layer host time) were chosen on the runs of
+        # the moe-fit split: out of source are the others
+        oos = [r for r in moe if r.case.split != "moe-fit"]
+        if oos and len(oos) < len(moe):
+            m2, b2 = _stats(oos)
+            sources = len({r.case.source.split(" @")[0].split(",")[0] for r in oos})
+            line += (f"; out of source (no MoE constant chosen on them): median {m2 * 100:.1f}%, largest "
+                     f"{b2 * 100:.1f}% over {len(oos)} runs from {sources} sources")
+        out += [line + ".", ""]
     if other:
         med, big = _stats(other)
         out += [f"Runs on machines other than the catalog cluster they name (not fitted; predicted on the catalog "

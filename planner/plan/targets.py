@@ -103,6 +103,10 @@ class TrainTarget:
     # MoE parallel folding: routed experts on their own expert-TP x EP grid over the stage's
     # tp x cp x dp ranks (``ParallelConfig.etp`` != tp); the sources entry "expert_fold" says where
     expert_fold: bool = False
+    # how MoE layers may run, as the launch file can set it (``ParallelConfig.moe_dispatcher`` and
+    # ``ep_overlap``, priced by costmodel.moe); the sources entries of the same names say where
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    ep_overlap: bool = False
     mode: str = "train"
 
     def for_config(self, par: ParallelConfig) -> "TrainTarget":
@@ -451,6 +455,11 @@ MEGATRON_SOURCES = {
     "expert_fold": "Megatron-Core parallel_state.initialize_model_parallel: expert grid ETP x EP x EDP x PP over the "
                    "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
+    "moe_dispatchers": "Megatron-Core 0.16 transformer_config.py: --moe-token-dispatcher-type alltoall, or flex with "
+                       "--moe-flex-dispatcher-backend deepep (not with --moe-pad-expert-input-to-capacity)",
+    "ep_overlap": "Megatron-Core 0.16 transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm): EP > 1, "
+                  "alltoall or flex dispatcher, no full recompute, VPP when PP > 1, bf16/fp16, at most 1 MTP layer "
+                  "and then PP > 1",
     "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
     "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
@@ -476,6 +485,7 @@ MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
     cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
+    moe_dispatchers=("alltoall", "deepep"), ep_overlap=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
@@ -506,6 +516,8 @@ TORCHTITAN = TrainTarget(
                      "tp ranks, which the cost model (experts split like tp) does not price yet",
         "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
                        "with etp = tp (docs/notes/stop-19/moe.md)",
+        "moe_dispatchers": "its own all-to-all (priced as alltoall); emitters/torchtitan.py writes no dispatcher choice",
+        "ep_overlap": "not planned: emitters/torchtitan.py writes no expert-parallel overlap",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
         "vpp_split": f"{TORCHTITAN_SRC}: module_fqns_per_model_part, any layers per model part; "
                      "emitters/torchtitan.py model_parts writes each rank's near-equal chunks (emitters/base.py "
@@ -562,6 +574,8 @@ DEEPSPEED = TrainTarget(
         "expert_tp": f"{DEEPSPEED_SRC}: AutoEP expert_tensor_parallel_size: only 1 accepted (config-json ~940)",
         "expert_fold": f"{DEEPSPEED_SRC}: AutoEP autoep_size divides world/pp, ETP 1 only; not planned "
                        "(emitters/deepspeed.py writes no folding)",
+        "moe_dispatchers": f"{DEEPSPEED_SRC}: AutoEP's all-to-all (priced as alltoall); no dispatcher choice",
+        "ep_overlap": "not planned: emitters/deepspeed.py writes no expert-parallel overlap",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}",
         "split": "deepspeedai/DeepSpeed v0.19 deepspeed/runtime/pipe/module.py _partition_layers: partition_method "
@@ -609,6 +623,8 @@ MEGADS = TrainTarget(
               "(GPTModelPipe has no MoE layers); not written by emitters/megatron_deepspeed.py",
         "expert_tp": "no MoE here",
         "expert_fold": "not planned: no MoE under GPTModelPipe (see ep)",
+        "moe_dispatchers": "not planned: no MoE under GPTModelPipe (see ep)",
+        "ep_overlap": "not planned: no MoE under GPTModelPipe (see ep)",
         "vpp": f"{DEEPSPEED_SRC}: TrainSchedule is synchronous 1F1B; no interleaved schedule",
         "vpp_split": f"{DEEPSPEED_SRC}: no virtual stages",
         "split": f"{MEGADS_REPO} megatron/model/gpt_model.py GPTModelPipe: PipelineModule(partition_method="
@@ -640,12 +656,15 @@ MEGADS = TrainTarget(
 
 _ACCEL_MEGATRON = dataclasses.replace(
     MEGATRON, name="accelerate", summary="Accelerate, Megatron-LM plugin (tp > 1 or pp > 1)", runs="megatron",
-    expert_fold=False,
+    expert_fold=False, moe_dispatchers=("alltoall",), ep_overlap=False,
     zero=frozenset({0, 1}), zero_pp=frozenset({0, 1}), hsdp=frozenset(), vpp=False, split="last",
     recompute=frozenset({"full"}), recompute_block=True, schedules=frozenset({"1f1b"}), microbatches="none",
     orders=(MESH_AXES,), dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
     sources={**MEGATRON_SOURCES,
              "expert_fold": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no expert tensor parallel size; not planned",
+             "moe_dispatchers": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no dispatcher field (Megatron's "
+                                "default alltoall)",
+             "ep_overlap": f"{ACCELERATE_SRC}: the MegatronLMPlugin has no EP overlap field; not planned",
              "zero": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "zero_pp": f"{ACCELERATE_SRC}: MegatronLMPlugin use_distributed_optimizer (ZeRO-1) only",
              "hsdp": "emitters/accelerate.py: the plugin has no --num-distributed-optimizer-instances",
@@ -675,6 +694,7 @@ _ACCEL_FSDP = TrainTarget(
         "cp": f"{ACCELERATE_SRC}: cp_size (torch backend) under FSDP2",
         "ep": f"{ACCELERATE_SRC}: no EP field",
         "expert_tp": f"{ACCELERATE_SRC}", "expert_fold": f"{ACCELERATE_SRC}: no EP field", "vpp": f"{ACCELERATE_SRC}",
+        "moe_dispatchers": f"{ACCELERATE_SRC}: no EP field", "ep_overlap": f"{ACCELERATE_SRC}: no EP field",
         "vpp_split": f"{ACCELERATE_SRC}", "split": f"{ACCELERATE_SRC}",
         "recompute": f"{ACCELERATE_SRC}: FSDP plugin activation_checkpointing (bool, whole model)",
         "recompute_block": f"{ACCELERATE_SRC}", "recompute_per_stage": f"{ACCELERATE_SRC}",
@@ -705,6 +725,8 @@ BUILTIN_SOURCES = {
     "ep": "runtime/parallel.py Dims.from_plan: ep divides num_experts and the dp shard group",
     "expert_tp": "runtime/parallel.py: expert weights are DTensors on ep x tp (the FFN dimension)",
     "expert_fold": "runtime/parallel.py: experts on an ep x tp mesh inside dp; no separate expert TP",
+    "moe_dispatchers": "runtime/parallel.py: its own all-to-all over the EP group (priced as alltoall)",
+    "ep_overlap": "runtime/parallel.py: the all-to-alls run in line with compute; no overlap",
     "vpp": "runtime/pipeline.py: ScheduleInterleaved1F1B, a rank's layers cut into vpp chunks",
     "vpp_split": "runtime/pipeline.py virtual_stage_layers: any counts, each >= vpp",
     "split": "runtime/pipeline.py virtual_stage_layers: the plan's stage split as it is",
@@ -1127,6 +1149,31 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
+    # how MoE layers run (costmodel.moe; Megatron-Core's TransformerConfig checks for the EP overlap)
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and not a.model.is_moe,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.model.name} has no experts; leave it out"),
+    Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and a.par.moe_dispatcher not in a.t.moe_dispatchers,
+        lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.name} writes the "
+                  f"{' or '.join(a.t.moe_dispatchers)} dispatcher; plan moe_dispatcher {a.t.moe_dispatchers[0]}"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and not a.t.ep_overlap,
+        lambda a: f"ep_overlap: {a.name} does not overlap the expert-parallel all-to-alls with compute; leave it out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (not a.model.is_moe or a.par.ep <= 1),
+        lambda a: f"ep_overlap with ep={a.par.ep}: the overlap hides expert-parallel all-to-alls, and "
+                  f"{'this plan has none' if a.model.is_moe else a.model.name + ' has no experts'}; plan --ep 2 or "
+                  "more, or leave ep_overlap out"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.recompute == "full",
+        lambda a: f"ep_overlap with recompute=full: {a.name} refuses full recomputation with the EP overlap; "
+                  "plan --recompute selective or none"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.par.pp > 1 and a.par.vpp == 1,
+        lambda a: f"ep_overlap with pp={a.par.pp} and vpp=1: {a.name} needs virtual pipeline stages for the EP "
+                  "overlap when pp > 1; plan --vpp 2 or more"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and a.wl.dtype == "fp32",
+        lambda a: f"ep_overlap with dtype fp32: {a.name} runs the EP overlap in bf16 or fp16 models only; "
+                  "plan --dtype bf16"),
+    Cap("ep_overlap", lambda a: a.par.ep_overlap and a.t.ep_overlap and (a.model.mtp_layers > 1
+                                                                          or a.model.mtp_layers == 1 and a.par.pp == 1),
+        lambda a: f"ep_overlap with {a.model.mtp_layers} MTP layers and pp={a.par.pp}: {a.name} takes at most one "
+                  "MTP layer with the EP overlap, and then pp > 1; plan --pp 2 or more, or leave ep_overlap out"),
     # tensor and sequence parallel
     Cap("tp_with_pp", lambda a: a.par.tp > 1 and a.par.pp > 1 and not a.t.tp_with_pp,
         lambda a: f"tp={a.par.tp} with pp={a.par.pp}: {a.name} does not combine its tensor parallel with pipeline "
@@ -1224,9 +1271,34 @@ def runs_config(target: str | TrainTarget, model: ModelSpec, workload: Workload,
     (the search asks this of every configuration; tests/test_targets.py checks the two agree)."""
     base = _TABLES[target] if isinstance(target, str) else target
     ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), False)
-    if any(cap.broken(ask) for cap in FAST_CAPS):
+    caps = _config_caps(ask)
+    if caps is None:
         return False
-    return not any(rule.check(model, workload, par, ask.order) for rule in ask.t.extra)
+    for cap in caps:
+        if cap.broken(ask):
+            return False
+    for rule in ask.t.extra:
+        if rule.check(model, workload, par, ask.order):
+            return False
+    return True
+
+
+_CONFIG_CAPS: dict = {}
+
+
+def _config_caps(ask: Ask) -> tuple[Cap, ...] | None:
+    """``FAST_CAPS`` less the rules that read only the model and the workload (``MODEL_FIELDS``),
+    asked once per table, model and workload: None when one of those breaks (every configuration
+    is refused)."""
+    key = (id(ask.t), ask.model, ask.wl)
+    hit = _CONFIG_CAPS.get(key)
+    if hit is None:
+        if len(_CONFIG_CAPS) > 4096:
+            _CONFIG_CAPS.clear()
+        broken = any(cap.broken(ask) for cap in FAST_CAPS if cap.field in MODEL_FIELDS)
+        hit = _CONFIG_CAPS[key] = (ask.t, None if broken else
+                                   tuple(cap for cap in FAST_CAPS if cap.field not in MODEL_FIELDS))
+    return hit[1]
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,

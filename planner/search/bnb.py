@@ -40,7 +40,8 @@ from planner.search import bounds
 from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
-from planner.search.space import Candidate, enumerate_candidates
+from planner.search.space import (Candidate, Shape, enumerate_candidates, group_representatives, shape_candidates,
+                                   shapes)
 from planner.plan.targets import framework_of
 from planner.search.target_space import runs, widened
 
@@ -50,7 +51,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
           max_time_s: float = 60.0, exhaustive: bool = False, score_all: bool = False,
           hint: dict | None = None, cutoff: float | None = None,
           worlds: Sequence[int] | None = None, candidate_time_s: float | None = None,
-          framework: str | None = None, target: str | None = None) -> SolveResult:
+          framework: str | None = None, target: str | None = None, lazy: bool | None = None) -> SolveResult:
     """Best plan(s) under the cost model; see the module docstring.
 
     ``hint``: ParallelConfig fields of a plan to try first (a warm start): the matching candidate
@@ -67,6 +68,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     which every candidate's solve and the brute force also stop at).
     ``target``: only plans that execution target runs (``planner.search.targets``); None (or
     ``generic``) searches every layout the cost model knows.
+    ``lazy`` (default: with ``worlds``, a replan's search): build an outer shape's candidates only
+    when the search reaches it (``_LazyShapes``); the same plans are solved in the same order,
+    and ``SolveResult.candidates`` counts the candidates built, not every one.
 
     Status: OPTIMAL only when every candidate solved was proved and the search ended by its
     bounds. When the time limit stops the search, or any candidate's solve (CP-SAT FEASIBLE or
@@ -77,28 +81,56 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     gpus = gpus or cluster.total_gpus
     framework = framework or framework_of(target)
     prob = Problem(model, cluster, workload, objective, price_per_gpu_hour, framework=framework)
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
     mem_obj = objective == "memory"
+    if lazy is None:
+        lazy = worlds is not None
+    lazy = (lazy and not exhaustive and not score_all and not mem_obj and (not hint or set(hint) <= _SHAPE_FIELDS)
+            and (worlds is None or len(set(worlds)) == len(worlds)))
+    shp = _LazyShapes(prob, fixed, gpus, worlds, target) if lazy else None
+    cands = None if lazy else enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds,
+                                                   target=target)
     if exhaustive:
         return _solve_exhaustive(prob, cands, gpus, top, max_time_s, cutoff, score_all, target, t0)
+    # level -2 (lazy): an outer shape not built yet, bounded below every group it may hold;
     # level -1: a group of candidates sharing degrees and micro-batch, bounded by compute alone;
     # level 0: one candidate, weak bound; level 1: strong bound; then it is solved.
-    groups: dict[tuple, list] = {}
-    for k, c in enumerate(cands):
-        p_ = c.par
-        groups.setdefault((c.world,) + _group_fields(p_), []).append((k, c))
     heap = []
+    groups: dict[tuple, list] = {}
     hinted = []
+
+    def push_hinted(members: list, push) -> None:
+        # a group the hint matches: each candidate on its own bound, the least hinted one solved first
+        for k, c in members:
+            lb_ = bounds.lower_bound(prob, c)
+            push((lb_, 0, k, c))
+            if _matches(c, hint) and lb_ < math.inf:
+                hinted.append((lb_, k, c))
+
+    if lazy:
+        waiting = []         # the hint's parts, each under a bound below its candidates' own bounds
+        for si in range(len(shp.shapes)):
+            for mb, pb in shp.bounds(si):
+                if hint and _shape_matches(shp.shapes[si], hint):
+                    waiting.append((pb * (1 - _MEMBER_MARGIN), (si, mb or 0), mb))
+                else:
+                    heap.append((pb, -2, (si, mb or 0), (si, mb, False)))
+        # the hinted candidate is the least bound of all the hint's candidates: parts in the order
+        # of their bounds, until one's bound exceeds the least found (the rest wait in the heap)
+        for hb, key, mb in sorted(waiting):
+            if hinted and hb > min(hinted, key=lambda x: (x[0], x[1]))[0]:
+                heap.append((hb, -2, key, (key[0], mb, True)))
+                continue
+            for _, members in shp.groups(key[0], mb):
+                push_hinted(members, heap.append)
+    else:
+        for k, c in enumerate(cands):
+            groups.setdefault((c.world,) + _group_fields(c.par), []).append((k, c))
     # a hint on the group's own fields matches a whole group or none of it
     group_level_hint = hint is not None and set(hint) <= set(_GROUP_FIELDS)
     for gk, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0][0])):
         if hint and not mem_obj and (_matches(members[0][1], hint) if group_level_hint else
                                                      any(_matches(c, hint) for _, c in members)):
-            for k, c in members:
-                lb_ = bounds.lower_bound(prob, c)
-                heap.append((lb_, 0, k, c))
-                if _matches(c, hint) and lb_ < math.inf:
-                    hinted.append((lb_, k, c))
+            push_hinted(members, heap.append)
         elif mem_obj:
             heap += [(bounds.lower_bound(prob, c), 1, k, c) for k, c in members]
         else:
@@ -125,6 +157,17 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 scored += [_score_row(c, lb, None, None) for _, c in cand] if strong == -1 else \
                     [_score_row(cand, lb, None, None)]
             break
+        if strong == -2:
+            if lb >= _kth(sols, top, cutoff) * (1 - 1e-9):
+                remaining_bound = lb
+                break
+            si, mb, hint_shape = cand
+            for _, members in shp.groups(si, mb):
+                if hint_shape:
+                    push_hinted(members, lambda e: heapq.heappush(heap, e))
+                else:
+                    heapq.heappush(heap, (bounds.group_bound(prob, members), -1, members[0][0], members))
+            continue
         if strong == -1:
             kth = _kth(sols, top, cutoff)
             if lb >= kth * (1 - 1e-9) and not score_all:
@@ -183,16 +226,19 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols = sols[:top]
     wall = time.perf_counter() - t0
     stopped = timed_out or bool(open_bounds)
+    n_cands = shp.built if lazy else len(cands)
     if not sols and cutoff is not None and not stopped:
         return SolveResult(status="CUTOFF", solutions=[], objective=None,
                            bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
-                           candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                           candidates=n_cands, solved=solved, objective_name=objective, scored=scored,
                            solved_worlds=solved_worlds)
     if not sols:
         if stopped:
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
-                                f"({solved} of {len(cands)} candidates tried, {len(open_bounds)} of them cut "
+                                f"({solved} of {n_cands} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
+        if lazy:            # the reason looks at every candidate
+            cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
         raise InfeasibleError(_why_infeasible(prob, cands, gpus, target, fixed))
     best = sols[0].objective
     if stopped:
@@ -203,7 +249,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
         status = "OPTIMAL"
         bound = best
     return SolveResult(status=status, solutions=sols, objective=best, bound=bound, wall_time_s=wall,
-                       candidates=len(cands), solved=solved, objective_name=objective, scored=scored,
+                       candidates=n_cands, solved=solved, objective_name=objective, scored=scored,
                        solved_worlds=solved_worlds, stopped=len(open_bounds))
 
 
@@ -274,8 +320,68 @@ def _solve_exhaustive(prob: Problem, cands: list[Candidate], gpus: int, top: int
 
 
 # the fields a group of candidates shares (with the world size): its bound is computed once
-_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute")
+_GROUP_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "sp", "micro_batch", "recompute", "moe_dispatcher", "ep_overlap")
 _group_fields = operator.attrgetter(*_GROUP_FIELDS)
+_SHAPE_FIELDS = {"tp", "cp", "pp", "dp"}        # what an outer shape fixes (``space.Shape``)
+# A candidate's weak bound (``bounds.lower_bound``) is at least its group's bound
+# (``bounds.group_bound``'s docstring derives it) but is computed along another path: a shape
+# the hint matches waits under its bound less this relative margin for the rounding.
+_MEMBER_MARGIN = 1e-6
+
+
+def _shape_matches(shape: Shape, hint: dict) -> bool:
+    return all(getattr(shape, k) == v for k, v in hint.items())
+
+
+class _LazyShapes:
+    """The search space as outer shapes (``space.shapes``), each built (``space.shape_candidates``,
+    where the target's rules are asked) only when the search pops it.
+
+    A shape waits in the heap at level -2 in parts, one per micro-batch (the outermost choice of
+    ``space._inner``: a part's candidates are a contiguous block of the shape's), each under
+    ``bounds``: the least ``bounds.group_bound`` over ``space.group_representatives`` of that
+    micro-batch, one configuration per group the part may hold, with every mesh order it may
+    take and its largest virtual-stage count. A group's bound reads only the
+    fields the group shares and the mesh order (``stage_cache.stage_compute_time``; of the
+    recompute policy only whether it is selective) and falls with more orders and a larger
+    virtual-stage count, so this is at most the bound of each group the shape holds, in the
+    same floating-point operations. Candidate keys are ``(shape index, micro-batch, index)``,
+    which sort as ``enumerate_candidates``' indices do (micro-batches ascend): each group enters the heap before
+    anything above its bound leaves it, so the heap yields the groups and candidates in the
+    eager order (tests/test_lazy_search.py compares the two, and checks the bound)."""
+
+    def __init__(self, prob: Problem, fixed: dict, gpus: int, worlds, target):
+        self.prob, self.fixed, self.target = prob, fixed, target
+        self.shapes = shapes(prob.model, prob.cluster, prob.workload, fixed, gpus, prob.objective, worlds=worlds)
+        self.built = 0
+
+    def bounds(self, si: int) -> list[tuple[int | None, float]]:
+        """Shape ``si``'s parts, one per micro-batch, each with a bound below every group it
+        holds: ``(micro_batch, bound)``; none when the shape has no candidates, and
+        ``[(None, 0.0)]`` (the whole shape, built first) when a representative failed
+        ``ParallelConfig``'s checks."""
+        prob = self.prob
+        reps = group_representatives(prob.model, prob.workload, self.fixed, self.shapes[si], self.target)
+        if reps is None:
+            return [(None, 0.0)]
+        out: dict[int, float] = {}
+        for rep in reps:
+            mb = rep[0].par.micro_batch
+            b = bounds.group_bound(prob, [(0, c) for c in rep])
+            out[mb] = min(out.get(mb, math.inf), b)
+        return sorted(out.items())
+
+    def groups(self, si: int, mb: int | None) -> list[tuple[tuple, list]]:
+        """The candidates of shape ``si`` with micro-batch ``mb`` (None: all) in groups, each
+        ``(key, [(key, candidate), ...])``, in order; a candidate's key is ``(si, its
+        micro-batch, its index)``, which sorts as its index in ``enumerate_candidates``."""
+        prob = self.prob
+        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb)
+        self.built += len(cands)
+        out: dict[tuple, list] = {}
+        for j, c in enumerate(cands):
+            out.setdefault((c.world,) + _group_fields(c.par), []).append(((si, c.par.micro_batch, j), c))
+        return list(out.items())
 
 
 def _kth(sols: list[Solution], top: int, cutoff: float | None) -> float:

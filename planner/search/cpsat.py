@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from costmodel.specs import default_stages
 from costmodel.training import pipeline_step
+from planner.search import satmodel
 from planner.search.problem import NS, Outcome, Problem, StageTables, objective_value
 from planner.search.space import Candidate
 
@@ -37,9 +36,11 @@ class PipelineModel:
     """
 
     def __init__(self, prob: Problem, cand: Candidate, tab: StageTables, memory_objective: bool = False,
-                 cutoff: float | None = None):
+                 cutoff: float | None = None, model_class: Any = None):
         self.prob, self.cand, self.tab = prob, cand, tab
-        self.m = cp_model.CpModel()
+        # OR-Tools' model without cp_model's numpy/pandas import (``satmodel``); the tests pass
+        # ``cp_model.CpModel`` to hold the two equal
+        self.m = (model_class or satmodel.MODEL)()
         par = cand.par
         self.p, self.v, self.mb = par.pp, par.vpp, par.grad_accum
         self.groups = [g for g, c in cand.stage_counts if c > 0]
@@ -72,7 +73,7 @@ class PipelineModel:
                 return
             self.m.add_exactly_one(v for *_, v in row)
             self.rows.append(row)
-        self.m.add(cp_model.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (*_, k) in self.y])
+        self.m.add(satmodel.LinearExpr.weighted_sum(list(self.y.values()), [tab.lo + k for (*_, k) in self.y])
                    == self.prob.model.layers)
         if self.cand.split == "fixed":
             # the target places the layers itself (DeepSpeed's partition_method): that split only
@@ -104,16 +105,16 @@ class PipelineModel:
                     self.m.add(F >= d).only_enforce_if(var)
                 else:
                     self.m.add(F == b + f * q).only_enforce_if(var)
-            first = F + cp_model.LinearExpr.weighted_sum([v for *_, v in self.rows[i]],
+            first = F + satmodel.LinearExpr.weighted_sum([v for *_, v in self.rows[i]],
                                                          [tab.lo + k for _, _, k, _ in self.rows[i]])
 
     def _layers(self, i: int):
         row = self.rows[i]
-        return cp_model.LinearExpr.weighted_sum([v for *_, v in row], [self.tab.lo + k for _, _, k, _ in row])
+        return satmodel.LinearExpr.weighted_sum([v for *_, v in row], [self.tab.lo + k for _, _, k, _ in row])
 
     def _lin(self, table: dict, i: int):
         row = self.rows[i]
-        return cp_model.LinearExpr.weighted_sum([v for *_, v in row], [table[(i, g, b)][k] for g, b, k, _ in row])
+        return satmodel.LinearExpr.weighted_sum([v for *_, v in row], [table[(i, g, b)][k] for g, b, k, _ in row])
 
     def _add_stage_costs(self):
         tab = self.tab
@@ -161,14 +162,10 @@ class PipelineModel:
                 for (j, gg, b, k), var in self.y.items():
                     if j == i and gg == g:
                         self.m.add_hint(var, int(self.tab.lo + k == n and b == b0))
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(1e-3, time_limit_s)
-        solver.parameters.num_workers = 1
-        # the models are small (a boolean per stage and layer count); presolve costs more than
-        # it saves here (measured: 10 ms against 4 ms per candidate on 70B/64 GPUs)
-        solver.parameters.cp_model_presolve = False
-        status = solver.solve(self.m)
-        return solver, status
+        # one worker; the models are small (a boolean per stage and layer count): presolve costs
+        # more than it saves here (measured: 10 ms against 4 ms per candidate on 70B/64 GPUs)
+        solver = satmodel.solve(self.m, max(1e-3, time_limit_s), num_workers=1, presolve=False)
+        return solver, solver.status
 
     def read(self, solver) -> tuple[list[int], list[str]]:
         ns, gs = [0] * self.p, [""] * self.p
@@ -197,15 +194,15 @@ def cpsat_one(prob: Problem, cand: Candidate, tab: StageTables, mem_obj: bool, t
         return Outcome(None)
     even = [s.num_layers for s in default_stages(prob.model.layers, cand.par.pp)]
     solver, status = pm.solve(time_limit, hint=even)
-    if status == cp_model.INFEASIBLE:           # no split (or none that beats the cutoff): proved
+    if status == satmodel.INFEASIBLE:           # no split (or none that beats the cutoff): proved
         return Outcome(None)
-    if status == cp_model.MODEL_INVALID:
+    if status == satmodel.MODEL_INVALID:
         raise AssertionError(f"CP-SAT model invalid for {cand.par}")
     split = None
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status in (satmodel.OPTIMAL, satmodel.FEASIBLE):
         ns, gs = pm.read(solver)
         split = (objective_value(prob, cand, tab, ns, gs, mem_obj), ns, gs)
-    if status == cp_model.OPTIMAL:
+    if status == satmodel.OPTIMAL:
         return Outcome(split)
     # stopped at the time limit: CP-SAT's bound on the objective, in the tables' units
     scale = 1 if mem_obj else pm.v * NS

@@ -10,12 +10,12 @@ the ring).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.limits import MAX_LAYERS
+from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
@@ -79,16 +79,165 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
     counts ``world_sizes`` allows for the objective, or on each of ``worlds`` when given (a
     replan searching several world sizes at once). With ``target``, only what that execution
     target runs (``planner.search.targets``)."""
+    out: list[Candidate] = []
+    for shape in shapes(model, cluster, workload, fixed, gpus, objective, worlds):
+        out += shape_candidates(model, workload, fixed, shape, target)
+    return out
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One outer shape of the search: the degrees, the NVLink domain and the stages per node
+    group. ``enumerate_candidates`` is ``shape_candidates`` of every shape, in ``shapes``' order."""
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    gpn: int
+    stage_counts: tuple[tuple[str, int], ...]
+
+
+def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
+           objective: str = "throughput", worlds: Sequence[int] | None = None) -> list[Shape]:
+    """The outer shapes ``enumerate_candidates`` goes through, in its order."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.nvlink_gpus for g in cluster.groups)
-    out: list[Candidate] = []
+    out = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
             stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
-            if stage_counts is None:
-                continue
-            out += _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target)
+            if stage_counts is not None:
+                out.append(Shape(tp, cp, pp, dp, gpn, stage_counts))
     return out
+
+
+def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
+                     target: str | None = None, micro_batch: int | None = None) -> list[Candidate]:
+    """The candidates of one outer shape, in ``enumerate_candidates``' order; with
+    ``micro_batch``, those of that micro-batch alone (the micro-batch is the outermost choice,
+    and nothing about one micro-batch's candidates depends on another's, so these are a
+    contiguous part of the shape's list)."""
+    return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
+                  target, micro_batch)
+
+
+def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
+                          target: str | None = None) -> list[list[Candidate]] | None:
+    """For the search's lazy expansion (``bnb``): one configuration per choice of the fields a
+    group shares (micro-batch, expert layout, sequence parallel, base recompute policy) that
+    ``_inner`` may build for ``shape``, as one candidate per mesh order it may take, at the
+    largest virtual-stage count it may take; none of them asked of the target (a superset of
+    the groups). ``[]``: the shape has no candidates at all; None: a representative did not
+    pass ``ParallelConfig``'s checks (the shape is then expanded rather than bounded)."""
+    tp, cp, pp, dp = shape.tp, shape.cp, shape.pp, shape.dp
+    ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
+    if ch is None or not ch.zeros:
+        return []
+    out = []
+    base_par = None
+    for mb in ch.mbs:
+        ga = ch.per_replica // mb
+        if "grad_accum" in fixed and fixed["grad_accum"] != ga:
+            continue
+        vpps = _vpps(model, fixed, pp, ga)
+        if not vpps:
+            continue
+        v = max(vpps)
+        bases = {b for b, _ in ch.policies(v)} if ch.wide else set(ch.bases)
+        # the bound reads the recompute policy only as "selective or not" (stage_compute_time):
+        # full recompute's groups are bounded by none's
+        bases = sorted({"selective" if b == "selective" else "none" for b in bases})
+        for ep, etp in ch.experts:
+            for sp in ch.sps:
+                for base in bases:
+                    fields = dict(ep=ep, etp=etp, sp=sp, vpp=v, micro_batch=mb, grad_accum=ga, recompute=base,
+                                  schedule="interleaved" if v > 1 else "1f1b")
+                    if base_par is None:
+                        try:
+                            par = base_par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=ch.zeros[0],
+                                                            dp_shard=dp, **fields)
+                        except SpecError:
+                            return None
+                    else:
+                        # a bound only, never a candidate: copied, not checked again (a
+                        # configuration the checks would refuse only lowers the shape's bound)
+                        par = _copied(base_par, fields)
+                    out.append([Candidate(par=par, order=tuple(o), stage_counts=shape.stage_counts)
+                                for o in ch.orders])
+                    # an MoE group's members may carry any MoE execution (dispatcher, EP overlap:
+                    # ``_moe_variants``), each priced apart: one representative per pair, so the
+                    # shape's bound is at most every member's
+                    if ep > 1:
+                        for disp, over in _MOE_EXEC_PAIRS:
+                            if (disp, over) != (par.moe_dispatcher, par.ep_overlap):
+                                alt = _copied(par, dict(moe_dispatcher=disp, ep_overlap=over))
+                                out.append([Candidate(par=alt, order=tuple(o), stage_counts=shape.stage_counts)
+                                            for o in ch.orders])
+    return out
+
+
+# every (dispatcher, EP overlap) pair a plan may carry ("" is the target's default dispatcher)
+_MOE_EXEC_PAIRS = tuple((d, o) for d in ("",) + MOE_DISPATCHERS for o in (False, True))
+
+
+def _copied(par: ParallelConfig, fields: dict) -> ParallelConfig:
+    """``par`` with ``fields`` set, its cached hash and memos dropped, no check run."""
+    out = object.__new__(ParallelConfig)
+    src = par.__dict__
+    d = out.__dict__
+    for k in _PAR_FIELDS:       # the fields alone: the hash and memos were cached from par's
+        d[k] = src[k]
+    d.update(fields)
+    return out
+
+
+_PAR_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
+
+
+@dataclass
+class _Choices:
+    wide: bool
+    per_replica: int
+    mbs: list
+    experts: list
+    zeros: list
+    sps: list
+    bases: list
+    orders: tuple
+    policies: object           # vpp -> the (recompute, recompute_layers) policies (a widened target)
+
+
+def _choice_lists(model, workload, fixed, tp, cp, pp, dp, target) -> _Choices | None:
+    """The choices ``_inner`` goes through for one outer shape (None: the target runs no
+    configuration of this model)."""
+    from planner.search import target_space as tg
+    wide = tg.widened(target)
+    if wide and tg.T.model_problems(target, model, workload):
+        return None                   # the target runs no configuration of this model (planner.search.refusal says why)
+    per_replica = workload.global_batch // dp
+    mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
+    mbs = [mb for mb in mbs if per_replica % mb == 0]
+    # expert layouts (ep, etp): EP inside dp x cp with the attention's TP, and, folded (Megatron-Core's
+    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1), searched for a target
+    # that runs it (the generic target keeps EP inside dp); --etp fixes it
+    # (``costmodel.specs.expert_layout_problems`` is the rule, ``targets`` what a framework runs)
+    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe and tg.folds_experts(target) else [tp])
+    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts)] if model.is_moe else [1])
+    experts = ([(e, et) for et in etps for e in eps if et == tp and (dp * cp) % e == 0]
+               + [(e, et) for et in etps for e in eps if et != tp and e > 1 and (tp * cp * dp) % (e * et) == 0])
+    if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
+        experts = [(e, et) for e, et in experts if tg.ep_ok(target, tp, e)]
+    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
+    sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
+    bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
+    orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
+    return _Choices(wide, per_replica, mbs, experts, zeros, sps, bases, orders,
+                    lambda vpp: tg.recompute_choices(target, model, pp, vpp, fixed))
+
+
+def _vpps(model, fixed, pp: int, ga: int) -> list[int]:
+    return _choices(fixed, "vpp", [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and ga % pp == 0
+                                                                          and model.layers // pp >= v)])
 
 
 def outer_shapes(model: ModelSpec, workload: Workload, fixed: dict, gpn: int, world: int):
@@ -123,39 +272,27 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
     return tuple(counts) if sum(c for _, c in counts) == pp else None
 
 
-def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None) -> list[Candidate]:
+def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None) -> list[Candidate]:
     from planner.search import target_space as tg
-    wide = tg.widened(target)
-    if wide and tg.T.model_problems(target, model, workload):
-        return []                     # the target runs no configuration of this model (planner.search.refusal says why)
+    ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
+    if ch is None:
+        return []
+    wide, per_replica, mbs, experts, zeros, sps, bases, orders = (ch.wide, ch.per_replica, ch.mbs, ch.experts,
+                                                                  ch.zeros, ch.sps, ch.bases, ch.orders)
     memo: dict = {}
     protos: dict = {}
     found: list = []
     out = []
-    per_replica = workload.global_batch // dp
-    mbs = _choices(fixed, "micro_batch", [b for b in MICRO_BATCHES if per_replica % b == 0])
-    # expert layouts (ep, etp): EP inside dp x cp with the attention's TP, and, folded (Megatron-Core's
-    # "MoE parallel folding"), EP over tp x cp x dp with whole experts (etp 1), searched for a target
-    # that runs it (the generic target keeps EP inside dp); --etp fixes it
-    # (``costmodel.specs.expert_layout_problems`` is the rule, ``targets`` what a framework runs)
-    etps = _choices(fixed, "etp", sorted({tp, 1}) if model.is_moe and tg.folds_experts(target) else [tp])
-    eps = _choices(fixed, "ep", [e for e in divisors(model.num_experts)] if model.is_moe else [1])
-    experts = ([(e, et) for et in etps for e in eps if et == tp and (dp * cp) % e == 0]
-               + [(e, et) for et in etps for e in eps if et != tp and e > 1 and (tp * cp * dp) % (e * et) == 0])
-    if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
-        experts = [(e, et) for e, et in experts if tg.ep_ok(target, tp, e)]
-    zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
-    sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
-    bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
-    orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
+    # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
+    # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
+    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     for mb in mbs:
-        if per_replica % mb:
+        if per_replica % mb or (only_mb is not None and mb != only_mb):
             continue
         ga = per_replica // mb
         if "grad_accum" in fixed and fixed["grad_accum"] != ga:
             continue
-        vpps = _choices(fixed, "vpp", [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and ga % pp == 0
-                                                                              and model.layers // pp >= v)])
+        vpps = _vpps(model, fixed, pp, ga)
         for ep, etp in experts:
             for zero in zeros:
                 shards = [dp]
@@ -170,7 +307,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                             if wide:
                                 scheds = ([fixed["schedule"]] if fixed.get("schedule") else
                                           tg.schedule_choices(target, pp, vpp))
-                                policies = tg.recompute_choices(target, model, pp, vpp, fixed)
+                                policies = ch.policies(vpp)
                             else:
                                 scheds = [fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")]
                                 policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
@@ -189,7 +326,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                             par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
                                                                  dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
                                                                  grad_accum=ga, recompute=base, schedule=sched,
-                                                                 recompute_layers=rl)
+                                                                 recompute_layers=rl, **moe_fixed)
                                         except SpecError:
                                             continue
                                         if rl >= 0:
@@ -212,8 +349,25 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                     if wide:
                                         memo[kind] = any_order
     if wide:
+        kept = tg.prune_dominated(found)
+        if model.is_moe and any(par.ep > 1 for _, par in kept):
+            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key[-1], gpn,
+                                                                            fixed)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
-               for key, par in tg.prune_dominated(found) for fields in tg.splits_of(target, par, fixed, model)]
+               for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
+    return out
+
+
+def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict) -> list[ParallelConfig]:
+    """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
+    the target's table accepting it."""
+    from planner.search import target_space as tg
+    out = []
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+        v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
+            dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
+        if v is par or tg.runs(target, model, workload, v, order):
+            out.append(v)
     return out
 
 
@@ -225,12 +379,7 @@ def with_recompute_layers(par: ParallelConfig, n: int) -> ParallelConfig:
     holds it equal to the checked construction."""
     if not (type(n) is int and 0 <= n <= MAX_LAYERS and par.recompute_layers >= 0):
         return dataclasses.replace(par, recompute_layers=n)
-    out = copy.copy(par)
-    d = out.__dict__
-    for k in [k for k in d if k == "_hash" or k.startswith("_memo_")]:
-        del d[k]                 # cached from par's fields
-    d["recompute_layers"] = n
-    return out
+    return _copied(par, {"recompute_layers": n})
 
 
 def _check_fixed(model: ModelSpec, workload: Workload, fixed: dict, gpus: int) -> None:

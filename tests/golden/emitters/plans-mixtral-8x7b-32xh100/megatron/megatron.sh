@@ -72,6 +72,7 @@ MODEL_ARGS=(
   --moe-ffn-hidden-size 14336
   --moe-token-dispatcher-type alltoall
   --moe-grouped-gemm
+  --overlap-moe-expert-parallel-comm
   --moe-permute-fusion
   --moe-router-fusion
   --moe-router-dtype fp32

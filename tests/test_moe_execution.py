@@ -1,0 +1,160 @@
+"""The MoE execution choices a plan carries (``ParallelConfig.moe_dispatcher``, ``ep_overlap``):
+priced per choice, refused where Megatron-Core refuses them (its own ``TransformerConfig`` checks
+the same configurations), kept out of plan files at their defaults. The Megatron file's flags for
+them are read back in tests/test_priced_is_written.py."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.files.clusters import load_cluster
+from costmodel.specs import ParallelConfig, SpecError, Workload
+from costmodel.training import estimate
+from planner.plan.targets import config_problems
+from test_emit_roundtrip import targets_package
+
+MIXTRAL = get_model("mixtral-8x7b")
+DEEPSEEK = get_model("deepseek-v3")
+WL = Workload(global_batch=256, seq_len=4096)
+H100_32 = load_cluster("dgx-h100").with_gpus(32)
+BASE = dict(tp=1, pp=1, dp=32, ep=8, micro_batch=1, grad_accum=8)
+
+
+def _par(**kw) -> ParallelConfig:
+    return ParallelConfig(**{**BASE, **kw})
+
+
+def test_defaults_stay_out_of_plan_files_and_bad_values_are_named():
+    assert "moe_dispatcher" not in _par().to_dict() and "ep_overlap" not in _par().to_dict()
+    d = _par(moe_dispatcher="deepep", ep_overlap=True).to_dict()
+    assert (d["moe_dispatcher"], d["ep_overlap"]) == ("deepep", True)
+    assert ParallelConfig.from_dict(d) == _par(moe_dispatcher="deepep", ep_overlap=True)
+    with pytest.raises(SpecError, match="moe_dispatcher must be one of alltoall, deepep .* got 'hybridep'"):
+        _par(moe_dispatcher="hybridep")
+
+
+def test_each_choice_is_priced():
+    def ep_s(**kw) -> float:
+        return estimate(MIXTRAL, H100_32, WL, _par(**kw), framework="megatron").time["ep_comm_s"]
+    a2a, over = ep_s(), ep_s(ep_overlap=True)
+    assert 0 < over < a2a                               # the overlap hides part of the all-to-alls
+    assert ep_s(moe_dispatcher="deepep") < a2a          # EP8 in one node: DeepEP's NVLink fraction 0.96 > 0.62
+    # the same choice given through the plan or through the profile prices the same
+    from costmodel.frameworks import FRAMEWORKS
+    prof = FRAMEWORKS["megatron"]
+    prof = dataclasses.replace(prof, ep_comm_overlap=True, moe=dataclasses.replace(prof.moe, dispatcher="deepep"))
+    via_plan = estimate(MIXTRAL, H100_32, WL, _par(moe_dispatcher="deepep", ep_overlap=True), framework="megatron")
+    via_prof = estimate(MIXTRAL, H100_32, WL, _par(), framework=prof)
+    assert via_plan.step_time_s == pytest.approx(via_prof.step_time_s, rel=1e-12)
+
+
+# (refused, the message's words, the same with the named setting undone)
+REFUSED = [
+    (dict(ep_overlap=True, ep=1), "ep_overlap with ep=1", dict(ep=1)),
+    (dict(ep_overlap=True, recompute="full"), "ep_overlap with recompute=full", dict(ep_overlap=True)),
+    (dict(ep_overlap=True, pp=2, dp=16), "ep_overlap with pp=2 and vpp=1",
+     dict(ep_overlap=True, pp=2, dp=16, vpp=2, schedule="interleaved")),
+]
+
+
+@pytest.mark.parametrize("kw, message, undone", REFUSED)
+def test_refusals_are_megatron_cores_own(kw, message, undone):
+    par = _par(**kw)
+    problems = config_problems("megatron", MIXTRAL, WL, par)
+    assert any(message in p for p in problems), problems
+    # Megatron-Core 0.16.1's TransformerConfig refuses the same configuration, and takes it once
+    # the named setting is undone (as the planner does)
+    tc = targets_package("megatron.core.transformer.transformer_config", "megatron-core 0.16.1")
+    with pytest.raises((AssertionError, ValueError)):
+        _transformer_config(tc, par)
+    assert config_problems("megatron", MIXTRAL, WL, _par(**undone)) == []
+    _transformer_config(tc, _par(**undone))
+
+
+def _transformer_config(tc, par: ParallelConfig):
+    import torch
+    m = MIXTRAL
+    full = par.recompute == "full"
+    return tc.TransformerConfig(
+        num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads, num_query_groups=m.kv_heads,
+        ffn_hidden_size=m.ffn_hidden, num_moe_experts=m.num_experts, moe_router_topk=m.top_k,
+        moe_ffn_hidden_size=m.expert_ffn_hidden, tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp, pipeline_dtype=torch.bfloat16, bf16=True,
+        virtual_pipeline_model_parallel_size=par.vpp if par.vpp > 1 else None,
+        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
+        moe_token_dispatcher_type="flex" if par.moe_dispatcher == "deepep" else "alltoall",
+        moe_grouped_gemm=True, overlap_moe_expert_parallel_comm=par.ep_overlap,
+        recompute_granularity="full" if full else None, recompute_method="uniform" if full else None,
+        recompute_num_layers=1 if full else None)
+
+
+def test_accepted_overlap_is_accepted_by_megatron_core():
+    tc = targets_package("megatron.core.transformer.transformer_config", "megatron-core 0.16.1")
+    for kw in (dict(ep_overlap=True), dict(ep_overlap=True, moe_dispatcher="deepep"),
+               dict(ep_overlap=True, pp=2, dp=16, vpp=2, schedule="interleaved")):
+        par = _par(**kw)
+        assert config_problems("megatron", MIXTRAL, WL, par) == []
+        cfg = _transformer_config(tc, par)
+        assert cfg.overlap_moe_expert_parallel_comm
+
+
+def test_other_refusals_name_the_binding_rule():
+    dense = get_model("llama-3-8b")
+    assert any("has no experts" in p for p in config_problems("megatron", dense, WL, ParallelConfig(
+        dp=8, moe_dispatcher="deepep")))
+    assert any("ep_overlap with dtype fp32" in p for p in config_problems(
+        "megatron", MIXTRAL, dataclasses.replace(WL, dtype="fp32"), _par(ep_overlap=True)))
+    # DeepSeek-V3's one MTP layer: the overlap needs pp > 1 then
+    assert any("MTP layers and pp=1" in p for p in config_problems(
+        "megatron", DEEPSEEK, WL, ParallelConfig(tp=1, pp=1, dp=256, ep=64, ep_overlap=True)))
+    # a target whose file cannot set them
+    assert any("does not overlap" in p for p in config_problems("torchtitan", MIXTRAL, WL, _par(ep_overlap=True)))
+    assert any("writes the alltoall dispatcher" in p
+               for p in config_problems("torchtitan", MIXTRAL, WL, _par(moe_dispatcher="deepep")))
+
+
+# ---- the search ------------------------------------------------------------------------------------
+
+def _pairs(cands) -> set:
+    return {(c.par.ep, c.par.moe_dispatcher, c.par.ep_overlap) for c in cands}
+
+
+def test_search_offers_each_choice_the_target_writes():
+    from planner.search.space import enumerate_candidates
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    cl = load_cluster("dgx-h100").with_gpus(32)
+    fixed = dict(tp=1, pp=1, micro_batch=1)
+    meg = _pairs(enumerate_candidates(q, cl, wl, fixed, 32, target="megatron"))
+    # the overlap both ways at every EP; DeepEP only where EP leaves the 8-GPU NVLink domain
+    assert {(8, "", False), (8, "", True), (16, "", True), (16, "deepep", False), (16, "deepep", True)} <= meg
+    assert not any(d == "deepep" and ep <= 8 for ep, d, _ in meg)
+    assert not any(o for ep, _, o in meg if ep == 1)
+    # a target whose file sets neither: the defaults only
+    assert {(d, o) for _, d, o in _pairs(enumerate_candidates(q, cl, wl, fixed, 32, target="torchtitan"))} \
+        <= {("", False)}
+    # pinned by --moe-dispatcher / --ep-overlap
+    pinned = _pairs(enumerate_candidates(q, cl, wl, dict(fixed, ep=16, moe_dispatcher="deepep", ep_overlap=False),
+                                         32, target="megatron"))
+    assert pinned == {(16, "deepep", False)}
+
+
+def test_dense_search_is_unchanged():
+    from planner.search.space import enumerate_candidates
+    m = get_model("llama-3-8b")
+    cands = enumerate_candidates(m, load_cluster("dgx-h100").with_gpus(8), Workload(global_batch=64, seq_len=4096),
+                                 dict(tp=2), 8, target="megatron")
+    assert cands and all(not c.par.moe_dispatcher and not c.par.ep_overlap for c in cands)
+
+
+def test_only_megatron_writes_them():
+    # every table (and every variant: Accelerate's Megatron plugin is built from Megatron's) that
+    # offers a dispatcher or the overlap is one whose emitter writes them
+    from planner.plan import targets as T
+    for name in T.TRAIN_TARGETS:
+        t = T.get(name)
+        for sub in [s for _, _, s in t.variants] or [t]:
+            writes = name == "megatron"
+            assert (sub.ep_overlap, "deepep" in sub.moe_dispatchers) == (writes, writes), name
