@@ -105,8 +105,14 @@ def test_mlperf_cases_read_as_the_logs_print_them():
                    10240: (0.9256, 2560), 10752: (0.9296, 2688)}
     v30 = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf30-gpt3-175b-h100")}
     assert v30 == {512: 12.0744, 768: 12.1275}
+    v51 = {(c["cluster"], c["num_gpus"]): c["reported"]["step_time_s"] for n, c in BY_NAME.items()
+           if n.startswith("mlperf51-llama")}
+    assert v51 == {("gb200-nvl72", 72): 0.1711, ("gb200-nvl72", 512): 0.089, ("gb300-nvl72", 72): 0.1473,
+                   ("gb300-nvl72", 512): 0.0855}
+    uf = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf51-uf-")}
+    assert uf == {8: 0.5441, 16: 0.5751, 32: 0.1886, 64: 0.1895, 128: 0.1928, 256: 0.2212}
     for n, c in BY_NAME.items():
         if n.startswith("mlperf"):
             p = c["parallel"]
-            assert p["tp"] * p["pp"] * p["dp"] == c["num_gpus"]
+            assert p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1) == c["num_gpus"]
             assert c["global_batch"] % p["dp"] == 0
