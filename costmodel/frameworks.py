@@ -60,6 +60,9 @@ from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
 from .specs import ParallelConfig, SpecError
 
 
+SELECTIVE_RECOMPUTE = ("op", "core_attn")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FrameworkProfile:
     """The speed and memory behaviour of one execution framework."""
@@ -74,6 +77,10 @@ class FrameworkProfile:
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     grads_bf16: bool = False          # gradients accumulated and reduced in BF16 (memory.bytes_per_param)
+    # what "selective" recompute means in the framework: "op" (torchtitan's per-op SAC: the
+    # outputs of every other matmul kept) or "core_attn" (Megatron's --recompute-modules core_attn:
+    # the core attention module checkpointed; costmodel.layers.core_attn_recompute)
+    selective_recompute: str = "op"
     calibrated: bool = False          # fitted on that framework's own published runs
     note: str = ""
 
@@ -81,6 +88,9 @@ class FrameworkProfile:
         if not 0.0 <= self.memory_headroom_fraction < 0.5:
             raise SpecError(f"framework {self.name!r}: memory headroom {self.memory_headroom_fraction:g} must be "
                             "in [0, 0.5) of the GPU's memory")
+        if self.selective_recompute not in SELECTIVE_RECOMPUTE:
+            raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
+                            f"of {', '.join(SELECTIVE_RECOMPUTE)}")
         if not 0.1 <= self.kernel_efficiency <= 1.5:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
                             "[0.1, 1.5]")
@@ -128,6 +138,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
+                     selective_recompute="core_attn",
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,

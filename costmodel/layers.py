@@ -171,10 +171,15 @@ class LayerCost:
     etp_fwd_s: float            # the dispatcher's gather / reduce-scatter over expert TP, one forward
     cp_fwd_s: float             # CP ring traffic of one forward pass (before overlap)
     act_bytes: float            # stored for backward without recompute
-    act_selective_bytes: float  # stored under selective recompute
+    act_selective_bytes: float  # stored under selective recompute (op-level: torchtitan's SAC)
     act_input_bytes: float      # stored under full recompute (the layer input)
     params: float               # parameters on this GPU (after TP/EP sharding)
     expert_params: float        # of which routed-expert parameters
+    # Megatron's selective recompute (``--recompute-modules core_attn``, its default): the core
+    # attention module checkpointed, its inputs Q, K, V kept (``layers.core_attn_recompute``)
+    act_core_attn_bytes: float = 0.0
+    core_attn_extra_s: float = 0.0
+    core_attn_extra_flops: float = 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -318,6 +323,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # Megatron's selective recompute: drop the s x s terms, recompute the attention core
         act_sel = T * (rep + sharded + heads_local * 4)
     act_input = T * h * a_bytes / (t if sp else 1)
+    if flash:
+        act_core, core_s, core_flops = core_attn_recompute(act_bytes, T * scores, attn_s, attn_hw_flops)
+    else:   # unfused attention: Megatron's selective recompute is the rule above
+        act_core = act_sel
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
@@ -369,7 +378,27 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, etp_fwd_s=etp_fwd_s,
         cp_fwd_s=cp_fwd_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
-        params=params, expert_params=expert_params)
+        params=params, expert_params=expert_params,
+        act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,
+        core_attn_extra_flops=core_flops if flash else sel_extra_flops)
+
+
+def core_attn_recompute(act_bytes: float, stats_bytes: float, attn_s: float,
+                        attn_hw_flops: float) -> tuple[float, float, float]:
+    """(bytes stored, extra backward time, extra FLOPs) of one layer under Megatron's selective
+    recompute, which checkpoints modules, not ops: ``--recompute-granularity selective`` with
+    ``--recompute-modules core_attn`` (Megatron-Core ``TransformerConfig.recompute_modules``, default
+    ``["core_attn"]``). ``Attention._checkpointed_attention_forward`` runs the core attention under
+    ``tensor_parallel.checkpoint``: Q, K and V (its inputs) stay stored, what the core attention
+    saves for its backward is dropped, and its forward runs again in backward.
+    With materialized attention that drops the s x s scores, softmax and dropout (Korthikanti et al.
+    2022, Sec. 5: ``layer_cost``'s unfused rule). A fused kernel (Transformer Engine's cuDNN or
+    flash path, the case priced here) keeps only its softmax statistics (``stats_bytes``, FP32 per
+    head and token) besides Q, K, V and the output, which the output projection keeps as its input
+    anyway: that is all it drops, and the fused forward (``attn_s``) runs again. Megatron says as
+    much when core_attn is set with Transformer Engine ("For fused attention, you have no need to
+    set 'core_attn' to recompute", transformer_config.py)."""
+    return act_bytes - stats_bytes, attn_s, attn_hw_flops
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,18 @@ def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None 
     return w, g, k
 
 
+def ends_weight_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> float:
+    """Working-weight bytes per parameter of the embedding, the output layer and the final norm.
+    FP8 training quantizes only the transformer layers' linear GEMMs: Megatron's embedding
+    (``VocabParallelEmbedding``) and output layer (``tensor_parallel.ColumnParallelLinear``) are not
+    Transformer Engine modules, so they get no cached FP8 copies and ``--fp8-param-gather`` leaves
+    them BF16; torchtitan's float8 converter skips embeddings and its configs filter ``output``
+    (``filter_fqns``). So 2 bytes (BF16) in FP8 training, the working dtype's bytes otherwise."""
+    if dtype == "fp8":
+        return 2.0
+    return bytes_per_param(dtype, optimizer, fp8)[0]
+
+
 def zero_divisors(zero: int, shard: int) -> tuple[int, int, int]:
     """What divides the (weights, gradients, optimizer state) of parameters sharded over
     ``shard`` ranks at ZeRO stage ``zero``: stage 1 shards the optimizer state, 2 also the

@@ -15,7 +15,7 @@ from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
-from .memory import (bytes_per_param, expert_shard,
+from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
                     default_stages)
@@ -44,6 +44,7 @@ class _Shared:
         self.fp8 = fp8_recipe_of(cluster, workload, framework)
         self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
         self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
+        self.ends_w_b = ends_weight_bytes_per_param(dt, workload.optimizer, self.fp8)
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
         self.total_params = model.total_params()
@@ -77,7 +78,8 @@ class _Shared:
                             self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, ex)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
-            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap))
+            hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
+                                                      self.framework.selective_recompute))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:

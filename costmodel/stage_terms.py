@@ -93,7 +93,8 @@ class LayerTerms(NamedTuple):
     act_input_bytes: float       # stored under full recompute (the layer input)
 
 
-def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False) -> LayerTerms:
+def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
+                selective: str = "op") -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -101,7 +102,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     GEMMs, in forward and backward; ``backward`` overlaps half of the backward's TP traffic (the
     column-parallel linears' input-gradient collectives) with half of its GEMM time (their weight
     gradients) and leaves the rest exposed; with ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``)
-    the all-to-alls overlap the layer's compute."""
+    the all-to-alls overlap the layer's compute. ``selective`` (``FrameworkProfile.selective_recompute``)
+    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module."""
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
@@ -119,9 +121,11 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
-                      recompute_flops=lc.hw_flops_fwd, selective_s=lc.selective_extra_s,
-                      selective_flops=lc.selective_extra_flops, act_selective_bytes=lc.act_selective_bytes,
-                      act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes)
+                      recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,
+                      **({"selective_s": lc.core_attn_extra_s, "selective_flops": lc.core_attn_extra_flops,
+                          "act_selective_bytes": lc.act_core_attn_bytes} if selective == "core_attn" else
+                         {"selective_s": lc.selective_extra_s, "selective_flops": lc.selective_extra_flops,
+                          "act_selective_bytes": lc.act_selective_bytes}))
 
 
 def head_compute_s(ends: EndsCost) -> float:
@@ -458,7 +462,7 @@ class StageModel:
             model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
             act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
             embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
-            weights_bytes=(dense_params * w_b / dw + expert_params * w_b / ew
+            weights_bytes=((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
                            + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
             grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
             optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,

@@ -84,7 +84,7 @@ def model_args(plan: Plan) -> list:
         a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     a += ["--make-vocab-size-divisible-by", vocab_divisor(m.vocab, plan.parallel.tp),
           "--init-method-std", recipe(plan).init_std]
-    a += ["--attention-backend", "flash" if w.attention_kernel == "flash" else "unfused"]
+    a += ["--attention-backend", attention_backend(plan)]
     if m.is_moe:
         a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
               "--moe-ffn-hidden-size", m.expert_ffn_hidden]
@@ -146,6 +146,30 @@ def moe_args(plan: Plan) -> list:
     return a
 
 
+# The attention kernel the price assumes, as Megatron's --attention-backend (AttnBackend in
+# megatron/core/transformer/enums.py: flash, fused, unfused, local, auto). The cost model prices a
+# workload's "flash" kernel as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY),
+# not a particular library, and that is what Megatron's default ``auto`` runs: it leaves the choice to
+# Transformer Engine, which picks cuDNN's fused attention on Hopper and later and FlashAttention on
+# Ampere (TE's dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference
+# on Hopper+"). ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
+# "materialized" workload is Megatron's ``unfused`` path (the s x s scores stored).
+ATTENTION_BACKEND = {"flash": "auto", "materialized": "unfused"}
+
+
+def attention_backend(plan: Plan) -> str:
+    return ATTENTION_BACKEND[plan.workload.attention_kernel]
+
+
+def attention_note(plan: Plan) -> str:
+    """The header's line on the attention kernel: which one the price assumes and what the file asks."""
+    if plan.workload.attention_kernel == "flash":
+        return ("attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); "
+                "written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on "
+                "Hopper+, FlashAttention on Ampere)")
+    return "attention priced unfused (scores materialized and stored); written --attention-backend unfused"
+
+
 def tp_comm_overlap(plan: Plan) -> bool:
     """Whether the file turns on ``--tp-comm-overlap``: where the cost model prices full TP
     overlap for Megatron (``costmodel.training.tp_overlap_mode``: sequence parallel, TP inside one
@@ -156,7 +180,7 @@ def tp_comm_overlap(plan: Plan) -> bool:
 def not_expressed(plan: Plan) -> list[str]:
     """Model settings and assumptions the file cannot set, for its header."""
     m = plan.model
-    out = []
+    out = [attention_note(plan)]
     if m.sliding_window:
         out.append(f"sliding-window attention ({m.sliding_window} tokens"
                    + (f", every {m.sliding_window_pattern}-th layer global" if m.sliding_window_pattern else "")
@@ -229,6 +253,10 @@ def _pipeline_split_args(plan: Plan) -> list:
     return out
 
 
+# Megatron's selective recompute as the megatron profile prices it (FrameworkProfile.selective_recompute)
+RECOMPUTE_MODULES = ("core_attn",)
+
+
 def _recompute_args(plan: Plan) -> list:
     p = plan.parallel
     per_stage = recompute_per_stage(plan)
@@ -237,7 +265,9 @@ def _recompute_args(plan: Plan) -> list:
     if p.recompute == "selective":
         require(not any(per_stage), TARGET, f"selective recompute plus full recompute of {per_stage} layers",
                 "Megatron takes one recompute granularity", "re-plan with --recompute selective only")
-        return ["--recompute-granularity", "selective"]
+        # the module set the price assumes (costmodel.layers.core_attn_recompute), written although it
+        # is Megatron's default so that a changed default cannot change what runs
+        return ["--recompute-granularity", "selective", "--recompute-modules", *RECOMPUTE_MODULES]
     layers = stage_layers(plan)
     if per_stage == layers:
         # every layer: checkpoint each layer's input (uniform groups of one layer)

@@ -286,6 +286,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-layout")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--recompute-modules", nargs="*", choices=["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+                                                               "moe", "shared_experts"])
     p.add_argument("--data-parallel-sharding-strategy", choices=["no_shard", "optim", "optim_grads",
                                                                  "optim_grads_params"])
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])
@@ -398,6 +400,7 @@ def test_megatron_round_trip(name, tmp_path):
         assert a.recompute_granularity is None
     elif p.recompute == "selective":
         assert a.recompute_granularity == "selective" and a.recompute_method is None
+        assert a.recompute_modules == ["core_attn"]      # the module set the megatron profile prices
     else:
         per = recompute_per_stage(plan)
         assert a.recompute_granularity == "full"

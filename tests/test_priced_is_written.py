@@ -243,6 +243,12 @@ def _stages(counts: list[int], recompute: list[int] | None = None) -> tuple:
     return st
 
 
+# Megatron's --attention-backend as the cost model's kernel: ``auto`` is Transformer Engine's own choice,
+# a fused kernel (cuDNN on Hopper+, FlashAttention on Ampere); ``unfused`` stores the scores. ``local`` is
+# Megatron's own PyTorch path, which the emitter never writes.
+MEGATRON_KERNEL = {"auto": "flash", "fused": "flash", "flash": "flash", "unfused": "materialized"}
+
+
 def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     out = write(plan, "megatron", tmp / "out")
     meg = fake_megatron(tmp)
@@ -296,7 +302,10 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
-                            grads_bf16=a.grad_reduce_in_bf16)
+                            grads_bf16=a.grad_reduce_in_bf16,
+                            # Megatron's selective recompute is per module; core_attn is its default
+                            selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]
+                            else "unpriced module set")
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
                   kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,
@@ -317,7 +326,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     wl = dataclasses.replace(plan.workload, global_batch=a.global_batch_size, seq_len=a.seq_length, dtype=dtype,
                              fp8_recipe=recipe if recipe else plan.workload.fp8_recipe if dtype == "fp8" else "",
                              fp8_param_gather=a.fp8_param_gather,
-                             attention_kernel="flash" if a.attention_backend == "flash" else "materialized",
+                             attention_kernel=MEGATRON_KERNEL[a.attention_backend],
                              optimizer="sgd" if a.optimizer == "sgd" else "adamw")
     assert h["attention_kernel"] == wl.attention_kernel
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=a.expert_model_parallel_size or 1,
@@ -600,6 +609,21 @@ def test_demo_plan_writes_tp_overlap(tmp_path):
     plan = read_plan(DEMO)
     w = megatron_as_written(plan, tmp_path)
     assert w.profile.tp_comm_overlap and w.par.sp and plan.parallel.tp > 1
+
+
+def test_megatron_leaves_the_fused_kernel_to_transformer_engine(tmp_path):
+    """A fused-attention plan writes --attention-backend auto (TE's choice, which the price assumes), not
+    flash (which forces flash-attn), and the header names the kernel the price assumes; a materialized
+    plan writes unfused."""
+    plan = read_plan(DEMO)
+    assert plan.workload.attention_kernel == "flash"
+    text = (write(plan, "megatron", tmp_path / "a") / "megatron.sh").read_text()
+    assert "--attention-backend auto" in text and "--attention-backend flash" not in text
+    head = text.split("MODEL_ARGS")[0]
+    assert "attention priced as one fused causal kernel" in head and "cuDNN fused attention on Hopper+" in head
+    mat = plan.replace(workload=dataclasses.replace(plan.workload, attention_kernel="materialized"))
+    text = (write(mat, "megatron", tmp_path / "b") / "megatron.sh").read_text()
+    assert "--attention-backend unfused" in text and "attention priced unfused" in text
 
 
 def test_no_tp_overlap_flag_across_nodes_is_priced_slower(tmp_path):

@@ -463,7 +463,9 @@ MEGATRON_SOURCES = {
     "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
     "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
     "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
-                 "(transformer_config.py ~1905)",
+                 "(transformer_config.py ~1905); selective recomputes --recompute-modules, default core_attn, "
+                 "priced as such (costmodel/layers.py core_attn_recompute: with a fused kernel only the softmax "
+                 "statistics are dropped)",
     "recompute_block": f"{MEGATRON_SRC}: --recompute-method block: the first N layers of every pipeline stage "
                        "(transformer_config.py ~543); with vpp, of every virtual stage",
     "recompute_per_stage": f"{MEGATRON_SRC}: no CLI for a different recompute per stage",

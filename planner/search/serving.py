@@ -27,7 +27,7 @@ from costmodel.inference import estimate_inference
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
 from costmodel.units import GIB
 from planner.plan.errors import InfeasibleError, SolverStopped
-from planner.search.serving_space import Candidate, enumerate_candidates
+from planner.search.serving_space import Candidate, enumerate_candidates, goal_us, latency_us, meets_goal
 
 THROUGHPUT_SCALE = 1000          # objective unit: milli-tokens/s per GPU
 TIE_SCALE = 1_000_000            # secondary objective: request latency in us, below one milli-token
@@ -92,8 +92,8 @@ class _ServingModel:
         # the chosen candidate's latency in microseconds (rounded up), at most the goal
         if slo_s is None:
             return
-        us = [math.ceil(value(c) * 1e6) for c in self.cands]
-        self.m.add(sum(u * x for u, x in zip(us, self.x)) <= int(math.floor(slo_s * 1e6)))
+        us = [latency_us(value(c)) for c in self.cands]
+        self.m.add(sum(u * x for u, x in zip(us, self.x)) <= goal_us(slo_s))
 
     def _add_objective(self, minimize_latency: bool) -> None:
         lat_ns = [int(round(c.est.request_latency_s * 1e9)) for c in self.cands]
@@ -210,8 +210,7 @@ def _kinds(disaggregation: str, sched, batch, rate_per_s, cands) -> tuple[str, .
 def _feasible(c: Candidate, capacity: float, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
     """The CP-SAT model's constraints on one candidate, with its integer rounding."""
     return (_memory_ppm(c, capacity) <= MEMORY_SCALE
-            and (ttft_slo_s is None or math.ceil(c.est.ttft_s * 1e6) <= math.floor(ttft_slo_s * 1e6))
-            and (tpot_slo_s is None or math.ceil(c.est.tpot_s * 1e6) <= math.floor(tpot_slo_s * 1e6)))
+            and meets_goal(c.est.ttft_s, ttft_slo_s) and meets_goal(c.est.tpot_s, tpot_slo_s))
 
 
 def _rank_key(c: Candidate, minimize_latency: bool):

@@ -9,9 +9,10 @@
    GPUs and ``r_d`` decode instances of ``g_d`` (the pool ratio), each pool with its own shape.
 3. Per layout, the decode batch ``d``: the decode pool's steady states on a grid of ``d``
    (``costmodel.batching``), the largest that meets the TPOT goal and that the prefill pool
-   keeps up with at the utilization the TTFT goal allows (``rho_max``: the M/D/1 wait that fits
+   keeps up with at the utilization the TTFT goal allows (the M/D/1 wait that fits
    what is left of the goal after the prefill, the KV transfer and the decoder's first step);
-   where the prefill pool binds between two grid points, the ``d`` at which it binds exactly.
+   where a goal binds between two grid points, the ``d`` at which it binds (bisection on the
+   steady state itself, ``_best_d``).
    One candidate per layout: the most it serves under the goals (no goals: at most
    ``RHO_CAP`` prefill utilization).
 
@@ -27,7 +28,7 @@ from costmodel.batching import (InflightReplica, Pool, PrefillPool, SchedulerCon
                                 disagg_estimate, disagg_point, kv_transfer_s, pool_cluster, transfer_crosses_nodes)
 from costmodel.inference import check_invariants
 from costmodel.specs import ClusterSpec, ModelSpec, SpecError, Workload
-from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate, _divisors, _tp_ok
+from planner.search.serving_space import BATCHES_PER_OCTAVE, Candidate, _divisors, _tp_ok, meets_goal
 
 RHO_CAP = 0.95          # prefill utilization without a TTFT goal (the M/D/1 wait grows as 1/(1 - rho))
 JOIN_STEPS = 1.5        # TTFT: the residual of the decoder's step in progress + its first step
@@ -135,42 +136,47 @@ class DisaggSpace:
                             yield Pool(tp_p, pp_p, ep_p, r_p), Pool(tp_d, pp_d, ep_d, r_d)
 
 
-def _rho_max(slack: float, service: float) -> float:
-    """Largest utilization whose M/D/1 wait ``rho s / (2 (1 - rho))`` is at most ``slack``."""
-    if slack <= 0:
-        return 0.0
-    return 2.0 * slack / (service + 2.0 * slack)
+# Halvings of the gap between the last grid point that meets the goals and the first that does
+# not: the decode batch where a goal binds, to 2**-40 of the gap. A fixed count from the same
+# bracket keeps the answer monotone in the goals (a looser goal never ends lower).
+BISECT_STEPS = 40
+
+
+def _meets(space: DisaggSpace, pre: PrefillPool, dec: _Decode, p: Pool, d: Pool, dd: float,
+           ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
+    """Whether ``dd`` decoding requests per decode instance meet the goals, judged on the steady
+    state itself (``costmodel.batching.disagg_point``, the one owner of TTFT and TPOT) as the
+    search judges any candidate (``serving_space.meets_goal``), with the prefill pool under
+    ``RHO_CAP``."""
+    t_kv, cross = space.transfer(p, d)
+    pt = disagg_point(pre, dec.rep, dd, t_kv, cross, p, d)
+    return (pt is not None and pt.prefill_utilization <= RHO_CAP
+            and meets_goal(pt.ttft_s, ttft_slo_s) and meets_goal(pt.tpot_s, tpot_slo_s))
 
 
 def _best_d(space: DisaggSpace, pre: PrefillPool, dec: _Decode, p: Pool, d: Pool, ttft_slo_s: float | None,
             tpot_slo_s: float | None) -> float | None:
-    """The decode batch of this layout (module docstring, step 3), or None."""
-    t_kv, _ = space.transfer(p, d)
+    """The decode batch of this layout (module docstring, step 3), or None: the last grid point
+    that meets the goals, then bisection towards the next one (which does not) on the same check.
+    An interpolated batch, not checked, could miss a goal by a hair and drop the layout at a tight
+    goal that a looser one kept (the search was not monotone in --slo-margin)."""
     best = None
-    binding = None
-    for i, (dd, tau, rate) in enumerate(zip(dec.grid, dec.tau, dec.rate)):
-        if tpot_slo_s is not None and tau > tpot_slo_s:
+    for i, dd in enumerate(dec.grid):
+        if not _meets(space, pre, dec, p, d, dd, ttft_slo_s, tpot_slo_s):
             break
-        if ttft_slo_s is None:
-            rmax = RHO_CAP
-        else:
-            rmax = min(RHO_CAP, _rho_max(ttft_slo_s - pre.alone_s - t_kv - JOIN_STEPS * tau, pre.service_s))
-        rho = d.replicas * rate * pre.service_s / p.replicas
-        if rho <= rmax:
-            best = i
-        else:
-            binding = (i, rmax)
-            break
+        best = i
     if best is None:
         return None
-    if binding is not None and binding[0] == best + 1:
-        # the prefill pool binds between grid points: the d at which rho = rho_max (linear in rate)
-        i, rmax = binding
-        want = rmax * p.replicas / (d.replicas * pre.service_s)
-        r0, r1 = dec.rate[best], dec.rate[i]
-        if r1 > r0:
-            return dec.grid[best] + (dec.grid[i] - dec.grid[best]) * (want - r0) / (r1 - r0)
-    return dec.grid[best]
+    if best + 1 == len(dec.grid):
+        return dec.grid[best]
+    lo, hi = dec.grid[best], dec.grid[best + 1]
+    for _ in range(BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        if _meets(space, pre, dec, p, d, mid, ttft_slo_s, tpot_slo_s):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def enumerate_disaggregated(model: ModelSpec, cluster: ClusterSpec, wl: Workload, sched: SchedulerConfig,
@@ -197,7 +203,7 @@ def enumerate_disaggregated(model: ModelSpec, cluster: ClusterSpec, wl: Workload
         if pt is None:
             continue
         est = disagg_estimate(pt, pre, dec.rep, G)
-        if (ttft_slo_s is not None and est.ttft_s > ttft_slo_s) or (tpot_slo_s is not None and est.tpot_s > tpot_slo_s):
+        if not (meets_goal(est.ttft_s, ttft_slo_s) and meets_goal(est.tpot_s, tpot_slo_s)):
             continue
         check_invariants(est)
         out.append(Candidate(d.tp, d.pp, d.replicas, d.ep, max(1, int(round(dd))), est,

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from costmodel.inference import InferenceEstimate, check_invariants, estimate_inference, serving_max_batch
@@ -27,6 +28,22 @@ from costmodel.units import GIB
 from planner.plan.errors import UsageError
 
 BATCHES_PER_OCTAVE = 4
+
+
+def latency_us(value_s: float) -> int:
+    """A latency as the search's integer: microseconds, rounded up."""
+    return math.ceil(value_s * 1e6)
+
+
+def goal_us(goal_s: float) -> int:
+    """A latency goal as the search's integer: microseconds, rounded down."""
+    return int(math.floor(goal_s * 1e6))
+
+
+def meets_goal(value_s: float, goal_s: float | None) -> bool:
+    """Whether a predicted latency meets a goal, at the search's microsecond resolution (the one
+    rule: the CP-SAT constraint, its Python reference and the disaggregated batch search)."""
+    return goal_s is None or latency_us(value_s) <= goal_us(goal_s)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 2048 / (4*8*1) = 64 and micro-batches per step = global / (micro * dp) = 4096 / (1*64) = 64.
 # Model deepseek-v3: 61 layers, hidden 7168, ffn 18432, 128 heads, vocab 129280, SwiGLU, RMSNorm eps 1e-06, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
+# attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on Hopper+, FlashAttention on Ampere)
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
@@ -71,7 +72,7 @@ MODEL_ARGS=(
   --hidden-dropout 0.0
   --make-vocab-size-divisible-by 64
   --init-method-std 0.00747
-  --attention-backend flash
+  --attention-backend auto
   --num-experts 256
   --moe-router-topk 8
   --moe-ffn-hidden-size 2048

@@ -6,6 +6,7 @@
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 8 / (2*1*1) = 4 and micro-batches per step = global / (micro * dp) = 64 / (2*4) = 8.
 # Model llama-3-8b: 32 layers, hidden 4096, ffn 14336, 32 heads (8 KV heads), vocab 128256, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 500000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
+# attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on Hopper+, FlashAttention on Ampere)
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
@@ -64,7 +65,7 @@ MODEL_ARGS=(
   --hidden-dropout 0.0
   --make-vocab-size-divisible-by 128
   --init-method-std 0.00988
-  --attention-backend flash
+  --attention-backend auto
 )
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 2

@@ -6,6 +6,7 @@
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 4 / (2*1*1) = 2 and micro-batches per step = global / (micro * dp) = 8 / (2*2) = 2.
 # Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
+# attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on Hopper+, FlashAttention on Ampere)
 # priced with Megatron's backward-only TP overlap: --tp-comm-overlap needs sequence parallel and TP inside one NVLink domain, which this plan does not have
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls; costmodel/frameworks.py)
@@ -64,7 +65,7 @@ MODEL_ARGS=(
   --hidden-dropout 0.0
   --make-vocab-size-divisible-by 128
   --init-method-std 0.0559
-  --attention-backend flash
+  --attention-backend auto
 )
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 2
