@@ -416,7 +416,9 @@ def emit(plan: Plan) -> dict[str, str]:
              model_settings(plan), TORCH_NOTE]
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during "
-        "backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)"]
+        "backward; " + ("TP collectives overlap the GEMMs beside them (async TP under torch.compile)"
+                        if (plan.framework or {}).get("async_tp") else
+                        "TP collectives are not overlapped (async TP needs torch.compile, not enabled here)")]
         + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
             "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else []))
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)

@@ -339,16 +339,17 @@ class _LazyShapes:
 
     A shape waits in the heap at level -2 in parts, one per micro-batch (the outermost choice of
     ``space._inner``: a part's candidates are a contiguous block of the shape's), each under
-    ``bounds``: the least ``bounds.group_bound`` over ``space.group_representatives`` of that
-    micro-batch, one configuration per group the part may hold, with every mesh order it may
-    take and its largest virtual-stage count. A group's bound reads only the
-    fields the group shares and the mesh order (``stage_cache.stage_compute_time``; of the
-    recompute policy only whether it is selective) and falls with more orders and a larger
-    virtual-stage count, so this is at most the bound of each group the shape holds, in the
-    same floating-point operations. Candidate keys are ``(shape index, micro-batch, index)``,
-    which sort as ``enumerate_candidates``' indices do (micro-batches ascend): each group enters the heap before
-    anything above its bound leaves it, so the heap yields the groups and candidates in the
-    eager order (tests/test_lazy_search.py compares the two, and checks the bound)."""
+    the least ``bounds.group_bound`` over ``space.group_representatives`` of that micro-batch:
+    one configuration per group the part may hold, with every mesh order it may take and its
+    largest virtual-stage count. A group's bound reads only the fields the group shares and the
+    mesh order (``stage_cache.stage_compute_time``; of the recompute policy only whether it is
+    selective, which only adds a time) and falls with more orders and a larger virtual-stage
+    count, so this is at most the bound of each group the part holds, in the same
+    floating-point operations. Candidate keys are ``(shape index, micro-batch, index)``, which
+    sort as ``enumerate_candidates``' indices do (micro-batches ascend): each group enters the
+    heap before anything above its bound leaves it, so the heap yields the groups and
+    candidates in the eager order (tests/test_lazy_search.py compares the two, and checks the
+    bound on every group)."""
 
     def __init__(self, prob: Problem, fixed: dict, gpus: int, worlds, target):
         self.prob, self.fixed, self.target = prob, fixed, target

@@ -124,10 +124,10 @@ def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: S
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
                           target: str | None = None) -> list[list[Candidate]] | None:
     """For the search's lazy expansion (``bnb``): one configuration per choice of the fields a
-    group shares (micro-batch, expert layout, sequence parallel, base recompute policy) that
-    ``_inner`` may build for ``shape``, as one candidate per mesh order it may take, at the
-    largest virtual-stage count it may take; none of them asked of the target (a superset of
-    the groups). ``[]``: the shape has no candidates at all; None: a representative did not
+    group shares (micro-batch, expert layout, sequence parallel; of the recompute policies the
+    one whose bound is least) that ``_inner`` may build for ``shape``, as one candidate per mesh
+    order it may take, at the largest virtual-stage count it may take; none of them asked of
+    the target (they bound a superset of the groups). ``[]``: the shape has no candidates at all; None: a representative did not
     pass ``ParallelConfig``'s checks (the shape is then expanded rather than bounded)."""
     tp, cp, pp, dp = shape.tp, shape.cp, shape.pp, shape.dp
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
@@ -144,9 +144,12 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
             continue
         v = max(vpps)
         bases = {b for b, _ in ch.policies(v)} if ch.wide else set(ch.bases)
-        # the bound reads the recompute policy only as "selective or not" (stage_compute_time):
-        # full recompute's groups are bounded by none's
-        bases = sorted({"selective" if b == "selective" else "none" for b in bases})
+        # the bound reads the recompute policy only as "selective or not" (stage_compute_time),
+        # and selective only adds its extra backward (layer_sums, a time >= 0) to the same sum:
+        # with none or full among the policies, none's bound is below all of theirs
+        if not bases:
+            continue
+        bases = ["none"] if bases - {"selective"} else ["selective"]
         for ep, etp in ch.experts:
             for sp in ch.sps:
                 for base in bases:
