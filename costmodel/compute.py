@@ -13,7 +13,9 @@ Model (one rule for every GPU; the constants live in the cluster file, not here)
 * With a measured table (``ClusterSpec.matmul_table``: square-GEMM size -> efficiency, written
   by ``planner profile``), ``eff`` is interpolated in log-size and clamped at the ends.
 * Elementwise work (norms, activations, dropout, residuals, softmax when attention is not
-  fused) is bound by HBM bandwidth: ``bytes / hbm_bandwidth``.
+  fused, FP8 casts, the loss over the logits, the optimizer) is bound by HBM bandwidth, at the
+  fraction of it the framework's kernels reach (``memory_bound_factor``): ``bytes / hbm_bandwidth``
+  divided by that fraction.
 * Fused (flash) attention reaches ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM efficiency:
   FlashAttention-2 (Dao, 2023, Fig. 4-6) reaches 50-73% of A100 peak forward+backward where
   cuBLAS GEMMs reach 80-90%, a ratio of about 0.75.
@@ -61,7 +63,32 @@ def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float,
 
 
 def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
+    """``n_bytes`` moved at the GPU's full HBM bandwidth; a kernel's achieved fraction is applied
+    by the caller (``memory_bound_factor``)."""
     return n_bytes / gpu.hbm_bandwidth_bytes_per_s
+
+
+# The fraction of HBM bandwidth memory-bound training kernels reach, forward and backward, by how
+# they run. Source: NVIDIA/cudnn-frontend @ 3929da2e, benchmark/norms/results/h200 (RMSNorm, bf16,
+# LLM shapes 4096x16384 .. 16384x4096, all_models_*.csv): cuDNN's fused kernel 69-80% forward /
+# 64-79% backward, eager PyTorch 50-70% / 30-38%, torch.compile 71-87% / 34-47% -- the midpoints
+# below; the GB200 rows of the same benchmark fall in the same ranges. The term this prices is mostly
+# pointwise traffic (residual adds, activations, dropout, casts), with the norms a small part of it;
+# the eager and compiled backward figures are a norm's backward (a reduction kernel), not a pointwise
+# kernel's, so every shipped profile uses "fused" (FrameworkProfile.elementwise) until a table for
+# pointwise kernels per framework exists; "eager" and "compiled" stay for a profile that measures them.
+MEMORY_BOUND_FRACTION: dict[str, tuple[float, float]] = {
+    "fused": (0.75, 0.71), "eager": (0.60, 0.34), "compiled": (0.79, 0.40)}
+ELEMENTWISE_KINDS = tuple(MEMORY_BOUND_FRACTION)
+
+
+def memory_bound_factor(kind: str, backward: bool = True) -> float:
+    """How much longer than at full HBM bandwidth the framework's memory-bound kernels take: for a
+    forward-unit time whose backward counts twice (``LayerTerms``: forward + 2x backward), the
+    mean over the three of 1/fraction; ``backward=False`` for work that only runs once forward
+    (the optimizer step)."""
+    f, b = MEMORY_BOUND_FRACTION[kind]
+    return 1.0 / f if not backward else (1.0 / f + 2.0 / b) / 3.0
 
 
 def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: float, k: float,

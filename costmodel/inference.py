@@ -81,7 +81,7 @@ from .comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network, crosses_nodes, laun
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
 from .moe import dispatch_bytes
-from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
+from .specs import (ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes
 
@@ -336,12 +336,20 @@ class _Pass:
         self.ep += k * o.ep
 
 
+def serving_gpu(gpu: GpuSpec) -> GpuSpec:
+    """The GPU as serving prices it: its own GEMM efficiency where the catalog keeps one
+    (``GpuSpec.serving_matmul_efficiency``), else training's."""
+    if gpu.serving_matmul_efficiency and gpu.serving_matmul_efficiency != gpu.matmul_efficiency:
+        return dataclasses.replace(gpu, matmul_efficiency=gpu.serving_matmul_efficiency)
+    return gpu
+
+
 class _Serving:
     """Per-GPU costs of one serving configuration; built once per estimate."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig):
         self.m, self.c, self.w, self.par = model, cluster, workload, par
-        self.gpu = gpu = cluster.gpu
+        self.gpu = gpu = serving_gpu(cluster.gpu)
         self.cdt = compute_dtype(workload.dtype, cluster)
         self.wb = weight_bytes_per_param(workload.dtype)
         self.eb = ends_bytes_per_param(workload.dtype)

@@ -42,13 +42,15 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from .comm import GroupLayout, Network, launched
-from .compute import FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency, memory_time_s
+from .compute import (FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
+                      memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
                   expert_gemm_host_floor_s, grouped_gemm_factor, host_excess_s, host_sync_s, layer_host_s,
                   load_factor, permute_time_s, router_time_s)
+from .scale import straggler_factor
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
@@ -187,13 +189,15 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
-               moe_exec: MoeExecution | None = None) -> LayerCost:
+               moe_exec: MoeExecution | None = None, elementwise: str = "fused") -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
     ``etp``: expert tensor parallel (0: ``tp``), its group laid out as ``etp_lay`` (default the
-    TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``)."""
+    TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``);
+    ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``)."""
     net = Network(cluster, intra)
+    mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
     lin_b = fp8.saved_input_bytes if fp8 is not None else a_bytes   # a saved linear-layer input
@@ -276,7 +280,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         cast_values = sum(m * kk * c for m, n, kk, c in lin)
         if not fp8.weight_copies:
             cast_values += sum(n * kk * c for m, n, kk, c in lin)     # weights cast per use
-        quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values)
+        quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values) * mem_factor
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
     # FLOPs at the mean share of the routed tokens (the busiest rank's excess is time, not work)
@@ -330,10 +334,17 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
     ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
-    ew_s = memory_time_s(gpu, ew_bytes) + moe_ew_s + quant_s
+    if not flash:
+        # the s x s scores are not "written once, read once" per stored byte: their kernels' own
+        # traffic, in forward units (``score_traffic_bytes``), replaces that rule's share for them
+        ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
+                         - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
+    ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
-    fwd_s = gemm_s + attn_s + ew_s + gpu.layer_overhead_s / 3
+    # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured
+    # host floor, GpuSpec.layer_overhead_s) are the runtime's own test rigs and keep their measurement
+    fwd_s = (gemm_s + attn_s + ew_s) * _straggler(gpu, cluster) + gpu.layer_overhead_s / 3
     if moe:
         # the dropless token-count sync, once per layer forward (compute counts 3 forwards)
         fwd_s += host_sync_s(ex.dropless) / 3
@@ -344,7 +355,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         sel_extra_s = 0.5 * gemm_s + ew_s
         sel_extra_flops = 0.5 * gemm_flops
     else:
-        sel_extra_s = attn_s + memory_time_s(gpu, ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * T * scores)
+        sel_extra_s = attn_s + memory_time_s(gpu, T * heads_local * s * score_traffic_bytes(
+            a_bytes, model.dropout, forward_only=True)) * mem_factor
         sel_extra_flops = attn_model_flops
 
     # ---- communication of one forward pass ---------------------------------------------
@@ -413,11 +425,34 @@ class EndsCost:
     embed_act_bytes: float
 
 
+def score_traffic_bytes(a_bytes: float, dropout: bool, forward_only: bool = False) -> float:
+    """HBM bytes per element of the s x s score matrix that unfused (materialized) attention's
+    memory-bound kernels move, per forward unit (the layer's compute counts forward + twice it
+    backward, so the forward + backward total is divided by 3), or its forward alone.
+    Megatron-LM's core attention (megatron/model/transformer.py CoreAttention, 2021-22): the
+    scale-mask-softmax is one fused kernel (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h:
+    it reads the scores and writes the probabilities, one pass; its backward reads the output
+    gradient and the probabilities and writes the input gradient), then dropout (reads the
+    probabilities, writes the output and a 1-byte mask; backward reads the gradient and the mask,
+    writes the gradient). The QK^T output and the PV input are the batched GEMMs' own traffic."""
+    fwd = 2 * a_bytes + ((2 * a_bytes + 1) if dropout else 0)
+    if forward_only:
+        return fwd
+    bwd = 3 * a_bytes + ((2 * a_bytes + 1) if dropout else 0)
+    return (fwd + bwd) / 3.0
+
+
+def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
+    """``scale.straggler_factor`` over the cluster's GPUs (1 for CPU devices: see ``layer_cost``)."""
+    return 1.0 if gpu.layer_overhead_s or gpu.name.startswith("cpu") else straggler_factor(cluster.total_gpus)
+
+
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
-              cluster: ClusterSpec, kernel_efficiency: float = 1.0) -> EndsCost:
+              cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused") -> EndsCost:
     """The output head stays BF16 under FP8 recipes (Megatron's output layer is not a TE module;
-    torchtitan's Float8 converter skips it)."""
+    torchtitan's Float8 converter skips it). The loss over the logits runs at the framework's
+    memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``)."""
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
     t = tp
@@ -425,7 +460,9 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     V, h = model.vocab, model.hidden
     head_s = gemm_time_s(gpu, cluster, dt, T, V / t, h) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
-    head_s += memory_time_s(gpu, 2 * logits_bytes)   # softmax / cross-entropy over the logits
+    # softmax / cross-entropy over the logits
+    head_s += memory_time_s(gpu, 2 * logits_bytes) * memory_bound_factor(elementwise)
+    head_s *= _straggler(gpu, cluster)
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),

@@ -383,6 +383,10 @@ class GpuSpec:
     # synchronously (measured by `planner profile` on CPUs: profiles/bench_layer.py). 0 for GPUs,
     # whose kernel launches are asynchronous and hide behind the kernels of real layers.
     layer_overhead_s: float = 0.0
+    # Serving's GEMM efficiency where it differs from training's (0: the same). Serving's figures
+    # (costmodel/VALIDATION_INFERENCE.md) were validated on the curve before the session-20 training
+    # refit; the catalog keeps that curve for serving until serving is revalidated on the new one.
+    serving_matmul_efficiency: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, f"gpu {describe(self.name)}", SpecError)
@@ -399,6 +403,9 @@ class GpuSpec:
                             f"its {self.memory_bytes / GIB:g} GiB; reserved_gib must be less than memory_gib")
         if not 0 < self.matmul_efficiency <= 1:
             raise SpecError(f"gpu {self.name!r}: matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}")
+        if not 0 <= self.serving_matmul_efficiency <= 1:
+            raise SpecError(f"gpu {self.name!r}: serving_matmul_efficiency must be in [0, 1] (0: training's), "
+                            f"got {self.serving_matmul_efficiency}")
         if self.layer_overhead_s < 0:
             raise SpecError(f"gpu {self.name!r}: layer overhead must be >= 0, got {self.layer_overhead_s * 1e6:g} us")
         check_ranges(self, f"gpu {self.name!r}", SpecError)

@@ -75,8 +75,9 @@ class _Shared:
                 ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, ex)
-            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay)
+                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, ex,
+                            self.framework.elementwise)
+            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
                                                       self.framework.selective_recompute))
@@ -175,7 +176,8 @@ class _Shared:
         ec = self.ends.get(key)
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
-                                            grp.gpu, self.cluster, self.framework.kernel_efficiency)
+                                            grp.gpu, self.cluster, self.framework.kernel_efficiency,
+                                            self.framework.elementwise)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:

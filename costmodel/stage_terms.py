@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .comm import Network, crosses_nodes, launched
 from . import fp8 as fp8_recipes
+from .compute import memory_bound_factor
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
@@ -347,7 +348,8 @@ class StageModel:
         engine = backend_profile(fw, par)        # Accelerate: the engine it hands this config to
         self.overlap_grad = par.overlap_dp_comm and engine.overlap_grad_reduce
         self.overlap_gather = par.overlap_dp_comm and engine.overlap_param_gather
-        self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s
+        # the optimizer step's memory-bound kernels at the framework's forward fraction
+        self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(fw.elementwise, backward=False)
         self.slowdown = sh.slowdown
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0

@@ -172,9 +172,11 @@ def attention_note(plan: Plan) -> str:
 
 def tp_comm_overlap(plan: Plan) -> bool:
     """Whether the file turns on ``--tp-comm-overlap``: where the cost model prices full TP
-    overlap for Megatron (``costmodel.training.tp_overlap_mode``: sequence parallel, TP inside one
-    NVLink domain). Elsewhere Megatron's backward-only overlap is priced and the flag stays off."""
-    return tp_overlap_of(TARGET, plan.parallel, plan.mesh_order, plan.cluster.nvlink_gpus) == "full"
+    overlap for Megatron (``costmodel.frameworks.tp_overlap_mode``: sequence parallel, TP inside one
+    NVLink domain, a GPU with CUDA multicast). Elsewhere Megatron's backward-only overlap is priced
+    and the flag stays off."""
+    return tp_overlap_of(TARGET, plan.parallel, plan.mesh_order, plan.cluster.nvlink_gpus,
+                         plan.cluster.gpu.name) == "full"
 
 
 def not_expressed(plan: Plan) -> list[str]:
@@ -191,8 +193,9 @@ def not_expressed(plan: Plan) -> list[str]:
         out.append("priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): "
                    "it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)")
     elif plan.parallel.tp > 1:
-        out.append("priced with Megatron's backward-only TP overlap: --tp-comm-overlap needs sequence parallel "
-                   "and TP inside one NVLink domain, which this plan does not have")
+        out.append("priced with Megatron's backward-only TP overlap: --tp-comm-overlap needs sequence parallel, "
+                   "TP inside one NVLink domain and a GPU with CUDA multicast (Hopper or later; Transformer "
+                   "Engine's userbuffers need UB_SKIPMC=1 before that), which this plan does not have")
     return out
 
 

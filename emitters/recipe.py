@@ -118,10 +118,12 @@ def priced_assumptions(plan: Plan, target: str, engine_facts: Sequence[str] = ()
     ``PRICED_TAG`` (tests/test_priced_is_written.py reads it back)."""
     fw = backend_profile(framework_profile(target), plan.parallel)   # Accelerate: the engine it hands the run to
     out = [f"{PRICED_TAG} kernel_efficiency={fw.kernel_efficiency!r} "
-           f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel}",
+           f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel} "
+           f"elementwise={fw.elementwise}",
            f"(no flag sets these: {target}'s kernels relative to the cluster's GEMM efficiency curve"
            + (" (fitted on its published runs)" if fw.calibrated else " (not calibrated)")
-           + ", the memory the allocator leaves unusable, the attention kernel the model code calls; "
+           + ", the memory the allocator leaves unusable, the attention kernel the model code calls, "
+           "how its memory-bound kernels run (fused, eager or compiled); "
            "costmodel/frameworks.py)"]
     out += list(engine_facts)
     return out

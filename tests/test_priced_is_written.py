@@ -209,7 +209,7 @@ def header_assumptions(text: str) -> dict:
     kv = dict(w.split("=", 1) for w in m.group(1).split())
     return {"kernel_efficiency": float(kv["kernel_efficiency"]),
             "memory_headroom_fraction": float(kv["memory_headroom_fraction"]),
-            "attention_kernel": kv["attention_kernel"]}
+            "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"]}
 
 
 def engine_facts(text: str) -> str:
@@ -294,7 +294,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
                             ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"],
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
                             moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
@@ -371,7 +371,7 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     overlap = bool(c.zero_config.overlap_comm) and pp == 1    # the pipeline engine reduces after the last micro-batch
     prof = FrameworkProfile(name="deepspeed", overlap_grad_reduce=overlap, overlap_param_gather=False,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
     # pipeline: every layer boundary checkpointed; no pipeline: the model calls deepspeed.checkpointing,
     # which the activation_checkpointing section configures (the shipped script checkpoints every block)
     full = (c.pipeline["activation_checkpoint_interval"] == 1) if pp > 1 else "activation_checkpointing" in raw
@@ -479,7 +479,7 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"]).with_switches(
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"]).with_switches(
                                 compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
@@ -572,7 +572,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     prof = FrameworkProfile(name="accelerate (as written)", overlap_grad_reduce=grad_overlap,
                             overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,

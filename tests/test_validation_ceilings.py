@@ -64,8 +64,9 @@ def test_estimate_json_carries_band_and_flag(capsys):
     lo, hi = u["step_time_s_range"]
     st = out["estimate"]["step_time_s"]
     assert lo == pytest.approx(st * (1 - u["band"])) and hi == pytest.approx(st * (1 + u["band"]))
-    # the generic profile on 64 A100 predicts more than the best A100 run ever published
-    assert out["estimate"]["mfu"] > u["mfu_ceiling"] and u["mfu_flag"] and not u["measured_profile"]
+    # flagged exactly when the prediction is above the best A100 run ever published (no measured profile)
+    assert u["mfu_ceiling"] and not u["measured_profile"]
+    assert bool(u["mfu_flag"]) is (out["estimate"]["mfu"] > u["mfu_ceiling"])
 
 
 def test_plans_inside_the_band_are_ties():

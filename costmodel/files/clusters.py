@@ -48,7 +48,7 @@ from .readers import load_yaml
 CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
-             "reserved_gib", "price_per_hour", "layer_overhead_us"}
+             "reserved_gib", "price_per_hour", "layer_overhead_us", "serving_matmul_efficiency"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -183,6 +183,7 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         reserved_bytes=_num(d, "reserved_gib", where, 1.0, at_least=0) * GIB,
         price_per_hour=_num(d, "price_per_hour", where, 0.0, at_least=0),
         layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0, at_least=0) * US,
+        serving_matmul_efficiency=_num(d, "serving_matmul_efficiency", where, 0.0, at_least=0, at_most=1),
     )
 
 
@@ -350,7 +351,8 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             "hbm_gb_per_s": _r(g.hbm_bandwidth_bytes_per_s / GB), "matmul_efficiency": g.matmul_efficiency,
             "matmul_half_size": g.matmul_half_size, "reserved_gib": _r(g.reserved_bytes / GIB),
             "price_per_hour": g.price_per_hour,
-            **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {})}
+            **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {}),
+            **({"serving_matmul_efficiency": g.serving_matmul_efficiency} if g.serving_matmul_efficiency else {})}
 
 
 def link_to_dict(link: LinkSpec) -> dict:

@@ -159,7 +159,7 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
         # nor the asynchronous input-gradient all-reduce of later Megatron-Core
         prof = dataclasses.replace(prof, tp_comm_overlap=False, tp_comm_overlap_backward=False)
-    elif "async" in str(case.get("execution", "")).lower():
+    elif ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
@@ -169,6 +169,22 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # how the run executed its MoE layers (costmodel.moe.MoeExecution), over the profile's
         prof = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, **case["moe"]))
     return model, cluster, wl, par, prof, fw
+
+
+def ran_async_tp(execution) -> bool:
+    """Whether a case's ``execution`` record says the run used async TP: the ``async_tp`` key of
+    the mapping (``async_tp: false`` is a run without it), or, for a free-text record, the words
+    "async TP" / "async_tp" not followed by a false value."""
+    if isinstance(execution, dict):
+        value = execution.get("async_tp", False)
+        return value is True or str(value).strip().lower() in ("true", "on", "yes")
+    text = str(execution or "").lower().replace("-", "_").replace(" ", "_")
+    for mark in ("async_tp", "asynctp"):
+        at = text.find(mark)
+        if at >= 0:
+            rest = text[at + len(mark):].lstrip(":=_'\"")
+            return not rest.startswith(("false", "off", "no"))
+    return False
 
 
 def case_stages(case: dict):

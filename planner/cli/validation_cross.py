@@ -324,10 +324,22 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
             values[c.name] = c.prior
             res.prior.append(c.name)
     with module_constants(values):
+        pooled: list[fitted.FittedConstant] = []
         for group, consts in _groups():
             if group == "fp8":
                 continue
+            if group.startswith("framework.") and not _rows_for(group, train) \
+                    and all(c.prior_rule == "pooled" for c in consts):
+                pooled += consts                  # after the others: its prior pools their fits
+                continue
             _fit_group(group, consts, train, values, res)
+        fitted_here = {n: values[n] for g, cs in _groups() if g.startswith("framework.") and res.rows.get(g)
+                       for n in (c.name for c in cs)}
+        for c in pooled:
+            group = c.name.rsplit(".", 1)[0]
+            res.rows[group], res.families[group] = 0, []
+            values[c.name] = fitted.pooled_prior(c, fitted_here)
+            res.prior.append(c.name)
     with module_constants(values):           # the FP8 curve sits on the fitted BF16 ones
         _fit_group("fp8", [c for g, cs in _groups() if g == "fp8" for c in cs], train, values, res)
     return res
@@ -518,7 +530,8 @@ def markdown(res: dict) -> str:
             "| constant | lives in | fitted on (families) | rows the fit reads | prior when none is left |",
             "|---|---|---|---|---|"]
     for c in fitted.FITTED:
-        out.append(f"| {c.name} | {c.owner} | {', '.join(c.families)} | {c.rows} | {c.prior:g}: {c.prior_why} |")
+        prior = "pooled" if c.prior_rule == "pooled" else f"{c.prior:g}"
+        out.append(f"| {c.name} | {c.owner} | {', '.join(c.families)} | {c.rows} | {prior}: {c.prior_why} |")
     out += ["", "## Refitted constants per left-out family", "",
             "`shipped` is the value in the code; `all in` the refit on every family; a value in *italics* fell "
             "back to its prior (no rows left).", ""]
