@@ -119,8 +119,13 @@ def test_published_etp1_layout_planned_emitted_and_read_by_megatron_core(tmp_pat
     a = megatron_parser().parse_args(argv[i + 1:])
     assert (a.expert_tensor_parallel_size, a.expert_model_parallel_size) == (1, 32)
     # priced = written: the profile's MoE execution is what the file sets
+    # (the plan's own MoE execution where it chose one: DeepEP is Megatron's flex dispatcher)
     ex = FRAMEWORKS["megatron"].moe
-    assert a.moe_token_dispatcher_type == ex.dispatcher
+    if p.moe_dispatcher == "deepep":
+        assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("flex", "deepep")
+    else:
+        assert a.moe_token_dispatcher_type == ex.dispatcher
+    assert a.overlap_moe_expert_parallel_comm == p.ep_overlap
     assert (a.moe_permute_fusion, a.moe_router_fusion, a.moe_grouped_gemm) == (ex.permute_fusion, ex.router_fusion,
                                                                               True)
     assert a.moe_router_load_balancing_type == "aux_loss" and a.moe_aux_loss_coeff == pytest.approx(1e-3)
