@@ -105,14 +105,14 @@ def is_blackwell(gpu: GpuSpec) -> bool:
     return n.startswith(("B", "GB"))
 
 
-def default_recipe(framework: str, gpu: GpuSpec) -> str:
+def default_recipe(framework: str, gpu: GpuSpec | None) -> str:
     """The recipe a framework runs when the plan names none: Megatron/NeMo with Transformer
     Engine take delayed scaling on Hopper (NeMo 24.x's FP8 recipes: ``fp8_recipe: delayed``) and
     MXFP8 on Blackwell (Megatron-LM's ``--fp8-recipe mxfp8`` for SM100); torchtitan's Float8
     converter takes tensorwise dynamic scaling (torchao's default) with its FP8 FSDP all-gather."""
     if framework.split("+")[0] == "torchtitan":      # its profile with switches: "torchtitan+compile"
         return "tensorwise"
-    return "mxfp8" if is_blackwell(gpu) else "delayed"
+    return "mxfp8" if gpu is not None and is_blackwell(gpu) else "delayed"
 
 
 def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = False) -> Fp8Recipe:

@@ -540,14 +540,14 @@ def markdown(res: dict) -> str:
                                          for n in names) + " |",
             "|---|" + "---:|" * len(names)]
 
-    def line(label: str, fr: FitResult | None, vals: dict[str, float]) -> str:
+    def row(label: str, fr: FitResult | None, vals: dict[str, float]) -> str:
         cells = [(f"*{vals[n]:g}*" if fr and n in fr.prior else f"{vals[n]:g}") for n in names]
         return f"| {label} | " + " | ".join(cells) + " |"
 
-    out.append(line("shipped", None, res["shipped"]))
-    out.append(line("all in", res["full"], res["full"].values))
+    out.append(row("shipped", None, res["shipped"]))
+    out.append(row("all in", res["full"], res["full"].values))
     for fam, fr in res["fits"].items():
-        out.append(line(fam, fr, fr.values))
+        out.append(row(fam, fr, fr.values))
     out += ["", "## Every run", "",
             "| run | family | framework | GPUs | published tok/s/GPU | read from | predicted | out-of-source | "
             "range (unpublished settings) | in-sample | constants at prior |",

@@ -121,6 +121,7 @@ def _usable() -> bool:
         and hasattr(cmh, "FlatIntExpr")
 
 
+MODEL: type
 if _usable():
     MODEL = SatModel
 else:                                       # pragma: no cover - another OR-Tools version

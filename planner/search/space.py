@@ -11,7 +11,7 @@ the ring).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from costmodel.limits import MAX_LAYERS
@@ -143,13 +143,13 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
         if not vpps:
             continue
         v = max(vpps)
-        bases = {b for b, _ in ch.policies(v)} if ch.wide else set(ch.bases)
+        policies = {b for b, _ in ch.policies(v)} if ch.wide else set(ch.bases)
         # the bound reads the recompute policy only as "selective or not" (stage_compute_time),
         # and selective only adds its extra backward (layer_sums, a time >= 0) to the same sum:
         # with none or full among the policies, none's bound is below all of theirs
-        if not bases:
+        if not policies:
             continue
-        bases = ["none"] if bases - {"selective"} else ["selective"]
+        bases = ["none"] if policies - {"selective"} else ["selective"]
         for ep, etp in ch.experts:
             for sp in ch.sps:
                 for base in bases:
@@ -207,7 +207,7 @@ class _Choices:
     sps: list
     bases: list
     orders: tuple
-    policies: object           # vpp -> the (recompute, recompute_layers) policies (a widened target)
+    policies: Callable[[int], list]   # vpp -> the (recompute, recompute_layers) policies (a widened target)
 
 
 def _choice_lists(model, workload, fixed, tp, cp, pp, dp, target) -> _Choices | None:
