@@ -313,6 +313,20 @@ def fake_megatron(tmp_path) -> str:
     return str(d)
 
 
+def megatron_as_parsed(plan, tmp_path) -> tuple[argparse.Namespace, int, Path]:
+    """The plan's ``megatron.sh`` run as written (a fake torchrun records its argv) and read back:
+    Megatron's arguments through the documented-flag parser, the world size torchrun starts, and
+    the folder of the emitted files."""
+    out = write(plan, "megatron", tmp_path / "out")
+    meg = fake_megatron(tmp_path)
+    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1",
+                                                            "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
+    argv = calls[0]["argv"]
+    i = argv.index(f"{meg}/pretrain_gpt.py")
+    t = torchrun_args(argv[:i + 1])
+    return megatron_parser().parse_args(argv[i + 1:]), int(t.nnodes) * int(t.nproc_per_node), out
+
+
 def megatron_layout(a: argparse.Namespace):
     """``--pipeline-model-parallel-layout`` through Megatron-Core's own parser and check
     (megatron/core/transformer/pipeline_parallel_layer_layout.py): the layout object, whose

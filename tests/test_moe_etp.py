@@ -18,8 +18,8 @@ from costmodel.training import estimate
 from planner.plan.planfile import plan_from_dict
 from planner.search.space import enumerate_candidates
 from costmodel.files.clusters import load_cluster
-from test_emit_roundtrip import fake_megatron, megatron_parser, targets_package, torchrun_args
-from test_emit_support import ROOT, run_script, write
+from test_emit_roundtrip import megatron_as_parsed, targets_package
+from test_emit_support import ROOT
 
 QWEN = get_model("qwen3-235b-a22b")
 H100_256 = load_cluster("dgx-h100").with_gpus(256)
@@ -108,15 +108,7 @@ def test_published_etp1_layout_planned_emitted_and_read_by_megatron_core(tmp_pat
     plan = plan_from_dict(yaml.safe_load(out.read_text()))
     p = plan.parallel
     assert (p.tp, p.pp, p.ep, p.etp) == (2, 8, 32, 1)
-    files = write(plan, "megatron", tmp_path / "out")
-    meg = fake_megatron(tmp_path)
-    calls = run_script(files / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1",
-                                                                "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
-    argv = calls[0]["argv"]
-    i = argv.index(f"{meg}/pretrain_gpt.py")
-    t = torchrun_args(argv[:i + 1])
-    world = int(t.nnodes) * int(t.nproc_per_node)
-    a = megatron_parser().parse_args(argv[i + 1:])
+    a, world, files = megatron_as_parsed(plan, tmp_path)
     assert (a.expert_tensor_parallel_size, a.expert_model_parallel_size) == (1, 32)
     # priced = written: the profile's MoE execution is what the file sets
     # (the plan's own MoE execution where it chose one: DeepEP is Megatron's flex dispatcher)

@@ -31,8 +31,7 @@ from emitters import CannotExpress, get
 from emitters.recipe import PRICED_TAG
 from planner.cli.explain import plan_estimate
 from planner.plan.planfile import Plan, read_plan
-from test_emit_roundtrip import (fake_megatron, megatron_layers_per_stage, megatron_parser, megatron_vpp,
-                                 targets_package, torchrun_args)
+from test_emit_roundtrip import (megatron_as_parsed, megatron_layers_per_stage, megatron_vpp, targets_package, torchrun_args)
 from test_emit_support import ROOT, make_plan, run_script, split_module_args, write
 
 pytestmark = pytest.mark.subprocess      # the emitted scripts run (their launchers replaced by a recorder)
@@ -250,15 +249,7 @@ MEGATRON_KERNEL = {"auto": "flash", "fused": "flash", "flash": "flash", "unfused
 
 
 def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
-    out = write(plan, "megatron", tmp / "out")
-    meg = fake_megatron(tmp)
-    calls = run_script(out / "megatron.sh", ["torchrun"], {"MEGATRON": meg, "TRAIN_ITERS": "1000", "MOCK_DATA": "1",
-                                                            "NODE_RANK": "0", "MASTER_ADDR": "node-0"})
-    argv = calls[0]["argv"]
-    i = argv.index(f"{meg}/pretrain_gpt.py")
-    t = torchrun_args(argv[:i + 1])
-    world = int(t.nnodes) * int(t.nproc_per_node)
-    a = megatron_parser().parse_args(argv[i + 1:])
+    a, world, out = megatron_as_parsed(plan, tmp)
     text = (out / "megatron.sh").read_text()
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
     dp = world // (tp * pp * cp)
