@@ -53,8 +53,13 @@ curves; ``p -> infinity`` is the ideal roofline, ``p = 1`` no overlap at all).
   ``m = min(pp, B)`` micro-batches (vLLM's and TensorRT-LLM's pipelined decode);
 * MoE: only the experts some token routes to are read. With ``T`` tokens each choosing ``k`` of
   ``E`` experts uniformly, ``E x (1 - (1 - k/E)^T)`` distinct experts are touched (at T = 1
-  exactly k; for T >> E/k all E). Expert parallel adds two all-to-alls (dispatch and combine of
-  the ``T x k`` routed copies; GShard, Lepikhin et al., 2020) per MoE layer. ``ep > 1`` means
+  exactly k; for T >> E/k all E). The routed experts run as one grouped GEMM
+  (``grouped_expert_gemm``): each touched expert's weights read once, the compute at the grouped
+  kernel's compute-bound efficiency (``costmodel.moe``, shared with training); the busiest
+  expert-parallel rank handles ``costmodel.moe.load_factor`` times the mean routed copies. Expert
+  parallel exchanges the tokens as the engines' default files do: vLLM's
+  ``allgather_reducescatter`` backend, SGLang's default (``costmodel.moe.gather_dispatch_s``): the
+  replicas' tokens all-gathered before the experts and reduce-scattered after. ``ep > 1`` means
   vLLM's expert parallel: whole experts spread over ``ep`` GPUs drawn from ``ep / tp`` replicas
   that step together (``ep`` a multiple of ``tp`` dividing ``tp x replicas``); ``ep = 1`` splits
   every expert over TP.
@@ -80,7 +85,7 @@ from typing import Any
 from .comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network, crosses_nodes, launched, layout_for
 from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
 from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
-from .moe import dispatch_bytes
+from .moe import gather_dispatch_s, grouped_gemm_compute_factor, load_factor
 from .specs import (ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
                     ep_problems, tp_problems)
 from .units import GIB, US, dtype_bytes
@@ -336,6 +341,22 @@ class _Pass:
         self.ep += k * o.ep
 
 
+def grouped_expert_gemm(gpu: GpuSpec, cluster: ClusterSpec, dtype: str, hbm_bytes_per_s: float, a_bytes: float,
+                        tokens_per_expert: float, experts: float, n: float, k: float,
+                        weight_bytes: float) -> tuple[float, float]:
+    """(compute, memory) seconds of one grouped expert GEMM over ``experts`` experts of ``n x k``,
+    ``tokens_per_expert`` tokens each, for ``soft_roofline``. Compute: the whole grouped problem's
+    FLOPs at the dense efficiency of its total size, slowed by the grouped kernel's compute-bound
+    factor (``costmodel.moe.grouped_gemm_compute_factor``, the rule training uses). Memory: each
+    expert's weights read once (``weight_bytes``) and the tokens in and out. DeepGEMM's small-M
+    fall is not applied to the compute: at decode sizes it is the weight reads, which the memory
+    term counts already (tests/test_moe_serving.py holds this against DeepGEMM's masked points)."""
+    m = tokens_per_expert * experts
+    comp = gemm_time_s(gpu, cluster, dtype, m, n, k) / grouped_gemm_compute_factor(k)
+    mem = (weight_bytes + m * (k + n) * a_bytes) / hbm_bytes_per_s
+    return comp, mem
+
+
 def serving_gpu(gpu: GpuSpec) -> GpuSpec:
     """The GPU as serving prices it: its own GEMM efficiency where the catalog keeps one
     (``GpuSpec.serving_matmul_efficiency``), else training's."""
@@ -361,7 +382,10 @@ class _Serving:
         # default serving mesh (pp, dp, tp) outer -> inner: TP ranks consecutive, an EP group the
         # tp x ep/tp consecutive ranks of ep/tp neighbouring replicas
         self.tp_lay = layout_for(par.tp, 1, gpn)
-        self.ep_lay = layout_for(par.ep, 1, gpn) if par.ep > 1 else GroupLayout(1, 1)
+        # the ranks of an EP group that hold different tokens: one per replica, stride tp
+        self.gather_lay = layout_for(par.ep // par.tp, par.tp, gpn) if par.ep > par.tp else GroupLayout(1, 1)
+        self.load = (load_factor(model.router_balance, model.router_aux_coeff, 0.0, par.ep)
+                     if model.is_moe else 1.0)
         self.pp_cross = crosses_nodes({"pp": par.pp, "dp": par.dp, "tp": par.tp}, SERVING_MESH, "pp", gpn)
         self.etp = expert_tp(par)
         self.kv_layer = kv_bytes_per_token_layer(model, par.tp, self.kvdt)
@@ -375,6 +399,16 @@ class _Serving:
         comp = gemm_time_s(self.gpu, self.c, self.cdt, m, n, k, count)
         act = (m * k + m * n) * count * self.ab          # activations in and out
         mem = (weight_bytes + act) / self.hbm
+        out.gemm_compute += comp
+        out.weights += weight_bytes / self.hbm
+        out.gemm += soft_roofline(comp, mem)
+
+    def _expert_gemm(self, per: float, n: float, k: float, experts: float, weight_bytes: float, out: _Pass) -> None:
+        """The routed experts' grouped GEMM (``grouped_expert_gemm``), added to ``out``."""
+        if per <= 0 or experts <= 0:
+            return
+        comp, mem = grouped_expert_gemm(self.gpu, self.c, self.cdt, self.hbm, self.ab, per, experts, n, k,
+                                        weight_bytes)
         out.gemm_compute += comp
         out.weights += weight_bytes / self.hbm
         out.gemm += soft_roofline(comp, mem)
@@ -480,15 +514,16 @@ class _Serving:
                 elif mx.name.startswith("shared_expert"):
                     self._gemm(T, mx.n, mx.k, 1, mx.k * mx.n * wb, out)
             if touched > 0:
-                per = copies / touched
+                # the busiest expert-parallel rank's routed copies (``costmodel.moe.load_factor``, the
+                # rule training uses): it sets the pace of the layer; the weights it reads are its
+                # touched experts' whatever their load
+                per = copies * self.load / touched
                 for mx in matrices:
                     if mx.role == "expert":
-                        self._gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
-            if par.ep > 1:
-                # each TP rank dispatches its share of the tokens (``costmodel.moe.dispatch_bytes``,
-                # the one rule training uses too)
-                sent = dispatch_bytes(T / t, k, h, self.ab)
-                out.ep += launched(self.net.all_to_all(sent, self.ep_lay), 2)
+                        self._expert_gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
+            # the engines' gather dispatcher (``costmodel.moe.gather_dispatch_s``) over the ranks
+            # that hold different tokens: the ep/tp replicas of the EP group (TP ranks share theirs)
+            out.ep += gather_dispatch_s(T * h * self.ab, self.gather_lay, self.net)
             kernels += MOE_EXTRA_KERNELS
         out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm
         out.overhead += kernels * KERNEL_OVERHEAD_S

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from .units import US
 
 if TYPE_CHECKING:                      # only the attributes are read: no import cycle through specs
+    from .comm import GroupLayout, Network
     from .specs import LinkSpec
 
 ROUTER_FP32_BYTES = 4            # router logits in FP32 (Megatron recommends --moe-router-dtype fp32) [REF §2]
@@ -40,15 +41,24 @@ GROUPED_HALF_K = 690.0
 _K_REF = 7168.0
 
 
+def grouped_gemm_compute_factor(k: float) -> float:
+    """The grouped kernel's efficiency against one dense GEMM of the same total size where it is
+    compute-bound (large per-expert M): the grouped kernel at large M and the reduction width
+    ``k`` (the expert FFN width for the down projection) against ``GROUPED_HALF_K``. Serving
+    prices its expert GEMMs as a roofline with the weight reads apart, and takes only this part
+    (``costmodel.inference.grouped_expert_gemm``)."""
+    k_factor = min(1.0, (k / (k + GROUPED_HALF_K)) / (_K_REF / (_K_REF + GROUPED_HALF_K)))
+    return GROUPED_LARGE_M_RATIO * k_factor
+
+
 def grouped_gemm_factor(tokens_per_expert: float, k: float) -> float:
     """How much slower than one dense GEMM of the same total size a grouped expert GEMM runs,
-    as a factor <= 1 on its efficiency: the grouped kernel at large M, the per-expert M
-    (``tokens_per_expert``) against ``GROUPED_HALF_TOKENS``, and the reduction width ``k`` (the
-    expert FFN width for the down projection) against ``GROUPED_HALF_K``."""
+    as a factor <= 1 on its efficiency: ``grouped_gemm_compute_factor`` and the per-expert M
+    (``tokens_per_expert``) against ``GROUPED_HALF_TOKENS``. The M part is DeepGEMM's whole
+    small-M fall, weight reads included: training's compute-bound GEMMs take it; serving's
+    roofline, which reads the weights in its own term, must not (it would count them twice)."""
     m = max(tokens_per_expert, 1e-9)
-    m_factor = m / (m + GROUPED_HALF_TOKENS)
-    k_factor = min(1.0, (k / (k + GROUPED_HALF_K)) / (_K_REF / (_K_REF + GROUPED_HALF_K)))
-    return GROUPED_LARGE_M_RATIO * m_factor * k_factor
+    return m / (m + GROUPED_HALF_TOKENS) * grouped_gemm_compute_factor(k)
 
 
 # ---- permutation and router ----------------------------------------------------------------------
@@ -327,6 +337,31 @@ def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, in
         t_inter = inter_bytes / (frac["inter"] * inter.bandwidth_bytes_per_s)
     lat = (intra.latency_s if k_local > 1 else 0.0) + (inter.latency_s if nodes > 1 else 0.0)
     return max(t_intra, t_inter) + lat
+
+
+# ---- the gather dispatcher (serving engines' default) ------------------------------------------------
+# vLLM's ``--enable-expert-parallel`` without ``VLLM_ALL2ALL_BACKEND`` runs the
+# ``allgather_reducescatter`` backend (its default in vllm/envs.py, 2025-2026): every rank of the
+# data-parallel group all-gathers the others' tokens before the experts and reduce-scatters the partial
+# outputs after them. SGLang without ``--moe-a2a-backend`` (``none``, the default) gathers and
+# all-reduces instead of an all-to-all (its expert-parallelism docs, [serving-and-hardware §3.2]).
+# Megatron's ``--moe-token-dispatcher-type allgather`` is the same exchange. Neither serving file sets
+# an all-to-all backend (DeepEP, pplx), so serving prices this one.
+GATHER_DISPATCHER = "allgather"
+
+
+def gather_dispatch_s(token_bytes: float, lay: "GroupLayout", net: "Network") -> float:
+    """One MoE layer's token exchange by the gather dispatcher among the ``lay.n`` ranks that hold
+    different tokens, each with ``token_bytes`` of its own: the gathered tensor (``lay.n x
+    token_bytes``) all-gathered before the experts and reduce-scattered after them, each collective
+    with its launch cost (``comm.launched``). Every rank receives every token, routed to it or not:
+    the bytes grow with the group, not with ``top_k``, and the busiest rank receives no more than the
+    others (imbalance shows in its expert GEMMs only)."""
+    from .comm import launched
+    if lay.n <= 1 or token_bytes <= 0:
+        return 0.0
+    gathered = lay.n * token_bytes
+    return launched(net.all_gather(gathered, lay)) + launched(net.reduce_scatter(gathered, lay))
 
 
 def alignment_tokens(tokens_per_expert: float, align: int) -> float:

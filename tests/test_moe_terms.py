@@ -129,14 +129,18 @@ def test_busiest_rank_sets_the_pace_and_holds_the_memory():
 
 # ---- dispatch ------------------------------------------------------------------------------------
 
-def test_dispatch_bytes_one_owner_for_training_and_serving():
+def test_dispatch_rules_have_one_owner_for_training_and_serving():
+    """Training's all-to-all dispatchers move ``dispatch_bytes``; serving's engines run the gather
+    dispatcher (``moe.gather_dispatch_s``, tests/test_moe_serving.py), and both take the busiest
+    rank's load from ``moe.load_factor`` (tests/test_rule_owners.py)."""
     assert moe.dispatch_bytes(2048, 8, 4096, 2) == 2048 * 8 * 4096 * 2
     assert moe.dispatch_bytes(2048, 8, 4096, 2, load=1.5) == 1.5 * 2048 * 8 * 4096 * 2
     import inspect
 
     from costmodel import inference, layers
     assert "dispatch_bytes(" in inspect.getsource(layers.layer_cost)
-    assert "dispatch_bytes(" in inspect.getsource(inference)
+    assert "gather_dispatch_s(" in inspect.getsource(inference)
+    assert "all_to_all(" not in inspect.getsource(inference)
 
 
 def test_fp8_dispatch_moves_the_scales_and_combines_in_bf16():

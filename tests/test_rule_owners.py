@@ -9,7 +9,8 @@ copies disagreed.
   KV transfer), on an NVL72 rack where a host count gives another answer;
 - serving peak memory: ``inference.stage_memory_parts`` (aggregated estimate, engine KV pool);
 - KV heads and TP: ``specs.kv_heads_shard`` / ``kv_heads_fit`` (tp_problems, the serving space,
-  the runtime, the framework capability checks).
+  the runtime, the framework capability checks);
+- MoE load imbalance: ``moe.load_factor`` (training's layer cost, serving's busiest rank).
 """
 from __future__ import annotations
 
@@ -225,3 +226,33 @@ def test_serving_rotary_at_an_offset_is_the_training_rotary_of_the_whole_sequenc
     qb, kb = rope(q[:, 5:], k[:, 5:], ROPE_THETA, start=5)
     assert torch.allclose(qa[:, 5:], qb, atol=1e-6) and torch.allclose(ka[:, 5:], kb, atol=1e-6)
     assert not torch.allclose(qb, rope(q[:, 5:], k[:, 5:], ROPE_THETA)[0], atol=1e-3)   # the offset matters
+
+
+# ---- MoE: the busiest rank's load and the grouped kernel, training and serving --------------
+
+@pytest.mark.parametrize("load", [1.0, 2.0])
+def test_moe_load_factor_is_one_rule_for_training_and_serving(monkeypatch, load):
+    """``costmodel.moe.load_factor`` sets the busiest expert-parallel rank's share in training
+    (``layers.layer_cost``: its routed activations, k x load copies of each token's expert input)
+    and in serving (``inference._Serving.load``: its routed copies). Changing the one table moves
+    both callers to the same value: no caller keeps its own copy."""
+    from costmodel import moe
+    from costmodel.comm import GroupLayout
+    from costmodel.layers import layer_cost
+    m = get_model("qwen3-30b-a3b")                    # aux loss 1e-3: LOAD_FACTOR's "aux_loss_weak"
+    monkeypatch.setitem(moe.LOAD_FACTOR, "aux_loss_weak", load)
+    layer_cost.cache_clear()
+    c = load_cluster("dgx-h100").with_gpus(8)
+    one, eight = GroupLayout(1, 1), GroupLayout(8, 8)
+    w = Workload(global_batch=8, seq_len=4096)
+    args = (w, 1, 1, 8, False, 1, c.gpu, c, c.intra_node, one, eight, one)
+    forced = layer_cost(m, True, *args, 1.0, None, 0, None, moe.MoeExecution(forced_balance=True))
+    routed = layer_cost(m, True, *args)
+    # the routed activations the busiest rank stores, over the balanced one's: (load - 1) x k copies
+    k, h, fe = m.top_k, m.hidden, m.expert_ffn_hidden
+    per_copy = 2 * h + 3 * 2 * fe                      # BF16 expert input + SwiGLU's three intermediates
+    assert (routed.act_bytes - forced.act_bytes) / 4096 == pytest.approx((load - 1) * k * per_copy, rel=1e-9)
+    sv = _Serving(m, c, Workload(global_batch=8, seq_len=1280, mode="infer", prompt_len=1024, output_len=256),
+                  ParallelConfig(tp=1, pp=1, dp=8, ep=8))
+    assert sv.load == load
+    layer_cost.cache_clear()
