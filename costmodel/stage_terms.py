@@ -462,13 +462,32 @@ class StageModel:
             fsdp_comm_s=fsdp, dp_grad_s=grad_s, dp_gather_s=gather_s,
             optimizer_s=sh.opt_traffic * local / self.hbm_bytes_per_s,
             model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
-            act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
+            act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0) + self._ep_overlap_bytes(n_moe),
             embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
             weights_bytes=((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
                            + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
             grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
             optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
             buffers_bytes=self.buffers_bytes)
+
+    def _ep_overlap_bytes(self, n_moe: float) -> float:
+        """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``, ``ParallelConfig.
+        ep_overlap``) adds to a stage's peak activations: one MoE layer's stored activations. Its
+        combined 1F1B step runs the forward of layer ``i`` of one micro-batch beside the backward of
+        layer ``L-1-i`` of another, and frees that backward layer's state only after the pair
+        (Megatron-LM @d98e8a64 ``models/common/model_chunk_schedule_plan.py``, the combined loop;
+        ``pipeline_parallel/combined_1f1b.py`` for pp 1). The two micro-batches then hold ``i + 1``
+        and ``L - i`` layers: ``L + 1``, one layer more than 1F1B's peak. The extra warm-up forward
+        the interleaved schedule runs with the overlap (``schedules.get_pp_rank_microbatches``:
+        ``num_warmup_microbatches + 1``) is that same peak reached earlier: the first combined step
+        starts with it stored and frees one layer of it for each layer the new forward stores, so
+        it adds nothing beyond the one layer. Transient working buffers of the two layers at once
+        are not counted."""
+        mesh = self.mesh
+        if not (self.par.ep_overlap and n_moe > 0 and mesh.moe_terms is not None):
+            return 0.0
+        lt = mesh.moe_terms
+        return lt.act_selective_bytes if self.selective else lt.act_bytes
 
     def activations(self, c: StageCost, inflight: float) -> float:
         """The stage's activation memory with ``inflight`` micro-batches in flight."""

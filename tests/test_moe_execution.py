@@ -158,3 +158,77 @@ def test_only_megatron_writes_them():
         for sub in [s for _, _, s in t.variants] or [t]:
             writes = name == "megatron"
             assert (sub.ep_overlap, "deepep" in sub.moe_dispatchers) == (writes, writes), name
+
+
+def test_ep_overlap_memory_is_one_more_moe_layer_by_hand():
+    """Megatron's combined 1F1B step (``--overlap-moe-expert-parallel-comm``) pairs the forward of
+    layer i of one micro-batch with the backward of layer L-1-i of another and frees the latter after
+    the pair: L + 1 layers of the two in flight, one layer beyond 1F1B's peak (``StageModel.
+    _ep_overlap_bytes``). By hand on Mixtral (every layer MoE, so one layer's stored activations are
+    a stage's stored activations per micro-batch over its layers): the peak grows by exactly that,
+    on every stage, and the step time does not move."""
+    from costmodel.training import inflight_microbatches
+    kw = dict(pp=2, dp=16, vpp=2, schedule="interleaved", grad_accum=16, recompute="selective")
+    base = estimate(MIXTRAL, H100_32, WL, _par(**kw), framework="megatron")
+    over = estimate(MIXTRAL, H100_32, WL, _par(ep_overlap=True, **kw), framework="megatron")
+    assert over.step_time_s < base.step_time_s                      # the overlap hides all-to-all time
+    par = _par(**kw)
+    for i, (b, o) in enumerate(zip(base.stages, over.stages)):
+        extra = o.memory["activations_bytes"] - b.memory["activations_bytes"]
+        one_layer = _one_layer_stored(par, i)
+        assert extra == pytest.approx(one_layer, rel=1e-9), (i, extra, one_layer)
+        assert extra > 0
+    assert inflight_microbatches(par, 0) == inflight_microbatches(dataclasses.replace(par, ep_overlap=True), 0)
+
+
+def _one_layer_stored(par: ParallelConfig, index: int) -> float:
+    """One Mixtral layer's stored activations under selective recompute, per micro-batch: the
+    stage model's cost with one layer more, less its cost as is."""
+    from costmodel.comm import DEFAULT_ORDER
+    from costmodel.stage_cache import stage_model
+    sm = stage_model(MIXTRAL, H100_32, WL, par, DEFAULT_ORDER, H100_32.groups[0].name, index == 0,
+                     index == par.pp - 1, False, "megatron")
+    return sm.cost(0, 2, 0).act_stored_bytes - sm.cost(0, 1, 0).act_stored_bytes
+
+
+def _peak_layers(layers: int, warmup: int, steps: int, combined: bool) -> int:
+    """Layer by layer, the most layers' activations a rank holds: ``warmup`` chunk forwards, then
+    ``steps`` steady steps. 1F1B: a chunk's forward (one layer stored at a time), then the oldest
+    chunk's backward (one freed at a time). Combined (Megatron's EP overlap): one more warm-up
+    forward, then each step runs forward layer i beside backward layer L-1-i, the backward layer's
+    state freed after the pair (model_chunk_schedule_plan.py's loop)."""
+    held = 0
+    peak = 0
+    chunks = []                               # layers held by each stored chunk, oldest first
+    for _ in range(warmup + (1 if combined else 0)):
+        chunks.append(0)
+        for _ in range(layers):
+            chunks[-1] += 1
+            held += 1
+            peak = max(peak, held)
+    for _ in range(steps):
+        chunks.append(0)
+        if combined:
+            for _ in range(layers):
+                chunks[-1] += 1
+                held += 1
+                peak = max(peak, held)        # the pair runs: the backward layer not yet freed
+                chunks[0] -= 1
+                held -= 1
+        else:
+            for _ in range(layers):
+                chunks[-1] += 1
+                held += 1
+                peak = max(peak, held)
+            for _ in range(layers):
+                chunks[0] -= 1
+                held -= 1
+        chunks.pop(0)
+    return peak
+
+
+@pytest.mark.parametrize("layers,warmup", [(1, 0), (4, 0), (2, 7), (8, 3)])
+def test_combined_schedule_holds_one_layer_more_than_1f1b(layers, warmup):
+    """The slow obvious count behind ``_ep_overlap_bytes``: with the extra warm-up forward and the
+    paired layers, the combined schedule's peak is 1F1B's plus one layer, whatever the warm-up."""
+    assert _peak_layers(layers, warmup, 6, True) == _peak_layers(layers, warmup, 6, False) + 1
