@@ -242,6 +242,55 @@ DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.62, "inter": 0.97}, "deepep": 
 DISPATCHERS = tuple(DISPATCH_LINK_FRACTION)
 
 
+# ---- DeepEP's SMs while it overlaps compute ----------------------------------------------------------
+# DeepEP's dispatch and combine kernels run on a fixed number of SMs, taken from the compute running
+# beside them. Megatron's default is 20 (Megatron-Core 0.16 ``TransformerConfig.moe_deepep_num_sms =
+# 20``, ``--moe-deepep-num-sms``; Megatron-LM @d98e8a64 keeps "None -> 20" for the flex dispatcher's
+# DeepEP backend in token_dispatcher.py), the figure DeepSeek-V3 reports as enough to saturate IB and
+# NVLink ("20 out of the 132 SMs", Sec. 3.2.2).
+DEEPEP_SMS = 20
+# SMs per GPU, by the catalog's GPU name prefix: GH100 in its SXM form has 132 (NVIDIA H100 Tensor Core
+# GPU Architecture whitepaper; DeepSeek-V3 Sec. 3.2.2 for the H800; the H200 is the same GH100 SXM
+# part). A GPU not listed keeps the cluster's generic overlap slowdown (``specs.OVERLAP_SLOWDOWN``).
+GPU_SMS = {"H100-SXM": 132, "H800-SXM": 132, "H200-SXM": 132}
+
+
+def comm_sm_share(gpu_name: str, sms: int) -> float:
+    """The fraction of the GPU's SMs a dispatcher's ``sms`` kernels take; 0 where the GPU's SM count
+    is not in ``GPU_SMS`` (the caller then prices the generic overlap slowdown)."""
+    for prefix, total in GPU_SMS.items():
+        if gpu_name.startswith(prefix):
+            return min(1.0, max(sms, 0) / total)
+    return 0.0
+
+
+def sm_share_overlap_s(comm_s: float, compute_s: float, share: float) -> float:
+    """What communication of ``comm_s`` on a ``share`` of the SMs adds to ``compute_s`` of compute it
+    overlaps: while it runs the compute has ``1 - share`` of the SMs, so the pair takes
+    ``max(comm_s, compute_s + share x comm_s)`` (the compute's SM-seconds conserved), which is
+    ``compute_s`` plus ``max(comm_s - compute_s, share x comm_s)``."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s - compute_s, share * comm_s)
+
+
+# DeepEP's internode kernels are GPU-initiated RDMA (NVSHMEM; its README: tested on InfiniBand, "theoretically
+# compatible" with RoCE; IBGDA). The catalog's inter-node links that are such a fabric, by name prefix:
+# InfiniBand (ib-*), ConnectX-7/8 NICs (cx7-*, cx8-*: InfiniBand or RoCE) and RoCE (roce-*). Ethernet
+# without RDMA (eth-*) is not; on AWS EFA without IBGDA NCCL's all-to-all beat DeepEP
+# (awslabs/awsome-distributed-ai PR #1144, [REF §4]).
+RDMA_LINK_PREFIXES = ("ib-", "cx7", "cx8", "roce")
+
+
+def deepep_fabric_problem(inter_link_name: str) -> str:
+    """Why DeepEP cannot run across nodes over the inter-node link ``inter_link_name`` ("" if it
+    can: an RDMA fabric, ``RDMA_LINK_PREFIXES``)."""
+    if inter_link_name.startswith(RDMA_LINK_PREFIXES):
+        return ""
+    return (f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE, DeepEP's README), "
+            f"and the inter-node link {inter_link_name!r} is not one of {', '.join(p + '*' for p in RDMA_LINK_PREFIXES)}")
+
+
 @dataclass(frozen=True)
 class MoeExecution:
     """How a framework runs MoE layers, as its launch file sets them."""
@@ -255,6 +304,7 @@ class MoeExecution:
     per_expert_gemms: bool = False   # one GEMM call per local expert (Megatron's TEGroupedMLP: --moe-grouped-gemm
     #                                  without --moe-use-legacy-grouped-gemm); False: one grouped kernel
     layer_host_s: float = 0.0        # host time to issue one MoE layer fwd+bwd (eager); 0: not priced
+    deepep_sms: int = DEEPEP_SMS     # Megatron --moe-deepep-num-sms: SMs DeepEP's kernels take while overlapped
 
     @property
     def dropless(self) -> bool:

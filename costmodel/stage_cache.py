@@ -17,6 +17,7 @@ from .frameworks import FrameworkProfile, framework_profile, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
+from .moe import comm_sm_share
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
                     default_stages)
 from .units import dtype_bytes
@@ -79,8 +80,10 @@ class _Shared:
                             self.framework.elementwise)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
+            # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
+            share = comm_sm_share(grp.gpu.name, ex.deepep_sms) if moe and ex.dispatcher == "deepep" else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
-                                                      self.framework.selective_recompute))
+                                                      self.framework.selective_recompute, share))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:

@@ -45,6 +45,7 @@ from .compute import memory_bound_factor
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
+from .moe import sm_share_overlap_s
 from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class LayerTerms(NamedTuple):
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
-                selective: str = "op") -> LayerTerms:
+                selective: str = "op", ep_sm_share: float = 0.0) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -103,7 +104,10 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     GEMMs, in forward and backward; ``backward`` overlaps half of the backward's TP traffic (the
     column-parallel linears' input-gradient collectives) with half of its GEMM time (their weight
     gradients) and leaves the rest exposed; with ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``)
-    the all-to-alls overlap the layer's compute. ``selective`` (``FrameworkProfile.selective_recompute``)
+    the all-to-alls overlap the layer's compute, slowing it by the cluster's ``slowdown`` or, where
+    the dispatcher's kernels hold a known share of the SMs (``ep_sm_share``: DeepEP,
+    ``costmodel.moe.comm_sm_share``), by the compute lost on those SMs
+    (``costmodel.moe.sm_share_overlap_s``). ``selective`` (``FrameworkProfile.selective_recompute``)
     picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module."""
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
@@ -115,7 +119,12 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
         tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
     else:
         tp_fwd = tp_bwd = lc.tp_fwd_s
-    ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown) if ep_overlap else lc.ep_fwd_s
+    if not ep_overlap:
+        ep_fwd = lc.ep_fwd_s
+    elif ep_sm_share > 0 and slowdown:
+        ep_fwd = sm_share_overlap_s(lc.ep_fwd_s, lc.fwd_s, ep_sm_share)
+    else:
+        ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown)
     # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
     tp_fwd += lc.etp_fwd_s
     tp_bwd += lc.etp_fwd_s
@@ -471,10 +480,11 @@ class StageModel:
             buffers_bytes=self.buffers_bytes)
 
     def _ep_overlap_bytes(self, n_moe: float) -> float:
-        """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``, ``ParallelConfig.
-        ep_overlap``) adds to a stage's peak activations: one MoE layer's stored activations. Its
-        combined 1F1B step runs the forward of layer ``i`` of one micro-batch beside the backward of
-        layer ``L-1-i`` of another, and frees that backward layer's state only after the pair
+        """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``: ``ParallelConfig.
+        ep_overlap`` or the profile's ``ep_comm_overlap``) adds to a stage's peak activations: one
+        MoE layer's stored activations. Its combined 1F1B step runs the forward of layer ``i`` of
+        one micro-batch beside the backward of layer ``L-1-i`` of another, and frees that backward
+        layer's state only after the pair
         (Megatron-LM @d98e8a64 ``models/common/model_chunk_schedule_plan.py``, the combined loop;
         ``pipeline_parallel/combined_1f1b.py`` for pp 1). The two micro-batches then hold ``i + 1``
         and ``L - i`` layers: ``L + 1``, one layer more than 1F1B's peak. The extra warm-up forward
@@ -483,8 +493,10 @@ class StageModel:
         starts with it stored and frees one layer of it for each layer the new forward stores, so
         it adds nothing beyond the one layer. Transient working buffers of the two layers at once
         are not counted."""
-        mesh = self.mesh
-        if not (self.par.ep_overlap and n_moe > 0 and mesh.moe_terms is not None):
+        mesh, par = self.mesh, self.par
+        # on as the time rule has it (costmodel.stage_cache: the plan's or the profile's overlap)
+        on = (par.ep_overlap or self.sh.framework.ep_comm_overlap) and par.ep > 1
+        if not (on and n_moe > 0 and mesh.moe_terms is not None):
             return 0.0
         lt = mesh.moe_terms
         return lt.act_selective_bytes if self.selective else lt.act_bytes

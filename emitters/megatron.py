@@ -14,6 +14,7 @@ from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, reco
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.frameworks import tp_overlap_of
+from costmodel.moe import DEEPEP_SMS, deepep_fabric_problem
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
@@ -118,7 +119,9 @@ def moe_args(plan: Plan) -> list:
     # the plan's dispatcher and EP overlap (ParallelConfig.moe_dispatcher / ep_overlap, priced by
     # costmodel.stage_cache over the profile's; the target's table says what Megatron accepts)
     if (p.moe_dispatcher or MOE_DISPATCHER) == "deepep":
-        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+        # DeepEP's SMs, priced as compute lost while it overlaps (costmodel.moe.comm_sm_share)
+        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep",
+                   "--moe-deepep-num-sms", DEEPEP_SMS]
     else:
         a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
     a.append("--moe-grouped-gemm")
@@ -144,6 +147,24 @@ def moe_args(plan: Plan) -> list:
     else:
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
     return a
+
+
+def moe_notes(plan: Plan) -> list[str]:
+    """The header's lines on the MoE execution the price rests on and the file cannot check: DeepEP's
+    SMs, and its fabric across nodes (``costmodel.moe.deepep_fabric_problem``). A DeepEP plan whose
+    EP group must leave the NVLink domain over a link that is not RDMA is refused."""
+    p, c = plan.parallel, plan.cluster
+    if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
+        return []
+    inter = c.inter_node
+    problem = deepep_fabric_problem(inter.name)
+    if problem and p.ep > c.nvlink_gpus:
+        raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
+                            problem, "plan --moe-dispatcher alltoall on this cluster")
+    return [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {DEEPEP_SMS} SMs "
+            f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
+            f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
+            f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]
 
 
 # The attention kernel the price assumes, as Megatron's --attention-backend (AttnBackend in
@@ -410,14 +431,18 @@ def emit(plan: Plan) -> dict[str, str]:
              f"({p.tp}*{p.pp}*{p.cp}) = {p.dp} and micro-batches per step = "
              f"global / (micro * dp) = {plan.workload.global_batch} / ({p.micro_batch}*{p.dp}) = {p.grad_accum}."]
     env = ""
-    if (p.tp > 1 or p.cp > 1) and not fsdp:
+    if p.ep_overlap and not fsdp:
+        # the EP overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Core MoE README, "Requirements for EP
+        # A2A Overlap"); 32 as the Megatron-MoE-ModelZoo's 1F1B-overlap recipe sets it (interactive_benchmarking.sh)
+        env += "export CUDA_DEVICE_MAX_CONNECTIONS=32  # EP all-to-all overlap: needs more than one connection\n"
+    elif (p.tp > 1 or p.cp > 1) and not fsdp:
         env += "export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)\n"
     m = plan.model
     pad = padded_vocab(m.vocab, p.tp)
     usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"
                                       if pad != m.vocab else "; vocabulary kept unpadded (MOCK_DATA too: "
                                       "NullTokenizer adds one EOD token to --vocab-size)")]
-    usage += not_expressed(plan)
+    usage += not_expressed(plan) + moe_notes(plan)
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives "
         "with the weight-gradient GEMMs, with or without --tp-comm-overlap"])

@@ -255,7 +255,7 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--micro-batch-size", "--global-batch-size", "--seed", "--train-iters", "--log-interval",
             "--vocab-size", "--eval-iters", "--eval-interval", "--save-interval", "--rotary-base",
             "--make-vocab-size-divisible-by", "--lr-warmup-iters", "--lr-decay-iters", "--moe-router-num-groups",
-            "--moe-router-group-topk", "--mtp-num-layers"]
+            "--moe-router-group-topk", "--mtp-num-layers", "--moe-deepep-num-sms"]
     for f in ints:
         p.add_argument(f, type=int)
     for f in ["--lr", "--min-lr", "--clip-grad", "--attention-dropout", "--hidden-dropout", "--norm-epsilon",
@@ -429,6 +429,8 @@ def test_megatron_round_trip(name, tmp_path):
         assert a.ckpt_format == "fsdp_dtensor"
         assert a.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[p.zero]
         assert "CUDA_DEVICE_MAX_CONNECTIONS" not in calls[0]["env"]
+    elif p.ep_overlap:          # the EP overlap needs more than one (Megatron-Core MoE README)
+        assert int(calls[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"]) > 1
     elif p.tp > 1 or p.cp > 1:
         assert calls[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     if a.overlap_param_gather:

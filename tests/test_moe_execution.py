@@ -10,7 +10,7 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.files.clusters import load_cluster
-from costmodel.specs import ParallelConfig, SpecError, Workload
+from costmodel.specs import ParallelConfig, SpecError, Workload, default_stages
 from costmodel.training import estimate
 from planner.plan.targets import config_problems
 from test_emit_roundtrip import targets_package
@@ -232,3 +232,82 @@ def test_combined_schedule_holds_one_layer_more_than_1f1b(layers, warmup):
     """The slow obvious count behind ``_ep_overlap_bytes``: with the extra warm-up forward and the
     paired layers, the combined schedule's peak is 1F1B's plus one layer, whatever the warm-up."""
     assert _peak_layers(layers, warmup, 6, True) == _peak_layers(layers, warmup, 6, False) + 1
+
+
+# ---- DeepEP's SMs and its fabric ----------------------------------------------------------------
+
+def test_deepep_sm_share_by_hand():
+    """20 of an H100's 132 SMs: while DeepEP's kernels run beside compute, the compute has 112/132 of
+    the GPU; the pair takes max(A, C + 20/132 A). A = 1 ms of all-to-all beside C = 4 ms of compute
+    adds 20/132 ms; beside 0.5 ms it adds 0.5 ms (the all-to-all is the longer)."""
+    from costmodel import moe
+    share = moe.comm_sm_share("H100-SXM5-80GB", moe.DEEPEP_SMS)
+    assert share == pytest.approx(20 / 132)
+    assert moe.sm_share_overlap_s(1e-3, 4e-3, share) == pytest.approx(20 / 132 * 1e-3)
+    assert moe.sm_share_overlap_s(1e-3, 0.5e-3, share) == pytest.approx(0.5e-3)
+    assert moe.sm_share_overlap_s(0.0, 1e-3, share) == 0.0
+    assert moe.comm_sm_share("B200-180GB", 20) == 0.0          # no SM count in the table: the generic rule
+
+
+def _ep_terms(cluster, dispatcher: str, over: bool):
+    from costmodel.frameworks import framework_profile
+    from costmodel.stage_cache import _shared
+    par = _par(moe_dispatcher=dispatcher, ep_overlap=over, ep=16)
+    sh = _shared(MIXTRAL, cluster, WL, framework_profile("megatron"))
+    grp = cluster.groups[0]
+    lays = sh.layer_layouts(par, ("pp", "dp", "cp", "tp"), grp)
+    return sh.layer(True, par, grp, *lays)
+
+
+def test_deepep_sms_priced_only_with_deepep_and_the_overlap():
+    """Where the plan runs DeepEP with the EP overlap on an H100, the overlapped all-to-all costs the
+    compute lost on DeepEP's 20 SMs (``moe.sm_share_overlap_s``); with the alltoall dispatcher the
+    cluster's generic slowdown; without the overlap the whole all-to-all; on a GPU outside the SM
+    table the generic slowdown too."""
+    from costmodel import moe
+    from costmodel.stage_terms import overlapped
+    cl = load_cluster("dgx-h100").with_gpus(32)
+    lc, terms = _ep_terms(cl, "deepep", True)
+    assert terms.ep_comm_s == pytest.approx(2 * moe.sm_share_overlap_s(lc.ep_fwd_s, lc.fwd_s, 20 / 132))
+    lc2, terms2 = _ep_terms(cl, "", True)
+    assert terms2.ep_comm_s == pytest.approx(2 * overlapped(lc2.ep_fwd_s, lc2.fwd_s, cl.compute_comm_slowdown))
+    lc3, terms3 = _ep_terms(cl, "deepep", False)
+    assert terms3.ep_comm_s == pytest.approx(2 * lc3.ep_fwd_s)
+    other = dataclasses.replace(cl, groups=tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, name="X-GPU"))
+                                                 for g in cl.groups))
+    lc4, terms4 = _ep_terms(other, "deepep", True)
+    assert terms4.ep_comm_s == pytest.approx(2 * overlapped(lc4.ep_fwd_s, lc4.fwd_s, other.compute_comm_slowdown))
+
+
+def _ethernet(cl):
+    return dataclasses.replace(cl, inter_node=dataclasses.replace(cl.inter_node, name="eth-2x200"))
+
+
+def test_deepep_needs_an_rdma_fabric_across_nodes():
+    """DeepEP's internode kernels are GPU-initiated RDMA: the search offers it only over an RDMA
+    inter-node link; a plan that pins it across nodes of an Ethernet cluster is refused by the
+    emitter with the reason; over InfiniBand the header states the SMs and the fabric."""
+    from costmodel.moe import deepep_fabric_problem
+    from emitters.base import CannotExpress
+    from emitters.megatron import emit
+    from planner.plan.planfile import Plan
+    from planner.search.space import enumerate_candidates
+    assert deepep_fabric_problem("ib-ndr-400") == deepep_fabric_problem("roce-400") == ""
+    assert "eth-2x200" in deepep_fabric_problem("eth-2x200")
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    cl = load_cluster("dgx-h100").with_gpus(32)
+    fixed = dict(tp=1, pp=1, micro_batch=1)
+    ib = _pairs(enumerate_candidates(q, cl, wl, fixed, 32, target="megatron"))
+    eth = _pairs(enumerate_candidates(q, _ethernet(cl), wl, fixed, 32, target="megatron"))
+    assert any(d == "deepep" for _, d, _ in ib) and not any(d == "deepep" for _, d, _ in eth)
+    assert {(ep, o) for ep, _, o in eth} == {(ep, o) for ep, d, o in ib if d == ""}
+    par = ParallelConfig(tp=1, pp=1, dp=32, ep=16, micro_batch=1, grad_accum=2, moe_dispatcher="deepep",
+                         ep_overlap=True)
+    plan = Plan(model=q, cluster=cl, workload=wl, parallel=par,
+                stages=default_stages(q.layers, 1), estimate={})
+    text = emit(plan)["megatron.sh"]
+    assert "--moe-deepep-num-sms 20" in text and "NVSHMEM over InfiniBand or RoCE" in text and "ib-ndr-400" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in text
+    with pytest.raises(CannotExpress, match="eth-2x200"):
+        emit(dataclasses.replace(plan, cluster=_ethernet(cl)))

@@ -278,6 +278,8 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     assert a.overlap_moe_expert_parallel_comm == plan.parallel.ep_overlap
     flex = a.moe_token_dispatcher_type == "flex"
     assert flex == (plan.parallel.moe_dispatcher == "deepep") and (not flex or a.moe_flex_dispatcher_backend == "deepep")
+    # DeepEP's SMs, priced as compute lost while it overlaps: written, never Megatron's default assumed
+    assert (a.moe_deepep_num_sms is not None) == flex
     h = header_assumptions(text)
     # Megatron's linear layers overlap the backward's column-parallel collectives without any flag
     assert "column-parallel input-gradient collectives" in engine_facts(text)
@@ -292,7 +294,8 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
                                              per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
-                                             layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
+                                             layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0,
+                                             deepep_sms=a.moe_deepep_num_sms if flex else MoeExecution().deepep_sms),
                             grads_bf16=a.grad_reduce_in_bf16,
                             # Megatron's selective recompute is per module; core_attn is its default
                             selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]

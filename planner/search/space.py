@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from costmodel.limits import MAX_LAYERS
-from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS
+from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS, deepep_fabric_problem
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
@@ -95,6 +95,7 @@ class Shape:
     dp: int
     gpn: int
     stage_counts: tuple[tuple[str, int], ...]
+    rdma: bool = True        # the inter-node link is an RDMA fabric (costmodel.moe.deepep_fabric_problem)
 
 
 def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
@@ -102,12 +103,13 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
     """The outer shapes ``enumerate_candidates`` goes through, in its order."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.nvlink_gpus for g in cluster.groups)
+    rdma = not deepep_fabric_problem(cluster.inter_node.name)
     out = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
             stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
             if stage_counts is not None:
-                out.append(Shape(tp, cp, pp, dp, gpn, stage_counts))
+                out.append(Shape(tp, cp, pp, dp, gpn, stage_counts, rdma))
     return out
 
 
@@ -118,7 +120,7 @@ def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: S
     and nothing about one micro-batch's candidates depends on another's, so these are a
     contiguous part of the shape's list)."""
     return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
-                  target, micro_batch)
+                  target, micro_batch, shape.rdma)
 
 
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
@@ -275,7 +277,8 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
     return tuple(counts) if sum(c for _, c in counts) == pp else None
 
 
-def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None) -> list[Candidate]:
+def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
+           rdma: bool = True) -> list[Candidate]:
     from planner.search import target_space as tg
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
@@ -355,18 +358,19 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
         kept = tg.prune_dominated(found)
         if model.is_moe and any(par.ep > 1 for _, par in kept):
             kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key[-1], gpn,
-                                                                            fixed)]
+                                                                            fixed, rdma)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
                for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
     return out
 
 
-def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict) -> list[ParallelConfig]:
+def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict,
+                  rdma: bool = True) -> list[ParallelConfig]:
     """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
     the target's table accepting it."""
     from planner.search import target_space as tg
     out = []
-    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed, rdma):
         v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
             dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
         if v is par or tg.runs(target, model, workload, v, order):

@@ -51,19 +51,20 @@ def ep_ok(target: str, tp: int, ep: int) -> bool:
     return any(sub.ep and (tp == 1 or sub.expert_tp) for sub in [s for _, _, s in t.variants] or [t])
 
 
-def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: int, fixed: dict
-                     ) -> list[tuple[str, bool]]:
+def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: int, fixed: dict,
+                     rdma: bool = True) -> list[tuple[str, bool]]:
     """(dispatcher, EP overlap) pairs to try for ``par`` (``ParallelConfig.moe_dispatcher`` /
     ``ep_overlap``): the plan's defaults only, unless the target's file can set them
     (``TrainTarget.moe_dispatchers`` / ``ep_overlap``) for an MoE model with expert parallelism.
     DeepEP is offered only where the EP group spans more than one NVLink domain (``gpn`` GPUs):
-    inside one, Megatron's maintainers recommend the alltoall dispatcher (Megatron-LM#1456), and
-    the cost model does not price DeepEP's SMs. ``fixed`` (``--moe-dispatcher``, ``--ep-overlap``)
+    inside one, Megatron's maintainers recommend the alltoall dispatcher (Megatron-LM#1456); and
+    only over an RDMA fabric (``rdma``: ``costmodel.moe.deepep_fabric_problem`` of the cluster's
+    inter-node link). ``fixed`` (``--moe-dispatcher``, ``--ep-overlap``)
     pins either. The table checks each pair (``runs``)."""
     t = T.get(target)
     if not (model.is_moe and par.ep > 1):
         return [(fixed.get("moe_dispatcher", ""), fixed.get("ep_overlap", False))]
-    disp = [""] + [d for d in t.moe_dispatchers if d != "alltoall" and par.ep > gpn]
+    disp = [""] + [d for d in t.moe_dispatchers if d != "alltoall" and par.ep > gpn and rdma]
     over = [False, True] if t.ep_overlap else [False]
     if "moe_dispatcher" in fixed:
         disp = [fixed["moe_dispatcher"]]
