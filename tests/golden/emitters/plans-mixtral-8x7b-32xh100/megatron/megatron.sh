@@ -39,6 +39,7 @@ need NODE_RANK 'this node'"'"'s index, 0 to nodes-1 (0 on the node that is MASTE
 need MASTER_ADDR 'the address of node 0, reachable from every node'
 WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 358 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 358 ))}"  # 375M tokens = 358 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
+export CUDA_DEVICE_MAX_CONNECTIONS=32  # EP all-to-all overlap: needs more than one connection
 DISTRIBUTED_ARGS=(
   --nproc-per-node 8
   --nnodes 4
