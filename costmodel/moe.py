@@ -275,20 +275,14 @@ def sm_share_overlap_s(comm_s: float, compute_s: float, share: float) -> float:
 
 
 # DeepEP's internode kernels are GPU-initiated RDMA (NVSHMEM; its README: tested on InfiniBand, "theoretically
-# compatible" with RoCE; IBGDA). The catalog's inter-node links that are such a fabric, by name prefix:
-# InfiniBand (ib-*), ConnectX-7/8 NICs (cx7-*, cx8-*: InfiniBand or RoCE) and RoCE (roce-*). Ethernet
-# without RDMA (eth-*) is not; on AWS EFA without IBGDA NCCL's all-to-all beat DeepEP
-# (awslabs/awsome-distributed-ai PR #1144, [REF §4]).
-RDMA_LINK_PREFIXES = ("ib-", "cx7", "cx8", "roce")
-
-
-def deepep_fabric_problem(inter_link_name: str) -> str:
-    """Why DeepEP cannot run across nodes over the inter-node link ``inter_link_name`` ("" if it
-    can: an RDMA fabric, ``RDMA_LINK_PREFIXES``)."""
-    if inter_link_name.startswith(RDMA_LINK_PREFIXES):
+# compatible" with RoCE; IBGDA): an inter-node link that is an RDMA fabric (``specs.LinkSpec.rdma``). On AWS
+# EFA without IBGDA NCCL's all-to-all beat DeepEP (awslabs/awsome-distributed-ai PR #1144, [REF §4]).
+def deepep_fabric_problem(inter: "LinkSpec") -> str:
+    """Why DeepEP cannot run across nodes over the inter-node link ``inter`` ("" if it can)."""
+    if inter.rdma:
         return ""
     return (f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE, DeepEP's README), "
-            f"and the inter-node link {inter_link_name!r} is not one of {', '.join(p + '*' for p in RDMA_LINK_PREFIXES)}")
+            f"and the inter-node link {inter.name!r} is not an RDMA fabric (ib-*, cx7*, cx8*, roce*)")
 
 
 @dataclass(frozen=True)

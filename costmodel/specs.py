@@ -422,6 +422,11 @@ class GpuSpec:
                         f"known: {', '.join(sorted(self.peak_flops_per_s))}")
 
 
+# The catalog's inter-node links that are RDMA fabrics, by name prefix: InfiniBand (ib-*), ConnectX-7/8
+# NICs (cx7-*, cx8-*: InfiniBand or RoCE) and RoCE (roce-*). Ethernet without RDMA (eth-*) is not.
+RDMA_LINK_PREFIXES = ("ib-", "cx7", "cx8", "roce")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LinkSpec:
     """A tier of the interconnect, per GPU per direction."""
@@ -444,6 +449,13 @@ class LinkSpec:
     @property
     def effective_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def rdma(self) -> bool:
+        """Whether the link is an RDMA fabric (GPU-initiated RDMA, what DeepEP's internode kernels
+        need: ``costmodel.moe.deepep_fabric_problem``), by the catalog's name prefixes
+        (``RDMA_LINK_PREFIXES``)."""
+        return self.name.startswith(RDMA_LINK_PREFIXES)
 
 
 @dataclass(frozen=True, kw_only=True)

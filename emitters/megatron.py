@@ -13,8 +13,7 @@ from __future__ import annotations
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
-from costmodel.frameworks import tp_overlap_of
-from costmodel.moe import DEEPEP_SMS, deepep_fabric_problem
+from costmodel.frameworks import framework_profile, tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
@@ -121,7 +120,7 @@ def moe_args(plan: Plan) -> list:
     if (p.moe_dispatcher or MOE_DISPATCHER) == "deepep":
         # DeepEP's SMs, priced as compute lost while it overlaps (costmodel.moe.comm_sm_share)
         a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep",
-                   "--moe-deepep-num-sms", DEEPEP_SMS]
+                   "--moe-deepep-num-sms", _deepep_sms()]
     else:
         a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
     a.append("--moe-grouped-gemm")
@@ -149,19 +148,26 @@ def moe_args(plan: Plan) -> list:
     return a
 
 
+def _deepep_sms() -> int:
+    """DeepEP's SMs as Megatron's profile prices them (``MoeExecution.deepep_sms``)."""
+    return framework_profile(TARGET).moe.deepep_sms
+
+
 def moe_notes(plan: Plan) -> list[str]:
     """The header's lines on the MoE execution the price rests on and the file cannot check: DeepEP's
-    SMs, and its fabric across nodes (``costmodel.moe.deepep_fabric_problem``). A DeepEP plan whose
-    EP group must leave the NVLink domain over a link that is not RDMA is refused."""
+    SMs, and its fabric across nodes (``costmodel.specs.LinkSpec.rdma``, the rule of
+    ``costmodel.moe.deepep_fabric_problem``). A DeepEP plan whose EP group must leave the NVLink
+    domain over a link that is not RDMA is refused."""
     p, c = plan.parallel, plan.cluster
     if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
         return []
     inter = c.inter_node
-    problem = deepep_fabric_problem(inter.name)
-    if problem and p.ep > c.nvlink_gpus:
+    if not inter.rdma and p.ep > c.nvlink_gpus:
         raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
-                            problem, "plan --moe-dispatcher alltoall on this cluster")
-    return [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {DEEPEP_SMS} SMs "
+                            f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE) and the "
+                            f"inter-node link {inter.name!r} is not an RDMA fabric",
+                            "plan --moe-dispatcher alltoall on this cluster")
+    return [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
             f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
             f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
             f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]

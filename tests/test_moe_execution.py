@@ -292,8 +292,10 @@ def test_deepep_needs_an_rdma_fabric_across_nodes():
     from emitters.megatron import emit
     from planner.plan.planfile import Plan
     from planner.search.space import enumerate_candidates
-    assert deepep_fabric_problem("ib-ndr-400") == deepep_fabric_problem("roce-400") == ""
-    assert "eth-2x200" in deepep_fabric_problem("eth-2x200")
+    from costmodel.specs import LinkSpec
+    link = LinkSpec(name="ib-ndr-400", bandwidth_bytes_per_s=50e9)
+    assert deepep_fabric_problem(link) == deepep_fabric_problem(dataclasses.replace(link, name="roce-400")) == ""
+    assert "eth-2x200" in deepep_fabric_problem(dataclasses.replace(link, name="eth-2x200"))
     q = get_model("qwen3-30b-a3b")
     wl = Workload(global_batch=64, seq_len=4096)
     cl = load_cluster("dgx-h100").with_gpus(32)

@@ -103,7 +103,7 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
     """The outer shapes ``enumerate_candidates`` goes through, in its order."""
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.nvlink_gpus for g in cluster.groups)
-    rdma = not deepep_fabric_problem(cluster.inter_node.name)
+    rdma = not deepep_fabric_problem(cluster.inter_node)
     out = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
