@@ -523,7 +523,7 @@ class _Serving:
                         self._expert_gemm(per, mx.n, mx.k, touched, touched * mx.n * mx.k * wb, out)
             # the engines' gather dispatcher (``costmodel.moe.gather_dispatch_s``) over the ranks
             # that hold different tokens: the ep/tp replicas of the EP group (TP ranks share theirs)
-            out.ep += gather_dispatch_s(T * h * self.ab, self.gather_lay, self.net)
+            out.ep += sum(launched(c) for c in gather_dispatch_s(T * h * self.ab, self.gather_lay, self.net))
             kernels += MOE_EXTRA_KERNELS
         out.elementwise += T * self._elementwise_elems() * self.ab / self.hbm
         out.overhead += kernels * KERNEL_OVERHEAD_S

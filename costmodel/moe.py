@@ -394,18 +394,18 @@ def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, in
 GATHER_DISPATCHER = "allgather"
 
 
-def gather_dispatch_s(token_bytes: float, lay: "GroupLayout", net: "Network") -> float:
-    """One MoE layer's token exchange by the gather dispatcher among the ``lay.n`` ranks that hold
-    different tokens, each with ``token_bytes`` of its own: the gathered tensor (``lay.n x
-    token_bytes``) all-gathered before the experts and reduce-scattered after them, each collective
-    with its launch cost (``comm.launched``). Every rank receives every token, routed to it or not:
-    the bytes grow with the group, not with ``top_k``, and the busiest rank receives no more than the
-    others (imbalance shows in its expert GEMMs only)."""
-    from .comm import launched
+def gather_dispatch_s(token_bytes: float, lay: "GroupLayout", net: "Network") -> tuple[float, ...]:
+    """The collectives of one MoE layer's token exchange by the gather dispatcher among the ``lay.n``
+    ranks that hold different tokens, each with ``token_bytes`` of its own: the gathered tensor
+    (``lay.n x token_bytes``) all-gathered before the experts and reduce-scattered after them, as
+    their transfer times (the caller adds each one's launch, ``comm.launched``; () for one rank).
+    Every rank receives every token, routed to it or not: the bytes grow with the group, not with
+    ``top_k``, and the busiest rank receives no more than the others (imbalance shows in its expert
+    GEMMs only)."""
     if lay.n <= 1 or token_bytes <= 0:
-        return 0.0
+        return ()
     gathered = lay.n * token_bytes
-    return launched(net.all_gather(gathered, lay)) + launched(net.reduce_scatter(gathered, lay))
+    return net.all_gather(gathered, lay), net.reduce_scatter(gathered, lay)
 
 
 def alignment_tokens(tokens_per_expert: float, align: int) -> float:
