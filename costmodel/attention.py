@@ -79,8 +79,11 @@ ring attention both split the sequence into ``2 cp`` chunks and give rank ``r`` 
 ``get_seq_chunk_ids_for_reordering``; torch ``_HeadTailLoadBalancer``). Step 0 is the rank's own
 ``s/cp`` queries against its own keys, causal; each of the other ``cp-1`` steps is one
 non-causal block of half the work: either all ``s/cp`` queries against half the keys
-(``s/(2cp)``) or half the queries against all ``s/cp`` keys -- about as many of each over the
-ring. Each block is priced on the kernel's curve at its key length.
+(``s/(2cp)``) or half the queries against all ``s/cp`` keys (torch ``_templated_ring_attention``:
+``i <= rank`` and ``i > rank``). The curves are measured on square blocks; a block is priced at
+its shorter side, ``s/(2cp)`` for both kinds (the forward loops over keys, the backward over
+queries), so every rank takes the same time per step and the ring's per-step wait costs nothing
+more (``tests/test_attention.py`` checks this against the ring walked rank by rank, step by step).
 """
 from __future__ import annotations
 
@@ -228,12 +231,54 @@ def attention_fwd_bwd_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops:
         return _block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True)
     local = seq_len / cp
     # step 0: causal over the local chunk pair; the cp - 1 others: non-causal blocks of equal
-    # work, half of them at s/(2cp) keys and half at s/cp keys
+    # work whose shorter side is s/(2cp) (module docstring)
     f0, b0 = _block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True)
-    rest = fwd_flops * (cp - 1) / cp
-    f1, b1 = _block_s(kernel, gpu, peak_flops, rest / 2, head_dim, local / 2, False)
-    f2, b2 = _block_s(kernel, gpu, peak_flops, rest / 2, head_dim, local, False)
-    return f0 + f1 + f2, b0 + b1 + b2
+    f1, b1 = _block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False)
+    return f0 + f1, b0 + b1
+
+
+# the implementations whose context parallelism is PyTorch's ring attention
+# (torch.distributed.tensor.experimental context_parallel: torchtitan, this project's runtime)
+TORCH_CP_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan", "flex", "varlen")
+# PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
+# forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
+# ways -- these are plain binary ops, not the norm backward the eager backward fraction measures
+RING_MERGE_KIND = "eager"
+
+
+def ring_merge_bytes(attention: str, tokens: float, q_width: float, kv_width: float,
+                     cp: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one layer's ring-attention bookkeeping on a rank holding
+    ``tokens`` queries of ``q_width`` values (heads x head dim) and keys/values of ``kv_width``
+    each, over ``cp`` ring steps; 0 without CP, and 0 for Transformer Engine's ring, whose
+    correction kernels are fused and not counted here (not measured; see the session note).
+
+    Counted from PyTorch's ``_templated_ring_attention`` and its backward
+    (``torch/distributed/tensor/experimental/_attention.py``), with ``convert_to_f32`` on (its
+    default), on the busiest rank of each step (the ring waits for it): forward, each of the
+    ``cp - 1`` steps after the first copies K and V into the send buffer (``torch.cat``: 2 x 4
+    bytes per K/V value), casts the block's output to FP32 (2 + 4 bytes per output value) and
+    merges it into the FP32 accumulator (``out - sigmoid(...) * (out - block_out)``: three binary
+    ops, 32 bytes per value); the first step's cast and the final cast back to BF16 add 12 bytes
+    per output value. Backward, each of the ``cp`` steps copies K and V again (8 bytes per K/V
+    value), accumulates dQ in FP32 (read 4 + 2, write 4: 10 bytes per Q value), adds dK and dV into
+    the FP32 buffers that travel the ring (``_partial_update``'s chunk-and-concatenate on the
+    busiest rank: 26 bytes per K/V value) and copies them into the send buffer (16 bytes per K/V
+    value)."""
+    if cp <= 1 or attention not in TORCH_CP_IMPLEMENTATIONS:
+        return 0.0, 0.0
+    q, kv = tokens * q_width, tokens * kv_width
+    fwd = (cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q
+    bwd = cp * (10.0 * q + 50.0 * kv)
+    return fwd, bwd
+
+
+def kv_width_passed(attention: str, q_width: float, kv_width: float) -> float:
+    """The K/V width the attention call receives: the published torchtitan runs' llama code
+    expanded grouped K/V to every query head before SDPA (``repeat_kv`` in torchtitan's
+    ``models/llama/model.py`` of 2024-25), so their ring passes ``q_width``; the others pass the
+    grouped width."""
+    return q_width if attention == "sdpa-torchtitan" else kv_width
 
 
 ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "te")

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .attention import attention_fwd_bwd_s, kernel_for
+from .attention import RING_MERGE_KIND, attention_fwd_bwd_s, kernel_for, kv_width_passed, ring_merge_bytes
 from .comm import GroupLayout, Network, launched
-from .compute import (FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
+from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
@@ -305,6 +305,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # ring's blocks under CP (costmodel.attention); the forward is the forward, and what its
         # backward takes beyond the "twice the forward" the layer's compute counts is added apart
         attn_s, attn_bwd_s = attention_fwd_bwd_s(kernel, gpu, gpu.peak(dt), attn_hw_flops, hd, s, cp)
+        # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
+        q_width = model.heads * hd / t
+        kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
+        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp)
+        if merge_f or merge_b:
+            frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
+            attn_s += memory_time_s(gpu, merge_f) * frac
+            attn_bwd_s += memory_time_s(gpu, merge_b) * frac
         attn_bwd_extra_s = attn_bwd_s - 2 * attn_s
     else:
         attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
