@@ -248,11 +248,11 @@ def backend_profile(fw: FrameworkProfile, par: ParallelConfig) -> FrameworkProfi
 TITAN_VARLEN_FAMILIES = ("gpt_oss",)
 
 
-def attention_impl(fw: FrameworkProfile, par: ParallelConfig, family: str) -> str:
+def attention_impl(fw: FrameworkProfile, par: "ParallelConfig | None", family: str) -> str:
     """The attention implementation (``costmodel.attention``) ``fw`` runs ``par`` with for a model of
     ``family``: the profile's (Accelerate: its engine's), except torchtitan's FlexAttention default,
     which a few of its model packages replace (``TITAN_VARLEN_FAMILIES``)."""
-    att = backend_profile(fw, par).attention
+    att = (backend_profile(fw, par) if par is not None else fw).attention
     if att == "flex" and family in TITAN_VARLEN_FAMILIES:
         return "varlen"
     return att

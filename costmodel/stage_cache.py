@@ -38,6 +38,9 @@ class _Shared:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile):
         self.model, self.cluster, self.workload, self.framework = model, cluster, workload, framework
+        # the attention implementation, fixed per profile except Accelerate's (its engine depends
+        # on the configuration: ``frameworks.attention_impl`` per layer then)
+        self.attention = None if framework.name == "accelerate" else attention_impl(framework, None, model.family)
         dt = workload.dtype
         # FP8 training: one recipe for the run (the first node group's GPU picks the default;
         # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
@@ -65,7 +68,9 @@ class _Shared:
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
-        attention = attention_impl(self.framework, par, self.model.family)   # Accelerate: its engine's model code
+        attention = self.attention
+        if attention is None:       # Accelerate: its engine's model code
+            attention = attention_impl(self.framework, par, self.model.family)
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
                etp_lay, par.moe_dispatcher, par.ep_overlap, attention)
         hit = self.layers.get(key)
