@@ -175,11 +175,11 @@ def moe_notes(plan: Plan) -> list[str]:
 
 # The attention kernel the price assumes, as Megatron's --attention-backend (AttnBackend in
 # megatron/core/transformer/enums.py: flash, fused, unfused, local, auto). The cost model prices a
-# workload's "flash" kernel as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY),
-# not a particular library, and that is what Megatron's default ``auto`` runs: it leaves the choice to
-# Transformer Engine, which picks cuDNN's fused attention on Hopper and later and FlashAttention on
-# Ampere (TE's dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference
-# on Hopper+"). ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
+# workload's "flash" kernel as the kernel Megatron's default ``auto`` runs (the Megatron profile's
+# attention "te", costmodel.attention): it leaves the choice to Transformer Engine, which picks
+# cuDNN's fused attention on Hopper and later and FlashAttention on Ampere (TE's
+# dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference on Hopper+").
+# ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
 # "materialized" workload is Megatron's ``unfused`` path (the s x s scores stored).
 ATTENTION_BACKEND = {"flash": "auto", "materialized": "unfused"}
 
@@ -191,9 +191,9 @@ def attention_backend(plan: Plan) -> str:
 def attention_note(plan: Plan) -> str:
     """The header's line on the attention kernel: which one the price assumes and what the file asks."""
     if plan.workload.attention_kernel == "flash":
-        return ("attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); "
-                "written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on "
-                "Hopper+, FlashAttention on Ampere)")
+        return ("attention priced as the kernel Transformer Engine picks (costmodel.attention \"te\": cuDNN fused "
+                "attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); "
+                "written --attention-backend auto")
     return "attention priced unfused (scores materialized and stored); written --attention-backend unfused"
 
 

@@ -208,7 +208,13 @@ def header_assumptions(text: str) -> dict:
     kv = dict(w.split("=", 1) for w in m.group(1).split())
     return {"kernel_efficiency": float(kv["kernel_efficiency"]),
             "memory_headroom_fraction": float(kv["memory_headroom_fraction"]),
-            "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"]}
+            "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"],
+            "attention": "" if kv["attention_impl"] == "-" else kv["attention_impl"]}
+
+
+def kernels_of(h: dict) -> dict:
+    """The profile fields a header states for the kernels: memory-bound kind, attention implementation."""
+    return {"elementwise": h["elementwise"], "attention": h["attention"]}
 
 
 def engine_facts(text: str) -> str:
@@ -246,6 +252,9 @@ def _stages(counts: list[int], recompute: list[int] | None = None) -> tuple:
 # a fused kernel (cuDNN on Hopper+, FlashAttention on Ampere); ``unfused`` stores the scores. ``local`` is
 # Megatron's own PyTorch path, which the emitter never writes.
 MEGATRON_KERNEL = {"auto": "flash", "fused": "flash", "flash": "flash", "unfused": "materialized"}
+# the attention implementation Megatron's --attention-backend runs (costmodel.attention): auto leaves
+# the choice to Transformer Engine; unfused has no fused kernel (the workload says materialized)
+MEGATRON_ATTENTION = {"auto": "te", "unfused": "te"}
 
 
 def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
@@ -288,6 +297,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
                             kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
+                            attention=MEGATRON_ATTENTION[a.attention_backend],
                             moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
@@ -365,7 +375,7 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     overlap = bool(c.zero_config.overlap_comm) and pp == 1    # the pipeline engine reduces after the last micro-batch
     prof = FrameworkProfile(name="deepspeed", overlap_grad_reduce=overlap, overlap_param_gather=False,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], **kernels_of(h))
     # pipeline: every layer boundary checkpointed; no pipeline: the model calls deepspeed.checkpointing,
     # which the activation_checkpointing section configures (the shipped script checkpoints every block)
     full = (c.pipeline["activation_checkpoint_interval"] == 1) if pp > 1 else "activation_checkpointing" in raw
@@ -473,8 +483,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"]).with_switches(
-                                compile=bool(job.compile.enable))
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
+                            attention=torchtitan_attention(job)).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
@@ -488,6 +498,18 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
+
+
+def torchtitan_attention(job) -> str:
+    """The attention implementation (costmodel.attention) of the model torchtitan builds from the job:
+    its inner attention module's class, read off the built model (FlexAttention: "flex")."""
+    import torch
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
+    with torch.device("meta"):
+        built = job.model_spec.model.build()
+    kinds = {type(m) for m in built.modules() if isinstance(m, (FlexAttention, ScaledDotProductAttention, VarlenAttention))}
+    assert len(kinds) == 1, kinds
+    return {FlexAttention: "flex", VarlenAttention: "varlen"}.get(kinds.pop(), "unpriced inner attention")
 
 
 def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
@@ -566,7 +588,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     prof = FrameworkProfile(name="accelerate (as written)", overlap_grad_reduce=grad_overlap,
                             overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], **kernels_of(h))
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
@@ -614,7 +636,7 @@ def test_megatron_leaves_the_fused_kernel_to_transformer_engine(tmp_path):
     text = (write(plan, "megatron", tmp_path / "a") / "megatron.sh").read_text()
     assert "--attention-backend auto" in text and "--attention-backend flash" not in text
     head = text.split("MODEL_ARGS")[0]
-    assert "attention priced as one fused causal kernel" in head and "cuDNN fused attention on Hopper+" in head
+    assert "attention priced as the kernel Transformer Engine picks" in head and "cuDNN fused attention on Hopper+" in head
     mat = plan.replace(workload=dataclasses.replace(plan.workload, attention_kernel="materialized"))
     text = (write(mat, "megatron", tmp_path / "b") / "megatron.sh").read_text()
     assert "--attention-backend unfused" in text and "attention priced unfused" in text
