@@ -8,6 +8,7 @@
 # Model deepseek-v3: 61 layers, hidden 7168, ffn 18432, 128 heads, vocab 129280, SwiGLU, RMSNorm eps 1e-06, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
 # attention priced as the kernel Transformer Engine picks (costmodel.attention "te": cuDNN fused attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); written --attention-backend auto
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
+# DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on 20 SMs (--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link ib-ndr-400 (50 GB/s)
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=te
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule); costmodel/frameworks.py)
 # engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
@@ -40,7 +41,7 @@ need NODE_RANK 'this node'"'"'s index, 0 to nodes-1 (0 on the node that is MASTE
 need MASTER_ADDR 'the address of node 0, reachable from every node'
 WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 23 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 23 ))}"  # 375M tokens = 23 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
-export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)
+export CUDA_DEVICE_MAX_CONNECTIONS=32  # EP all-to-all overlap: needs more than one connection
 DISTRIBUTED_ARGS=(
   --nproc-per-node 8
   --nnodes 256
@@ -80,6 +81,7 @@ MODEL_ARGS=(
   --moe-layer-freq '([0]*3+[1]*58)'
   --moe-token-dispatcher-type flex
   --moe-flex-dispatcher-backend deepep
+  --moe-deepep-num-sms 20
   --moe-grouped-gemm
   --overlap-moe-expert-parallel-comm
   --moe-permute-fusion
