@@ -13,11 +13,11 @@ from __future__ import annotations
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
-from costmodel.fp8 import default_recipe
 from costmodel.frameworks import tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
+from planner.plan.targets import default_fp8_recipe
 
 TARGET = "megatron"
 MODE = "train"
@@ -374,7 +374,7 @@ def training_args(plan: Plan) -> list:
             raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with {w.optimizer} in {w.dtype}",
                                 "Megatron's precision-aware optimizer is Adam's, for BF16 (or FP8) training; "
                                 "drop the setting")
-        runs = fp8_recipe or default_recipe("megatron", plan.cluster.groups[0].gpu)   # what the price took
+        runs = fp8_recipe or default_fp8_recipe(TARGET, plan.cluster.groups[0].gpu)   # what the price took
         if w.dtype == "fp8" and (runs != "delayed" or w.fp8_param_gather):
             raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with fp8 recipe {runs}"
                                 + (" and --fp8-param-gather" if w.fp8_param_gather else ""),
