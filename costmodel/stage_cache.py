@@ -47,10 +47,12 @@ class _Shared:
         # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
         self.fp8 = fp8_recipe_of(cluster, workload, framework)
         self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
-        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
+        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
+                                                       framework.adam_moments_bf16)
         self.ends_w_b = ends_weight_bytes_per_param(dt, workload.optimizer, self.fp8)
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
-        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
+        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
+                                                             framework.adam_moments_bf16)
         self.total_params = model.total_params()
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
