@@ -63,6 +63,7 @@ def variants(model, cluster, wl: Workload, base: dict) -> list[ParallelConfig]:
 def _clear_config_caches() -> None:
     """Drop caches keyed on a whole configuration, so no call is served from an identical one."""
     stage_cache._stage_model.cache_clear()
+    stage_cache.clear_stage_costs()
 
 
 def run_case(m, c, wl, pars: list[ParallelConfig], seconds: float) -> tuple[float, float]:

@@ -20,8 +20,9 @@ from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
                     default_stages)
 from .units import dtype_bytes
-from .stage_terms import (LayerSums, LayerTerms, StageMesh, StageModel, _degrees, fp8_recipe_of, head_compute_s,
-                          inflight_microbatches, layer_sums, layer_terms, stage_crosses)
+from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
+                          fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms,
+                          stage_crosses)
 
 
 @lru_cache(maxsize=256)
@@ -161,7 +162,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={})
+            placements={}, layers_parts={}, states_parts={})
         return mesh
 
     def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:
@@ -247,6 +248,43 @@ def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par:
 def _stage_model(model, cluster, workload, par, order, group, first, last, crosses, framework) -> StageModel:
     return StageModel(_shared(model, cluster, workload, framework), par, order, cluster.group(group)).place(
         first, last, crosses)
+
+
+def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
+    """What ``StageModel.layers_part`` reads besides the stage's mesh (whose cache holds the entry)."""
+    return (sm.last, sm.selective, n_dense, n_moe, r)
+
+
+def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
+    """What ``StageModel.states_part`` reads besides the stage's mesh (``first`` and ``last`` fix
+    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers)."""
+    return (sm.first, sm.last, sm.zero.zero, sm.overlap_grad, n_dense, n_moe, comp)
+
+
+def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:
+    """``sm.cost(n_dense, n_moe, r)``, its layers' and model-state parts memoized on the stage's
+    mesh (``StageMesh.layers_parts``, ``states_parts``): the configurations of one mesh that differ
+    in ZeRO stage share the first, those that differ in recompute (or in micro-batches, schedule,
+    virtual stages) the second. ``estimate`` costs each kind of stage through it."""
+    mesh = sm.mesh
+    key = layers_key(sm, n_dense, n_moe, r)
+    lay = mesh.layers_parts.get(key)
+    if lay is None:
+        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
+    key = states_key(sm, n_dense, n_moe, lay[0])
+    st = mesh.states_parts.get(key)
+    if st is None:
+        st = mesh.states_parts[key] = sm.states_part(n_dense, n_moe, lay[0])
+    return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
+
+
+def clear_stage_costs() -> None:
+    """Forget every memoized ``stage_cost`` part (``bench/bench_estimate.py`` does before each
+    sweep, so that only configurations of one sweep share them)."""
+    for sh in _SHARED_BY_ID.values():
+        for mesh in sh.meshes.values():
+            mesh.layers_parts.clear()
+            mesh.states_parts.clear()
 
 
 @lru_cache(maxsize=1024)

@@ -10,15 +10,16 @@ re-exported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER
 from .frameworks import FrameworkProfile, framework_profile
 from .layers import model_flops_per_token
-from .memory import activations_in_flight, stage_memory
+from .memory import activations_in_flight, stage_memory, stage_peak_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
-from .stage_cache import _per_stage, _shared, stage_compute_time, stage_model
+from .stage_cache import _per_stage, _shared, stage_compute_time, stage_cost, stage_model
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
                           fewest_full_recompute_layers, fp8_recipe_of, head_compute_s, inflight_microbatches,
                           layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses)
@@ -53,8 +54,12 @@ class StageEstimate:
                 "capacity_bytes": self.capacity_bytes, "fits": self.fits}
 
 
-@dataclass
+@dataclass(eq=False)
 class Estimate:
+    """One configuration's estimate. ``stages``, every stage's row (``StageEstimate``), is built
+    from the stage kinds when first read: what the search asks of most estimates (the step time,
+    the peak, whether it fits) is here without them, and equal either way."""
+
     step_time_s: float
     tokens_per_s: float
     tokens_per_s_per_gpu: float
@@ -64,18 +69,25 @@ class Estimate:
     hfu: float
     memory: dict[str, float]
     time: dict[str, float]
-    stages: list[StageEstimate] = field(default_factory=list)
     gpus: int = 0
     capacity_bytes: float = 0.0
     bottleneck_stage: int = 0
+    fits: bool = True                  # every stage's peak within its capacity
+    rows: "list[StageEstimate] | Callable[[], list[StageEstimate]]" = field(default_factory=list, repr=False)
+
+    @property
+    def stages(self) -> list[StageEstimate]:
+        rows = self.rows
+        if callable(rows):
+            rows = self.rows = rows()
+        return rows
 
     @property
     def peak_bytes(self) -> float:
         return self.memory["peak_bytes"]
 
-    @property
-    def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Estimate) and self.to_dict() == other.to_dict()
 
     def to_dict(self, stages: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -116,12 +128,14 @@ def stage_groups(cluster: ClusterSpec, par: ParallelConfig, stages: tuple[StageS
 
 class StageKind(NamedTuple):
     """What every stage of one kind (``estimate``: same node group, position, neighbour placement,
-    layers and recompute) shares: its model states, activations per micro-batch in flight and
-    fixed, the GPU's reserved memory and capacity, buffers, and its time per micro-batch."""
+    layers and recompute) shares: its model states (and their sum), activations per micro-batch
+    in flight and fixed, the GPU's reserved memory and capacity, buffers, and its time per
+    micro-batch."""
 
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
+    states_bytes: float
     act_per_microbatch_bytes: float
     act_fixed_bytes: float
     reserved_bytes: float
@@ -136,6 +150,19 @@ class StageKind(NamedTuple):
 # StageKind(...) without the keyword handling of its generated __new__ (a third of the cost of
 # building one, on the estimate's hot path); the fields in their declared order
 _new_kind = tuple.__new__
+
+
+def _stage_memory(kind: StageKind, inflight: float) -> dict[str, float]:
+    """The memory of a stage of ``kind`` with ``inflight`` micro-batches in flight (``memory.stage_memory``)."""
+    w, gr, o, _, act_per, act_fixed, reserved, buffers = kind[:8]
+    return stage_memory(w, gr, o, activations_in_flight(inflight, act_per, act_fixed), reserved, buffers)
+
+
+def _stage_rows(kinds: tuple[StageKind, ...], inflight: list[float], firsts: list[int]) -> list[StageEstimate]:
+    """Every stage's row, from its kind, micro-batches in flight and first layer."""
+    return [StageEstimate(i, first_layer, kind.num_layers, kind.recompute_layers, kind.group,
+                          kind.time_per_microbatch_s, _stage_memory(kind, infl), kind.capacity_bytes)
+            for i, (kind, infl, first_layer) in enumerate(zip(kinds, inflight, firsts))]
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
@@ -182,35 +209,38 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
     kinds = []                              # what a stage's row needs of its kind
-    kind_hf, kind_peak = [], []             # hardware FLOPs, peak FLOP/s
+    kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
         if sm is None:
             sm = models[g] = StageModel(sh, par, order, sh.groups[g][0])
-        c = sm.place(first, last, crosses).cost(n - n_moe, n_moe, n_full)
+        c = stage_cost(sm.place(first, last, crosses), n - n_moe, n_moe, n_full)
         # the exposed DP time at the kind's first stage (it falls with the stage index, so that
         # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
         dp_exposed = max(dp_exposed, sm.dp_exposed(c, i0))
         opt_s = max(opt_s, c.optimizer_s)
+        t = c.time_s
         kind_cost.append(c)
-        kinds.append(_new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes,
+        kinds.append(_new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.states_bytes,
                                            c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
-                                           sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g,
-                                           c.time_s)))
+                                           sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g, t)))
+        kind_time.append(t)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
-    # each stage's memory and row; the stage nearest its capacity
-    rows = []
-    fullest_mem, fullest_cap, fullest_ratio = None, 0.0, -1.0
-    for i, kind, infl, first_layer in zip(range(p), per_stage_of(kinds), sh.inflight(par), firsts):
-        w, gr, o, act_per, act_fixed, reserved, buffers, cap, n, n_full, g, t = kind    # StageKind's fields
-        mem = stage_memory(w, gr, o, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
-        rows.append(StageEstimate(i, first_layer, n, n_full, g, t, mem, cap))
-        ratio = mem["peak_bytes"] / cap
+    # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
+    # states); whether all fit; the stage nearest its capacity (the first of equals)
+    stage_kinds, inflight = per_stage_of(kinds), sh.inflight(par)
+    fits, fullest, fullest_ratio = True, 0, -1.0
+    for i, kind, infl in zip(range(p), stage_kinds, inflight):
+        states, act_per, act_fixed, reserved, buffers, cap = kind[3:9]
+        peak = stage_peak_bytes(states, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
+        if peak > cap:
+            fits = False
+        ratio = peak / cap
         if ratio > fullest_ratio:
-            fullest_mem, fullest_cap, fullest_ratio = mem, cap, ratio
-    times = tuple(r.time_per_microbatch_s for r in rows)
+            fullest, fullest_ratio = i, ratio
+    times = per_stage_of(kind_time)
     step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
     j = times.index(max(times))
     b = kind_cost[ids[j]]
@@ -229,5 +259,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
                     model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
                     hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
                     mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-                    memory=dict(fullest_mem), time=time, stages=rows, gpus=gpus, capacity_bytes=fullest_cap,
-                    bottleneck_stage=j)
+                    memory=_stage_memory(stage_kinds[fullest], inflight[fullest]), time=time, gpus=gpus,
+                    capacity_bytes=stage_kinds[fullest].capacity_bytes, bottleneck_stage=j, fits=fits,
+                    rows=partial(_stage_rows, stage_kinds, inflight, firsts))
