@@ -14,7 +14,7 @@ from operator import itemgetter
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, framework_profile, tp_overlap_mode
-from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
+from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
@@ -49,6 +49,8 @@ class _Shared:
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
         self.total_params = model.total_params()
+        # model FLOPs per token at the workload's sequence (their one definition)
+        self.model_flops_per_token = model_flops_per_token(model, workload.seq_len)
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
         # the fraction of overlapped communication that still costs compute time (measured by

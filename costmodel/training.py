@@ -15,7 +15,6 @@ from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER
 from .frameworks import FrameworkProfile, framework_profile
-from .layers import model_flops_per_token
 from .memory import activations_in_flight, stage_memory, stage_peak_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
@@ -209,7 +208,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
     kinds = []                              # what a stage's row needs of its kind
-    kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
+    kind_mem, kind_time, kind_hf, kind_peak = [], [], [], []    # peak's inputs, time per micro-batch,
+    #                                                               hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
@@ -222,9 +222,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         opt_s = max(opt_s, c.optimizer_s)
         t = c.time_s
         kind_cost.append(c)
-        kinds.append(_new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.states_bytes,
-                                           c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
-                                           sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g, t)))
+        kind = _new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.states_bytes,
+                                     c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
+                                     sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g, t))
+        kinds.append(kind)
+        kind_mem.append(kind[3:9])          # what a stage's peak needs
         kind_time.append(t)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
@@ -232,8 +234,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     # states); whether all fit; the stage nearest its capacity (the first of equals)
     stage_kinds, inflight = per_stage_of(kinds), sh.inflight(par)
     fits, fullest, fullest_ratio = True, 0, -1.0
-    for i, kind, infl in zip(range(p), stage_kinds, inflight):
-        states, act_per, act_fixed, reserved, buffers, cap = kind[3:9]
+    for i, (states, act_per, act_fixed, reserved, buffers, cap), infl in zip(range(p), per_stage_of(kind_mem),
+                                                                            inflight):
         peak = stage_peak_bytes(states, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
         if peak > cap:
             fits = False
@@ -254,11 +256,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
     peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    model_flops_total = model_flops_per_token(model, workload.seq_len) * tokens
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
-                    model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
-                    hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
-                    mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-                    memory=_stage_memory(stage_kinds[fullest], inflight[fullest]), time=time, gpus=gpus,
-                    capacity_bytes=stage_kinds[fullest].capacity_bytes, bottleneck_stage=j, fits=fits,
-                    rows=partial(_stage_rows, stage_kinds, inflight, firsts))
+    model_flops_total = sh.model_flops_per_token * tokens
+    # Estimate(...) by position (keywords cost twice the rest of this block): its fields in order
+    return Estimate(step, tokens / step, tokens / step / gpus, model_flops_total / step / gpus / 1e12,
+                    hw_flops_total / step / gpus / 1e12, model_flops_total / step / peak_total,
+                    hw_flops_total / step / peak_total, _stage_memory(stage_kinds[fullest], inflight[fullest]),
+                    time, gpus, stage_kinds[fullest].capacity_bytes, j, fits,
+                    partial(_stage_rows, stage_kinds, inflight, firsts))
