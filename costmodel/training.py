@@ -24,8 +24,8 @@ from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageMode
                           layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses)
 
 # the names other modules take from here (the rules and caches live in the two modules above)
-__all__ = ["Estimate", "LayerSums", "LayerTerms", "StageCost", "StageEstimate", "StageKind", "StageMesh", "StageModel",
-           "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
+__all__ = ["Estimate", "LayerSums", "LayerTerms", "PeakInputs", "StageCost", "StageEstimate", "StageKind", "StageMesh",
+           "StageModel", "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
            "fewest_full_recompute_layers", "fp8_recipe_of", "inflight_microbatches", "layer_sums", "layer_terms",
            "overlapped", "pipeline_step", "pipeline_step_time", "stage_compute_time", "stage_crosses", "stage_groups",
            "stage_model"]
@@ -127,41 +127,48 @@ def stage_groups(cluster: ClusterSpec, par: ParallelConfig, stages: tuple[StageS
 
 class StageKind(NamedTuple):
     """What every stage of one kind (``estimate``: same node group, position, neighbour placement,
-    layers and recompute) shares: its model states (and their sum), activations per micro-batch
-    in flight and fixed, the GPU's reserved memory and capacity, buffers, and its time per
-    micro-batch."""
+    layers and recompute) shares: its cost, the inputs of its peak memory besides the
+    micro-batches in flight (``PeakInputs``), its layers and node group."""
 
-    weights_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
+    cost: StageCost
+    peak_inputs: "PeakInputs"
+    num_layers: int
+    recompute_layers: int
+    group: str
+
+
+class PeakInputs(NamedTuple):
+    """A stage kind's part of ``memory.stage_peak_bytes``: its summed model states, activations
+    per micro-batch in flight and fixed, the GPU's reserved memory, buffers, and capacity."""
+
     states_bytes: float
     act_per_microbatch_bytes: float
     act_fixed_bytes: float
     reserved_bytes: float
     buffers_bytes: float
     capacity_bytes: float
-    num_layers: int
-    recompute_layers: int
-    group: str
-    time_per_microbatch_s: float
 
 
-# StageKind(...) without the keyword handling of its generated __new__ (a third of the cost of
+# PeakInputs(...) without the keyword handling of its generated __new__ (a third of the cost of
 # building one, on the estimate's hot path); the fields in their declared order
-_new_kind = tuple.__new__
+_new_tuple = tuple.__new__
 
 
-def _stage_memory(kind: StageKind, inflight: float) -> dict[str, float]:
-    """The memory of a stage of ``kind`` with ``inflight`` micro-batches in flight (``memory.stage_memory``)."""
-    w, gr, o, _, act_per, act_fixed, reserved, buffers = kind[:8]
-    return stage_memory(w, gr, o, activations_in_flight(inflight, act_per, act_fixed), reserved, buffers)
+def _stage_memory(c: StageCost, peak: PeakInputs, inflight: float) -> dict[str, float]:
+    """The memory of a stage of cost ``c`` with ``inflight`` micro-batches in flight (``memory.stage_memory``)."""
+    return stage_memory(c.weights_bytes, c.grads_bytes, c.optimizer_bytes,
+                        activations_in_flight(inflight, peak.act_per_microbatch_bytes, peak.act_fixed_bytes),
+                        peak.reserved_bytes, peak.buffers_bytes)
 
 
-def _stage_rows(kinds: tuple[StageKind, ...], inflight: list[float], firsts: list[int]) -> list[StageEstimate]:
-    """Every stage's row, from its kind, micro-batches in flight and first layer."""
-    return [StageEstimate(i, first_layer, kind.num_layers, kind.recompute_layers, kind.group,
-                          kind.time_per_microbatch_s, _stage_memory(kind, infl), kind.capacity_bytes)
-            for i, (kind, infl, first_layer) in enumerate(zip(kinds, inflight, firsts))]
+def _stage_rows(kind_cost: list[StageCost], kind_peak: list[PeakInputs], descs: list[tuple], per_stage_of,
+                inflight: list[float], firsts: list[int]) -> list[StageEstimate]:
+    """Every stage's row, from its kind (cost, peak inputs, and ``descs``: ``_Shared.split``'s
+    kind descriptions), micro-batches in flight and first layer."""
+    kinds = [StageKind(c, pk, n, n_full, g) for c, pk, (g, _, _, _, n, _, n_full, _) in zip(kind_cost, kind_peak, descs)]
+    return [StageEstimate(i, first_layer, k.num_layers, k.recompute_layers, k.group, k.cost.time_s,
+                          _stage_memory(k.cost, k.peak_inputs, infl), k.peak_inputs.capacity_bytes)
+            for i, (k, infl, first_layer) in enumerate(zip(per_stage_of(kinds), inflight, firsts))]
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
@@ -207,9 +214,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         per_stage_of = _per_stage(ids)      # a kind-indexed list -> its value at every stage
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
-    kinds = []                              # what a stage's row needs of its kind
-    kind_mem, kind_time, kind_hf, kind_peak = [], [], [], []    # peak's inputs, time per micro-batch,
-    #                                                               hardware FLOPs, peak FLOP/s
+    kind_mem: list[PeakInputs] = []
+    kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
@@ -220,19 +226,15 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
         dp_exposed = max(dp_exposed, sm.dp_exposed(c, i0))
         opt_s = max(opt_s, c.optimizer_s)
-        t = c.time_s
         kind_cost.append(c)
-        kind = _new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes, c.states_bytes,
-                                     c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
-                                     sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g, t))
-        kinds.append(kind)
-        kind_mem.append(kind[3:9])          # what a stage's peak needs
-        kind_time.append(t)
+        kind_mem.append(_new_tuple(PeakInputs, (c.states_bytes, c.act_per_microbatch_bytes, c.act_fixed_bytes,
+                                                sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes)))
+        kind_time.append(c.time_s)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
     # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
     # states); whether all fit; the stage nearest its capacity (the first of equals)
-    stage_kinds, inflight = per_stage_of(kinds), sh.inflight(par)
+    inflight = sh.inflight(par)
     fits, fullest, fullest_ratio = True, 0, -1.0
     for i, (states, act_per, act_fixed, reserved, buffers, cap), infl in zip(range(p), per_stage_of(kind_mem),
                                                                             inflight):
@@ -260,6 +262,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     # Estimate(...) by position (keywords cost twice the rest of this block): its fields in order
     return Estimate(step, tokens / step, tokens / step / gpus, model_flops_total / step / gpus / 1e12,
                     hw_flops_total / step / gpus / 1e12, model_flops_total / step / peak_total,
-                    hw_flops_total / step / peak_total, _stage_memory(stage_kinds[fullest], inflight[fullest]),
-                    time, gpus, stage_kinds[fullest].capacity_bytes, j, fits,
-                    partial(_stage_rows, stage_kinds, inflight, firsts))
+                    hw_flops_total / step / peak_total,
+                    _stage_memory(kind_cost[ids[fullest]], kind_mem[ids[fullest]], inflight[fullest]),
+                    time, gpus, kind_mem[ids[fullest]].capacity_bytes, j, fits,
+                    partial(_stage_rows, kind_cost, kind_mem, descs, per_stage_of, inflight, firsts))
