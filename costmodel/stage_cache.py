@@ -63,7 +63,7 @@ class _Shared:
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
-        self.flights: dict[tuple, list[float]] = {}
+        self.flights: dict[tuple, tuple[list[float], bool]] = {}
 
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
@@ -100,12 +100,15 @@ class _Shared:
             return tp_lay, layout_for(par.ep, ts * par.etp, gpn), cp_lay, layout_for(par.etp, ts, gpn)
         return tp_lay, layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn), cp_lay, None
 
-    def inflight(self, par: ParallelConfig) -> list[float]:
-        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
+    def inflight(self, par: ParallelConfig) -> tuple[list[float], bool]:
+        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index), and
+        whether they never grow from one stage to the next (every schedule priced today: the
+        first stages hold the most)."""
         key = (par.pp, par.grad_accum, par.vpp, par.schedule)
         fl = self.flights.get(key)
         if fl is None:
-            fl = self.flights[key] = [inflight_microbatches(par, i) for i in range(par.pp)]
+            counts = [inflight_microbatches(par, i) for i in range(par.pp)]
+            fl = self.flights[key] = (counts, all(a >= b for a, b in zip(counts, counts[1:])))
         return fl
 
     def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> StageMesh:

@@ -233,12 +233,19 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
     # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
-    # states); whether all fit; the stage nearest its capacity (the first of equals)
-    inflight = sh.inflight(par)
+    # states); whether all fit; the stage nearest its capacity (the first of equals). Where the
+    # micro-batches in flight never grow along the pipeline and no kind's activations per
+    # micro-batch are negative, a kind's peak (nondecreasing in the micro-batches in flight, as
+    # activations_in_flight and stage_peak_bytes are in their arguments) is largest at its first
+    # stage, the first of its equals: those stages alone decide both
+    inflight, falling = sh.inflight(par)
+    if falling and min(pk[1] for pk in kind_mem) >= 0.0:
+        checked = [(d[7], pk) for d, pk in zip(descs, kind_mem)]        # (index of its first stage, kind)
+    else:
+        checked = list(enumerate(per_stage_of(kind_mem)))
     fits, fullest, fullest_ratio = True, 0, -1.0
-    for i, (states, act_per, act_fixed, reserved, buffers, cap), infl in zip(range(p), per_stage_of(kind_mem),
-                                                                            inflight):
-        peak = stage_peak_bytes(states, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
+    for i, (states, act_per, act_fixed, reserved, buffers, cap) in checked:
+        peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
         if peak > cap:
             fits = False
         ratio = peak / cap

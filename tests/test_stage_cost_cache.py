@@ -146,3 +146,49 @@ def test_rows_built_on_demand_agree_with_the_estimate():
         assert est.to_dict()["stages"] == [s.to_dict() for s in rows]
         seen.add(est.fits)
     assert seen == {True, False}        # both answers of fits were checked
+
+
+def _rows_agree(est) -> None:
+    rows = est.stages
+    assert est.fits == all(s.fits for s in rows)
+    fullest = max(rows, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
+    assert est.memory == fullest.memory and est.capacity_bytes == fullest.capacity_bytes
+
+
+@pytest.mark.parametrize("schedule,vpp,batch", [("1f1b", 1, 512), ("interleaved", 2, 512), ("gpipe", 1, 32)])
+def test_fullest_stage_from_each_kinds_first_stage(schedule, vpp, batch):
+    """Where the micro-batches in flight fall along the pipeline, the estimate finds ``fits`` and
+    the fullest stage from each kind's first stage: the same answer as every stage's row, on
+    uneven splits with per-stage recompute too (kinds that recur further down the pipeline)."""
+    from costmodel.specs import StageSpec
+    model, cluster = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+    wl = Workload(global_batch=batch, seq_len=8192)
+    seen = set()
+    for mb, rc in itertools.product((1, 2, 4), ("none", "selective", "full")):
+        par = ParallelConfig(tp=4, pp=8, dp=2, sp=True, micro_batch=mb, grad_accum=batch // 2 // mb, recompute=rc,
+                             vpp=vpp, schedule=schedule)
+        _rows_agree(estimate(model, cluster, wl, par))
+        ns = [9, 10, 10, 11, 10, 10, 10, 10]
+        stages = tuple(StageSpec(first_layer=sum(ns[:i]), num_layers=n, recompute_layers=(n if i % 3 else 0))
+                       for i, n in enumerate(ns))
+        est = estimate(model, cluster, wl, par, stages=stages)
+        _rows_agree(est)
+        seen.add(est.fits)
+    assert seen == {True, False}
+
+
+def test_growing_inflight_checks_every_stage(monkeypatch):
+    """Were the micro-batches in flight to grow along the pipeline (no schedule priced today), the
+    estimate checks every stage: here they grow up to the second-to-last stage (a middle stage
+    that is not its kind's first), which is the fullest."""
+    monkeypatch.setattr(stage_cache, "inflight_microbatches", lambda par, i: float(i + 1) if i < par.pp - 1 else 0.0)
+    monkeypatch.setattr(stage_cache, "_SHARED_BY_ID", {})
+    stage_cache._shared_equal.cache_clear()
+    try:
+        model, cluster = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+        par = ParallelConfig(tp=4, pp=8, dp=2, sp=True, grad_accum=256)
+        est = estimate(model, cluster, Workload(global_batch=512, seq_len=8192), par)
+        _rows_agree(est)
+        assert est.memory == est.stages[-2].memory and est.memory != est.stages[1].memory
+    finally:
+        stage_cache._shared_equal.cache_clear()
