@@ -1,8 +1,9 @@
 """What the training estimates of one (model, cluster, workload, framework) share, cached: bytes
 per value, each node group's network, one layer's cost and terms per shape (``_Shared.layer``),
-a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds; and
-placed stage models keyed on a whole configuration (``stage_model``, for the solver's tables and
-bounds). Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
+a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds, a
+stage kind's two cost parts on its mesh (``stage_cost``, for ``estimate``); and placed stage
+models keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
 ``costmodel.layers``, ``costmodel.comm``) returns, computed once.
 """
 from __future__ import annotations

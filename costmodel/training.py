@@ -1,6 +1,7 @@
 """``estimate()``: memory per GPU and time per training step of one configuration, its stages
-put together: each kind of stage costed once (``StageModel.cost``), then every stage's memory
-and row, and the step (``pipeline_step_time``).
+put together: each kind of stage costed once (``StageModel.cost``, its two parts memoized by
+``stage_cache.stage_cost``), every stage's peak memory, and the step (``pipeline_step_time``);
+every stage's row (``Estimate.stages``) is built when first read.
 
 Three rooms: the rules (``costmodel.stage_terms``: layer and stage terms, the step and its
 sources), the caches (``costmodel.stage_cache``), and this module. The names the rest of the
@@ -179,7 +180,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
 
     Stages with the same node group, position (first, last, middle), neighbour placement and
     layer counts cost the same: each such kind is costed once, then every stage gets its own
-    in-flight micro-batches, memory and row."""
+    in-flight micro-batches and peak (and, when ``Estimate.stages`` is read, its memory and row)."""
     validate(model, cluster, workload, par)
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload, framework_profile(framework))
