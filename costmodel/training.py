@@ -162,14 +162,14 @@ def _stage_memory(c: StageCost, peak: PeakInputs, inflight: float) -> dict[str, 
                         peak.reserved_bytes, peak.buffers_bytes)
 
 
-def _stage_rows(kind_cost: list[StageCost], kind_peak: list[PeakInputs], descs: list[tuple], per_stage_of,
+def _stage_rows(kind_cost: list[StageCost], kind_peak: list[PeakInputs], descs: list[tuple], ids: list[int],
                 inflight: list[float], firsts: list[int]) -> list[StageEstimate]:
-    """Every stage's row, from its kind (cost, peak inputs, and ``descs``: ``_Shared.split``'s
-    kind descriptions), micro-batches in flight and first layer."""
+    """Every stage's row, from its kind (``ids``: each stage's; the kinds' costs, peak inputs and
+    ``descs``, ``_Shared.split``'s kind descriptions), micro-batches in flight and first layer."""
     kinds = [StageKind(c, pk, n, n_full, g) for c, pk, (g, _, _, _, n, _, n_full, _) in zip(kind_cost, kind_peak, descs)]
     return [StageEstimate(i, first_layer, k.num_layers, k.recompute_layers, k.group, k.cost.time_s,
                           _stage_memory(k.cost, k.peak_inputs, infl), k.peak_inputs.capacity_bytes)
-            for i, (k, infl, first_layer) in enumerate(zip(per_stage_of(kinds), inflight, firsts))]
+            for i, (k, infl, first_layer) in enumerate(zip([kinds[k] for k in ids], inflight, firsts))]
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
@@ -273,4 +273,4 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
                     hw_flops_total / step / peak_total,
                     _stage_memory(kind_cost[ids[fullest]], kind_mem[ids[fullest]], inflight[fullest]),
                     time, gpus, kind_mem[ids[fullest]].capacity_bytes, j, fits,
-                    partial(_stage_rows, kind_cost, kind_mem, descs, per_stage_of, inflight, firsts))
+                    partial(_stage_rows, kind_cost, kind_mem, descs, ids, inflight, firsts))

@@ -192,3 +192,15 @@ def test_growing_inflight_checks_every_stage(monkeypatch):
         assert est.memory == est.stages[-2].memory and est.memory != est.stages[1].memory
     finally:
         stage_cache._shared_equal.cache_clear()
+
+
+@pytest.mark.parametrize("pp", [1, 16])
+def test_an_estimate_with_rows_not_yet_built_pickles(pp):
+    """What ``Estimate.rows`` holds until read (a ``partial`` of module-level names) pickles, and
+    the copy's rows are the original's."""
+    import pickle
+    model, cluster = get_model("llama-3.1-405b"), load_cluster("dgx-h100").with_gpus(128 * pp)
+    par = ParallelConfig(tp=8, pp=pp, dp=16, sp=True, grad_accum=8, recompute="full")
+    est = estimate(model, cluster, Workload(global_batch=128, seq_len=8192), par)
+    copy = pickle.loads(pickle.dumps(est))
+    assert callable(est.rows) and copy == est and copy.to_dict() == est.to_dict()
