@@ -15,7 +15,7 @@ import math
 
 from costmodel.memory import stage_peak_bytes
 from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, pipeline_step, stage_compute_time
-from planner.search.problem import Problem
+from planner.search.problem import Problem, _peak
 from planner.search.space import Candidate
 
 
@@ -132,13 +132,17 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
             sm = prob.stage_model_for(cand, g, i)
             inflight = inflight_microbatches(par, i)
             for n, slot in ((big, "big"), (lo, "small")):
-                for nd, nm in extreme_mixes(prob, n, moe_frac):
-                    r = par.policy_recompute_layers(n)
-                    if r is None:   # without per-stage recompute the tables run the policy: r = 0
-                        r = least_recompute(sm, nd, nm, n, inflight) if cand.stage_recompute else 0
-                    if r is None:
+                mixes = extreme_mixes(prob, n, moe_frac)
+                r = par.policy_recompute_layers(n)
+                if r is None and not cand.stage_recompute:
+                    r = 0           # without per-stage recompute the tables run the policy: r = 0
+                if r is not None and not _policy_may_fit(sm, mixes, n, r, inflight):
+                    continue        # no stage of n or more layers fits here under the policy
+                for nd, nm in mixes:
+                    rr = least_recompute(sm, nd, nm, n, inflight) if r is None else r
+                    if rr is None:
                         continue
-                    t = sm.cost(nd, nm, r).time_s
+                    t = sm.cost(nd, nm, rr).time_s
                     if slot == "big":
                         t_big = min(t_big, t)
                     else:
@@ -152,6 +156,26 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
     s_lb = weak / w / ((m - 1 / v) / p + 1 / v)
     s_lb = max(s_lb, t_big + (p - 1) * t_small)
     return max(weak, ((m - 1 / v) * t_big + s_lb / v) * w)
+
+
+def _policy_may_fit(sm, mixes: list[tuple[float, float]], n: int, r: int, inflight: float) -> bool:
+    """Whether a stage of ``n`` layers of which the policy recomputes ``r`` (the tables' own
+    ``r``, not chosen to fit) can fit at this position with some (dense, MoE) mix between the
+    extremes: its peak as the tables count it (``problem._peak``) is linear in the mix, so the
+    least over the extremes is at most any mix's, and it grows with the layers a stage holds
+    and the micro-batches in flight (so the middle position with the fewest stands for every
+    middle one). Within ``_FIT_SLACK`` of the capacity it counts as fitting: the extremes are
+    computed along another path than the tables' exact counts."""
+    cap = sm.capacity_bytes * (1 + _FIT_SLACK)
+    for nd, nm in mixes:
+        c0 = sm.cost(nd, nm, 0)
+        cn = c0 if r == 0 else sm.cost(nd, nm, n)
+        if _peak(c0, cn, n, r, inflight, sm.reserved_bytes) <= cap:
+            return True
+    return False
+
+
+_FIT_SLACK = 1e-9
 
 
 def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac: float, width: int = 3) -> float:
