@@ -82,6 +82,20 @@ def schedule_choices(target: str, pp: int, vpp: int) -> list[str]:
     return ["1f1b", "gpipe"] if pp > 1 else ["1f1b"]
 
 
+def runnable_schedules(target: str, pp: int, vpp: int) -> list[str]:
+    """``schedule_choices`` less the schedules no table of the target runs with pipeline stages
+    (any of its variants' ``schedules``; the table still checks each configuration): the search
+    does not build a configuration the table refuses on its schedule alone."""
+    out = schedule_choices(target, pp, vpp)
+    if pp == 1:
+        return out
+    t = T.get(target)
+    runs_any: set[str] = set()
+    for sub in [s for _, _, s in t.variants] or [t]:
+        runs_any |= sub.schedules
+    return [s for s in out if s in runs_any]
+
+
 def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: dict) -> list[tuple[str, int]]:
     """``(recompute, recompute_layers)`` policies to try: the target's whole-model policies, and
     with Megatron's block method every uniform count N a stage split can hold (N a multiple of
