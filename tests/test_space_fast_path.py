@@ -116,3 +116,21 @@ def test_runnable_schedules_leaves_out_only_what_the_table_refuses():
                     assert any("schedule" in p for p in T.config_problems(target, m, wl, par)), (target, sched)
     assert "gpipe" not in tg.runnable_schedules("megatron", 4, 1)
     assert "gpipe" in tg.runnable_schedules("torchtitan", 4, 1)
+
+
+def test_a_refusal_counts_the_same_configurations_from_the_kept_generic_space(monkeypatch):
+    """``refusal._generic_candidates`` keeps the last generic space: a second refusing target
+    gets the message a fresh enumeration gives, without enumerating again."""
+    from planner.search import refusal
+    m, cl, wl = get_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(64), Workload(global_batch=256,
+                                                                                           seq_len=4096)
+    refusal._LAST.clear()
+    first = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    calls = []
+    monkeypatch.setattr(refusal, "enumerate_candidates", lambda *a, **k: calls.append(a) or space.enumerate_candidates(*a, **k))
+    again = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    assert again == first and not calls
+    refusal._LAST.clear()
+    fresh = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    assert fresh == first and len(calls) == 1
+    assert "runs none of the" in first and str(len(space.enumerate_candidates(m, cl, wl, {}, 64))) in first

@@ -150,6 +150,8 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
     if t_big == math.inf:
         return math.inf
     if makespan and len(prob.groups(cand)) == 1:
+        if not _layers_may_fit(prob, cand, moe_frac):
+            return math.inf
         t_big = max(t_big, _makespan_bound(prob, cand, big, lo, moe_frac))
     w = prob.weight(cand)
     # the weak bound's sum of stage times (no recomputation) still bounds S from below
@@ -176,6 +178,62 @@ def _policy_may_fit(sm, mixes: list[tuple[float, float]], n: int, r: int, inflig
 
 
 _FIT_SLACK = 1e-9
+
+
+def _mixes_at(prob: Problem, i: int, lo: int, p: int, n: int, moe_frac: float) -> list[tuple[float, float]]:
+    """(dense, MoE) layer counts bounding those of an n-layer stage at position ``i`` (each
+    stage holds at least ``lo`` layers, so stage ``i`` starts at layer ``i*lo`` or later, and
+    at ``L - (p-i)*lo`` or earlier). For a model whose only dense layers lead it
+    (``first_dense_layers``, every later layer MoE) the stage's dense count lies between those of
+    its earliest and latest start; otherwise ``extreme_mixes``."""
+    model = prob.model
+    d = model.first_dense_layers
+    if not (model.is_moe and model.moe_layer_freq == 1 and model.moe_layers == model.layers - d):
+        return extreme_mixes(prob, n, moe_frac)
+    first, last = i * lo, model.layers - (p - i) * lo
+    most, least = max(0, min(n, d - first)), max(0, min(n, d - last))
+    return [(float(most), float(n - most))] + ([(float(least), float(n - least))] if least != most else [])
+
+
+def _layers_may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
+    """Necessary for any split on one node group: the most layers each stage can hold at its
+    position (the largest ``n`` whose peak may fit, ``_policy_may_fit``, under the recompute the
+    tables give it: the policy's, none, or where a stage picks its own the least of none, one and
+    all ``n``) sum to at least
+    the model's layers. A stage's peak grows with its layers, so it fits below that count and
+    not above it; found by bisection."""
+    par = cand.par
+    p, L = par.pp, prob.model.layers
+    lo = max(1, par.vpp)
+    hi = L - lo * (p - 1)
+    g = prob.groups(cand)[0]
+    total = 0
+    for i in range(p - 1, -1, -1):        # the most room first (the fewest micro-batches in flight)
+        sm = prob.stage_model_for(cand, g, i)
+        inflight = inflight_microbatches(par, i)
+
+        def fits(n: int) -> bool:
+            mixes = _mixes_at(prob, i, lo, p, n, moe_frac)
+            r = par.policy_recompute_layers(n)
+            if r is not None or not cand.stage_recompute:
+                return _policy_may_fit(sm, mixes, n, r or 0, inflight)
+            # the stage picks its own count: the least peak is at none, one or all of them
+            # (linear from one on; ``fewest_full_recompute_layers``)
+            return any(_policy_may_fit(sm, mixes, n, k, inflight) for k in sorted({0, 1, n}))
+
+        if not fits(lo):
+            return False
+        a, b = lo, hi
+        while a < b:
+            mid = (a + b + 1) // 2
+            if fits(mid):
+                a = mid
+            else:
+                b = mid - 1
+        total += a
+        if total >= L:
+            return True
+    return False
 
 
 def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac: float, width: int = 3) -> float:
