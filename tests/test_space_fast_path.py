@@ -52,14 +52,14 @@ def test_an_invalid_count_is_still_refused():
 
 # --- the target enumeration's shortcuts, each against the slow obvious version -----------------
 
-def _moe_variants_slow(target, model, workload, par, key, gpn, fixed, memo):
+def _moe_variants_slow(target, model, rules, par, key, gpn, fixed, memo):
     """Every (dispatcher, EP overlap) pair built with every check and asked of the table."""
     from planner.search import target_space as tg
     out = []
     for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
         v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
             dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
-        if v is par or tg.runs(target, model, workload, v, key[-1]):
+        if v is par or tg.runs(target, model, rules.workload, v, key[-1]):
             out.append(v)
     return out
 
@@ -76,14 +76,16 @@ def _moe_variants_slow(target, model, workload, par, key, gpn, fixed, memo):
 ])
 def test_target_candidates_equal_asking_every_configuration(monkeypatch, model, gpus, gb, seq, target, fixed):
     """The schedules no table runs are not built (``runnable_schedules``), an MoE execution pair
-    is copied (``with_moe_exec``) and its verdict asked once per choice key: the candidates are
-    exactly those of building every configuration with its checks and asking the table of each."""
+    is copied (``with_moe_exec``) and its verdict asked once per choice key, the rules that read
+    only the shape are asked once per shape (``ShapeRules``): the candidates are exactly those of
+    building every configuration with its checks and asking the table (``runs``) of each."""
     from planner.search import target_space as tg
     m, cl, wl = get_model(model), load_cluster("dgx-h100").with_gpus(gpus), Workload(global_batch=gb, seq_len=seq)
     fast = space.enumerate_candidates(m, cl, wl, dict(fixed), gpus, target=target)
     monkeypatch.setattr(space, "with_recompute_layers", _slow)
     monkeypatch.setattr(tg, "runnable_schedules", tg.schedule_choices)
     monkeypatch.setattr(space, "_moe_variants", _moe_variants_slow)
+    monkeypatch.setattr(tg.ShapeRules, "runs", lambda self, par, order: tg.runs(target, m, wl, par, order))
     slow = space.enumerate_candidates(m, cl, wl, dict(fixed), gpus, target=target)
     assert fast and fast == slow
     assert [repr(c) for c in fast] == [repr(c) for c in slow]

@@ -286,6 +286,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     protos: dict = {}
     found: list = []
     out = []
+    rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp) if wide else None
     # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
     # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
@@ -343,7 +344,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                         mk = kind + (order,)
                                         ok = memo.get(mk)
                                         if ok is None:
-                                            ok = memo[mk] = tg.runs(target, model, workload, par, order)
+                                            ok = memo[mk] = rules.runs(par, order)
                                         if ok:
                                             any_order = True
                                             found.append(((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl,
@@ -354,17 +355,18 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     if wide:
         kept = tg.prune_dominated(found)
         if model.is_moe and any(par.ep > 1 for _, par in kept):
-            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key, gpn,
+            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, rules, par, key, gpn,
                                                                             fixed, memo)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
                for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
     return out
 
 
-def _moe_variants(target, model, workload, par: ParallelConfig, key: tuple, gpn: int, fixed: dict,
+def _moe_variants(target, model, rules, par: ParallelConfig, key: tuple, gpn: int, fixed: dict,
                   memo: dict) -> list[ParallelConfig]:
     """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
-    the target's table accepting it. ``key`` is ``par``'s choice key in ``_inner`` (its mesh order
+    the target's table accepting it (``rules``: the shape's ``ShapeRules``). ``key`` is ``par``'s
+    choice key in ``_inner`` (its mesh order
     last); the table's verdict is asked once per pair and key with Megatron's uniform count N
     reduced to whether there is one (``memo``, as ``_inner`` does: no rule reads N beyond
     ``N % vpp``, which the search keeps 0)."""
@@ -379,7 +381,7 @@ def _moe_variants(target, model, workload, par: ParallelConfig, key: tuple, gpn:
         ok = memo.get(mk)
         v = with_moe_exec(par, disp, over) if ok is not False else None
         if ok is None:
-            ok = memo[mk] = tg.runs(target, model, workload, v, key[-1])
+            ok = memo[mk] = rules.runs(v, key[-1])
         if ok:
             out.append(v)
     return out
