@@ -124,8 +124,8 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
     if p == 1 or prob.objective == "memory":
         return weak
     moe_frac = prob.model.moe_layers / L
-    lo = max(1, par.vpp)
-    big = -(-L // p)
+    lo = _least_layers(cand)
+    big = max(lo, -(-L // p))
     t_big = t_small = math.inf
     for g in prob.groups(cand):
         for i in sorted({0, max(0, p - 2), p - 1}):
@@ -180,6 +180,13 @@ def _policy_may_fit(sm, mixes: list[tuple[float, float]], n: int, r: int, inflig
 _FIT_SLACK = 1e-9
 
 
+def _least_layers(cand: Candidate) -> int:
+    """The fewest layers a stage of the candidate may hold: one per virtual stage, and at least
+    its target's uniform recompute count (``Candidate.least_layers``: the tables refuse fewer,
+    ``problem._split_allows``)."""
+    return max(1, cand.par.vpp, cand.least_layers)
+
+
 def _mixes_at(prob: Problem, i: int, lo: int, p: int, n: int, moe_frac: float) -> list[tuple[float, float]]:
     """(dense, MoE) layer counts bounding those of an n-layer stage at position ``i`` (each
     stage holds at least ``lo`` layers, so stage ``i`` starts at layer ``i*lo`` or later, and
@@ -204,8 +211,10 @@ def _layers_may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
     not above it; found by bisection."""
     par = cand.par
     p, L = par.pp, prob.model.layers
-    lo = max(1, par.vpp)
+    lo = _least_layers(cand)
     hi = L - lo * (p - 1)
+    if hi < lo:
+        return False
     g = prob.groups(cand)[0]
     total = 0
     for i in range(p - 1, -1, -1):        # the most room first (the fewest micro-batches in flight)
