@@ -199,9 +199,9 @@ class ShapeRules:
         object.__getattribute__(shape, "__dict__").update(tp=tp, pp=pp, dp=dp, cp=cp)
         try:
             self.t = self.base.for_config(shape)
+            checks = T.config_checks(T.Ask(self.t, self.base.name, model, workload, shape, _OrderNotChosen(), False))
         except _NotChosen:
             return
-        checks = T.config_checks(T.Ask(self.t, self.base.name, model, workload, shape, _OrderNotChosen(), False))
         left = None if checks is None else self._left(checks, _OrderNotChosen())
         self.none = left is None
         self.checks = left or ()
