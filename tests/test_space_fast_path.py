@@ -52,11 +52,11 @@ def test_an_invalid_count_is_still_refused():
 
 # --- the target enumeration's shortcuts, each against the slow obvious version -----------------
 
-def _moe_variants_slow(target, model, rules, par, key, gpn, fixed, memo):
+def _moe_variants_slow(target, model, rules, par, key, gpn, fixed, memo, rdma=True):
     """Every (dispatcher, EP overlap) pair built with every check and asked of the table."""
     from planner.search import target_space as tg
     out = []
-    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed, rdma):
         v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
             dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
         if v is par or tg.runs(target, model, rules.workload, v, key[-1]):
