@@ -89,6 +89,7 @@ class FrameworkProfile:
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     grads_bf16: bool = False          # gradients accumulated and reduced in BF16 (memory.bytes_per_param)
+    adam_moments_bf16: bool = False   # Adam's moments kept in BF16 (memory.adam_state_bytes_bf16_moments)
     # how its memory-bound kernels run: "fused" (Transformer Engine / Apex), "eager" (PyTorch ops),
     # "compiled" (torch.compile); their achieved HBM fractions: costmodel.compute.MEMORY_BOUND_FRACTION
     elementwise: str = "fused"
@@ -124,15 +125,19 @@ class FrameworkProfile:
         return dataclasses.replace(self, memory_headroom_fraction=fraction)
 
     def with_switches(self, *, compile: bool = False, async_tp: bool = False,
-                      grads_bf16: bool = False) -> "FrameworkProfile":
+                      grads_bf16: bool = False, adam_moments_bf16: bool = False) -> "FrameworkProfile":
         """This profile with a plan's framework settings (``planner.plan.targets.SWITCHES``) priced:
         ``compile`` multiplies the kernel efficiency by ``COMPILE_KERNEL_FACTOR``; ``async_tp``
         overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``); ``grads_bf16``
         keeps and reduces the gradients in BF16 (Megatron's ``--grad-reduce-in-bf16``: 2 bytes per
-        parameter in the gradient buffer and on the wire instead of 4)."""
+        parameter in the gradient buffer and on the wire instead of 4); ``adam_moments_bf16`` keeps
+        Adam's two moments in BF16 (Megatron's precision-aware optimizer,
+        ``memory.adam_state_bytes_bf16_moments``)."""
         out = self
         if grads_bf16:
             out = dataclasses.replace(out, grads_bf16=True, name=f"{out.name}+grads_bf16")
+        if adam_moments_bf16:
+            out = dataclasses.replace(out, adam_moments_bf16=True, name=f"{out.name}+adam_moments_bf16")
         if compile:
             out = dataclasses.replace(out, kernel_efficiency=out.kernel_efficiency * COMPILE_KERNEL_FACTOR,
                                       name=f"{out.name}+compile")

@@ -57,6 +57,13 @@ from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
 FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
+# What the embedding lookup keeps for its backward, per token: the token ids (int64) its gradient
+# scatters by (torch's embedding_backward takes ``indices``), and under TP the vocabulary-range mask
+# (bool) with which Megatron's VocabParallelEmbedding zeroes the rows other ranks own (its
+# ``masked_input`` and ``input_mask``). Its output is the first layer's input, which that layer's
+# norm stores (the layer's activations count it), so it is not counted again here.
+EMBED_IDS_BYTES = 8
+EMBED_MASK_BYTES = 1
 
 
 # --------------------------------------------------------------------------------------
@@ -490,4 +497,5 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
-                    head_act_bytes=logits_bytes, embed_act_bytes=T * h * a_bytes / (t if sp else 1))
+                    head_act_bytes=logits_bytes,
+                   embed_act_bytes=T * (EMBED_IDS_BYTES + (EMBED_MASK_BYTES if t > 1 else 0)))

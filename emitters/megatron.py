@@ -17,6 +17,7 @@ from costmodel.frameworks import tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
+from planner.plan.targets import default_fp8_recipe
 
 TARGET = "megatron"
 MODE = "train"
@@ -366,6 +367,23 @@ def training_args(plan: Plan) -> list:
             raise CannotExpress(TARGET, f"framework.grads_bf16 with dtype {w.dtype}",
                                 "--grad-reduce-in-bf16 is for BF16 (or FP8) training; drop the setting")
         dtype = dtype + ["--grad-reduce-in-bf16"]
+    if (plan.framework or {}).get("adam_moments_bf16"):
+        # priced as costmodel.memory.adam_state_bytes_bf16_moments: BF16 moments and TE's 16-bit
+        # master remainders, which hold where TE keeps the master weights of BF16 parameters
+        if w.optimizer == "sgd" or w.dtype not in ("bf16", "bfloat16", "fp8"):
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with {w.optimizer} in {w.dtype}",
+                                "Megatron's precision-aware optimizer is Adam's, for BF16 (or FP8) training; "
+                                "drop the setting")
+        runs = fp8_recipe or default_fp8_recipe(TARGET, plan.cluster.groups[0].gpu)   # what the price took
+        if w.dtype == "fp8" and (runs != "delayed" or w.fp8_param_gather):
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with fp8 recipe {runs}"
+                                + (" and --fp8-param-gather" if w.fp8_param_gather else ""),
+                                "only FP8's delayed scaling without FP8 parameters leaves Transformer Engine the "
+                                "BF16 master remainders the price assumes; drop the setting")
+        if plan.parallel.zero != 1:
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with zero={plan.parallel.zero}",
+                                "--use-precision-aware-optimizer needs Megatron's distributed optimizer (zero=1)")
+        dtype = dtype + ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     r = recipe(plan)
     opt: list = ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam"]
     if w.optimizer != "sgd":   # Megatron's adam is AdamW (decoupled weight decay)

@@ -157,8 +157,36 @@ def _moe_plan(choice: str) -> Plan:
     return plan.replace(target="megatron")
 
 
+# Megatron's framework settings (planner.plan.targets.SWITCHES): NeMo 24.07's Nemotron-4 340B recipe as
+# tests/test_targets_recipes.py prices it (FP8, BF16 gradients and Adam moments), and Llama 3 8B in BF16
+SWITCH_PLANS = {
+    "nemotron4-340b-fp8-bf16-state": ("nemotron-4-340b", 128, dict(tp=8, pp=8, dp=2, vpp=12, sp=True, micro_batch=1,
+                                      grad_accum=16, zero=1, recompute="selective", schedule="interleaved"), "fp8",
+                                      {"grads_bf16": True, "adam_moments_bf16": True}),
+    "llama3-8b-bf16-moments": ("llama-3-8b", 8, dict(dp=8, zero=1, grad_accum=4), "bf16", {"adam_moments_bf16": True}),
+}
+
+
+def _switch_plan(which: str) -> Plan:
+    model, gpus, par, dtype, switches = SWITCH_PLANS[which]
+    if model == "nemotron-4-340b":
+        from costmodel.catalog import from_hf_config
+        m = from_hf_config(json.loads((ROOT / "tests/data/hf/nemotron-4-340b.json").read_text()), model)
+        from costmodel.files.clusters import load_cluster
+        from costmodel.specs import default_stages
+        p = ParallelConfig(**par)
+        return Plan(model=m, cluster=load_cluster("dgx-h100").with_gpus(gpus),
+                    workload=Workload(global_batch=p.dp * p.grad_accum, seq_len=4096, dtype=dtype), parallel=p,
+                    stages=default_stages(m.layers, p.pp), target="megatron", framework=switches)
+    plan = make_plan(model, gpus=gpus, gb=par["dp"] * par["grad_accum"], seq=4096, cluster="dgx-h100", micro_batch=1,
+                     **par)
+    return plan.replace(target="megatron", workload=dataclasses.replace(plan.workload, dtype=dtype),
+                        framework=switches)
+
+
 def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
+    cases += [pytest.param("megatron", f"switch:{k}", id=f"megatron-switch-{k}") for k in SWITCH_PLANS]
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
     cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
     cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
@@ -182,6 +210,8 @@ def _plan(target: str, which: str) -> Plan | None:
         return moe_plan(which[4:])
     if which.startswith("float8:"):
         return float8_plan(which[7:])
+    if which.startswith("switch:"):
+        return _switch_plan(which[7:])
     if which.startswith("moechoice:"):
         return _moe_plan(which[10:])
     if which.startswith("file:"):
@@ -234,6 +264,18 @@ class AsWritten:
     stages: tuple
     profile: FrameworkProfile
     world: int
+
+
+def _adam_moments_bf16(a) -> bool:
+    """Adam's moments in BF16, from Megatron's precision-aware optimizer flags; its own checks
+    (megatron/core/optimizer/optimizer_config.py OptimizerConfig.__post_init__: Adam, the distributed
+    optimizer), and only the dtypes the cost model prices (costmodel.memory.adam_state_bytes_bf16_moments)."""
+    if not a.use_precision_aware_optimizer:
+        assert (a.exp_avg_dtype, a.exp_avg_sq_dtype, a.main_params_dtype) == ("fp32", "fp32", "fp32")
+        return False
+    assert a.optimizer == "adam" and a.use_distributed_optimizer
+    assert (a.exp_avg_dtype, a.exp_avg_sq_dtype, a.main_params_dtype) == ("bf16", "bf16", "fp32"), "unpriced dtypes"
+    return True
 
 
 def _recompute_layers(counts: list[int], per: list[int] | None) -> int:
@@ -303,7 +345,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
-                            grads_bf16=a.grad_reduce_in_bf16,
+                            grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),
                             # Megatron's selective recompute is per module; core_attn is its default
                             selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]
                             else "unpriced module set")
