@@ -108,9 +108,9 @@ class FrameworkProfile:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
             raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
-        if not 0.1 <= self.kernel_efficiency <= 1.5:
+        if not 0.1 <= self.kernel_efficiency <= 2.0:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
-                            "[0.1, 1.5]")
+                            "[0.1, 2.0]")
 
     def with_headroom(self, fraction: float) -> "FrameworkProfile":
         return dataclasses.replace(self, memory_headroom_fraction=fraction)

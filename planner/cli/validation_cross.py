@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from costmodel import compute, fitted, fp8, layers, stage_cache
-from costmodel.frameworks import FRAMEWORKS
+from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from planner.cli import validation
@@ -245,7 +245,9 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
         cluster = dataclasses.replace(cluster, groups=groups)
     k = values.get(f"framework.{case.framework}.kernel_efficiency")
     if k is not None:
-        prof = dataclasses.replace(prof, kernel_efficiency=k)
+        # a compiled run keeps its switch over the refitted value (validation.case_inputs)
+        compiled = "compile" in prof.name.split("+")[1:]
+        prof = dataclasses.replace(prof, kernel_efficiency=k * (COMPILE_KERNEL_FACTOR if compiled else 1.0))
     return model, cluster, wl, par, prof
 
 
