@@ -302,6 +302,9 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
     best = None
     for combo in itertools.product(*(c.grid for c in consts)):
         v = dict(values, **{c.name: x for c, x in zip(consts, combo)})
+        if consts[0].group == "fp8" and not fp8.gemm_speedup_admissible(
+                v["fp8.gemm_efficiency"], v["fp8.half_size_factor"], v["gpu.H100.matmul_half_size"]):
+            continue      # contradicts TE's measured GEMM speed-up (costmodel.fp8.TE_MEASURED_GEMM_SPEEDUP)
         # module-level constants (FP8 curve, attention) are set for the estimate; the others ride on the specs
         with module_constants(v) if any(c.name.startswith(_MODULE_LEVEL) for c in consts) else contextlib.nullcontext():
             errs = [abs(_err(r, predict(r, v)[0])) for r in rows]
