@@ -96,6 +96,9 @@ class FrameworkProfile:
     # the core attention module checkpointed; costmodel.layers.core_attn_recompute)
     selective_recompute: str = "op"
     calibrated: bool = False          # fitted on that framework's own published runs
+    # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
+    # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)
+    pytorch_native: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -144,6 +147,31 @@ class FrameworkProfile:
 COMPILE_KERNEL_FACTOR = 1.20
 
 
+# What a PyTorch-native stack (``FrameworkProfile.pytorch_native``: torchtitan, this project's
+# runtime, Accelerate's FSDP, and published runs that trained with PyTorch FSDP) loses on an sm_90+ GPU
+# (Hopper, Blackwell: ``has_cuda_multicast``) beyond what the cluster's curve, fitted on Megatron with
+# Transformer Engine, already prices. Why such a factor exists: on Hopper, Megatron runs Transformer
+# Engine's fused kernels and cuDNN's fused attention, while a PyTorch-native stack runs SDPA's
+# FlashAttention-2 (about 35% of H100 peak against FA3/cuDNN's 60-75%: FlashAttention-3 paper, Shah et
+# al. 2024, Fig. 5-7; /work/shared/reference/attention-and-scale.md) and unfused or Inductor-fused
+# memory-bound kernels whose cost, against the GEMMs, doubles from A100 to H100 (HBM per FLOP halves);
+# on A100 both stacks run FlashAttention-2 and cuBLAS. Evidence that it is per-kernel and not the network:
+# the PyTorch/IBM FSDP runs reach the same MFU on 96 H100s at 800 Gb/s per node and on 464 at 3.2 Tb/s.
+# Fitted (costmodel/fitted.py "pytorch.sm90_factor", `planner validate --cross` refits it per fold) on
+# the bf16 runs of the ibm-fsdp and olmo-core families on catalog sm_90 hardware; prior 1.0 (no loss
+# beyond the curve), stated in session 21 before the fit ran.
+PYTORCH_SM90_FACTOR = 1.0
+
+
+def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str) -> float:
+    """The framework's kernel efficiency on a GPU (by catalog or device name): its
+    ``kernel_efficiency``, times ``PYTORCH_SM90_FACTOR`` for a PyTorch-native stack on sm_90+. The
+    one rule: the estimate (``stage_cache``) and the launch file's priced-assumptions line ask it."""
+    if fw.pytorch_native and has_cuda_multicast(gpu_name):
+        return fw.kernel_efficiency * PYTORCH_SM90_FACTOR
+    return fw.kernel_efficiency
+
+
 # kernel_efficiency: fitted by `python bench/fit_frameworks.py` on each framework's own runs on catalog
 # hardware (calibration/published_runs*.yaml; FP8 rows and other machines left out; the holdout set
 # never): median absolute error before -> after, over the figures counted. Refitted in session 20 on the
@@ -163,7 +191,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      selective_recompute="core_attn",
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True,
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, pytorch_native=True,
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -182,9 +210,9 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.73,
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.73, pytorch_native=True,
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91,
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True,
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
@@ -213,7 +241,7 @@ def accelerate_backend(par: ParallelConfig) -> str:
 # with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
 ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
     "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                        tp_comm_overlap_backward=True),
+                        tp_comm_overlap_backward=True, pytorch_native=False),
     "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
 }
 

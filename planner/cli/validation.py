@@ -161,6 +161,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         prof = dataclasses.replace(prof, tp_comm_overlap=False, tp_comm_overlap_backward=False)
     elif ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
+    if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
+        prof = dataclasses.replace(prof, pytorch_native=True)     # frameworks.kernel_efficiency_on
     if ran_compile(case.get("execution")):
         # the run compiled its model: priced as a launch file that turns compile on would be
         # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)
@@ -189,6 +191,12 @@ def ran_async_tp(execution) -> bool:
             rest = text[at + len(mark):].lstrip(":=_'\"")
             return not rest.startswith(("false", "off", "no"))
     return False
+
+
+def ran_pytorch_fsdp(execution) -> bool:
+    """Whether a case's ``execution`` record names a PyTorch FSDP trainer ("PyTorch FSDP1",
+    "PyTorch FSDP2 fully_shard"): a PyTorch-native stack (``FrameworkProfile.pytorch_native``)."""
+    return "pytorch fsdp" in str(execution or "").lower()
 
 
 def ran_compile(execution) -> bool:
