@@ -55,7 +55,13 @@ MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's ow
 # all-in refit runs to the grid's edge (1.00/x12: 29 figures, median 5.2% -> 3.7%), but that pair
 # gives Llama-3-8B's layer GEMMs only x1.40 over BF16, against Transformer Engine's published x1.7-1.9
 # for a 4096 x 16384 layer (tests/test_fp8.py), so it is not shipped: 0.88/x6 stays.
-FP8_GEMM_EFFICIENCY = 0.88
+# Session 21: why the all-in refit (0.74/x2) differed from 0.88/x6: the MLPerf rows (0.88/x6 with them
+# left out) -- and both pairs give the TE layer's GEMMs x1.44 / x1.55, under the measured x1.67-1.90
+# (below). The fit now scans only pairs inside that range (``gemm_speedup_admissible``); with compiled
+# runs priced with compile and PyTorch-native stacks with their sm_90 factor, the all-in fit is 0.96/x6
+# (x1.69), shipped. The runs' FP8 gain below the kernels' is then a residual of the runs, not a property
+# of the GEMM curve (docs/notes/stop-21/dense3.md).
+FP8_GEMM_EFFICIENCY = 0.96
 FP8_HALF_SIZE_FACTOR = 6.0
 
 # What the FP8 curve must give a transformer layer's GEMMs alone (the casts are priced apart, as
