@@ -246,7 +246,7 @@ def accelerate_backend(par: ParallelConfig) -> str:
 # with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
 ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
     "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                        tp_comm_overlap_backward=True, pytorch_native=False),
+                        tp_comm_overlap_backward=True),
     "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
 }
 
