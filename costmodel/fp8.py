@@ -66,9 +66,9 @@ FP8_HALF_SIZE_FACTOR = 8.0
 
 # What the FP8 curve must give a transformer layer's GEMMs alone (the casts are priced apart, as
 # memory traffic: ``layers.layer_cost`` quant_s). Source: NVIDIA/TransformerEngine
-# docs/examples/gemm_profiling/gemm_profiling.rst @1609c890 (/work/shared/reference/moe-and-fp8.md
-# section 6, [TE-GEMM]): the 5B config (hidden 4096, FFN 16384, M = 15872 tokens, the 12 GEMMs of a
-# layer: QKV, attention output, FC1, FC2 forward, dgrad and wgrad) on H200 NVL, pre-quantized inputs
+# docs/examples/gemm_profiling/gemm_profiling.rst @1609c890 (its results table): the 5B config
+# (hidden 4096, FFN 16384, M = 15872 tokens, the 12 GEMMs of a layer: QKV, attention output, FC1,
+# FC2 forward, dgrad and wgrad) on H200 NVL, pre-quantized inputs
 # (GEMM only): FP8 delayed scaling 1.67x, FP8 current scaling 1.90x over BF16. H200 is H100's
 # GH100 die (its catalog entry extends dgx-h100's curve), so the pair is checked on the H100 curve.
 # A pair outside [1.67, 1.90] contradicts the kernel measurement: the fit (``planner validate

@@ -155,7 +155,7 @@ COMPILE_KERNEL_FACTOR = 1.18
 # Transformer Engine, already prices. Why such a factor exists: on Hopper, Megatron runs Transformer
 # Engine's fused kernels and cuDNN's fused attention, while a PyTorch-native stack runs SDPA's
 # FlashAttention-2 (about 35% of H100 peak against FA3/cuDNN's 60-75%: FlashAttention-3 paper, Shah et
-# al. 2024, Fig. 5-7; /work/shared/reference/attention-and-scale.md) and unfused or Inductor-fused
+# al. 2024, Fig. 5-7) and unfused or Inductor-fused
 # memory-bound kernels whose cost, against the GEMMs, doubles from A100 to H100 (HBM per FLOP halves);
 # on A100 both stacks run FlashAttention-2 and cuBLAS. Evidence that it is per-kernel and not the network:
 # the PyTorch/IBM FSDP runs reach the same MFU on 96 H100s at 800 Gb/s per node and on 464 at 3.2 Tb/s.
