@@ -64,6 +64,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from .attention import ATTENTION_IMPLEMENTATIONS
 from .comm import GroupLayout, group_layout
 from .compute import ELEMENTWISE_KINDS
 from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
@@ -88,6 +89,7 @@ class FrameworkProfile:
     kernel_efficiency: float = 1.0
     memory_headroom_fraction: float = 0.05
     grads_bf16: bool = False          # gradients accumulated and reduced in BF16 (memory.bytes_per_param)
+    adam_moments_bf16: bool = False   # Adam's moments kept in BF16 (memory.adam_state_bytes_bf16_moments)
     # how its memory-bound kernels run: "fused" (Transformer Engine / Apex), "eager" (PyTorch ops),
     # "compiled" (torch.compile); their achieved HBM fractions: costmodel.compute.MEMORY_BOUND_FRACTION
     elementwise: str = "fused"
@@ -95,6 +97,10 @@ class FrameworkProfile:
     # outputs of every other matmul kept) or "core_attn" (Megatron's --recompute-modules core_attn:
     # the core attention module checkpointed; costmodel.layers.core_attn_recompute)
     selective_recompute: str = "op"
+    # which attention implementation its model code calls as its launch file sets it up
+    # (costmodel.attention.kernel_for picks the kernel per GPU): "te", "flex", "sdpa",
+    # "sdpa-torchtitan", "flash-attn"; "" keeps the GEMM-curve rule
+    attention: str = ""
     calibrated: bool = False          # fitted on that framework's own published runs
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
     # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)
@@ -111,6 +117,9 @@ class FrameworkProfile:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
             raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise SpecError(f"framework {self.name!r}: attention {self.attention!r} must be one of "
+                            f"{', '.join(repr(a) for a in ATTENTION_IMPLEMENTATIONS)}")
         if not 0.1 <= self.kernel_efficiency <= 2.0:
             raise SpecError(f"framework {self.name!r}: kernel efficiency {self.kernel_efficiency:g} must be in "
                             "[0.1, 2.0]")
@@ -119,15 +128,19 @@ class FrameworkProfile:
         return dataclasses.replace(self, memory_headroom_fraction=fraction)
 
     def with_switches(self, *, compile: bool = False, async_tp: bool = False,
-                      grads_bf16: bool = False) -> "FrameworkProfile":
+                      grads_bf16: bool = False, adam_moments_bf16: bool = False) -> "FrameworkProfile":
         """This profile with a plan's framework settings (``planner.plan.targets.SWITCHES``) priced:
         ``compile`` multiplies the kernel efficiency by ``COMPILE_KERNEL_FACTOR``; ``async_tp``
         overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``); ``grads_bf16``
         keeps and reduces the gradients in BF16 (Megatron's ``--grad-reduce-in-bf16``: 2 bytes per
-        parameter in the gradient buffer and on the wire instead of 4)."""
+        parameter in the gradient buffer and on the wire instead of 4); ``adam_moments_bf16`` keeps
+        Adam's two moments in BF16 (Megatron's precision-aware optimizer,
+        ``memory.adam_state_bytes_bf16_moments``)."""
         out = self
         if grads_bf16:
             out = dataclasses.replace(out, grads_bf16=True, name=f"{out.name}+grads_bf16")
+        if adam_moments_bf16:
+            out = dataclasses.replace(out, adam_moments_bf16=True, name=f"{out.name}+adam_moments_bf16")
         if compile:
             out = dataclasses.replace(out, kernel_efficiency=out.kernel_efficiency * COMPILE_KERNEL_FACTOR,
                                       name=f"{out.name}+compile")
@@ -143,10 +156,13 @@ class FrameworkProfile:
 # model's step time for that run 1/1.157 of the uncompiled one (tests/test_targets_switches.py
 # recomputes the ratio); the memory saving the table also shows (82.4 -> 77.0 GiB) is not priced.
 # recomputed by that rule in session 20 after memory-bound kernels were priced at their achieved
-# fraction (1.18 -> 1.20: x1.161 against the published x1.157; 1.19 gives x1.153)
-# recomputed in session 21 after PyTorch-native stacks on sm_90+ took PYTORCH_SM90_FACTOR (their GEMMs a larger
+# fraction (1.18 -> 1.20: x1.161 against the published x1.157; 1.19 gives x1.153); recomputed by
+# that rule in session 21 once attention is priced on its kernel's curve (costmodel.attention: the
+# run's SDPA ran FlashAttention-2, which compile does not speed up), so the factor covers the GEMMs
+# alone: 1.20 -> 1.27 (x1.159 on 8 GPUs, x1.158 on 128; 1.26 gives x1.154)
+# and after PyTorch-native stacks on sm_90+ took PYTORCH_SM90_FACTOR (their GEMMs a larger
 # share of the step): 1.20 -> 1.18 (x1.154 against the published x1.157; 1.19 gives x1.162)
-COMPILE_KERNEL_FACTOR = 1.18
+COMPILE_KERNEL_FACTOR = 1.27
 
 
 # What a PyTorch-native stack (``FrameworkProfile.pytorch_native``: torchtitan, this project's
@@ -193,15 +209,16 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      tp_overlap_needs_multicast=True,
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
-                     selective_recompute="core_attn",
+                     selective_recompute="core_attn", attention="te",     # --attention-backend auto
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, pytorch_native=True,
+                     attention="flex",   # 0.3.0's llama3 default
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
     FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     kernel_efficiency=0.78, calibrated=True,
+                     kernel_efficiency=0.78, calibrated=True, attention="sdpa",
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
     # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
     # the score matrix unless --use-flash-attn) inside DeepSpeed's pipeline engine. The pipeline engine
@@ -210,14 +227,14 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # kernel_efficiency: the DeepSpeed profile's 0.78 was fitted on the 6 MT-NLG 530B figures, which are
     # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
     FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True,
+                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True, attention="flash-attn",
                      note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.89, pytorch_native=True,
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.89, pytorch_native=True, attention="sdpa",
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True,
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True, attention="sdpa",
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
@@ -246,7 +263,7 @@ def accelerate_backend(par: ParallelConfig) -> str:
 # with DeepSpeed's default (off below stage 3) and all-gathers the weights after the step.
 ACCELERATE_ENGINE_OVERLAPS: dict[str, dict] = {
     "MEGATRON_LM": dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                        tp_comm_overlap_backward=True),
+                        tp_comm_overlap_backward=True, attention=""),    # Megatron's model code
     "DEEPSPEED": dict(overlap_grad_reduce=False, overlap_param_gather=False),
 }
 
@@ -263,6 +280,21 @@ def backend_profile(fw: FrameworkProfile, par: ParallelConfig) -> FrameworkProfi
         return fw
     engine = accelerate_backend(par)
     return _engine_profile(fw, engine) if engine in ACCELERATE_ENGINE_OVERLAPS else fw
+
+
+# torchtitan 0.3.0's model packages whose default attention backend is not FlexAttention:
+# gpt_oss builds VarlenAttention (``torchtitan/models/gpt_oss/__init__.py``: attn_backend="varlen")
+TITAN_VARLEN_FAMILIES = ("gpt_oss",)
+
+
+def attention_impl(fw: FrameworkProfile, par: "ParallelConfig | None", family: str) -> str:
+    """The attention implementation (``costmodel.attention``) ``fw`` runs ``par`` with for a model of
+    ``family``: the profile's (Accelerate: its engine's), except torchtitan's FlexAttention default,
+    which a few of its model packages replace (``TITAN_VARLEN_FAMILIES``)."""
+    att = (backend_profile(fw, par) if par is not None else fw).attention
+    if att == "flex" and family in TITAN_VARLEN_FAMILIES:
+        return "varlen"
+    return att
 
 
 def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from .attention import RING_MERGE_KIND, attention_fwd_bwd_s, kernel_for, kv_width_passed, ring_merge_bytes
 from .comm import GroupLayout, Network, launched
-from .compute import (FLASH_ATTENTION_EFFICIENCY, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
+from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
@@ -56,6 +57,13 @@ from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
 FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
+# What the embedding lookup keeps for its backward, per token: the token ids (int64) its gradient
+# scatters by (torch's embedding_backward takes ``indices``), and under TP the vocabulary-range mask
+# (bool) with which Megatron's VocabParallelEmbedding zeroes the rows other ranks own (its
+# ``masked_input`` and ``input_mask``). Its output is the first layer's input, which that layer's
+# norm stores (the layer's activations count it), so it is not counted again here.
+EMBED_IDS_BYTES = 8
+EMBED_MASK_BYTES = 1
 
 
 # --------------------------------------------------------------------------------------
@@ -182,6 +190,9 @@ class LayerCost:
     act_core_attn_bytes: float = 0.0
     core_attn_extra_s: float = 0.0
     core_attn_extra_flops: float = 0.0
+    # the attention kernel's backward beyond twice its forward (``costmodel.attention``: a
+    # backward of 2.5 forwards' FLOPs at its own efficiency); backward only, never recomputed
+    attn_bwd_extra_s: float = 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -189,13 +200,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
-               moe_exec: MoeExecution | None = None, elementwise: str = "fused") -> LayerCost:
+               moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "") -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
     ``etp``: expert tensor parallel (0: ``tp``), its group laid out as ``etp_lay`` (default the
     TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``);
-    ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``)."""
+    ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``);
+    ``attention``: the attention implementation its model code calls (``costmodel.attention``)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
@@ -293,10 +305,27 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     causal = 0.5 if flash else 1.0                  # fused causal kernels skip the masked half
     attn_hw_flops = attn_model_flops * causal
     hd = model.head_dim
-    attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
-    if flash:
-        attn_eff *= FLASH_ATTENTION_EFFICIENCY
-    attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
+    kernel = kernel_for(attention, gpu) if flash else ""
+    attn_bwd_extra_s = 0.0
+    if kernel:
+        # the kernel's published curve by head dim, keys per block, mask and direction, over the
+        # ring's blocks under CP (costmodel.attention); the forward is the forward, and what its
+        # backward takes beyond the "twice the forward" the layer's compute counts is added apart
+        attn_s, attn_bwd_s = attention_fwd_bwd_s(kernel, gpu, gpu.peak(dt), attn_hw_flops, hd, s, cp)
+        # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
+        q_width = model.heads * hd / t
+        kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
+        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp)
+        if merge_f or merge_b:
+            frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
+            attn_s += memory_time_s(gpu, merge_f) * frac
+            attn_bwd_s += memory_time_s(gpu, merge_b) * frac
+        attn_bwd_extra_s = attn_bwd_s - 2 * attn_s
+    else:
+        attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
+        if flash:
+            attn_eff *= FLASH_ATTENTION_EFFICIENCY
+        attn_s = attn_hw_flops / (gpu.peak(dt) * attn_eff * kernel_efficiency)
 
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t
@@ -344,7 +373,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     # backward counted as twice the forward like the compute)
     # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured
     # host floor, GpuSpec.layer_overhead_s) are the runtime's own test rigs and keep their measurement
-    fwd_s = (gemm_s + attn_s + ew_s) * _straggler(gpu, cluster) + gpu.layer_overhead_s / 3
+    straggler = _straggler(gpu, cluster)
+    fwd_s = (gemm_s + attn_s + ew_s) * straggler + gpu.layer_overhead_s / 3
+    attn_bwd_extra_s *= straggler
     if moe:
         # the dropless token-count sync, once per layer forward (compute counts 3 forwards)
         fwd_s += host_sync_s(ex.dropless) / 3
@@ -380,7 +411,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # a host-paced layer: the host's issue time beyond the layer's GPU time (compute three
         # forwards, the EP/ETP/TP collectives forward and backward), spread over the compute
         local = model.num_experts / ep
-        gpu_layer = 3 * fwd_s + 2 * (ep_fwd_s + etp_fwd_s + tp_fwd_s)
+        gpu_layer = 3 * fwd_s + attn_bwd_extra_s + 2 * (ep_fwd_s + etp_fwd_s + tp_fwd_s)
         fwd_s += host_excess_s(gpu_layer, layer_host_s(ex.layer_host_s, local, ex.per_expert_gemms)) / 3
 
     model_flops_fwd = gemm_flops + attn_model_flops
@@ -388,7 +419,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, etp_fwd_s=etp_fwd_s,
-        cp_fwd_s=cp_fwd_s,
+        cp_fwd_s=cp_fwd_s, attn_bwd_extra_s=attn_bwd_extra_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params,
         act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,
@@ -466,4 +497,5 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
-                    head_act_bytes=logits_bytes, embed_act_bytes=T * h * a_bytes / (t if sp else 1))
+                    head_act_bytes=logits_bytes,
+                   embed_act_bytes=T * (EMBED_IDS_BYTES + (EMBED_MASK_BYTES if t > 1 else 0)))

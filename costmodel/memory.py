@@ -34,7 +34,7 @@ class StateBytes:
 
 @lru_cache(maxsize=64)
 def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None,
-                    grads_bf16: bool = False) -> tuple[float, float, float]:
+                    grads_bf16: bool = False, moments_bf16: bool = False) -> tuple[float, float, float]:
     """(weights, grads, optimizer state) bytes per parameter. FP8 training (``costmodel.fp8``)
     keeps FP32 master weights and moments (12), FP32 gradients (4) and the recipe's model weights
     (BF16 and the cached FP8 copies: ``Fp8Recipe.weight_bytes_per_param``); without a recipe the
@@ -45,9 +45,13 @@ def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None 
     nemotron_340b.yaml`` and ``grad_reduce_in_fp32 = False`` in its 2.0 recipes' performance mode).
     The distributed optimizer then makes the FP32 copy of its own gradient shard only inside the
     optimizer step (Megatron ``DistributedOptimizer._copy_model_grads_to_main_grads``), after the
-    activations are freed, so it does not add to the peak this model counts."""
+    activations are freed, so it does not add to the peak this model counts.
+    ``moments_bf16`` (Adam, BF16 and FP8 training): Adam's state as ``adam_state_bytes_bf16_moments``
+    counts it."""
     k = 12.0 if optimizer in ("adam", "adamw") else 8.0
     low = dtype in ("bf16", "bfloat16", "fp8") and grads_bf16
+    if moments_bf16 and optimizer in ("adam", "adamw") and dtype in ("bf16", "bfloat16", "fp8"):
+        k = adam_state_bytes_bf16_moments(dtype, fp8)
     if dtype == "fp8":
         return (fp8.weight_bytes_per_param() if fp8 is not None else 1.0), (2.0 if low else 4.0), k
     w = dtype_bytes(dtype)
@@ -55,6 +59,23 @@ def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None 
     if dtype in ("fp32", "float32"):
         return 4.0, 4.0, (8.0 if optimizer in ("adam", "adamw") else 4.0)
     return w, g, k
+
+
+def adam_state_bytes_bf16_moments(dtype: str, fp8: Fp8Recipe | None = None) -> float:
+    """Adam's optimizer state per parameter with its two moments kept in BF16: Megatron-LM's
+    precision-aware optimizer (``--use-precision-aware-optimizer --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16``, megatron/training/arguments.py; ``OptimizerConfig`` in
+    megatron/core/optimizer/optimizer_config.py). 2 + 2 bytes of moments, and the FP32 master
+    weight: Transformer Engine's FusedAdam holds it as the 16 bits the BF16 parameter lacks
+    (``store_param_remainders``, Megatron's default, TE >= 2.1: an int16 ``master_param`` shard in
+    ``DistributedOptimizer``) where the parameters are BF16 and TE manages the master weights,
+    which Megatron lets it do in BF16 training and under FP8's delayed scaling
+    (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): 6 bytes. Under the other FP8 recipes
+    Megatron keeps the master itself in FP32: 8 bytes. Without a recipe (a floor for bounds) the
+    least: 6."""
+    if dtype == "fp8" and fp8 is not None and (fp8.name != "delayed" or fp8.fp8_weights):
+        return 4.0 + 2.0 + 2.0
+    return 2.0 + 2.0 + 2.0
 
 
 def ends_weight_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None) -> float:
@@ -104,7 +125,7 @@ def param_gather_bytes_per_param(dtype: str, fp8: Fp8Recipe | None = None) -> fl
 
 
 def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None = None,
-                                      grads_bf16: bool = False) -> float:
+                                      grads_bf16: bool = False, moments_bf16: bool = False) -> float:
     """HBM bytes the optimizer step moves per local parameter: it reads the optimizer state
     (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
     state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
@@ -113,7 +134,7 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     FP8 recipes that cache FP8 weights quantize them once per step after it (Megatron's
     ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the
     delayed recipe on Hopper: 24 + 4 + 2 + (2 + 2) = 34."""
-    w, g, k = bytes_per_param(dtype, optimizer, fp8, grads_bf16)
+    w, g, k = bytes_per_param(dtype, optimizer, fp8, grads_bf16, moments_bf16)
     if dtype == "fp8":
         if fp8 is None or not fp8.weight_copies:
             return 2 * k + g + 2.0

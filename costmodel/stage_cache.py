@@ -13,7 +13,7 @@ from operator import itemgetter
 
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, framework_profile, kernel_efficiency_on, tp_overlap_mode
+from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
@@ -38,15 +38,20 @@ class _Shared:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, framework: FrameworkProfile):
         self.model, self.cluster, self.workload, self.framework = model, cluster, workload, framework
+        # the attention implementation, fixed per profile except Accelerate's (its engine depends
+        # on the configuration: ``frameworks.attention_impl`` per layer then)
+        self.attention = None if framework.name == "accelerate" else attention_impl(framework, None, model.family)
         dt = workload.dtype
         # FP8 training: one recipe for the run (the first node group's GPU picks the default;
         # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
         self.fp8 = fp8_recipe_of(cluster, workload, framework)
         self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
-        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
+        self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
+                                                       framework.adam_moments_bf16)
         self.ends_w_b = ends_weight_bytes_per_param(dt, workload.optimizer, self.fp8)
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
-        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16)
+        self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
+                                                             framework.adam_moments_bf16)
         self.total_params = model.total_params()
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
@@ -65,8 +70,11 @@ class _Shared:
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
+        attention = self.attention
+        if attention is None:       # Accelerate: its engine's model code
+            attention = attention_impl(self.framework, par, self.model.family)
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, par.moe_dispatcher, par.ep_overlap)
+               etp_lay, par.moe_dispatcher, par.ep_overlap, attention)
         hit = self.layers.get(key)
         if hit is None:
             # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
@@ -76,7 +84,7 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             kernel_efficiency_on(self.framework, grp.gpu.name), self.fp8, par.etp, etp_lay, ex,
-                            self.framework.elementwise)
+                            self.framework.elementwise, attention)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,

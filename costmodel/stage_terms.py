@@ -79,7 +79,7 @@ class LayerTerms(NamedTuple):
     """One layer's terms per micro-batch, which a stage multiplies by its layer counts
     (``StageModel.cost``). Backward costs twice the forward (Narayanan et al., SC'21, eq. 2)."""
 
-    compute_s: float             # forward + backward: 3 x forward
+    compute_s: float             # forward + backward: 3 x forward (+ the attention backward's excess)
     tp_comm_s: float             # TP collectives, forward and backward
     ep_comm_s: float             # EP all-to-alls, forward and backward
     cp_comm_s: float             # exposed CP ring traffic: backward moves K, V and their gradients
@@ -119,7 +119,7 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
     tp_fwd += lc.etp_fwd_s
     tp_bwd += lc.etp_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
+    return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,

@@ -17,6 +17,7 @@ from costmodel.frameworks import tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
+from planner.plan.targets import default_fp8_recipe
 
 TARGET = "megatron"
 MODE = "train"
@@ -148,11 +149,11 @@ def moe_args(plan: Plan) -> list:
 
 # The attention kernel the price assumes, as Megatron's --attention-backend (AttnBackend in
 # megatron/core/transformer/enums.py: flash, fused, unfused, local, auto). The cost model prices a
-# workload's "flash" kernel as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY),
-# not a particular library, and that is what Megatron's default ``auto`` runs: it leaves the choice to
-# Transformer Engine, which picks cuDNN's fused attention on Hopper and later and FlashAttention on
-# Ampere (TE's dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference
-# on Hopper+"). ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
+# workload's "flash" kernel as the kernel Megatron's default ``auto`` runs (the Megatron profile's
+# attention "te", costmodel.attention): it leaves the choice to Transformer Engine, which picks
+# cuDNN's fused attention on Hopper and later and FlashAttention on Ampere (TE's
+# dot_product_attention/utils.py get_attention_backend, "give FusedAttention preference on Hopper+").
+# ``flash`` would force flash-attn (FA2 on Hopper unless FA3 is installed); a
 # "materialized" workload is Megatron's ``unfused`` path (the s x s scores stored).
 ATTENTION_BACKEND = {"flash": "auto", "materialized": "unfused"}
 
@@ -164,9 +165,9 @@ def attention_backend(plan: Plan) -> str:
 def attention_note(plan: Plan) -> str:
     """The header's line on the attention kernel: which one the price assumes and what the file asks."""
     if plan.workload.attention_kernel == "flash":
-        return ("attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); "
-                "written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on "
-                "Hopper+, FlashAttention on Ampere)")
+        return ("attention priced as the kernel Transformer Engine picks (costmodel.attention \"te\": cuDNN fused "
+                "attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); "
+                "written --attention-backend auto")
     return "attention priced unfused (scores materialized and stored); written --attention-backend unfused"
 
 
@@ -366,6 +367,23 @@ def training_args(plan: Plan) -> list:
             raise CannotExpress(TARGET, f"framework.grads_bf16 with dtype {w.dtype}",
                                 "--grad-reduce-in-bf16 is for BF16 (or FP8) training; drop the setting")
         dtype = dtype + ["--grad-reduce-in-bf16"]
+    if (plan.framework or {}).get("adam_moments_bf16"):
+        # priced as costmodel.memory.adam_state_bytes_bf16_moments: BF16 moments and TE's 16-bit
+        # master remainders, which hold where TE keeps the master weights of BF16 parameters
+        if w.optimizer == "sgd" or w.dtype not in ("bf16", "bfloat16", "fp8"):
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with {w.optimizer} in {w.dtype}",
+                                "Megatron's precision-aware optimizer is Adam's, for BF16 (or FP8) training; "
+                                "drop the setting")
+        runs = fp8_recipe or default_fp8_recipe(TARGET, plan.cluster.groups[0].gpu)   # what the price took
+        if w.dtype == "fp8" and (runs != "delayed" or w.fp8_param_gather):
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with fp8 recipe {runs}"
+                                + (" and --fp8-param-gather" if w.fp8_param_gather else ""),
+                                "only FP8's delayed scaling without FP8 parameters leaves Transformer Engine the "
+                                "BF16 master remainders the price assumes; drop the setting")
+        if plan.parallel.zero != 1:
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with zero={plan.parallel.zero}",
+                                "--use-precision-aware-optimizer needs Megatron's distributed optimizer (zero=1)")
+        dtype = dtype + ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     r = recipe(plan)
     opt: list = ["--optimizer", "sgd" if w.optimizer == "sgd" else "adam"]
     if w.optimizer != "sgd":   # Megatron's adam is AdamW (decoupled weight decay)

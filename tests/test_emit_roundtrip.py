@@ -268,7 +268,8 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
              "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
              "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity", "--tp-comm-overlap", "--add-qkv-bias",
-             "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm", "--overlap-moe-expert-parallel-comm"]
+             "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm", "--overlap-moe-expert-parallel-comm",
+             "--use-precision-aware-optimizer"]
     for f in flags:
         p.add_argument(f, action="store_true")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
@@ -295,6 +296,9 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
     p.add_argument("--fp8-param-gather", action="store_true")
     p.add_argument("--optimizer", choices=["adam", "sgd"])
+    p.add_argument("--main-params-dtype", default="fp32", choices=["fp32", "fp16"])
+    p.add_argument("--exp-avg-dtype", default="fp32", choices=["fp32", "fp16", "bf16", "fp8"])
+    p.add_argument("--exp-avg-sq-dtype", default="fp32", choices=["fp32", "fp16", "bf16", "fp8"])
     p.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     p.add_argument("--tokenizer-type", choices=["NullTokenizer", "HuggingFaceTokenizer"])
     p.add_argument("--tokenizer-model")

@@ -157,8 +157,36 @@ def _moe_plan(choice: str) -> Plan:
     return plan.replace(target="megatron")
 
 
+# Megatron's framework settings (planner.plan.targets.SWITCHES): NeMo 24.07's Nemotron-4 340B recipe as
+# tests/test_targets_recipes.py prices it (FP8, BF16 gradients and Adam moments), and Llama 3 8B in BF16
+SWITCH_PLANS = {
+    "nemotron4-340b-fp8-bf16-state": ("nemotron-4-340b", 128, dict(tp=8, pp=8, dp=2, vpp=12, sp=True, micro_batch=1,
+                                      grad_accum=16, zero=1, recompute="selective", schedule="interleaved"), "fp8",
+                                      {"grads_bf16": True, "adam_moments_bf16": True}),
+    "llama3-8b-bf16-moments": ("llama-3-8b", 8, dict(dp=8, zero=1, grad_accum=4), "bf16", {"adam_moments_bf16": True}),
+}
+
+
+def _switch_plan(which: str) -> Plan:
+    model, gpus, par, dtype, switches = SWITCH_PLANS[which]
+    if model == "nemotron-4-340b":
+        from costmodel.catalog import from_hf_config
+        m = from_hf_config(json.loads((ROOT / "tests/data/hf/nemotron-4-340b.json").read_text()), model)
+        from costmodel.files.clusters import load_cluster
+        from costmodel.specs import default_stages
+        p = ParallelConfig(**par)
+        return Plan(model=m, cluster=load_cluster("dgx-h100").with_gpus(gpus),
+                    workload=Workload(global_batch=p.dp * p.grad_accum, seq_len=4096, dtype=dtype), parallel=p,
+                    stages=default_stages(m.layers, p.pp), target="megatron", framework=switches)
+    plan = make_plan(model, gpus=gpus, gb=par["dp"] * par["grad_accum"], seq=4096, cluster="dgx-h100", micro_batch=1,
+                     **par)
+    return plan.replace(target="megatron", workload=dataclasses.replace(plan.workload, dtype=dtype),
+                        framework=switches)
+
+
 def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
+    cases += [pytest.param("megatron", f"switch:{k}", id=f"megatron-switch-{k}") for k in SWITCH_PLANS]
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
     cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
     cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
@@ -182,6 +210,8 @@ def _plan(target: str, which: str) -> Plan | None:
         return moe_plan(which[4:])
     if which.startswith("float8:"):
         return float8_plan(which[7:])
+    if which.startswith("switch:"):
+        return _switch_plan(which[7:])
     if which.startswith("moechoice:"):
         return _moe_plan(which[10:])
     if which.startswith("file:"):
@@ -208,7 +238,13 @@ def header_assumptions(text: str) -> dict:
     kv = dict(w.split("=", 1) for w in m.group(1).split())
     return {"kernel_efficiency": float(kv["kernel_efficiency"]),
             "memory_headroom_fraction": float(kv["memory_headroom_fraction"]),
-            "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"]}
+            "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"],
+            "attention": "" if kv["attention_impl"] == "-" else kv["attention_impl"]}
+
+
+def kernels_of(h: dict) -> dict:
+    """The profile fields a header states for the kernels: memory-bound kind, attention implementation."""
+    return {"elementwise": h["elementwise"], "attention": h["attention"]}
 
 
 def engine_facts(text: str) -> str:
@@ -230,6 +266,18 @@ class AsWritten:
     world: int
 
 
+def _adam_moments_bf16(a) -> bool:
+    """Adam's moments in BF16, from Megatron's precision-aware optimizer flags; its own checks
+    (megatron/core/optimizer/optimizer_config.py OptimizerConfig.__post_init__: Adam, the distributed
+    optimizer), and only the dtypes the cost model prices (costmodel.memory.adam_state_bytes_bf16_moments)."""
+    if not a.use_precision_aware_optimizer:
+        assert (a.exp_avg_dtype, a.exp_avg_sq_dtype, a.main_params_dtype) == ("fp32", "fp32", "fp32")
+        return False
+    assert a.optimizer == "adam" and a.use_distributed_optimizer
+    assert (a.exp_avg_dtype, a.exp_avg_sq_dtype, a.main_params_dtype) == ("bf16", "bf16", "fp32"), "unpriced dtypes"
+    return True
+
+
 def _recompute_layers(counts: list[int], per: list[int] | None) -> int:
     """ParallelConfig.recompute_layers for a full recompute of ``per`` layers per stage: -1 for all."""
     return -1 if not per or per == counts else per[0]
@@ -246,6 +294,9 @@ def _stages(counts: list[int], recompute: list[int] | None = None) -> tuple:
 # a fused kernel (cuDNN on Hopper+, FlashAttention on Ampere); ``unfused`` stores the scores. ``local`` is
 # Megatron's own PyTorch path, which the emitter never writes.
 MEGATRON_KERNEL = {"auto": "flash", "fused": "flash", "flash": "flash", "unfused": "materialized"}
+# the attention implementation Megatron's --attention-backend runs (costmodel.attention): auto leaves
+# the choice to Transformer Engine; unfused has no fused kernel (the workload says materialized)
+MEGATRON_ATTENTION = {"auto": "te", "unfused": "te"}
 
 
 def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
@@ -286,6 +337,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
                             kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
+                            attention=MEGATRON_ATTENTION[a.attention_backend],
                             moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
@@ -293,7 +345,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0),
-                            grads_bf16=a.grad_reduce_in_bf16,
+                            grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),
                             # Megatron's selective recompute is per module; core_attn is its default
                             selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]
                             else "unpriced module set")
@@ -362,7 +414,7 @@ def deepspeed_as_written(plan: Plan, tmp: Path) -> AsWritten:
     overlap = bool(c.zero_config.overlap_comm) and pp == 1    # the pipeline engine reduces after the last micro-batch
     prof = FrameworkProfile(name="deepspeed", overlap_grad_reduce=overlap, overlap_param_gather=False,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], **kernels_of(h))
     # pipeline: every layer boundary checkpointed; no pipeline: the model calls deepspeed.checkpointing,
     # which the activation_checkpointing section configures (the shipped script checkpoints every block)
     full = (c.pipeline["activation_checkpoint_interval"] == 1) if pp > 1 else "activation_checkpointing" in raw
@@ -470,8 +522,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"]).with_switches(
-                                compile=bool(job.compile.enable))
+                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
+                            attention=torchtitan_attention(job)).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
@@ -485,6 +537,18 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
+
+
+def torchtitan_attention(job) -> str:
+    """The attention implementation (costmodel.attention) of the model torchtitan builds from the job:
+    its inner attention module's class, read off the built model (FlexAttention: "flex")."""
+    import torch
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
+    with torch.device("meta"):
+        built = job.model_spec.model.build()
+    kinds = {type(m) for m in built.modules() if isinstance(m, (FlexAttention, ScaledDotProductAttention, VarlenAttention))}
+    assert len(kinds) == 1, kinds
+    return {FlexAttention: "flex", VarlenAttention: "varlen"}.get(kinds.pop(), "unpriced inner attention")
 
 
 def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
@@ -563,7 +627,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     prof = FrameworkProfile(name="accelerate (as written)", overlap_grad_reduce=grad_overlap,
                             overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"])
+                            memory_headroom_fraction=h["memory_headroom_fraction"], **kernels_of(h))
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
@@ -611,7 +675,7 @@ def test_megatron_leaves_the_fused_kernel_to_transformer_engine(tmp_path):
     text = (write(plan, "megatron", tmp_path / "a") / "megatron.sh").read_text()
     assert "--attention-backend auto" in text and "--attention-backend flash" not in text
     head = text.split("MODEL_ARGS")[0]
-    assert "attention priced as one fused causal kernel" in head and "cuDNN fused attention on Hopper+" in head
+    assert "attention priced as the kernel Transformer Engine picks" in head and "cuDNN fused attention on Hopper+" in head
     mat = plan.replace(workload=dataclasses.replace(plan.workload, attention_kernel="materialized"))
     text = (write(mat, "megatron", tmp_path / "b") / "megatron.sh").read_text()
     assert "--attention-backend unfused" in text and "attention priced unfused" in text

@@ -57,7 +57,9 @@ def test_training_and_serving_hold_the_same_weights(name, tp, pp):
 def test_training_divides_kv_width_as_serving_does():
     """tiny-llama has 2 KV heads of 32: at tp 4 each rank stores one K and one V head in training
     as in serving (the old training rule stored half a head). With sequence parallelism every
-    other stored activation halves from tp 2 to 4, so the excess is exactly the KV heads'."""
+    other stored activation halves from tp 2 to 4, so the excess is exactly the KV heads' and the
+    embedding's token ids and TP mask (per token on every rank, ``layers.EMBED_IDS_BYTES``)."""
+    from costmodel.layers import EMBED_IDS_BYTES, EMBED_MASK_BYTES
     m = get_model("tiny-llama")
     cluster = load_cluster("cpu").with_gpus(4)
     wl = Workload(global_batch=8, seq_len=128)
@@ -67,7 +69,8 @@ def test_training_divides_kv_width_as_serving_does():
         acts[tp] = estimate(m, cluster, wl, par).memory["activations_bytes"]
     tokens, bf16 = 128, 2
     per_layer = tokens * bf16 * 2 * (m.head_dim - m.kv_dim / 4)     # K and V: one head, not half a head
-    assert acts[4] - acts[2] / 2 == pytest.approx(m.layers * per_layer)
+    ids = tokens * (EMBED_IDS_BYTES + EMBED_MASK_BYTES)              # not sharded: half of it is excess
+    assert acts[4] - acts[2] / 2 == pytest.approx(m.layers * per_layer + ids / 2)
 
 
 @pytest.mark.parametrize("recompute,layers,stage,want", [

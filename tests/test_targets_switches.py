@@ -5,6 +5,7 @@ pricing the old plan with its own target, and refusals of a fixed layout naming 
 reason."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -115,8 +116,11 @@ def test_compile_is_priced_as_torchtitans_published_speed_up():
         cl = load_cluster("dgx-h100").with_gpus(gpus)
         wl = Workload(global_batch=2 * gpus, seq_len=8192)
         par = ParallelConfig(dp=gpus, zero=3, micro_batch=2, grad_accum=1, recompute="selective")
-        plain = estimate(m, cl, wl, par, framework=framework_profile("torchtitan")).step_time_s
-        compiled = estimate(m, cl, wl, par, framework=T.profile_for("torchtitan", {"compile": True})).step_time_s
+        # the attention the run ran: SDPA's FlashAttention-2 (costmodel.attention "sdpa-torchtitan")
+        ran = dict(attention="sdpa-torchtitan")
+        plain = estimate(m, cl, wl, par, framework=dataclasses.replace(framework_profile("torchtitan"), **ran)).step_time_s
+        compiled = estimate(m, cl, wl, par, framework=dataclasses.replace(
+            T.profile_for("torchtitan", {"compile": True}), **ran)).step_time_s
         assert plain / compiled == pytest.approx(published, rel=0.01)
     assert COMPILE_KERNEL_FACTOR > 1
 

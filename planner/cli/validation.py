@@ -159,7 +159,12 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
         # nor the asynchronous input-gradient all-reduce of later Megatron-Core
         prof = dataclasses.replace(prof, tp_comm_overlap=False, tp_comm_overlap_backward=False)
-    elif ran_async_tp(case.get("execution")):
+    if fw == "torchtitan":
+        # the published torchtitan runs (2024-08 .. 2025-06) called SDPA, FA2 first below SM100
+        # (costmodel.attention "sdpa-torchtitan"); torchtitan 0.3.0, which the emitter writes for,
+        # defaults to FlexAttention (the profile's "flex")
+        prof = dataclasses.replace(prof, attention="sdpa-torchtitan")
+    if not materialized and ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
         prof = dataclasses.replace(prof, pytorch_native=True)     # frameworks.kernel_efficiency_on

@@ -1012,6 +1012,10 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
         "grads_bf16": (bool, "gradients accumulated and reduced in BF16: --grad-reduce-in-bf16 (Megatron-LM "
                              "megatron/training/arguments.py; NeMo's optim.grad_sync_dtype: bf16); BF16 or FP8 "
                              "training"),
+        "adam_moments_bf16": (bool, "Adam's two moments kept in BF16: --use-precision-aware-optimizer --exp-avg-dtype "
+                                    "bf16 --exp-avg-sq-dtype bf16 (Megatron-LM megatron/training/arguments.py; NeMo "
+                                    "24.07's optim.dtype: bf16); the distributed optimizer, BF16 or FP8 delayed "
+                                    "training"),
     },
     "deepspeed": {
         "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
@@ -1047,9 +1051,10 @@ def profile_for(target: str, switches: Mapping[str, Any] | None = None):
     from costmodel.frameworks import framework_profile
     prof = framework_profile(framework_of(target))
     sw = switches or {}
-    if sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16"):
+    if sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16") or sw.get("adam_moments_bf16"):
         prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")),
-                                  grads_bf16=bool(sw.get("grads_bf16")))
+                                  grads_bf16=bool(sw.get("grads_bf16")),
+                                  adam_moments_bf16=bool(sw.get("adam_moments_bf16")))
     return prof
 
 

@@ -6,10 +6,10 @@
 # NODE_RANK=<i> MASTER_ADDR=<node 0>. MOCK_DATA=1 trains on synthetic tokens (NullTokenizer).
 # Megatron derives dp = world / (tp*pp*cp) = 64 / (8*2*1) = 4 and micro-batches per step = global / (micro * dp) = 512 / (1*4) = 128.
 # Model llama-3-70b: 80 layers, hidden 8192, ffn 28672, 64 heads (8 KV heads), vocab 128256, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 500000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
-# attention priced as one fused causal kernel (costmodel.compute FLASH_ATTENTION_EFFICIENCY); written --attention-backend auto: Transformer Engine picks it (cuDNN fused attention on Hopper+, FlashAttention on Ampere)
+# attention priced as the kernel Transformer Engine picks (costmodel.attention "te": cuDNN fused attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); written --attention-backend auto
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
-# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused
-# (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled); costmodel/frameworks.py)
+# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=te
+# (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule); costmodel/frameworks.py)
 # engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 7.17e-05 (Table 2.1 at 70.6B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;

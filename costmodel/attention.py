@@ -1,0 +1,284 @@
+"""Fused attention: which kernel a framework runs on a GPU, and the fraction of the GPU's peak it
+reaches by head dimension, sequence length, causal mask and direction.
+
+One rule (``attention_fwd_bwd_s``), called by ``costmodel.layers.layer_cost`` for training and so
+by the estimate and by the search's tables and bounds alike.
+
+Curve: ``eta(s) = eta_max * s / (s + s0)``, per kernel, GPU architecture, direction (forward,
+backward; FlashAttention-2's published tables give forward + backward together) and mask, with
+``eta_max`` at head dimensions 64, 128 and 256 (interpolated in log2 of the head dimension,
+clamped at the ends). FLOP convention of the kernel benchmarks (Dao-AILab/flash-attention
+``benchmarks/benchmark_flash_attention.py``): forward ``4 * b * s^2 * heads * d`` (halved when
+causal), backward 2.5 times the forward (it recomputes the scores). The curves were fitted by
+least relative error to the published points below (max relative error of the fit in brackets);
+none of them is a training run's throughput, and none comes from a held-out source.
+
+Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
+
+* FlashAttention-3 and cuDNN on H100 SXM5, forward: Shah et al., "FlashAttention-3",
+  arXiv:2407.08608, Fig. 5 (also ``assets/flash3_fp16_fwd.png`` in Dao-AILab/flash-attention);
+  backward, head dim 64 and 128, non-causal: the same paper, Fig. 6. Their causal backward is not
+  published: its curve is the non-causal one with the forward's causal/non-causal ratio of
+  ``eta_max`` and the causal ``s0`` of cuDNN's H200 backward (below).
+* cuDNN causal backward shape: NVIDIA/cudnn-frontend ``benchmark/sdpa_benchmark_training/results/
+  llama3.1/h200_919_only_cudnn/*.csv`` (cuDNN 9.19.1, 64 query / 8 KV heads, d = 128): causal
+  backward s0 = 1300 against 300 non-causal [2-4%].
+* cuDNN on Blackwell (GB200, cuDNN 9.22.0): the same repository's ``.../llama3.1/gb200/*.csv``,
+  d = 128, all four direction x mask curves [5-8%]; other head dims scale as on Hopper.
+* FlashAttention-4 on B200: the FA4 paper (``assets/fa4_paper.pdf`` in Dao-AILab/flash-attention)
+  reports up to 1613 TFLOP/s forward (0.72 of 2250); no curve or backward figure is published,
+  so it takes cuDNN's Blackwell curve shapes with that forward maximum.
+* FlashAttention-2, forward + backward, A100 and H100: Dao-AILab/flash-attention README,
+  ``assets/flash2_a100_fwd_bwd_benchmark.png`` and ``flash2_h100_fwd_bwd_benchmark.png`` [1-2%];
+  head dim 256 is not in them (clamped to 128). On Hopper FA2 reaches about 0.34 of peak: it
+  uses none of Hopper's asynchronous tensor-core instructions.
+* FlexAttention: 90% of FA2 forward and 85% backward (PyTorch FlexAttention blog, Aug 2024, A100
+  causal): priced as FA2 times 3.5 / (1/0.9 + 2.5/0.85) = 0.864 on every architecture.
+
+Which kernel runs (``kernel_for``), from the framework profile's ``attention`` field
+(``costmodel.frameworks``), each checked against the code that makes the choice:
+
+* "te": Transformer Engine's ``DotProductAttention`` with Megatron's ``--attention-backend auto``
+  (what ``emitters/megatron.py`` writes). TE's ``get_attention_backend``
+  (``transformer_engine/pytorch/attention/dot_product_attention/utils.py``) disables FlashAttention
+  "to give FusedAttention preference on Hopper+" when both are eligible: cuDNN fused attention on
+  Hopper and Blackwell; on Ampere no preference applies and flash-attn (FA2) runs. The published
+  Megatron-LM and NeMo runs (the Megatron-Core era) ran the same choice.
+* "flex": torchtitan 0.3.0's llama3 model (``torchtitan/models/llama3/__init__.py``:
+  ``model_registry(flavor, attn_backend="flex")``, the default the torchtitan emitter keeps) runs
+  FlexAttention, a Triton kernel: FA2's curve times ``FLEX_OF_FA2`` (the FlexAttention blog's
+  A100 ratio; no H100/B200 table from a primary source exists, so the same ratio everywhere -- an
+  assumption). Its mask is block-causal by document (``torchtitan/models/common/config_utils.py``
+  ``get_attention_config``: the dataloaders emit per-document positions), so it skips the blocks
+  across documents, by an amount the data sets; it is priced as the full causal mask, an upper
+  bound on its time.
+* "varlen": torchtitan 0.3.0's VarlenAttention (its gpt_oss package's default,
+  ``costmodel.frameworks.TITAN_VARLEN_FAMILIES``) activates the FlashAttention build of the GPU
+  (``torchtitan/tools/utils.py`` ``get_cuda_flash_attention_impl``: FA4 on SM100, FA3 on SM90;
+  PyTorch's FA2 below). Its sliding-window layers are priced as full causal (an upper bound).
+* "sdpa-torchtitan": the published torchtitan runs (2024-08 to 2025-06) called
+  ``F.scaled_dot_product_attention``, first with PyTorch's default order and from 2025 through
+  torchtitan's ``ScaledDotProductAttention`` with the order FLASH, EFFICIENT, MATH and cuDNN put
+  first only on SM100 (pytorch/torchtitan#1196): FA2 on Ampere and Hopper, cuDNN on Blackwell.
+  ``planner validate`` prices those runs with it.
+* "sdpa": a plain ``F.scaled_dot_product_attention`` call (this project's runtime, DeepSpeed's
+  training script, Hugging Face models under Accelerate) takes PyTorch's default order. In the
+  PyTorch this project installs (2.13) ``check_prefer_cudnn_attention`` (``aten/src/ATen/native/
+  transformers/cuda/sdp_utils.cpp``) puts cuDNN first on sm90 and sm100 once the bundled cuDNN is
+  at least 9.15.1 (the guard pytorch/pytorch#138522 added after 2.5): cuDNN on Hopper and
+  Blackwell, FA2 on Ampere. Older PyTorch (2.8-2.9: flash first) would run FA2 on Hopper, slower.
+* "flash-attn": the flash-attn package (Megatron-DeepSpeed with --use-flash-attn): FA2.
+* "" keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of the GEMM curve): the generic
+  profile, whose framework is unknown.
+
+AMD, Ada and CPUs: no table; FA2's Ampere curve (an assumption).
+
+Context parallel (``attention_fwd_bwd_s`` with ``cp > 1``): Transformer Engine's and PyTorch's
+ring attention both split the sequence into ``2 cp`` chunks and give rank ``r`` chunks ``r`` and
+``2cp-1-r`` (the load-balanced causal layout: TE ``attn_forward_func_with_cp`` /
+``get_seq_chunk_ids_for_reordering``; torch ``_HeadTailLoadBalancer``). Step 0 is the rank's own
+``s/cp`` queries against its own keys, causal; each of the other ``cp-1`` steps is one
+non-causal block of half the work: either all ``s/cp`` queries against half the keys
+(``s/(2cp)``) or half the queries against all ``s/cp`` keys (torch ``_templated_ring_attention``:
+``i <= rank`` and ``i > rank``). The curves are measured on square blocks; a block is priced at
+its shorter side, ``s/(2cp)`` for both kinds (the forward loops over keys, the backward over
+queries), so every rank takes the same time per step and the ring's per-step wait costs nothing
+more (``tests/test_attention.py`` checks this against the ring walked rank by rank, step by step).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .specs import GpuSpec
+
+# (kernel, architecture) -> direction -> mask -> (eta_max at head dim 64, 128, 256; s0 in tokens,
+# one for all head dims or one per head dim).
+# direction "fb": forward + backward together (FlashAttention-2's published tables).
+_CURVES: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {
+    ("fa3", "hopper"): {
+        "fwd": {"none": ((0.516, 0.674, 0.794), (280.0, 200.0, 300.0)),
+                "causal": ((0.513, 0.663, 0.701), (860.0, 610.0, 690.0))},
+        # backward head dim 256 not published: 128's value
+        "bwd": {"none": ((0.522, 0.596, 0.596), 430.0), "causal": ((0.519, 0.586, 0.526), 1300.0)},
+    },
+    ("cudnn", "hopper"): {
+        "fwd": {"none": ((0.424, 0.633, 0.606), 130.0), "causal": ((0.402, 0.566, 0.528), (390.0, 380.0, 350.0))},
+        "bwd": {"none": ((0.475, 0.547, 0.547), 370.0), "causal": ((0.449, 0.489, 0.477), 1300.0)},
+    },
+    ("cudnn", "blackwell"): {
+        "fwd": {"none": ((0.470, 0.702, 0.672), 440.0), "causal": ((0.497, 0.700, 0.653), 1080.0)},
+        "bwd": {"none": ((0.475, 0.547, 0.547), 270.0), "causal": ((0.499, 0.544, 0.530), 870.0)},
+    },
+    ("fa4", "blackwell"): {
+        "fwd": {"none": ((0.480, 0.717, 0.686), 440.0), "causal": ((0.509, 0.717, 0.669), 1080.0)},
+        "bwd": {"none": ((0.475, 0.547, 0.547), 270.0), "causal": ((0.499, 0.544, 0.530), 870.0)},
+    },
+    ("fa2", "ampere"): {
+        "fb": {"none": ((0.570, 0.659, 0.659), 190.0), "causal": ((0.562, 0.619, 0.619), 490.0)},
+    },
+    ("fa2", "hopper"): {
+        "fb": {"none": ((0.304, 0.348, 0.348), 195.0), "causal": ((0.296, 0.337, 0.337), 540.0)},
+    },
+}
+# Blackwell FA2: no published table; Hopper's fractions (FA2 uses no Hopper/Blackwell features)
+_CURVES[("fa2", "blackwell")] = _CURVES[("fa2", "hopper")]
+FLEX_OF_FA2 = 3.5 / (1 / 0.90 + 2.5 / 0.85)      # FlexAttention blog: 0.90 fwd, 0.85 bwd of FA2
+BACKWARD_FLOPS_OF_FORWARD = 2.5                   # benchmark_flash_attention.py's convention
+KERNELS = ("fa2", "fa3", "fa4", "cudnn", "flex")
+
+
+def architecture(gpu: GpuSpec) -> str:
+    """The kernel tables' architecture of a GPU: "ampere", "hopper", "blackwell", else "other"
+    (Ada, AMD, CPUs: priced on Ampere's FA2 curve, an assumption)."""
+    n = gpu.name.upper()
+    if n.startswith(("GB", "B1", "B2", "B3")):
+        return "blackwell"
+    if n.startswith(("H100", "H200", "H800", "H20", "GH200")):
+        return "hopper"
+    if n.startswith(("A100", "A800", "A30", "A40", "A10")):
+        return "ampere"
+    return "other"
+
+
+def kernel_for(attention: str, gpu: GpuSpec) -> str:
+    """The kernel a profile's ``attention`` field runs on ``gpu`` (module docstring); "" for the
+    GEMM-curve rule."""
+    if not attention:
+        return ""
+    arch = architecture(gpu)
+    if attention in ("te", "sdpa"):
+        return "cudnn" if arch in ("hopper", "blackwell") else "fa2"
+    if attention == "sdpa-torchtitan":
+        return "cudnn" if arch == "blackwell" else "fa2"
+    if attention == "flex":
+        return "flex"
+    if attention == "varlen":
+        return {"hopper": "fa3", "blackwell": "fa4"}.get(arch, "fa2")
+    if attention == "flash-attn":
+        return "fa2"
+    raise ValueError(f"unknown attention implementation {attention!r}; known: {', '.join(ATTENTION_IMPLEMENTATIONS[1:])}")
+
+
+def _eta_max(points: tuple[float, float, float], head_dim: float) -> float:
+    """A per-head-dim value (64, 128, 256) at ``head_dim``, interpolated in log2."""
+    x = math.log2(max(64.0, min(256.0, head_dim))) - 6.0          # 0 at 64, 1 at 128, 2 at 256
+    i = min(1, int(x))
+    return points[i] + (x - i) * (points[i + 1] - points[i])
+
+
+def _table(kernel: str, gpu: GpuSpec) -> tuple[dict, float]:
+    arch = architecture(gpu)
+    k = "fa2" if kernel == "flex" else kernel
+    t = _CURVES.get((k, arch))
+    if t is None:
+        # a kernel that does not run on this architecture (FA3 off Hopper, FA4 off Blackwell) or a
+        # GPU without tables: the framework would fall back to FA2
+        t = _CURVES[("fa2", "hopper" if arch in ("hopper", "blackwell") else "ampere")]
+    return t, (FLEX_OF_FA2 if kernel == "flex" else 1.0)
+
+
+def efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causal: bool, direction: str) -> float:
+    """Fraction of the GPU's 16-bit peak ``kernel`` reaches in ``direction`` ("fwd", "bwd" or
+    "fb" for the two together)."""
+    table, scale = _table(kernel, gpu)
+    mask = "causal" if causal else "none"
+    if direction not in table:
+        direction = "fb"
+    if direction == "fb" and "fb" not in table:
+        f, b = (efficiency(kernel, gpu, head_dim, seq_len, causal, d) for d in ("fwd", "bwd"))
+        return (1 + BACKWARD_FLOPS_OF_FORWARD) / (1 / f + BACKWARD_FLOPS_OF_FORWARD / b)
+    points, s0 = table[direction][mask]
+    if isinstance(s0, tuple):
+        s0 = _eta_max(s0, head_dim)
+    return scale * _eta_max(points, head_dim) * seq_len / (seq_len + s0)
+
+
+def _block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
+             seq_len: float, causal: bool) -> tuple[float, float]:
+    """(forward, backward) time of one fused-attention block doing ``fwd_flops`` in its forward
+    (the kernels' convention: causal halves them; backward does 2.5 times the forward) with
+    ``seq_len`` keys. FA2's published tables give forward + backward together: split in
+    proportion to the FLOPs (the same efficiency both ways, an assumption)."""
+    if fwd_flops <= 0:
+        return 0.0, 0.0
+    table, _ = _table(kernel, gpu)
+    if "fb" in table:
+        eta = efficiency(kernel, gpu, head_dim, seq_len, causal, "fb")
+        return fwd_flops / (peak_flops * eta), BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * eta)
+    ef = efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")
+    eb = efficiency(kernel, gpu, head_dim, seq_len, causal, "bwd")
+    return fwd_flops / (peak_flops * ef), BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * eb)
+
+
+def attention_time_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
+                     seq_len: float, causal: bool) -> float:
+    """Forward plus backward time of one fused-attention block (``_block_s``)."""
+    f, b = _block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, causal)
+    return f + b
+
+
+@lru_cache(maxsize=4096)
+def attention_fwd_bwd_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
+                        seq_len: float, cp: int = 1) -> tuple[float, float]:
+    """(forward, backward) time of a rank's causal attention doing ``fwd_flops`` in its forward
+    (causal work only: half the full score matrix) over a sequence of ``seq_len`` tokens split
+    over ``cp`` context-parallel ranks (module docstring: the load-balanced ring's blocks). The
+    one rule for training's attention core (``costmodel.layers.layer_cost``)."""
+    if cp <= 1:
+        return _block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True)
+    local = seq_len / cp
+    # step 0: causal over the local chunk pair; the cp - 1 others: non-causal blocks of equal
+    # work whose shorter side is s/(2cp) (module docstring)
+    f0, b0 = _block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True)
+    f1, b1 = _block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False)
+    return f0 + f1, b0 + b1
+
+
+# the implementations whose context parallelism is PyTorch's ring attention
+# (torch.distributed.tensor.experimental context_parallel: torchtitan, this project's runtime)
+TORCH_CP_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan", "flex", "varlen")
+# PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
+# forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
+# ways -- these are plain binary ops, not the norm backward the eager backward fraction measures
+RING_MERGE_KIND = "eager"
+
+
+def ring_merge_bytes(attention: str, tokens: float, q_width: float, kv_width: float,
+                     cp: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one layer's ring-attention bookkeeping on a rank holding
+    ``tokens`` queries of ``q_width`` values (heads x head dim) and keys/values of ``kv_width``
+    each, over ``cp`` ring steps; 0 without CP, and 0 for Transformer Engine's ring, whose
+    correction kernels are fused and not counted here (not measured; see the session note).
+
+    Counted from PyTorch's ``_templated_ring_attention`` and its backward
+    (``torch/distributed/tensor/experimental/_attention.py``), with ``convert_to_f32`` on (its
+    default), on the busiest rank of each step (the ring waits for it): forward, each of the
+    ``cp - 1`` steps after the first copies K and V into the send buffer (``torch.cat``: 2 x 4
+    bytes per K/V value), casts the block's output to FP32 (2 + 4 bytes per output value) and
+    merges it into the FP32 accumulator (``out - sigmoid(...) * (out - block_out)``: three binary
+    ops, 32 bytes per value); the first step's cast and the final cast back to BF16 add 12 bytes
+    per output value. Backward, each of the ``cp`` steps copies K and V again (8 bytes per K/V
+    value), accumulates dQ in FP32 (read 4 + 2, write 4: 10 bytes per Q value), adds dK and dV into
+    the FP32 buffers that travel the ring (``_partial_update``'s chunk-and-concatenate on the
+    busiest rank: 26 bytes per K/V value) and copies them into the send buffer (16 bytes per K/V
+    value)."""
+    if cp <= 1 or attention not in TORCH_CP_IMPLEMENTATIONS:
+        return 0.0, 0.0
+    q, kv = tokens * q_width, tokens * kv_width
+    fwd = (cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q
+    bwd = cp * (10.0 * q + 50.0 * kv)
+    return fwd, bwd
+
+
+def kv_width_passed(attention: str, q_width: float, kv_width: float) -> float:
+    """The K/V width the attention call receives: the published torchtitan runs' llama code
+    expanded grouped K/V to every query head before SDPA (``repeat_kv`` in torchtitan's
+    ``models/llama/model.py`` of 2024-25), so their ring passes ``q_width``; the others pass the
+    grouped width."""
+    return q_width if attention == "sdpa-torchtitan" else kv_width
+
+
+ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "te")

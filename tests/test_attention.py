@@ -1,0 +1,95 @@
+"""costmodel/attention.py: which kernel each attention implementation runs on each GPU, and the
+context-parallel ring priced on its blocks, checked against the ring walked rank by rank."""
+from __future__ import annotations
+
+import pytest
+
+from costmodel.attention import _block_s, attention_fwd_bwd_s, efficiency, kernel_for
+from costmodel.catalog import get_model
+from costmodel.comm import group_layout
+from costmodel.files.clusters import load_cluster
+from costmodel.layers import layer_cost
+from costmodel.specs import Workload
+
+H100 = load_cluster("dgx-h100").gpu
+A100 = load_cluster("dgx-a100-80gb").gpu
+B200 = load_cluster("dgx-b200").gpu
+
+
+def test_kernel_each_implementation_runs():
+    # Transformer Engine (Megatron --attention-backend auto): cuDNN on Hopper+, flash-attn on Ampere
+    assert [kernel_for("te", g) for g in (A100, H100, B200)] == ["fa2", "cudnn", "cudnn"]
+    # the published torchtitan runs' SDPA: FlashAttention-2 below SM100
+    assert [kernel_for("sdpa-torchtitan", g) for g in (A100, H100, B200)] == ["fa2", "fa2", "cudnn"]
+    # torchtitan 0.3.0's VarlenAttention: FA3 on SM90, FA4 on SM100
+    assert [kernel_for("varlen", g) for g in (A100, H100, B200)] == ["fa2", "fa3", "fa4"]
+    assert kernel_for("flex", H100) == "flex" and kernel_for("", H100) == ""
+    with pytest.raises(ValueError, match="unknown attention implementation 'xformers'"):
+        kernel_for("xformers", H100)
+
+
+def test_curves_order_the_kernels_as_measured():
+    """FA2 on Hopper uses none of Hopper's asynchronous tensor-core paths: well under cuDNN and FA3
+    there; every curve rises with the sequence; causal is slower than full at a short sequence."""
+    for s in (1024, 8192, 65536):
+        fa2 = efficiency("fa2", H100, 128, s, True, "fb")
+        assert fa2 < 0.35 and fa2 < efficiency("cudnn", H100, 128, s, True, "fb") < efficiency("fa3", H100, 128, s, True, "fb")
+        assert efficiency("flex", H100, 128, s, True, "fb") < fa2
+    for k in ("fa2", "cudnn", "fa3"):
+        effs = [efficiency(k, H100, 128, s, True, "fb") for s in (512, 2048, 8192, 32768)]
+        assert effs == sorted(effs)
+        assert efficiency(k, H100, 128, 1024, True, "fb") < efficiency(k, H100, 128, 1024, False, "fb")
+
+
+def _ring_walked(kernel, gpu, flops, hd, s, cp):
+    """The load-balanced ring of torch's _templated_ring_attention, rank by rank and step by step:
+    step 0 the local causal pair; step i > 0 on rank r all queries against the first key chunk
+    (i <= r) or the second query chunk against all keys (i > r). Every rank waits for the ring at
+    each step, so a step takes its slowest rank's block; a block is priced at its shorter side."""
+    local = s / cp
+    pairs_per_rank = s * s / 2 / cp              # causal (query, key) pairs a rank computes
+    per_pair = flops / pairs_per_rank
+    f_tot = b_tot = 0.0
+    for i in range(cp):
+        steps = []
+        for r in range(cp):
+            if i == 0:
+                q, k, causal = local, local, True
+            elif i <= r:
+                q, k, causal = local, local / 2, False
+            else:
+                q, k, causal = local / 2, local, False
+            pairs = q * k / 2 if causal else q * k
+            steps.append(_block_s(kernel, gpu, gpu.peak("bf16"), pairs * per_pair, hd, min(q, k), causal))
+        f_tot += max(f for f, _ in steps)
+        b_tot += max(b for _, b in steps)
+    return f_tot, b_tot
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+@pytest.mark.parametrize("kernel,gpu", [("fa2", H100), ("cudnn", H100), ("fa2", A100), ("cudnn", B200)])
+def test_cp_ring_equals_the_ring_walked_rank_by_rank(cp, kernel, gpu):
+    s, hd = 131072, 128
+    flops = 4 * (s / cp) * s * 4096 / 2          # a rank's causal forward FLOPs, 32 heads of 128
+    fast = attention_fwd_bwd_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, cp)
+    slow = _ring_walked(kernel, gpu, flops, hd, s, cp)
+    assert fast == pytest.approx(slow, rel=1e-12)
+    # and the ring's blocks together do the causal work once: at cp = 1 the same rule is one block
+    assert attention_fwd_bwd_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, 1) == \
+        _block_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, True)
+
+
+def test_layer_prices_the_kernel_the_framework_runs():
+    """The same layer on H100 with TE's cuDNN against SDPA's FA2: the attention core, forward and
+    backward, is slower on FA2; its backward beyond twice the forward is compute, not recompute."""
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=8, seq_len=32768)
+    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    args = (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+    te = layer_cost(*args, attention="te")
+    fa2 = layer_cost(*args, attention="sdpa-torchtitan")
+    old = layer_cost(*args, attention="")
+    assert fa2.attn_fwd_s > 1.5 * te.attn_fwd_s
+    assert fa2.attn_bwd_extra_s > 0 and te.attn_bwd_extra_s > 0 and old.attn_bwd_extra_s == 0
+    assert te.gemm_fwd_s == fa2.gemm_fwd_s == old.gemm_fwd_s
