@@ -59,8 +59,8 @@ MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's ow
 # left out) -- and both pairs give the TE layer's GEMMs x1.44 / x1.55, under the measured x1.67-1.90
 # (below). The fit now scans only pairs inside that range (``gemm_speedup_admissible``); with compiled
 # runs priced with compile, PyTorch-native stacks with their sm_90 factor and attention by its kernel
-# (attn3), the all-in fit is 0.88/x3 (x1.67), shipped. The runs' FP8 gain below the kernels' is then a residual of the runs, not a property
-# of the GEMM curve (docs/notes/stop-21/dense3.md).
+# (attn3), the all-in fit is 0.88/x3 (x1.67), shipped. The runs' FP8 gain below the kernels' is then
+# a residual of the runs, not a property of the GEMM curve (docs/notes/stop-21/dense3.md).
 FP8_GEMM_EFFICIENCY = 0.88
 FP8_HALF_SIZE_FACTOR = 3.0
 
