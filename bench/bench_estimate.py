@@ -1,6 +1,6 @@
 """Full cost-model estimates per second on one core (the solver scores thousands of candidates).
 
-    python bench/bench_estimate.py [--seconds 2] [--repeat 3]
+    python bench/bench_estimate.py [--seconds 2] [--repeat 3] [--case deepseek]
 
 Scores a mix of configurations (dense and MoE, 8 to 16,384 GPUs, pipelines of 1 to 16 stages)
 in a loop on one process and prints estimates per second for each and overall (best of
@@ -63,6 +63,7 @@ def variants(model, cluster, wl: Workload, base: dict) -> list[ParallelConfig]:
 def _clear_config_caches() -> None:
     """Drop caches keyed on a whole configuration, so no call is served from an identical one."""
     stage_cache._stage_model.cache_clear()
+    stage_cache.clear_stage_costs()
 
 
 def run_case(m, c, wl, pars: list[ParallelConfig], seconds: float) -> tuple[float, float]:
@@ -81,11 +82,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=3, help="runs per case; the best is reported")
+    ap.add_argument("--case", default="", help="only the cases whose model name contains this")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'case':40s} {'configs':>8s} {'estimates/s':>12s} {'per CPU s':>10s}")
     rates, cpu_rates = [], []
     for model, cluster, gpus, gb, seq, par in CASES:
+        if args.case not in model:
+            continue
         m, c = get_model(model), load_cluster(cluster).with_gpus(gpus)
         wl = Workload(global_batch=gb, seq_len=seq)
         pars = variants(m, c, wl, par)

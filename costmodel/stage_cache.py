@@ -1,8 +1,9 @@
 """What the training estimates of one (model, cluster, workload, framework) share, cached: bytes
 per value, each node group's network, one layer's cost and terms per shape (``_Shared.layer``),
-a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds; and
-placed stage models keyed on a whole configuration (``stage_model``, for the solver's tables and
-bounds). Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
+a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds, a
+stage kind's two cost parts on its mesh (``stage_cost``, for ``estimate``); and placed stage
+models keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
 ``costmodel.layers``, ``costmodel.comm``) returns, computed once.
 """
 from __future__ import annotations
@@ -14,14 +15,15 @@ from operator import itemgetter
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
-from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params
+from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
                     default_stages)
 from .units import dtype_bytes
-from .stage_terms import (LayerSums, LayerTerms, StageMesh, StageModel, _degrees, fp8_recipe_of, head_compute_s,
-                          inflight_microbatches, layer_sums, layer_terms, stage_crosses)
+from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
+                          fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms,
+                          stage_crosses)
 
 
 @lru_cache(maxsize=256)
@@ -53,6 +55,8 @@ class _Shared:
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                              framework.adam_moments_bf16)
         self.total_params = model.total_params()
+        # model FLOPs per token at the workload's sequence (their one definition)
+        self.model_flops_per_token = model_flops_per_token(model, workload.seq_len)
         self.main = cluster.groups[0].name
         self.single = len(cluster.groups) == 1
         # the fraction of overlapped communication that still costs compute time (measured by
@@ -65,7 +69,7 @@ class _Shared:
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
-        self.flights: dict[tuple, list[float]] = {}
+        self.flights: dict[tuple, tuple[list[float], bool]] = {}
 
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
@@ -105,12 +109,15 @@ class _Shared:
             return tp_lay, layout_for(par.ep, ts * par.etp, gpn), cp_lay, layout_for(par.etp, ts, gpn)
         return tp_lay, layout_for(par.ep, axis_stride(degrees, order, "dp"), gpn), cp_lay, None
 
-    def inflight(self, par: ParallelConfig) -> list[float]:
-        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index)."""
+    def inflight(self, par: ParallelConfig) -> tuple[list[float], bool]:
+        """Micro-batches in flight on each stage (``inflight_microbatches`` of every index), and
+        whether they never grow from one stage to the next (every schedule priced today: the
+        first stages hold the most)."""
         key = (par.pp, par.grad_accum, par.vpp, par.schedule)
         fl = self.flights.get(key)
         if fl is None:
-            fl = self.flights[key] = [inflight_microbatches(par, i) for i in range(par.pp)]
+            counts = [inflight_microbatches(par, i) for i in range(par.pp)]
+            fl = self.flights[key] = (counts, all(a >= b for a, b in zip(counts, counts[1:])))
         return fl
 
     def mesh(self, par: ParallelConfig, order: tuple[str, ...], grp) -> StageMesh:
@@ -169,7 +176,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={})
+            placements={}, layers_parts={}, states_parts={})
         return mesh
 
     def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:
@@ -255,6 +262,43 @@ def stage_model(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par:
 def _stage_model(model, cluster, workload, par, order, group, first, last, crosses, framework) -> StageModel:
     return StageModel(_shared(model, cluster, workload, framework), par, order, cluster.group(group)).place(
         first, last, crosses)
+
+
+def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
+    """What ``StageModel.layers_part`` reads besides the stage's mesh (whose cache holds the entry)."""
+    return (sm.last, sm.selective, n_dense, n_moe, r)
+
+
+def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
+    """What ``StageModel.states_part`` reads besides the stage's mesh (``first`` and ``last`` fix
+    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers)."""
+    return (sm.first, sm.last, sm.zero.zero, sm.overlap_grad, n_dense, n_moe, comp)
+
+
+def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:
+    """``sm.cost(n_dense, n_moe, r)``, its layers' and model-state parts memoized on the stage's
+    mesh (``StageMesh.layers_parts``, ``states_parts``): the configurations of one mesh that differ
+    in ZeRO stage share the first, those that differ in recompute (or in micro-batches, schedule,
+    virtual stages) the second. ``estimate`` costs each kind of stage through it."""
+    mesh = sm.mesh
+    key = layers_key(sm, n_dense, n_moe, r)
+    lay = mesh.layers_parts.get(key)
+    if lay is None:
+        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
+    key = states_key(sm, n_dense, n_moe, lay[0])
+    st = mesh.states_parts.get(key)
+    if st is None:
+        st = mesh.states_parts[key] = sm.states_part(n_dense, n_moe, lay[0])
+    return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
+
+
+def clear_stage_costs() -> None:
+    """Forget every memoized ``stage_cost`` part (``bench/bench_estimate.py`` does before each
+    sweep, so that only configurations of one sweep share them)."""
+    for sh in _SHARED_BY_ID.values():
+        for mesh in sh.meshes.values():
+            mesh.layers_parts.clear()
+            mesh.states_parts.clear()
 
 
 @lru_cache(maxsize=1024)

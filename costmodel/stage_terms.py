@@ -187,25 +187,26 @@ def layer_sums(dense: LayerTerms, n_dense: float, r_dense: float, moe: LayerTerm
     return comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work
 
 
-@dataclass(slots=True)
-class StageCost:
+class StageCost(NamedTuple):
     """A stage's cost per micro-batch (times), its FLOPs, and its memory parts before the
-    micro-batches in flight are counted (``StageModel.memory``)."""
+    micro-batches in flight are counted (``StageModel.memory``). The fields come in the order
+    ``StageModel.cost`` puts them together: its layers' part (``StageModel.layers_part``), the
+    pipeline hand-off of its placement, its model-state part (``StageModel.states_part``)."""
 
     compute_s: float
     recompute_s: float
     tp_comm_s: float
     ep_comm_s: float
     cp_comm_s: float
+    model_flops: float
+    hw_flops: float
+    act_stored_bytes: float        # per micro-batch in flight
+    act_fixed_bytes: float         # recompute working set + logits (last stage)
     pp_comm_s: float
     fsdp_comm_s: float             # exposed ZeRO-3 gathers and scatters, ZeRO-2 scatters, per micro-batch
     dp_grad_s: float               # once per step: gradient reduction (before overlap)
     dp_gather_s: float             # once per step: ZeRO-1/2 weight all-gather (before overlap)
     optimizer_s: float
-    model_flops: float
-    hw_flops: float
-    act_stored_bytes: float        # per micro-batch in flight
-    act_fixed_bytes: float         # recompute working set + logits (last stage)
     embed_act_bytes: float         # per micro-batch in flight, first stage
     weights_bytes: float
     grads_bytes: float
@@ -225,6 +226,11 @@ class StageCost:
     @property
     def act_per_microbatch_bytes(self) -> float:
         return self.act_stored_bytes + self.embed_act_bytes
+
+
+# StageCost(...) from its parts without the keyword handling of the generated __new__ (the
+# estimate's hot path): ``_new_cost(StageCost, layers + (pp_comm_s,) + states)``
+_new_cost = tuple.__new__
 
 
 class ZeroSharding(NamedTuple):
@@ -274,6 +280,8 @@ class StageMesh:
     all_reduce_replicas: Callable[[float], float]
     all_reduce_expert_replicas: Callable[[float], float]
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
+    layers_parts: dict                 # stage_cache.layers_key -> StageModel.layers_part, memoized by estimate
+    states_parts: dict                 # stage_cache.states_key -> StageModel.states_part, memoized by estimate
 
 
 def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
@@ -374,13 +382,21 @@ class StageModel:
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
         """The stage's ``StageCost`` with ``n_dense + n_moe`` layers, ``r`` of them recomputed
-        fully (spread over the two kinds in proportion; the cost is linear in ``r``)."""
+        fully (spread over the two kinds in proportion; the cost is linear in ``r``): its layers'
+        part, its pipeline hand-off, its model-state part."""
+        lay = self.layers_part(n_dense, n_moe, r)
+        return _new_cost(StageCost, lay + (self.pp_comm_s,) + self.states_part(n_dense, n_moe, lay[0]))
+
+    def layers_part(self, n_dense: float, n_moe: float, r: float) -> tuple[float, ...]:
+        """The first fields of ``StageCost`` (``compute_s`` to ``act_fixed_bytes``): the layers'
+        terms (``layer_sums``), the output head and the MTP modules on the last stage. They read
+        the mesh, ``last``, ``selective`` and the counts, nothing of ZeRO or of the placement's
+        neighbour (``stage_cache.stage_cost`` keys them so)."""
         mesh, sh = self.mesh, self.sh
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
         comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
             mesh.dense_terms, n_dense, r - r_moe, mesh.moe_terms, n_moe, r_moe, self.selective)
-        ec = mesh.ends
         mtp = sh.model.mtp_layers if self.last else 0
         if self.last:
             comp += mesh.head_compute_s
@@ -399,6 +415,18 @@ class StageModel:
             model_flops += mtp * (lt.model_flops + head * mesh.head_model_flops)
             hw_flops += mtp * (lt.hw_flops + head * mesh.head_model_flops)
             act_stored += mtp * (lt.act_selective_bytes if self.selective else lt.act_bytes)
+        return (comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored,
+                act_work + (mesh.ends.head_act_bytes if self.last else 0.0))
+
+    def states_part(self, n_dense: float, n_moe: float, comp: float) -> tuple[float, ...]:
+        """The last fields of ``StageCost`` (``fsdp_comm_s`` to ``buffers_bytes``): the stage's
+        parameters, their ZeRO and data-parallel communication (ZeRO-2/3's overlapped with
+        ``comp``, the layers' compute time) and model states. They read the mesh, ``first``,
+        ``last``, the ZeRO stage, the gradient overlap and the counts, nothing of recompute
+        (``stage_cache.stage_cost`` keys them so)."""
+        mesh, sh = self.mesh, self.sh
+        n = n_dense + n_moe
+        mtp = sh.model.mtp_layers if self.last else 0
         mtp_dense = (mesh.moe_layer_params if mesh.moe_terms else mesh.dense_layer_params) if mtp else 0.0
         dense_params = (n_dense * mesh.dense_layer_params + n_moe * mesh.moe_layer_params + self.ends_params
                         + mtp * (mtp_dense + 2.0 * sh.model.hidden ** 2 / self.par.tp))
@@ -457,18 +485,13 @@ class StageModel:
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
-        return StageCost(
-            compute_s=comp, recompute_s=rec, tp_comm_s=tp, ep_comm_s=ep, cp_comm_s=cp, pp_comm_s=self.pp_comm_s,
-            fsdp_comm_s=fsdp, dp_grad_s=grad_s, dp_gather_s=gather_s,
-            optimizer_s=sh.opt_traffic * local / self.hbm_bytes_per_s,
-            model_flops=model_flops, hw_flops=hw_flops, act_stored_bytes=act_stored,
-            act_fixed_bytes=act_work + (ec.head_act_bytes if self.last else 0.0),
-            embed_act_bytes=ec.embed_act_bytes if self.first else 0.0,
-            weights_bytes=((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
-                           + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
-            grads_bytes=dense_params * g_b / dg + expert_params * g_b / eg,
-            optimizer_bytes=dense_params * k_b / dk + expert_params * k_b / ek,
-            buffers_bytes=self.buffers_bytes)
+        return (fsdp, grad_s, gather_s, sh.opt_traffic * local / self.hbm_bytes_per_s,
+                mesh.ends.embed_act_bytes if self.first else 0.0,
+                ((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
+                 + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
+                dense_params * g_b / dg + expert_params * g_b / eg,
+                dense_params * k_b / dk + expert_params * k_b / ek,
+                self.buffers_bytes)
 
     def activations(self, c: StageCost, inflight: float) -> float:
         """The stage's activation memory with ``inflight`` micro-batches in flight."""

@@ -1,6 +1,7 @@
 """``estimate()``: memory per GPU and time per training step of one configuration, its stages
-put together: each kind of stage costed once (``StageModel.cost``), then every stage's memory
-and row, and the step (``pipeline_step_time``).
+put together: each kind of stage costed once (``StageModel.cost``, its two parts memoized by
+``stage_cache.stage_cost``), every stage's peak memory, and the step (``pipeline_step_time``);
+every stage's row (``Estimate.stages``) is built when first read.
 
 Three rooms: the rules (``costmodel.stage_terms``: layer and stage terms, the step and its
 sources), the caches (``costmodel.stage_cache``), and this module. The names the rest of the
@@ -10,22 +11,22 @@ re-exported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, Callable, NamedTuple
 
 from .comm import DEFAULT_ORDER
 from .frameworks import FrameworkProfile, framework_profile
-from .layers import model_flops_per_token
-from .memory import activations_in_flight, stage_memory
+from .memory import activations_in_flight, stage_memory, stage_peak_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
-from .stage_cache import _per_stage, _shared, stage_compute_time, stage_model
+from .stage_cache import _per_stage, _shared, stage_compute_time, stage_cost, stage_model
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
                           fewest_full_recompute_layers, fp8_recipe_of, head_compute_s, inflight_microbatches,
                           layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses)
 
 # the names other modules take from here (the rules and caches live in the two modules above)
-__all__ = ["Estimate", "LayerSums", "LayerTerms", "StageCost", "StageEstimate", "StageKind", "StageMesh", "StageModel",
-           "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
+__all__ = ["Estimate", "LayerSums", "LayerTerms", "PeakInputs", "StageCost", "StageEstimate", "StageKind", "StageMesh",
+           "StageModel", "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
            "fewest_full_recompute_layers", "fp8_recipe_of", "inflight_microbatches", "layer_sums", "layer_terms",
            "overlapped", "pipeline_step", "pipeline_step_time", "stage_compute_time", "stage_crosses", "stage_groups",
            "stage_model"]
@@ -53,8 +54,12 @@ class StageEstimate:
                 "capacity_bytes": self.capacity_bytes, "fits": self.fits}
 
 
-@dataclass
+@dataclass(eq=False)
 class Estimate:
+    """One configuration's estimate. ``stages``, every stage's row (``StageEstimate``), is built
+    from the stage kinds when first read: what the search asks of most estimates (the step time,
+    the peak, whether it fits) is here without them, and equal either way."""
+
     step_time_s: float
     tokens_per_s: float
     tokens_per_s_per_gpu: float
@@ -64,18 +69,25 @@ class Estimate:
     hfu: float
     memory: dict[str, float]
     time: dict[str, float]
-    stages: list[StageEstimate] = field(default_factory=list)
     gpus: int = 0
     capacity_bytes: float = 0.0
     bottleneck_stage: int = 0
+    fits: bool = True                  # every stage's peak within its capacity
+    rows: "list[StageEstimate] | Callable[[], list[StageEstimate]]" = field(default_factory=list, repr=False)
+
+    @property
+    def stages(self) -> list[StageEstimate]:
+        rows = self.rows
+        if callable(rows):
+            rows = self.rows = rows()
+        return rows
 
     @property
     def peak_bytes(self) -> float:
         return self.memory["peak_bytes"]
 
-    @property
-    def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Estimate) and self.to_dict() == other.to_dict()
 
     def to_dict(self, stages: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -116,26 +128,48 @@ def stage_groups(cluster: ClusterSpec, par: ParallelConfig, stages: tuple[StageS
 
 class StageKind(NamedTuple):
     """What every stage of one kind (``estimate``: same node group, position, neighbour placement,
-    layers and recompute) shares: its model states, activations per micro-batch in flight and
-    fixed, the GPU's reserved memory and capacity, buffers, and its time per micro-batch."""
+    layers and recompute) shares: its cost, the inputs of its peak memory besides the
+    micro-batches in flight (``PeakInputs``), its layers and node group."""
 
-    weights_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
+    cost: StageCost
+    peak_inputs: "PeakInputs"
+    num_layers: int
+    recompute_layers: int
+    group: str
+
+
+class PeakInputs(NamedTuple):
+    """A stage kind's part of ``memory.stage_peak_bytes``: its summed model states, activations
+    per micro-batch in flight and fixed, the GPU's reserved memory, buffers, and capacity."""
+
+    states_bytes: float
     act_per_microbatch_bytes: float
     act_fixed_bytes: float
     reserved_bytes: float
     buffers_bytes: float
     capacity_bytes: float
-    num_layers: int
-    recompute_layers: int
-    group: str
-    time_per_microbatch_s: float
 
 
-# StageKind(...) without the keyword handling of its generated __new__ (a third of the cost of
+# PeakInputs(...) without the keyword handling of its generated __new__ (a third of the cost of
 # building one, on the estimate's hot path); the fields in their declared order
-_new_kind = tuple.__new__
+_new_tuple = tuple.__new__
+
+
+def _stage_memory(c: StageCost, peak: PeakInputs, inflight: float) -> dict[str, float]:
+    """The memory of a stage of cost ``c`` with ``inflight`` micro-batches in flight (``memory.stage_memory``)."""
+    return stage_memory(c.weights_bytes, c.grads_bytes, c.optimizer_bytes,
+                        activations_in_flight(inflight, peak.act_per_microbatch_bytes, peak.act_fixed_bytes),
+                        peak.reserved_bytes, peak.buffers_bytes)
+
+
+def _stage_rows(kind_cost: list[StageCost], kind_peak: list[PeakInputs], descs: list[tuple], ids: list[int],
+                inflight: list[float], firsts: list[int]) -> list[StageEstimate]:
+    """Every stage's row, from its kind (``ids``: each stage's; the kinds' costs, peak inputs and
+    ``descs``, ``_Shared.split``'s kind descriptions), micro-batches in flight and first layer."""
+    kinds = [StageKind(c, pk, n, n_full, g) for c, pk, (g, _, _, _, n, _, n_full, _) in zip(kind_cost, kind_peak, descs)]
+    return [StageEstimate(i, first_layer, k.num_layers, k.recompute_layers, k.group, k.cost.time_s,
+                          _stage_memory(k.cost, k.peak_inputs, infl), k.peak_inputs.capacity_bytes)
+            for i, (k, infl, first_layer) in enumerate(zip([kinds[k] for k in ids], inflight, firsts))]
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
@@ -146,7 +180,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
 
     Stages with the same node group, position (first, last, middle), neighbour placement and
     layer counts cost the same: each such kind is costed once, then every stage gets its own
-    in-flight micro-batches, memory and row."""
+    in-flight micro-batches and peak (and, when ``Estimate.stages`` is read, its memory and row)."""
     validate(model, cluster, workload, par)
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload, framework_profile(framework))
@@ -181,36 +215,44 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         per_stage_of = _per_stage(ids)      # a kind-indexed list -> its value at every stage
     models: dict[str, StageModel] = {}      # per node group, placed at each kind's position in turn
     kind_cost: list[StageCost] = []
-    kinds = []                              # what a stage's row needs of its kind
-    kind_hf, kind_peak = [], []             # hardware FLOPs, peak FLOP/s
+    kind_mem: list[PeakInputs] = []
+    kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
         if sm is None:
             sm = models[g] = StageModel(sh, par, order, sh.groups[g][0])
-        c = sm.place(first, last, crosses).cost(n - n_moe, n_moe, n_full)
+        c = stage_cost(sm.place(first, last, crosses), n - n_moe, n_moe, n_full)
         # the exposed DP time at the kind's first stage (it falls with the stage index, so that
         # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
         dp_exposed = max(dp_exposed, sm.dp_exposed(c, i0))
         opt_s = max(opt_s, c.optimizer_s)
         kind_cost.append(c)
-        kinds.append(_new_kind(StageKind, (c.weights_bytes, c.grads_bytes, c.optimizer_bytes,
-                                           c.act_stored_bytes + c.embed_act_bytes, c.act_fixed_bytes,
-                                           sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes, n, n_full, g,
-                                           c.time_s)))
+        kind_mem.append(_new_tuple(PeakInputs, (c.states_bytes, c.act_per_microbatch_bytes, c.act_fixed_bytes,
+                                                sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes)))
+        kind_time.append(c.time_s)
         kind_hf.append(c.hw_flops)
         kind_peak.append(sh.groups[g][2])
-    # each stage's memory and row; the stage nearest its capacity
-    rows = []
-    fullest_mem, fullest_cap, fullest_ratio = None, 0.0, -1.0
-    for i, kind, infl, first_layer in zip(range(p), per_stage_of(kinds), sh.inflight(par), firsts):
-        w, gr, o, act_per, act_fixed, reserved, buffers, cap, n, n_full, g, t = kind    # StageKind's fields
-        mem = stage_memory(w, gr, o, activations_in_flight(infl, act_per, act_fixed), reserved, buffers)
-        rows.append(StageEstimate(i, first_layer, n, n_full, g, t, mem, cap))
-        ratio = mem["peak_bytes"] / cap
+    # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
+    # states); whether all fit; the stage nearest its capacity (the first of equals). Where the
+    # micro-batches in flight never grow along the pipeline and no kind's activations per
+    # micro-batch are negative, a kind's peak (nondecreasing in the micro-batches in flight, as
+    # activations_in_flight and stage_peak_bytes are in their arguments) is largest at its first
+    # stage, the first of its equals: those stages alone decide both
+    inflight, falling = sh.inflight(par)
+    if falling and min(pk[1] for pk in kind_mem) >= 0.0:
+        checked = [(d[7], pk) for d, pk in zip(descs, kind_mem)]        # (index of its first stage, kind)
+    else:
+        checked = list(enumerate(per_stage_of(kind_mem)))
+    fits, fullest, fullest_ratio = True, 0, -1.0
+    for i, (states, act_per, act_fixed, reserved, buffers, cap) in checked:
+        peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
+        if peak > cap:
+            fits = False
+        ratio = peak / cap
         if ratio > fullest_ratio:
-            fullest_mem, fullest_cap, fullest_ratio = mem, cap, ratio
-    times = tuple(r.time_per_microbatch_s for r in rows)
+            fullest, fullest_ratio = i, ratio
+    times = per_stage_of(kind_time)
     step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
     j = times.index(max(times))
     b = kind_cost[ids[j]]
@@ -224,10 +266,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     hw_flops_total = sum(per_stage_of(kind_hf)) * per_stage * m
     peak_total = sum(per_stage_of(kind_peak)) * per_stage
     tokens = workload.global_batch * workload.seq_len
-    model_flops_total = model_flops_per_token(model, workload.seq_len) * tokens
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / gpus,
-                    model_tflops_per_gpu=model_flops_total / step / gpus / 1e12,
-                    hardware_tflops_per_gpu=hw_flops_total / step / gpus / 1e12,
-                    mfu=model_flops_total / step / peak_total, hfu=hw_flops_total / step / peak_total,
-                    memory=dict(fullest_mem), time=time, stages=rows, gpus=gpus, capacity_bytes=fullest_cap,
-                    bottleneck_stage=j)
+    model_flops_total = sh.model_flops_per_token * tokens
+    # Estimate(...) by position (keywords cost twice the rest of this block): its fields in order
+    return Estimate(step, tokens / step, tokens / step / gpus, model_flops_total / step / gpus / 1e12,
+                    hw_flops_total / step / gpus / 1e12, model_flops_total / step / peak_total,
+                    hw_flops_total / step / peak_total,
+                    _stage_memory(kind_cost[ids[fullest]], kind_mem[ids[fullest]], inflight[fullest]),
+                    time, gpus, kind_mem[ids[fullest]].capacity_bytes, j, fits,
+                    partial(_stage_rows, kind_cost, kind_mem, descs, ids, inflight, firsts))

@@ -1,0 +1,206 @@
+"""``stage_cache.stage_cost`` (the estimate's memo of a stage kind's two cost parts, kept on the
+stage's mesh) against the uncached rule: ``StageModel.cost`` on a fresh ``_Shared``, so that no
+sub-term is served from a cache. A sweep of configurations that share meshes (ZeRO stage,
+recompute, gradient overlap, virtual stages varied, as a search varies them) goes through one
+``_Shared``, so later ones are answered from parts the earlier ones left; every answer must be
+the uncached one exactly. Then each component of the two keys is dropped in turn: the sweep must
+then find a wrong answer, so the keys hold what the parts read (and this test would see one
+that did not)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from costmodel import stage_cache
+from costmodel.catalog import get_model
+from costmodel.comm import DEFAULT_ORDER
+from costmodel.files.clusters import load_cluster
+from costmodel.frameworks import framework_profile
+from costmodel.specs import ParallelConfig, SpecError, Workload, validate
+from costmodel.stage_cache import _Shared, stage_cost
+from costmodel.stage_terms import StageModel
+from costmodel.training import estimate
+
+# (model, cluster, GPUs, workload, base configuration, framework): dense and MoE (with MTP),
+# two to sixteen stages (middle stages of 13 and 14 layers: llama-3-70b; first, middle and last of
+# equal layers: llama-3-8b), HSDP, and Accelerate (whose engine, and so its overlaps, follows ZeRO)
+CASES = [
+    ("llama-3-70b", "dgx-h100", 48, dict(global_batch=512, seq_len=8192),
+     dict(tp=4, pp=6, dp=2, sp=True, grad_accum=256), "generic"),
+    ("llama-3.1-405b", "dgx-h100", 2048, dict(global_batch=2048, seq_len=8192),
+     dict(tp=8, pp=16, dp=16, sp=True, vpp=4, grad_accum=128), "megatron"),
+    ("deepseek-v3", "dgx-h100", 2048, dict(global_batch=4096, seq_len=4096),
+     dict(tp=1, pp=16, dp=128, ep=64, grad_accum=32), "generic"),
+    ("mixtral-8x7b", "dgx-h100", 32, dict(global_batch=256, seq_len=4096),
+     dict(tp=2, pp=2, dp=8, ep=8, grad_accum=32, dp_shard=4), "torchtitan"),
+    ("llama-3-8b", "dgx-h100", 16, dict(global_batch=64, seq_len=4096),
+     dict(tp=1, pp=4, dp=4, grad_accum=16), "accelerate"),
+]
+
+
+def _sweep(model, cluster, wl, base: dict) -> list[ParallelConfig]:
+    p0 = ParallelConfig(**base)
+    out = []
+    for zero, rc, overlap, vpp in itertools.product((0, 1, 2, 3), ("none", "selective", "full"), (True, False),
+                                                    sorted({p0.vpp, 1})):
+        try:
+            par = dataclasses.replace(p0, zero=zero, recompute=rc, overlap_dp_comm=overlap, vpp=vpp, schedule="",
+                                      dp_shard=p0.dp_shard if zero == 3 else 0)
+            validate(model, cluster, wl, par)
+        except SpecError:
+            continue
+        out.append(par)
+    return out
+
+
+def _kinds(sh, par):
+    """The stage kinds of ``par``'s even split, as ``estimate`` costs them."""
+    return sh.split(par, DEFAULT_ORDER)[4]
+
+
+def _mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
+    """Sweep one case through one ``_Shared`` with ``stage_cost``; count the answers that differ
+    from ``StageModel.cost`` on a fresh ``_Shared`` (and assert there were plenty of answers)."""
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    workload, prof = Workload(**wl), framework_profile(fw)
+    sh = _Shared(model, cluster, workload, prof)
+    grp = cluster.groups[0]
+    bad = answers = 0
+    for par in _sweep(model, cluster, workload, base):
+        for _, first, last, crosses, n, n_moe, n_full, _ in _kinds(sh, par):
+            got = stage_cost(StageModel(sh, par, DEFAULT_ORDER, grp).place(first, last, crosses),
+                             n - n_moe, n_moe, n_full)
+            fresh = _Shared(model, cluster, workload, prof)
+            want = StageModel(fresh, par, DEFAULT_ORDER, grp).place(first, last, crosses).cost(n - n_moe, n_moe, n_full)
+            answers += 1
+            bad += got != want
+    assert answers >= 40, answers
+    return bad
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] + "/" + c[5] for c in CASES])
+def test_stage_cost_equals_the_uncached_rule(case):
+    assert _mismatches(*case) == 0
+
+
+def test_parts_are_shared_across_the_sweep():
+    """The memo is used: on one mesh, the layers' part is computed once for the four ZeRO stages
+    (and both overlaps), the model-state part once for the three recompute modes."""
+    name, cluster_name, gpus, wl, base, fw = CASES[2]
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    workload, prof = Workload(**wl), framework_profile(fw)
+    sh = _Shared(model, cluster, workload, prof)
+    answers = 0
+    for par in _sweep(model, cluster, workload, base):
+        for _, first, last, crosses, n, n_moe, n_full, _ in _kinds(sh, par):
+            stage_cost(StageModel(sh, par, DEFAULT_ORDER, cluster.groups[0]).place(first, last, crosses),
+                       n - n_moe, n_moe, n_full)
+            answers += 1
+    mesh = next(iter(sh.meshes.values()))
+    assert len(sh.meshes) == 1
+    assert 4 * len(mesh.layers_parts) <= answers and 3 * len(mesh.states_parts) <= answers, (
+        answers, len(mesh.layers_parts), len(mesh.states_parts))
+
+
+# the components of each key (by position) dropped together. The layers' compute time ``comp``
+# ends the model-state key; it is a function of the mesh, ``last`` (the output head's compute)
+# and the layer counts, so each of those is dropped with it
+LAYERS_KEY = {"last": (0,), "selective": (1,), "n_dense": (2,), "n_moe": (3,), "r": (4,)}
+STATES_KEY = {"first": (0,), "last": (1, 6), "zero": (2,), "overlap_grad": (3,), "n_dense": (4, 6), "n_moe": (5, 6)}
+
+
+def _dropping(key_fn, drop):
+    def broken(*args):
+        return tuple(x for i, x in enumerate(key_fn(*args)) if i not in drop)
+    return broken
+
+
+@pytest.mark.parametrize("drop", LAYERS_KEY.values(), ids=list(LAYERS_KEY))
+def test_a_layers_key_without_a_component_gives_wrong_answers(monkeypatch, drop):
+    monkeypatch.setattr(stage_cache, "layers_key", _dropping(stage_cache.layers_key, drop))
+    assert any(_mismatches(*case) for case in CASES)
+
+
+@pytest.mark.parametrize("drop", STATES_KEY.values(), ids=list(STATES_KEY))
+def test_a_states_key_without_a_component_gives_wrong_answers(monkeypatch, drop):
+    monkeypatch.setattr(stage_cache, "states_key", _dropping(stage_cache.states_key, drop))
+    assert any(_mismatches(*case) for case in CASES)
+
+
+def test_rows_built_on_demand_agree_with_the_estimate():
+    """``Estimate.stages`` is built when first read: its rows give the estimate's ``fits``, its
+    fullest stage's memory and capacity, and the same rows every time; to_dict carries them."""
+    model, cluster = get_model("llama-3.1-405b"), load_cluster("dgx-h100").with_gpus(2048)
+    wl = Workload(global_batch=2048, seq_len=8192)
+    seen = set()
+    for rc, zero in itertools.product(("none", "full"), (0, 1, 3)):
+        par = ParallelConfig(tp=8, pp=16, dp=16, sp=True, grad_accum=128, recompute=rc, zero=zero)
+        est = estimate(model, cluster, wl, par)
+        rows = est.stages
+        assert est.stages is rows and len(rows) == 16
+        assert est.fits == all(s.fits for s in rows)
+        fullest = max(rows, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
+        assert est.memory == fullest.memory and est.capacity_bytes == fullest.capacity_bytes
+        assert est.to_dict()["stages"] == [s.to_dict() for s in rows]
+        seen.add(est.fits)
+    assert seen == {True, False}        # both answers of fits were checked
+
+
+def _rows_agree(est) -> None:
+    rows = est.stages
+    assert est.fits == all(s.fits for s in rows)
+    fullest = max(rows, key=lambda s: s.memory["peak_bytes"] / s.capacity_bytes)
+    assert est.memory == fullest.memory and est.capacity_bytes == fullest.capacity_bytes
+
+
+@pytest.mark.parametrize("schedule,vpp,batch", [("1f1b", 1, 512), ("interleaved", 2, 512), ("gpipe", 1, 32)])
+def test_fullest_stage_from_each_kinds_first_stage(schedule, vpp, batch):
+    """Where the micro-batches in flight fall along the pipeline, the estimate finds ``fits`` and
+    the fullest stage from each kind's first stage: the same answer as every stage's row, on
+    uneven splits with per-stage recompute too (kinds that recur further down the pipeline)."""
+    from costmodel.specs import StageSpec
+    model, cluster = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+    wl = Workload(global_batch=batch, seq_len=8192)
+    seen = set()
+    for mb, rc in itertools.product((1, 2, 4), ("none", "selective", "full")):
+        par = ParallelConfig(tp=4, pp=8, dp=2, sp=True, micro_batch=mb, grad_accum=batch // 2 // mb, recompute=rc,
+                             vpp=vpp, schedule=schedule)
+        _rows_agree(estimate(model, cluster, wl, par))
+        ns = [9, 10, 10, 11, 10, 10, 10, 10]
+        stages = tuple(StageSpec(first_layer=sum(ns[:i]), num_layers=n, recompute_layers=(n if i % 3 else 0))
+                       for i, n in enumerate(ns))
+        est = estimate(model, cluster, wl, par, stages=stages)
+        _rows_agree(est)
+        seen.add(est.fits)
+    assert seen == {True, False}
+
+
+def test_growing_inflight_checks_every_stage(monkeypatch):
+    """Were the micro-batches in flight to grow along the pipeline (no schedule priced today), the
+    estimate checks every stage: here they grow up to the second-to-last stage (a middle stage
+    that is not its kind's first), which is the fullest."""
+    monkeypatch.setattr(stage_cache, "inflight_microbatches", lambda par, i: float(i + 1) if i < par.pp - 1 else 0.0)
+    monkeypatch.setattr(stage_cache, "_SHARED_BY_ID", {})
+    stage_cache._shared_equal.cache_clear()
+    try:
+        model, cluster = get_model("llama-3-70b"), load_cluster("dgx-h100").with_gpus(64)
+        par = ParallelConfig(tp=4, pp=8, dp=2, sp=True, grad_accum=256)
+        est = estimate(model, cluster, Workload(global_batch=512, seq_len=8192), par)
+        _rows_agree(est)
+        assert est.memory == est.stages[-2].memory and est.memory != est.stages[1].memory
+    finally:
+        stage_cache._shared_equal.cache_clear()
+
+
+@pytest.mark.parametrize("pp", [1, 16])
+def test_an_estimate_with_rows_not_yet_built_pickles(pp):
+    """What ``Estimate.rows`` holds until read (a ``partial`` of module-level names) pickles, and
+    the copy's rows are the original's."""
+    import pickle
+    model, cluster = get_model("llama-3.1-405b"), load_cluster("dgx-h100").with_gpus(128 * pp)
+    par = ParallelConfig(tp=8, pp=pp, dp=16, sp=True, grad_accum=8, recompute="full")
+    est = estimate(model, cluster, Workload(global_batch=128, seq_len=8192), par)
+    copy = pickle.loads(pickle.dumps(est))
+    assert callable(est.rows) and copy == est and copy.to_dict() == est.to_dict()
