@@ -48,3 +48,91 @@ def test_an_invalid_count_is_still_refused():
     par = ParallelConfig(tp=2, pp=4, dp=2, recompute="full", recompute_layers=1)
     with pytest.raises(SpecError):
         space.with_recompute_layers(par, 10**9)
+
+
+# --- the target enumeration's shortcuts, each against the slow obvious version -----------------
+
+def _moe_variants_slow(target, model, rules, par, key, gpn, fixed, memo):
+    """Every (dispatcher, EP overlap) pair built with every check and asked of the table."""
+    from planner.search import target_space as tg
+    out = []
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
+        v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
+            dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
+        if v is par or tg.runs(target, model, rules.workload, v, key[-1]):
+            out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("model,gpus,gb,seq,target,fixed", [
+    ("qwen3-30b-a3b", 64, 512, 4096, "megatron", {}),
+    ("deepseek-v3", 256, 512, 4096, "megatron", {}),
+    ("mixtral-8x7b", 32, 256, 4096, "megatron", {"ep_overlap": True}),
+    ("gpt-oss-120b", 64, 256, 4096, "accelerate", {}),
+    ("gpt-oss-120b", 64, 256, 4096, "torchtitan", {}),
+    ("qwen3-30b-a3b", 64, 512, 4096, "deepspeed", {}),
+    ("llama-3-70b", 64, 512, 8192, "torchtitan", {}),
+    ("llama-3-8b", 16, 128, 4096, "builtin", {}),
+])
+def test_target_candidates_equal_asking_every_configuration(monkeypatch, model, gpus, gb, seq, target, fixed):
+    """The schedules no table runs are not built (``runnable_schedules``), an MoE execution pair
+    is copied (``with_moe_exec``) and its verdict asked once per choice key, the rules that read
+    only the shape are asked once per shape (``ShapeRules``): the candidates are exactly those of
+    building every configuration with its checks and asking the table (``runs``) of each."""
+    from planner.search import target_space as tg
+    m, cl, wl = get_model(model), load_cluster("dgx-h100").with_gpus(gpus), Workload(global_batch=gb, seq_len=seq)
+    fast = space.enumerate_candidates(m, cl, wl, dict(fixed), gpus, target=target)
+    monkeypatch.setattr(space, "with_recompute_layers", _slow)
+    monkeypatch.setattr(tg, "runnable_schedules", tg.schedule_choices)
+    monkeypatch.setattr(space, "_moe_variants", _moe_variants_slow)
+    monkeypatch.setattr(tg.ShapeRules, "runs", lambda self, par, order: tg.runs(target, m, wl, par, order))
+    slow = space.enumerate_candidates(m, cl, wl, dict(fixed), gpus, target=target)
+    assert fast and fast == slow
+    assert [repr(c) for c in fast] == [repr(c) for c in slow]
+    if m.is_moe and target == "megatron" and not fixed:        # the MoE execution pairs were searched
+        assert any(c.par.ep_overlap for c in fast) and any(c.par.moe_dispatcher == "deepep" for c in fast)
+
+
+def test_a_moe_execution_copy_equals_the_checked_one():
+    par = ParallelConfig(tp=2, pp=4, dp=8, ep=8, vpp=2, recompute="none")
+    hash(par)
+    for disp in ("", "alltoall", "deepep"):
+        for over in (False, True):
+            new = space.with_moe_exec(par, disp, over)
+            slow = dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
+            assert new == slow and hash(new) == hash(slow) and repr(new) == repr(slow)
+    with pytest.raises(SpecError):
+        space.with_moe_exec(par, "nccl-magic", False)        # an unknown dispatcher is still checked
+
+
+def test_runnable_schedules_leaves_out_only_what_the_table_refuses():
+    from planner.plan import targets as T
+    from planner.search import target_space as tg
+    m, wl = get_model("llama-3-8b"), Workload(global_batch=64, seq_len=4096)
+    for target in ("megatron", "torchtitan", "deepspeed", "accelerate", "builtin", "megatron-deepspeed"):
+        for pp, vpp in ((1, 1), (4, 1), (4, 2)):
+            kept = tg.runnable_schedules(target, pp, vpp)
+            for sched in tg.schedule_choices(target, pp, vpp):
+                par = ParallelConfig(tp=1, pp=pp, dp=2, vpp=vpp, grad_accum=8, schedule=sched)
+                if sched not in kept:      # dropped only where the table refuses the schedule
+                    assert any("schedule" in p for p in T.config_problems(target, m, wl, par)), (target, sched)
+    assert "gpipe" not in tg.runnable_schedules("megatron", 4, 1)
+    assert "gpipe" in tg.runnable_schedules("torchtitan", 4, 1)
+
+
+def test_a_refusal_counts_the_same_configurations_from_the_kept_generic_space(monkeypatch):
+    """``refusal._generic_candidates`` keeps the last generic space: a second refusing target
+    gets the message a fresh enumeration gives, without enumerating again."""
+    from planner.search import refusal
+    m, cl, wl = get_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(64), Workload(global_batch=256,
+                                                                                           seq_len=4096)
+    refusal._LAST.clear()
+    first = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    calls = []
+    monkeypatch.setattr(refusal, "enumerate_candidates", lambda *a, **k: calls.append(a) or space.enumerate_candidates(*a, **k))
+    again = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    assert again == first and not calls
+    refusal._LAST.clear()
+    fresh = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
+    assert fresh == first and len(calls) == 1
+    assert "runs none of the" in first and str(len(space.enumerate_candidates(m, cl, wl, {}, 64))) in first

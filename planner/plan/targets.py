@@ -1278,34 +1278,39 @@ def runs_config(target: str | TrainTarget, model: ModelSpec, workload: Workload,
     (the search asks this of every configuration; tests/test_targets.py checks the two agree)."""
     base = _TABLES[target] if isinstance(target, str) else target
     ask = Ask(base.for_config(par), base.name, model, workload, par, tuple(order), False)
-    caps = _config_caps(ask)
-    if caps is None:
+    checks = config_checks(ask)
+    if checks is None:
         return False
-    for cap in caps:
-        if cap.broken(ask):
-            return False
-    for rule in ask.t.extra:
-        if rule.check(model, workload, par, ask.order):
+    for broken in checks:
+        if broken(ask):
             return False
     return True
 
 
-_CONFIG_CAPS: dict = {}
+_CONFIG_CHECKS: dict = {}
 
 
-def _config_caps(ask: Ask) -> tuple[Cap, ...] | None:
-    """``FAST_CAPS`` less the rules that read only the model and the workload (``MODEL_FIELDS``),
-    asked once per table, model and workload: None when one of those breaks (every configuration
-    is refused)."""
+def config_checks(ask: Ask) -> tuple[Callable[[Ask], bool], ...] | None:
+    """What ``runs_config`` asks of a configuration under its table ``ask.t``, in its order: each
+    rule of ``FAST_CAPS`` but those that read only the model and the workload (``MODEL_FIELDS``),
+    then the table's ``extra`` rules, each as a predicate true when the rule breaks. Built once
+    per table, model and workload; None when a model-only rule breaks (every configuration is
+    refused). Pure functions of the ``Ask``: the search asks once per outer shape those that read
+    nothing else of the configuration (``planner.search.target_space.ShapeRules``)."""
     key = (id(ask.t), ask.model, ask.wl)
-    hit = _CONFIG_CAPS.get(key)
+    hit = _CONFIG_CHECKS.get(key)
     if hit is None:
-        if len(_CONFIG_CAPS) > 4096:
-            _CONFIG_CAPS.clear()
+        if len(_CONFIG_CHECKS) > 4096:
+            _CONFIG_CHECKS.clear()
         broken = any(cap.broken(ask) for cap in FAST_CAPS if cap.field in MODEL_FIELDS)
-        hit = _CONFIG_CAPS[key] = (ask.t, None if broken else
-                                   tuple(cap for cap in FAST_CAPS if cap.field not in MODEL_FIELDS))
+        hit = _CONFIG_CHECKS[key] = (ask.t, None if broken else
+                                     tuple(cap.broken for cap in FAST_CAPS if cap.field not in MODEL_FIELDS)
+                                     + tuple(_extra_broken(rule) for rule in ask.t.extra))
     return hit[1]
+
+
+def _extra_broken(rule: Extra) -> Callable[[Ask], bool]:
+    return lambda a: bool(rule.check(a.model, a.wl, a.par, a.order))
 
 
 def config_problems(target: str | TrainTarget, model: ModelSpec, workload: Workload, par: ParallelConfig,

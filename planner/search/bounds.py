@@ -15,7 +15,7 @@ import math
 
 from costmodel.memory import stage_peak_bytes
 from costmodel.training import fewest_full_recompute_layers, inflight_microbatches, pipeline_step, stage_compute_time
-from planner.search.problem import Problem
+from planner.search.problem import Problem, _peak
 from planner.search.space import Candidate
 
 
@@ -124,21 +124,25 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
     if p == 1 or prob.objective == "memory":
         return weak
     moe_frac = prob.model.moe_layers / L
-    lo = max(1, par.vpp)
-    big = -(-L // p)
+    lo = _least_layers(cand)
+    big = max(lo, -(-L // p))
     t_big = t_small = math.inf
     for g in prob.groups(cand):
         for i in sorted({0, max(0, p - 2), p - 1}):
             sm = prob.stage_model_for(cand, g, i)
             inflight = inflight_microbatches(par, i)
             for n, slot in ((big, "big"), (lo, "small")):
-                for nd, nm in extreme_mixes(prob, n, moe_frac):
-                    r = par.policy_recompute_layers(n)
-                    if r is None:   # without per-stage recompute the tables run the policy: r = 0
-                        r = least_recompute(sm, nd, nm, n, inflight) if cand.stage_recompute else 0
-                    if r is None:
+                mixes = extreme_mixes(prob, n, moe_frac)
+                r = par.policy_recompute_layers(n)
+                if r is None and not cand.stage_recompute:
+                    r = 0           # without per-stage recompute the tables run the policy: r = 0
+                if r is not None and not _policy_may_fit(sm, mixes, n, r, inflight):
+                    continue        # no stage of n or more layers fits here under the policy
+                for nd, nm in mixes:
+                    rr = least_recompute(sm, nd, nm, n, inflight) if r is None else r
+                    if rr is None:
                         continue
-                    t = sm.cost(nd, nm, r).time_s
+                    t = sm.cost(nd, nm, rr).time_s
                     if slot == "big":
                         t_big = min(t_big, t)
                     else:
@@ -146,12 +150,99 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
     if t_big == math.inf:
         return math.inf
     if makespan and len(prob.groups(cand)) == 1:
+        if not _layers_may_fit(prob, cand, moe_frac):
+            return math.inf
         t_big = max(t_big, _makespan_bound(prob, cand, big, lo, moe_frac))
     w = prob.weight(cand)
     # the weak bound's sum of stage times (no recomputation) still bounds S from below
     s_lb = weak / w / ((m - 1 / v) / p + 1 / v)
     s_lb = max(s_lb, t_big + (p - 1) * t_small)
     return max(weak, ((m - 1 / v) * t_big + s_lb / v) * w)
+
+
+def _policy_may_fit(sm, mixes: list[tuple[float, float]], n: int, r: int, inflight: float) -> bool:
+    """Whether a stage of ``n`` layers of which the policy recomputes ``r`` (the tables' own
+    ``r``, not chosen to fit) can fit at this position with some (dense, MoE) mix between the
+    extremes: its peak as the tables count it (``problem._peak``) is linear in the mix, so the
+    least over the extremes is at most any mix's, and it grows with the layers a stage holds
+    and the micro-batches in flight (so the middle position with the fewest stands for every
+    middle one). Within ``_FIT_SLACK`` of the capacity it counts as fitting: the extremes are
+    computed along another path than the tables' exact counts."""
+    cap = sm.capacity_bytes * (1 + _FIT_SLACK)
+    for nd, nm in mixes:
+        c0 = sm.cost(nd, nm, 0)
+        cn = c0 if r == 0 else sm.cost(nd, nm, n)
+        if _peak(c0, cn, n, r, inflight, sm.reserved_bytes) <= cap:
+            return True
+    return False
+
+
+_FIT_SLACK = 1e-9
+
+
+def _least_layers(cand: Candidate) -> int:
+    """The fewest layers a stage of the candidate may hold: one per virtual stage, and at least
+    its target's uniform recompute count (``Candidate.least_layers``: the tables refuse fewer,
+    ``problem._split_allows``)."""
+    return max(1, cand.par.vpp, cand.least_layers)
+
+
+def _mixes_at(prob: Problem, i: int, lo: int, p: int, n: int, moe_frac: float) -> list[tuple[float, float]]:
+    """(dense, MoE) layer counts bounding those of an n-layer stage at position ``i`` (each
+    stage holds at least ``lo`` layers, so stage ``i`` starts at layer ``i*lo`` or later, and
+    at ``L - (p-i)*lo`` or earlier). For a model whose only dense layers lead it
+    (``first_dense_layers``, every later layer MoE) the stage's dense count lies between those of
+    its earliest and latest start; otherwise ``extreme_mixes``."""
+    model = prob.model
+    d = model.first_dense_layers
+    if not (model.is_moe and model.moe_layer_freq == 1 and model.moe_layers == model.layers - d):
+        return extreme_mixes(prob, n, moe_frac)
+    first, last = i * lo, model.layers - (p - i) * lo
+    most, least = max(0, min(n, d - first)), max(0, min(n, d - last))
+    return [(float(most), float(n - most))] + ([(float(least), float(n - least))] if least != most else [])
+
+
+def _layers_may_fit(prob: Problem, cand: Candidate, moe_frac: float) -> bool:
+    """Necessary for any split on one node group: the most layers each stage can hold at its
+    position (the largest ``n`` whose peak may fit, ``_policy_may_fit``, under the recompute the
+    tables give it: the policy's, none, or where a stage picks its own the least of none, one and
+    all ``n``) sum to at least
+    the model's layers. A stage's peak grows with its layers, so it fits below that count and
+    not above it; found by bisection."""
+    par = cand.par
+    p, L = par.pp, prob.model.layers
+    lo = _least_layers(cand)
+    hi = L - lo * (p - 1)
+    if hi < lo:
+        return False
+    g = prob.groups(cand)[0]
+    total = 0
+    for i in range(p - 1, -1, -1):        # the most room first (the fewest micro-batches in flight)
+        sm = prob.stage_model_for(cand, g, i)
+        inflight = inflight_microbatches(par, i)
+
+        def fits(n: int) -> bool:
+            mixes = _mixes_at(prob, i, lo, p, n, moe_frac)
+            r = par.policy_recompute_layers(n)
+            if r is not None or not cand.stage_recompute:
+                return _policy_may_fit(sm, mixes, n, r or 0, inflight)
+            # the stage picks its own count: the least peak is at none, one or all of them
+            # (linear from one on; ``fewest_full_recompute_layers``)
+            return any(_policy_may_fit(sm, mixes, n, k, inflight) for k in sorted({0, 1, n}))
+
+        if not fits(lo):
+            return False
+        a, b = lo, hi
+        while a < b:
+            mid = (a + b + 1) // 2
+            if fits(mid):
+                a = mid
+            else:
+                b = mid - 1
+        total += a
+        if total >= L:
+            return True
+    return False
 
 
 def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac: float, width: int = 3) -> float:

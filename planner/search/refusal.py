@@ -15,7 +15,7 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
     reasons are that layout's, not another's."""
     from collections import Counter
     fixed = dict(fixed or {})
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus)
+    cands = _generic_candidates(model, cluster, workload, fixed, gpus)
     if not cands:
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {workload.global_batch}"
                 + (f" and {_fixed_text(fixed)}" if fixed else "")
@@ -32,6 +32,24 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
     shown = common or [m for m, _ in seen.most_common(3)]
     return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs{what}: "
             + "; ".join(shown))
+
+
+_LAST: list = []        # (key, candidates): the last generic space asked (``--target all`` asks it per refusing target)
+
+
+def _generic_candidates(model: ModelSpec, cluster, workload: Workload, fixed: dict, gpus: int) -> list:
+    """``enumerate_candidates`` of the generic space, the last one kept: the targets that refuse
+    a model outright each count the same configurations."""
+    try:
+        key = (model, cluster, workload, tuple(sorted(fixed.items())), gpus)
+        hash(key)
+    except TypeError:
+        return enumerate_candidates(model, cluster, workload, fixed, gpus)
+    if _LAST and _LAST[0][0] == key:
+        return _LAST[0][1]
+    cands = enumerate_candidates(model, cluster, workload, fixed, gpus)
+    _LAST[:] = [(key, cands)]
+    return cands
 
 
 def _fixed_text(fixed: dict) -> str:

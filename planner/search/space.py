@@ -286,6 +286,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     protos: dict = {}
     found: list = []
     out = []
+    rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp) if wide else None
     # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
     # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
@@ -309,7 +310,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                         for vpp in vpps:
                             if wide:
                                 scheds = ([fixed["schedule"]] if fixed.get("schedule") else
-                                          tg.schedule_choices(target, pp, vpp))
+                                          tg.runnable_schedules(target, pp, vpp))
                                 policies = ch.policies(vpp)
                             else:
                                 scheds = [fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")]
@@ -343,7 +344,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                         mk = kind + (order,)
                                         ok = memo.get(mk)
                                         if ok is None:
-                                            ok = memo[mk] = tg.runs(target, model, workload, par, order)
+                                            ok = memo[mk] = rules.runs(par, order)
                                         if ok:
                                             any_order = True
                                             found.append(((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl,
@@ -354,24 +355,49 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     if wide:
         kept = tg.prune_dominated(found)
         if model.is_moe and any(par.ep > 1 for _, par in kept):
-            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, workload, par, key[-1], gpn,
-                                                                            fixed)]
+            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, rules, par, key, gpn,
+                                                                            fixed, memo)]
         out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
                for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
     return out
 
 
-def _moe_variants(target, model, workload, par: ParallelConfig, order, gpn: int, fixed: dict) -> list[ParallelConfig]:
+def _moe_variants(target, model, rules, par: ParallelConfig, key: tuple, gpn: int, fixed: dict,
+                  memo: dict) -> list[ParallelConfig]:
     """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
-    the target's table accepting it."""
+    the target's table accepting it (``rules``: the shape's ``ShapeRules``). ``key`` is ``par``'s
+    choice key in ``_inner`` (its mesh order
+    last); the table's verdict is asked once per pair and key with Megatron's uniform count N
+    reduced to whether there is one (``memo``, as ``_inner`` does: no rule reads N beyond
+    ``N % vpp``, which the search keeps 0)."""
     from planner.search import target_space as tg
     out = []
+    kind = key[:9] + (key[9] >= 0, key[10])
     for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed):
-        v = par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else \
-            dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)
-        if v is par or tg.runs(target, model, workload, v, order):
+        if (disp, over) == (par.moe_dispatcher, par.ep_overlap):
+            out.append(par)
+            continue
+        mk = kind + (disp, over)
+        ok = memo.get(mk)
+        v = with_moe_exec(par, disp, over) if ok is not False else None
+        if ok is None:
+            ok = memo[mk] = rules.runs(v, key[-1])
+        if ok:
             out.append(v)
     return out
+
+
+def with_moe_exec(par: ParallelConfig, dispatcher: str, overlap: bool) -> ParallelConfig:
+    """``par`` with its MoE execution (``moe_dispatcher``, ``ep_overlap``) set: what
+    ``dataclasses.replace`` builds, without running every check again when only these change (a
+    known dispatcher and a bool are valid wherever the values before were);
+    tests/test_space_fast_path.py holds it equal to the checked construction."""
+    if not (dispatcher in _DISPATCHER_VALUES and type(dispatcher) is str and type(overlap) is bool):
+        return dataclasses.replace(par, moe_dispatcher=dispatcher, ep_overlap=overlap)
+    return _copied(par, {"moe_dispatcher": dispatcher, "ep_overlap": overlap})
+
+
+_DISPATCHER_VALUES = frozenset(("",) + MOE_DISPATCHERS)
 
 
 def with_recompute_layers(par: ParallelConfig, n: int) -> ParallelConfig:

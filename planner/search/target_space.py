@@ -14,6 +14,7 @@ generic target.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 
@@ -82,6 +83,20 @@ def schedule_choices(target: str, pp: int, vpp: int) -> list[str]:
     return ["1f1b", "gpipe"] if pp > 1 else ["1f1b"]
 
 
+def runnable_schedules(target: str, pp: int, vpp: int) -> list[str]:
+    """``schedule_choices`` less the schedules no table of the target runs with pipeline stages
+    (any of its variants' ``schedules``; the table still checks each configuration): the search
+    does not build a configuration the table refuses on its schedule alone."""
+    out = schedule_choices(target, pp, vpp)
+    if pp == 1:
+        return out
+    t = T.get(target)
+    runs_any: set[str] = set()
+    for sub in [s for _, _, s in t.variants] or [t]:
+        runs_any |= sub.schedules
+    return [s for s in out if s in runs_any]
+
+
 def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: dict) -> list[tuple[str, int]]:
     """``(recompute, recompute_layers)`` policies to try: the target's whole-model policies, and
     with Megatron's block method every uniform count N a stage split can hold (N a multiple of
@@ -132,6 +147,94 @@ def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tup
 
 def runs(target: str, model: ModelSpec, workload: Workload, par: ParallelConfig, order: tuple) -> bool:
     return T.runs_config(target, model, workload, par, order)
+
+
+class _NotChosen(Exception):
+    """A rule read a field of the configuration (or its mesh order) that is not chosen yet."""
+
+
+_PAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ParallelConfig))
+_SHAPE_FIELDS = ("tp", "pp", "dp", "cp")
+
+
+class _ShapeOnly(ParallelConfig):
+    """An outer shape's degrees, as a configuration of which nothing else is chosen: reading any
+    other field (directly, or through a property or method) raises ``_NotChosen``."""
+
+    def __getattribute__(self, name: str):
+        if name in _PAR_FIELDS:
+            try:
+                return object.__getattribute__(self, "__dict__")[name]
+            except KeyError:
+                raise _NotChosen(name) from None
+        return object.__getattribute__(self, name)
+
+
+class _OrderNotChosen:
+    """The mesh order before it is chosen: any use raises ``_NotChosen``."""
+
+    def _later(self, *_a, **_k):
+        raise _NotChosen("order")
+
+    __iter__ = __len__ = __getitem__ = __contains__ = __eq__ = __hash__ = index = count = _later
+
+
+class ShapeRules:
+    """``runs(target, model, workload, par, order)`` for the configurations of one outer shape
+    (``tp``, ``pp``, ``dp``, ``cp``). ``runs_config`` asks pure predicates of the configuration
+    (``targets.config_checks``); each is asked first of the shape alone (``_ShapeOnly``). One that
+    reads nothing else has its verdict for every configuration of the shape: broken, it refuses
+    them all; holding, it is not asked again. The rest are asked of each configuration, in
+    ``runs_config``'s order. Where the table that applies (``TrainTarget.for_config``) depends
+    on more than the shape, every configuration is asked of ``runs``. tests/test_space_fast_path.py
+    holds the candidates equal to asking ``runs``."""
+
+    def __init__(self, target: str, model: ModelSpec, workload: Workload, tp: int, pp: int, dp: int, cp: int):
+        self.target, self.model, self.workload = target, model, workload
+        self.base = T.get(target)
+        self.checks = None            # None: ask runs itself; () with ``none``: every configuration refused
+        self.none = False
+        self.by_order: dict = {}      # mesh order -> the checks left once it is chosen (None: all refused)
+        shape = self.shape = object.__new__(_ShapeOnly)
+        object.__getattribute__(shape, "__dict__").update(tp=tp, pp=pp, dp=dp, cp=cp)
+        try:
+            self.t = self.base.for_config(shape)
+            checks = T.config_checks(T.Ask(self.t, self.base.name, model, workload, shape, _OrderNotChosen(), False))
+        except _NotChosen:
+            return
+        left = None if checks is None else self._left(checks, _OrderNotChosen())
+        self.none = left is None
+        self.checks = left or ()
+
+    def _left(self, checks: tuple, order) -> tuple | None:
+        """Of ``checks``, those the shape (and ``order``) alone do not decide; None when one of
+        them breaks."""
+        ask = T.Ask(self.t, self.base.name, self.model, self.workload, self.shape, order, False)
+        keep = []
+        for broken in checks:
+            try:
+                if broken(ask):
+                    return None
+            except Exception:       # reads more than the shape (_NotChosen), or cannot be asked of it
+                keep.append(broken)
+        return tuple(keep)
+
+    def runs(self, par: ParallelConfig, order: tuple) -> bool:
+        if self.none:
+            return False
+        if self.checks is None:
+            return runs(self.target, self.model, self.workload, par, order)
+        order = tuple(order)
+        checks = self.by_order.get(order, self)
+        if checks is self:
+            checks = self.by_order[order] = self._left(self.checks, order)
+        if checks is None:
+            return False
+        ask = T.Ask(self.t, self.base.name, self.model, self.workload, par, order, False)
+        for broken in checks:
+            if broken(ask):
+                return False
+        return True
 
 
 def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
