@@ -196,7 +196,7 @@ def efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causa
     return scale * _eta_max(points, head_dim) * seq_len / (seq_len + s0)
 
 
-def _block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
+def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
              seq_len: float, causal: bool) -> tuple[float, float]:
     """(forward, backward) time of one fused-attention block doing ``fwd_flops`` in its forward
     (the kernels' convention: causal halves them; backward does 2.5 times the forward) with
@@ -215,8 +215,8 @@ def _block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, hea
 
 def attention_time_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
                      seq_len: float, causal: bool) -> float:
-    """Forward plus backward time of one fused-attention block (``_block_s``)."""
-    f, b = _block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, causal)
+    """Forward plus backward time of one fused-attention block (``block_s``)."""
+    f, b = block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, causal)
     return f + b
 
 
@@ -228,12 +228,12 @@ def attention_fwd_bwd_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops:
     over ``cp`` context-parallel ranks (module docstring: the load-balanced ring's blocks). The
     one rule for training's attention core (``costmodel.layers.layer_cost``)."""
     if cp <= 1:
-        return _block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True)
+        return block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True)
     local = seq_len / cp
     # step 0: causal over the local chunk pair; the cp - 1 others: non-causal blocks of equal
     # work whose shorter side is s/(2cp) (module docstring)
-    f0, b0 = _block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True)
-    f1, b1 = _block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False)
+    f0, b0 = block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True)
+    f1, b1 = block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False)
     return f0 + f1, b0 + b1
 
 

@@ -55,8 +55,48 @@ MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's ow
 # all-in refit runs to the grid's edge (1.00/x12: 29 figures, median 5.2% -> 3.7%), but that pair
 # gives Llama-3-8B's layer GEMMs only x1.40 over BF16, against Transformer Engine's published x1.7-1.9
 # for a 4096 x 16384 layer (tests/test_fp8.py), so it is not shipped: 0.88/x6 stays.
+# Session 21: why the all-in refit (0.74/x2) differed from 0.88/x6: the MLPerf rows (0.88/x6 with them
+# left out) -- and both pairs give the TE layer's GEMMs x1.44 / x1.55, under the measured x1.67-1.90
+# (below). The fit now scans only pairs inside that range (``gemm_speedup_admissible``); with compiled
+# runs priced with compile, PyTorch-native stacks with their sm_90 factor and attention by its kernel
+# (attn3), the all-in fit is 0.88/x3 (x1.67), shipped. The runs' FP8 gain below the kernels' is then
+# a residual of the runs, not a property of the GEMM curve (docs/notes/stop-21/dense3.md).
 FP8_GEMM_EFFICIENCY = 0.88
-FP8_HALF_SIZE_FACTOR = 6.0
+FP8_HALF_SIZE_FACTOR = 3.0
+
+# What the FP8 curve must give a transformer layer's GEMMs alone (the casts are priced apart, as
+# memory traffic: ``layers.layer_cost`` quant_s). Source: NVIDIA/TransformerEngine
+# docs/examples/gemm_profiling/gemm_profiling.rst @1609c890 (its results table): the 5B config
+# (hidden 4096, FFN 16384, M = 15872 tokens, the 12 GEMMs of a layer: QKV, attention output, FC1,
+# FC2 forward, dgrad and wgrad) on H200 NVL, pre-quantized inputs
+# (GEMM only): FP8 delayed scaling 1.67x, FP8 current scaling 1.90x over BF16. H200 is H100's
+# GH100 die (its catalog entry extends dgx-h100's curve), so the pair is checked on the H100 curve.
+# A pair outside [1.67, 1.90] contradicts the kernel measurement: the fit (``planner validate
+# --cross``, bench/fit_fp8.py) does not choose it (``gemm_speedup_admissible``). Stated in session 21
+# before the constrained fit ran; why: the unconstrained all-in fit (0.74 / x2) gives this layer
+# x1.43, i.e. it absorbs into the GEMM curve FP8 costs that are not GEMMs.
+TE_LAYER_GEMMS = ((15872, 3 * 4096, 4096), (15872, 4096, 4096), (15872, 16384, 4096), (15872, 4096, 16384))
+TE_MEASURED_GEMM_SPEEDUP = (1.67, 1.90)
+
+
+def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: float,
+                       peak_ratio: float = 2.0) -> float:
+    """The FP8 over BF16 speed-up of ``TE_LAYER_GEMMS`` (each once per direction, so equally
+    weighted by FLOPs) under an FP8 pair, on a BF16 curve of half-size ``half_size`` with an FP8
+    peak ``peak_ratio`` times the BF16 one (``gemm_efficiency``: the BF16 efficiency cancels)."""
+    bf16 = fp8 = 0.0
+    for m, n, k in TE_LAYER_GEMMS:
+        g = (m * n * k) ** (1.0 / 3.0)
+        w = m * n * k * (g + half_size) / g              # BF16 time up to the shared constant
+        bf16 += w
+        fp8 += w / (peak_ratio * efficiency * (g + half_size) / (g + half_size_factor * half_size))
+    return bf16 / fp8
+
+
+def gemm_speedup_admissible(efficiency: float, half_size_factor: float, half_size: float) -> bool:
+    """Whether an FP8 pair gives the TE layer's GEMMs a speed-up inside the measured range."""
+    lo, hi = TE_MEASURED_GEMM_SPEEDUP
+    return lo <= layer_gemm_speedup(efficiency, half_size_factor, half_size) <= hi
 
 
 

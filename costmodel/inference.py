@@ -43,8 +43,11 @@ curves; ``p -> infinity`` is the ideal roofline, ``p = 1`` no overlap at all).
   layer (launch, ramp and tail of each kernel: the gaps an Nsight timeline of a batch-1 decode
   step shows; CUDA graphs remove the CPU launch but not these);
 * prefill: the same GEMMs at ``m = prompt tokens`` (compute-bound), causal attention quadratic
-  in the prompt (``4 P^2 x heads x head_dim / 2`` FLOPs per layer, FlashAttention at
-  ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM efficiency), only the last position's logits;
+  in the prompt (``4 P^2 x heads x head_dim / 2`` FLOPs per layer) on the forward curve of the
+  FlashAttention build the engine runs on the GPU (``costmodel.attention``: vLLM's
+  ``get_flash_attn_version`` takes FA3 on SM90 and FA2 below; FA4 on SM100 -- the same mapping as
+  torchtitan's varlen attention; a chunk after a cached prefix adds a non-causal block priced at
+  its shorter side), only the last position's logits;
 * TP: two all-reduces of ``tokens x hidden`` activations per layer (Megatron's f/g operators,
   Shoeybi et al., 2019, Fig. 3), each ``costmodel.comm`` alpha-beta time plus
   ``COLLECTIVE_LAUNCH_S``: at batch 1 a 10 KB all-reduce is pure latency;
@@ -83,7 +86,8 @@ from functools import lru_cache
 from typing import Any
 
 from .comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network, crosses_nodes, launched, layout_for
-from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s, matmul_efficiency
+from .attention import block_s, kernel_for
+from .compute import FLASH_ATTENTION_EFFICIENCY, gemm_time_s
 from .layers import ends_params, kv_heads_per_rank, layer_matrices, layer_params
 from .moe import gather_dispatch_s, grouped_gemm_compute_factor, load_factor
 from .specs import (ClusterSpec, GpuSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload, default_stages,
@@ -450,8 +454,12 @@ class _Serving:
         else:
             per_head = 2 * m.head_dim
         flops = 2 * seqs * s * (past + s * 0.5) * heads * per_head       # causal: half the s x s
-        eff = matmul_efficiency(self.gpu, self.c, s, past + s / 2, m.head_dim) * FLASH_ATTENTION_EFFICIENCY
-        comp = flops / (self.gpu.peak(self.cdt) * eff)
+        kernel = kernel_for("varlen", self.gpu)
+        peak = self.gpu.peak(self.cdt)
+        causal = 2 * seqs * s * s * 0.5 * heads * per_head
+        comp = block_s(kernel, self.gpu, peak, causal, m.head_dim, s, True)[0]
+        if past > 0:
+            comp += block_s(kernel, self.gpu, peak, flops - causal, m.head_dim, min(s, past), False)[0]
         mem = seqs * (s + past) * self.kv_layer / self.hbm              # chunk written, prefix read
         out.attn_compute += comp
         out.kv += mem

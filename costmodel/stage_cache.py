@@ -14,7 +14,7 @@ from operator import itemgetter
 
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, attention_impl, framework_profile, tp_overlap_mode
+from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
@@ -88,7 +88,7 @@ class _Shared:
                 ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            self.framework.kernel_efficiency, self.fp8, par.etp, etp_lay, ex,
+                            kernel_efficiency_on(self.framework, grp.gpu.name), self.fp8, par.etp, etp_lay, ex,
                             self.framework.elementwise, attention)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
@@ -194,7 +194,7 @@ class _Shared:
         ec = self.ends.get(key)
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
-                                            grp.gpu, self.cluster, self.framework.kernel_efficiency,
+                                            grp.gpu, self.cluster, kernel_efficiency_on(self.framework, grp.gpu.name),
                                             self.framework.elementwise)
         return ec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.attention import _block_s, attention_fwd_bwd_s, efficiency, kernel_for
+from costmodel.attention import block_s, attention_fwd_bwd_s, efficiency, kernel_for
 from costmodel.catalog import get_model
 from costmodel.comm import group_layout
 from costmodel.files.clusters import load_cluster
@@ -60,7 +60,7 @@ def _ring_walked(kernel, gpu, flops, hd, s, cp):
             else:
                 q, k, causal = local / 2, local, False
             pairs = q * k / 2 if causal else q * k
-            steps.append(_block_s(kernel, gpu, gpu.peak("bf16"), pairs * per_pair, hd, min(q, k), causal))
+            steps.append(block_s(kernel, gpu, gpu.peak("bf16"), pairs * per_pair, hd, min(q, k), causal))
         f_tot += max(f for f, _ in steps)
         b_tot += max(b for _, b in steps)
     return f_tot, b_tot
@@ -76,7 +76,7 @@ def test_cp_ring_equals_the_ring_walked_rank_by_rank(cp, kernel, gpu):
     assert fast == pytest.approx(slow, rel=1e-12)
     # and the ring's blocks together do the causal work once: at cp = 1 the same rule is one block
     assert attention_fwd_bwd_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, 1) == \
-        _block_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, True)
+        block_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, True)
 
 
 def test_layer_prices_the_kernel_the_framework_runs():

@@ -154,15 +154,18 @@ def test_optimizer_traffic_is_derived_from_the_state_layout():
 def test_zero3_without_model_parallelism_collapses_at_scale():
     """From the collectives alone: ZeRO-3 gathers and scatters each layer, and an all-gather's
     ring latency grows with the nodes (no tree for all-gather in NCCL), so pure ZeRO-3 data
-    parallelism keeps up with tp=2 + ZeRO-1 on 64 GPUs and falls far behind on thousands."""
+    parallelism keeps up with tp=2 + ZeRO-1 on 64 GPUs and falls far behind on thousands. Compute
+    at the cluster's curve (the generic profile): a framework whose kernels are slower on this GPU
+    (torchtitan on H100: ``frameworks.PYTORCH_SM90_FACTOR``) hides more of the collectives behind
+    them, and the fall comes later (x1.11 at 4,096, x2.1 at 16,384)."""
     m = get_model("llama-3-8b")
     ratio = {}
     for gpus in (64, 4096, 16384):
         c = load_cluster("dgx-h100").with_gpus(gpus)
         wl = Workload(global_batch=gpus, seq_len=4096)
-        z3 = estimate(m, c, wl, ParallelConfig(dp=gpus, zero=3, recompute="selective"), framework="torchtitan")
+        z3 = estimate(m, c, wl, ParallelConfig(dp=gpus, zero=3, recompute="selective"), framework="generic")
         tp2 = estimate(m, c, wl, ParallelConfig(tp=2, dp=gpus // 2, zero=1, sp=True, grad_accum=2,
-                                                recompute="selective"), framework="torchtitan")
+                                                recompute="selective"), framework="generic")
         ratio[gpus] = z3.step_time_s / tp2.step_time_s
     assert ratio[64] < 1.05
     assert ratio[4096] > 1.25

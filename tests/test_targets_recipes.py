@@ -102,17 +102,7 @@ WORKLOAD = {
     "megatron-fsdp-llama3-8b-fp8": {"fp8_param_gather": True},
 }
 # what does not fit yet, with the figure it gets (a strict xfail: it fails loudly once it fits)
-NOT_YET: dict[str, str] = {
-    "nemo2-llama3-8b": "77.09 GiB per GPU of the 76.0 allowed: states 56.1 (bf16 weights 14.96, FP32 gradients "
-                       "29.92 as the recipe's grad_reduce_in_fp32=True sets them, Adam sharded over dp*cp = 8: "
-                       "11.22), activations 19.95 (a hand count from what each module saves equals it: "
-                       "test_nemo2_llama3_8b_cp2_activations_match_a_hand_count), 1.0 reserved (CUDA context, "
-                       "workspaces) and 0.05 of DDP buckets (Megatron reduces in its grad buffer: an overcount of "
-                       "0.05, which cannot close the gap). It fits the H100's 79.65 GiB (nvidia-smi: 81,559 MiB) "
-                       "without the framework's 5% memory headroom, an assumption no measurement here has set "
-                       "(costmodel/frameworks.py; published Megatron logs show 1-9% reserved beyond allocated, "
-                       "docs/notes/stop-20/megfix.md); not changed to make this recipe fit",
-}
+NOT_YET: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[n]))

@@ -98,8 +98,12 @@ def test_a_cross_prediction_is_the_plain_estimate_with_the_refitted_constants(re
     gpu = dataclasses.replace(cluster.groups[0].gpu, matmul_efficiency=v["gpu.H100.matmul_efficiency"],
                               matmul_half_size=v["gpu.H100.matmul_half_size"])
     cl = dataclasses.replace(cluster, groups=(dataclasses.replace(cluster.groups[0], gpu=gpu),))
-    est = estimate(model, cl, wl, par, framework=dataclasses.replace(
-        FRAMEWORKS["accelerate"], kernel_efficiency=v["framework.accelerate.kernel_efficiency"]))
+    # the run compiled (regional torch.compile): the switch over the fold's kernel efficiency; the
+    # fold's module-level constants (the PyTorch sm_90 factor among them) set as the fit set them
+    with vc.module_constants(v):
+        est = estimate(model, cl, wl, par, framework=dataclasses.replace(
+            FRAMEWORKS["accelerate"], kernel_efficiency=v["framework.accelerate.kernel_efficiency"]
+        ).with_switches(compile=True))
     assert row.predicted == pytest.approx(est.tokens_per_s_per_gpu, rel=1e-9)
     assert row.error == pytest.approx(est.tokens_per_s_per_gpu / row.case.published - 1)
 

@@ -166,6 +166,12 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         prof = dataclasses.replace(prof, attention="sdpa-torchtitan")
     if not materialized and ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
+    if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
+        prof = dataclasses.replace(prof, pytorch_native=True)     # frameworks.kernel_efficiency_on
+    if ran_compile(case.get("execution")):
+        # the run compiled its model: priced as a launch file that turns compile on would be
+        # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)
+        prof = prof.with_switches(compile=True)
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
     if case.get("profile"):
@@ -190,6 +196,27 @@ def ran_async_tp(execution) -> bool:
             rest = text[at + len(mark):].lstrip(":=_'\"")
             return not rest.startswith(("false", "off", "no"))
     return False
+
+
+def ran_pytorch_fsdp(execution) -> bool:
+    """Whether a case's ``execution`` record names a PyTorch FSDP trainer ("PyTorch FSDP1",
+    "PyTorch FSDP2 fully_shard"): a PyTorch-native stack (``FrameworkProfile.pytorch_native``)."""
+    return "pytorch fsdp" in str(execution or "").lower()
+
+
+def ran_compile(execution) -> bool:
+    """Whether a case's ``execution`` record says the run used ``torch.compile``: the ``compile``
+    key of the mapping (true, or a text naming torch.compile such as "regional torch.compile";
+    "not stated" and false values are not), or, for a free-text record, "torch.compile" /
+    "compile: true"."""
+    if isinstance(execution, dict):
+        value = execution.get("compile", False)
+        if value is True:
+            return True
+        text = str(value).strip().lower()
+        return text in ("true", "on", "yes") or ("torch.compile" in text and not text.startswith("not"))
+    text = str(execution or "").lower()
+    return "torch.compile" in text or "compile: true" in text
 
 
 def case_stages(case: dict):
@@ -265,7 +292,7 @@ def target_for(fw: str, model, cluster, wl, par, given=None):
 def _with_overrides(case_prof, target_prof):
     """The accepting target's profile, keeping what the case's execution notes changed (TP overlap
     of 2021-22 Megatron, async TP, DualPipe) relative to the framework's profile."""
-    base = FRAMEWORKS.get(case_prof.name)
+    base = FRAMEWORKS.get(case_prof.name.split("+")[0])     # "torchtitan+compile": its switches priced
     if base is None or target_prof.name == case_prof.name:
         return case_prof
     changed = {f.name: getattr(case_prof, f.name) for f in dataclasses.fields(case_prof)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from costmodel import compute, fitted, fp8, layers, stage_cache
-from costmodel.frameworks import FRAMEWORKS
+from costmodel import compute, fitted, fp8, frameworks, layers, stage_cache
+from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_multicast
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from planner.cli import validation
@@ -202,6 +202,7 @@ def shipped_values() -> dict[str, float]:
     """Every fitted constant's value as the cost model ships it (read from its owner)."""
     from costmodel.files.clusters import load_cluster
     out = {"attention.flash_efficiency": compute.FLASH_ATTENTION_EFFICIENCY,
+           "pytorch.sm90_factor": frameworks.PYTORCH_SM90_FACTOR,
            "fp8.gemm_efficiency": fp8.FP8_GEMM_EFFICIENCY, "fp8.half_size_factor": fp8.FP8_HALF_SIZE_FACTOR}
     for gen, name in (("A100", "dgx-a100-80gb"), ("H100", "dgx-h100")):
         g = load_cluster(name).groups[0].gpu
@@ -218,7 +219,8 @@ def shipped_values() -> dict[str, float]:
 def module_constants(values: dict[str, float]) -> Iterator[None]:
     """The cost model's module-level fitted constants set to ``values`` (restored on exit)."""
     old = (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
-           fp8.FP8_HALF_SIZE_FACTOR)
+           fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR)
+    frameworks.PYTORCH_SM90_FACTOR = values["pytorch.sm90_factor"]
     a = values["attention.flash_efficiency"]
     compute.FLASH_ATTENTION_EFFICIENCY = layers.FLASH_ATTENTION_EFFICIENCY = a
     fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR = values["fp8.gemm_efficiency"], values["fp8.half_size_factor"]
@@ -227,7 +229,7 @@ def module_constants(values: dict[str, float]) -> Iterator[None]:
         yield
     finally:
         (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
-         fp8.FP8_HALF_SIZE_FACTOR) = old
+         fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR) = old
         _clear_caches()
 
 
@@ -245,7 +247,9 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
         cluster = dataclasses.replace(cluster, groups=groups)
     k = values.get(f"framework.{case.framework}.kernel_efficiency")
     if k is not None:
-        prof = dataclasses.replace(prof, kernel_efficiency=k)
+        # a compiled run keeps its switch over the refitted value (validation.case_inputs)
+        compiled = "compile" in prof.name.split("+")[1:]
+        prof = dataclasses.replace(prof, kernel_efficiency=k * (COMPILE_KERNEL_FACTOR if compiled else 1.0))
     return model, cluster, wl, par, prof
 
 
@@ -274,6 +278,9 @@ def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
         return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
     if group == "fp8":
         return [c for c in fit if c.dtype == "fp8"]
+    if group == "pytorch":         # generic-framework PyTorch FSDP runs on sm_90+ (frameworks.kernel_efficiency_on)
+        return [c for c in fit if c.framework == "generic" and c.dtype != "fp8" and c.inputs[4].pytorch_native
+                and has_cuda_multicast(c.inputs[1].groups[0].gpu.name)]
     raise KeyError(group)
 
 
@@ -283,7 +290,10 @@ def _groups() -> list[tuple[str, list[fitted.FittedConstant]]]:
     for c in fitted.FITTED:
         if c.grid:
             by.setdefault(c.group or c.name.rsplit(".", 1)[0], []).append(c)
-    order = lambda g: (0 if g.startswith("gpu.") else 1 if g.startswith("framework.") else 2, g)  # noqa: E731
+    # the GPU curves, then the PyTorch sm_90 factor (on generic-framework rows, so before the kernel
+    # efficiencies whose sm_90 rows it multiplies), the kernel efficiencies, FP8
+    order = lambda g: (0 if g.startswith("gpu.") else 1 if g == "pytorch" else 2 if g.startswith("framework.")  # noqa: E731
+                       else 3, g)
     return [(g, by[g]) for g in sorted(by, key=order)]
 
 
@@ -300,6 +310,9 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
     best = None
     for combo in itertools.product(*(c.grid for c in consts)):
         v = dict(values, **{c.name: x for c, x in zip(consts, combo)})
+        if consts[0].group == "fp8" and not fp8.gemm_speedup_admissible(
+                v["fp8.gemm_efficiency"], v["fp8.half_size_factor"], v["gpu.H100.matmul_half_size"]):
+            continue      # contradicts TE's measured GEMM speed-up (costmodel.fp8.TE_MEASURED_GEMM_SPEEDUP)
         # module-level constants (FP8 curve, attention) are set for the estimate; the others ride on the specs
         with module_constants(v) if any(c.name.startswith(_MODULE_LEVEL) for c in consts) else contextlib.nullcontext():
             errs = [abs(_err(r, predict(r, v)[0])) for r in rows]
@@ -311,7 +324,7 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
 
 
 _FIT_MEMO: dict[tuple, dict[str, float]] = {}
-_MODULE_LEVEL = ("fp8.", "attention.")
+_MODULE_LEVEL = ("fp8.", "attention.", "pytorch.")
 
 
 def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
@@ -333,6 +346,9 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
                 pooled += consts                  # after the others: its prior pools their fits
                 continue
             _fit_group(group, consts, train, values, res)
+            if group == "pytorch":            # the kernel efficiencies' sm_90 rows are priced with it
+                frameworks.PYTORCH_SM90_FACTOR = values["pytorch.sm90_factor"]
+                _clear_caches()
         fitted_here = {n: values[n] for g, cs in _groups() if g.startswith("framework.") and res.rows.get(g)
                        for n in (c.name for c in cs)}
         for c in pooled:
@@ -359,8 +375,8 @@ def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[Cros
         upstream = tuple(sorted((k, v) for k, v in values.items() if not k.startswith("fp8.")))
     else:                                     # the constants that are not refitted, and the GPU curves below a framework
         fixed = tuple(sorted((c.name, values[c.name]) for c in fitted.FITTED if not c.grid))
-        upstream = fixed + tuple(
-            sorted((k, v) for k, v in values.items() if k.startswith("gpu.")) if group.startswith("framework.") else ())
+        below = ("gpu.", "pytorch.") if group.startswith("framework.") else ("gpu.",) if group == "pytorch" else ()
+        upstream = fixed + tuple(sorted((k, v) for k, v in values.items() if k.startswith(below))) if below else fixed
     key = (group, tuple(sorted(r.name for r in rows)), upstream)
     if key not in _FIT_MEMO:
         _FIT_MEMO[key] = _scan(rows, consts, values)

@@ -22,7 +22,7 @@ SERVER_ARGS=(
   --context-length 131072
   --chunked-prefill-size 8192
   --enable-mixed-chunk
-  --max-running-requests 65
+  --max-running-requests 66
   --mem-fraction-static 0.88
   --random-seed 0
   --disaggregation-mode decode

@@ -24,7 +24,7 @@ SERVE_ARGS=(
   --max-model-len 131072
   --enable-chunked-prefill
   --max-num-batched-tokens 8192
-  --max-num-seqs 65
+  --max-num-seqs 66
   --block-size 16
   --gpu-memory-utilization 0.90
   --seed 0
