@@ -8,7 +8,7 @@
 # Model llama-3-70b: 80 layers, hidden 8192, ffn 28672, 64 heads (8 KV heads), vocab 128256, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 500000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
 # attention priced as the kernel Transformer Engine picks (costmodel.attention "te": cuDNN fused attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); written --attention-backend auto
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
-# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=te
+# priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.03 attention_kernel=flash elementwise=fused attention_impl=te
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule); costmodel/frameworks.py)
 # engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):

@@ -3,7 +3,7 @@
 # llama-3-70b on dgx-h100 (8 GPUs), infer: tp=8 pp=1 dp=1 cp=1 ep=1; 64 concurrent sequences per replica, prompt 2048 + output 512 = 2560 tokens, bf16
 #
 # bash sglang.sh [extra server flags]  (MODEL=<hf id or local path> overrides the model)
-# --mem-fraction-static 0.86 = (engine share 0.90 x 80.00 GiB - activations and buffers 3.50 GiB) / 80.00 GiB: weights plus the KV pool
+# --mem-fraction-static 0.86 = (engine share 0.90 x 79.65 GiB - activations and buffers 3.50 GiB) / 79.65 GiB: weights plus the KV pool
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.33 + 0.05 headroom), so the KV pool holds more than the plan's batch
 # the plan assumed static batches and no scheduler settings; sglang batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail

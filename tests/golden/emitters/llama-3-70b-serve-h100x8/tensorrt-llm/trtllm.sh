@@ -3,7 +3,7 @@
 # llama-3-70b on dgx-h100 (8 GPUs), infer: tp=8 pp=1 dp=1 cp=1 ep=1; 64 concurrent sequences per replica, prompt 2048 + output 512 = 2560 tokens, bf16
 #
 # bash trtllm.sh [extra trtllm-serve flags]  (MODEL=<hf id or local path> overrides the model)
-# --kv_cache_free_gpu_memory_fraction 0.87 = the plan's KV pool 52.06 GiB / 60.06 GiB left after weights and buffers, rounded up
+# --kv_cache_free_gpu_memory_fraction 0.87 = the plan's KV pool 51.75 GiB / 59.71 GiB left after weights and buffers, rounded up
 # memory share 0.90 = max(the engines' default 0.9, estimated peak 0.33 + 0.05 headroom), so the KV pool holds more than the plan's batch
 # the plan assumed static batches and no scheduler settings; tensorrt-llm batches continuously with its default token budget, so expect the figures of `planner plan --batching inflight`
 set -euo pipefail

@@ -3,7 +3,7 @@
 # llama-3.1-70b on dgx-h100 (8 GPUs), infer: tp=4 pp=2 dp=1 cp=1 ep=1; 46 concurrent sequences per replica, prompt 1000 + output 200 = 1200 tokens, bf16
 #
 # bash sglang.sh [extra server flags]  (MODEL=<hf id or local path> overrides the model)
-# --mem-fraction-static 0.88 = (engine share 0.90 x 80.00 GiB - activations and buffers 2.26 GiB) / 80.00 GiB: weights plus the KV pool
+# --mem-fraction-static 0.88 = (engine share 0.90 x 79.65 GiB - activations and buffers 2.26 GiB) / 79.65 GiB: weights plus the KV pool
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.26)
 # the plan modelled vllm's scheduler; these flags set sglang's to the same token budget (8192) and request cap (46)
 set -euo pipefail

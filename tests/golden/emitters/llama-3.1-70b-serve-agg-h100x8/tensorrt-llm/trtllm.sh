@@ -3,7 +3,7 @@
 # llama-3.1-70b on dgx-h100 (8 GPUs), infer: tp=4 pp=2 dp=1 cp=1 ep=1; 46 concurrent sequences per replica, prompt 1000 + output 200 = 1200 tokens, bf16
 #
 # bash trtllm.sh [extra trtllm-serve flags]  (MODEL=<hf id or local path> overrides the model)
-# --kv_cache_free_gpu_memory_fraction 0.87 = the plan's KV pool 53.31 GiB / 61.31 GiB left after weights and buffers, rounded up
+# --kv_cache_free_gpu_memory_fraction 0.87 = the plan's KV pool 53.00 GiB / 60.96 GiB left after weights and buffers, rounded up
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.26)
 # the plan modelled vllm's scheduler; these flags set tensorrt-llm's to the same token budget (8192) and request cap (46)
 set -euo pipefail

@@ -4,7 +4,7 @@
 #
 # INSTANCE=<0..0> bash decode.sh  on the node the case below names (MODEL=<hf id or local path> overrides the model; TRANSFER_BACKEND=mooncake|nixl; IB_DEVICE=mlx5_0,... for RDMA)
 # disaggregated: prefill 1 x tp2 pp2, decode 1 x tp4 pp1; KV cache moves over nvlink (predicted 0.24 ms per request)
-# --mem-fraction-static 0.88 = (engine share 0.90 x 80.00 GiB - activations and buffers 2.26 GiB) / 80.00 GiB: weights plus the KV pool
+# --mem-fraction-static 0.88 = (engine share 0.90 x 79.65 GiB - activations and buffers 2.26 GiB) / 79.65 GiB: weights plus the KV pool
 # memory share 0.90: the plan sized the KV pool at this share (the operating point needs 0.51)
 set -euo pipefail
 if [ -z "${MODEL:-}" ]; then MODEL=meta-llama/Llama-3.1-70B-Instruct; fi
