@@ -71,6 +71,7 @@ validation: setup
 	$(BIN)/planner validate --write costmodel/VALIDATION.md > /dev/null
 	$(BIN)/planner validate --cross --write-bands --write docs/validation.md > /dev/null
 	$(BIN)/python -m planner.cli.validation_inference --write-validation costmodel/VALIDATION_INFERENCE.md
+	$(BIN)/python -m planner.cli.uncertainty_bands --write
 
 plans: setup
 	$(BIN)/python -m planner.cli.examples

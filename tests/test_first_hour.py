@@ -35,9 +35,10 @@ HINTED = ["plan", "--model", "llama-3-70b", "--cluster", "dgx-h100", "--global-b
           "--max-time", "30"]
 
 
-@pytest.mark.parametrize("gpus,target", [(7, "megatron"), (2, "deepspeed"), (8, "megatron"), (16, "megatron")])
+@pytest.mark.parametrize("gpus,target", [(7, "megatron"), (2, "deepspeed"), (8, "megatron"), (16, "torchtitan")])
 def test_infeasibility_hint_is_the_smallest_command_that_plans(gpus, target, capsys):
-    """The hint names a --gpus the tool accepts, at which a plan exists, and no smaller accepted
+    """(16 GPUs: torchtitan, which needs 76.5 GiB there; Megatron fits at 76.9 of its 77.3 since stop 21's
+    3% headroom.) The hint names a --gpus the tool accepts, at which a plan exists, and no smaller accepted
     count above the asked one plans; the layout it quotes uses exactly the GPUs asked for."""
     from planner.search.bnb import accepted_gpu_counts
     from costmodel.files.clusters import load_cluster

@@ -347,6 +347,7 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                         mk = kind + (order,)
                                         ok = memo.get(mk)
                                         if ok is None:
+                                            assert rules is not None      # built whenever wide
                                             ok = memo[mk] = rules.runs(par, order)
                                         if ok:
                                             any_order = True
@@ -382,7 +383,9 @@ def _moe_variants(target, model, rules, par: ParallelConfig, key: tuple, gpn: in
             continue
         mk = kind + (disp, over)
         ok = memo.get(mk)
-        v = with_moe_exec(par, disp, over) if ok is not False else None
+        if ok is False:
+            continue
+        v = with_moe_exec(par, disp, over)
         if ok is None:
             ok = memo[mk] = rules.runs(v, key[-1])
         if ok:
