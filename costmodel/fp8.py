@@ -77,6 +77,7 @@ FP8_HALF_SIZE_FACTOR = 3.0
 # x1.43, i.e. it absorbs into the GEMM curve FP8 costs that are not GEMMs.
 TE_LAYER_GEMMS = ((15872, 3 * 4096, 4096), (15872, 4096, 4096), (15872, 16384, 4096), (15872, 4096, 16384))
 TE_MEASURED_GEMM_SPEEDUP = (1.67, 1.90)
+TE_GPU = "H200"               # the measurement's GPU (its SM count prices the GEMMs' waves)
 
 
 def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: float,
@@ -84,10 +85,13 @@ def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: fl
     """The FP8 over BF16 speed-up of ``TE_LAYER_GEMMS`` (each once per direction, so equally
     weighted by FLOPs) under an FP8 pair, on a BF16 curve of half-size ``half_size`` with an FP8
     peak ``peak_ratio`` times the BF16 one (``gemm_efficiency``: the BF16 efficiency cancels)."""
+    from .compute import gemm_shape_factor      # compute imports this module
     bf16 = fp8 = 0.0
     for m, n, k in TE_LAYER_GEMMS:
         g = (m * n * k) ** (1.0 / 3.0)
-        w = m * n * k * (g + half_size) / g              # BF16 time up to the shared constant
+        # BF16 time up to the shared constant; the GEMM's wave and tile factor on the GH100 die
+        # (the same for both precisions: the same tiles) weights the four GEMMs as they run
+        w = m * n * k * (g + half_size) / g / gemm_shape_factor(TE_GPU, m, n, k, 1, True)
         bf16 += w
         fp8 += w / (peak_ratio * efficiency * (g + half_size) / (g + half_size_factor * half_size))
     return bf16 / fp8

@@ -37,6 +37,7 @@ Sources, per term:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -56,6 +57,7 @@ from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
+VOCAB_PAD = 128         # Megatron-LM's --make-vocab-size-divisible-by default (per TP rank)
 FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
 # What the embedding lookup keeps for its backward, per token: the token ids (int64) its gradient
 # scatters by (torch's embedding_backward takes ``indices``), and under TP the vocabulary-range mask
@@ -274,13 +276,13 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             # one grouped GEMM over the local experts: the dense curve at the whole problem's
             # size, slowed by the grouped kernel's factor (``costmodel.moe.grouped_gemm_factor``)
             base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk) if fp8_gemm
-                    else gemm_time_s(gpu, cluster, dt, m * c, n, kk))
+                    else gemm_time_s(gpu, cluster, dt, m * c, n, kk, train=True))
             # never under the host's issue time where the framework calls one GEMM per local expert
             # (``costmodel.moe.expert_gemm_host_floor_s``)
             return max(base / grouped_gemm_factor(m, kk), expert_gemm_host_floor_s(c, ex.per_expert_gemms))
         if fp8_gemm:
             return fp8_gemm_time_s(gpu, cluster, m, n, kk, c)
-        return gemm_time_s(gpu, cluster, dt, m, n, kk, c)
+        return gemm_time_s(gpu, cluster, dt, m, n, kk, c, train=True)
 
     if fp8 is None:
         gemm_s = sum(_time(m, n, kk, c, mx, False) for (m, n, kk, c), mx in zip(gemms, matrices))
@@ -489,7 +491,10 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    head_s = gemm_time_s(gpu, cluster, dt, T, V / t, h) / kernel_efficiency
+    # the head's GEMM runs over the vocabulary padded as Megatron pads it (``--make-vocab-size-divisible-by``
+    # 128, times tp), so its width is aligned (``compute.alignment_factor``); the FLOPs counted stay V's
+    v_rank = VOCAB_PAD * math.ceil(V / (VOCAB_PAD * t))
+    head_s = gemm_time_s(gpu, cluster, dt, T, v_rank, h, train=True) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     # softmax / cross-entropy over the logits
     head_s += memory_time_s(gpu, 2 * logits_bytes) * memory_bound_factor(elementwise)
