@@ -134,6 +134,29 @@ class Fp8Recipe:
         write per copy the GEMMs need (the transpose on Hopper, both orientations in MXFP8)."""
         return 2.0 * self.cast_reads + max(1, self.weight_copies) * self.copy_bytes
 
+    def gemm_cast_values(self, m: float, n: float, k: float) -> tuple[float, float]:
+        """(forward, backward) values one FP8 linear GEMM of m x k by k x n quantizes, per pass.
+        Transformer Engine (a recipe that caches FP8 weights): forward the input (m x k), backward
+        the output gradient (m x n), each once into every copy the GEMMs need (the transpose on
+        Hopper serves wgrad: ``cast_bytes_per_value``); the weights are cast once per step, after the
+        optimizer (``is_first_microbatch``), priced with the optimizer step
+        (``memory.optimizer_traffic_bytes_per_param``), not here. torchao's ``Float8Linear``
+        (no cached weights): forward the input and the weight, backward the output gradient, the
+        weight again for dgrad and the saved BF16 input again for wgrad (``torchao/float8/
+        float8_linear.py``: every GEMM operand is cast where it is used). Source of both: the
+        module docstring's TE and torchao facts; why it matters: the casts are memory traffic of
+        m*k + m*n values against 2*m*n*k FLOPs, so the FP8 gain depends on the GEMM's shape
+        (narrow TP-sharded GEMMs gain least)."""
+        if self.weight_copies:
+            return m * k, m * n
+        return m * k + n * k, m * n + n * k + m * k
+
+    def cast_bytes(self, m: float, n: float, k: float) -> float:
+        """HBM bytes of quantizing one FP8 linear GEMM's operands, forward and backward together
+        (``gemm_cast_values`` at ``cast_bytes_per_value``)."""
+        f, b = self.gemm_cast_values(m, n, k)
+        return (f + b) * self.cast_bytes_per_value()
+
     def scaling_state_bytes(self, gemms: float) -> float:
         """Scales and amax histories of ``gemms`` FP8 GEMM weights (3 quantized tensors forward,
         2 backward; FP32 amax history, scale and inverse scale each). Block scales (MXFP8, blockwise) are in

@@ -32,8 +32,9 @@ Sources, per term:
 * FP8 training (``costmodel.fp8``): the linear GEMMs (not the router, attention or head) at the
   FP8 peak and curve (``compute.fp8_gemm_time_s``), their saved inputs at the recipe's bytes,
   the rest BF16; quantizing the GEMM inputs (and, where the recipe caches no FP8 weights, the
-  weights) is HBM traffic, counted forward and, like all compute, twice that backward (the
-  output gradients are quantized there); SP all-gathers move FP8 where the recipe does.
+  weights) is HBM traffic per GEMM, forward and backward by what each recipe casts
+  (``Fp8Recipe.cast_bytes``: the inputs forward, the output gradients backward); SP all-gathers
+  move FP8 where the recipe does.
 """
 from __future__ import annotations
 
@@ -291,10 +292,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # the router is a plain (BF16) linear in Megatron and torchtitan alike
         lin = [g for g, mx in zip(gemms, matrices) if mx.role != "router"]
         gemm_s = sum(_time(m, n, kk, c, mx, mx.role != "router") for (m, n, kk, c), mx in zip(gemms, matrices))
-        cast_values = sum(m * kk * c for m, n, kk, c in lin)
-        if not fp8.weight_copies:
-            cast_values += sum(n * kk * c for m, n, kk, c in lin)     # weights cast per use
-        quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values) * mem_factor
+        # each GEMM's casts, forward and backward (``Fp8Recipe.cast_bytes``), in forward units (the
+        # layer counts its backward twice: a third of the total)
+        cast_bytes = sum(fp8.cast_bytes(m, n, kk) * c for m, n, kk, c in lin)
+        quant_s = memory_time_s(gpu, cast_bytes / 3.0) * mem_factor
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
     # FLOPs at the mean share of the routed tokens (the busiest rank's excess is time, not work)
