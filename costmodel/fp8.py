@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gemm_shape import gemm_shape_factor
 from .specs import FP8_RECIPES as RECIPES
 from .specs import GpuSpec, SpecError
 
@@ -85,7 +86,6 @@ def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: fl
     """The FP8 over BF16 speed-up of ``TE_LAYER_GEMMS`` (each once per direction, so equally
     weighted by FLOPs) under an FP8 pair, on a BF16 curve of half-size ``half_size`` with an FP8
     peak ``peak_ratio`` times the BF16 one (``gemm_efficiency``: the BF16 efficiency cancels)."""
-    from .compute import gemm_shape_factor      # compute imports this module
     bf16 = fp8 = 0.0
     for m, n, k in TE_LAYER_GEMMS:
         g = (m * n * k) ** (1.0 / 3.0)
