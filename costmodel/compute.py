@@ -5,11 +5,15 @@ Model (one rule for every GPU; the constants live in the cluster file, not here)
 * A GEMM of m x k times k x n runs at ``peak * eff(g)`` with ``g = (m*n*k) ** (1/3)``, the
   geometric-mean dimension. Without a measured table
   ``eff(g) = matmul_efficiency * g / (g + matmul_half_size)``: a saturating curve that captures
-  wave quantization and fixed per-kernel costs, which dominate small GEMMs (the shape of the
-  cuBLAS efficiency curves in NVIDIA's "Matrix Multiplication Background" guide, and of the
-  size-dependent efficiency tables Calculon keeps per system). ``matmul_efficiency`` is the
-  fraction of peak a transformer layer's large GEMMs reach in training (including kernel gaps),
-  ``matmul_half_size`` the size where half of it is reached.
+  the fixed per-kernel costs (launch, prologue, epilogue, pipeline fill) that dominate small
+  GEMMs (the shape of the cuBLAS efficiency curves in NVIDIA's "Matrix Multiplication Background"
+  guide, and of the size-dependent efficiency tables Calculon keeps per system).
+  ``matmul_efficiency`` is the fraction of peak a transformer layer's large GEMMs reach in
+  training (including kernel gaps), ``matmul_half_size`` the size where half of it is reached.
+* Every GEMM's time multiplies that curve by its shape's wave, tile and alignment factor
+  (``costmodel.gemm_shape.gemm_shape_factor``, which says how the two compose without counting
+  anything twice): the tail wave of thread blocks on the GPU's SMs, padded tiles, and leading
+  dimensions that are not multiples of 16 bytes.
 * With a measured table (``ClusterSpec.matmul_table``: square-GEMM size -> efficiency, written
   by ``planner profile``), ``eff`` is interpolated in log-size and clamped at the ends.
 * Elementwise work (norms, activations, dropout, residuals, softmax when attention is not
