@@ -77,15 +77,19 @@ def _size_efficiency(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: flo
 
 
 def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float, n: float, k: float,
-                count: float = 1.0, train: bool = False) -> float:
+                count: float = 1.0, train: bool = False, waves: bool = True) -> float:
     """Time of ``count`` GEMMs of m x k by k x n (2*m*n*k FLOPs each): the size curve
     (``matmul_efficiency``) times the wave, tile and alignment factor of the shape
     (``gemm_shape_factor``; ``train``: the mean over forward, dgrad and wgrad, for a forward-unit
-    time whose backward the caller counts twice)."""
+    time whose backward the caller counts twice). ``waves=False``: a GEMM whose row count is the
+    mean of a batch that varies from step to step (serving's continuous batching): quantizing at
+    the mean misprices every step (the tail wave of a varying batch is neither full nor empty), so
+    only its alignment is priced; the size curve serving validated keeps the rest."""
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
     flops = 2.0 * m * n * k * count
-    shape = gemm_shape_factor(gpu.name, m, n, k, _elem_bytes(dtype), train)
+    eb = _elem_bytes(dtype)
+    shape = gemm_shape_factor(gpu.name, m, n, k, eb, train) if waves else alignment_factor(n, k, eb)
     return flops / (gpu.peak(dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
 
 

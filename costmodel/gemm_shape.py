@@ -9,8 +9,8 @@ from functools import lru_cache
 # ---- GEMM shape: wave, tile and alignment quantization ---------------------------------------
 # Source for the rule ([nv-mm] NVIDIA "Matrix Multiplication Background User's Guide", DU-09799-001,
 # sections "Tile quantization" and "Wave quantization", as summarised with its figures in
-# stas00/ml-engineering @744d01e1 compute/accelerator/README.md; /work/shared/reference/
-# attention-and-scale.md section 3): a GEMM's m x n output is cut into Tm x Tn tiles, one thread block
+# stas00/ml-engineering @744d01e1 compute/accelerator/README.md, the team's reference notes on
+# attention and scale, section 3): a GEMM's m x n output is cut into Tm x Tn tiles, one thread block
 # each; a partial tile costs a whole one, and the C = ceil(m/Tm) * ceil(n/Tn) blocks run in
 # ceil(C / S) waves on the S SMs, the last one partly idle. Its useful fraction of the work the GPU
 # does is m*n / (ceil(C/S) * S * Tm * Tn).

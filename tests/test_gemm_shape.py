@@ -146,7 +146,7 @@ def test_cast_values_per_gemm_by_recipe():
 
 
 def test_fbgemm_rowwise_8192_cubed_with_quantization():
-    # pytorch/FBGEMM PR #2546 (H100 at 500 W; /work/shared/reference/moe-and-fp8.md section 6): at
+    # pytorch/FBGEMM PR #2546 (H100 at 500 W; the reference notes on MoE and FP8, section 6): at
     # 8192^3 the FP8 row-wise GEMM alone runs 1126 TFLOP/s, 932 with the scaling and quantization of
     # both operands. Hand derivation with the rule: the forward of a row-wise (dynamic, torchao-style)
     # recipe casts the input and the weight, 2 reads of 2 bytes and 1 write each, at the fused kernels'
@@ -193,3 +193,14 @@ def test_the_fp8_gain_depends_on_the_gemms_shape():
     wide, narrow = gain(8192, 14336, 4096), gain(8192, 14336 // 8, 4096)
     assert wide > narrow
     assert gain(1024, 1024, 2048) < 1.2 < wide              # torchao: small linears barely gain or lose
+
+
+def test_serving_prices_alignment_not_the_waves_of_a_mean_batch():
+    # serving's row counts are means of a batch that varies step to step: no wave quantization at
+    # the mean, the alignment still
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    gpu = cl.groups[0].gpu
+    for m, n, k in ((1300, 14336, 8192), (1300, 10922, 4096)):
+        curve = 2 * m * n * k / (gpu.peak("bf16") * matmul_efficiency(gpu, cl, m, n, k) * alignment_factor(n, k, 2))
+        assert gemm_time_s(gpu, cl, "bf16", m, n, k, waves=False) == pytest.approx(curve, rel=1e-12)
+    assert gemm_time_s(gpu, cl, "bf16", 1300, 14336, 8192) > gemm_time_s(gpu, cl, "bf16", 1300, 14336, 8192, waves=False)
