@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .comm import GroupLayout, group_layout
 from .compute import ELEMENTWISE_KINDS
+from .host import LAUNCH_MODES
 from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
 from .specs import ParallelConfig, SpecError
 
@@ -105,6 +106,13 @@ class FrameworkProfile:
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
     # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)
     pytorch_native: bool = False
+    # how its host issues a dense layer's kernels (``costmodel.host``: "eager" PyTorch ops, "fused"
+    # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
+    # CUDA graphs): a layer costs at least the host's time to issue it
+    launch: str = "fused"
+    # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB), "megatron"
+    # (Megatron-Core's max(40M, 1M x dp) parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
+    dp_bucket: str = "torch"
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -117,6 +125,10 @@ class FrameworkProfile:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
             raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
+        if self.dp_bucket not in ("torch", "megatron", "deepspeed"):
+            raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, megatron or deepspeed")
+        if self.launch not in LAUNCH_MODES:
+            raise SpecError(f"framework {self.name!r}: launch {self.launch!r} must be one of {', '.join(LAUNCH_MODES)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise SpecError(f"framework {self.name!r}: attention {self.attention!r} must be one of "
                             f"{', '.join(repr(a) for a in ATTENTION_IMPLEMENTATIONS)}")
@@ -142,8 +154,10 @@ class FrameworkProfile:
         if adam_moments_bf16:
             out = dataclasses.replace(out, adam_moments_bf16=True, name=f"{out.name}+adam_moments_bf16")
         if compile:
+            # compiled code issues Inductor's fused kernels, not eager ops (costmodel.host)
+            launch = "compiled" if out.launch == "eager" else out.launch
             out = dataclasses.replace(out, kernel_efficiency=out.kernel_efficiency * COMPILE_KERNEL_FACTOR,
-                                      name=f"{out.name}+compile")
+                                      launch=launch, name=f"{out.name}+compile")
         if async_tp:
             out = dataclasses.replace(out, tp_comm_overlap=True, name=f"{out.name}+async_tp")
         return out
@@ -207,7 +221,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
-                     tp_overlap_needs_multicast=True,
+                     tp_overlap_needs_multicast=True, dp_bucket="megatron",
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
                      selective_recompute="core_attn", attention="te",     # --attention-backend auto
@@ -222,11 +236,11 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, pytorch_native=True,
-                     attention="flex",   # 0.3.0's llama3 default
+                     launch="eager", attention="flex",   # 0.3.0's llama3 default
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
-    FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
+    FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False, dp_bucket="deepspeed",
                      kernel_efficiency=0.78, calibrated=True, attention="sdpa",
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
     # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
@@ -236,14 +250,17 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # kernel_efficiency: the DeepSpeed profile's 0.78 was fitted on the 6 MT-NLG 530B figures, which are
     # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
     FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True, attention="flash-attn",
+                     dp_bucket="deepspeed", tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True,
+                     attention="flash-attn",
                      note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.86, pytorch_native=True, attention="sdpa",
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.86, pytorch_native=True, launch="eager",
+                     attention="sdpa",
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True, attention="sdpa",
+    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True, launch="eager",
+                     attention="sdpa",
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),
