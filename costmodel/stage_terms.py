@@ -97,7 +97,7 @@ class LayerTerms(NamedTuple):
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
-                selective: str = "op", ep_sm_share: float = 0.0) -> LayerTerms:
+                selective: str = "op", ep_sm_share: float = 0.0, sp: bool = True) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -109,12 +109,22 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     the dispatcher's kernels hold a known share of the SMs (``ep_sm_share``: DeepEP,
     ``costmodel.moe.comm_sm_share``), by the compute lost on those SMs
     (``costmodel.moe.sm_share_overlap_s``). ``selective`` (``FrameworkProfile.selective_recompute``)
-    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module."""
+    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module.
+    Without sequence parallelism (``sp`` False) the backward's TP traffic is the two all-reduces of
+    the column-parallel linears' input gradients (Megatron's ``f`` operator; the row-parallel ``g``
+    is the identity backward), so under ``backward`` all of it overlaps their weight-gradient GEMMs;
+    with it, half is the input all-gathers those GEMMs wait for (Megatron re-gathers the saved SP
+    shard), which stays exposed. Korthikanti et al. (MLSys'23, Sec. 6.2, Table 4) measure the
+    no-SP case on the 22B model: a 7.7 ms forward and an 11.9 ms backward, the backward's
+    all-reduces hidden behind the weight-gradient computation."""
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     if mode == "full":
         tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+    elif mode == "backward" and not sp:
+        tp_fwd = lc.tp_fwd_s
+        tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s / 2, slowdown)
     elif mode == "backward":
         tp_fwd = lc.tp_fwd_s
         tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
