@@ -202,15 +202,3 @@ def test_korthikanti_table4_per_layer(sp, recompute, fwd, bwd):
     got_f, got_b = _table4_layer(sp, recompute)
     assert got_f == pytest.approx(fwd, rel=0.06)
     assert got_b == pytest.approx(bwd, rel=0.06)
-
-
-def test_flash_attention_2_read_from_the_record():
-    assert validation.ran_flash_attention_2({"attention": "SDPA FlashAttention-2"})
-    assert validation.ran_flash_attention_2({"attention": "FlashAttention-2, fused"})
-    assert not validation.ran_flash_attention_2({"attention": "FlashAttention"})      # FA1 or unstated
-    assert not validation.ran_flash_attention_2("SDPA FlashAttention-2")
-    marked = [c for c, _ in validation.all_cases(True) if validation.ran_flash_attention_2(c.get("execution"))]
-    assert len(marked) >= 20
-    for c in marked:
-        prof = validation.case_inputs(c)[4]
-        assert prof.attention == "flash-attn" or validation.framework_of(c) != "generic"

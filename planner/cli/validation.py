@@ -173,10 +173,6 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # the run compiled its model: priced as a launch file that turns compile on would be
         # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)
         prof = prof.with_switches(compile=True)
-    if fw == "generic" and not prof.attention and ran_flash_attention_2(case.get("execution")):
-        # the record names FlashAttention-2 (SDPA's flash backend or the flash-attn package): its
-        # kernel's published curve on every GPU (costmodel.attention "flash-attn"), not the GEMM-curve rule
-        prof = dataclasses.replace(prof, attention="flash-attn")
     if ran_cuda_graphs(case.get("execution")):
         prof = dataclasses.replace(prof, launch="graphs")        # the host replays captured graphs (costmodel.host)
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
@@ -209,15 +205,6 @@ def ran_pytorch_fsdp(execution) -> bool:
     """Whether a case's ``execution`` record names a PyTorch FSDP trainer ("PyTorch FSDP1",
     "PyTorch FSDP2 fully_shard"): a PyTorch-native stack (``FrameworkProfile.pytorch_native``)."""
     return "pytorch fsdp" in str(execution or "").lower()
-
-
-def ran_flash_attention_2(execution) -> bool:
-    """Whether a case's ``execution`` record names FlashAttention-2 as its attention kernel (the
-    ``attention`` key: "SDPA FlashAttention-2", "FlashAttention-2")."""
-    if not isinstance(execution, dict):
-        return False
-    text = str(execution.get("attention", "")).lower().replace(" ", "").replace("_", "-")
-    return "flashattention-2" in text or "flashattention2" in text
 
 
 def ran_cuda_graphs(execution) -> bool:
