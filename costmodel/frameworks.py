@@ -215,7 +215,11 @@ def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str) -> float:
 # sm_90 factor, so the same figure refits 0.86 (0.86 x 0.67 x 1.24 = 0.71; 0.73 before).
 FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # today's assumptions, no headroom: what the cost model did before targets existed
-    FrameworkProfile(name="generic", memory_headroom_fraction=0.0,
+    # its data-parallel buckets grow with the data-parallel group as Megatron-Core's do (each bucket
+    # pays a ring's latency, linear in the ranks: stage_terms.dp_bucket_bytes), the best practice an
+    # idealised framework follows; torch's fixed 25 MiB would make ZeRO-1/2 at thousands of ranks
+    # latency-bound
+    FrameworkProfile(name="generic", memory_headroom_fraction=0.0, dp_bucket="megatron",
                      note="no framework: every overlap on, no memory headroom"),
     # 1.0 by construction: the catalog's GEMM efficiency curves were fitted on Megatron-LM runs
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
