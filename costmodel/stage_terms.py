@@ -338,14 +338,19 @@ DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 DP_BUCKET_KINDS = ("torch", "megatron", "deepspeed")
 
 
-def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float) -> float:
-    """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``): torch DDP's 25 MiB,
-    Megatron-Core's ``max(40M, 1M x dp_cp)`` values, DeepSpeed's 5e8 values, each value
-    ``bytes_per_value`` bytes on the wire."""
+def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float, zero: int = 0,
+                    layer_values: float = 0.0) -> float:
+    """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``): Megatron-Core's
+    ``max(40M, 1M x dp_cp)`` values, DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
+    on the wire; for torch, DDP's 25 MiB under ZeRO-0, and under ZeRO-1/2 one layer's values
+    (``layer_values``): FSDP2 (``fully_shard`` per transformer block, as torchtitan, the built-in
+    runtime and Accelerate's FSDP2 apply it) reduce-scatters and gathers each block on its own."""
     if kind == "megatron":
         return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * data_parallel) * bytes_per_value
     if kind == "deepspeed":
         return DEEPSPEED_BUCKET_ELEMENTS * bytes_per_value
+    if zero in (1, 2) and layer_values > 0:
+        return layer_values * bytes_per_value
     return DP_BUCKET_BYTES
 
 
@@ -404,8 +409,9 @@ class StageModel:
         self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(fw.elementwise, backward=False)
         self.slowdown = sh.slowdown
         # the framework's data-parallel bucket (dp_bucket_bytes), for gradients and gathered weights
-        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b)
-        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b)
+        layer = max(mesh.dense_layer_params, mesh.moe_layer_params + mesh.routed_per_gpu)
+        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b, z, layer)
+        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b, z, layer)
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
 

@@ -202,3 +202,12 @@ def test_korthikanti_table4_per_layer(sp, recompute, fwd, bwd):
     got_f, got_b = _table4_layer(sp, recompute)
     assert got_f == pytest.approx(fwd, rel=0.06)
     assert got_b == pytest.approx(bwd, rel=0.06)
+
+
+def test_torch_zero12_buckets_are_fsdp2_blocks():
+    """FSDP2 reduce-scatters and gathers each transformer block on its own: under ZeRO-1/2 a torch
+    stack's bucket is one layer's values; DDP (ZeRO-0) keeps its 25 MiB."""
+    assert dp_bucket_bytes("torch", 64, 4, zero=2, layer_values=2.2e8) == 2.2e8 * 4
+    assert dp_bucket_bytes("torch", 64, 2, zero=1, layer_values=2.2e8) == 2.2e8 * 2
+    assert dp_bucket_bytes("torch", 64, 4, zero=0, layer_values=2.2e8) == DP_BUCKET_BYTES
+    assert dp_bucket_bytes("megatron", 64, 4, zero=2, layer_values=2.2e8) == 64e6 * 4
