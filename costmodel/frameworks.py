@@ -113,6 +113,10 @@ class FrameworkProfile:
     # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB), "megatron"
     # (Megatron-Core's max(40M, 1M x dp) parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
     dp_bucket: str = "torch"
+    # the run's own Megatron-Core ``bucket_size`` in parameters (``--ddp-bucket-size``; NeMo's
+    # ``DistributedDataParallelConfig(bucket_size=...)``); 0: the framework's default
+    # (``stage_terms.megatron_bucket_size``). Set by records that state it (``profile:``)
+    dp_bucket_params: int = 0
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -127,6 +131,9 @@ class FrameworkProfile:
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
         if self.dp_bucket not in ("torch", "megatron", "deepspeed"):
             raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, megatron or deepspeed")
+        if self.dp_bucket_params < 0 or (self.dp_bucket_params and self.dp_bucket != "megatron"):
+            raise SpecError(f"framework {self.name!r}: dp_bucket_params {self.dp_bucket_params!r} must be 0 or a "
+                            "positive Megatron-Core bucket_size (parameters), and only with dp_bucket megatron")
         if self.launch not in LAUNCH_MODES:
             raise SpecError(f"framework {self.name!r}: launch {self.launch!r} must be one of {', '.join(LAUNCH_MODES)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:

@@ -277,8 +277,10 @@ def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
 
 def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
     """What ``StageModel.states_part`` reads besides the stage's mesh (``first`` and ``last`` fix
-    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers)."""
-    return (sm.first, sm.last, sm.zero.zero, sm.overlap_grad, n_dense, n_moe, comp)
+    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; under
+    Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``)."""
+    vpp = sm.par.vpp if sm.megatron_buckets is not None else 1
+    return (sm.first, sm.last, sm.zero.zero, sm.overlap_grad, n_dense, n_moe, comp, vpp)
 
 
 def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:

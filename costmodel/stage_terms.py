@@ -37,13 +37,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from .comm import Network, crosses_nodes, launched
 from . import fp8 as fp8_recipes
 from .compute import memory_bound_factor
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
+from .matrices import layer_matrices
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .moe import sm_share_overlap_s
 from .scale import GRAD_NORM_READS
@@ -338,20 +340,75 @@ DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 DP_BUCKET_KINDS = ("torch", "megatron", "deepspeed")
 
 
+def megatron_bucket_count(numels: Sequence[float], bucket_size: float | None) -> int:
+    """How many buckets Megatron-Core's DDP makes of a buffer's parameter tensors (``numels``, in
+    buffer order: the model's parameters reversed, roughly backprop order), ``bucket_size`` the
+    ``DistributedDataParallelConfig.bucket_size`` in parameters (None: one bucket). A bucket closes
+    at a parameter boundary once it holds at least ``bucket_size`` parameters; what is left forms a
+    last bucket. So a bucket size below the smallest tensor (the MLPerf 405B runs' 200, Cisco's 64)
+    gives one bucket per tensor. Source: megatron/core/distributed/param_and_grad_buffer.py at
+    core_v0.14.0, ``_ParamAndGradBuffer.__init__`` (the loop ``for param in params[::-1]``,
+    ``(param_end_index - bucket_start_index) >= bucket_size``). Padding (to the DP size, 128, or
+    2^16 with ``pad_buckets_for_high_nccl_busbw``) and the shared embedding's own bucket under the
+    distributed optimizer add no bucket of their own worth pricing here."""
+    if not numels:
+        return 0
+    if bucket_size is None:
+        return 1
+    count, held = 0, 0.0
+    for n in numels:
+        held += n
+        if held >= bucket_size:
+            count, held = count + 1, 0.0
+    return count + (1 if held > 0 else 0)
+
+
+def megatron_bucket_size(bucket_params: int, data_parallel: int) -> int:
+    """Megatron-Core's ``bucket_size`` in parameters: the run's own (``bucket_params`` > 0, a
+    record's ``profile: {dp_bucket_params: N}``), else the default ``max(40M, 1M x dp)``."""
+    if bucket_params > 0:
+        return bucket_params
+    return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * data_parallel)
+
+
 def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float, zero: int = 0,
-                    layer_values: float = 0.0) -> float:
+                    layer_values: float = 0.0, bucket_params: int = 0) -> float:
     """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``): Megatron-Core's
-    ``max(40M, 1M x dp_cp)`` values, DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
+    nominal ``bucket_size`` (``megatron_bucket_size``: the run's ``bucket_params`` or
+    ``max(40M, 1M x dp)``; a stage's dense buffer is counted at tensor boundaries by
+    ``megatron_stage_buckets``), DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
     on the wire; for torch, DDP's 25 MiB under ZeRO-0, and under ZeRO-1/2 one layer's values
     (``layer_values``): FSDP2 (``fully_shard`` per transformer block, as torchtitan, the built-in
     runtime and Accelerate's FSDP2 apply it) reduce-scatters and gathers each block on its own."""
     if kind == "megatron":
-        return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * data_parallel) * bytes_per_value
+        return megatron_bucket_size(bucket_params, data_parallel) * bytes_per_value
     if kind == "deepspeed":
         return DEEPSPEED_BUCKET_ELEMENTS * bytes_per_value
     if zero in (1, 2) and layer_values > 0:
         return layer_values * bytes_per_value
     return DP_BUCKET_BYTES
+
+
+def megatron_layer_numels(model, tp: int, ep: int = 1, expert_tp: int | None = None) -> tuple[float, ...]:
+    """One transformer layer's parameter tensors on one GPU as Megatron-Core's buffer holds them,
+    in backprop order (the layer's parameters reversed): each matrix's weight (its bias a tensor
+    of its own), and the layer's two norms (the input norm first, the pre-MLP norm before the first
+    MLP or router matrix; where they sit changes no count, each being a few thousand values).
+    The layer is a dense one where the model has any, else a MoE layer (one weight tensor per
+    local expert matrix copy)."""
+    moe = all(model.is_moe_layer(i) for i in range(model.layers))
+    norm = float(model.norm_params())
+    out: list[float] = [norm]
+    pre_mlp = False
+    for m in layer_matrices(model, moe, tp, ep, expert_tp):
+        if not pre_mlp and (m.role != "dense" or not m.name.startswith(("q", "kv", "attn"))):
+            out.append(norm)
+            pre_mlp = True
+        for _ in range(max(1, round(m.count))):
+            out.append(m.k * m.n)
+            if m.bias:
+                out.append(m.bias)
+    return tuple(reversed(out))
 
 
 def _calls(transfer_s: float, calls: float, group: int) -> float:
@@ -360,16 +417,38 @@ def _calls(transfer_s: float, calls: float, group: int) -> float:
     return launched(transfer_s / calls, calls) if group > 1 and calls > 0 else transfer_s
 
 
+@lru_cache(maxsize=65536)
+def megatron_stage_buckets(layer_numels: tuple[float, ...], layers: int, ends: tuple[float, ...], embedding: float,
+                           bucket_size: int | None, first: bool, vpp: int = 1) -> int:
+    """How many buckets (one collective each) Megatron-Core makes of one pipeline stage's dense
+    gradient buffer: ``layers`` layers of tensors ``layer_numels`` (backprop order), after them the
+    stage's ``ends`` (output head and final norm, last stage) before and its ``embedding`` (first
+    stage) after, ``vpp`` model chunks. Every stage after the first makes one bucket per chunk
+    (``DistributedDataParallel.__init__``: ``if pp_rank > 0: self.bucket_size = None``), and so
+    does every chunk after the first (megatron/training/training.py ``get_model``:
+    ``disable_bucketing=(model_chunk_idx > 0)``), both at core_v0.14.0; the first chunk of the
+    first stage is counted by ``megatron_bucket_count`` (``bucket_size`` None: one bucket, as
+    without overlapped gradient reduction)."""
+    vpp = max(1, vpp)
+    if not first:
+        return vpp
+    chunk_layers = math.ceil(layers / vpp) if vpp > 1 else layers
+    tensors = (ends if vpp == 1 else ()) + layer_numels * chunk_layers + ((embedding,) if embedding else ())
+    return max(1, megatron_bucket_count(tensors, bucket_size)) + vpp - 1
+
+
 def _bucketed(collective: Callable[[float], float], nbytes: float, group: int,
-              bucket_bytes: float = DP_BUCKET_BYTES, latency_s: float = 0.0) -> float:
+              bucket_bytes: float = DP_BUCKET_BYTES, latency_s: float = 0.0, calls: int = 0) -> float:
     """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
     ``bucket_bytes``, each launched (``comm.launched``; a group of one GPU makes no call) and each
-    paying the collective's fixed time ``latency_s`` (which ``collective`` counts once)."""
+    paying the collective's fixed time ``latency_s`` (which ``collective`` counts once); ``calls``,
+    where given, the buckets' count (``megatron_stage_buckets``) instead of ``bucket_bytes``."""
     t = collective(nbytes)
     if group < 2:
         return t
-    calls = math.ceil(nbytes / bucket_bytes) or 1
+    calls = calls or math.ceil(nbytes / bucket_bytes) or 1
     return launched(t / calls + latency_s * (calls - 1) / calls, calls)
+
 
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
@@ -380,7 +459,7 @@ class StageModel:
 
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
-                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes")
+                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -410,8 +489,17 @@ class StageModel:
         self.slowdown = sh.slowdown
         # the framework's data-parallel bucket (dp_bucket_bytes), for gradients and gathered weights
         layer = max(mesh.dense_layer_params, mesh.moe_layer_params + mesh.routed_per_gpu)
-        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b, z, layer)
-        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b, z, layer)
+        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b, z, layer,
+                                                 fw.dp_bucket_params)
+        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b, z, layer,
+                                                   fw.dp_bucket_params)
+        # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
+        # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
+        # DistributedDataParallel.__init__ at core_v0.14.0)
+        self.megatron_buckets: tuple | None = None
+        if fw.dp_bucket == "megatron":
+            size = megatron_bucket_size(fw.dp_bucket_params, mesh.data_parallel) if self.overlap_grad else None
+            self.megatron_buckets = (megatron_layer_numels(sh.model, par.tp, par.ep, par.etp or None), size)
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
 
@@ -423,6 +511,13 @@ class StageModel:
             pl = self.mesh.placements[first, last, crosses] = self._placement(first, last, crosses)
         self.pp_comm_s, self.ends_params = pl
         return self
+
+    def _ends_tensors(self) -> tuple[tuple[float, ...], float]:
+        """This stage's output head and final norm (backprop order, last stage) and embedding
+        (first stage) as Megatron-Core's buffer holds them (``megatron_stage_buckets``)."""
+        par = self.par
+        e = ends_params(self.sh.model, par.tp, par.pp, self.first, self.last)
+        return tuple(x for x in (e.head, e.norm) if x > 0), e.embedding
 
     def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
         """(pipeline send/receive time per micro-batch, embedding and head parameters)."""
@@ -514,23 +609,29 @@ class StageModel:
             e_dp = mesh.data_parallel // self.par.ep          # ranks holding the same experts
             # each bucket one collective with its fixed time (dp_bucket_bytes: the framework's bucket)
             gb, wb = self.grad_bucket_bytes, self.gather_bucket_bytes
+            dcalls = 0                          # the dense buffer's buckets where counted
+            if self.megatron_buckets is not None:
+                numels, size = self.megatron_buckets
+                ends, emb = self._ends_tensors()
+                dcalls = megatron_stage_buckets(numels, int(round(n)), ends, emb, size, self.first, self.par.vpp)
             if zero == 0:
-                grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s)
+                grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s,
+                                   dcalls)
                 if expert_params:
                     grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp, gb)
             else:
                 # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
                 if mesh.replicas > 1:
                     grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas,
-                                       gb, mesh.replica_latency_s)
+                                       gb, mesh.replica_latency_s, dcalls)
                 if expert_params and mesh.expert_replicas > 1:
                     grad_s += _bucketed(mesh.all_reduce_expert_replicas, expert_params * g_b / zs.expert_shard,
                                         mesh.expert_replicas, gb)
                 if zero < 3:
                     rs = _bucketed(mesh.all_gather_shard, dense_params * g_b, mesh.dense_shard, gb,
-                                   mesh.shard_latency_s)
+                                   mesh.shard_latency_s, dcalls)
                     gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard, wb,
-                                         mesh.shard_latency_s)
+                                         mesh.shard_latency_s, dcalls)
                     if expert_params:
                         rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard, gb,
                                         mesh.expert_latency_s)

@@ -17,7 +17,7 @@ from costmodel.files.clusters import load_cluster
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.scale import step_reductions_s
 from costmodel.specs import ParallelConfig, SpecError, Workload
-from costmodel.stage_terms import DEEPSPEED_BUCKET_ELEMENTS, DP_BUCKET_BYTES, dp_bucket_bytes
+from costmodel.stage_terms import DEEPSPEED_BUCKET_ELEMENTS, DP_BUCKET_BYTES, dp_bucket_bytes, megatron_layer_numels
 from costmodel.training import estimate
 from planner.cli import validation
 
@@ -127,7 +127,7 @@ def test_ring_latency_counts_every_rank():
 
 
 def test_each_megatron_bucket_pays_the_ring_latency():
-    """ZeRO-1 on 256 H100 under Megatron: the gradient reduce-scatter is ceil(bytes / bucket)
+    """ZeRO-1 on 256 H100 under Megatron: the gradient reduce-scatter is one call per bucket
     calls, each its launch and its ring latency (the slow obvious sum over the buckets)."""
     model = get_model("llama-3-8b")
     cl = load_cluster("dgx-h100").with_gpus(256)
@@ -138,8 +138,18 @@ def test_each_megatron_bucket_pays_the_ring_latency():
                      FRAMEWORKS["megatron"])
     c = sm.cost(model.layers, 0, 0)
     nbytes = (model.layers * sm.mesh.dense_layer_params + sm.ends_params) * sm.sh.g_b
-    bucket = dp_bucket_bytes("megatron", 256, sm.sh.g_b)
-    sizes = [bucket] * int(nbytes // bucket) + ([nbytes % bucket] if nbytes % bucket else [])
+    # Megatron-Core closes a bucket at a tensor boundary once it holds >= bucket_size parameters
+    # (bucket4: stage_terms.megatron_bucket_count; the head, final norm, layers, embedding)
+    size = dp_bucket_bytes("megatron", 256, 1.0)
+    emb = model.vocab * model.hidden
+    sizes, cur = [], 0.0
+    for t in (emb, model.hidden) + megatron_layer_numels(model, 1) * model.layers + (emb,):
+        cur += t
+        if cur >= size:
+            sizes.append(cur * sm.sh.g_b)
+            cur = 0.0
+    sizes += [cur * sm.sh.g_b] if cur else []
+    assert sum(sizes) == pytest.approx(nbytes)
     slow = sum(sm.mesh.all_gather_shard(x) + COLLECTIVE_LAUNCH_S for x in sizes)
     assert c.dp_grad_s == pytest.approx(slow, rel=1e-9)
 

@@ -11,7 +11,7 @@ from costmodel.files.clusters import load_cluster
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, Workload
 from costmodel.stage_cache import stage_model
-from costmodel.stage_terms import DP_BUCKET_BYTES, dp_bucket_bytes
+from costmodel.stage_terms import DP_BUCKET_BYTES, dp_bucket_bytes, megatron_bucket_count, megatron_layer_numels
 from costmodel.memory import DDP_BUCKET_BYTES
 
 WL = Workload(global_batch=64, seq_len=4096)
@@ -26,6 +26,18 @@ def _stage(model_name: str, gpus: int, **par):
     return model, sm
 
 
+def _calls(model, sm, nbytes: float, bytes_per_value: float) -> int:
+    """The profile's bucket count for a whole single-stage model: Megatron's at tensor boundaries
+    (``megatron_bucket_count``, hand-checked in tests/test_bucket4_megatron_buckets.py), else
+    ceil(bytes / bucket)."""
+    kind = sm.sh.framework.dp_bucket
+    if kind != "megatron":
+        return math.ceil(nbytes / dp_bucket_bytes(kind, 8, bytes_per_value))
+    emb = model.vocab * model.hidden
+    tensors = (emb, model.hidden) + megatron_layer_numels(model, 1) * model.layers + (emb,)
+    return megatron_bucket_count(tensors, dp_bucket_bytes(kind, 8, 1.0))
+
+
 def test_the_bucket_is_torch_ddps():
     assert DP_BUCKET_BYTES == DDP_BUCKET_BYTES / 2 == 25 * 2**20
 
@@ -36,7 +48,7 @@ def test_ddp_all_reduce_pays_one_launch_per_bucket():
     c = sm.cost(n, 0, 0)
     nbytes = (n * sm.mesh.dense_layer_params + sm.ends_params) * sm.sh.g_b
     # the profile's bucket (stage_terms.dp_bucket_bytes: generic's grows with the data-parallel group)
-    calls = math.ceil(nbytes / dp_bucket_bytes(sm.sh.framework.dp_bucket, 8, sm.sh.g_b))
+    calls = _calls(model, sm, nbytes, sm.sh.g_b)
     assert calls > 100 or sm.sh.framework.dp_bucket != "torch"   # torch's 25 MiB: hundreds of buckets
     assert calls > 1
     # each bucket one all-reduce: its launch and its fixed time (the collective counts the latter once)
@@ -53,7 +65,8 @@ def test_zero1_scatter_and_gather_each_pay_per_bucket():
     g, w = params * sm.sh.g_b, params * sm.sh.gather_b
     lat = sm.mesh.shard_latency_s
     kind = sm.sh.framework.dp_bucket
-    cg, cw = math.ceil(g / dp_bucket_bytes(kind, 8, sm.sh.g_b)), math.ceil(w / dp_bucket_bytes(kind, 8, sm.sh.gather_b))
+    cg, cw = _calls(model, sm, g, sm.sh.g_b), _calls(model, sm, w, sm.sh.gather_b)
+    assert kind == "megatron" or cg > 1
     assert math.isclose(c.dp_grad_s, sm.mesh.all_gather_shard(g) + (cg - 1) * lat + cg * COLLECTIVE_LAUNCH_S,
                         rel_tol=1e-12)
     assert math.isclose(c.dp_gather_s, sm.mesh.all_gather_shard(w) + (cw - 1) * lat + cw * COLLECTIVE_LAUNCH_S,
