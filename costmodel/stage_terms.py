@@ -329,9 +329,11 @@ def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | Fr
 # Megatron's and DeepSpeed's differ (``dp_bucket_bytes``, by ``FrameworkProfile.dp_bucket``).
 DP_BUCKET_BYTES = DDP_BUCKET_BYTES / 2
 # Megatron-Core's default bucket (``DistributedDataParallelConfig.bucket_size`` unset):
-# ``max(40000000, 1000000 * dp_size)`` parameters, dp_size the data-parallel-with-CP group
+# ``max(40000000, 1000000 * dp_size)`` parameters, dp_size the data-parallel group without CP
 # (megatron/core/distributed/distributed_data_parallel_config.py: "larger DP sizes need larger buckets
-# to ensure collectives do not become latency-bound"; megatron/training ``dp_cp`` group since #5006)
+# to ensure collectives do not become latency-bound"; DistributedDataParallel.__init__ takes
+# ``get_data_parallel_world_size()`` at core_v0.14.0 and ``dp_group.size()`` at main d98e8a64, both
+# ``with_context_parallel=False``: megatron/core/process_groups_config.py; bucket4, stop 22)
 MEGATRON_BUCKET_MIN_PARAMS = 40_000_000
 MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
 # DeepSpeed's ZeRO ``reduce_bucket_size`` / ``allgather_bucket_size`` default: 5e8 elements
@@ -373,7 +375,8 @@ def megatron_bucket_size(bucket_params: int, data_parallel: int) -> int:
 
 def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float, zero: int = 0,
                     layer_values: float = 0.0, bucket_params: int = 0) -> float:
-    """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``): Megatron-Core's
+    """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``; ``data_parallel`` the
+    data-parallel group without CP): Megatron-Core's
     nominal ``bucket_size`` (``megatron_bucket_size``: the run's ``bucket_params`` or
     ``max(40M, 1M x dp)``; a stage's dense buffer is counted at tensor boundaries by
     ``megatron_stage_buckets``), DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
@@ -489,16 +492,15 @@ class StageModel:
         self.slowdown = sh.slowdown
         # the framework's data-parallel bucket (dp_bucket_bytes), for gradients and gathered weights
         layer = max(mesh.dense_layer_params, mesh.moe_layer_params + mesh.routed_per_gpu)
-        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b, z, layer,
-                                                 fw.dp_bucket_params)
-        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b, z, layer,
-                                                   fw.dp_bucket_params)
+        # (Megatron's default grows with the data-parallel group without CP: par.dp)
+        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, par.dp, sh.g_b, z, layer, fw.dp_bucket_params)
+        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, par.dp, sh.gather_b, z, layer, fw.dp_bucket_params)
         # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
         # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
         # DistributedDataParallel.__init__ at core_v0.14.0)
         self.megatron_buckets: tuple | None = None
         if fw.dp_bucket == "megatron":
-            size = megatron_bucket_size(fw.dp_bucket_params, mesh.data_parallel) if self.overlap_grad else None
+            size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
             self.megatron_buckets = (megatron_layer_numels(sh.model, par.tp, par.ep, par.etp or None), size)
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0

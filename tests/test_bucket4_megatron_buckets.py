@@ -122,3 +122,16 @@ def test_bad_bucket_is_refused():
     with pytest.raises(SpecError, match="dp_bucket_params"):
         dataclasses.replace(FRAMEWORKS["deepspeed"], dp_bucket_params=64)
     assert math.isfinite(megatron_bucket_size(0, 1))
+
+
+def test_default_bucket_counts_dp_without_cp():
+    """Megatron-Core's default ``max(40M, 1M x dp)`` takes the data-parallel group without CP: at
+    dp 64 x cp 4 the bucket is 64M parameters, not 256M (DistributedDataParallel.__init__)."""
+    model = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(256)
+    wl = Workload(global_batch=64, seq_len=8192)
+    par = ParallelConfig(dp=64, cp=4, zero=1, micro_batch=1, grad_accum=1)
+    sm = stage_model(model, cl, wl, par, ("cp", "dp", "tp", "pp"), cl.groups[0].name, True, True, False,
+                     FRAMEWORKS["megatron"])
+    assert sm.megatron_buckets[1] == 64_000_000
+    assert sm.grad_bucket_bytes == pytest.approx(64_000_000 * sm.sh.g_b)
