@@ -127,6 +127,10 @@ def moe_args(plan: Plan) -> list:
     a.append("--moe-grouped-gemm")
     if p.ep_overlap:
         a.append("--overlap-moe-expert-parallel-comm")
+        if _delay_wgrad():
+            # the backward all-to-alls priced beside the experts' weight gradients too
+            # (costmodel.moe.ep_backward_window_s); Megatron-Core accepts it only with the overlap
+            a.append("--delay-wgrad-compute")
     if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
     if MOE_ROUTER_FUSION:
@@ -147,6 +151,12 @@ def moe_args(plan: Plan) -> list:
     else:
         a += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", sci(m.router_aux_coeff or 1e-3)]
     return a
+
+
+def _delay_wgrad() -> bool:
+    """Whether Megatron's profile prices the EP overlap with delayed weight gradients
+    (``MoeExecution.delay_wgrad``): the file writes what the price assumes."""
+    return framework_profile(TARGET).moe.delay_wgrad
 
 
 def _deepep_sms() -> int:
