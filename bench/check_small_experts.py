@@ -14,11 +14,18 @@ x seq`` for attention (no causal halving). ``torchtitan_flops_per_token`` restat
 model's shape, independently of ``costmodel.layers``; the two agree to 0.01% and the peaks are equal
 (tests/test_moe_terms.py), so the MFU figures compare like with like.
 
+Then the file's ``check_cases`` (the Megatron-LM and NeMo-RL Qwen3-30B-A3B reports, as far as their
+text states them), each predicted through ``planner validate``'s own ``case_rows`` (the Megatron
+target's profile), published against predicted.
+
     python bench/check_small_experts.py
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
+import yaml
 
 from costmodel.catalog import get_model
 from costmodel.files.clusters import load_cluster
@@ -61,6 +68,21 @@ def torchtitan_flops_per_token(m: ModelSpec, seq: int) -> float:
     return 6 * active + 6 * m.layers * nh * (qk + m.v_head_dim) * seq
 
 
+SOURCES = Path(__file__).resolve().parents[1] / "calibration" / "moe_small_expert_sources.yaml"
+
+
+def check_rows() -> list:
+    """``planner validate``'s rows for the file's ``check_cases`` (split ``check``): not validation."""
+    from planner.cli.validation import REFUSED, case_rows
+    rows = []
+    for case in yaml.safe_load(SOURCES.read_text()).get("check_cases", []):
+        got = case_rows(case, "check")
+        if not got:
+            raise SystemExit(f"{case['name']}: refused by every target ({REFUSED.get(case['name'])})")
+        rows += got
+    return rows
+
+
 def main() -> None:
     m = model()
     c = load_cluster("dgx-b200").with_gpus(8)
@@ -70,6 +92,8 @@ def main() -> None:
         tt_mfu = torchtitan_flops_per_token(m, seq) * e.tokens_per_s_per_gpu / TORCHTITAN_B200_PEAK
         print(f"local batch {mb} seq {seq}: predicted MFU {e.mfu:.3f} (torchtitan's count {tt_mfu:.3f}), "
               f"reported {reported:.2f}, ratio {tt_mfu / reported:.2f}, step {e.step_time_s:.3f} s, fits {e.fits}")
+    for r in check_rows():
+        print(f"{r.case}: {r.metric} published {r.published:g}, predicted {r.predicted:.4g} ({r.error * 100:+.1f}%)")
 
 
 if __name__ == "__main__":

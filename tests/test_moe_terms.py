@@ -336,3 +336,15 @@ def test_torchtitan_mfu_counts_the_flops_this_cost_model_counts():
     half = chk.torchtitan_flops_per_token(m, 4096) - 3 * m.layers * m.heads * 320 * 4096
     assert half != pytest.approx(model_flops_per_token(m, 4096), rel=1e-2)
     assert load_cluster("dgx-b200").gpu.peak_flops_per_s["bf16"] == chk.TORCHTITAN_B200_PEAK
+
+
+def test_small_expert_checks_are_priced_through_a_target():
+    """Every public small-expert check (calibration/moe_small_expert_sources.yaml ``check_cases``) is
+    priced through a target that runs its layout, one row each, none refused."""
+    import yaml
+
+    import bench.check_small_experts as chk
+    rows = chk.check_rows()
+    cases = yaml.safe_load(chk.SOURCES.read_text())["check_cases"]
+    assert [r.case for r in rows] == [c["name"] for c in cases]
+    assert all(r.split == "check" and r.predicted > 0 for r in rows)
