@@ -170,15 +170,21 @@ def moe_notes(plan: Plan) -> list[str]:
     ``costmodel.moe.deepep_fabric_problem``). A DeepEP plan whose EP group must leave the NVLink
     domain over a link that is not RDMA is refused."""
     p, c = plan.parallel, plan.cluster
+    notes = []
+    if p.ep_overlap and _delay_wgrad():
+        # Megatron's validate_args (core_v0.16.0): --delay-wgrad-compute needs Transformer Engine's layers,
+        # and TE >= 2.8 with --overlap-grad-reduce (2.7 without gradient-accumulation fusion)
+        notes.append("--delay-wgrad-compute (the EP overlap's backward all-to-alls beside the experts' weight "
+                     "gradients, as priced) needs Transformer Engine >= 2.8 with --overlap-grad-reduce")
     if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
-        return []
+        return notes
     inter = c.inter_node
     if not inter.rdma and p.ep > c.nvlink_gpus:
         raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
                             f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE) and the "
                             f"inter-node link {inter.name!r} is not an RDMA fabric",
                             "plan --moe-dispatcher alltoall on this cluster")
-    return [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
+    return notes + [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
             f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
             f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
             f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]
