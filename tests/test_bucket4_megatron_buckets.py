@@ -135,3 +135,32 @@ def test_default_bucket_counts_dp_without_cp():
                      FRAMEWORKS["megatron"])
     assert sm.megatron_buckets[1] == 64_000_000
     assert sm.grad_bucket_bytes == pytest.approx(64_000_000 * sm.sh.g_b)
+
+
+def test_records_bucket_reaches_the_priced_step():
+    """The v5.1 8B GB200 512-GPU record states its run's 768M bucket; the key survives case_inputs and the
+    accepting target's override (validation._with_overrides), and fewer buckets price a shorter step
+    than the same record at Megatron's default bucket; every MLPerf Llama 3.1 record states one and
+    quotes its source."""
+    import copy
+
+    from planner.cli import validation
+    cases = [c for c, _ in validation.all_cases()]
+    llama = [c for c in cases if c["name"].startswith(("mlperf50-", "mlperf51-")) and "llama3.1" in c["name"]
+             and c.get("num_gpus")]
+    stated = [c for c in llama if (c.get("profile") or {}).get("dp_bucket_params")]
+    assert len(stated) == 26
+    for c in stated:
+        assert any("data-parallel bucket (stop 22, bucket4)" in str(a) for a in c.get("assumed", [])), c["name"]
+    case = next(c for c in cases if c["name"] == "mlperf51-llama3.1-8b-gb200-512gpu-fp8")
+    plain = copy.deepcopy(case)
+    del plain["profile"]["dp_bucket_params"]
+    prof = validation.case_inputs(case)[4]
+    assert prof.dp_bucket_params == 768_000_000
+    assert validation._with_overrides(prof, validation.FRAMEWORKS["megatron"]).dp_bucket_params == 768_000_000
+
+    def step(c):
+        rows = validation.case_rows(c, "test")
+        assert rows, validation.REFUSED.get(c["name"])
+        return next(r.predicted for r in rows if r.metric == "step time (s)")
+    assert step(case) < step(plain)
