@@ -130,7 +130,7 @@ def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: d
 
 
 # (position in the search's choice key, the dominated value, the value that dominates it)
-_DOMINATED = ((3, 0, 1), (5, False, True), (7, "gpipe", "1f1b"))
+DOMINATED = ((3, 0, 1), (5, False, True), (7, "gpipe", "1f1b"))
 
 
 def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tuple, ParallelConfig]]:
@@ -140,7 +140,7 @@ def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tup
     present = {k for k, _ in found}
     out = []
     for k, par in found:
-        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in _DOMINATED):
+        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in DOMINATED):
             continue
         out.append((k, par))
     return out
@@ -178,6 +178,9 @@ class _OrderNotChosen:
         raise _NotChosen("order")
 
     __iter__ = __len__ = __getitem__ = __contains__ = __eq__ = __hash__ = index = count = _later
+
+
+_ORDER_LATER = _OrderNotChosen()
 
 
 class ShapeRules:
@@ -236,6 +239,40 @@ class ShapeRules:
             if broken(ask):
                 return False
         return True
+
+    def runs_orders(self, par: ParallelConfig, orders: tuple) -> tuple[bool, ...]:
+        """``runs(par, order)`` for each of ``orders`` (tuples). A rule that does not read the mesh
+        order is asked once for every order that asks it (of ``par`` with the order not chosen,
+        ``_OrderNotChosen``); those that read it, of each order, in ``runs_config``'s order. A
+        rule is a pure function of what it reads, so each verdict is ``runs``'
+        (tests/test_space_fast_path.py)."""
+        if self.none or self.checks is None or len(orders) < 2:
+            return tuple(self.runs(par, o) for o in orders)
+        lefts = []
+        for order in orders:
+            checks = self.by_order.get(order, self)
+            if checks is self:
+                checks = self.by_order[order] = self._left(self.checks, order)
+            lefts.append(checks)
+        out = [False] * len(orders)
+        ask = None
+        for checks in dict.fromkeys(c for c in lefts if c is not None):     # each distinct list once
+            if ask is None:
+                ask = T.Ask(self.t, self.base.name, self.model, self.workload, par, _ORDER_LATER, False)
+            later = []          # the rules that read the order (or raised): asked of each order
+            for broken in checks:
+                try:
+                    if broken(ask):
+                        break
+                except Exception:
+                    later.append(broken)
+            else:
+                for i, order in enumerate(orders):
+                    if lefts[i] is not checks and lefts[i] != checks:
+                        continue
+                    each = T.Ask(self.t, self.base.name, self.model, self.workload, par, order, False)
+                    out[i] = not any(broken(each) for broken in later)
+        return tuple(out)
 
 
 def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
