@@ -85,6 +85,23 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
     return out
 
 
+def candidate_kinds(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
+                    objective: str = "throughput", worlds: Sequence[int] | None = None,
+                    target: str | None = None) -> tuple[list[Kind], int]:
+    """``enumerate_candidates``' candidates as ``Kind`` s not written out yet, each with the index
+    of its first candidate (``Kind.start``), and how many candidates there are: the same count,
+    the same candidates at the same indices (``Kind.write_out``, ``Kind.member``)."""
+    out: list[Kind] = []
+    n = 0
+    for shape in shapes(model, cluster, workload, fixed, gpus, objective, worlds):
+        for k in _kinds(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn,
+                        shape.stage_counts, target, None, shape.rdma):
+            k.start = n
+            n += k.size
+            out.append(k)
+    return out, n
+
+
 @dataclass(frozen=True)
 class Shape:
     """One outer shape of the search: the degrees, the NVLink domain and the stages per node
@@ -279,14 +296,21 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
            rdma: bool = True) -> list[Candidate]:
+    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma)
+            for c in k.write_out()]
+
+
+def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
+           rdma: bool = True) -> list[Kind]:
+    """One outer shape's configurations as ``Kind`` s, in the search's order."""
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
         return []
     if ch.wide:
-        return _expand(_target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch),
-                       target, fixed, model, stage_counts)
-    per_replica, mbs, experts, zeros, sps, bases, orders = (ch.per_replica, ch.mbs, ch.experts, ch.zeros, ch.sps,
-                                                            ch.bases, ch.orders)
+        return _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch, stage_counts)
+    per_replica, mbs, experts, zeros, sps, bases = ch.per_replica, ch.mbs, ch.experts, ch.zeros, ch.sps, ch.bases
+    orders = tuple(tuple(o) for o in ch.orders)
+    plain = tuple((None,) for _ in orders)
     out = []
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     for mb in mbs:
@@ -311,8 +335,8 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                                          **moe_fixed)
                                 except SpecError:
                                     continue
-                                for order in orders:
-                                    out.append(Candidate(par=par, order=tuple(order), stage_counts=stage_counts))
+                                out.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
+                                                (par.recompute_layers,), orders, stage_counts, plain))
     return out
 
 
@@ -326,24 +350,113 @@ def _dp_shards(fixed: dict, zero: int, gpn: int, tp: int, cp: int, dp: int) -> l
     return _choices(fixed, "dp_shard", shards)
 
 
-@dataclass
-class _Kind:
-    """Configurations of one target's space that differ only in Megatron's uniform recompute
-    count N (``recompute_layers``, ``Ns`` in the search's order; ``(-1,)`` or one fixed value
-    where there is no such count): one checked configuration ``par`` (at ``Ns[0]``), the mesh
-    orders the target runs it in (after dominance), and for each of those orders the MoE
-    execution pairs it runs (None: ``par``'s own). Every rule the table asks gives the same
-    verdict for each N (no rule reads N beyond ``N % vpp``, which the choices keep 0), so the
-    verdicts are asked once per kind; ``_expand`` writes out its candidates."""
+@dataclass(eq=False)
+class Kind:
+    """Candidates of one outer shape that differ only in Megatron's uniform recompute count N
+    (``recompute_layers``, ``Ns`` in the search's order; one value where there is no such
+    count), the mesh order, the MoE execution pair and the split: one checked configuration
+    ``par`` (at ``Ns[0]``), the mesh orders the target runs it in (after dominance), and for each
+    of those orders the (dispatcher, EP overlap) pairs it runs (None: ``par``'s own). Every rule
+    the table asks gives the same verdict for each N (no rule reads N beyond ``N % vpp``, which
+    the choices keep 0), so the verdicts are asked once per kind.
+
+    Its candidates, in ``enumerate_candidates``' order (``write_out``): for each N, each mesh
+    order, each of that order's pairs, each split the target runs (``tg.splits_of``; with
+    ``split`` None, the one plain split of the generic target). ``layout`` places them without
+    writing them out, so the search can index (``member``) and count (``size``) them."""
     key: tuple                  # (micro_batch, ep, etp, zero, dp_shard, sp, vpp, schedule, recompute)
     par: ParallelConfig
     Ns: tuple
     orders: tuple
+    stage_counts: tuple = ()
     pairs: tuple = ()           # per order: the accepted (dispatcher, overlap) pairs, None for par's own
+    split: tuple | None = None  # (target, fixed, model) for tg.splits_of; None: one plain split
+    start: int = 0              # the index of its first candidate (``candidate_kinds``)
+    _layout: tuple | None = None
+
+    def par_at(self, i: int) -> ParallelConfig:
+        """The configuration at ``Ns[i]``."""
+        n = self.Ns[i]
+        return self.par if n == self.par.recompute_layers else with_recompute_layers(self.par, n)
+
+    def splits(self, par: ParallelConfig) -> list[dict]:
+        if self.split is None:
+            return [{}]
+        from planner.search import target_space as tg
+        target, fixed, model = self.split
+        return tg.splits_of(target, par, fixed, model)
+
+    @property
+    def layout(self) -> tuple:
+        """``(offset, order, pair, splits)`` for each (mesh order, pair) in order, with the
+        offset of its first candidate among one count N's, and the candidates of one N."""
+        if self._layout is None:
+            rows, at, made = [], 0, {}
+            for order, pairs in zip(self.orders, self.pairs):
+                for pair in pairs:
+                    n = made.get(pair)
+                    if n is None:
+                        n = made[pair] = len(self.splits(_with_pair(self.par, pair)))
+                    rows.append((at, order, pair, n))
+                    at += n
+            self._layout = (tuple(rows), at)
+        return self._layout
+
+    @property
+    def size(self) -> int:
+        return len(self.Ns) * self.layout[1]
+
+    def write_out(self) -> list[Candidate]:
+        """Every candidate of the kind, in order."""
+        out = []
+        rows, per_n = self.layout
+        for i in range(len(self.Ns)):
+            pn = self.par_at(i)
+            made: dict = {}
+            for _, order, pair, n in rows:
+                got = made.get(pair)
+                if got is None:
+                    pv = _with_pair(pn, pair)
+                    got = made[pair] = (pv, self._splits_of(pv, n))
+                pv, splits = got
+                for fields in splits:
+                    out.append(_candidate(pv, order, self.stage_counts, fields))
+        return out
+
+    def _splits_of(self, pv: ParallelConfig, n: int) -> list[dict]:
+        splits = self.splits(pv)
+        if len(splits) != n:        # the layout counts N's splits by the first N's: never seen to differ
+            raise RuntimeError(f"internal: {len(splits)} splits of {pv}, but {n} of its kind's first count")
+        return splits
+
+    def member(self, i: int, row: int, s: int) -> tuple[int, Candidate]:
+        """The candidate at ``Ns[i]``, layout row ``row``, split ``s``: ``(index, candidate)``."""
+        rows, per_n = self.layout
+        at, order, pair, n = rows[row]
+        pv = _with_pair(self.par_at(i), pair)
+        return self.start + i * per_n + at + s, _candidate(pv, order, self.stage_counts, self._splits_of(pv, n)[s])
+
+    def members(self, pair) -> list[tuple[int, Candidate]]:
+        """The candidates with MoE execution ``pair``, with their indices, in order."""
+        rows, per_n = self.layout
+        mine = [(at, order, n) for at, order, p, n in rows if p == pair and n]
+        out = []
+        for i in range(len(self.Ns)):
+            pv = _with_pair(self.par_at(i), pair)
+            splits = self._splits_of(pv, mine[0][2]) if mine else []
+            for at, order, n in mine:
+                base = self.start + i * per_n + at
+                out += [(base + s, _candidate(pv, order, self.stage_counts, f)) for s, f in enumerate(splits)]
+        return out
 
 
-def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch) -> list[_Kind]:
-    """The configurations a target runs on one outer shape, as ``_Kind`` s in the search's order:
+def _with_pair(par: ParallelConfig, pair) -> ParallelConfig:
+    return par if pair is None else with_moe_exec(par, *pair)
+
+
+def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch,
+                  stage_counts: tuple = ()) -> list[Kind]:
+    """The configurations a target runs on one outer shape, as ``Kind`` s in the search's order:
     the choices of ``_choice_lists`` (schedules the target's tables may run), each built with
     ``ParallelConfig``'s checks and asked of the target's table once per kind
     (``ShapeRules.runs_orders``), dominated choices dropped (``tg.prune_dominated``' rule), MoE
@@ -355,7 +468,8 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
     # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
     # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
-    kinds: list[_Kind] = []
+    split = (target, fixed, model)
+    kinds: list[Kind] = []
     for mb in ch.mbs:
         if per_replica % mb or (only_mb is not None and mb != only_mb):
             continue
@@ -391,8 +505,9 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
                                         continue
                                     ok = rules.runs_orders(par, orders)
                                     if any(ok):
-                                        kinds.append(_Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
-                                                           tuple(rls), tuple(o for o, k in zip(orders, ok) if k)))
+                                        kinds.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
+                                                          tuple(rls), tuple(o for o, k in zip(orders, ok) if k),
+                                                          stage_counts, (), split))
     kinds = _undominated(kinds)
     if model.is_moe and any(k.par.ep > 1 for k in kinds):
         for k in kinds:
@@ -415,7 +530,7 @@ def _policy_runs(policies: list[tuple[str, int]]) -> list[tuple[str, tuple[int, 
     return out
 
 
-def _undominated(kinds: list[_Kind]) -> list[_Kind]:
+def _undominated(kinds: list[Kind]) -> list[Kind]:
     """``tg.prune_dominated`` on kinds: a configuration (its N and mesh order) is dropped when the
     one that differs only by the better choice is also there. Where that drops some of a kind's
     counts and not others, the kind is cut into one kind per count."""
@@ -443,17 +558,17 @@ def _undominated(kinds: list[_Kind]) -> list[_Kind]:
         if all(len(ns) in (0, len(k.Ns)) for _, ns in kept):
             orders = tuple(o for o, ns in kept if ns)
             if orders:
-                out.append(_Kind(k.key, k.par, k.Ns, orders))
+                out.append(Kind(k.key, k.par, k.Ns, orders, k.stage_counts, (), k.split))
             continue
         for n in k.Ns:                       # partly dominated: one kind per count, in the search's order
             orders = tuple(o for o, ns in kept if n in ns)
             if orders:
-                out.append(_Kind(k.key, k.par if n == k.par.recompute_layers else with_recompute_layers(k.par, n),
-                                 (n,), orders))
+                out.append(Kind(k.key, k.par if n == k.par.recompute_layers else with_recompute_layers(k.par, n),
+                                (n,), orders, k.stage_counts, (), k.split))
     return out
 
 
-def _moe_pairs(target, model, rules, kind: _Kind, gpn: int, fixed: dict, rdma: bool) -> tuple:
+def _moe_pairs(target, model, rules, kind: Kind, gpn: int, fixed: dict, rdma: bool) -> tuple:
     """For each of the kind's mesh orders, the (dispatcher, EP overlap) pairs the target runs
     (``tg.moe_exec_choices``, in its order; None for the kind's own pair, kept as it is), each
     asked of the table (``rules``) once per kind."""
@@ -470,28 +585,6 @@ def _moe_pairs(target, model, rules, kind: _Kind, gpn: int, fixed: dict, rdma: b
             if k:
                 got.append((disp, over))
     return tuple(tuple(got) for got in per_order)
-
-
-def _expand(kinds: list[_Kind], target: str, fixed: dict, model: ModelSpec,
-            stage_counts: tuple) -> list[Candidate]:
-    """The candidates of ``_target_kinds``, in the search's order: for each kind, each count N,
-    each mesh order, each MoE execution pair, each split the target runs (``tg.splits_of``)."""
-    from planner.search import target_space as tg
-    out = []
-    for k in kinds:
-        for n in k.Ns:
-            pn = k.par if n == k.par.recompute_layers else with_recompute_layers(k.par, n)
-            made: dict = {}
-            for order, pairs in zip(k.orders, k.pairs):
-                for pair in pairs:
-                    got = made.get(pair)
-                    if got is None:
-                        pv = pn if pair is None else with_moe_exec(pn, *pair)
-                        got = made[pair] = (pv, tg.splits_of(target, pv, fixed, model))
-                    pv, splits = got
-                    for fields in splits:
-                        out.append(_candidate(pv, order, stage_counts, fields))
-    return out
 
 
 _CAND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Candidate) if f.default is not dataclasses.MISSING}
