@@ -210,3 +210,51 @@ def test_a_fast_candidate_equals_the_constructed_one():
         assert new == slow and hash(new) == hash(slow) and repr(new) == repr(slow)
     with pytest.raises(TypeError):
         space._candidate(par, ("dp", "pp", "cp", "tp"), (("h100", 4),), {"no_such_field": 1})
+
+
+def _ds_balanced_slow(weights, parts):
+    """partition_balanced's dynamic program as DeepSpeed writes it: tables by items, then runs."""
+    n = len(weights)
+    if n <= parts:
+        return [min(i, n) for i in range(parts + 1)]
+    inf = float("inf")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    hi = [[inf] * (parts + 1) for _ in range(n + 1)]
+    lo = [[inf] * (parts + 1) for _ in range(n + 1)]
+    spread = [[inf] * (parts + 1) for _ in range(n + 1)]
+    cut = [[0] * (parts + 1) for _ in range(n + 1)]
+    hi[0][0] = 0.0
+    spread[0][0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, parts) + 1):
+            for k in range(i):
+                run = prefix[i] - prefix[k]
+                top, bottom = max(hi[k][j - 1], run), min(lo[k][j - 1], run)
+                if spread[i][j] >= top - bottom:
+                    spread[i][j], hi[i][j], lo[i][j], cut[i][j] = top - bottom, top, bottom, k
+    bounds = [n]
+    for j in range(parts, 0, -1):
+        bounds.append(cut[bounds[-1]][j])
+    return bounds[::-1]
+
+
+def test_the_balanced_partition_equals_deepspeeds_table():
+    import random
+
+    from planner.plan import targets as T
+    rng = random.Random(7)
+    for _ in range(150):
+        n, parts = rng.randint(1, 30), rng.randint(1, 10)
+        kind = rng.random()
+        weights = ([float(rng.randint(0, 1)) for _ in range(n)] if kind < 0.4 else
+                   [rng.choice([0.0, 1.0, 2.0, 1e9]) for _ in range(n)] if kind < 0.6 else
+                   [rng.random() * 10 for _ in range(n)])
+        assert T._ds_balanced(weights, parts) == _ds_balanced_slow(weights, parts), (weights, parts)
+    for model in ("llama-3-8b", "deepseek-v3"):
+        m = get_model(model)
+        for pp in (2, 3, 8):
+            for method in T.DS_METHODS[1:]:
+                w = T.ds_layer_weights(m, method)
+                assert T._ds_balanced(w, pp) == _ds_balanced_slow(w, pp)
