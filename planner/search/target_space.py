@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import operator
 
 from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from planner.plan import targets as T
@@ -199,10 +200,15 @@ class ShapeRules:
         self.checks = None            # None: ask runs itself; () with ``none``: every configuration refused
         self.none = False
         self.by_order: dict = {}      # mesh order -> the checks left once it is chosen (None: all refused)
+        self.memo: dict = {}          # _same_but_mb -> id(checks) -> (broken, the rules asked again)
+        self.interned: dict = {}
+        self.ask_fields: dict = {}
+        self.plans: dict = {}
         shape = self.shape = object.__new__(_ShapeOnly)
         object.__getattribute__(shape, "__dict__").update(tp=tp, pp=pp, dp=dp, cp=cp)
         try:
             self.t = self.base.for_config(shape)
+            self.ask_fields = dict(t=self.t, name=self.base.name, model=model, wl=workload, plan_check=False)
             checks = T.config_checks(T.Ask(self.t, self.base.name, model, workload, shape, _OrderNotChosen(), False))
         except _NotChosen:
             return
@@ -241,38 +247,121 @@ class ShapeRules:
         return True
 
     def runs_orders(self, par: ParallelConfig, orders: tuple) -> tuple[bool, ...]:
-        """``runs(par, order)`` for each of ``orders`` (tuples). A rule that does not read the mesh
-        order is asked once for every order that asks it (of ``par`` with the order not chosen,
-        ``_OrderNotChosen``); those that read it, of each order, in ``runs_config``'s order. A
-        rule is a pure function of what it reads, so each verdict is ``runs``'
-        (tests/test_space_fast_path.py)."""
-        if self.none or self.checks is None or len(orders) < 2:
+        """``runs(par, order)`` for each of ``orders`` (tuples), each rule asked as seldom as its
+        reads allow. Rules are pure functions of what they read, so a verdict holds for every
+        configuration and order that agree on what the rule read. A kind (every field but the
+        micro-batch and the gradient accumulation: ``_same_but_mb``) has its first configuration
+        asked of every rule traced (``_Traced``), the order not chosen (``_OrderNotChosen``): a
+        rule that read neither the order nor those two fields has its verdict for the whole
+        kind (broken: all refused; holding: not asked again); one that read the order and not
+        those two fields is asked again traced once per order, its verdict kept for the kind
+        and that order when it still read neither. The rest are asked of each configuration and
+        order. tests/test_space_fast_path.py holds the candidates equal to asking ``runs`` of
+        each configuration and order."""
+        if self.none or self.checks is None:
             return tuple(self.runs(par, o) for o in orders)
-        lefts = []
-        for order in orders:
+        plan = self.plans.get(orders)
+        if plan is None:
+            plan = self.plans[orders] = self._plan(orders)
+        key = _same_but_mb(par)
+        ents = self.memo.get(key)
+        if ents is None:
+            ents = self.memo[key] = {}
+        out = [False] * len(orders)
+        for checks, idxs in plan:
+            ent = ents.get(id(checks))
+            if ent is None:
+                ent = ents[id(checks)] = self._traced(par, checks, _ORDER_LATER)
+            broken, each, by_order = ent
+            if broken:
+                continue
+            for i in idxs:
+                order = orders[i]
+                po = ent[2].get(order)
+                if po is None:
+                    po = by_order[order] = self._traced(par, by_order[None], order)
+                if po[0]:
+                    continue
+                ask = None
+                ok = True
+                for b in each + po[1]:
+                    if ask is None:
+                        ask = self._ask(par, order)
+                    if b(ask):
+                        ok = False
+                        break
+                out[i] = ok
+        return tuple(out)
+
+    def _ask(self, par: ParallelConfig, order) -> T.Ask:
+        """``T.Ask(self.t, name, model, workload, par, order, False)``, built without the frozen
+        dataclass's per-field ``__setattr__`` (asked tens of thousands of times)."""
+        ask = object.__new__(T.Ask)
+        d = ask.__dict__
+        d.update(self.ask_fields)
+        d["par"], d["order"] = par, order
+        return ask
+
+    def _plan(self, orders: tuple) -> list:
+        """For each distinct list of rules the orders leave (``by_order``), the orders that ask it."""
+        plan: dict = {}
+        for i, order in enumerate(orders):
             checks = self.by_order.get(order, self)
             if checks is self:
-                checks = self.by_order[order] = self._left(self.checks, order)
-            lefts.append(checks)
-        out = [False] * len(orders)
-        ask = None
-        for checks in dict.fromkeys(c for c in lefts if c is not None):     # each distinct list once
-            if ask is None:
-                ask = T.Ask(self.t, self.base.name, self.model, self.workload, par, _ORDER_LATER, False)
-            later = []          # the rules that read the order (or raised): asked of each order
-            for broken in checks:
-                try:
-                    if broken(ask):
-                        break
-                except Exception:
-                    later.append(broken)
-            else:
-                for i, order in enumerate(orders):
-                    if lefts[i] is not checks and lefts[i] != checks:
-                        continue
-                    each = T.Ask(self.t, self.base.name, self.model, self.workload, par, order, False)
-                    out[i] = not any(broken(each) for broken in later)
-        return tuple(out)
+                checks = self._left(self.checks, order)
+                if checks is not None:        # one object per distinct list (the memo's key)
+                    checks = self.interned.setdefault(checks, checks)
+                self.by_order[order] = checks
+            if checks is not None:
+                plan.setdefault(id(checks), (checks, []))[1].append(i)
+        return [(checks, tuple(idxs)) for checks, idxs in plan.values()]
+
+    def _traced(self, par: ParallelConfig, checks: tuple, order) -> tuple:
+        """Ask each rule of ``checks`` of ``par`` traced, under ``order`` (or the order not chosen):
+        ``(broken, each, later)``: ``broken`` when a rule that read neither the micro-batch nor
+        the gradient accumulation (nor the order, when not chosen) breaks; ``each`` the rules that
+        read those two, to ask of each configuration and order; ``later`` (the order not chosen)
+        ``{None: the rules that read the order}``, to ask again once it is."""
+        traced = object.__new__(_Traced)
+        object.__getattribute__(traced, "__dict__").update(par.__dict__)
+        ask = self._ask(traced, order)
+        each, later = [], []
+        for broken in checks:
+            _TOUCHED[0] = False
+            try:
+                hit = broken(ask)
+            except Exception:       # read the order (_NotChosen), or raised: asked again
+                (each if _TOUCHED[0] or order is not _ORDER_LATER else later).append(broken)
+                continue
+            if _TOUCHED[0]:
+                each.append(broken)
+            elif hit:
+                return True, (), {}
+        return False, tuple(each), ({None: tuple(later)} if order is _ORDER_LATER else {})
+
+
+_PAR_GETTER = operator.attrgetter(*sorted(_PAR_FIELDS - {"micro_batch", "grad_accum"}))
+
+
+def _same_but_mb(par: ParallelConfig) -> tuple:
+    return _PAR_GETTER(par)
+
+
+_TOUCHED = [False]
+
+
+class _Traced(ParallelConfig):
+    """A configuration that notes (``_TOUCHED``) when its micro-batch or gradient accumulation is
+    read, directly or through a property or method; reading its ``__dict__`` counts as reading
+    them (a rule that looks at the whole configuration)."""
+
+    def __getattribute__(self, name: str):
+        if name in _TRACED_FIELDS:
+            _TOUCHED[0] = True
+        return object.__getattribute__(self, name)
+
+
+_TRACED_FIELDS = frozenset({"micro_batch", "grad_accum", "__dict__"})
 
 
 def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
