@@ -258,3 +258,20 @@ def test_the_balanced_partition_equals_deepspeeds_table():
             for method in T.DS_METHODS[1:]:
                 w = T.ds_layer_weights(m, method)
                 assert T._ds_balanced(w, pp) == _ds_balanced_slow(w, pp)
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed", "megatron-deepspeed", "accelerate",
+                                    "builtin"])
+def test_the_split_count_is_the_splits_written_out(target):
+    """``tg.split_count`` (one, where no table of the target places the layers itself) is the
+    number of splits ``splits_of`` writes out, on every configuration of a few spaces."""
+    from planner.search import target_space as tg
+    for model, gpus, gb in (("llama-3-70b", 64, 512), ("qwen3-30b-a3b", 32, 256), ("llama-3-8b", 16, 128)):
+        m, cl, wl = get_model(model), load_cluster("dgx-h100").with_gpus(gpus), Workload(global_batch=gb,
+                                                                                       seq_len=4096)
+        seen = 0
+        for c in space.enumerate_candidates(m, cl, wl, {}, gpus, target=target):
+            for fixed in ({}, {"recompute_layers": 0}):
+                assert tg.split_count(target, c.par, fixed, m) == len(tg.splits_of(target, c.par, fixed, m))
+                seen += 1
+        assert seen or target == "megatron-deepspeed"

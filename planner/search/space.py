@@ -386,6 +386,13 @@ class Kind:
         target, fixed, model = self.split
         return tg.splits_of(target, par, fixed, model)
 
+    def split_count(self, par: ParallelConfig) -> int:
+        if self.split is None:
+            return 1
+        from planner.search import target_space as tg
+        target, fixed, model = self.split
+        return tg.split_count(target, par, fixed, model)
+
     @property
     def layout(self) -> tuple:
         """``(offset, order, pair, splits)`` for each (mesh order, pair) in order, with the
@@ -396,7 +403,7 @@ class Kind:
                 for pair in pairs:
                     n = made.get(pair)
                     if n is None:
-                        n = made[pair] = len(self.splits(_with_pair(self.par, pair)))
+                        n = made[pair] = self.split_count(_with_pair(self.par, pair))
                     rows.append((at, order, pair, n))
                     at += n
             self._layout = (tuple(rows), at)

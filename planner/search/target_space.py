@@ -377,6 +377,20 @@ def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: Model
             for counts, method in T.partition_splits(target, model, par.pp).items()]
 
 
+def split_count(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> int:
+    """``len(splits_of(...))``: one wherever no table of the target places the layers itself
+    (``split_rule``'s split is its table's, or even), without asking ``split_of``."""
+    if not widened(target) or not _places_layers(target):
+        return 1
+    return len(splits_of(target, par, fixed, model))
+
+
+@functools.lru_cache(maxsize=None)
+def _places_layers(target: str) -> bool:
+    t = T.get(target)
+    return any(sub.split == "partition" for sub in [t] + [s for _, _, s in t.variants])
+
+
 def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
     """The Candidate fields that carry the target's split rule (``--recompute-layers 0`` without
     full recompute: no stage recomputes on its own either)."""
