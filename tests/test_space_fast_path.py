@@ -165,7 +165,7 @@ def test_runnable_schedules_leaves_out_only_what_the_table_refuses():
 
 
 def test_a_refusal_counts_the_same_configurations_from_the_kept_generic_space(monkeypatch):
-    """``refusal._generic_candidates`` keeps the last generic space: a second refusing target
+    """``refusal._generic_space`` keeps the last generic space: a second refusing target
     gets the message a fresh enumeration gives, without enumerating again."""
     from planner.search import refusal
     m, cl, wl = get_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(64), Workload(global_batch=256,
@@ -173,7 +173,7 @@ def test_a_refusal_counts_the_same_configurations_from_the_kept_generic_space(mo
     refusal._LAST.clear()
     first = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
     calls = []
-    monkeypatch.setattr(refusal, "enumerate_candidates", lambda *a, **k: calls.append(a) or space.enumerate_candidates(*a, **k))
+    monkeypatch.setattr(refusal, "candidate_kinds", lambda *a, **k: calls.append(a) or space.candidate_kinds(*a, **k))
     again = refusal.why_no_candidate(m, cl, wl, 64, "builtin", {})
     assert again == first and not calls
     refusal._LAST.clear()

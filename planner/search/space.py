@@ -326,13 +326,15 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                     for sp in sps:
                         for vpp in vpps:
                             sched = fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
+                            try:      # checked once; each policy below is a checked copy
+                                first = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
+                                                       dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
+                                                       grad_accum=ga, **moe_fixed)
+                            except SpecError:
+                                continue
                             for base in bases:
                                 try:
-                                    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                                                         dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
-                                                         grad_accum=ga, recompute=base, schedule=sched,
-                                                         recompute_layers=fixed.get("recompute_layers", -1),
-                                                         **moe_fixed)
+                                    par = with_policy(first, sched, base, fixed.get("recompute_layers", -1))
                                 except SpecError:
                                     continue
                                 out.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
