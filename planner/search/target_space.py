@@ -253,11 +253,9 @@ class ShapeRules:
         micro-batch and the gradient accumulation: ``_same_but_mb``) has its first configuration
         asked of every rule traced (``_Traced``), the order not chosen (``_OrderNotChosen``): a
         rule that read neither the order nor those two fields has its verdict for the whole
-        kind (broken: all refused; holding: not asked again); one that read the order and not
-        those two fields is asked again traced once per order, its verdict kept for the kind
-        and that order when it still read neither. The rest are asked of each configuration and
-        order. tests/test_space_fast_path.py holds the candidates equal to asking ``runs`` of
-        each configuration and order."""
+        kind (broken: all refused; holding: not asked again). The rest are asked of each
+        configuration and order. tests/test_space_fast_path.py holds the candidates equal to
+        asking ``runs`` of each configuration and order."""
         if self.none or self.checks is None:
             return tuple(self.runs(par, o) for o in orders)
         plan = self.plans.get(orders)
@@ -269,28 +267,17 @@ class ShapeRules:
             ents = self.memo[key] = {}
         out = [False] * len(orders)
         for checks, idxs in plan:
-            ent = ents.get(id(checks))
-            if ent is None:
-                ent = ents[id(checks)] = self._traced(par, checks, _ORDER_LATER)
-            broken, each, by_order = ent
-            if broken:
+            again = ents.get(id(checks))
+            if again is None:
+                again = ents[id(checks)] = self._traced(par, checks)
+            if again is _BROKEN:
                 continue
             for i in idxs:
-                order = orders[i]
-                po = ent[2].get(order)
-                if po is None:
-                    po = by_order[order] = self._traced(par, by_order[None], order)
-                if po[0]:
-                    continue
-                ask = None
-                ok = True
-                for b in each + po[1]:
-                    if ask is None:
-                        ask = self._ask(par, order)
-                    if b(ask):
-                        ok = False
-                        break
-                out[i] = ok
+                if again:
+                    ask = self._ask(par, orders[i])
+                    if any(b(ask) for b in again):
+                        continue
+                out[i] = True
         return tuple(out)
 
     def _ask(self, par: ParallelConfig, order) -> T.Ask:
@@ -316,28 +303,30 @@ class ShapeRules:
                 plan.setdefault(id(checks), (checks, []))[1].append(i)
         return [(checks, tuple(idxs)) for checks, idxs in plan.values()]
 
-    def _traced(self, par: ParallelConfig, checks: tuple, order) -> tuple:
-        """Ask each rule of ``checks`` of ``par`` traced, under ``order`` (or the order not chosen):
-        ``(broken, each, later)``: ``broken`` when a rule that read neither the micro-batch nor
-        the gradient accumulation (nor the order, when not chosen) breaks; ``each`` the rules that
-        read those two, to ask of each configuration and order; ``later`` (the order not chosen)
-        ``{None: the rules that read the order}``, to ask again once it is."""
+    def _traced(self, par: ParallelConfig, checks: tuple):
+        """Ask each rule of ``checks`` of ``par`` traced, the order not chosen: ``_BROKEN`` when a
+        rule that read neither the micro-batch, the gradient accumulation nor the order breaks;
+        else the rules that read one of them (or raised), to ask of each configuration and order,
+        in order."""
         traced = object.__new__(_Traced)
         object.__getattribute__(traced, "__dict__").update(par.__dict__)
-        ask = self._ask(traced, order)
-        each, later = [], []
+        ask = self._ask(traced, _ORDER_LATER)
+        again = []
         for broken in checks:
             _TOUCHED[0] = False
             try:
                 hit = broken(ask)
-            except Exception:       # read the order (_NotChosen), or raised: asked again
-                (each if _TOUCHED[0] or order is not _ORDER_LATER else later).append(broken)
+            except Exception:       # read the order (_NotChosen), or raised: asked of each order
+                again.append(broken)
                 continue
             if _TOUCHED[0]:
-                each.append(broken)
+                again.append(broken)
             elif hit:
-                return True, (), {}
-        return False, tuple(each), ({None: tuple(later)} if order is _ORDER_LATER else {})
+                return _BROKEN
+        return tuple(again)
+
+
+_BROKEN = ("broken",)
 
 
 _PAR_GETTER = operator.attrgetter(*sorted(_PAR_FIELDS - {"micro_batch", "grad_accum"}))
