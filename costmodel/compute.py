@@ -5,11 +5,15 @@ Model (one rule for every GPU; the constants live in the cluster file, not here)
 * A GEMM of m x k times k x n runs at ``peak * eff(g)`` with ``g = (m*n*k) ** (1/3)``, the
   geometric-mean dimension. Without a measured table
   ``eff(g) = matmul_efficiency * g / (g + matmul_half_size)``: a saturating curve that captures
-  wave quantization and fixed per-kernel costs, which dominate small GEMMs (the shape of the
-  cuBLAS efficiency curves in NVIDIA's "Matrix Multiplication Background" guide, and of the
-  size-dependent efficiency tables Calculon keeps per system). ``matmul_efficiency`` is the
-  fraction of peak a transformer layer's large GEMMs reach in training (including kernel gaps),
-  ``matmul_half_size`` the size where half of it is reached.
+  the fixed per-kernel costs (launch, prologue, epilogue, pipeline fill) that dominate small
+  GEMMs (the shape of the cuBLAS efficiency curves in NVIDIA's "Matrix Multiplication Background"
+  guide, and of the size-dependent efficiency tables Calculon keeps per system).
+  ``matmul_efficiency`` is the fraction of peak a transformer layer's large GEMMs reach in
+  training (including kernel gaps), ``matmul_half_size`` the size where half of it is reached.
+* Every GEMM's time multiplies that curve by its shape's wave, tile and alignment factor
+  (``costmodel.gemm_shape.gemm_shape_factor``, which says how the two compose without counting
+  anything twice): the tail wave of thread blocks on the GPU's SMs, padded tiles, and leading
+  dimensions that are not multiples of 16 bytes.
 * With a measured table (``ClusterSpec.matmul_table``: square-GEMM size -> efficiency, written
   by ``planner profile``), ``eff`` is interpolated in log-size and clamped at the ends.
 * Elementwise work (norms, activations, dropout, residuals, softmax when attention is not
@@ -28,6 +32,8 @@ import bisect
 import math
 
 from .fp8 import gemm_efficiency as _fp8_gemm_efficiency
+from .gemm_shape import (ALIGN_BYTES, GEMM_TILES, GPU_SMS, MISALIGNED_FACTOR, alignment_factor,  # noqa: F401
+                         gemm_shape_factor, gpu_sms, wave_tile_factor)
 from .specs import ClusterSpec, GpuSpec
 
 FLASH_ATTENTION_EFFICIENCY = 0.75
@@ -55,13 +61,36 @@ def matmul_efficiency(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: fl
     return gpu.matmul_efficiency * g / (g + gpu.matmul_half_size)
 
 
+def _elem_bytes(dtype: str) -> float:
+    return {"fp8": 1.0, "fp32": 4.0, "float32": 4.0, "tf32": 4.0}.get(dtype, 2.0)
+
+
+def _size_efficiency(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: float, k: float,
+                     shape: float) -> float:
+    """The size curve at (m, n, k) with the shape factor applied (see the comment above)."""
+    if cluster is not None and cluster.matmul_table:
+        g = (m * n * k) ** (1.0 / 3.0)
+        square = wave_tile_factor(gpu_sms(gpu.name), g, g)
+        best = max(e for _, e in cluster.matmul_table)
+        return max(1e-3, min(best, _interp_log(cluster.matmul_table, g) * shape / square))
+    return matmul_efficiency(gpu, cluster, m, n, k) * shape
+
+
 def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float, n: float, k: float,
-                count: float = 1.0) -> float:
-    """Time of ``count`` GEMMs of m x k by k x n (2*m*n*k FLOPs each)."""
+                count: float = 1.0, train: bool = False, waves: bool = True) -> float:
+    """Time of ``count`` GEMMs of m x k by k x n (2*m*n*k FLOPs each): the size curve
+    (``matmul_efficiency``) times the wave, tile and alignment factor of the shape
+    (``gemm_shape_factor``; ``train``: the mean over forward, dgrad and wgrad, for a forward-unit
+    time whose backward the caller counts twice). ``waves=False``: a GEMM whose row count is the
+    mean of a batch that varies from step to step (serving's continuous batching): quantizing at
+    the mean misprices every step (the tail wave of a varying batch is neither full nor empty), so
+    only its alignment is priced; the size curve serving validated keeps the rest."""
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
     flops = 2.0 * m * n * k * count
-    return flops / (gpu.peak(dtype) * matmul_efficiency(gpu, cluster, m, n, k))
+    eb = _elem_bytes(dtype)
+    shape = gemm_shape_factor(gpu.name, m, n, k, eb, train) if waves else alignment_factor(n, k, eb)
+    return flops / (gpu.peak(dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
 
 
 def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
@@ -101,5 +130,6 @@ def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: floa
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
     g = (m * n * k) ** (1.0 / 3.0)
-    eff = _fp8_gemm_efficiency(gpu, matmul_efficiency(gpu, cluster, m, n, k), g)
+    shape = gemm_shape_factor(gpu.name, m, n, k, 1, True)
+    eff = _fp8_gemm_efficiency(gpu, _size_efficiency(gpu, cluster, m, n, k, shape), g)
     return 2.0 * m * n * k * count / (gpu.peak("fp8") * eff)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gemm_shape import gemm_shape_factor
 from .specs import FP8_RECIPES as RECIPES
 from .specs import GpuSpec, SpecError
 
@@ -77,6 +78,7 @@ FP8_HALF_SIZE_FACTOR = 3.0
 # x1.43, i.e. it absorbs into the GEMM curve FP8 costs that are not GEMMs.
 TE_LAYER_GEMMS = ((15872, 3 * 4096, 4096), (15872, 4096, 4096), (15872, 16384, 4096), (15872, 4096, 16384))
 TE_MEASURED_GEMM_SPEEDUP = (1.67, 1.90)
+TE_GPU = "H200"               # the measurement's GPU (its SM count prices the GEMMs' waves)
 
 
 def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: float,
@@ -87,7 +89,9 @@ def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: fl
     bf16 = fp8 = 0.0
     for m, n, k in TE_LAYER_GEMMS:
         g = (m * n * k) ** (1.0 / 3.0)
-        w = m * n * k * (g + half_size) / g              # BF16 time up to the shared constant
+        # BF16 time up to the shared constant; the GEMM's wave and tile factor on the GH100 die
+        # (the same for both precisions: the same tiles) weights the four GEMMs as they run
+        w = m * n * k * (g + half_size) / g / gemm_shape_factor(TE_GPU, m, n, k, 1, True)
         bf16 += w
         fp8 += w / (peak_ratio * efficiency * (g + half_size) / (g + half_size_factor * half_size))
     return bf16 / fp8
@@ -129,6 +133,29 @@ class Fp8Recipe:
         """HBM traffic of quantizing one BF16 value: ``cast_reads`` reads of 2 bytes, one FP8
         write per copy the GEMMs need (the transpose on Hopper, both orientations in MXFP8)."""
         return 2.0 * self.cast_reads + max(1, self.weight_copies) * self.copy_bytes
+
+    def gemm_cast_values(self, m: float, n: float, k: float) -> tuple[float, float]:
+        """(forward, backward) values one FP8 linear GEMM of m x k by k x n quantizes, per pass.
+        Transformer Engine (a recipe that caches FP8 weights): forward the input (m x k), backward
+        the output gradient (m x n), each once into every copy the GEMMs need (the transpose on
+        Hopper serves wgrad: ``cast_bytes_per_value``); the weights are cast once per step, after the
+        optimizer (``is_first_microbatch``), priced with the optimizer step
+        (``memory.optimizer_traffic_bytes_per_param``), not here. torchao's ``Float8Linear``
+        (no cached weights): forward the input and the weight, backward the output gradient, the
+        weight again for dgrad and the saved BF16 input again for wgrad (``torchao/float8/
+        float8_linear.py``: every GEMM operand is cast where it is used). Source of both: the
+        module docstring's TE and torchao facts; why it matters: the casts are memory traffic of
+        m*k + m*n values against 2*m*n*k FLOPs, so the FP8 gain depends on the GEMM's shape
+        (narrow TP-sharded GEMMs gain least)."""
+        if self.weight_copies:
+            return m * k, m * n
+        return m * k + n * k, m * n + n * k + m * k
+
+    def cast_bytes(self, m: float, n: float, k: float) -> float:
+        """HBM bytes of quantizing one FP8 linear GEMM's operands, forward and backward together
+        (``gemm_cast_values`` at ``cast_bytes_per_value``)."""
+        f, b = self.gemm_cast_values(m, n, k)
+        return (f + b) * self.cast_bytes_per_value()
 
     def scaling_state_bytes(self, gemms: float) -> float:
         """Scales and amax histories of ``gemms`` FP8 GEMM weights (3 quantized tensors forward,

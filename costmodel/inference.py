@@ -356,7 +356,7 @@ def grouped_expert_gemm(gpu: GpuSpec, cluster: ClusterSpec, dtype: str, hbm_byte
     fall is not applied to the compute: at decode sizes it is the weight reads, which the memory
     term counts already (tests/test_moe_serving.py holds this against DeepGEMM's masked points)."""
     m = tokens_per_expert * experts
-    comp = gemm_time_s(gpu, cluster, dtype, m, n, k) / grouped_gemm_compute_factor(k)
+    comp = gemm_time_s(gpu, cluster, dtype, m, n, k, waves=False) / grouped_gemm_compute_factor(k)
     mem = (weight_bytes + m * (k + n) * a_bytes) / hbm_bytes_per_s
     return comp, mem
 
@@ -400,7 +400,7 @@ class _Serving:
     def _gemm(self, m: float, n: float, k: float, count: float, weight_bytes: float, out: _Pass) -> None:
         if m <= 0 or count <= 0:
             return
-        comp = gemm_time_s(self.gpu, self.c, self.cdt, m, n, k, count)
+        comp = gemm_time_s(self.gpu, self.c, self.cdt, m, n, k, count, waves=False)
         act = (m * k + m * n) * count * self.ab          # activations in and out
         mem = (weight_bytes + act) / self.hbm
         out.gemm_compute += comp

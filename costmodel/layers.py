@@ -32,11 +32,13 @@ Sources, per term:
 * FP8 training (``costmodel.fp8``): the linear GEMMs (not the router, attention or head) at the
   FP8 peak and curve (``compute.fp8_gemm_time_s``), their saved inputs at the recipe's bytes,
   the rest BF16; quantizing the GEMM inputs (and, where the recipe caches no FP8 weights, the
-  weights) is HBM traffic, counted forward and, like all compute, twice that backward (the
-  output gradients are quantized there); SP all-gathers move FP8 where the recipe does.
+  weights) is HBM traffic per GEMM, forward and backward by what each recipe casts
+  (``Fp8Recipe.cast_bytes``: the inputs forward, the output gradients backward); SP all-gathers
+  move FP8 where the recipe does.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -56,6 +58,7 @@ from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
+VOCAB_PAD = 128         # Megatron-LM's --make-vocab-size-divisible-by default (per TP rank)
 FP32_LOGITS_BYTES = 4   # cross-entropy upcasts the logits to fp32 (Megatron, torchtitan)
 # What the embedding lookup keeps for its backward, per token: the token ids (int64) its gradient
 # scatters by (torch's embedding_backward takes ``indices``), and under TP the vocabulary-range mask
@@ -274,13 +277,13 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             # one grouped GEMM over the local experts: the dense curve at the whole problem's
             # size, slowed by the grouped kernel's factor (``costmodel.moe.grouped_gemm_factor``)
             base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk) if fp8_gemm
-                    else gemm_time_s(gpu, cluster, dt, m * c, n, kk))
+                    else gemm_time_s(gpu, cluster, dt, m * c, n, kk, train=True))
             # never under the host's issue time where the framework calls one GEMM per local expert
             # (``costmodel.moe.expert_gemm_host_floor_s``)
             return max(base / grouped_gemm_factor(m, kk), expert_gemm_host_floor_s(c, ex.per_expert_gemms))
         if fp8_gemm:
             return fp8_gemm_time_s(gpu, cluster, m, n, kk, c)
-        return gemm_time_s(gpu, cluster, dt, m, n, kk, c)
+        return gemm_time_s(gpu, cluster, dt, m, n, kk, c, train=True)
 
     if fp8 is None:
         gemm_s = sum(_time(m, n, kk, c, mx, False) for (m, n, kk, c), mx in zip(gemms, matrices))
@@ -289,10 +292,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # the router is a plain (BF16) linear in Megatron and torchtitan alike
         lin = [g for g, mx in zip(gemms, matrices) if mx.role != "router"]
         gemm_s = sum(_time(m, n, kk, c, mx, mx.role != "router") for (m, n, kk, c), mx in zip(gemms, matrices))
-        cast_values = sum(m * kk * c for m, n, kk, c in lin)
-        if not fp8.weight_copies:
-            cast_values += sum(n * kk * c for m, n, kk, c in lin)     # weights cast per use
-        quant_s = memory_time_s(gpu, fp8.cast_bytes_per_value() * cast_values) * mem_factor
+        # each GEMM's casts, forward and backward (``Fp8Recipe.cast_bytes``), in forward units (the
+        # layer counts its backward twice: a third of the total)
+        cast_bytes = sum(fp8.cast_bytes(m, n, kk) * c for m, n, kk, c in lin)
+        quant_s = memory_time_s(gpu, cast_bytes / 3.0) * mem_factor
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
     # FLOPs at the mean share of the routed tokens (the busiest rank's excess is time, not work)
@@ -489,7 +492,10 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    head_s = gemm_time_s(gpu, cluster, dt, T, V / t, h) / kernel_efficiency
+    # the head's GEMM runs over the vocabulary padded as Megatron pads it (``--make-vocab-size-divisible-by``
+    # 128, times tp), so its width is aligned (``compute.alignment_factor``); the FLOPs counted stay V's
+    v_rank = VOCAB_PAD * math.ceil(V / (VOCAB_PAD * t))
+    head_s = gemm_time_s(gpu, cluster, dt, T, v_rank, h, train=True) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     # softmax / cross-entropy over the logits
     head_s += memory_time_s(gpu, 2 * logits_bytes) * memory_bound_factor(elementwise)

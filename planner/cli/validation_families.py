@@ -43,6 +43,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("olmo-core", r"olmo-core"),
     ("tinyllama", r"tinyllama"),
     ("bloomberggpt", r"bloomberggpt|2303\.17564"),
+    ("smollm", r"huggingface/smollm|nanotron"),     # Hugging Face's SmolLM pretraining (nanotron)
 )
 
 
