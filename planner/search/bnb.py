@@ -350,9 +350,10 @@ class _Deferred:
     candidates with one MoE execution pair (``space.Kind.members``), in the search's order.
     ``reduced`` is the group's first member and its last of each mesh order (in the order the
     orders first appear), ``vpp`` its largest virtual-stage count: what ``bounds.group_bound``
-    reads of the whole group; ``fit_members`` its first member of each ZeRO stage and shard
-    width: what ``bounds.group_may_fit`` reads. tests/test_lazy_search.py holds each equal to
-    the written-out group's."""
+    reads of the whole group (of a member, its configuration, mesh order and stages per node
+    group; the split fields are left at their defaults, ``Kind.bound_member``); ``fit_members``
+    its first member of each ZeRO stage and shard width: what ``bounds.group_may_fit`` reads.
+    tests/test_deferred_groups.py holds each equal to the written-out group's."""
     __slots__ = ("slices", "_reduced", "vpp")
 
     def __init__(self):
@@ -370,9 +371,12 @@ class _Deferred:
                 for r, (_, order, p, n) in enumerate(rows):
                     if p == pair and n:
                         if first is None:
-                            first = kind.member(0, r, 0)
+                            first = kind.bound_member(0, r)
                         last[order] = (kind, r, n)
-            self._reduced = [first] + [k.member(len(k.Ns) - 1, r, n - 1) for k, r, n in last.values()]
+            self._reduced = [first]
+            for k, r, n in last.values():
+                at, c = k.bound_member(len(k.Ns) - 1, r)
+                self._reduced.append((at + n - 1, c))        # the row's last split: the same configuration
         return self._reduced
 
     def fit_members(self) -> list:

@@ -445,6 +445,14 @@ class Kind:
         pv = _with_pair(self.par_at(i), pair)
         return self.start + i * per_n + at + s, _candidate(pv, order, self.stage_counts, self._splits_of(pv, n)[s])
 
+    def bound_member(self, i: int, row: int) -> tuple[int, Candidate]:
+        """The first candidate at ``Ns[i]`` and layout row ``row``, with its index, its split
+        fields left at their defaults: what a group's bound reads of a member (its configuration,
+        mesh order and stages per node group), without asking the target's split rule."""
+        rows, per_n = self.layout
+        at, order, pair, n = rows[row]
+        return self.start + i * per_n + at, _candidate(_with_pair(self.par_at(i), pair), order, self.stage_counts, {})
+
     def members(self, pair) -> list[tuple[int, Candidate]]:
         """The candidates with MoE execution ``pair``, with their indices, in order."""
         rows, per_n = self.layout
