@@ -442,6 +442,7 @@ class _LazyShapes:
         self.prob, self.fixed, self.target = prob, fixed, target
         self.shapes = shapes(prob.model, prob.cluster, prob.workload, fixed, gpus, prob.objective, worlds=worlds)
         self.built = 0
+        self.rules: dict = {}        # each shape's rules, kept between its micro-batches (space.shape_candidates)
 
     def bounds(self, si: int) -> list[tuple[int | None, float]]:
         """Shape ``si``'s parts, one per micro-batch, each with a bound below every group it
@@ -464,7 +465,7 @@ class _LazyShapes:
         ``(key, [(key, candidate), ...])``, in order; a candidate's key is ``(si, its
         micro-batch, its index)``, which sorts as its index in ``enumerate_candidates``."""
         prob = self.prob
-        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb)
+        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb, self.rules)
         self.built += len(cands)
         out: dict[tuple, list] = {}
         for j, c in enumerate(cands):

@@ -131,13 +131,15 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
 
 
 def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
-                     target: str | None = None, micro_batch: int | None = None) -> list[Candidate]:
+                     target: str | None = None, micro_batch: int | None = None,
+                     kept: dict | None = None) -> list[Candidate]:
     """The candidates of one outer shape, in ``enumerate_candidates``' order; with
     ``micro_batch``, those of that micro-batch alone (the micro-batch is the outermost choice,
     and nothing about one micro-batch's candidates depends on another's, so these are a
-    contiguous part of the shape's list)."""
+    contiguous part of the shape's list). ``kept``: a dict the caller keeps for one search, in
+    which each shape's rules and their verdicts are kept between its micro-batches."""
     return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
-                  target, micro_batch, shape.rdma)
+                  target, micro_batch, shape.rdma, kept)
 
 
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
@@ -295,19 +297,20 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
-           rdma: bool = True) -> list[Candidate]:
-    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma)
+           rdma: bool = True, kept: dict | None = None) -> list[Candidate]:
+    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma, kept)
             for c in k.write_out()]
 
 
 def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
-           rdma: bool = True) -> list[Kind]:
+           rdma: bool = True, kept: dict | None = None) -> list[Kind]:
     """One outer shape's configurations as ``Kind`` s, in the search's order."""
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
         return []
     if ch.wide:
-        return _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch, stage_counts)
+        return _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch, stage_counts,
+                             kept)
     per_replica, mbs, experts, zeros, sps, bases = ch.per_replica, ch.mbs, ch.experts, ch.zeros, ch.sps, ch.bases
     orders = tuple(tuple(o) for o in ch.orders)
     plain = tuple((None,) for _ in orders)
@@ -472,15 +475,22 @@ def _with_pair(par: ParallelConfig, pair) -> ParallelConfig:
 
 
 def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch,
-                  stage_counts: tuple = ()) -> list[Kind]:
+                  stage_counts: tuple = (), kept: dict | None = None) -> list[Kind]:
     """The configurations a target runs on one outer shape, as ``Kind`` s in the search's order:
     the choices of ``_choice_lists`` (schedules the target's tables may run), each built with
     ``ParallelConfig``'s checks and asked of the target's table once per kind
     (``ShapeRules.runs_orders``), dominated choices dropped (``tg.prune_dominated``' rule), MoE
-    execution pairs asked of the table (``tg.moe_exec_choices``)."""
+    execution pairs asked of the table (``tg.moe_exec_choices``). ``kept``: the shapes' rules
+    (``ShapeRules``, with their verdicts) kept by the caller for the same search (the lazy
+    search builds a shape one micro-batch at a time)."""
     from planner.search import target_space as tg
     per_replica = ch.per_replica
-    rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp)
+    key = (target, tp, pp, dp, cp)
+    rules = kept.get(key) if kept is not None else None
+    if rules is None:
+        rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp)
+        if kept is not None:
+            kept[key] = rules
     orders = tuple(tuple(o) for o in ch.orders)
     # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
     # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
