@@ -143,7 +143,7 @@ def strong_bound(prob: Problem, cand: Candidate, weak: float, makespan: bool = F
                     rr = least_recompute(sm, nd, nm, n, inflight) if r is None else r
                     if rr is None:
                         continue
-                    t = _cost(sm, nd, nm, rr).time_s
+                    t = sm.cost(nd, nm, rr).time_s
                     if slot == "big":
                         t_big = min(t_big, t)
                     else:
@@ -171,35 +171,14 @@ def _policy_may_fit(sm, mixes: list[tuple[float, float]], n: int, r: int, inflig
     computed along another path than the tables' exact counts."""
     cap = sm.capacity_bytes * (1 + _FIT_SLACK)
     for nd, nm in mixes:
-        c0 = _cost(sm, nd, nm, 0)
-        cn = c0 if r == 0 else _cost(sm, nd, nm, n)
+        c0 = sm.cost(nd, nm, 0)
+        cn = c0 if r == 0 else sm.cost(nd, nm, n)
         if _peak(c0, cn, n, r, inflight, sm.reserved_bytes) <= cap:
             return True
     return False
 
 
 _FIT_SLACK = 1e-9
-
-
-def _cost(sm, nd: float, nm: float, r: int):
-    """``sm.cost(nd, nm, r)``, kept: the bounds of one candidate (the strong bound, the makespan
-    bound, the layers that fit, each a bisection) ask one stage model the same counts many times,
-    and candidates that share a stage model (``stage_cache.stage_model``) share them. A stage
-    model's cost is a pure function of the counts; tests/test_bound_property.py holds the bounds
-    equal with and without this memo."""
-    key = (id(sm), nd, nm, r)
-    hit = _COSTS.get(key)
-    if hit is not None and hit[0] is sm:
-        return hit[1]
-    if len(_COSTS) > _COSTS_MAX:
-        _COSTS.clear()
-    c = sm.cost(nd, nm, r)
-    _COSTS[key] = (sm, c)
-    return c
-
-
-_COSTS: dict = {}
-_COSTS_MAX = 100_000
 
 
 def _least_layers(cand: Candidate) -> int:
@@ -291,7 +270,7 @@ def _makespan_bound(prob: Problem, cand: Candidate, big: int, lo: int, moe_frac:
                 if r is None:       # without per-stage recompute the tables run the policy: r = 0
                     r = least_recompute(sm, nd, nm, n, inflight) if cand.stage_recompute else 0
                 if r is not None:
-                    t = min(t, _cost(sm, nd, nm, r).time_s)
+                    t = min(t, sm.cost(nd, nm, r).time_s)
             ts.append(t)
         curves.append((count, ts))
     for tau in sorted({t for _, ts in curves for t in ts if t < math.inf}):
@@ -374,7 +353,7 @@ def least_recompute(sm, nd: float, nm: float, n: int, inflight: float) -> int | 
     cap = sm.capacity_bytes
 
     def peak(r: int) -> float:
-        return sm.memory(_cost(sm, nd, nm, r), inflight)["peak_bytes"]
+        return sm.memory(sm.cost(nd, nm, r), inflight)["peak_bytes"]
 
     p0 = peak(0)
     if p0 <= cap:
