@@ -163,14 +163,20 @@ class Network:
         per pass (all-gather, reduce-scatter: one pass; all-reduce: two), so its latency grows
         linearly with the ring; all-reduce may also run as a tree, ``2 log2(nodes)`` steps across
         nodes, and the tuner picks the faster, so all-reduce's inter-node latency is the tree's
-        once it is shorter. All-gather and reduce-scatter have no tree (NVIDIA/nccl#1473): their
-        latency stays linear in the nodes -- what makes ZeRO-3 at thousands of GPUs slow."""
+        once it is shorter. All-gather and reduce-scatter have no tree (NVIDIA/nccl#1473): they run
+        as one ring over all ``n`` ranks, ``n - 1`` steps of which ``m - 1`` cross the network and
+        ``n - m`` stay inside a domain (``tuning.cc``: ``(nsteps - nInterSteps) * intraLat +
+        nInterSteps * interLat``), so their latency is linear in the ranks, not only the nodes --
+        what makes ZeRO's reduce-scatters and gathers at thousands of GPUs slow."""
         n, k = lay
         m = max(1, n // k)
         inter_steps = factor * (m - 1)
+        intra_steps = factor * (k - 1)
         if factor == 2 and m > 2:
             inter_steps = min(inter_steps, 2 * math.log2(m))
-        return (k > 1, factor * (k - 1) / k, factor * (k - 1) * self._intra_lat, k,
+        elif factor == 1 and m > 1:
+            intra_steps = n - m
+        return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, k,
                 m > 1, factor * (m - 1) / m, inter_steps * self._inter_lat)
 
     def latency_s(self, lay: GroupLayout, factor: int = 1) -> float:
@@ -248,7 +254,9 @@ class Network:
         m = max(1, n // k)
         t = 0.0
         if k > 1:
-            t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + factor * (k - 1) * self._intra_lat
+            # intra-domain ring steps as _coefficients counts them
+            steps = n - m if factor == 1 and m > 1 else factor * (k - 1)
+            t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + steps * self._intra_lat
         if m > 1:
             shard = size / k
             steps = factor * (m - 1) if not (factor == 2 and m > 2) else min(2 * (m - 1), 2 * math.log2(m))

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .comm import GroupLayout, group_layout
 from .compute import ELEMENTWISE_KINDS
+from .host import LAUNCH_MODES
 from .moe import DEFAULT_EXECUTION, MEGATRON_LAYER_HOST_S, MoeExecution
 from .specs import ParallelConfig, SpecError
 
@@ -105,6 +106,13 @@ class FrameworkProfile:
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
     # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)
     pytorch_native: bool = False
+    # how its host issues a dense layer's kernels (``costmodel.host``: "eager" PyTorch ops, "fused"
+    # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
+    # CUDA graphs): a layer costs at least the host's time to issue it
+    launch: str = "fused"
+    # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB), "megatron"
+    # (Megatron-Core's max(40M, 1M x dp) parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
+    dp_bucket: str = "torch"
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -117,6 +125,10 @@ class FrameworkProfile:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
             raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
+        if self.dp_bucket not in ("torch", "megatron", "deepspeed"):
+            raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, megatron or deepspeed")
+        if self.launch not in LAUNCH_MODES:
+            raise SpecError(f"framework {self.name!r}: launch {self.launch!r} must be one of {', '.join(LAUNCH_MODES)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise SpecError(f"framework {self.name!r}: attention {self.attention!r} must be one of "
                             f"{', '.join(repr(a) for a in ATTENTION_IMPLEMENTATIONS)}")
@@ -142,8 +154,10 @@ class FrameworkProfile:
         if adam_moments_bf16:
             out = dataclasses.replace(out, adam_moments_bf16=True, name=f"{out.name}+adam_moments_bf16")
         if compile:
+            # compiled code issues Inductor's fused kernels, not eager ops (costmodel.host)
+            launch = "compiled" if out.launch == "eager" else out.launch
             out = dataclasses.replace(out, kernel_efficiency=out.kernel_efficiency * COMPILE_KERNEL_FACTOR,
-                                      name=f"{out.name}+compile")
+                                      launch=launch, name=f"{out.name}+compile")
         if async_tp:
             out = dataclasses.replace(out, tp_comm_overlap=True, name=f"{out.name}+async_tp")
         return out
@@ -179,8 +193,9 @@ COMPILE_KERNEL_FACTOR = 1.24
 # the bf16 runs of the ibm-fsdp and olmo-core families on catalog sm_90 hardware; prior 1.0 (no loss
 # beyond the curve), stated in session 21 before the fit ran. Fitted: 0.67 (the all-in refit of
 # `planner validate --cross`, on top of attention priced by its kernel (costmodel.attention); its
-# per-fold values are in docs/validation.md).
-PYTORCH_SM90_FACTOR = 0.67
+# per-fold values are in docs/validation.md). Session 22 (dense4): 0.64, the all-in refit with the GEMM
+# shape quantization, the host floor and NCCL's ring latency per bucket priced.
+PYTORCH_SM90_FACTOR = 0.64
 
 
 def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str) -> float:
@@ -198,16 +213,23 @@ def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str) -> float:
 # refitted GPU curves (costmodel/fitted.py, `planner validate --cross` "all in" row): torchtitan 0.91
 # (unchanged), deepspeed and megatron-deepspeed 0.76 -> 0.78, accelerate 0.83 -> 0.73. Session 21: its one
 # run (H100, regional torch.compile) is now priced with compile (x COMPILE_KERNEL_FACTOR) and the PyTorch
-# sm_90 factor, so the same figure refits 0.86 (0.86 x 0.67 x 1.24 = 0.71; 0.73 before).
+# sm_90 factor, so the same figure refits 0.86 (0.86 x 0.67 x 1.24 = 0.71; 0.73 before). Session 22 (dense4),
+# the all-in refit with GEMM shape quantization, the host floor and NCCL's ring latency per bucket priced
+# (and the MT-NLG runs' attention as they ran it, materialized): torchtitan (and builtin) 0.91 -> 0.89,
+# deepspeed and megatron-deepspeed 0.78 -> 0.79, accelerate 0.86 -> 0.87.
 FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # today's assumptions, no headroom: what the cost model did before targets existed
-    FrameworkProfile(name="generic", memory_headroom_fraction=0.0,
+    # its data-parallel buckets grow with the data-parallel group as Megatron-Core's do (each bucket
+    # pays a ring's latency, linear in the ranks: stage_terms.dp_bucket_bytes), the best practice an
+    # idealised framework follows; torch's fixed 25 MiB would make ZeRO-1/2 at thousands of ranks
+    # latency-bound
+    FrameworkProfile(name="generic", memory_headroom_fraction=0.0, dp_bucket="megatron",
                      note="no framework: every overlap on, no memory headroom"),
     # 1.0 by construction: the catalog's GEMM efficiency curves were fitted on Megatron-LM runs
     # (the scan finds 1.10 on its 26 figures, 5.4% -> 3.5%, but that is the H100 rows pulling
     # against the A100 ones the curves rest on; left at 1.0 until a GPU profile separates them)
     FrameworkProfile(name="megatron", calibrated=True, tp_comm_overlap=True, tp_comm_overlap_backward=True,
-                     tp_overlap_needs_multicast=True,
+                     tp_overlap_needs_multicast=True, dp_bucket="megatron",
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
                      selective_recompute="core_attn", attention="te",     # --attention-backend auto
@@ -221,29 +243,32 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      memory_headroom_fraction=0.03,
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.91, calibrated=True, pytorch_native=True,
-                     attention="flex",   # 0.3.0's llama3 default
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.89, calibrated=True, pytorch_native=True,
+                     launch="eager", attention="flex",   # 0.3.0's llama3 default
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
-    FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     kernel_efficiency=0.78, calibrated=True, attention="sdpa",
+    FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False, dp_bucket="deepspeed",
+                     kernel_efficiency=0.79, calibrated=True, attention="sdpa",
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
     # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
     # the score matrix unless --use-flash-attn) inside DeepSpeed's pipeline engine. The pipeline engine
     # reduces gradients once after the last micro-batch (pipe/engine.py _exec_reduce_grads) and the ds_config
     # the emitter writes sets overlap_comm false; ZeRO-1's all-gather follows the step: no overlap.
-    # kernel_efficiency: the DeepSpeed profile's 0.78 was fitted on the 6 MT-NLG 530B figures, which are
+    # kernel_efficiency: the DeepSpeed profile's 0.79 was fitted on the 6 MT-NLG 530B figures, which are
     # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
     FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     tp_comm_overlap=False, kernel_efficiency=0.78, calibrated=True, attention="flash-attn",
+                     dp_bucket="deepspeed", tp_comm_overlap=False, kernel_efficiency=0.79, calibrated=True,
+                     attention="flash-attn",
                      note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
-    FrameworkProfile(name="accelerate", kernel_efficiency=0.86, pytorch_native=True, attention="sdpa",
+    FrameworkProfile(name="accelerate", kernel_efficiency=0.87, pytorch_native=True, launch="eager",
+                     attention="sdpa",
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
-    FrameworkProfile(name="builtin", kernel_efficiency=0.91, pytorch_native=True, attention="sdpa",
+    FrameworkProfile(name="builtin", kernel_efficiency=0.89, pytorch_native=True, launch="eager",
+                     attention="sdpa",
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),

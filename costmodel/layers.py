@@ -49,6 +49,7 @@ from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gem
                       memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
 from .fp8 import Fp8Recipe
+from .host import layer_floor_s
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
                   expert_gemm_host_floor_s, grouped_gemm_factor, host_excess_s, host_sync_s, layer_host_s,
@@ -203,14 +204,17 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                micro_batch: int, gpu: GpuSpec, cluster: ClusterSpec, intra: LinkSpec, tp_lay: GroupLayout,
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
-               moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "") -> LayerCost:
+               moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "",
+               launch: str = "") -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
     ``etp``: expert tensor parallel (0: ``tp``), its group laid out as ``etp_lay`` (default the
     TP group's); ``moe_exec``: how the framework runs MoE layers (``costmodel.moe.MoeExecution``);
     ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``);
-    ``attention``: the attention implementation its model code calls (``costmodel.attention``)."""
+    ``attention``: the attention implementation its model code calls (``costmodel.attention``);
+    ``launch``: how its host issues a dense layer's kernels (``costmodel.host``: the layer's time is
+    at least the host's issue time; "" for none)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
@@ -377,7 +381,12 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured
     # host floor, GpuSpec.layer_overhead_s) are the runtime's own test rigs and keep their measurement
     straggler = _straggler(gpu, cluster)
-    fwd_s = (gemm_s + attn_s + ew_s) * straggler + gpu.layer_overhead_s / 3
+    fwd_s = (gemm_s + attn_s + ew_s) * straggler
+    if not moe and launch and not gpu.layer_overhead_s:
+        # the host's issue time floors a dense layer (costmodel.host; MoE layers are host-paced by
+        # costmodel.moe's rule below, CPU devices by their measured overhead)
+        fwd_s = layer_floor_s(fwd_s, model, launch)
+    fwd_s += gpu.layer_overhead_s / 3
     attn_bwd_extra_s *= straggler
     if moe:
         # the dropless token-count sync, once per layer forward (compute counts 3 forwards)

@@ -14,16 +14,27 @@ not a published figure (the only fleet-level figure the project's reference note
 Llama 3 report's 1-2% diurnal throughput swing, arXiv:2407.21783 Sec. 3.3.4). The middle is taken,
 written here before any fit or validation run with it; it is not fitted.
 
-Not priced here, with why: per-step work that does not shrink with data parallelism (the
-gradient-norm and loss all-reduces are two latency-bound collectives, tens of microseconds; the
-optimizer step is priced by ``stage_terms`` on each rank's shard) and data loading (overlapped by the
-loaders' worker processes and pinned-memory prefetch in Megatron's, torchtitan's and torch's
-loaders: an assumption).
+Per-step work that does not shrink with data parallelism (``step_reductions_s``): every step ends
+with two latency-bound all-reduces of a few numbers: the gradient norm for clipping (Megatron-LM
+``clip_grads.get_grad_norm_fp32``: the squared norms summed over the ranks that hold different
+gradients, the model-parallel and, with the distributed optimizer, the data-parallel ranks -- the
+whole job; torch's ``clip_grad_norm_`` over DTensor shards alike) and the loss averaged over the
+data-parallel ranks for the log (Megatron ``average_losses_across_data_parallel_group``; torchtitan's
+``dist_mean``). Each costs one collective's fixed time on its group (``comm.Network.latency_s``,
+an all-reduce) and its launch (``comm.launched``); their bytes are nothing. The norm also reads
+every local gradient once more (``GRAD_NORM_READS``, priced with the optimizer step by
+``stage_terms`` at the optimizer's achieved bandwidth). The optimizer step itself is
+``stage_terms``' (the local states at the framework's memory-bound fraction). Not priced, with why:
+data loading (overlapped by the loaders' worker processes and pinned-memory prefetch in Megatron's,
+torchtitan's and torch's loaders: an assumption; no figure for a pretraining loader's exposed time
+was found).
 """
 from __future__ import annotations
 
 import bisect
 import math
+
+from .comm import GroupLayout, Network, launched
 
 JITTER_CV = 0.02
 _Z = ((1, 0.0), (2, 0.564), (8, 1.42), (64, 2.35), (512, 3.05), (1024, 3.23), (4096, 3.63), (16384, 3.98))
@@ -46,3 +57,15 @@ def expected_max_z(n: int) -> float:
 def straggler_factor(n_ranks: int, cv: float = JITTER_CV) -> float:
     """How much longer the slowest of ``n_ranks`` computes than the mean: ``1 + cv * z_N``."""
     return 1.0 + cv * expected_max_z(n_ranks)
+
+
+# the gradient norm reads each local gradient once more before the optimizer step (module docstring)
+GRAD_NORM_READS = 1
+
+
+def step_reductions_s(net: Network, world: GroupLayout, dp: GroupLayout) -> float:
+    """The per-step reductions that do not shrink with scale (module docstring): the gradient
+    norm's all-reduce over the whole job and the loss's over the data-parallel group, each its
+    collective's fixed time and launch; 0 on one GPU."""
+    t = launched(net.latency_s(world, 2)) if world.n > 1 else 0.0
+    return t + (launched(net.latency_s(dp, 2)) if dp.n > 1 else 0.0)

@@ -15,6 +15,7 @@ from operator import itemgetter
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
+from .scale import step_reductions_s
 from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
@@ -89,13 +90,13 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             kernel_efficiency_on(self.framework, grp.gpu.name), self.fp8, par.etp, etp_lay, ex,
-                            self.framework.elementwise, attention)
+                            self.framework.elementwise, attention, self.framework.launch)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
             share = comm_sm_share(grp.gpu.name, ex.deepep_sms) if moe and ex.dispatcher == "deepep" else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
-                                                      self.framework.selective_recompute, share))
+                                                      self.framework.selective_recompute, share, par.sp))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
@@ -179,7 +180,9 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={})
+            placements={}, layers_parts={}, states_parts={},
+            dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
+            step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay))
         return mesh
 
     def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:

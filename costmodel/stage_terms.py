@@ -46,6 +46,7 @@ from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, fra
 from .layers import EndsCost, LayerCost, ends_params
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .moe import sm_share_overlap_s
+from .scale import GRAD_NORM_READS
 from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class LayerTerms(NamedTuple):
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
-                selective: str = "op", ep_sm_share: float = 0.0) -> LayerTerms:
+                selective: str = "op", ep_sm_share: float = 0.0, sp: bool = True) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -108,12 +109,22 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     the dispatcher's kernels hold a known share of the SMs (``ep_sm_share``: DeepEP,
     ``costmodel.moe.comm_sm_share``), by the compute lost on those SMs
     (``costmodel.moe.sm_share_overlap_s``). ``selective`` (``FrameworkProfile.selective_recompute``)
-    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module."""
+    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module.
+    Without sequence parallelism (``sp`` False) the backward's TP traffic is the two all-reduces of
+    the column-parallel linears' input gradients (Megatron's ``f`` operator; the row-parallel ``g``
+    is the identity backward), so under ``backward`` all of it overlaps their weight-gradient GEMMs;
+    with it, half is the input all-gathers those GEMMs wait for (Megatron re-gathers the saved SP
+    shard), which stays exposed. Korthikanti et al. (MLSys'23, Sec. 6.2, Table 4) measure the
+    no-SP case on the 22B model: a 7.7 ms forward and an 11.9 ms backward, the backward's
+    all-reduces hidden behind the weight-gradient computation."""
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     if mode == "full":
         tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+    elif mode == "backward" and not sp:
+        tp_fwd = lc.tp_fwd_s
+        tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s / 2, slowdown)
     elif mode == "backward":
         tp_fwd = lc.tp_fwd_s
         tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
@@ -291,6 +302,9 @@ class StageMesh:
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
     layers_parts: dict                 # stage_cache.layers_key -> StageModel.layers_part, memoized by estimate
     states_parts: dict                 # stage_cache.states_key -> StageModel.states_part, memoized by estimate
+    dp_latency_s: float = 0.0          # fixed time of one all-reduce on the dp x cp group
+    replica_latency_s: float = 0.0     # and on the (HSDP) replica group
+    step_fixed_s: float = 0.0          # per-step reductions that do not shrink (scale.step_reductions_s)
 
 
 def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
@@ -310,10 +324,34 @@ def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | Fr
 # torch DDP's ``bucket_cap_mb`` (25 MiB; ``memory.DDP_BUCKET_BYTES`` holds two of them, the one
 # being reduced and the one filling): data parallel moves a stage's gradients, and ZeRO-1/2 its
 # updated parameters, in calls of at most this size, each one collective with its launch cost.
-# Megatron's (``--ddp-bucket-size``) and DeepSpeed's (``reduce_bucket_size``, 5e8 elements)
-# differ (reference/training-targets.md); the framework profile carries no bucket size yet, so
-# every target is counted with torch's.
+# Megatron's and DeepSpeed's differ (``dp_bucket_bytes``, by ``FrameworkProfile.dp_bucket``).
 DP_BUCKET_BYTES = DDP_BUCKET_BYTES / 2
+# Megatron-Core's default bucket (``DistributedDataParallelConfig.bucket_size`` unset):
+# ``max(40000000, 1000000 * dp_size)`` parameters, dp_size the data-parallel-with-CP group
+# (megatron/core/distributed/distributed_data_parallel_config.py: "larger DP sizes need larger buckets
+# to ensure collectives do not become latency-bound"; megatron/training ``dp_cp`` group since #5006)
+MEGATRON_BUCKET_MIN_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
+# DeepSpeed's ZeRO ``reduce_bucket_size`` / ``allgather_bucket_size`` default: 5e8 elements
+# (deepspeed/runtime/zero/config.py)
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+DP_BUCKET_KINDS = ("torch", "megatron", "deepspeed")
+
+
+def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float, zero: int = 0,
+                    layer_values: float = 0.0) -> float:
+    """Bytes one data-parallel bucket moves (``FrameworkProfile.dp_bucket``): Megatron-Core's
+    ``max(40M, 1M x dp_cp)`` values, DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
+    on the wire; for torch, DDP's 25 MiB under ZeRO-0, and under ZeRO-1/2 one layer's values
+    (``layer_values``): FSDP2 (``fully_shard`` per transformer block, as torchtitan, the built-in
+    runtime and Accelerate's FSDP2 apply it) reduce-scatters and gathers each block on its own."""
+    if kind == "megatron":
+        return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * data_parallel) * bytes_per_value
+    if kind == "deepspeed":
+        return DEEPSPEED_BUCKET_ELEMENTS * bytes_per_value
+    if zero in (1, 2) and layer_values > 0:
+        return layer_values * bytes_per_value
+    return DP_BUCKET_BYTES
 
 
 def _calls(transfer_s: float, calls: float, group: int) -> float:
@@ -322,14 +360,16 @@ def _calls(transfer_s: float, calls: float, group: int) -> float:
     return launched(transfer_s / calls, calls) if group > 1 and calls > 0 else transfer_s
 
 
-def _bucketed(collective: Callable[[float], float], nbytes: float, group: int) -> float:
+def _bucketed(collective: Callable[[float], float], nbytes: float, group: int,
+              bucket_bytes: float = DP_BUCKET_BYTES, latency_s: float = 0.0) -> float:
     """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
-    ``DP_BUCKET_BYTES``, each launched (``comm.launched``; a group of one GPU makes no call)."""
+    ``bucket_bytes``, each launched (``comm.launched``; a group of one GPU makes no call) and each
+    paying the collective's fixed time ``latency_s`` (which ``collective`` counts once)."""
     t = collective(nbytes)
     if group < 2:
         return t
-    calls = math.ceil(nbytes / DP_BUCKET_BYTES) or 1
-    return launched(t / calls, calls)
+    calls = math.ceil(nbytes / bucket_bytes) or 1
+    return launched(t / calls + latency_s * (calls - 1) / calls, calls)
 
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
@@ -340,7 +380,7 @@ class StageModel:
 
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
-                 "ends_params")
+                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -368,6 +408,10 @@ class StageModel:
         # the optimizer step's memory-bound kernels at the framework's forward fraction
         self.hbm_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(fw.elementwise, backward=False)
         self.slowdown = sh.slowdown
+        # the framework's data-parallel bucket (dp_bucket_bytes), for gradients and gathered weights
+        layer = max(mesh.dense_layer_params, mesh.moe_layer_params + mesh.routed_per_gpu)
+        self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.g_b, z, layer)
+        self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, mesh.data_parallel, sh.gather_b, z, layer)
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
 
@@ -468,23 +512,30 @@ class StageModel:
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
             e_dp = mesh.data_parallel // self.par.ep          # ranks holding the same experts
+            # each bucket one collective with its fixed time (dp_bucket_bytes: the framework's bucket)
+            gb, wb = self.grad_bucket_bytes, self.gather_bucket_bytes
             if zero == 0:
-                grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel)
+                grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s)
                 if expert_params:
-                    grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp)
+                    grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp, gb)
             else:
                 # the replica groups are single ranks unless sharding is hybrid (HSDP): no call then
                 if mesh.replicas > 1:
-                    grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas)
+                    grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas,
+                                       gb, mesh.replica_latency_s)
                 if expert_params and mesh.expert_replicas > 1:
                     grad_s += _bucketed(mesh.all_reduce_expert_replicas, expert_params * g_b / zs.expert_shard,
-                                        mesh.expert_replicas)
+                                        mesh.expert_replicas, gb)
                 if zero < 3:
-                    rs = _bucketed(mesh.all_gather_shard, dense_params * g_b, mesh.dense_shard)
-                    gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard)
+                    rs = _bucketed(mesh.all_gather_shard, dense_params * g_b, mesh.dense_shard, gb,
+                                   mesh.shard_latency_s)
+                    gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard, wb,
+                                         mesh.shard_latency_s)
                     if expert_params:
-                        rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard)
-                        gather_s += _bucketed(mesh.all_gather_expert, expert_params * sh.gather_b, mesh.expert_shard)
+                        rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard, gb,
+                                        mesh.expert_latency_s)
+                        gather_s += _bucketed(mesh.all_gather_expert, expert_params * sh.gather_b, mesh.expert_shard,
+                                              wb, mesh.expert_latency_s)
                     if zero == 1:
                         grad_s += rs
                     else:
@@ -494,7 +545,10 @@ class StageModel:
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
-        return (fsdp, grad_s, gather_s, sh.opt_traffic * local / self.hbm_bytes_per_s,
+        # the optimizer step over the local states, the gradient norm's read of the local gradients
+        # (clipping: one more pass, scale.GRAD_NORM_READS) and the per-step reductions (scale.step_reductions_s)
+        opt_s = (sh.opt_traffic + GRAD_NORM_READS * g_b) * local / self.hbm_bytes_per_s + mesh.step_fixed_s
+        return (fsdp, grad_s, gather_s, opt_s,
                 mesh.ends.embed_act_bytes if self.first else 0.0,
                 ((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew
                  + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),

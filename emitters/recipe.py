@@ -119,12 +119,15 @@ def priced_assumptions(plan: Plan, target: str, engine_facts: Sequence[str] = ()
     fw = backend_profile(framework_profile(target), plan.parallel)   # Accelerate: the engine it hands the run to
     out = [f"{PRICED_TAG} kernel_efficiency={kernel_efficiency_on(fw, plan.cluster.gpu.name)!r} "
            f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel} "
-           f"elementwise={fw.elementwise} attention_impl={attention_impl(fw, plan.parallel, plan.model.family) or '-'}",
+           f"elementwise={fw.elementwise} attention_impl={attention_impl(fw, plan.parallel, plan.model.family) or '-'} "
+           f"launch={fw.launch} dp_bucket={fw.dp_bucket}",
            f"(no flag sets these: {target}'s kernels relative to the cluster's GEMM efficiency curve"
            + (" (fitted on its published runs)" if fw.calibrated else " (not calibrated)")
            + ", the memory the allocator leaves unusable, the attention kernel the model code calls, "
            "how its memory-bound kernels run (fused, eager or compiled), the attention implementation its "
-           "model code calls (costmodel/attention.py; - for the GEMM-curve rule); "
+           "model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's "
+           "kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to "
+           "(costmodel/stage_terms.py dp_bucket_bytes); "
            "costmodel/frameworks.py)"]
     out += list(engine_facts)
     return out

@@ -11,7 +11,7 @@ from costmodel.files.clusters import load_cluster
 from costmodel.catalog import get_model
 from costmodel.specs import ParallelConfig, Workload
 from costmodel.stage_cache import stage_model
-from costmodel.stage_terms import DP_BUCKET_BYTES
+from costmodel.stage_terms import DP_BUCKET_BYTES, dp_bucket_bytes
 from costmodel.memory import DDP_BUCKET_BYTES
 
 WL = Workload(global_batch=64, seq_len=4096)
@@ -35,9 +35,14 @@ def test_ddp_all_reduce_pays_one_launch_per_bucket():
     n = model.layers
     c = sm.cost(n, 0, 0)
     nbytes = (n * sm.mesh.dense_layer_params + sm.ends_params) * sm.sh.g_b
-    calls = math.ceil(nbytes / DP_BUCKET_BYTES)
-    assert calls > 100                      # 8B parameters of bf16 gradients: hundreds of buckets
-    assert math.isclose(c.dp_grad_s, sm.mesh.all_reduce_dp(nbytes) + calls * COLLECTIVE_LAUNCH_S, rel_tol=1e-12)
+    # the profile's bucket (stage_terms.dp_bucket_bytes: generic's grows with the data-parallel group)
+    calls = math.ceil(nbytes / dp_bucket_bytes(sm.sh.framework.dp_bucket, 8, sm.sh.g_b))
+    assert calls > 100 or sm.sh.framework.dp_bucket != "torch"   # torch's 25 MiB: hundreds of buckets
+    assert calls > 1
+    # each bucket one all-reduce: its launch and its fixed time (the collective counts the latter once)
+    assert sm.mesh.dp_latency_s > 0
+    assert math.isclose(c.dp_grad_s, sm.mesh.all_reduce_dp(nbytes) + (calls - 1) * sm.mesh.dp_latency_s
+                        + calls * COLLECTIVE_LAUNCH_S, rel_tol=1e-12)
 
 
 def test_zero1_scatter_and_gather_each_pay_per_bucket():
@@ -46,10 +51,12 @@ def test_zero1_scatter_and_gather_each_pay_per_bucket():
     c = sm.cost(n, 0, 0)
     params = n * sm.mesh.dense_layer_params + sm.ends_params
     g, w = params * sm.sh.g_b, params * sm.sh.gather_b
-    assert math.isclose(c.dp_grad_s, sm.mesh.all_gather_shard(g) + math.ceil(g / DP_BUCKET_BYTES) * COLLECTIVE_LAUNCH_S,
+    lat = sm.mesh.shard_latency_s
+    kind = sm.sh.framework.dp_bucket
+    cg, cw = math.ceil(g / dp_bucket_bytes(kind, 8, sm.sh.g_b)), math.ceil(w / dp_bucket_bytes(kind, 8, sm.sh.gather_b))
+    assert math.isclose(c.dp_grad_s, sm.mesh.all_gather_shard(g) + (cg - 1) * lat + cg * COLLECTIVE_LAUNCH_S,
                         rel_tol=1e-12)
-    assert math.isclose(c.dp_gather_s,
-                        sm.mesh.all_gather_shard(w) + math.ceil(w / DP_BUCKET_BYTES) * COLLECTIVE_LAUNCH_S,
+    assert math.isclose(c.dp_gather_s, sm.mesh.all_gather_shard(w) + (cw - 1) * lat + cw * COLLECTIVE_LAUNCH_S,
                         rel_tol=1e-12)
 
 

@@ -168,7 +168,8 @@ def test_one_gpu_by_hand():
     """llama-3-8b on one H100 (pp = tp = dp = 1, bf16, Adam): model states are 2 + 4 + 12 bytes
     per parameter (ZeRO, Sec. 3.1, with fp32 gradients); no communication, no bubble; the step is
     the micro-batches' stage time plus the optimizer, which moves 30 bytes per parameter through
-    HBM (2 x 12 read and written, 4 read, 2 written)."""
+    HBM (2 x 12 read and written, 4 read, 2 written), and the gradient norm's one more read of the
+    4-byte gradients (costmodel.scale.GRAD_NORM_READS); one GPU makes no per-step reduction."""
     model = get_model("llama-3-8b")
     cluster = load_cluster("dgx-h100").with_gpus(1)
     wl = Workload(global_batch=4, seq_len=1024)
@@ -182,7 +183,7 @@ def test_one_gpu_by_hand():
     assert t["tp_comm_s"] == t["cp_comm_s"] == t["ep_comm_s"] == t["dp_comm_s"] == t["pp_comm_s"] == t["bubble_s"] == 0
     # at the fused kernels' forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION)
     frac = MEMORY_BOUND_FRACTION["fused"][0]
-    assert t["optimizer_s"] == pytest.approx(30 * n / (cluster.gpu.hbm_bandwidth_bytes_per_s * frac), rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx((30 + 4) * n / (cluster.gpu.hbm_bandwidth_bytes_per_s * frac), rel=1e-12)
     assert est.step_time_s == pytest.approx(4 * est.stages[0].time_per_microbatch_s + t["optimizer_s"], rel=1e-12)
     assert t["compute_s"] + t["recompute_s"] == pytest.approx(4 * est.stages[0].time_per_microbatch_s, rel=1e-12)
 

@@ -239,12 +239,15 @@ def header_assumptions(text: str) -> dict:
     return {"kernel_efficiency": float(kv["kernel_efficiency"]),
             "memory_headroom_fraction": float(kv["memory_headroom_fraction"]),
             "attention_kernel": kv["attention_kernel"], "elementwise": kv["elementwise"],
-            "attention": "" if kv["attention_impl"] == "-" else kv["attention_impl"]}
+            "attention": "" if kv["attention_impl"] == "-" else kv["attention_impl"],
+            "launch": kv["launch"], "dp_bucket": kv["dp_bucket"]}
 
 
 def kernels_of(h: dict) -> dict:
-    """The profile fields a header states for the kernels: memory-bound kind, attention implementation."""
-    return {"elementwise": h["elementwise"], "attention": h["attention"]}
+    """The profile fields a header states: memory-bound kind, attention implementation, how the host
+    issues the kernels, the framework's default data-parallel bucket."""
+    return {"elementwise": h["elementwise"], "attention": h["attention"], "launch": h["launch"],
+            "dp_bucket": h["dp_bucket"]}
 
 
 def engine_facts(text: str) -> str:
@@ -339,7 +342,9 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             ep_comm_overlap=a.overlap_moe_expert_parallel_comm,
                             kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
-                            attention=MEGATRON_ATTENTION[a.attention_backend],
+                            attention=MEGATRON_ATTENTION[a.attention_backend], launch=h["launch"],
+                            # no --ddp-bucket-size written: Megatron-Core's default bucket, which the header names
+                            dp_bucket=h["dp_bucket"] if getattr(a, "ddp_bucket_size", None) is None else "torch",
                             moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
@@ -526,7 +531,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
-                            attention=torchtitan_attention(job)).with_switches(compile=bool(job.compile.enable))
+                            attention=torchtitan_attention(job), launch=h["launch"],
+                            dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()

@@ -154,7 +154,9 @@ def test_optimizer_traffic_is_derived_from_the_state_layout():
 def test_zero3_without_model_parallelism_collapses_at_scale():
     """From the collectives alone: ZeRO-3 gathers and scatters each layer, and an all-gather's
     ring latency grows with the nodes (no tree for all-gather in NCCL), so pure ZeRO-3 data
-    parallelism keeps up with tp=2 + ZeRO-1 on 64 GPUs and falls far behind on thousands. Compute
+    parallelism keeps up with tp=2 + ZeRO-1 on 64 GPUs and falls far behind on thousands (each
+    all-gather a ring over every rank, NCCL's ``n - 1`` steps: x3.4 at 4,096 GPUs since session 22,
+    x1.3 when only the nodes' steps were counted). Compute
     at the cluster's curve (the generic profile): a framework whose kernels are slower on this GPU
     (torchtitan on H100: ``frameworks.PYTORCH_SM90_FACTOR``) hides more of the collectives behind
     them, and the fall comes later (x1.11 at 4,096, x2.1 at 16,384)."""
@@ -169,4 +171,4 @@ def test_zero3_without_model_parallelism_collapses_at_scale():
         ratio[gpus] = z3.step_time_s / tp2.step_time_s
     assert ratio[64] < 1.05
     assert ratio[4096] > 1.25
-    assert ratio[16384] > 2.0 > ratio[4096]
+    assert ratio[16384] > ratio[4096] > 1.25

@@ -167,11 +167,14 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     if not materialized and ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
-        prof = dataclasses.replace(prof, pytorch_native=True)     # frameworks.kernel_efficiency_on
+        # frameworks.kernel_efficiency_on; its layers are PyTorch ops the host issues one by one (costmodel.host)
+        prof = dataclasses.replace(prof, pytorch_native=True, launch="eager")
     if ran_compile(case.get("execution")):
         # the run compiled its model: priced as a launch file that turns compile on would be
         # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)
         prof = prof.with_switches(compile=True)
+    if ran_cuda_graphs(case.get("execution")):
+        prof = dataclasses.replace(prof, launch="graphs")        # the host replays captured graphs (costmodel.host)
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
     if case.get("profile"):
@@ -202,6 +205,19 @@ def ran_pytorch_fsdp(execution) -> bool:
     """Whether a case's ``execution`` record names a PyTorch FSDP trainer ("PyTorch FSDP1",
     "PyTorch FSDP2 fully_shard"): a PyTorch-native stack (``FrameworkProfile.pytorch_native``)."""
     return "pytorch fsdp" in str(execution or "").lower()
+
+
+def ran_cuda_graphs(execution) -> bool:
+    """Whether a case's ``execution`` record says the run replayed CUDA graphs over its whole
+    iteration or its layers: the ``cuda_graphs`` key of the mapping, a text that is not "none",
+    "off", "false" or "not stated" (MLPerf's NeMo runs: "full iteration (FULL_CUDA_GRAPH=1, ...)")."""
+    if not isinstance(execution, dict) or "cuda_graphs" not in execution:
+        return False
+    value = execution["cuda_graphs"]
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    return bool(text) and not text.startswith(("none", "off", "false", "no", "not"))
 
 
 def ran_compile(execution) -> bool:
