@@ -197,6 +197,9 @@ class LayerCost:
     # the attention kernel's backward beyond twice its forward (``costmodel.attention``: a
     # backward of 2.5 forwards' FLOPs at its own efficiency); backward only, never recomputed
     attn_bwd_extra_s: float = 0.0
+    # of ``gemm_fwd_s``, the routed experts' GEMMs (what ``costmodel.moe.ep_backward_window_s`` takes
+    # out of the backward all-to-alls' overlap when the weight gradients are not delayed)
+    expert_gemm_fwd_s: float = 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -300,8 +303,12 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # layer counts its backward twice: a third of the total)
         cast_bytes = sum(fp8.cast_bytes(m, n, kk) * c for m, n, kk, c in lin)
         quant_s = memory_time_s(gpu, cast_bytes / 3.0) * mem_factor
+    # the routed experts' part of it (costmodel.moe.ep_backward_window_s)
+    expert_gemm_s = sum(_time(m, n, kk, c, mx, fp8 is not None) for (m, n, kk, c), mx in zip(gemms, matrices)
+                        if mx.role == "expert")
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
+        expert_gemm_s /= kernel_efficiency
     # FLOPs at the mean share of the routed tokens (the busiest rank's excess is time, not work)
     gemm_flops = sum(2 * (m / load if mx.role == "expert" else m) * n * kk * c
                      for (m, n, kk, c), mx in zip(gemms, matrices))
@@ -431,7 +438,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, etp_fwd_s=etp_fwd_s,
-        cp_fwd_s=cp_fwd_s, attn_bwd_extra_s=attn_bwd_extra_s,
+        cp_fwd_s=cp_fwd_s, attn_bwd_extra_s=attn_bwd_extra_s, expert_gemm_fwd_s=expert_gemm_s,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params,
         act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,

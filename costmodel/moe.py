@@ -299,6 +299,10 @@ class MoeExecution:
     #                                  without --moe-use-legacy-grouped-gemm); False: one grouped kernel
     layer_host_s: float = 0.0        # host time to issue one MoE layer fwd+bwd (eager); 0: not priced
     deepep_sms: int = DEEPEP_SMS     # Megatron --moe-deepep-num-sms: SMs DeepEP's kernels take while overlapped
+    delay_wgrad: bool = True         # weight gradients scheduled apart from the input gradients where the EP
+    #                                  all-to-alls overlap compute: Megatron --delay-wgrad-compute (its emitter
+    #                                  writes it with the overlap), DualPipe's split backward
+    #                                  (``ep_backward_window_s``)
 
     @property
     def dropless(self) -> bool:
@@ -311,6 +315,29 @@ class MoeExecution:
 
 
 DEFAULT_EXECUTION = MoeExecution()
+
+
+# ---- what the EP overlap hides the backward all-to-alls behind --------------------------------------
+# Megatron's combined 1F1B step (``--overlap-moe-expert-parallel-comm``; Megatron-Core core_v0.16.0
+# models/common/model_chunk_schedule_plan.py, ``TransformerLayerSchedulePlan.run``) runs, per layer,
+# the backward micro-batch's combine beside the forward one's attention, the forward dispatch beside
+# the backward expert MLP, the backward dispatch beside the forward expert MLP, the forward combine
+# beside the backward attention. The backward dispatch is issued after ``mlp.backward``: without
+# ``--delay-wgrad-compute`` that call computes the experts' weight gradients too, so the backward
+# dispatch waits for them and cannot run beside them; with it they are deferred to ``backward_dw``,
+# issued after the backward dispatch starts, which then runs beside them and the forward MLP. The
+# Megatron-MoE-ModelZoo's overlap recipe writes both flags (sbatch_benchmarking.sh, A2A_OVERLAP=1:
+# "--delay-wgrad-compute --overlap-moe-expert-parallel-comm"), so the validated overlap run
+# (published_runs_moe.yaml zoo-qwen3-235b-h100-256gpu-tp2-ep32-pp8-etp1-a2a-overlap) priced the
+# backward all-to-alls beside a whole layer forward's compute; without the flag the window loses the
+# experts' weight-gradient GEMMs, as long as their forward GEMMs (the backward's two GEMMs each as
+# long as the forward's: ``costmodel.stage_terms``).
+
+
+def ep_backward_window_s(layer_fwd_s: float, expert_gemm_fwd_s: float, delay_wgrad: bool) -> float:
+    """The compute the backward pass's EP all-to-alls of one layer overlap under the EP overlap: the
+    layer's forward compute, less its experts' weight-gradient GEMMs where they are not delayed."""
+    return layer_fwd_s if delay_wgrad else max(0.0, layer_fwd_s - expert_gemm_fwd_s)
 
 
 def dispatch_bytes(tokens: float, top_k: float, hidden: float, value_bytes: float, load: float = 1.0) -> float:

@@ -96,7 +96,8 @@ class _Shared:
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
             share = comm_sm_share(grp.gpu.name, ex.deepep_sms) if moe and ex.dispatcher == "deepep" else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
-                                                      self.framework.selective_recompute, share, par.sp))
+                                                      self.framework.selective_recompute, share, par.sp,
+                                                      ex.delay_wgrad))
         return hit
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:

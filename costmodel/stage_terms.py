@@ -45,7 +45,7 @@ from .compute import memory_bound_factor
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
-from .moe import sm_share_overlap_s
+from .moe import ep_backward_window_s, sm_share_overlap_s
 from .scale import GRAD_NORM_READS
 from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
 
@@ -97,7 +97,8 @@ class LayerTerms(NamedTuple):
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
-                selective: str = "op", ep_sm_share: float = 0.0, sp: bool = True) -> LayerTerms:
+                selective: str = "op", ep_sm_share: float = 0.0, sp: bool = True,
+                delay_wgrad: bool = True) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -116,7 +117,9 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     with it, half is the input all-gathers those GEMMs wait for (Megatron re-gathers the saved SP
     shard), which stays exposed. Korthikanti et al. (MLSys'23, Sec. 6.2, Table 4) measure the
     no-SP case on the 22B model: a 7.7 ms forward and an 11.9 ms backward, the backward's
-    all-reduces hidden behind the weight-gradient computation."""
+    all-reduces hidden behind the weight-gradient computation. ``delay_wgrad``
+    (``MoeExecution.delay_wgrad``): under the EP overlap, whether the backward's all-to-alls also run
+    beside the experts' weight gradients (``costmodel.moe.ep_backward_window_s``)."""
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
@@ -131,15 +134,22 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     else:
         tp_fwd = tp_bwd = lc.tp_fwd_s
     if not ep_overlap:
-        ep_fwd = lc.ep_fwd_s
-    elif ep_sm_share > 0 and slowdown:
-        ep_fwd = sm_share_overlap_s(lc.ep_fwd_s, lc.fwd_s, ep_sm_share)
+        ep_fwd = ep_bwd = lc.ep_fwd_s
     else:
-        ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown)
+        # the forward's all-to-alls beside a layer forward's compute; the backward's beside the same,
+        # less the experts' weight gradients where they are not delayed
+        window_bwd = ep_backward_window_s(lc.fwd_s, lc.expert_gemm_fwd_s, delay_wgrad)
+        if ep_sm_share > 0 and slowdown:
+            ep_fwd = sm_share_overlap_s(lc.ep_fwd_s, lc.fwd_s, ep_sm_share)
+            ep_bwd = sm_share_overlap_s(lc.ep_fwd_s, window_bwd, ep_sm_share)
+        else:
+            ep_fwd = overlapped(lc.ep_fwd_s, lc.fwd_s, slowdown)
+            ep_bwd = overlapped(lc.ep_fwd_s, window_bwd, slowdown)
     # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
     tp_fwd += lc.etp_fwd_s
     tp_bwd += lc.etp_fwd_s
-    return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd, ep_comm_s=2 * ep_fwd,
+    return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd,
+                      ep_comm_s=ep_fwd + ep_bwd,
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,

@@ -127,6 +127,10 @@ def moe_args(plan: Plan) -> list:
     a.append("--moe-grouped-gemm")
     if p.ep_overlap:
         a.append("--overlap-moe-expert-parallel-comm")
+        if _delay_wgrad():
+            # the backward all-to-alls priced beside the experts' weight gradients too
+            # (costmodel.moe.ep_backward_window_s); Megatron-Core accepts it only with the overlap
+            a.append("--delay-wgrad-compute")
     if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
     if MOE_ROUTER_FUSION:
@@ -149,6 +153,12 @@ def moe_args(plan: Plan) -> list:
     return a
 
 
+def _delay_wgrad() -> bool:
+    """Whether Megatron's profile prices the EP overlap with delayed weight gradients
+    (``MoeExecution.delay_wgrad``): the file writes what the price assumes."""
+    return framework_profile(TARGET).moe.delay_wgrad
+
+
 def _deepep_sms() -> int:
     """DeepEP's SMs as Megatron's profile prices them (``MoeExecution.deepep_sms``)."""
     return framework_profile(TARGET).moe.deepep_sms
@@ -160,15 +170,21 @@ def moe_notes(plan: Plan) -> list[str]:
     ``costmodel.moe.deepep_fabric_problem``). A DeepEP plan whose EP group must leave the NVLink
     domain over a link that is not RDMA is refused."""
     p, c = plan.parallel, plan.cluster
+    notes = []
+    if p.ep_overlap and _delay_wgrad():
+        # Megatron's validate_args (core_v0.16.0): --delay-wgrad-compute needs Transformer Engine's layers,
+        # and TE >= 2.8 with --overlap-grad-reduce (2.7 without gradient-accumulation fusion)
+        notes.append("--delay-wgrad-compute (the EP overlap's backward all-to-alls beside the experts' weight "
+                     "gradients, as priced) needs Transformer Engine >= 2.8 with --overlap-grad-reduce")
     if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
-        return []
+        return notes
     inter = c.inter_node
     if not inter.rdma and p.ep > c.nvlink_gpus:
         raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
                             f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE) and the "
                             f"inter-node link {inter.name!r} is not an RDMA fabric",
                             "plan --moe-dispatcher alltoall on this cluster")
-    return [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
+    return notes + [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
             f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
             f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
             f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]

@@ -269,6 +269,7 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--bf16", "--fp16", "--mock-data", "--use-rope-scaling", "--moe-permute-fusion", "--moe-router-fusion",
              "--moe-router-enable-expert-bias", "--moe-pad-expert-input-to-capacity", "--tp-comm-overlap", "--add-qkv-bias",
              "--grad-reduce-in-bf16", "--moe-use-legacy-grouped-gemm", "--overlap-moe-expert-parallel-comm",
+             "--delay-wgrad-compute",
              "--use-precision-aware-optimizer"]
     for f in flags:
         p.add_argument(f, action="store_true")
@@ -439,6 +440,10 @@ def test_megatron_round_trip(name, tmp_path):
         assert calls[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     if a.overlap_param_gather:
         assert a.overlap_grad_reduce and (a.use_distributed_optimizer or a.use_megatron_fsdp)
+    # Megatron-Core's TransformerConfig (core_v0.16.0): delay_wgrad_compute needs the EP overlap and not
+    # the legacy grouped GEMM; validate_args: it needs Transformer Engine's layers
+    if a.delay_wgrad_compute:
+        assert a.overlap_moe_expert_parallel_comm and not a.moe_use_legacy_grouped_gemm
     assert a.bf16 == (w.dtype == "bf16")
     # the model's own settings and the schedule
     assert a.norm_epsilon == m.norm_eps

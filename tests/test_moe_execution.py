@@ -313,3 +313,52 @@ def test_deepep_needs_an_rdma_fabric_across_nodes():
     assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in text
     with pytest.raises(CannotExpress, match="eth-2x200"):
         emit(dataclasses.replace(plan, cluster=_ethernet(cl)))
+
+
+# ---- --delay-wgrad-compute -----------------------------------------------------------------------
+
+def test_delayed_weight_gradients_widen_the_backward_window_by_hand():
+    """Megatron's combined step issues the backward dispatch after ``mlp.backward``: without
+    --delay-wgrad-compute that includes the experts' weight gradients, so the backward all-to-alls
+    run beside a layer forward less those GEMMs (costmodel.moe.ep_backward_window_s). By hand:
+    forward 1.0, of which expert GEMMs 0.4, all-to-alls 0.8 each way, slowdown 0.1 of the overlapped
+    part: delayed 2 x (0 + 0.1 x 0.8) = 0.16; not delayed 0.08 + (0.8 - 0.6) + 0.1 x 0.6 = 0.34."""
+    from costmodel.layers import LayerCost
+    from costmodel.moe import ep_backward_window_s
+    from costmodel.stage_terms import layer_terms
+    zero = {f.name: 0.0 for f in dataclasses.fields(LayerCost)}
+    lc = LayerCost(**{**zero, "fwd_s": 1.0, "expert_gemm_fwd_s": 0.4, "ep_fwd_s": 0.8})
+    assert ep_backward_window_s(1.0, 0.4, True) == 1.0 and ep_backward_window_s(1.0, 0.4, False) == pytest.approx(0.6)
+    assert layer_terms(lc, 0.1, ep_overlap=True, delay_wgrad=True).ep_comm_s == pytest.approx(0.16)
+    assert layer_terms(lc, 0.1, ep_overlap=True, delay_wgrad=False).ep_comm_s == pytest.approx(0.34)
+    # without the overlap it changes nothing: both all-to-alls exposed
+    assert layer_terms(lc, 0.1, ep_overlap=False, delay_wgrad=False).ep_comm_s == pytest.approx(1.6)
+    assert layer_terms(lc, 0.1, ep_overlap=False, delay_wgrad=True).ep_comm_s == pytest.approx(1.6)
+
+
+def test_delay_wgrad_priced_only_with_the_overlap_and_slower_without_it():
+    """Qwen3-235B-A22B on 256 H100, tp1 pp8 ep32 (EP across nodes): the overlap with delayed weight
+    gradients is faster than without them, which is faster than no overlap; the layer's expert GEMM
+    time is what the window loses (a field of the priced layer, not zero)."""
+    from costmodel.frameworks import FRAMEWORKS
+    q = get_model("qwen3-235b-a22b")
+    c = load_cluster("dgx-h100").with_gpus(256)
+    wl = Workload(global_batch=256, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=8, dp=32, ep=32, micro_batch=1, grad_accum=8, ep_overlap=True, zero=1)
+    meg = FRAMEWORKS["megatron"]
+    assert meg.moe.delay_wgrad                    # the Megatron file writes it with the overlap
+    no = dataclasses.replace(meg, moe=dataclasses.replace(meg.moe, delay_wgrad=False))
+    delayed, not_delayed = (estimate(q, c, wl, par, framework=f).time["ep_comm_s"] for f in (meg, no))
+    off = estimate(q, c, wl, dataclasses.replace(par, ep_overlap=False), framework=meg).time["ep_comm_s"]
+    assert delayed < not_delayed < off
+    off_no = estimate(q, c, wl, dataclasses.replace(par, ep_overlap=False), framework=no).time["ep_comm_s"]
+    assert off_no == off
+
+
+def test_delay_wgrad_is_accepted_by_megatron_core_only_with_the_overlap():
+    tc = targets_package("megatron.core.transformer.transformer_config", "megatron-core 0.16.1")
+    par = _par(ep_overlap=True)
+    cfg = dataclasses.replace(_transformer_config(tc, par), delay_wgrad_compute=True)
+    assert cfg.delay_wgrad_compute and cfg.overlap_moe_expert_parallel_comm
+    with pytest.raises((AssertionError, ValueError), match="overlap_moe_expert_parallel_comm must be enabled"):
+        dataclasses.replace(_transformer_config(tc, _par()), delay_wgrad_compute=True)

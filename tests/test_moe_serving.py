@@ -138,3 +138,33 @@ def test_gather_dispatch_by_hand_and_in_the_layer():
     assert _sv(2, 2, 4).mixed_layer(True, 64, 1152, 0, 0, 0).ep == 0.0
     # more replicas in the group: more bytes gathered per rank
     assert _sv(8, 1, 8).mixed_layer(True, 64, 1152, 0, 0, 0).ep > by_hand
+
+
+def test_moe_serving_validation_rows_meet_the_moe_bar():
+    """The MoE serving validation (calibration/published_inference.yaml ``moe_cases``: TensorRT-LLM
+    0.9's Mixtral-8x7B on two A100s, TP2, FP16): every recorded figure is predicted, and their median
+    absolute error is within the issue-24 bar for MoE (15%). No constant was fitted to them."""
+    import statistics
+
+    import yaml
+
+    from planner.cli.validation_inference import CALIBRATION, moe_rows
+    rows = moe_rows()
+    cases = yaml.safe_load(CALIBRATION.read_text())["moe_cases"]
+    assert {r.case.split(" (")[0] for r in rows} == {c["name"] for c in cases}
+    assert all(r.split == "moe" for r in rows)
+    assert statistics.median(abs(r.error) for r in rows) <= 0.15, [(r.case, r.metric, r.error) for r in rows]
+
+
+def test_excluded_mixtral_figure_is_above_the_weight_read_bound():
+    """The one Mixtral figure of the same table not validated (2048/2048 at batch 32, 801 output tokens/s
+    per GPU) is above what the stated setup can reach: at batch 32 every expert is touched, so each decode
+    step reads each GPU's half of the FP16 weights at no more than the A100's HBM peak."""
+    m = get_model("mixtral-8x7b")
+    gpu = load_cluster("dgx-a100-80gb").gpu
+    touched = expected_experts_touched(m.num_experts, m.top_k, 32)
+    assert touched > m.num_experts - 0.01                   # all 8 experts at 64 routed copies
+    per_gpu_bytes = m.total_params() * 2 / 2                 # FP16, TP2
+    step_floor = per_gpu_bytes / gpu.hbm_bandwidth_bytes_per_s
+    bound = 32 / step_floor / 2
+    assert 690 < bound < 705 and 801 > bound * 1.1

@@ -320,3 +320,31 @@ def test_layer_host_time_reproduces_its_fit():
     assert len(out) >= 2
     assert moe.MEGATRON_LAYER_HOST_S == pytest.approx(statistics.median(out.values()), rel=0.01)
     assert all(8.0e-3 < h < 13.0e-3 for h in out.values())
+
+
+def test_torchtitan_mfu_counts_the_flops_this_cost_model_counts():
+    """The small-expert check (bench/check_small_experts.py) compares this planner's MFU with
+    torchtitan's reported MFU: torchtitan's FLOP count (6 x active non-embedding parameters + 6 x layers x
+    heads x (qk + v) x seq, restated from the shape) equals ``model_flops_per_token`` on that model to
+    0.01%, and its B200 peak (2.25e15) is the catalog's BF16 peak, so the two MFUs are one definition."""
+    import bench.check_small_experts as chk
+    from costmodel.layers import model_flops_per_token
+    m = chk.model()
+    for seq in (4096, 6144):
+        assert chk.torchtitan_flops_per_token(m, seq) == pytest.approx(model_flops_per_token(m, seq), rel=1e-4)
+    # a count that halved causal attention would not agree: the check can fail
+    half = chk.torchtitan_flops_per_token(m, 4096) - 3 * m.layers * m.heads * 320 * 4096
+    assert half != pytest.approx(model_flops_per_token(m, 4096), rel=1e-2)
+    assert load_cluster("dgx-b200").gpu.peak_flops_per_s["bf16"] == chk.TORCHTITAN_B200_PEAK
+
+
+def test_small_expert_checks_are_priced_through_a_target():
+    """Every public small-expert check (calibration/moe_small_expert_sources.yaml ``check_cases``) is
+    priced through a target that runs its layout, one row each, none refused."""
+    import yaml
+
+    import bench.check_small_experts as chk
+    rows = chk.check_rows()
+    cases = yaml.safe_load(chk.SOURCES.read_text())["check_cases"]
+    assert [r.case for r in rows] == [c["name"] for c in cases]
+    assert all(r.split == "check" and r.predicted > 0 for r in rows)

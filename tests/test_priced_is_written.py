@@ -330,6 +330,9 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
         assert a.sequence_parallel and tp <= plan.cluster.nvlink_gpus and a.tp_comm_bootstrap_backend
     # the EP overlap and the dispatcher as the plan sets them (and the file writes them)
     assert a.overlap_moe_expert_parallel_comm == plan.parallel.ep_overlap
+    # Megatron-Core accepts --delay-wgrad-compute only with the overlap (TransformerConfig); the
+    # overlap's price assumes it (costmodel.moe.ep_backward_window_s)
+    assert a.delay_wgrad_compute == plan.parallel.ep_overlap
     flex = a.moe_token_dispatcher_type == "flex"
     assert flex == (plan.parallel.moe_dispatcher == "deepep") and (not flex or a.moe_flex_dispatcher_backend == "deepep")
     # DeepEP's SMs, priced as compute lost while it overlaps: written, never Megatron's default assumed
@@ -352,7 +355,9 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0,
-                                             deepep_sms=a.moe_deepep_num_sms if flex else MoeExecution().deepep_sms),
+                                             deepep_sms=a.moe_deepep_num_sms if flex else MoeExecution().deepep_sms,
+                                             # the EP overlap's backward beside the delayed weight gradients
+                                             delay_wgrad=a.delay_wgrad_compute),
                             grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),
                             # Megatron's selective recompute is per module; core_attn is its default
                             selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]

@@ -8,6 +8,7 @@
 # Model deepseek-v3: 61 layers, hidden 7168, ffn 18432, 128 heads, vocab 129280, SwiGLU, RMSNorm eps 1e-06, untied embeddings, RoPE theta 10000, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
 # attention priced as the kernel Transformer Engine picks (costmodel.attention "te": cuDNN fused attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); written --attention-backend auto
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
+# --delay-wgrad-compute (the EP overlap's backward all-to-alls beside the experts' weight gradients, as priced) needs Transformer Engine >= 2.8 with --overlap-grad-reduce
 # DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on 20 SMs (--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link ib-ndr-400 (50 GB/s)
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.03 attention_kernel=flash elementwise=fused attention_impl=te launch=fused dp_bucket=megatron
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
@@ -84,6 +85,7 @@ MODEL_ARGS=(
   --moe-deepep-num-sms 20
   --moe-grouped-gemm
   --overlap-moe-expert-parallel-comm
+  --delay-wgrad-compute
   --moe-permute-fusion
   --moe-router-fusion
   --moe-router-dtype fp32

@@ -7,6 +7,7 @@
 # Megatron derives dp = world / (tp*pp*cp) = 32 / (1*2*1) = 16 and micro-batches per step = global / (micro * dp) = 256 / (1*16) = 16.
 # Model mixtral-8x7b: 32 layers, hidden 4096, ffn 14336, 32 heads (8 KV heads), vocab 32000, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 1e+06, no RoPE scaling; vocabulary kept unpadded (MOCK_DATA too: NullTokenizer adds one EOD token to --vocab-size)
 # attention priced as the kernel Transformer Engine picks (costmodel.attention "te": cuDNN fused attention on Hopper+, FlashAttention-2 on Ampere, by head dim, sequence, mask and direction); written --attention-backend auto
+# --delay-wgrad-compute (the EP overlap's backward all-to-alls beside the experts' weight gradients, as priced) needs Transformer Engine >= 2.8 with --overlap-grad-reduce
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.03 attention_kernel=flash elementwise=fused attention_impl=te launch=fused dp_bucket=megatron
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
 # engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
@@ -75,6 +76,7 @@ MODEL_ARGS=(
   --moe-token-dispatcher-type alltoall
   --moe-grouped-gemm
   --overlap-moe-expert-parallel-comm
+  --delay-wgrad-compute
   --moe-permute-fusion
   --moe-router-fusion
   --moe-router-dtype fp32
