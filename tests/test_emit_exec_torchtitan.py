@@ -99,7 +99,10 @@ def _run(plan, tmp_path, steps: int):
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "HF_ASSETS": str(assets), "DATASET": "c4_test",
            "DATASET_PATH": str(data), "TRAIN_STEPS": str(steps), "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
            "PYTHONPATH": os.pathsep.join([str(shim), str(TARGETS_ENV), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(["bash", str(out / "torchtitan.sh")], env=env, capture_output=True, text=True, timeout=900)
+    # in tmp_path: the job's dump_folder (./outputs: comm traces, profiles) is relative to the working
+    # directory, and a test writes nothing into the checkout
+    return subprocess.run(["bash", str(out / "torchtitan.sh")], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path)
 
 
 def _check_ran(r, plan, tmp_path, steps: int, mesh: str):

@@ -312,14 +312,14 @@ def test_megatron_profile_prices_what_its_file_runs():
 
 def test_layer_host_time_reproduces_its_fit():
     # bench/fit_moe_host.py's median over its runs is what costmodel/moe.py holds (to the rounding);
-    # each run alone lands within the stated spread (8.6-12.2 ms)
+    # each run alone lands within the stated spread (8.6-15.0 ms since stop 22's third run)
     import statistics
 
     import bench.fit_moe_host as fit
     out = fit.fits()
-    assert len(out) >= 2
+    assert len(out) >= 3
     assert moe.MEGATRON_LAYER_HOST_S == pytest.approx(statistics.median(out.values()), rel=0.01)
-    assert all(8.0e-3 < h < 13.0e-3 for h in out.values())
+    assert all(8.0e-3 < h < 15.5e-3 for h in out.values())
 
 
 def test_torchtitan_mfu_counts_the_flops_this_cost_model_counts():

@@ -338,22 +338,29 @@ def _ds_balanced(weights: Sequence[float], parts: int) -> list[int]:
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
-    hi = [[inf] * (parts + 1) for _ in range(n + 1)]
-    lo = [[inf] * (parts + 1) for _ in range(n + 1)]
-    spread = [[inf] * (parts + 1) for _ in range(n + 1)]
-    cut = [[0] * (parts + 1) for _ in range(n + 1)]
+    # the state (i items in j runs) keeps the largest run, the smallest and their spread; rows by
+    # runs (j), so that the innermost loop reads two lists (tests/test_space_fast_path.py holds it
+    # equal to the table by items written out)
+    hi = [[inf] * (n + 1) for _ in range(parts + 1)]
+    lo = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
     hi[0][0] = 0.0
-    spread[0][0] = 0.0
     for i in range(1, n + 1):
+        pi = prefix[i]
         for j in range(1, min(i, parts) + 1):
+            hp, lp = hi[j - 1], lo[j - 1]
+            best, bh, bl, bk = inf, inf, inf, 0
             for k in range(i):
-                run = prefix[i] - prefix[k]
-                top, bottom = max(hi[k][j - 1], run), min(lo[k][j - 1], run)
-                if spread[i][j] >= top - bottom:
-                    spread[i][j], hi[i][j], lo[i][j], cut[i][j] = top - bottom, top, bottom, k
+                run = pi - prefix[k]
+                h, low = hp[k], lp[k]
+                top = h if h > run else run
+                bottom = low if low < run else run
+                if best >= top - bottom:
+                    best, bh, bl, bk = top - bottom, top, bottom, k
+            hi[j][i], lo[j][i], cut[j][i] = bh, bl, bk
     bounds = [n]
     for j in range(parts, 0, -1):
-        bounds.append(cut[bounds[-1]][j])
+        bounds.append(cut[j][bounds[-1]])
     return bounds[::-1]
 
 

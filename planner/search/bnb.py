@@ -40,8 +40,8 @@ from planner.search import bounds
 from planner.search.cpsat import cpsat_one
 from planner.search.exhaustive import exhaustive_one
 from planner.search.problem import KIB, Outcome, Problem, Solution, SolveResult, finalize_par, stages_from
-from planner.search.space import (Candidate, Shape, enumerate_candidates, group_representatives, shape_candidates,
-                                   shapes)
+from planner.search.space import (Candidate, Shape, candidate_kinds, enumerate_candidates, group_representatives,
+                                   shape_candidates, shapes)
 from planner.plan.targets import framework_of
 from planner.search.target_space import runs, widened
 
@@ -87,8 +87,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     lazy = (lazy and not exhaustive and not score_all and not mem_obj and (not hint or set(hint) <= _SHAPE_FIELDS)
             and (worlds is None or len(set(worlds)) == len(worlds)))
     shp = _LazyShapes(prob, fixed, gpus, worlds, target) if lazy else None
-    cands = None if lazy else enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds,
-                                                   target=target)
+    # the plain search (no hint, the time objective, nothing scored): the candidates as kinds, each
+    # group written out only when the search reaches it (``_Deferred``); else every candidate
+    deferred = _DEFER and not lazy and not exhaustive and not score_all and not mem_obj and not hint
+    kinds, n_kinds = candidate_kinds(model, cluster, workload, fixed, gpus, objective, worlds=worlds,
+                                     target=target) if deferred else (None, 0)
+    cands = None if lazy or deferred else enumerate_candidates(model, cluster, workload, fixed, gpus, objective,
+                                                               worlds=worlds, target=target)
     if exhaustive:
         return _solve_exhaustive(prob, cands, gpus, top, max_time_s, cutoff, score_all, target, t0)
     # level -2 (lazy): an outer shape not built yet, bounded below every group it may hold;
@@ -122,6 +127,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
                 continue
             for _, members in shp.groups(key[0], mb):
                 push_hinted(members, heap.append)
+    elif deferred:
+        for d in _deferred_groups(kinds):
+            heap.append((bounds.group_bound(prob, d.reduced, vpp=d.vpp), -1, d.reduced[0][0], d))
     else:
         for k, c in enumerate(cands):
             groups.setdefault((c.world,) + _group_fields(c.par), []).append((k, c))
@@ -173,7 +181,11 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             if lb >= kth * (1 - 1e-9) and not score_all:
                 remaining_bound = lb
                 break
-            if not score_all and not bounds.group_may_fit(prob, cand):
+            if isinstance(cand, _Deferred):
+                if not bounds.group_may_fit(prob, cand.fit_members()):
+                    continue
+                cand = cand.members()
+            elif not score_all and not bounds.group_may_fit(prob, cand):
                 continue
             for kk, c in cand:
                 heapq.heappush(heap, (bounds.lower_bound(prob, c), 0, kk, c))
@@ -226,7 +238,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
     sols = sols[:top]
     wall = time.perf_counter() - t0
     stopped = timed_out or bool(open_bounds)
-    n_cands = shp.built if lazy else len(cands)
+    n_cands = shp.built if lazy else n_kinds if deferred else len(cands)
     if not sols and cutoff is not None and not stopped:
         return SolveResult(status="CUTOFF", solutions=[], objective=None,
                            bound=remaining_bound if remaining_bound is not None else math.inf, wall_time_s=wall,
@@ -237,7 +249,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dic
             raise SolverStopped(f"the solver stopped after {max_time_s:g} s before any feasible plan "
                                 f"({solved} of {n_cands} candidates tried, {len(open_bounds)} of them cut "
                                 "short by the time limit); raise --max-time")
-        if lazy:            # the reason looks at every candidate
+        if lazy or deferred:            # the reason looks at every candidate
             cands = enumerate_candidates(model, cluster, workload, fixed, gpus, objective, worlds=worlds, target=target)
         raise InfeasibleError(_why_infeasible(prob, cands, gpus, target, fixed))
     best = sols[0].objective
@@ -329,6 +341,81 @@ _SHAPE_FIELDS = {"tp", "cp", "pp", "dp"}        # what an outer shape fixes (``s
 _MEMBER_MARGIN = 1e-6
 
 
+assert _GROUP_FIELDS[-2:] == ("moe_dispatcher", "ep_overlap")       # a kind's pair sets these two
+_DEFER = True        # False: every candidate written out first (the tests' reference)
+
+
+class _Deferred:
+    """A group of candidates (``_GROUP_FIELDS``) not written out yet: its slices, each one kind's
+    candidates with one MoE execution pair (``space.Kind.members``), in the search's order.
+    ``reduced`` is the group's first member and its last of each mesh order (in the order the
+    orders first appear), ``vpp`` its largest virtual-stage count: what ``bounds.group_bound``
+    reads of the whole group (of a member, its configuration, mesh order and stages per node
+    group; the split fields are left at their defaults, ``Kind.bound_member``); ``fit_members``
+    its first member of each ZeRO stage and shard width: what ``bounds.group_may_fit`` reads.
+    tests/test_deferred_groups.py holds each equal to the written-out group's."""
+    __slots__ = ("slices", "_reduced", "vpp")
+
+    def __init__(self):
+        self.slices: list = []
+        self._reduced = None
+        self.vpp = 0
+
+    @property
+    def reduced(self) -> list:
+        if self._reduced is None:
+            last: dict = {}
+            first = None
+            for kind, pair in self.slices:
+                rows = kind.layout[0]
+                for r, (_, order, p, n) in enumerate(rows):
+                    if p == pair and n:
+                        if first is None:
+                            first = kind.bound_member(0, r)
+                        last[order] = (kind, r, n)
+            self._reduced = [first]
+            for k, r, n in last.values():
+                at, c = k.bound_member(len(k.Ns) - 1, r)
+                self._reduced.append((at + n - 1, c))        # the row's last split: the same configuration
+        return self._reduced
+
+    def fit_members(self) -> list:
+        seen: dict = {}
+        for kind, pair in self.slices:
+            key = (kind.par.zero, kind.par.dp_shard)
+            if key not in seen:
+                rows = kind.layout[0]
+                r = next(i for i, (_, _, p, n) in enumerate(rows) if p == pair and n)
+                seen[key] = kind.member(0, r, 0)
+        return list(seen.values())
+
+    def members(self) -> list:
+        return [m for kind, pair in self.slices for m in kind.members(pair)]
+
+
+def _deferred_groups(kinds: list) -> list[_Deferred]:
+    """The groups ``solve`` forms of ``enumerate_candidates`` (world size and ``_GROUP_FIELDS``),
+    from the kinds, none written out: in the order of their first members."""
+    groups: dict[tuple, _Deferred] = {}
+    for kind in kinds:
+        base = (kind.par.world_size,) + _group_fields(kind.par)
+        done = set()
+        for pairs in kind.pairs:
+            for pair in pairs:
+                if pair in done:
+                    continue
+                done.add(pair)
+                if not any(p == pair and n for _, _, p, n in kind.layout[0]):
+                    continue
+                key = base if pair is None else base[:-2] + pair
+                d = groups.get(key)
+                if d is None:
+                    d = groups[key] = _Deferred()
+                d.slices.append((kind, pair))
+                d.vpp = max(d.vpp, kind.par.vpp)
+    return sorted(groups.values(), key=lambda d: d.reduced[0][0])
+
+
 def _shape_matches(shape: Shape, hint: dict) -> bool:
     return all(getattr(shape, k) == v for k, v in hint.items())
 
@@ -355,6 +442,7 @@ class _LazyShapes:
         self.prob, self.fixed, self.target = prob, fixed, target
         self.shapes = shapes(prob.model, prob.cluster, prob.workload, fixed, gpus, prob.objective, worlds=worlds)
         self.built = 0
+        self.rules: dict = {}        # each shape's rules, kept between its micro-batches (space.shape_candidates)
 
     def bounds(self, si: int) -> list[tuple[int | None, float]]:
         """Shape ``si``'s parts, one per micro-batch, each with a bound below every group it
@@ -377,7 +465,7 @@ class _LazyShapes:
         ``(key, [(key, candidate), ...])``, in order; a candidate's key is ``(si, its
         micro-batch, its index)``, which sorts as its index in ``enumerate_candidates``."""
         prob = self.prob
-        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb)
+        cands = shape_candidates(prob.model, prob.workload, self.fixed, self.shapes[si], self.target, mb, self.rules)
         self.built += len(cands)
         out: dict[tuple, list] = {}
         for j, c in enumerate(cands):

@@ -102,13 +102,14 @@ def group_may_fit(prob: Problem, members: list) -> bool:
     return any(_may_fit(prob, c, frac) for c in seen.values())
 
 
-def group_bound(prob: Problem, members: list) -> float:
+def group_bound(prob: Problem, members: list, vpp: int | None = None) -> float:
     """``compute_bound`` with the pipeline bubble: the stages' summed time ``S`` has
     ``S/p >= cb/m``, so each member's weak bound ``(m - 1/v)*S/p + S/v`` is at least
-    ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count. Memory is
-    not looked at (``group_may_fit``)."""
+    ``cb*(1 + (p-1)/(v*m))`` with ``v`` the group's largest virtual-stage count (``vpp`` when
+    given: ``members`` is then the group's first member and its last of each mesh order, all
+    that ``compute_bound`` reads). Memory is not looked at (``group_may_fit``)."""
     par = members[0][1].par
-    v = max(c.par.vpp for _, c in members)
+    v = max(c.par.vpp for _, c in members) if vpp is None else vpp
     cb = compute_bound(prob, members)
     if prob.objective == "memory" or par.pp == 1:
         return cb

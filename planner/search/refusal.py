@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from costmodel.specs import ModelSpec, Workload
 from planner.plan import targets as T
-from planner.search.space import enumerate_candidates
+from planner.search.space import candidate_kinds
 
 
 def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, target: str,
@@ -15,16 +15,17 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
     reasons are that layout's, not another's."""
     from collections import Counter
     fixed = dict(fixed or {})
-    cands = _generic_candidates(model, cluster, workload, fixed, gpus)
-    if not cands:
+    space = _generic_space(model, cluster, workload, fixed, gpus)
+    if not space.count:
         return (f"no legal configuration of {model.name} on {gpus} GPUs with batch {workload.global_batch}"
                 + (f" and {_fixed_text(fixed)}" if fixed else "")
                 + ": check that the global batch is divisible by a data-parallel degree")
     what = f" with {_fixed_text(fixed)}" if fixed else ""
     always = T.model_problems(target, model, workload)
-    if always:                  # no configuration avoids these: no need to ask each one
-        return (f"{target} runs none of the {len(cands)} configurations of {model.name} on {gpus} GPUs{what}: "
+    if always:                  # no configuration avoids these: no need to ask each one (nor write them out)
+        return (f"{target} runs none of the {space.count} configurations of {model.name} on {gpus} GPUs{what}: "
                 + "; ".join(always))
+    cands = space.candidates()
     seen: Counter = Counter()
     for c in cands:
         seen.update(dict.fromkeys(_least_problems(target, model, workload, c, fixed), 1))
@@ -34,22 +35,35 @@ def why_no_candidate(model: ModelSpec, cluster, workload: Workload, gpus: int, t
             + "; ".join(shown))
 
 
-_LAST: list = []        # (key, candidates): the last generic space asked (``--target all`` asks it per refusing target)
+_LAST: list = []        # (key, _Space): the last generic space asked (``--target all`` asks it per refusing target)
 
 
-def _generic_candidates(model: ModelSpec, cluster, workload: Workload, fixed: dict, gpus: int) -> list:
-    """``enumerate_candidates`` of the generic space, the last one kept: the targets that refuse
-    a model outright each count the same configurations."""
+class _Space:
+    """The generic space's configurations (``candidate_kinds``): counted, written out on demand."""
+
+    def __init__(self, model, cluster, workload: Workload, fixed: dict, gpus: int):
+        self.kinds, self.count = candidate_kinds(model, cluster, workload, fixed, gpus)
+        self._cands = None
+
+    def candidates(self) -> list:
+        if self._cands is None:
+            self._cands = [c for k in self.kinds for c in k.write_out()]
+        return self._cands
+
+
+def _generic_space(model: ModelSpec, cluster, workload: Workload, fixed: dict, gpus: int) -> _Space:
+    """The generic space, the last one kept: the targets that refuse a model outright each count
+    the same configurations."""
     try:
         key = (model, cluster, workload, tuple(sorted(fixed.items())), gpus)
         hash(key)
     except TypeError:
-        return enumerate_candidates(model, cluster, workload, fixed, gpus)
+        return _Space(model, cluster, workload, fixed, gpus)
     if _LAST and _LAST[0][0] == key:
         return _LAST[0][1]
-    cands = enumerate_candidates(model, cluster, workload, fixed, gpus)
-    _LAST[:] = [(key, cands)]
-    return cands
+    got = _Space(model, cluster, workload, fixed, gpus)
+    _LAST[:] = [(key, got)]
+    return got
 
 
 def _fixed_text(fixed: dict) -> str:

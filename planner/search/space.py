@@ -85,6 +85,23 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, workload: Workl
     return out
 
 
+def candidate_kinds(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
+                    objective: str = "throughput", worlds: Sequence[int] | None = None,
+                    target: str | None = None) -> tuple[list[Kind], int]:
+    """``enumerate_candidates``' candidates as ``Kind`` s not written out yet, each with the index
+    of its first candidate (``Kind.start``), and how many candidates there are: the same count,
+    the same candidates at the same indices (``Kind.write_out``, ``Kind.member``)."""
+    out: list[Kind] = []
+    n = 0
+    for shape in shapes(model, cluster, workload, fixed, gpus, objective, worlds):
+        for k in _kinds(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn,
+                        shape.stage_counts, target, None, shape.rdma):
+            k.start = n
+            n += k.size
+            out.append(k)
+    return out, n
+
+
 @dataclass(frozen=True)
 class Shape:
     """One outer shape of the search: the degrees, the NVLink domain and the stages per node
@@ -114,13 +131,15 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
 
 
 def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
-                     target: str | None = None, micro_batch: int | None = None) -> list[Candidate]:
+                     target: str | None = None, micro_batch: int | None = None,
+                     kept: dict | None = None) -> list[Candidate]:
     """The candidates of one outer shape, in ``enumerate_candidates``' order; with
     ``micro_batch``, those of that micro-batch alone (the micro-batch is the outermost choice,
     and nothing about one micro-batch's candidates depends on another's, so these are a
-    contiguous part of the shape's list)."""
+    contiguous part of the shape's list). ``kept``: a dict the caller keeps for one search, in
+    which each shape's rules and their verdicts are kept between its micro-batches."""
     return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
-                  target, micro_batch, shape.rdma)
+                  target, micro_batch, shape.rdma, kept)
 
 
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
@@ -278,20 +297,24 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
-           rdma: bool = True) -> list[Candidate]:
-    from planner.search import target_space as tg
+           rdma: bool = True, kept: dict | None = None) -> list[Candidate]:
+    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma, kept)
+            for c in k.write_out()]
+
+
+def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
+           rdma: bool = True, kept: dict | None = None) -> list[Kind]:
+    """One outer shape's configurations as ``Kind`` s, in the search's order."""
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
         return []
-    wide, per_replica, mbs, experts, zeros, sps, bases, orders = (ch.wide, ch.per_replica, ch.mbs, ch.experts,
-                                                                  ch.zeros, ch.sps, ch.bases, ch.orders)
-    memo: dict = {}
-    protos: dict = {}
-    found: list = []
+    if ch.wide:
+        return _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch, stage_counts,
+                             kept)
+    per_replica, mbs, experts, zeros, sps, bases = ch.per_replica, ch.mbs, ch.experts, ch.zeros, ch.sps, ch.bases
+    orders = tuple(tuple(o) for o in ch.orders)
+    plain = tuple((None,) for _ in orders)
     out = []
-    rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp) if wide else None
-    # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
-    # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     for mb in mbs:
         if per_replica % mb or (only_mb is not None and mb != only_mb):
@@ -302,94 +325,309 @@ def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
         vpps = _vpps(model, fixed, pp, ga)
         for ep, etp in experts:
             for zero in zeros:
-                shards = [dp]
-                if zero == 3:
-                    node_shard = max(1, gpn // (tp * cp))
-                    if node_shard < dp and dp % node_shard == 0:
-                        shards.append(node_shard)
-                shards = _choices(fixed, "dp_shard", shards)
-                for dp_shard in shards:
+                for dp_shard in _dp_shards(fixed, zero, gpn, tp, cp, dp):
                     for sp in sps:
                         for vpp in vpps:
-                            if wide:
-                                scheds = ([fixed["schedule"]] if fixed.get("schedule") else
-                                          tg.runnable_schedules(target, pp, vpp))
-                                policies = ch.policies(vpp)
-                            else:
-                                scheds = [fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")]
-                                policies = [(b, fixed.get("recompute_layers", -1)) for b in bases]
-                            for sched in scheds:
-                                for base, rl in policies:
-                                    kind = (mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl >= 0)
-                                    if wide and memo.get(kind) is False:
-                                        continue   # no rule depends on Megatron's N beyond N % vpp (kept 0)
-                                    # Megatron's uniform N: one configuration validated per
-                                    # kind, the other counts copied from it (with_recompute_layers)
-                                    par = protos.get(kind) if rl >= 0 else None
-                                    if par is not None:
-                                        par = with_recompute_layers(par, rl)
-                                    else:
-                                        try:
-                                            par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                                                                 dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
-                                                                 grad_accum=ga, recompute=base, schedule=sched,
-                                                                 recompute_layers=rl, **moe_fixed)
-                                        except SpecError:
-                                            continue
-                                        if rl >= 0:
-                                            protos[kind] = par
-                                    any_order = False
-                                    for order in orders:
-                                        order = tuple(order)
-                                        if not wide:
-                                            out.append(Candidate(par=par, order=order, stage_counts=stage_counts))
-                                            continue
-                                        mk = kind + (order,)
-                                        ok = memo.get(mk)
-                                        if ok is None:
-                                            assert rules is not None      # built whenever wide
-                                            ok = memo[mk] = rules.runs(par, order)
-                                        if ok:
-                                            any_order = True
-                                            found.append(((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base, rl,
-                                                           order),
-                                                          par))
-                                    if wide:
-                                        memo[kind] = any_order
-    if wide:
-        kept = tg.prune_dominated(found)
-        if model.is_moe and any(par.ep > 1 for _, par in kept):
-            kept = [(key, v) for key, par in kept for v in _moe_variants(target, model, rules, par, key, gpn,
-                                                                            fixed, memo, rdma)]
-        out = [Candidate(par=par, order=key[-1], stage_counts=stage_counts, **fields)
-               for key, par in kept for fields in tg.splits_of(target, par, fixed, model)]
+                            sched = fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
+                            try:      # checked once; each policy below is a checked copy
+                                first = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
+                                                       dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
+                                                       grad_accum=ga, **moe_fixed)
+                            except SpecError:
+                                continue
+                            for base in bases:
+                                try:
+                                    par = with_policy(first, sched, base, fixed.get("recompute_layers", -1))
+                                except SpecError:
+                                    continue
+                                out.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
+                                                (par.recompute_layers,), orders, stage_counts, plain))
     return out
 
 
-def _moe_variants(target, model, rules, par: ParallelConfig, key: tuple, gpn: int, fixed: dict,
-                  memo: dict, rdma: bool = True) -> list[ParallelConfig]:
-    """``par`` under each (dispatcher, EP overlap) pair the target runs (``tg.moe_exec_choices``),
-    the target's table accepting it (``rules``: the shape's ``ShapeRules``). ``key`` is ``par``'s
-    choice key in ``_inner`` (its mesh order
-    last); the table's verdict is asked once per pair and key with Megatron's uniform count N
-    reduced to whether there is one (``memo``, as ``_inner`` does: no rule reads N beyond
-    ``N % vpp``, which the search keeps 0)."""
+def _dp_shards(fixed: dict, zero: int, gpn: int, tp: int, cp: int, dp: int) -> list[int]:
+    """ZeRO shard widths: the whole dp group, and with ZeRO-3 also one NVLink domain (HSDP)."""
+    shards = [dp]
+    if zero == 3:
+        node_shard = max(1, gpn // (tp * cp))
+        if node_shard < dp and dp % node_shard == 0:
+            shards.append(node_shard)
+    return _choices(fixed, "dp_shard", shards)
+
+
+@dataclass(eq=False)
+class Kind:
+    """Candidates of one outer shape that differ only in Megatron's uniform recompute count N
+    (``recompute_layers``, ``Ns`` in the search's order; one value where there is no such
+    count), the mesh order, the MoE execution pair and the split: one checked configuration
+    ``par`` (at ``Ns[0]``), the mesh orders the target runs it in (after dominance), and for each
+    of those orders the (dispatcher, EP overlap) pairs it runs (None: ``par``'s own). Every rule
+    the table asks gives the same verdict for each N (no rule reads N beyond ``N % vpp``, which
+    the choices keep 0), so the verdicts are asked once per kind.
+
+    Its candidates, in ``enumerate_candidates``' order (``write_out``): for each N, each mesh
+    order, each of that order's pairs, each split the target runs (``tg.splits_of``; with
+    ``split`` None, the one plain split of the generic target). ``layout`` places them without
+    writing them out, so the search can index (``member``) and count (``size``) them."""
+    key: tuple                  # (micro_batch, ep, etp, zero, dp_shard, sp, vpp, schedule, recompute)
+    par: ParallelConfig
+    Ns: tuple
+    orders: tuple
+    stage_counts: tuple = ()
+    pairs: tuple = ()           # per order: the accepted (dispatcher, overlap) pairs, None for par's own
+    split: tuple | None = None  # (target, fixed, model) for tg.splits_of; None: one plain split
+    start: int = 0              # the index of its first candidate (``candidate_kinds``)
+    _layout: tuple | None = None
+
+    def par_at(self, i: int) -> ParallelConfig:
+        """The configuration at ``Ns[i]``."""
+        n = self.Ns[i]
+        return self.par if n == self.par.recompute_layers else with_recompute_layers(self.par, n)
+
+    def splits(self, par: ParallelConfig) -> list[dict]:
+        if self.split is None:
+            return [{}]
+        from planner.search import target_space as tg
+        target, fixed, model = self.split
+        return tg.splits_of(target, par, fixed, model)
+
+    def split_count(self, par: ParallelConfig) -> int:
+        if self.split is None:
+            return 1
+        from planner.search import target_space as tg
+        target, fixed, model = self.split
+        return tg.split_count(target, par, fixed, model)
+
+    @property
+    def layout(self) -> tuple:
+        """``(offset, order, pair, splits)`` for each (mesh order, pair) in order, with the
+        offset of its first candidate among one count N's, and the candidates of one N."""
+        if self._layout is None:
+            rows, at, made = [], 0, {}
+            for order, pairs in zip(self.orders, self.pairs):
+                for pair in pairs:
+                    n = made.get(pair)
+                    if n is None:
+                        n = made[pair] = self.split_count(_with_pair(self.par, pair))
+                    rows.append((at, order, pair, n))
+                    at += n
+            self._layout = (tuple(rows), at)
+        return self._layout
+
+    @property
+    def size(self) -> int:
+        return len(self.Ns) * self.layout[1]
+
+    def write_out(self) -> list[Candidate]:
+        """Every candidate of the kind, in order."""
+        out = []
+        rows, per_n = self.layout
+        for i in range(len(self.Ns)):
+            pn = self.par_at(i)
+            made: dict = {}
+            for _, order, pair, n in rows:
+                got = made.get(pair)
+                if got is None:
+                    pv = _with_pair(pn, pair)
+                    got = made[pair] = (pv, self._splits_of(pv, n))
+                pv, splits = got
+                for fields in splits:
+                    out.append(_candidate(pv, order, self.stage_counts, fields))
+        return out
+
+    def _splits_of(self, pv: ParallelConfig, n: int) -> list[dict]:
+        splits = self.splits(pv)
+        if len(splits) != n:        # the layout counts N's splits by the first N's: never seen to differ
+            raise RuntimeError(f"internal: {len(splits)} splits of {pv}, but {n} of its kind's first count")
+        return splits
+
+    def member(self, i: int, row: int, s: int) -> tuple[int, Candidate]:
+        """The candidate at ``Ns[i]``, layout row ``row``, split ``s``: ``(index, candidate)``."""
+        rows, per_n = self.layout
+        at, order, pair, n = rows[row]
+        pv = _with_pair(self.par_at(i), pair)
+        return self.start + i * per_n + at + s, _candidate(pv, order, self.stage_counts, self._splits_of(pv, n)[s])
+
+    def bound_member(self, i: int, row: int) -> tuple[int, Candidate]:
+        """The first candidate at ``Ns[i]`` and layout row ``row``, with its index, its split
+        fields left at their defaults: what a group's bound reads of a member (its configuration,
+        mesh order and stages per node group), without asking the target's split rule."""
+        rows, per_n = self.layout
+        at, order, pair, n = rows[row]
+        return self.start + i * per_n + at, _candidate(_with_pair(self.par_at(i), pair), order, self.stage_counts, {})
+
+    def members(self, pair) -> list[tuple[int, Candidate]]:
+        """The candidates with MoE execution ``pair``, with their indices, in order."""
+        rows, per_n = self.layout
+        mine = [(at, order, n) for at, order, p, n in rows if p == pair and n]
+        out = []
+        for i in range(len(self.Ns)):
+            pv = _with_pair(self.par_at(i), pair)
+            splits = self._splits_of(pv, mine[0][2]) if mine else []
+            for at, order, n in mine:
+                base = self.start + i * per_n + at
+                out += [(base + s, _candidate(pv, order, self.stage_counts, f)) for s, f in enumerate(splits)]
+        return out
+
+
+def _with_pair(par: ParallelConfig, pair) -> ParallelConfig:
+    return par if pair is None else with_moe_exec(par, *pair)
+
+
+def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch,
+                  stage_counts: tuple = (), kept: dict | None = None) -> list[Kind]:
+    """The configurations a target runs on one outer shape, as ``Kind`` s in the search's order:
+    the choices of ``_choice_lists`` (schedules the target's tables may run), each built with
+    ``ParallelConfig``'s checks and asked of the target's table once per kind
+    (``ShapeRules.runs_orders``), dominated choices dropped (``tg.prune_dominated``' rule), MoE
+    execution pairs asked of the table (``tg.moe_exec_choices``). ``kept``: the shapes' rules
+    (``ShapeRules``, with their verdicts) kept by the caller for the same search (the lazy
+    search builds a shape one micro-batch at a time)."""
     from planner.search import target_space as tg
+    per_replica = ch.per_replica
+    key = (target, tp, pp, dp, cp)
+    rules = kept.get(key) if kept is not None else None
+    if rules is None:
+        rules = tg.ShapeRules(target, model, workload, tp, pp, dp, cp)
+        if kept is not None:
+            kept[key] = rules
+    orders = tuple(tuple(o) for o in ch.orders)
+    # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
+    # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
+    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+    split = (target, fixed, model)
+    kinds: list[Kind] = []
+    for mb in ch.mbs:
+        if per_replica % mb or (only_mb is not None and mb != only_mb):
+            continue
+        ga = per_replica // mb
+        if "grad_accum" in fixed and fixed["grad_accum"] != ga:
+            continue
+        vpps = _vpps(model, fixed, pp, ga)
+        for ep, etp in ch.experts:
+            for zero in ch.zeros:
+                for dp_shard in _dp_shards(fixed, zero, gpn, tp, cp, dp):
+                    for sp in ch.sps:
+                        for vpp in vpps:
+                            scheds = [fixed["schedule"]] if fixed.get("schedule") else tg.runnable_schedules(
+                                target, pp, vpp)
+                            runs_of = _policy_runs(ch.policies(vpp))
+                            try:      # checked once; each schedule and policy below is a checked copy
+                                first = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
+                                                       dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
+                                                       grad_accum=ga, **moe_fixed)
+                            except SpecError:
+                                continue
+                            for sched in scheds:
+                                for base, rls in runs_of:
+                                    par = None
+                                    for i, rl in enumerate(rls):
+                                        try:
+                                            par = with_policy(first, sched, base, rl)
+                                        except SpecError:
+                                            continue
+                                        rls = rls[i:]
+                                        break
+                                    if par is None:
+                                        continue
+                                    ok = rules.runs_orders(par, orders)
+                                    if any(ok):
+                                        kinds.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
+                                                          tuple(rls), tuple(o for o, k in zip(orders, ok) if k),
+                                                          stage_counts, (), split))
+    kinds = _undominated(kinds)
+    if model.is_moe and any(k.par.ep > 1 for k in kinds):
+        for k in kinds:
+            k.pairs = _moe_pairs(target, model, rules, k, gpn, fixed, rdma)
+    else:
+        for k in kinds:
+            k.pairs = tuple((None,) for _ in k.orders)
+    return kinds
+
+
+def _policy_runs(policies: list[tuple[str, int]]) -> list[tuple[str, tuple[int, ...]]]:
+    """The recompute policies in order, Megatron's uniform counts N of one policy (consecutive,
+    each >= 0) as one run: ``[(recompute, (recompute_layers, ...)), ...]``."""
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for base, rl in policies:
+        if rl >= 0 and out and out[-1][0] == base and out[-1][1][-1] >= 0:
+            out[-1] = (base, out[-1][1] + (rl,))
+        else:
+            out.append((base, (rl,)))
+    return out
+
+
+def _undominated(kinds: list[Kind]) -> list[Kind]:
+    """``tg.prune_dominated`` on kinds: a configuration (its N and mesh order) is dropped when the
+    one that differs only by the better choice is also there. Where that drops some of a kind's
+    counts and not others, the kind is cut into one kind per count."""
+    from planner.search import target_space as tg
+    present: dict = {}
+    for k in kinds:
+        for o in k.orders:
+            got = present.get((k.key, o))
+            if got is None:
+                present[(k.key, o)] = set(k.Ns)
+            else:
+                got.update(k.Ns)
     out = []
-    kind = key[:9] + (key[9] >= 0, key[10])
+    for k in kinds:
+        better = [k.key[:i] + (b,) + k.key[i + 1:] for i, worse, b in tg.DOMINATED if k.key[i] == worse]
+        if not better:
+            out.append(k)
+            continue
+        kept = []
+        for o in k.orders:
+            gone: set = set()
+            for key in better:
+                gone |= present.get((key, o), gone)
+            kept.append((o, [n for n in k.Ns if n not in gone] if gone else list(k.Ns)))
+        if all(len(ns) in (0, len(k.Ns)) for _, ns in kept):
+            orders = tuple(o for o, ns in kept if ns)
+            if orders:
+                out.append(Kind(k.key, k.par, k.Ns, orders, k.stage_counts, (), k.split))
+            continue
+        for n in k.Ns:                       # partly dominated: one kind per count, in the search's order
+            orders = tuple(o for o, ns in kept if n in ns)
+            if orders:
+                out.append(Kind(k.key, k.par if n == k.par.recompute_layers else with_recompute_layers(k.par, n),
+                                (n,), orders, k.stage_counts, (), k.split))
+    return out
+
+
+def _moe_pairs(target, model, rules, kind: Kind, gpn: int, fixed: dict, rdma: bool) -> tuple:
+    """For each of the kind's mesh orders, the (dispatcher, EP overlap) pairs the target runs
+    (``tg.moe_exec_choices``, in its order; None for the kind's own pair, kept as it is), each
+    asked of the table (``rules``) once per kind."""
+    from planner.search import target_space as tg
+    par = kind.par
+    per_order: list[list] = [[] for _ in kind.orders]
     for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed, rdma):
         if (disp, over) == (par.moe_dispatcher, par.ep_overlap):
-            out.append(par)
+            for got in per_order:
+                got.append(None)
             continue
-        mk = kind + (disp, over)
-        ok = memo.get(mk)
-        if ok is False:
-            continue
-        v = with_moe_exec(par, disp, over)
-        if ok is None:
-            ok = memo[mk] = rules.runs(v, key[-1])
-        if ok:
-            out.append(v)
+        ok = rules.runs_orders(with_moe_exec(par, disp, over), kind.orders)
+        for got, k in zip(per_order, ok):
+            if k:
+                got.append((disp, over))
+    return tuple(tuple(got) for got in per_order)
+
+
+_CAND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Candidate) if f.default is not dataclasses.MISSING}
+
+
+def _candidate(par: ParallelConfig, order: tuple, stage_counts: tuple, fields: dict) -> Candidate:
+    """``Candidate(par=par, order=order, stage_counts=stage_counts, **fields)`` without the frozen
+    dataclass's per-field ``__setattr__`` (the search writes out tens of thousands); a field
+    ``Candidate`` does not have goes to the constructor, which refuses it."""
+    if not fields.keys() <= _CAND_DEFAULTS.keys():
+        return Candidate(par=par, order=order, stage_counts=stage_counts, **fields)
+    out = object.__new__(Candidate)
+    d = out.__dict__
+    d.update(_CAND_DEFAULTS)
+    d.update(fields)
+    d["par"], d["order"], d["stage_counts"] = par, order, stage_counts
     return out
 
 
@@ -404,6 +642,31 @@ def with_moe_exec(par: ParallelConfig, dispatcher: str, overlap: bool) -> Parall
 
 
 _DISPATCHER_VALUES = frozenset(("",) + MOE_DISPATCHERS)
+
+
+def with_policy(par: ParallelConfig, schedule: str, recompute: str, recompute_layers: int) -> ParallelConfig:
+    """``dataclasses.replace(par, schedule=..., recompute=..., recompute_layers=...)`` without
+    running every check again: ``ParallelConfig``'s checks of these three read only them and
+    ``vpp``, so a combination is checked once (on a configuration of defaults otherwise) and a
+    valid one copied; an invalid one goes to ``dataclasses.replace``, which refuses it.
+    tests/test_space_fast_path.py holds the candidates equal to the checked construction."""
+    key = (par.vpp, schedule, type(schedule), recompute, type(recompute), recompute_layers, type(recompute_layers))
+    ok = _VALID_POLICY.get(key)
+    if ok is None:
+        try:
+            ParallelConfig(vpp=par.vpp, schedule=schedule, recompute=recompute, recompute_layers=recompute_layers)
+            ok = True
+        except SpecError:
+            ok = False
+        if len(_VALID_POLICY) > 65536:
+            _VALID_POLICY.clear()
+        _VALID_POLICY[key] = ok
+    if not ok:
+        return dataclasses.replace(par, schedule=schedule, recompute=recompute, recompute_layers=recompute_layers)
+    return _copied(par, {"schedule": schedule, "recompute": recompute, "recompute_layers": recompute_layers})
+
+
+_VALID_POLICY: dict = {}
 
 
 def with_recompute_layers(par: ParallelConfig, n: int) -> ParallelConfig:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import operator
 
 from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from planner.plan import targets as T
@@ -130,7 +131,7 @@ def recompute_choices(target: str, model: ModelSpec, pp: int, vpp: int, fixed: d
 
 
 # (position in the search's choice key, the dominated value, the value that dominates it)
-_DOMINATED = ((3, 0, 1), (5, False, True), (7, "gpipe", "1f1b"))
+DOMINATED = ((3, 0, 1), (5, False, True), (7, "gpipe", "1f1b"))
 
 
 def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tuple, ParallelConfig]]:
@@ -140,7 +141,7 @@ def prune_dominated(found: list[tuple[tuple, ParallelConfig]]) -> list[tuple[tup
     present = {k for k, _ in found}
     out = []
     for k, par in found:
-        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in _DOMINATED):
+        if any(k[i] == worse and (k[:i] + (better,) + k[i + 1:]) in present for i, worse, better in DOMINATED):
             continue
         out.append((k, par))
     return out
@@ -180,6 +181,9 @@ class _OrderNotChosen:
     __iter__ = __len__ = __getitem__ = __contains__ = __eq__ = __hash__ = index = count = _later
 
 
+_ORDER_LATER = _OrderNotChosen()
+
+
 class ShapeRules:
     """``runs(target, model, workload, par, order)`` for the configurations of one outer shape
     (``tp``, ``pp``, ``dp``, ``cp``). ``runs_config`` asks pure predicates of the configuration
@@ -196,10 +200,15 @@ class ShapeRules:
         self.checks = None            # None: ask runs itself; () with ``none``: every configuration refused
         self.none = False
         self.by_order: dict = {}      # mesh order -> the checks left once it is chosen (None: all refused)
+        self.memo: dict = {}          # _same_but_mb -> id(checks) -> (broken, the rules asked again)
+        self.interned: dict = {}
+        self.ask_fields: dict = {}
+        self.plans: dict = {}
         shape = self.shape = object.__new__(_ShapeOnly)
         object.__getattribute__(shape, "__dict__").update(tp=tp, pp=pp, dp=dp, cp=cp)
         try:
             self.t = self.base.for_config(shape)
+            self.ask_fields = dict(t=self.t, name=self.base.name, model=model, wl=workload, plan_check=False)
             checks = T.config_checks(T.Ask(self.t, self.base.name, model, workload, shape, _OrderNotChosen(), False))
         except _NotChosen:
             return
@@ -237,6 +246,112 @@ class ShapeRules:
                 return False
         return True
 
+    def runs_orders(self, par: ParallelConfig, orders: tuple) -> tuple[bool, ...]:
+        """``runs(par, order)`` for each of ``orders`` (tuples), each rule asked as seldom as its
+        reads allow. Rules are pure functions of what they read, so a verdict holds for every
+        configuration and order that agree on what the rule read. A kind (every field but the
+        micro-batch and the gradient accumulation: ``_same_but_mb``) has its first configuration
+        asked of every rule traced (``_Traced``), the order not chosen (``_OrderNotChosen``): a
+        rule that read neither the order nor those two fields has its verdict for the whole
+        kind (broken: all refused; holding: not asked again). The rest are asked of each
+        configuration and order. tests/test_space_fast_path.py holds the candidates equal to
+        asking ``runs`` of each configuration and order."""
+        if self.none or self.checks is None:
+            return tuple(self.runs(par, o) for o in orders)
+        plan = self.plans.get(orders)
+        if plan is None:
+            plan = self.plans[orders] = self._plan(orders)
+        key = _same_but_mb(par)
+        ents = self.memo.get(key)
+        if ents is None:
+            ents = self.memo[key] = {}
+        out = [False] * len(orders)
+        for checks, idxs in plan:
+            again = ents.get(id(checks))
+            if again is None:
+                again = ents[id(checks)] = self._traced(par, checks)
+            if again is _BROKEN:
+                continue
+            for i in idxs:
+                if again:
+                    ask = self._ask(par, orders[i])
+                    if any(b(ask) for b in again):
+                        continue
+                out[i] = True
+        return tuple(out)
+
+    def _ask(self, par: ParallelConfig, order) -> T.Ask:
+        """``T.Ask(self.t, name, model, workload, par, order, False)``, built without the frozen
+        dataclass's per-field ``__setattr__`` (asked tens of thousands of times)."""
+        ask = object.__new__(T.Ask)
+        d = ask.__dict__
+        d.update(self.ask_fields)
+        d["par"], d["order"] = par, order
+        return ask
+
+    def _plan(self, orders: tuple) -> list:
+        """For each distinct list of rules the orders leave (``by_order``), the orders that ask it."""
+        plan: dict = {}
+        for i, order in enumerate(orders):
+            checks = self.by_order.get(order, self)
+            if checks is self:
+                checks = self._left(self.checks, order)
+                if checks is not None:        # one object per distinct list (the memo's key)
+                    checks = self.interned.setdefault(checks, checks)
+                self.by_order[order] = checks
+            if checks is not None:
+                plan.setdefault(id(checks), (checks, []))[1].append(i)
+        return [(checks, tuple(idxs)) for checks, idxs in plan.values()]
+
+    def _traced(self, par: ParallelConfig, checks: tuple):
+        """Ask each rule of ``checks`` of ``par`` traced, the order not chosen: ``_BROKEN`` when a
+        rule that read neither the micro-batch, the gradient accumulation nor the order breaks;
+        else the rules that read one of them (or raised), to ask of each configuration and order,
+        in order."""
+        traced = object.__new__(_Traced)
+        object.__getattribute__(traced, "__dict__").update(par.__dict__)
+        ask = self._ask(traced, _ORDER_LATER)
+        again = []
+        for broken in checks:
+            _TOUCHED[0] = False
+            try:
+                hit = broken(ask)
+            except Exception:       # read the order (_NotChosen), or raised: asked of each order
+                again.append(broken)
+                continue
+            if _TOUCHED[0]:
+                again.append(broken)
+            elif hit:
+                return _BROKEN
+        return tuple(again)
+
+
+_BROKEN = ("broken",)
+
+
+_PAR_GETTER = operator.attrgetter(*sorted(_PAR_FIELDS - {"micro_batch", "grad_accum"}))
+
+
+def _same_but_mb(par: ParallelConfig) -> tuple:
+    return _PAR_GETTER(par)
+
+
+_TOUCHED = [False]
+
+
+class _Traced(ParallelConfig):
+    """A configuration that notes (``_TOUCHED``) when its micro-batch or gradient accumulation is
+    read, directly or through a property or method; reading its ``__dict__`` counts as reading
+    them (a rule that looks at the whole configuration)."""
+
+    def __getattribute__(self, name: str):
+        if name in _TRACED_FIELDS:
+            _TOUCHED[0] = True
+        return object.__getattribute__(self, name)
+
+
+_TRACED_FIELDS = frozenset({"micro_batch", "grad_accum", "__dict__"})
+
 
 def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> list[dict]:
     """The Candidate fields of each split the target may run for ``par``: one, or for a target
@@ -249,6 +364,20 @@ def splits_of(target: str, par: ParallelConfig, fixed: dict | None, model: Model
         return [{**base, "split": "any"}]
     return [{**base, "split": "fixed", "counts": counts, "switches": (("partition_method", method),)}
             for counts, method in T.partition_splits(target, model, par.pp).items()]
+
+
+def split_count(target: str, par: ParallelConfig, fixed: dict | None, model: ModelSpec) -> int:
+    """``len(splits_of(...))``: one wherever no table of the target places the layers itself
+    (``split_rule``'s split is its table's, or even), without asking ``split_of``."""
+    if not widened(target) or not _places_layers(target):
+        return 1
+    return len(splits_of(target, par, fixed, model))
+
+
+@functools.lru_cache(maxsize=None)
+def _places_layers(target: str) -> bool:
+    t = T.get(target)
+    return any(sub.split == "partition" for sub in [t] + [s for _, _, s in t.variants])
 
 
 def split_of(target: str, par: ParallelConfig, fixed: dict | None = None) -> dict:
