@@ -43,7 +43,7 @@ class _Space:
 
     def __init__(self, model, cluster, workload: Workload, fixed: dict, gpus: int):
         self.kinds, self.count = candidate_kinds(model, cluster, workload, fixed, gpus)
-        self._cands = None
+        self._cands: list | None = None
 
     def candidates(self) -> list:
         if self._cands is None:

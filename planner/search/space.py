@@ -329,11 +329,9 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                     for sp in sps:
                         for vpp in vpps:
                             sched = fixed.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")
-                            try:      # checked once; each policy below is a checked copy
-                                first = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                                                       dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
-                                                       grad_accum=ga, **moe_fixed)
-                            except SpecError:
+                            # checked once; each policy below is a checked copy
+                            first = _first_config(tp, pp, dp, cp, ep, etp, zero, dp_shard, sp, vpp, mb, ga, moe_fixed)
+                            if first is None:
                                 continue
                             for base in bases:
                                 try:
@@ -343,6 +341,16 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                 out.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
                                                 (par.recompute_layers,), orders, stage_counts, plain))
     return out
+
+
+def _first_config(tp, pp, dp, cp, ep, etp, zero, dp_shard, sp, vpp, mb, ga, moe_fixed) -> ParallelConfig | None:
+    """A kind's configuration, fully checked (``ParallelConfig``'s own validation); None when it is
+    refused. The kind's schedules and policies are checked copies of it."""
+    try:
+        return ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero, dp_shard=dp_shard, sp=sp,
+                              vpp=vpp, micro_batch=mb, grad_accum=ga, **moe_fixed)
+    except SpecError:
+        return None
 
 
 def _dp_shards(fixed: dict, zero: int, gpn: int, tp: int, cp: int, dp: int) -> list[int]:
@@ -403,7 +411,9 @@ class Kind:
         """``(offset, order, pair, splits)`` for each (mesh order, pair) in order, with the
         offset of its first candidate among one count N's, and the candidates of one N."""
         if self._layout is None:
-            rows, at, made = [], 0, {}
+            rows: list = []
+            at = 0
+            made: dict = {}
             for order, pairs in zip(self.orders, self.pairs):
                 for pair in pairs:
                     n = made.get(pair)
@@ -512,11 +522,9 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
                             scheds = [fixed["schedule"]] if fixed.get("schedule") else tg.runnable_schedules(
                                 target, pp, vpp)
                             runs_of = _policy_runs(ch.policies(vpp))
-                            try:      # checked once; each schedule and policy below is a checked copy
-                                first = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                                                       dp_shard=dp_shard, sp=sp, vpp=vpp, micro_batch=mb,
-                                                       grad_accum=ga, **moe_fixed)
-                            except SpecError:
+                            # checked once; each schedule and policy below is a checked copy
+                            first = _first_config(tp, pp, dp, cp, ep, etp, zero, dp_shard, sp, vpp, mb, ga, moe_fixed)
+                            if first is None:
                                 continue
                             for sched in scheds:
                                 for base, rls in runs_of:
