@@ -316,12 +316,7 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     plain = tuple((None,) for _ in orders)
     out = []
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
-    for mb in mbs:
-        if per_replica % mb or (only_mb is not None and mb != only_mb):
-            continue
-        ga = per_replica // mb
-        if "grad_accum" in fixed and fixed["grad_accum"] != ga:
-            continue
+    for mb, ga in _micro_batches(mbs, per_replica, only_mb, fixed):
         vpps = _vpps(model, fixed, pp, ga)
         for ep, etp in experts:
             for zero in zeros:
@@ -341,6 +336,17 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
                                 out.append(Kind((mb, ep, etp, zero, dp_shard, sp, vpp, sched, base), par,
                                                 (par.recompute_layers,), orders, stage_counts, plain))
     return out
+
+
+def _micro_batches(mbs, per_replica: int, only_mb, fixed: dict):
+    """(micro-batch, gradient accumulation) for each micro-batch that divides a replica's batch, is
+    the one asked (``only_mb``) and gives the fixed accumulation, if any."""
+    for mb in mbs:
+        if per_replica % mb or (only_mb is not None and mb != only_mb):
+            continue
+        ga = per_replica // mb
+        if "grad_accum" not in fixed or fixed["grad_accum"] == ga:
+            yield mb, ga
 
 
 def _first_config(tp, pp, dp, cp, ep, etp, zero, dp_shard, sp, vpp, mb, ga, moe_fixed) -> ParallelConfig | None:
@@ -507,12 +513,7 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
     moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
     split = (target, fixed, model)
     kinds: list[Kind] = []
-    for mb in ch.mbs:
-        if per_replica % mb or (only_mb is not None and mb != only_mb):
-            continue
-        ga = per_replica // mb
-        if "grad_accum" in fixed and fixed["grad_accum"] != ga:
-            continue
+    for mb, ga in _micro_batches(ch.mbs, per_replica, only_mb, fixed):
         vpps = _vpps(model, fixed, pp, ga)
         for ep, etp in ch.experts:
             for zero in ch.zeros:
