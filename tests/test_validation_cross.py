@@ -144,6 +144,29 @@ def test_unpublished_settings_give_a_range_around_the_default(res):
         assert r.credited <= abs(r.error) + 1e-12
 
 
+def test_an_mfu_with_an_unpublished_attention_count_gives_both_readings(res):
+    """Llama 3 405B at 131,072 tokens (Table 4: 38% BF16 MFU on H100, 989 TFLOP/s dense). Per token the
+    full count is 6N + 12 l h s and the causal one 6N + 6 l h s; by hand, with l = 126, h = 16384:
+    12 l h s = 12 x 126 x 16384 x 131072 = 3.247e12 FLOPs, more than the 6N term (about 2.44e12), so the
+    two readings of the same MFU differ by (6N + 12lhs) / (6N + 6lhs), about 1.4x; the row's range spans both."""
+    row = next(r for r in res["rows"] if r.case.name == "llama3-405b-16384gpu-cp16-seq131072")
+    c = row.case
+    m = c.inputs[0]
+    l_, h, s = 126, 16384, 131072
+    assert 12 * l_ * h * s == pytest.approx(3.2471e12, rel=1e-4)
+    n6 = 6 * m.total_params()
+    assert c.published == pytest.approx(0.38 * 989e12 / (n6 + 12 * l_ * h * s), rel=1e-9)
+    ((label, causal),) = c.published_alts
+    assert "causal" in label and "FLOP count" in c.unpublished
+    assert causal == pytest.approx(0.38 * 989e12 / (n6 + 6 * l_ * h * s), rel=1e-9)
+    assert causal / c.published == pytest.approx((n6 + 12 * l_ * h * s) / (n6 + 6 * l_ * h * s))
+    # the error stays at the count on file; the range reaches the causal reading of the same prediction
+    assert row.error == pytest.approx(row.predicted / c.published - 1)
+    assert row.low <= row.predicted / causal - 1 + 1e-12 and row.high >= row.error - 1e-12
+    # only an MFU converted with the assumed formula has the alternative
+    assert all(not r.case.published_alts for r in res["rows"] if not r.case.how.startswith("MFU"))
+
+
 def test_docs_validation_page_is_current(res):
     """docs/validation.md is what `planner validate --cross` prints (regenerate: make validation)."""
     assert vc.PAGE.read_text() == vc.markdown(res)

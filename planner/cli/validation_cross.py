@@ -12,7 +12,10 @@ source's own FLOP formula (``source_flops_per_token``); the conversion is named 
 
 Unpublished settings: a case whose micro-batch or recompute policy the source does not give is
 priced at the setting on file (the framework's default, ``planner.cli.validation``) and, beside
-it, over the alternatives that fit in memory; the row shows that range.
+it, over the alternatives that fit in memory; the row shows that range. A published MFU whose
+source names its formula but not whether the attention term counts the causal half or the full
+square (``published_alternatives``) is the same kind of unpublished setting, on the published
+side: the row's range runs over both counts and every configuration alternative.
 
 The fit (``fit``): the constants of one group are chosen together on a grid by the least median
 absolute error of the rows that group reads (ties: the smaller largest error), in a fixed order:
@@ -63,6 +66,7 @@ class CrossCase:
     alternatives: tuple[tuple[str, ParallelConfig], ...] = ()
     unpublished: tuple[str, ...] = ()
     stages: Any = None            # a pipeline split the case names (validation.case_stages), else the even one
+    published_alts: tuple[tuple[str, float], ...] = ()   # the published figure under an unpublished FLOP count
 
     @property
     def fitted_on(self) -> bool:
@@ -108,6 +112,15 @@ def _six_n_flops_per_token(m: Any, s: int) -> float:
     return 6 * m.total_params() + 12 * m.layers * m.hidden * s
 
 
+def _six_n_causal_flops_per_token(m: Any, s: int) -> float:
+    """6 x parameters + 6 l h s: the same count with the attention term halved for the causal mask
+    (the s x s products below the diagonal only; FlashAttention skips the masked blocks). Megatron-LM
+    counts attention this way since 2025 (``_megatron_model_flops_per_token(causal=True)``: its s/h
+    term halved); PaLM's Appendix B and torchtitan count the full square ("we follow the convention
+    and do not account for sparsity in causal attention", torchtitan ``get_num_flop_per_token``)."""
+    return 6 * m.total_params() + 6 * m.layers * m.hidden * s
+
+
 def source_flops_per_token(case: dict, m: Any, kind: str) -> tuple[float, str]:
     """The FLOPs per token a source counted behind its TFLOP/s or MFU, and the formula's name."""
     s = case["model"]["seq_len"]
@@ -141,6 +154,21 @@ def published_tokens_per_s(case: dict, m: Any, peak_flops: float) -> tuple[float
         f, name = source_flops_per_token(case, m, "mfu")
         return rep["mfu"] * peak_flops / f, f"MFU via {name}"
     return None
+
+
+def published_alternatives(case: dict, m: Any, peak_flops: float) -> tuple[tuple[str, float], ...]:
+    """The published tokens/s per GPU under a FLOP count the source does not state, beside the one on
+    file. Only an MFU converted with the assumed 6N + 12lhs has one: Meta's Llama 3 report cites
+    Chowdhery et al. (2023) for MFU (section 3.3.2, "BF16 Model FLOPs Utilization (MFU; Chowdhery et
+    al. (2023))") and prints no formula, so whether its attention term is the full s x s square (PaLM's
+    Appendix B, torchtitan's convention) or the causal half is not published. The causal count is the
+    alternative; the full one stays on file (the cited formula as written), and neither is chosen by
+    the error."""
+    pub = published_tokens_per_s(case, m, peak_flops)
+    if pub is None or not pub[1].startswith("MFU"):
+        return ()
+    s = case["model"]["seq_len"]
+    return (("causal attention count", case["reported"]["mfu"] * peak_flops / _six_n_causal_flops_per_token(m, s)),)
 
 
 def _alternatives(case: dict, par: ParallelConfig) -> tuple[tuple[str, ...], tuple[tuple[str, ParallelConfig], ...]]:
@@ -178,11 +206,14 @@ def load_cases() -> tuple[list[CrossCase], list[str]]:
             skipped.append(f"{c['name']}: no tokens/s, step time or convertible TFLOP/s published")
             continue
         unpub, alts = _alternatives(c, par)
+        pub_alts = published_alternatives(c, model, gpu.peak(wl.dtype if wl.dtype != "fp8" else "bf16"))
+        if pub_alts:
+            unpub += ("FLOP count",)
         cases.append(CrossCase(name=c["name"], family=family_of(str(c["source"])), framework=fw,
                                gen=generation(gpu.name), dtype=wl.dtype, moe=model.is_moe, num_gpus=c["num_gpus"],
                                split=split, source=str(c["source"]), inputs=(model, cluster, wl, par, prof),
                                published=pub[0], how=pub[1], alternatives=alts, unpublished=unpub,
-                               stages=validation.case_stages(c)))
+                               stages=validation.case_stages(c), published_alts=pub_alts))
     return cases, skipped
 
 
@@ -432,11 +463,14 @@ def _predict_rows(cases: list[CrossCase], values: dict[str, float], shipped: dic
                 except (SpecError, ValueError):         # a schedule the alternative cannot run
                     continue
             vals = [v for v, ok in alts if ok] or [p]
-            ranges.append((min(vals + [p]), max(vals + [p])))
+            # every prediction against every reading of the published figure (one, unless its FLOP count is unpublished)
+            pubs = [c.published] + [q for _, q in c.published_alts]
+            errs = [v / q - 1.0 for v in vals + [p] for q in pubs]
+            ranges.append((min(errs), max(errs)))
     with module_constants(shipped):
         ins = [predict(c, shipped)[0] for c in cases]
     for c, p, (lo, hi), i in zip(cases, preds, ranges, ins):
-        out.append(CrossRow(c, p, _err(c, p), _err(c, lo), _err(c, hi), _err(c, i), priors,
+        out.append(CrossRow(c, p, _err(c, p), lo, hi, _err(c, i), priors,
                             _err(c, baseline_tokens_per_s(c))))
     return out
 
@@ -506,8 +540,9 @@ def markdown(res: dict) -> str:
            "only TFLOP/s or MFU is converted with its source's FLOP formula. Error = predicted / published - 1",
            "(positive: predicted too fast). \"In-sample\" is the shipped model on the same figure, fitted with",
            "every family in; \"credited\" is the smallest error any unpublished setting (micro-batch,",
-           "recompute) that fits in memory gives; \"flat 50%\" is the baseline of every run at half the dense",
-           "peak (6N + 12lhs FLOPs per token), which a cost model must beat.", ""]
+           "recompute that fits in memory; the causal or full attention count behind a published MFU)",
+           "gives; \"flat 50%\" is the baseline of every run at half the dense peak (6N + 12lhs FLOPs per",
+           "token), which a cost model must beat.", ""]
     if head:
         med, big = _stats(head)
         out += [f"**Out of source, dense runs on catalog hardware: median {med * 100:.1f}%, largest "
