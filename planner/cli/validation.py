@@ -10,7 +10,8 @@ source, never per case:
   precision, Adam, and attention that writes the score matrix (FlashAttention came to
   Megatron-LM in 2023): ``attention_kernel: materialized``; GPT models there use dropout.
 * torchtitan runs use fused SDPA (flash) attention, bf16 and AdamW.
-* A micro-batch size the source does not give is 1 (Megatron's default).
+* A micro-batch size the source does not give is 1 (Megatron's default), except on a trainer whose
+  default is the whole per-rank batch in one pass (``default_micro_batch``: SageMaker model parallel).
 * A case may name a cluster file (``calibration/clusters/*.yaml``, a path from the repository root)
   where its source states a network the catalog cluster lacks (``case_cluster``), and an
   ``attention_kernel`` where the run did not use a fused one.
@@ -140,8 +141,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     megatron = fw == "megatron"
     # 2021-22 Megatron-LM wrote the score matrix; its runs are the ones without a framework field
     materialized = megatron and "framework" not in case
-    mb = par_d.pop("micro_batch", 1)
     dp = par_d.get("dp", 1) * par_d.get("cp", 1) // max(1, par_d.get("cp", 1))
+    mb = par_d.pop("micro_batch") if "micro_batch" in par_d else default_micro_batch(case, dp)
     ga = max(1, case["global_batch"] // (dp * mb))
     # a ZeRO stage the source does not give: FSDP's (3) for torchtitan and Accelerate, the
     # distributed optimizer / ZeRO-1 otherwise (DeepSpeed's pipeline engine takes no higher)
@@ -199,6 +200,26 @@ def ran_async_tp(execution) -> bool:
             rest = text[at + len(mark):].lstrip(":=_'\"")
             return not rest.startswith(("false", "off", "no"))
     return False
+
+
+def default_micro_batch(case: dict, dp: int) -> int:
+    """The micro-batch an unpublished setting is priced at (the framework's default): 1 (Megatron's),
+    except for a run whose trainer is SageMaker's model parallel library (SMP v1) without pipeline
+    parallelism, where it is the per-rank batch, global batch / data-parallel ranks, in one pass.
+    SMP's ``microbatches`` parameter: "int, default 1: The number of microbatches to perform
+    pipelining over. 1 means no pipelining. Batch size must be divisible by the number of
+    microbatches" (aws/sagemaker-python-sdk doc/api/training/smd_model_parallel_general.rst, table
+    "Common Parameters"): the batch a rank's ``smp.step`` is given runs as one micro-batch unless a
+    run sets more. DeepSpeed reads a config that gives only ``train_batch_size`` the same way
+    (deepspeed/runtime/config.py ``_set_batch_related_parameters``: gradient_accumulation_steps = 1,
+    train_micro_batch_size_per_gpu = train_batch // world_size). A script may still accumulate by
+    hand; that is why the other micro-batches stay in the row's range (``validation_cross``)."""
+    ex = case.get("execution")
+    trainer = str(ex.get("trainer", "") if isinstance(ex, dict) else ex or "").lower()
+    smp = "sagemaker model parallel" in trainer or "(smp)" in trainer
+    if smp and case["parallel"].get("pp", 1) == 1 and dp > 0 and case["global_batch"] % dp == 0:
+        return case["global_batch"] // dp
+    return 1
 
 
 def ran_pytorch_fsdp(execution) -> bool:
