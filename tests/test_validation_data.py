@@ -116,3 +116,28 @@ def test_mlperf_cases_read_as_the_logs_print_them():
             p = c["parallel"]
             assert p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1) == c["num_gpus"]
             assert c["global_batch"] % p["dp"] == 0
+
+
+def test_an_unpublished_micro_batch_on_smp_is_the_whole_per_rank_batch():
+    """SageMaker model parallel's ``microbatches`` defaults to 1 (no split of a rank's batch), so an
+    SMP run that publishes only its global batch runs global / dp sequences per rank in one pass:
+    BloombergGPT's 2048 over 512 ranks is 4, no accumulation; every other trainer keeps 1 (Megatron's)."""
+    bb = BY_NAME["bloomberggpt-50b-a100-40gb-512gpu"]
+    assert "micro_batch" not in bb["parallel"]
+    assert validation.default_micro_batch(bb, 512) == 2048 // 512
+    _, _, _, par, _, _ = validation.case_inputs(bb)
+    assert (par.micro_batch, par.grad_accum) == (4, 1)
+    with_pp = dict(bb, parallel=dict(bb["parallel"], pp=2))
+    assert validation.default_micro_batch(with_pp, 256) == 1
+    other = dict(bb, execution={"trainer": "Megatron-LM"})
+    assert validation.default_micro_batch(other, 512) == 1
+
+
+def test_smollm3_figure_is_the_playbooks_steady_rate():
+    """The Smol Training Playbook's 13,500-14,000 tokens/s per GPU (midpoint compared); the README's wall
+    clock, 4,720,000 x 576 x 4096 tokens over 384 GPUs and 24 days, is within 2% of it."""
+    c = BY_NAME["smollm3-3b-h100-384gpu-bf16"]
+    assert c["reported"]["tokens_per_s_per_gpu"] == (13_500 + 14_000) / 2
+    wall = 4_720_000 * 576 * 4096 / (384 * 24 * 86_400)
+    assert wall == pytest.approx(13_985, abs=1)
+    assert abs(wall / c["reported"]["tokens_per_s_per_gpu"] - 1) < 0.02
