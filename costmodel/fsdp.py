@@ -16,6 +16,13 @@ Source: pytorch/pytorch at 010ae4a89516fa3be548ab16dff711414ec12d0b,
   ``reduce_scatter_stream`` context, i.e. on the compute stream: every unsharded gradient value is
   read in its compute dtype and written once in the reduce dtype (``MixedPrecisionPolicy.reduce_dtype``).
 
+Under ZeRO-2 (``reshard_after_forward=False``: the emitters' and the runtime's ZeRO-2) a block is
+gathered once per micro-batch: ``FSDPModule.set_reshard_after_backward`` (default True) reshards it
+after backward, "since the unsharded parameters do not need to be re-all-gathered before the next
+forward" only when turned off (PyTorch docs, ``torch.distributed.fsdp.fully_shard``,
+``FSDPModule.set_reshard_after_backward``: "This can be used during gradient accumulation to trade off
+higher memory for reduced communication").
+
 With ``reshard_after_forward=True`` (``fully_shard``'s default; torchtitan's and OLMo-core's per-block
 setting under ZeRO-3) a block is gathered twice per micro-batch, before its forward and before its
 backward, and its gradients are reduce-scattered once per micro-batch unless the trainer turns

@@ -663,6 +663,13 @@ class StageModel:
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward where the framework does
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
+                        if sh.framework.fsdp2_copies:
+                            # FSDP2 without resharding after forward (ZeRO-2): one copy-out per micro-batch
+                            # (it reshards after backward by default) and the copy-in (costmodel.fsdp)
+                            sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
+                                       + (expert_params if zs.expert_shard > 1 else 0.0))
+                            fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b,
+                                                     gathers=1) / self.hbm_bytes_per_s
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         # the optimizer step over the local states, the gradient norm's read of the local gradients

@@ -92,3 +92,14 @@ def test_records_name_their_fsdp():
     assert seen["olmo"] == 8 and seen["ibm"] == 20
     assert validation.ran_fsdp2("OLMo-core (PyTorch FSDP2 fully_shard)")
     assert not validation.ran_fsdp2("fms-fsdp (PyTorch FSDP1, 2.3)")
+
+
+def test_zero2_gathers_once_per_micro_batch():
+    """FSDP2's ZeRO-2 (no resharding after forward, resharding after backward): one copy-out and the
+    copy-in per micro-batch, 10 bytes per parameter."""
+    model, cluster, on = _run(True, zero=2)
+    _, _, off = _run(False, zero=2)
+    gpu = cluster.groups[0].gpu
+    per_mb = fsdp2_copy_bytes(model.total_params(), 2, 2, 4, gathers=1) / (
+        gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(FRAMEWORKS["generic"].elementwise, backward=False))
+    assert on.step_time_s - off.step_time_s == pytest.approx(8 * per_mb, rel=1e-6)
