@@ -664,8 +664,12 @@ class StageModel:
                         # stage 2), overlapped with that backward where the framework does
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
                         if sh.framework.fsdp2_copies:
-                            # FSDP2 without resharding after forward (ZeRO-2): one copy-out per micro-batch
-                            # (it reshards after backward by default) and the copy-in (costmodel.fsdp)
+                            # FSDP2 without resharding after forward (ZeRO-2) reshards after backward by
+                            # default (costmodel.fsdp), so it gathers the weights before every micro-batch's
+                            # forward, beside that forward, not once per step after the optimizer; and pays one
+                            # copy-out per micro-batch and the copy-in (costmodel.fsdp)
+                            fsdp += (overlapped(gather_s, comp / 3, slowdown) if self.overlap_gather else gather_s)
+                            gather_s = 0.0
                             sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
                                        + (expert_params if zs.expert_shard > 1 else 0.0))
                             fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b,

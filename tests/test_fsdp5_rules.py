@@ -94,15 +94,28 @@ def test_records_name_their_fsdp():
     assert not validation.ran_fsdp2("fms-fsdp (PyTorch FSDP1, 2.3)")
 
 
+def _run2(fsdp2: bool, accum: int):
+    model = get_model("llama-2-13b")
+    cluster = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=8 * accum, seq_len=4096)
+    par = ParallelConfig(dp=8, zero=2, micro_batch=1, grad_accum=accum)
+    fw = dataclasses.replace(FRAMEWORKS["generic"], fsdp2_copies=fsdp2)
+    return estimate(model, cluster, wl, par, framework=fw).step_time_s
+
+
 def test_zero2_gathers_once_per_micro_batch():
     """FSDP2's ZeRO-2 (no resharding after forward, resharding after backward): one copy-out and the
-    copy-in per micro-batch, 10 bytes per parameter."""
-    model, cluster, on = _run(True, zero=2)
-    _, _, off = _run(False, zero=2)
-    gpu = cluster.groups[0].gpu
-    per_mb = fsdp2_copy_bytes(model.total_params(), 2, 2, 4, gathers=1) / (
+    copy-in per micro-batch, 10 bytes per parameter, and the weights' all-gather before every
+    micro-batch's forward (overlapped with it) instead of once per step. With one micro-batch the
+    step grows by the copies alone; with m it grows by m copies and m - 1 more overlapped gathers."""
+    model = get_model("llama-2-13b")
+    gpu = load_cluster("dgx-h100").groups[0].gpu
+    copies = fsdp2_copy_bytes(model.total_params(), 2, 2, 4, gathers=1) / (
         gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(FRAMEWORKS["generic"].elementwise, backward=False))
-    assert on.step_time_s - off.step_time_s == pytest.approx(8 * per_mb, rel=1e-6)
+    assert _run2(True, 1) - _run2(False, 1) == pytest.approx(copies, rel=1e-6)
+    g4 = (_run2(True, 4) - _run2(False, 4) - 4 * copies) / 3
+    g8 = (_run2(True, 8) - _run2(False, 8) - 8 * copies) / 7
+    assert g8 > 0 and g4 == pytest.approx(g8, rel=1e-6)
 
 
 # -- torchao's rowwise FP8 (costmodel.fp8.Fp8Recipe.axiswise_bytes) --------------------------------
