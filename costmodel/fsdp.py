@@ -8,8 +8,9 @@ Source: pytorch/pytorch at 010ae4a89516fa3be548ab16dff711414ec12d0b,
 * ``foreach_all_gather_copy_out``: after ``device_handle.current_stream().wait_event(all_gather_event)``
   it runs ``torch.ops.fsdp.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes,
   dim=1, out=out)``: every gathered value is read from the collective's flat output and written into
-  its own parameter's unsharded tensor, on the current (compute) stream. FSDP1's flat parameter is
-  gathered in place (its parameters are views of the flat buffer), so it has no such copy.
+  its own parameter's unsharded tensor, on the current (compute) stream. FSDP1 gathers its flat
+  parameter in place (its parameters are views of the flat buffer), so it has no such copy (FSDP1's
+  design; its source was not read at a commit for this rule, which leaves FSDP1 unpriced).
 * ``foreach_reduce``: ``foreach_reduce_scatter_copy_in(unsharded_grads, reduce_scatter_input,
   world_size)`` (``torch.ops.fsdp.chunk_cat``, which "handles widening casts (e.g. bf16 -> fp32)
   natively") runs before ``reduce_scatter_stream.wait_stream(current_stream)`` and outside the
