@@ -22,10 +22,13 @@ gathered once per micro-batch: ``FSDPModule.set_reshard_after_backward`` (defaul
 after backward, "since the unsharded parameters do not need to be re-all-gathered before the next
 forward" only when turned off (PyTorch docs, ``torch.distributed.fsdp.fully_shard``,
 ``FSDPModule.set_reshard_after_backward``: "This can be used during gradient accumulation to trade off
-higher memory for reduced communication"); neither ``runtime/parallel.py`` nor the torchtitan and
-Accelerate launch files turn it off. So FSDP2's ZeRO-2 all-gathers the weights before each
-micro-batch's forward (``stage_terms.StageModel.states_part`` prices that gather per micro-batch for
-FSDP2 profiles, where Megatron's and DeepSpeed's ZeRO-2 gather once per step after the optimizer).
+higher memory for reduced communication"); ``runtime/parallel.py`` never turns it off, nor does
+torchtitan at b5bcd76c66 for its blocks (only ``components/loss.py`` toggles it on the output head), nor
+Accelerate at 16cb6eb80d (its ``no_sync`` for FSDP2 only calls ``set_requires_gradient_sync(False)``,
+which skips the reduce-scatter on all but the last micro-batch: not priced here, the model reduce-scatters
+every micro-batch). So FSDP2's ZeRO-2 all-gathers the weights before each micro-batch's forward
+(``stage_terms.StageModel.states_part`` prices that gather per micro-batch for FSDP2 profiles, where
+Megatron's and DeepSpeed's ZeRO-2 gather once per step after the optimizer).
 
 With ``reshard_after_forward=True`` (``fully_shard``'s default; torchtitan's and OLMo-core's per-block
 setting under ZeRO-3) a block is gathered twice per micro-batch, before its forward and before its
