@@ -184,7 +184,7 @@ class Fp8Recipe:
         per GEMM ... just for the rescaling" (pytorch/ao issue 2184). The forward GEMM runs the
         rowwise CUTLASS kernel with fast accumulation; its speed against cuBLAS's by shape
         (pytorch/pytorch issue 147971: "most shapes are within 90-100% of tensor-wise efficiency, but
-        there's a long tail down to 50%") is not priced: no per-shape table to read."""
+        there's a long tail going down to 50%") is not priced: no per-shape table to read."""
         if not self.axiswise:
             return 0.0
         return m * n * self.cast_bytes_per_value() + (m * k + n * k) * 2.0 * 2.0
