@@ -124,6 +124,8 @@ class Fp8Recipe:
     param_gather: bool            # the data-parallel weight all-gather moves FP8
     fp8_weights: bool             # model weights stored in FP8, no BF16 copy (Megatron's --fp8-param-gather)
     tp_gather_fp8: bool           # SP all-gathers move the FP8 input (Transformer Engine)
+    # torchao's rowwise (axiswise) scaling: the backward's extra cast and output rescales (``axiswise_bytes``)
+    axiswise: bool = False
 
     @property
     def copy_bytes(self) -> float:
@@ -160,9 +162,32 @@ class Fp8Recipe:
 
     def cast_bytes(self, m: float, n: float, k: float) -> float:
         """HBM bytes of quantizing one FP8 linear GEMM's operands, forward and backward together
-        (``gemm_cast_values`` at ``cast_bytes_per_value``)."""
+        (``gemm_cast_values`` at ``cast_bytes_per_value``), with rowwise scaling's own traffic
+        (``axiswise_bytes``)."""
         f, b = self.gemm_cast_values(m, n, k)
-        return (f + b) * self.cast_bytes_per_value()
+        return (f + b) * self.cast_bytes_per_value() + self.axiswise_bytes(m, n, k)
+
+    def axiswise_bytes(self, m: float, n: float, k: float) -> float:
+        """What torchao's rowwise recipe moves beyond the tensorwise one for a linear GEMM of
+        m x k by k x n, forward and backward. Source: pytorch/ao at 6243040807 (2025-06).
+        ``torchao/float8/float8_linear.py`` ``matmul_with_hp_or_float8_args.backward`` casts the
+        output gradient twice, along dim -1 for grad_input and along dim 0 for grad_weight; with
+        ``AXISWISE`` granularity (``config.py`` ``from_recipe_name(ROWWISE)``) the two scales differ, so
+        the second is a cast of its own (m x n values, ``cast_bytes_per_value``: an amax pass and the
+        cast), where tensorwise's two are the same tensor. Both backward GEMMs run without fast
+        accumulation (``gemm_config_grad_input``, ``gemm_config_grad_weight`` default), and
+        ``float8_ops.py`` ``addmm_float8_unwrapped`` then runs cuBLAS's tensorwise kernel and rescales
+        the output itself ("The rowwise CUTLASS-based kernel is so slow without fast-accum that we'd
+        rather use the tensorwise cuBLAS-based kernel and do the scaling manually afterwards";
+        ``output *= post_inverse_scale``): one read and one write of each BF16 output, grad_input
+        (m x k) and grad_weight (n x k); under torch.compile this is "at least one extra triton kernel
+        per GEMM ... just for the rescaling" (pytorch/ao issue 2184). The forward GEMM runs the
+        rowwise CUTLASS kernel with fast accumulation; its speed against cuBLAS's by shape
+        (pytorch/pytorch issue 147971: "most shapes are within 90-100% of tensor-wise efficiency, but
+        there's a long tail going down to 50%") is not priced: no per-shape table to read."""
+        if not self.axiswise:
+            return 0.0
+        return m * n * self.cast_bytes_per_value() + (m * k + n * k) * 2.0 * 2.0
 
     def scaling_state_bytes(self, gemms: float) -> float:
         """Scales and amax histories of ``gemms`` FP8 GEMM weights (3 quantized tensors forward,
@@ -205,7 +230,8 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
     if name in ("tensorwise", "rowwise"):
         # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; torchtitan's
         # FP8 FSDP all-gather (tensorwise only)
-        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" or param_gather, False, False)
+        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" or param_gather, False, False,
+                         axiswise=name == "rowwise")
     if name == "mxfp8":
         return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
     if name == "blockwise":

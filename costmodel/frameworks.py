@@ -117,6 +117,10 @@ class FrameworkProfile:
     # ``DistributedDataParallelConfig(bucket_size=...)``); 0: the framework's default
     # (``stage_terms.megatron_bucket_size``). Set by records that state it (``profile:``)
     dp_bucket_params: int = 0
+    # its ZeRO-3 is PyTorch's per-parameter FSDP (FSDP2 ``fully_shard``), whose all-gather copy-out and
+    # reduce-scatter copy-in run on the compute stream (``costmodel.fsdp``); False: the collective
+    # writes where the parameters live (FSDP1's flat parameter, DeepSpeed, an idealised framework)
+    fsdp2_copies: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -253,6 +257,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.89, calibrated=True, pytorch_native=True,
                      launch="eager", attention="flex",   # 0.3.0's llama3 default
+                     fsdp2_copies=True,                  # fully_shard per block
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -273,10 +278,10 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # one approximate figure ("~8000 tokens/s", FSDP2 Llama-3.1-8B on 8 H100): 18.0% -> 0.2% -- too
     # little to call it calibrated
     FrameworkProfile(name="accelerate", kernel_efficiency=0.87, pytorch_native=True, launch="eager",
-                     attention="sdpa",
+                     attention="sdpa", fsdp2_copies=True,     # the emitter writes fsdp_version: 2
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
     FrameworkProfile(name="builtin", kernel_efficiency=0.89, pytorch_native=True, launch="eager",
-                     attention="sdpa",
+                     attention="sdpa", fsdp2_copies=True,     # runtime/parallel.py: fully_shard
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from .comm import Network, crosses_nodes, launched
 from . import fp8 as fp8_recipes
 from .compute import memory_bound_factor
+from .fsdp import fsdp2_copy_bytes
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
 from .layers import EndsCost, LayerCost, ends_params
 from .matrices import layer_matrices
@@ -235,7 +236,7 @@ class StageCost(NamedTuple):
     act_stored_bytes: float        # per micro-batch in flight
     act_fixed_bytes: float         # recompute working set + logits (last stage)
     pp_comm_s: float
-    fsdp_comm_s: float             # exposed ZeRO-3 gathers and scatters, ZeRO-2 scatters, per micro-batch
+    fsdp_comm_s: float             # exposed ZeRO-3 gathers and scatters (with FSDP2's copies), ZeRO-2 scatters, per micro-batch
     dp_grad_s: float               # once per step: gradient reduction (before overlap)
     dp_gather_s: float             # once per step: ZeRO-1/2 weight all-gather (before overlap)
     optimizer_s: float
@@ -615,6 +616,12 @@ class StageModel:
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
+            if sh.framework.fsdp2_copies:
+                # FSDP2's all-gather copy-outs and reduce-scatter copy-in on the compute stream, at the
+                # framework's memory-bound fraction (costmodel.fsdp): not overlapped; only what is sharded
+                sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
+                           + (expert_params if zs.expert_shard > 1 else 0.0))
+                fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b) / self.hbm_bytes_per_s
         grad_s = gather_s = 0.0
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
@@ -656,6 +663,17 @@ class StageModel:
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward where the framework does
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
+                        if sh.framework.fsdp2_copies:
+                            # FSDP2 without resharding after forward (ZeRO-2) reshards after backward by
+                            # default (costmodel.fsdp), so it gathers the weights before every micro-batch's
+                            # forward, beside that forward, not once per step after the optimizer; and pays one
+                            # copy-out per micro-batch and the copy-in (costmodel.fsdp)
+                            fsdp += (overlapped(gather_s, comp / 3, slowdown) if self.overlap_gather else gather_s)
+                            gather_s = 0.0
+                            sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
+                                       + (expert_params if zs.expert_shard > 1 else 0.0))
+                            fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b,
+                                                     gathers=1) / self.hbm_bytes_per_s
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         # the optimizer step over the local states, the gradient norm's read of the local gradients

@@ -537,6 +537,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
                             attention=torchtitan_attention(job), launch=h["launch"],
+                            # torchtitan's data parallelism is fully_shard (FSDP2) whatever its file sets
+                            fsdp2_copies=True,
                             dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
@@ -588,6 +590,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     counts, per, recompute = [layers], None, "none"
     grad_overlap = gather_overlap = True
     tp_bwd = False
+    fsdp2 = False          # FSDP2's copies on the compute stream (costmodel.fsdp): the FSDP engine at fsdp_version 2
     if args.use_megatron_lm:
         env = prepare_multi_gpu_env(args)
         for k, v in env.items():
@@ -631,6 +634,7 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
         dp = world
         if args.use_fsdp:
             zero = 3 if env["FSDP_RESHARD_AFTER_FORWARD"] == "true" else 2
+            fsdp2 = env["FSDP_VERSION"] == "2"
             cp = int(env.get("PARALLELISM_CONFIG_CP_SIZE", 1))
             dp = world // cp
             dp_shard = int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", dp))
@@ -641,7 +645,8 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
     prof = FrameworkProfile(name="accelerate (as written)", overlap_grad_reduce=grad_overlap,
                             overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
                             kernel_efficiency=h["kernel_efficiency"],
-                            memory_headroom_fraction=h["memory_headroom_fraction"], **kernels_of(h))
+                            memory_headroom_fraction=h["memory_headroom_fraction"], fsdp2_copies=fsdp2,
+                            **kernels_of(h))
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,

@@ -170,6 +170,9 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
         # frameworks.kernel_efficiency_on; its layers are PyTorch ops the host issues one by one (costmodel.host)
         prof = dataclasses.replace(prof, pytorch_native=True, launch="eager")
+        if ran_fsdp2(case.get("execution")):
+            # per-parameter FSDP: its copy-out and copy-in on the compute stream (costmodel.fsdp)
+            prof = dataclasses.replace(prof, fsdp2_copies=True)
     if ran_compile(case.get("execution")):
         # the run compiled its model: priced as a launch file that turns compile on would be
         # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)
@@ -226,6 +229,13 @@ def ran_pytorch_fsdp(execution) -> bool:
     """Whether a case's ``execution`` record names a PyTorch FSDP trainer ("PyTorch FSDP1",
     "PyTorch FSDP2 fully_shard"): a PyTorch-native stack (``FrameworkProfile.pytorch_native``)."""
     return "pytorch fsdp" in str(execution or "").lower()
+
+
+def ran_fsdp2(execution) -> bool:
+    """Whether a case's ``execution`` record names PyTorch's per-parameter FSDP ("FSDP2",
+    "fully_shard"; FrameworkProfile.fsdp2_copies), not FSDP1's flat parameters."""
+    text = str(execution or "").lower()
+    return "fsdp2" in text or "fully_shard" in text
 
 
 def ran_cuda_graphs(execution) -> bool:
