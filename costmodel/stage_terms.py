@@ -244,6 +244,8 @@ class StageCost(NamedTuple):
     grads_bytes: float
     optimizer_bytes: float
     buffers_bytes: float
+    dp_grad_tail_s: float          # of dp_grad_s: the last bucket's, which only starts after the backward
+    dp_gather_head_s: float        # of dp_gather_s: the first bucket's, which the first layer waits for
 
     @property
     def time_s(self) -> float:
@@ -450,6 +452,16 @@ def megatron_stage_buckets(layer_numels: tuple[float, ...], layers: int, ends: t
     return max(1, megatron_bucket_count(tensors, bucket_size)) + vpp - 1
 
 
+def _one_bucket(total_s: float, nbytes: float, group: int, bucket_bytes: float = DP_BUCKET_BYTES,
+                calls: int = 0) -> float:
+    """One bucket's share of a bucketed collective's time ``total_s`` (``_bucketed``'s, with the
+    same ``nbytes``, ``bucket_bytes`` and ``calls``): the part a framework cannot overlap at the
+    ends of the step (``exposed_dp_time``); 0 where the group has one GPU (no call)."""
+    if group < 2 or total_s <= 0:
+        return 0.0
+    return total_s / (calls or math.ceil(nbytes / bucket_bytes) or 1)
+
+
 def _bucketed(collective: Callable[[float], float], nbytes: float, group: int,
               bucket_bytes: float = DP_BUCKET_BYTES, latency_s: float = 0.0, calls: int = 0) -> float:
     """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
@@ -615,7 +627,7 @@ class StageModel:
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
-        grad_s = gather_s = 0.0
+        grad_s = gather_s = tail = head = 0.0
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
             e_dp = mesh.data_parallel // self.par.ep          # ranks holding the same experts
@@ -629,6 +641,7 @@ class StageModel:
             if zero == 0:
                 grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s,
                                    dcalls)
+                tail = _one_bucket(grad_s, dense_params * g_b, mesh.data_parallel, gb, dcalls)
                 if expert_params:
                     grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp, gb)
             else:
@@ -636,6 +649,7 @@ class StageModel:
                 if mesh.replicas > 1:
                     grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas,
                                        gb, mesh.replica_latency_s, dcalls)
+                    tail = _one_bucket(grad_s, dense_params * g_b / zs.dense_shard, mesh.replicas, gb, dcalls)
                 if expert_params and mesh.expert_replicas > 1:
                     grad_s += _bucketed(mesh.all_reduce_expert_replicas, expert_params * g_b / zs.expert_shard,
                                         mesh.expert_replicas, gb)
@@ -644,12 +658,14 @@ class StageModel:
                                    mesh.shard_latency_s, dcalls)
                     gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard, wb,
                                          mesh.shard_latency_s, dcalls)
+                    head = _one_bucket(gather_s, dense_params * sh.gather_b, mesh.dense_shard, wb, dcalls)
                     if expert_params:
                         rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard, gb,
                                         mesh.expert_latency_s)
                         gather_s += _bucketed(mesh.all_gather_expert, expert_params * sh.gather_b, mesh.expert_shard,
                                               wb, mesh.expert_latency_s)
                     if zero == 1:
+                        tail += _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
                         grad_s += rs
                     else:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
@@ -667,7 +683,7 @@ class StageModel:
                  + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
                 dense_params * g_b / dg + expert_params * g_b / eg,
                 dense_params * k_b / dk + expert_params * k_b / ek,
-                self.buffers_bytes)
+                self.buffers_bytes, tail, head)
 
     def _ep_overlap_bytes(self, n_moe: float) -> float:
         """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``: ``ParallelConfig.
@@ -716,10 +732,34 @@ def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather
     """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the last
     backward and the ``index`` backward passes of earlier stages still draining; the weight
     all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1). Without
-    the framework's overlap (``StageModel.overlap_*``) each is exposed whole."""
-    bwd = 2 * c.compute_s / 3
-    grad = overlapped(c.dp_grad_s, bwd + index * bwd, slowdown) if overlap_grad else c.dp_grad_s
-    gather = overlapped(c.dp_gather_s, c.compute_s / 3, slowdown) if overlap_gather else c.dp_gather_s
+    the framework's overlap (``StageModel.overlap_*``) each is exposed whole.
+
+    Each end of the step has one bucket nothing of the stage's own compute can hide
+    (``StageCost.dp_grad_tail_s``, ``dp_gather_head_s``; ``_one_bucket``): a bucket's reduction
+    starts once every gradient in it is ready (Megatron-Core ``distributed/param_and_grad_buffer.py``,
+    ``register_grad_ready``: "If all params in bucket group have grads available, issue
+    communication call"; torch DDP's ``Reducer`` alike), and the bucket holding the first layers
+    (and the embedding) gets its last gradient when the backward ends, so its reduction runs after
+    it, overlapping only the backward of earlier pipeline stages still draining (``index``
+    backward passes); the optimizer waits for it (``finish_grad_sync``). With the weights'
+    all-gather overlapped (``overlap_param_gather``) the first layer's forward pre-hook waits for
+    its bucket's gather (``distributed_data_parallel.py``, the forward pre-hook's
+    ``finish_param_sync``; ``distrib_optimizer.py``: "the first all-gather is launched
+    asynchronously in the next optimizer.zero_grad() call and subsequent all-gathers are launched
+    in the forward pre-hook"): exposed but for the ``index`` forwards a later stage waits before
+    its first. The rest overlaps as before."""
+    fwd = c.compute_s / 3
+    bwd = 2 * fwd
+    if overlap_grad:
+        grad = (overlapped(c.dp_grad_tail_s, index * bwd, slowdown)
+                + overlapped(c.dp_grad_s - c.dp_grad_tail_s, bwd + index * bwd, slowdown))
+    else:
+        grad = c.dp_grad_s
+    if overlap_gather:
+        gather = (overlapped(c.dp_gather_head_s, index * fwd, slowdown)
+                  + overlapped(c.dp_gather_s - c.dp_gather_head_s, fwd, slowdown))
+    else:
+        gather = c.dp_gather_s
     return grad + gather
 
 

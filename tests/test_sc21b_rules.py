@@ -1,6 +1,7 @@
 """Rules of stop 23's sc21b session (issue 23, the SC'21 free choice): FP16's dynamic loss scaling
 per step (``memory.loss_scaling_bytes_per_param``, ``scale.step_reductions_s``), each against a hand
-count from Megatron-LM's ``MixedPrecisionOptimizer.prepare_grads``."""
+count from Megatron-LM's ``MixedPrecisionOptimizer.prepare_grads``; the data-parallel bucket at each
+end of the step that no compute of the stage hides (``stage_terms.exposed_dp_time``)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,12 @@ from costmodel.catalog import get_model
 from costmodel.comm import COLLECTIVE_LAUNCH_S, GroupLayout, Network
 from costmodel.compute import MEMORY_BOUND_FRACTION
 from costmodel.files.clusters import load_cluster
+from costmodel.frameworks import FRAMEWORKS
 from costmodel.memory import loss_scaling_bytes_per_param, optimizer_traffic_bytes_per_param
 from costmodel.scale import step_reductions_s
 from costmodel.specs import ParallelConfig, Workload
+from costmodel.stage_cache import stage_model
+from costmodel.stage_terms import StageCost, exposed_dp_time, megatron_stage_buckets
 from costmodel.training import estimate
 
 
@@ -51,3 +55,49 @@ def test_one_gpu_fp16_optimizer_by_hand():
     bf16 = estimate(model, cluster, Workload(global_batch=2, seq_len=2048, dtype="bf16"), par)
     assert bf16.time["optimizer_s"] == pytest.approx((30 + 4) * n / (cluster.gpu.hbm_bandwidth_bytes_per_s * frac),
                                                      rel=1e-12)
+
+
+# -- the data-parallel buckets at the step's two ends ---------------------------------------------
+
+
+def _cost(**kw):
+    fields = dict.fromkeys(StageCost._fields, 0.0)
+    fields.update(kw)
+    return StageCost(**fields)
+
+
+def test_exposed_ends_by_hand():
+    """The last gradient bucket runs after the backward and the first weight bucket before the
+    forward: stage 0 pays both whole, the rest of the traffic as before (``overlapped``: the
+    slowdown's share where it fits under the compute); a later stage hides them under the earlier
+    stages' draining backward / its first forwards' wait."""
+    s = 0.18
+    c = _cost(compute_s=0.9, dp_grad_s=0.2, dp_grad_tail_s=0.02, dp_gather_s=0.1, dp_gather_head_s=0.01)
+    assert exposed_dp_time(c, 0, True, True, s) == pytest.approx(0.02 + s * 0.18 + 0.01 + s * 0.09)
+    # index 1: the tail under one backward (0.6), the head under one forward (0.3): their slowdown only
+    assert exposed_dp_time(c, 1, True, True, s) == pytest.approx(s * 0.02 + s * 0.18 + s * 0.01 + s * 0.09)
+    # without overlap every byte is exposed, as before
+    assert exposed_dp_time(c, 0, False, False, s) == pytest.approx(0.3)
+    # no buckets at the ends (zero tail and head): the old rule
+    c0 = _cost(compute_s=0.9, dp_grad_s=0.2, dp_gather_s=0.1)
+    assert exposed_dp_time(c0, 0, True, True, s) == pytest.approx(s * 0.2 + s * 0.1)
+
+
+def test_megatron_zero1_ends_are_one_bucket_each():
+    """GPT-3 1.3B with ZeRO-1 on 128 A100 under Megatron (fp16): the exposed ends are one
+    bucket's reduce-scatter and one bucket's all-gather, the stage's collectives divided by its
+    bucket count (``megatron_stage_buckets``), and the estimate's exposed DP time pays them whole."""
+    model = get_model("gpt3-1.3b")
+    cl = load_cluster("dgx-a100-80gb").with_gpus(128)
+    wl = Workload(global_batch=512, seq_len=2048, dtype="fp16")
+    par = ParallelConfig(dp=128, zero=1, micro_batch=4, grad_accum=1, recompute="none")
+    sm = stage_model(model, cl, wl, par, ("pp", "dp", "cp", "tp"), cl.groups[0].name, True, True, False,
+                     FRAMEWORKS["megatron"])
+    c = sm.cost(model.layers, 0, 0)
+    numels, size = sm.megatron_buckets
+    ends, emb = sm._ends_tensors()
+    calls = megatron_stage_buckets(numels, model.layers, ends, emb, size, True, 1)
+    assert calls > 1
+    assert c.dp_grad_tail_s == pytest.approx(c.dp_grad_s / calls, rel=1e-12)
+    assert c.dp_gather_head_s == pytest.approx(c.dp_gather_s / calls, rel=1e-12)
+    assert sm.dp_exposed(c, 0) >= c.dp_grad_tail_s + c.dp_gather_head_s
