@@ -246,6 +246,8 @@ class StageCost(NamedTuple):
     buffers_bytes: float
     dp_grad_tail_s: float          # of dp_grad_s: the last bucket's, which only starts after the backward
     dp_gather_head_s: float        # of dp_gather_s: the first bucket's, which the first layer waits for
+    fsdp_tail_s: float             # of fsdp_comm_s (ZeRO-2/3): the last micro-batch's last reduce-scatter
+    fsdp_head_s: float             # of fsdp_comm_s (ZeRO-3): the first layer's all-gather
 
     @property
     def time_s(self) -> float:
@@ -609,7 +611,7 @@ class StageModel:
         slowdown = self.slowdown
         # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
         # nothing); all_gather = reduce_scatter in time
-        fsdp = 0.0
+        fsdp = fsdp_tail = fsdp_head = 0.0
         if zero >= 3:
             # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
             # the whole stage, and one collective's fixed time per layer (the ring's latency
@@ -627,6 +629,9 @@ class StageModel:
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
             fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
+            if mesh.dense_shard > 1:
+                # one layer's collectives at the step's ends (exposed_dp_time)
+                fsdp_tail, fsdp_head = rs / (extra + 1), ag / (extra + 1)
         grad_s = gather_s = tail = head = 0.0
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
@@ -672,6 +677,8 @@ class StageModel:
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward where the framework does
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
+                        if self.overlap_grad:
+                            fsdp_tail = _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         # the optimizer step over the local states, the gradient norm's read of the local gradients
@@ -683,7 +690,7 @@ class StageModel:
                  + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
                 dense_params * g_b / dg + expert_params * g_b / eg,
                 dense_params * k_b / dk + expert_params * k_b / ek,
-                self.buffers_bytes, tail, head)
+                self.buffers_bytes, tail, head, fsdp_tail, fsdp_head)
 
     def _ep_overlap_bytes(self, n_moe: float) -> float:
         """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``: ``ParallelConfig.
@@ -747,9 +754,18 @@ def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather
     ``finish_param_sync``; ``distrib_optimizer.py``: "the first all-gather is launched
     asynchronously in the next optimizer.zero_grad() call and subsequent all-gathers are launched
     in the forward pre-hook"): exposed but for the ``index`` forwards a later stage waits before
-    its first. The rest overlaps as before."""
+    its first. The rest overlaps as before. ZeRO-2's reduce-scatter after each backward and
+    ZeRO-3's per-layer gathers and scatters (``fsdp_comm_s``, priced per micro-batch at the
+    overlapped rate) have the same two ends once per step: the last micro-batch's last bucket
+    (ZeRO-3: the first layer's reduce-scatter, the last the backward reaches) and, under ZeRO-3,
+    the first layer's all-gather before the forward (FSDP prefetches the next layer's, not the
+    first); the step pays them whole less the overlapped share ``fsdp_comm_s`` already holds."""
     fwd = c.compute_s / 3
     bwd = 2 * fwd
+    # ZeRO-2/3's per-micro-batch collectives (fsdp_comm_s) charge their end buckets at the
+    # overlapped rate; at the step's ends they wait whole: the difference (>= 0, ``overlapped``)
+    ends = (overlapped(c.fsdp_tail_s, index * bwd, slowdown) - slowdown * c.fsdp_tail_s
+            + overlapped(c.fsdp_head_s, index * fwd, slowdown) - slowdown * c.fsdp_head_s)
     if overlap_grad:
         grad = (overlapped(c.dp_grad_tail_s, index * bwd, slowdown)
                 + overlapped(c.dp_grad_s - c.dp_grad_tail_s, bwd + index * bwd, slowdown))
@@ -760,7 +776,7 @@ def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather
                   + overlapped(c.dp_gather_s - c.dp_gather_head_s, fwd, slowdown))
     else:
         gather = c.dp_gather_s
-    return grad + gather
+    return grad + gather + ends
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:

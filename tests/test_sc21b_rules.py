@@ -83,6 +83,34 @@ def test_exposed_ends_by_hand():
     assert exposed_dp_time(c0, 0, True, True, s) == pytest.approx(s * 0.2 + s * 0.1)
 
 
+def test_zero2_zero3_ends_by_hand():
+    """ZeRO-2/3 price their collectives per micro-batch at the overlapped rate (``fsdp_comm_s``);
+    the step's two ends wait whole: stage 0 adds ``(1 - slowdown)`` of each end's bucket, a stage
+    whose ends fit under earlier stages' passes adds nothing."""
+    s = 0.18
+    c = _cost(compute_s=0.9, fsdp_tail_s=0.02, fsdp_head_s=0.01)
+    assert exposed_dp_time(c, 0, True, True, s) == pytest.approx((1 - s) * 0.03)
+    assert exposed_dp_time(c, 1, True, True, s) == pytest.approx(0.0, abs=1e-15)
+    # an end longer than the window it may hide under: the excess waits, the rest as overlapped
+    c2 = _cost(compute_s=0.03, fsdp_tail_s=0.05)
+    assert exposed_dp_time(c2, 1, True, True, s) == pytest.approx((0.05 - 0.02 + s * 0.02) - s * 0.05)
+
+
+def test_zero3_ends_are_one_layer_each():
+    """ZeRO-3 on 64 A100 (fp16, gpt3-1.3b): the ends are the stage's per-micro-batch gathers and
+    scatters divided by its layers (one collective each), and the step pays them whole."""
+    model = get_model("gpt3-1.3b")
+    cl = load_cluster("dgx-a100-80gb").with_gpus(64)
+    wl = Workload(global_batch=256, seq_len=2048, dtype="fp16")
+    par = ParallelConfig(dp=64, zero=3, micro_batch=4, grad_accum=1, recompute="none")
+    sm = stage_model(model, cl, wl, par, ("pp", "dp", "cp", "tp"), cl.groups[0].name, True, True, False,
+                     FRAMEWORKS["torchtitan"])
+    c = sm.cost(model.layers, 0, 0)
+    assert c.fsdp_tail_s > 0 and c.fsdp_head_s > 0
+    assert c.dp_grad_tail_s == c.dp_gather_head_s == 0.0
+    assert sm.dp_exposed(c, 0) >= (1 - sm.slowdown) * (c.fsdp_tail_s + c.fsdp_head_s) - 1e-15
+
+
 def test_megatron_zero1_ends_are_one_bucket_each():
     """GPT-3 1.3B with ZeRO-1 on 128 A100 under Megatron (fp16): the exposed ends are one
     bucket's reduce-scatter and one bucket's all-gather, the stage's collectives divided by its
