@@ -130,7 +130,8 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
     state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
     Adam with fp32 gradients: 2 x 12 + 4 + 2 = 30 bytes (what Megatron's fused Adam and
-    torch's ``foreach`` AdamW touch); fp16 gradients 28; fp32 training 2 x 8 + 4 + 4 = 24.
+    torch's ``foreach`` AdamW touch); fp16 gradients 28, plus FP16's dynamic loss scaling
+    (``loss_scaling_bytes_per_param``, 18): 46; fp32 training 2 x 8 + 4 + 4 = 24.
     FP8 recipes that cache FP8 weights quantize them once per step after it (Megatron's
     ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the
     delayed recipe on Hopper: 24 + 4 + 2 + (2 + 2) = 34."""
@@ -140,7 +141,39 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
             return 2 * k + g + 2.0
         write = fp8.copy_bytes if fp8.fp8_weights else 2.0
         return 2 * k + g + write + fp8.cast_bytes_per_value()
-    return 2 * k + g + w
+    return 2 * k + g + w + loss_scaling_bytes_per_param(dtype)
+
+
+def loss_scaling_bytes_per_param(dtype: str) -> float:
+    """HBM bytes per local parameter that FP16 training's dynamic loss scaling adds to the
+    optimizer step (0 for every other dtype: BF16 and FP8 recipes run without a loss scaler).
+
+    Source: Megatron-LM ``megatron/core/optimizer/optimizer.py`` (NVIDIA/Megatron-LM at
+    001199898c), ``MixedPrecisionOptimizer.prepare_grads``, which runs before every step:
+
+    * ``_copy_model_grads_to_main_grads``: ``main_param.grad = model_param.main_grad.float()``.
+      With FP16 the gradient buffer is FP16 (``--accumulate-allreduce-grads-in-fp32`` is off
+      unless bf16 turns it on, ``memory.bytes_per_param``), so ``.float()`` reads 2 bytes and
+      writes a 4-byte FP32 copy (with FP32 main grads, BF16's case, it is the same tensor: no
+      traffic). The distributed optimizer does the same on its shard.
+    * ``_unscale_main_grads_and_check_for_nan``: ``torch._amp_foreach_non_finite_check_and_unscale_``
+      over the FP32 main grads with the scaler's inverse scale (``if self.grad_scaler``: FP16
+      only; Megatron builds no scaler for BF16): reads and writes 4 bytes each.
+    * Adam and the gradient norm then read those 4-byte FP32 grads where
+      ``optimizer_traffic_bytes_per_param`` and ``scale.GRAD_NORM_READS`` count the 2-byte FP16
+      gradient: 2 bytes more each.
+
+    6 + 8 + 2 + 2 = 18 bytes. Also FP16-only, priced elsewhere: the ``found_inf`` all-reduce
+    (``scale.step_reductions_s``). Not priced: the steps the scaler skips on overflow (the
+    step's work is done and thrown away, at most ``hysteresis`` = 2 steps per
+    ``loss_scale_window`` = 1,000, Megatron's defaults, about 0.2%); published throughput counts
+    every iteration alike, so a skipped step changes no published tokens/s or FLOP/s."""
+    if dtype not in ("fp16", "float16"):
+        return 0.0
+    copy = 2.0 + 4.0          # .float(): read the FP16 gradient, write the FP32 main grad
+    unscale = 4.0 + 4.0       # foreach non-finite check and unscale: read and write it
+    fp32_reads = 2 * (4.0 - 2.0)   # Adam and the norm read 4-byte grads, not 2
+    return copy + unscale + fp32_reads
 
 
 # Allocator fragmentation (PyTorch's caching allocator keeps freed blocks of one size for reuse,

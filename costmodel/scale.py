@@ -63,9 +63,15 @@ def straggler_factor(n_ranks: int, cv: float = JITTER_CV) -> float:
 GRAD_NORM_READS = 1
 
 
-def step_reductions_s(net: Network, world: GroupLayout, dp: GroupLayout) -> float:
+def step_reductions_s(net: Network, world: GroupLayout, dp: GroupLayout, loss_scaled: bool = False) -> float:
     """The per-step reductions that do not shrink with scale (module docstring): the gradient
     norm's all-reduce over the whole job and the loss's over the data-parallel group, each its
-    collective's fixed time and launch; 0 on one GPU."""
+    collective's fixed time and launch; 0 on one GPU. ``loss_scaled`` (FP16 training's dynamic
+    loss scaling): one more all-reduce over the whole job, the overflow flag (Megatron-LM
+    ``MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan``: ``all_reduce(self.found_inf,
+    op=MAX, group=self.get_grad_stats_parallel_group())``, the whole world under the distributed
+    optimizer), before the step can go on; its HBM traffic is ``memory.loss_scaling_bytes_per_param``'s."""
     t = launched(net.latency_s(world, 2)) if world.n > 1 else 0.0
+    if loss_scaled and world.n > 1:
+        t += launched(net.latency_s(world, 2))
     return t + (launched(net.latency_s(dp, 2)) if dp.n > 1 else 0.0)

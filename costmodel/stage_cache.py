@@ -183,7 +183,8 @@ class _Shared:
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
             placements={}, layers_parts={}, states_parts={},
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
-            step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay))
+            step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
+                                           self.workload.dtype == "fp16"))
         return mesh
 
     def scale_bytes(self, moe: bool, par: ParallelConfig) -> float:

@@ -245,6 +245,10 @@ class StageCost(NamedTuple):
     grads_bytes: float
     optimizer_bytes: float
     buffers_bytes: float
+    dp_grad_tail_s: float          # of dp_grad_s: the last bucket's, which only starts after the backward
+    dp_gather_head_s: float        # of dp_gather_s: the first bucket's, which the first layer waits for
+    fsdp_tail_s: float             # of fsdp_comm_s (ZeRO-2/3): the last micro-batch's last reduce-scatter
+    fsdp_head_s: float             # of fsdp_comm_s (ZeRO-3): the first layer's all-gather
 
     @property
     def time_s(self) -> float:
@@ -451,6 +455,16 @@ def megatron_stage_buckets(layer_numels: tuple[float, ...], layers: int, ends: t
     return max(1, megatron_bucket_count(tensors, bucket_size)) + vpp - 1
 
 
+def _one_bucket(total_s: float, nbytes: float, group: int, bucket_bytes: float = DP_BUCKET_BYTES,
+                calls: int = 0) -> float:
+    """One bucket's share of a bucketed collective's time ``total_s`` (``_bucketed``'s, with the
+    same ``nbytes``, ``bucket_bytes`` and ``calls``): the part a framework cannot overlap at the
+    ends of the step (``exposed_dp_time``); 0 where the group has one GPU (no call)."""
+    if group < 2 or total_s <= 0:
+        return 0.0
+    return total_s / (calls or math.ceil(nbytes / bucket_bytes) or 1)
+
+
 def _bucketed(collective: Callable[[float], float], nbytes: float, group: int,
               bucket_bytes: float = DP_BUCKET_BYTES, latency_s: float = 0.0, calls: int = 0) -> float:
     """One collective's time for ``nbytes`` on a group of ``group`` GPUs, moved in buckets of
@@ -598,7 +612,7 @@ class StageModel:
         slowdown = self.slowdown
         # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
         # nothing); all_gather = reduce_scatter in time
-        fsdp = 0.0
+        fsdp = fsdp_tail = fsdp_head = 0.0
         if zero >= 3:
             # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
             # the whole stage, and one collective's fixed time per layer (the ring's latency
@@ -622,7 +636,10 @@ class StageModel:
                 sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
                            + (expert_params if zs.expert_shard > 1 else 0.0))
                 fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b) / self.hbm_bytes_per_s
-        grad_s = gather_s = 0.0
+            if mesh.dense_shard > 1:
+                # one layer's collectives at the step's ends (exposed_dp_time)
+                fsdp_tail, fsdp_head = rs / (extra + 1), ag / (extra + 1)
+        grad_s = gather_s = tail = head = 0.0
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
             e_dp = mesh.data_parallel // self.par.ep          # ranks holding the same experts
@@ -636,6 +653,7 @@ class StageModel:
             if zero == 0:
                 grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s,
                                    dcalls)
+                tail = _one_bucket(grad_s, dense_params * g_b, mesh.data_parallel, gb, dcalls)
                 if expert_params:
                     grad_s += _bucketed(mesh.all_reduce_expert_dp, expert_params * g_b, e_dp, gb)
             else:
@@ -643,6 +661,7 @@ class StageModel:
                 if mesh.replicas > 1:
                     grad_s = _bucketed(mesh.all_reduce_replicas, dense_params * g_b / zs.dense_shard, mesh.replicas,
                                        gb, mesh.replica_latency_s, dcalls)
+                    tail = _one_bucket(grad_s, dense_params * g_b / zs.dense_shard, mesh.replicas, gb, dcalls)
                 if expert_params and mesh.expert_replicas > 1:
                     grad_s += _bucketed(mesh.all_reduce_expert_replicas, expert_params * g_b / zs.expert_shard,
                                         mesh.expert_replicas, gb)
@@ -651,12 +670,14 @@ class StageModel:
                                    mesh.shard_latency_s, dcalls)
                     gather_s = _bucketed(mesh.all_gather_shard, dense_params * sh.gather_b, mesh.dense_shard, wb,
                                          mesh.shard_latency_s, dcalls)
+                    head = _one_bucket(gather_s, dense_params * sh.gather_b, mesh.dense_shard, wb, dcalls)
                     if expert_params:
                         rs += _bucketed(mesh.all_gather_expert, expert_params * g_b, mesh.expert_shard, gb,
                                         mesh.expert_latency_s)
                         gather_s += _bucketed(mesh.all_gather_expert, expert_params * sh.gather_b, mesh.expert_shard,
                                               wb, mesh.expert_latency_s)
                     if zero == 1:
+                        tail += _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
                         grad_s += rs
                     else:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
@@ -669,11 +690,13 @@ class StageModel:
                             # forward, beside that forward, not once per step after the optimizer; and pays one
                             # copy-out per micro-batch and the copy-in (costmodel.fsdp)
                             fsdp += (overlapped(gather_s, comp / 3, slowdown) if self.overlap_gather else gather_s)
-                            gather_s = 0.0
+                            gather_s = head = 0.0    # no once-per-step gather left to wait for
                             sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
                                        + (expert_params if zs.expert_shard > 1 else 0.0))
                             fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b,
                                                      gathers=1) / self.hbm_bytes_per_s
+                        if self.overlap_grad:
+                            fsdp_tail = _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         # the optimizer step over the local states, the gradient norm's read of the local gradients
@@ -685,7 +708,7 @@ class StageModel:
                  + n_dense * mesh.dense_scale_bytes + n_moe * mesh.moe_scale_bytes),
                 dense_params * g_b / dg + expert_params * g_b / eg,
                 dense_params * k_b / dk + expert_params * k_b / ek,
-                self.buffers_bytes)
+                self.buffers_bytes, tail, head, fsdp_tail, fsdp_head)
 
     def _ep_overlap_bytes(self, n_moe: float) -> float:
         """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``: ``ParallelConfig.
@@ -734,11 +757,44 @@ def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather
     """Once-per-step DP communication left exposed by stage ``index``: gradients overlap the last
     backward and the ``index`` backward passes of earlier stages still draining; the weight
     all-gather overlaps the first forward. It falls with ``index`` (``slowdown`` <= 1). Without
-    the framework's overlap (``StageModel.overlap_*``) each is exposed whole."""
-    bwd = 2 * c.compute_s / 3
-    grad = overlapped(c.dp_grad_s, bwd + index * bwd, slowdown) if overlap_grad else c.dp_grad_s
-    gather = overlapped(c.dp_gather_s, c.compute_s / 3, slowdown) if overlap_gather else c.dp_gather_s
-    return grad + gather
+    the framework's overlap (``StageModel.overlap_*``) each is exposed whole.
+
+    Each end of the step has one bucket nothing of the stage's own compute can hide
+    (``StageCost.dp_grad_tail_s``, ``dp_gather_head_s``; ``_one_bucket``): a bucket's reduction
+    starts once every gradient in it is ready (Megatron-Core ``distributed/param_and_grad_buffer.py``,
+    ``register_grad_ready``: "If all params in bucket group have grads available, issue
+    communication call"; torch DDP's ``Reducer`` alike), and the bucket holding the first layers
+    (and the embedding) gets its last gradient when the backward ends, so its reduction runs after
+    it, overlapping only the backward of earlier pipeline stages still draining (``index``
+    backward passes); the optimizer waits for it (``finish_grad_sync``). With the weights'
+    all-gather overlapped (``overlap_param_gather``) the first layer's forward pre-hook waits for
+    its bucket's gather (``distributed_data_parallel.py``, the forward pre-hook's
+    ``finish_param_sync``; ``distrib_optimizer.py``: "the first all-gather is launched
+    asynchronously in the next optimizer.zero_grad() call and subsequent all-gathers are launched
+    in the forward pre-hook"): exposed but for the ``index`` forwards a later stage waits before
+    its first. The rest overlaps as before. ZeRO-2's reduce-scatter after each backward and
+    ZeRO-3's per-layer gathers and scatters (``fsdp_comm_s``, priced per micro-batch at the
+    overlapped rate) have the same two ends once per step: the last micro-batch's last bucket
+    (ZeRO-3: the first layer's reduce-scatter, the last the backward reaches) and, under ZeRO-3,
+    the first layer's all-gather before the forward (FSDP prefetches the next layer's, not the
+    first); the step pays them whole less the overlapped share ``fsdp_comm_s`` already holds."""
+    fwd = c.compute_s / 3
+    bwd = 2 * fwd
+    # ZeRO-2/3's per-micro-batch collectives (fsdp_comm_s) charge their end buckets at the
+    # overlapped rate; at the step's ends they wait whole: the difference (>= 0, ``overlapped``)
+    ends = (overlapped(c.fsdp_tail_s, index * bwd, slowdown) - slowdown * c.fsdp_tail_s
+            + overlapped(c.fsdp_head_s, index * fwd, slowdown) - slowdown * c.fsdp_head_s)
+    if overlap_grad:
+        grad = (overlapped(c.dp_grad_tail_s, index * bwd, slowdown)
+                + overlapped(c.dp_grad_s - c.dp_grad_tail_s, bwd + index * bwd, slowdown))
+    else:
+        grad = c.dp_grad_s
+    if overlap_gather:
+        gather = (overlapped(c.dp_gather_head_s, index * fwd, slowdown)
+                  + overlapped(c.dp_gather_s - c.dp_gather_head_s, fwd, slowdown))
+    else:
+        gather = c.dp_gather_s
+    return grad + gather + ends
 
 
 def inflight_microbatches(par: ParallelConfig, index: int) -> float:
