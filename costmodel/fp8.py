@@ -69,8 +69,10 @@ MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's ow
 # submission reduces gradients in bf16 (their FP8 rows were priced with fp32 gradient traffic);
 # off the grid's edge again. Then 0.96/x6 -> 0.88/x3 (lead): the all-in refit once Megatron's buckets
 # are counted as Megatron-Core forms them and the MLPerf records state their bucket (bucket4).
-FP8_GEMM_EFFICIENCY = 0.88
-FP8_HALF_SIZE_FACTOR = 3.0
+# Session 23 (lead): 0.88/x3 -> 1.00/x8, the all-in refit once the DP buckets at the step's ends are
+# exposed (sc21b), FSDP2's copies and torchao rowwise's extra traffic are priced (fsdp5).
+FP8_GEMM_EFFICIENCY = 1.00
+FP8_HALF_SIZE_FACTOR = 8.0
 
 # What the FP8 curve must give a transformer layer's GEMMs alone (the casts are priced apart, as
 # memory traffic: ``layers.layer_cost`` quant_s). Source: NVIDIA/TransformerEngine
