@@ -96,15 +96,21 @@ def test_zero2_zero3_ends_by_hand():
     assert exposed_dp_time(c2, 1, True, True, s) == pytest.approx((0.05 - 0.02 + s * 0.02) - s * 0.05)
 
 
+def _gpt13_stage(gpus: int, zero: int, framework: str):
+    """GPT-3 1.3B in fp16 on ``gpus`` A100 80GB, pure data parallel (micro-batch 4, no accumulation):
+    the model and its one stage's ``StageModel`` under ``framework``."""
+    model = get_model("gpt3-1.3b")
+    cl = load_cluster("dgx-a100-80gb").with_gpus(gpus)
+    wl = Workload(global_batch=4 * gpus, seq_len=2048, dtype="fp16")
+    par = ParallelConfig(dp=gpus, zero=zero, micro_batch=4, grad_accum=1, recompute="none")
+    return model, stage_model(model, cl, wl, par, ("pp", "dp", "cp", "tp"), cl.groups[0].name, True, True, False,
+                              FRAMEWORKS[framework])
+
+
 def test_zero3_ends_are_one_layer_each():
     """ZeRO-3 on 64 A100 (fp16, gpt3-1.3b): the ends are the stage's per-micro-batch gathers and
     scatters divided by its layers (one collective each), and the step pays them whole."""
-    model = get_model("gpt3-1.3b")
-    cl = load_cluster("dgx-a100-80gb").with_gpus(64)
-    wl = Workload(global_batch=256, seq_len=2048, dtype="fp16")
-    par = ParallelConfig(dp=64, zero=3, micro_batch=4, grad_accum=1, recompute="none")
-    sm = stage_model(model, cl, wl, par, ("pp", "dp", "cp", "tp"), cl.groups[0].name, True, True, False,
-                     FRAMEWORKS["torchtitan"])
+    model, sm = _gpt13_stage(64, 3, "torchtitan")
     c = sm.cost(model.layers, 0, 0)
     assert c.fsdp_tail_s > 0 and c.fsdp_head_s > 0
     assert c.dp_grad_tail_s == c.dp_gather_head_s == 0.0
@@ -115,12 +121,7 @@ def test_megatron_zero1_ends_are_one_bucket_each():
     """GPT-3 1.3B with ZeRO-1 on 128 A100 under Megatron (fp16): the exposed ends are one
     bucket's reduce-scatter and one bucket's all-gather, the stage's collectives divided by its
     bucket count (``megatron_stage_buckets``), and the estimate's exposed DP time pays them whole."""
-    model = get_model("gpt3-1.3b")
-    cl = load_cluster("dgx-a100-80gb").with_gpus(128)
-    wl = Workload(global_batch=512, seq_len=2048, dtype="fp16")
-    par = ParallelConfig(dp=128, zero=1, micro_batch=4, grad_accum=1, recompute="none")
-    sm = stage_model(model, cl, wl, par, ("pp", "dp", "cp", "tp"), cl.groups[0].name, True, True, False,
-                     FRAMEWORKS["megatron"])
+    model, sm = _gpt13_stage(128, 1, "megatron")
     c = sm.cost(model.layers, 0, 0)
     numels, size = sm.megatron_buckets
     ends, emb = sm._ends_tensors()
