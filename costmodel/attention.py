@@ -289,6 +289,11 @@ ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "f
 # published 2024-12 runs), as ``_ContextParallelOptions.rotate_method`` does in
 # ``torch/distributed/tensor/experimental/_attention.py``; the backward's K/V gradients always
 # travel the ring (``dkv_rotater = _create_rotater(group, 2, method=_RotateMethod.ALL_TO_ALL)``)
+# (also the default of the PyTorch the index stores, pytorch/pytorch 0123248a). Priced for the
+# implementations that reach torch's SDPA ring (``_templated_ring_attention``); torchtitan's newer
+# FlexAttention / varlen CP runs other code (its ``distributed/context_parallel``, not read here)
+# and keeps the ring's pricing.
+TORCH_SDPA_RING_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan")
 DKV_BYTES_PER_KV_BYTE = 2.0      # the gradients travel in FP32 (``convert_to_f32``), K and V in BF16
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_CP_IMPLEMENTATIONS, attention_fwd_bwd_s, kernel_for,
+from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_SDPA_RING_IMPLEMENTATIONS, attention_fwd_bwd_s, kernel_for,
                         kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
 from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
@@ -336,7 +336,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
             attn_s += memory_time_s(gpu, merge_f) * frac
             attn_bwd_s += memory_time_s(gpu, merge_b) * frac
-        if cp > 1 and attention in TORCH_CP_IMPLEMENTATIONS:
+        if cp > 1 and attention in TORCH_SDPA_RING_IMPLEMENTATIONS:
             # PyTorch's ring gathers K and V once and waits for them after step 0; the gradients'
             # last hop waits at the backward's end (costmodel.attention.torch_cp_exposed_s)
             kv_passed_bytes = T * 2 * kv_w * a_bytes

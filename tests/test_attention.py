@@ -145,7 +145,8 @@ def test_layer_adds_torch_cp_exchange_by_hand():
     assert torch_cp.attn_fwd_s - plain.attn_fwd_s == pytest.approx(want_f, rel=1e-9)
     from costmodel.layers import _straggler
     # the layer's attention backward (its part beyond twice the forward carries the straggler factor)
-    bwd = lambda lc: lc.attn_bwd_extra_s / _straggler(cl.gpu, cl) + 2 * lc.attn_fwd_s
+    def bwd(lc):
+        return lc.attn_bwd_extra_s / _straggler(cl.gpu, cl) + 2 * lc.attn_fwd_s
     want_b = memory_time_s(cl.gpu, merge_b) * frac + max(0.0, gather - b0) + hop
     assert bwd(torch_cp) - bwd(plain) == pytest.approx(want_b, rel=1e-9)
     # the part of the gather beside step 0 is the CP traffic the stage overlaps
