@@ -282,3 +282,44 @@ def kv_width_passed(attention: str, q_width: float, kv_width: float) -> float:
 
 
 ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "te")
+
+
+# PyTorch's context parallel K/V exchange: torchtitan's ``--experimental.context_parallel_rotate_method``
+# defaults to "allgather" (torchtitan 9dec370, ``torchtitan/config_manager.py``, the commit of the
+# published 2024-12 runs), as ``_ContextParallelOptions.rotate_method`` does in
+# ``torch/distributed/tensor/experimental/_attention.py``; the backward's K/V gradients always
+# travel the ring (``dkv_rotater = _create_rotater(group, 2, method=_RotateMethod.ALL_TO_ALL)``)
+# (also the default of the PyTorch the index stores, pytorch/pytorch 0123248a). Priced for the
+# implementations that reach torch's SDPA ring (``_templated_ring_attention``); torchtitan's newer
+# FlexAttention / varlen CP runs other code (its ``distributed/context_parallel``, not read here)
+# and keeps the ring's pricing.
+TORCH_SDPA_RING_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan")
+DKV_BYTES_PER_KV_BYTE = 2.0      # the gradients travel in FP32 (``convert_to_f32``), K and V in BF16
+
+
+def torch_cp_step0_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
+                     seq_len: float, cp: int) -> tuple[float, float]:
+    """(forward, backward) time of the ring's step 0 (the rank's causal pair of chunks, a ``1/cp``
+    share of the causal work ``fwd_flops``): what runs before the first wait on the exchange."""
+    return block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, seq_len / cp, True)
+
+
+def torch_cp_exposed_s(gather_s: float, dkv_step_s: float, step0_fwd_s: float,
+                       step0_bwd_s: float) -> tuple[float, float]:
+    """(forward, backward) exchange time PyTorch's ring attention leaves exposed with the
+    all-gather rotater, from ``_templated_ring_attention`` and its backward
+    (``torch/distributed/tensor/experimental/_attention.py``):
+
+    * forward: ``_AllGatherRotater.exchange_buffers`` issues one all-gather of every rank's K and V
+      at step 0 ("We only need to perform allgather once"); ``next_buffer`` waits for it at step 1,
+      so only step 0's block (``step0_fwd_s``) runs beside it: ``max(0, gather_s - step0_fwd_s)``;
+    * backward: the K/V all-gather again, beside step 0's backward block, and the K/V gradients'
+      ring (``dkv_rotater``, all-to-all): each step's exchange is issued after its block and waited
+      for after the next block, except the last, which ``dkv_rotater.next_buffer()`` waits for
+      after the loop with nothing left to run: one transfer of ``dkv_step_s`` exposed.
+
+    ``gather_s``: the all-gather of ``cp`` ranks' K and V (the width the attention call receives);
+    ``dkv_step_s``: one ring hop of their FP32 gradients."""
+    fwd = max(0.0, gather_s - step0_fwd_s)
+    bwd = max(0.0, gather_s - step0_bwd_s) + dkv_step_s
+    return fwd, bwd

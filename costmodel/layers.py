@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .attention import RING_MERGE_KIND, attention_fwd_bwd_s, kernel_for, kv_width_passed, ring_merge_bytes
+from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_SDPA_RING_IMPLEMENTATIONS, attention_fwd_bwd_s, kernel_for,
+                        kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
 from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
@@ -321,6 +322,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     hd = model.head_dim
     kernel = kernel_for(attention, gpu) if flash else ""
     attn_bwd_extra_s = 0.0
+    torch_cp_overlap_s = -1.0       # PyTorch's all-gather K/V exchange, when it runs (below)
     if kernel:
         # the kernel's published curve by head dim, keys per block, mask and direction, over the
         # ring's blocks under CP (costmodel.attention); the forward is the forward, and what its
@@ -334,6 +336,18 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
             attn_s += memory_time_s(gpu, merge_f) * frac
             attn_bwd_s += memory_time_s(gpu, merge_b) * frac
+        if cp > 1 and attention in TORCH_SDPA_RING_IMPLEMENTATIONS:
+            # PyTorch's ring gathers K and V once and waits for them after step 0; the gradients'
+            # last hop waits at the backward's end (costmodel.attention.torch_cp_exposed_s)
+            kv_passed_bytes = T * 2 * kv_w * a_bytes
+            torch_gather_s = launched(net.all_gather(cp * kv_passed_bytes, cp_lay))
+            dkv_s = launched(net.p2p(DKV_BYTES_PER_KV_BYTE * kv_passed_bytes, cp_lay.crosses_nodes))
+            step0_f, step0_b = torch_cp_step0_s(kernel, gpu, gpu.peak(dt), attn_hw_flops, hd, s, cp)
+            exp_f, exp_b = torch_cp_exposed_s(torch_gather_s, dkv_s, step0_f, step0_b)
+            attn_s += exp_f
+            attn_bwd_s += exp_b
+            # what runs beside step 0 (the CP traffic stage_terms overlaps with the attention)
+            torch_cp_overlap_s = min(torch_gather_s, step0_f)
         attn_bwd_extra_s = attn_bwd_s - 2 * attn_s
     else:
         attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
@@ -425,6 +439,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
     cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes), cp - 1) if cp > 1 else 0.0
+    if torch_cp_overlap_s >= 0:
+        # PyTorch's CP moves K and V by one all-gather, not the ring: its part beside step 0 (the
+        # rest is in the attention time above)
+        cp_fwd_s = torch_cp_overlap_s
 
     if moe and ex.layer_host_s > 0:
         # a host-paced layer: the host's issue time beyond the layer's GPU time (compute three

@@ -93,3 +93,61 @@ def test_layer_prices_the_kernel_the_framework_runs():
     assert fa2.attn_fwd_s > 1.5 * te.attn_fwd_s
     assert fa2.attn_bwd_extra_s > 0 and te.attn_bwd_extra_s > 0 and old.attn_bwd_extra_s == 0
     assert te.gemm_fwd_s == fa2.gemm_fwd_s == old.gemm_fwd_s
+
+
+def test_torch_cp_exposed_exchange_by_hand():
+    """PyTorch's all-gather rotater (torch _attention.py): the forward waits for the one K/V
+    all-gather after step 0; the backward waits for it again after step 0's backward and for the
+    K/V gradients' last ring hop after its loop."""
+    from costmodel.attention import torch_cp_exposed_s
+    # gather 40 ms, gradient hop 12 ms, step 0: 13 ms forward, 33 ms backward
+    f, b = torch_cp_exposed_s(0.040, 0.012, 0.013, 0.033)
+    assert f == pytest.approx(0.027) and b == pytest.approx(0.007 + 0.012)
+    # a gather shorter than step 0 is hidden; the last gradient hop never is
+    assert torch_cp_exposed_s(0.010, 0.003, 0.026, 0.066) == (0.0, 0.003)
+
+
+def test_layer_adds_torch_cp_exchange_by_hand():
+    """llama 3.1 405B's layer at TP 8, CP 8 across hosts, 262144 tokens (torchtitan's 2024-12
+    4D run): the attention time of PyTorch's CP (sdpa-torchtitan, FA2) less that of the same
+    FA2 ring without PyTorch's bookkeeping (flash-attn) is the ring's merges plus the exposed
+    exchange derived here: K and V passed at the query width (repeat_kv: 16 heads x 128 per TP
+    rank), 32768 tokens per rank, BF16."""
+    from costmodel.attention import block_s, ring_merge_bytes
+    from costmodel.comm import Network, launched
+    from costmodel.compute import MEMORY_BOUND_FRACTION, memory_time_s
+    m = get_model("llama-3.1-405b")
+    cl = load_cluster("dgx-h100").with_gpus(512)
+    s, cp, tp = 262144, 8, 8
+    wl = Workload(global_batch=8, seq_len=s)
+    order = ("tp", "cp", "dp", "pp")
+    par = {"tp": tp, "cp": cp, "dp": 1, "pp": 8}
+    tp_lay = group_layout(par, order, "tp", 8)
+    cp_lay = group_layout(par, order, "cp", 8)
+    assert cp_lay.crosses_nodes
+    intra = cl.groups[0].intra_node
+    args = (m, False, wl, tp, cp, 1, True, 1, cl.gpu, cl, intra, tp_lay, tp_lay, cp_lay)
+    torch_cp = layer_cost(*args, attention="sdpa-torchtitan")
+    plain = layer_cost(*args, attention="flash-attn")
+    T = s / cp
+    width = 128 * 128 / tp                                 # q width per TP rank; K, V passed as wide
+    peak = cl.gpu.peak("bf16")
+    flops = 4 * T * s * width / 2                          # a rank's causal forward FLOPs
+    f0, b0 = block_s("fa2", cl.gpu, peak, flops / cp, 128, T, True)
+    net = Network(cl, intra)
+    kv = T * 2 * width * 2
+    gather = launched(net.all_gather(cp * kv, cp_lay))
+    hop = launched(net.p2p(2 * kv, True))
+    merge_f, merge_b = ring_merge_bytes("sdpa-torchtitan", T, width, width, cp)
+    frac = 1.0 / MEMORY_BOUND_FRACTION["eager"][0]
+    want_f = memory_time_s(cl.gpu, merge_f) * frac + max(0.0, gather - f0)
+    assert gather > f0                                     # across hosts the gather outlasts step 0
+    assert torch_cp.attn_fwd_s - plain.attn_fwd_s == pytest.approx(want_f, rel=1e-9)
+    from costmodel.layers import _straggler
+    # the layer's attention backward (its part beyond twice the forward carries the straggler factor)
+    def bwd(lc):
+        return lc.attn_bwd_extra_s / _straggler(cl.gpu, cl) + 2 * lc.attn_fwd_s
+    want_b = memory_time_s(cl.gpu, merge_b) * frac + max(0.0, gather - b0) + hop
+    assert bwd(torch_cp) - bwd(plain) == pytest.approx(want_b, rel=1e-9)
+    # the part of the gather beside step 0 is the CP traffic the stage overlaps
+    assert torch_cp.cp_fwd_s == pytest.approx(min(gather, f0))
