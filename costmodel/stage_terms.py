@@ -690,7 +690,9 @@ class StageModel:
                             # forward, beside that forward, not once per step after the optimizer; and pays one
                             # copy-out per micro-batch and the copy-in (costmodel.fsdp)
                             fsdp += (overlapped(gather_s, comp / 3, slowdown) if self.overlap_gather else gather_s)
-                            gather_s = head = 0.0    # no once-per-step gather left to wait for
+                            # the first gather still waits before the first layer (exposed_dp_time's ZeRO-3 head),
+                            # now once per step on top of the per-micro-batch gathers
+                            fsdp_head, gather_s, head = head, 0.0, 0.0
                             sharded = ((dense_params if zs.dense_shard > 1 else 0.0)
                                        + (expert_params if zs.expert_shard > 1 else 0.0))
                             fsdp += fsdp2_copy_bytes(sharded, sh.gather_b, sh.a_bytes, g_b,
