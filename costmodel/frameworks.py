@@ -207,7 +207,8 @@ COMPILE_KERNEL_FACTOR = 1.24
 # per-fold values are in docs/validation.md). Session 22 (dense4): 0.64, the all-in refit with the GEMM
 # shape quantization, the host floor and NCCL's ring latency per bucket priced; 0.66 (lead) the same
 # refit once Megatron's buckets are counted as Megatron-Core forms them (bucket4). Session 23 (lead): 0.67,
-# the same refit once FSDP2's copies are priced (fsdp5), the DP buckets at the step's ends (sc21b) and SmolLM3 is priced as the PyTorch-native stack it ran.
+# the same refit once FSDP2's copies are priced (fsdp5), the DP buckets at the step's ends (sc21b) and
+# SmolLM3 is priced as the PyTorch-native stack it ran.
 PYTORCH_SM90_FACTOR = 0.67
 
 
