@@ -121,9 +121,10 @@ FITTED: tuple[FittedConstant, ...] = (
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     FittedConstant(
         name="pytorch.sm90_factor", owner="costmodel/frameworks.py PYTORCH_SM90_FACTOR",
-        families=("ibm-fsdp", "olmo-core"), prior=1.0,
+        families=("ibm-fsdp", "olmo-core", "smollm"), prior=1.0,
         prior_why="no loss beyond the Megatron-fitted curve (frameworks.py comment); stated before the fit ran",
-        rows="bf16/fp16 runs of generic-framework PyTorch FSDP trainers on sm_90+ catalog hardware",
+        rows="bf16/fp16 runs of generic-framework PyTorch-native trainers (PyTorch FSDP; nanotron) on sm_90+ "
+             "catalog hardware",
         grid=_steps(0.50, 1.20, 0.01), group="pytorch"),
     _kernel("torchtitan", ("torchtitan",), "16 figures; builtin assumes torchtitan's value"),
     _kernel("deepspeed", ("mt-nlg",), "MT-NLG on Selene; BLOOM and GPT-NeoX ran on other hardware and are not fitted"),

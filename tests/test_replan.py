@@ -89,8 +89,13 @@ def test_lose_a_node_json_contract_and_words(tmp_path):
 
 def test_dp_shrinks_with_the_layout_kept_in_words(tmp_path, capsys):
     """tiny-llama dp=4 on 4 processes -> 2: the layout (tp, pp) stays, only dp shrinks, and the
-    checkpoint loads as it is; the human output says so."""
-    rc = main(["replan", str(ROOT / "plans" / "tiny-llama-cpu.yaml"), "--gpus", "2"])
+    checkpoint loads as it is; the human output says so. The plan is made with tp 1 and pp 1 fixed
+    (the example plan's own split may be pipelined)."""
+    plan = tmp_path / "dp4.yaml"
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "cpu", "--gpus", "4", "--global-batch", "8",
+                 "--seq-len", "128", "--tp", "1", "--pp", "1", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    rc = main(["replan", str(plan), "--gpus", "2"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "dp 4 -> 2, tp and pp unchanged" in out

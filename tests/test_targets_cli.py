@@ -109,7 +109,7 @@ def test_a_hand_edited_plan_gets_no_launch_files(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("source, target", [
-    ("builtin/llama-3-70b-64xh100.yaml", "megatron"),       # per-stage recompute, ZeRO-3 with PP
+    ("torchtitan/llama-3-70b-64xh100.yaml", "megatron"),    # ZeRO-3 with PP
     ("llama-3-70b-mixed-h100-a100.yaml", "slurm"),         # stages on two node groups
     ("megatron/llama-3.1-405b-16384xh100.yaml", "torchrun"),  # context parallel
 ])
@@ -130,7 +130,7 @@ def test_a_refusal_ends_with_the_command_that_works(source, target, tmp_path, ca
 
 
 def test_emit_all_is_partial_exit_4(tmp_path, capsys):
-    rc = main(["emit", str(ROOT / "plans" / "builtin" / "llama-3-70b-64xh100.yaml"), "--target", "all", "--out",
+    rc = main(["emit", str(ROOT / "plans" / "torchtitan" / "llama-3-70b-64xh100.yaml"), "--target", "all", "--out",
                str(tmp_path / "out"), "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 4 and {"torchrun", "slurm", "kubernetes"} <= set(d["written"]) and "megatron" in d["refused"]
