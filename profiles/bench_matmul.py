@@ -34,9 +34,18 @@ def transformer_shapes(device_type: str, quick: bool) -> list[tuple[int, int, in
     return [(1024, 4 * 512 // tp, 512) for tp in (1, 2, 4)]
 
 
+# a CPU call this long is timed once, and a shape whose call would take longer is not run
+LONG_CALL_S = 0.5
+MAX_CALL_S = 1.0
+
+
+def _is_cuda(device: Any) -> bool:
+    return str(getattr(device, "type", device)).startswith("cuda")
+
+
 def _sync(device: Any) -> None:
     import torch
-    if getattr(device, "type", str(device)).startswith("cuda"):
+    if _is_cuda(device):
         torch.cuda.synchronize(device)
 
 
@@ -44,9 +53,15 @@ def time_op(fn: Callable[[], Any], device: Any, target_s: float, max_iters: int 
             reps: int = 3) -> tuple[float, int]:
     """Seconds per call of ``fn``: after one warm-up, ``reps`` windows of enough calls to fill
     ``target_s / reps`` each; the fastest window counts (on a shared machine the others were
-    interrupted)."""
+    interrupted). On a CPU a warm-up that alone takes ``LONG_CALL_S`` is the measurement: its
+    one-time costs are milliseconds against seconds, and four more calls would only make a slow
+    kernel (bfloat16 emulated where the CPU has no bf16 instructions) hold up the profile."""
+    t0 = time.perf_counter()
     fn()
     _sync(device)
+    warm = time.perf_counter() - t0
+    if not _is_cuda(device) and warm >= max(target_s, LONG_CALL_S):
+        return warm, 1
     t0 = time.perf_counter()
     fn()
     _sync(device)
@@ -63,8 +78,14 @@ def time_op(fn: Callable[[], Any], device: Any, target_s: float, max_iters: int 
 
 
 def bench_matmul(device: Any, dtypes: list[str], shapes: list[tuple[int, int, int]], target_s: float = 0.05,
-                 on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Rows ``{dtype, m, n, k, size, time_s, flops_per_s, iters}`` for each dtype and shape."""
+                 on_row: Callable[[dict], None] | None = None,
+                 on_start: Callable[[str, int, int, int], None] | None = None,
+                 on_skip: Callable[[str, int, int, int, float], None] | None = None) -> list[dict]:
+    """Rows ``{dtype, m, n, k, size, time_s, flops_per_s, iters}`` for each dtype and shape.
+
+    On a CPU a shape whose one call would take more than ``MAX_CALL_S`` at the rate the dtype's
+    last shape ran is skipped (``on_skip`` says which, with the predicted seconds): the plateau is
+    read off the shapes before it, and a profile's watchdog sees progress at least that often."""
     import torch
     dev = torch.device(device)
     threads = torch.get_num_threads()
@@ -76,13 +97,22 @@ def bench_matmul(device: Any, dtypes: list[str], shapes: list[tuple[int, int, in
             tdt = getattr(torch, DTYPE_NAMES[dt])
             if dev.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+            rate = 0.0                                 # FLOP/s of this dtype's last shape
             for m, n, k in shapes:
+                flops = 2.0 * m * n * k
+                if dev.type == "cpu" and rate > 0 and flops / rate > MAX_CALL_S:
+                    if on_skip:
+                        on_skip(dt, m, n, k, flops / rate)
+                    continue
+                if on_start:
+                    on_start(dt, m, n, k)
                 a = torch.randn(m, k, device=dev).to(tdt)
                 b = torch.randn(k, n, device=dev).to(tdt)
                 c = torch.empty(m, n, device=dev, dtype=tdt)
                 t, iters = time_op(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), dev, target_s)
                 row = {"dtype": dt, "m": m, "n": n, "k": k, "size": round((m * n * k) ** (1 / 3), 1),
-                       "time_s": t, "flops_per_s": 2.0 * m * n * k / t, "iters": iters}
+                       "time_s": t, "flops_per_s": flops / t, "iters": iters}
+                rate = flops / t
                 rows.append(row)
                 if on_row:
                     on_row(row)

@@ -238,6 +238,7 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
         if rank == 0:
             (raw / "ranks.json").write_text(json.dumps(result["ranks"], indent=1))
             _rank0_compute(cfg, device, result, raw, note)
+        _wait_for_rank0(store, rank, cfg["timeout_s"])
         dist.barrier()
         total = bc.count_measurements(shapes, sizes)
         rows = bc.run_collectives(shapes, sizes, device=device, target_s=cfg["target_s"],
@@ -271,6 +272,36 @@ def rank_main(cfg: dict, progress: Callable[[int, int | None, str], None] | None
 
 
 _STORE_PREFIX = "planner_profile/progress/"
+
+
+_COMPUTE_DONE = "planner_profile/compute_done"
+
+
+def _wait_for_rank0(store: Any, rank: int, timeout_s: float) -> None:
+    """Rank 0 measures matmul and memory alone while the others wait. They wait as long as rank 0
+    keeps making progress (its stamp in the store changes within ``timeout_s``), not a fixed
+    collective timeout: a slow but healthy compute phase is not a hang. Without the store the
+    barrier that follows is the only wait."""
+    if store is None:
+        return
+    try:
+        if rank == 0:
+            store.set(_COMPUTE_DONE, "1")
+            return
+        key, last, since = f"{_STORE_PREFIX}0", None, time.time()
+        while not store.check([_COMPUTE_DONE]):
+            stamp = store.get(key) if store.check([key]) else None
+            if stamp != last:
+                last, since = stamp, time.time()
+            elif time.time() - since > timeout_s:
+                state = json.loads(last) if last else {}
+                raise TimeoutError(f"rank 0 stopped making progress {_activity(state)}: nothing for "
+                                   f"{timeout_s:.0f} s while it measured compute alone")
+            time.sleep(0.1)
+    except TimeoutError:
+        raise
+    except Exception:
+        return
 
 
 def _loopback_store(rank: int, world: int, timeout: Any) -> Any:
@@ -337,7 +368,15 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
         _append_jsonl(raw / "matmul.jsonl", r)
         note(len(result["matmul"]), total, f"matmul {r['dtype']} {r['m']}x{r['n']}x{r['k']}")
 
-    bench_matmul(device, dtypes, shapes, target_s=cfg["target_s"], on_row=mm_row)
+    def mm_start(dt: str, m: int, n: int, k: int) -> None:
+        note(len(result["matmul"]), total, f"matmul {dt} {m}x{n}x{k}")
+
+    def mm_skip(dt: str, m: int, n: int, k: int, secs: float) -> None:
+        result.setdefault("matmul_skipped", []).append({"dtype": dt, "m": m, "n": n, "k": k,
+                                                         "predicted_call_s": round(secs, 3)})
+
+    bench_matmul(device, dtypes, shapes, target_s=cfg["target_s"], on_row=mm_row, on_start=mm_start,
+                 on_skip=mm_skip)
 
     def mem_row(r: dict) -> None:
         result["memory"].append(r)
@@ -667,7 +706,8 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         "matmul": {"dtype": primary, "best_tflops": _r(best.get(primary, 0.0) / TERA),
                    "peak_tflops": tflops.get(primary), "datasheet_tflops": (sheet_gpu.get("tflops") or {}).get(primary),
                    "efficiency_max": _r(e_max), "half_size": _r(half),
-                   "best_tflops_by_dtype": {k: _r(v / TERA) for k, v in best.items()}},
+                   "best_tflops_by_dtype": {k: _r(v / TERA) for k, v in best.items()},
+                   "skipped": result.get("matmul_skipped", [])},
         "memory": {"copy_gb_per_s": _r(copy_bw / GB) if copy_bw else None,
                    "datasheet_gb_per_s": sheet_gpu.get("hbm_gb_per_s")},
         "layer_overhead_us": gpu.get("layer_overhead_us"),
