@@ -174,7 +174,12 @@ def emit(plan: Plan) -> dict[str, str]:
                             "--overlap-grad-reduce) and overlaps only the backward's column-parallel TP collectives",
              "DEEPSPEED": "engine facts: DeepSpeed's ZeRO-1 runs with overlap_comm off (its default below stage 3; the "
                           "plugin's keys cannot set it) and all-gathers the weights after the step",
-             "FSDP": "engine facts: FSDP2 prefetches all-gathers and reduce-scatters gradients during backward",
+             "FSDP": "engine facts: FSDP2 prefetches all-gathers and reduce-scatters gradients during backward"
+                     + ("; every micro-batch reduce-scatters, priced so: under accelerator.accumulate() your script "
+                        "must build Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps="
+                        f"{p.grad_accum}, sync_each_batch=True)) (train_accelerate.py does), else FSDP2 keeps every "
+                        "layer's unsharded gradient between micro-batches, which this plan's memory does not hold"
+                        if accelerate_train.sync_each_batch(p) else ""),
              "MULTI_GPU": "engine facts: DDP all-reduces gradient buckets during backward"}
     header += comment_block(priced_assumptions(plan, TARGET, [facts[engine]] if engine in facts else []))
     if nnodes > 1:

@@ -44,7 +44,10 @@ def main():
     p.add_argument("--steps", type=int, default=int(os.environ.get("TRAIN_STEPS", "10")))
     p.add_argument("--data", default=os.environ.get("DATA", ""))
     args = p.parse_args()
-    acc = Accelerator()          # the engine accelerate.yaml selects; accumulation from the environment
+    # the engine accelerate.yaml selects; accumulation from the environment (accelerate.sh exports it)
+    steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1"))
+    acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=steps,
+                                                                              sync_each_batch=SYNC_EACH_BATCH))
     torch.manual_seed(0)         # every rank starts from the same weights
     model = Decoder()
     opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER)
@@ -78,6 +81,7 @@ def main():
     print(json.dumps({"rank": acc.process_index, "world": acc.num_processes,
                       "engine": str(acc.distributed_type).split(".")[-1],
                       "accumulation": acc.gradient_accumulation_steps, "mixed_precision": acc.mixed_precision,
+                      "sync_each_batch": bool(acc.gradient_state.plugin_kwargs.get("sync_each_batch")),
                       "losses": losses, "checksum": checksum, "steps": steps.done}), flush=True)
 
 
@@ -96,7 +100,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 '''
+
+
+def _sync_why(p) -> str:
+    if sync_each_batch(p):
+        return "FSDP2 reduce-scatters every micro-batch and keeps only its gradient shard, as priced"
+    if p.grad_accum == 1:
+        return "one micro-batch per step: nothing to skip"
+    return "gradients reduce once per step, on the last micro-batch, as priced"
+
+
+def sync_each_batch(p) -> bool:
+    """Whether the script must keep Accelerate from skipping the gradient sync between micro-batches.
+
+    Under ``accelerate.accumulate`` Accelerate calls ``no_sync`` on every micro-batch but the last
+    (accelerate 1.x ``Accelerator.accumulate`` and ``no_sync``): on FSDP2 that is
+    ``set_requires_gradient_sync(False)``, which skips the reduce-scatter and keeps each layer's
+    *unsharded* gradient until the last micro-batch -- the whole model's gradients per rank, memory
+    the plan's ZeRO-2/3 price does not hold (it prices sharded gradients and a reduce-scatter per
+    micro-batch, ``costmodel.stage_terms``). ``GradientAccumulationPlugin(sync_each_batch=True)``
+    keeps the sync on, so the FSDP2 run is the one priced. DDP (ZeRO-0) and DeepSpeed ZeRO-1 are
+    priced with one reduction per step, which ``no_sync`` gives: left as Accelerate has it."""
+    return accelerate_backend(p) == "FSDP" and p.grad_accum > 1
 
 
 def script(plan: Plan) -> str:
@@ -116,5 +143,6 @@ def script(plan: Plan) -> str:
     consts = (f"MODEL = {model!r}\n"
               f"MICRO_BATCH = {p.micro_batch!r}   # the plan's per-device batch\n"
               f"OPTIMIZER = {opt!r}   # emitters/recipe.py\n"
-              "CHECKPOINT_LAYERS = False   # activation checkpointing is the engine's (accelerate.yaml)\n")
+              "CHECKPOINT_LAYERS = False   # activation checkpointing is the engine's (accelerate.yaml)\n"
+              f"SYNC_EACH_BATCH = {sync_each_batch(p)!r}   # {_sync_why(p)}\n")
     return head + _IMPORTS + "\n" + consts + ds_train.MODEL_CODE + _MAIN

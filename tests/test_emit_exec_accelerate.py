@@ -130,6 +130,23 @@ def test_deepspeed_config_cannot_run_on_cpu(tmp_path):
     assert {r["engine"] for r in rows} == {"DEEPSPEED"} and rows[0]["checksum"] == rows[1]["checksum"]
 
 
+def test_fsdp_accumulation_keeps_the_priced_gradient_sync(tmp_path):
+    """An FSDP2 plan with accumulation is priced with a reduce-scatter every micro-batch and sharded
+    gradients; Accelerate's accumulate() would skip the sync (no_sync: unsharded gradients held) unless
+    the plugin's sync_each_batch is on. The script runs alone here (no launcher: one CPU process) and
+    reports what Accelerate's own state holds; a DDP plan keeps Accelerate's default."""
+    _accelerate_or_skip()
+    fsdp = make_plan(gpus=2, gb=4, dp=2, zero=3, micro_batch=1, grad_accum=2, seq=32).replace(target="accelerate")
+    out = write(fsdp, "accelerate", tmp_path / "fsdp")
+    assert "sync_each_batch=True" in (out / "accelerate.yaml").read_text()
+    row = _alone(out, tmp_path, steps=1)
+    assert row["sync_each_batch"] is True and row["accumulation"] == 2
+    ddp = make_plan(gpus=2, gb=4, dp=2, zero=0, micro_batch=1, grad_accum=2, seq=32).replace(target="accelerate")
+    out = write(ddp, "accelerate", tmp_path / "ddp")
+    assert "sync_each_batch" not in (out / "accelerate.yaml").read_text()
+    assert _alone(out, tmp_path, steps=1)["sync_each_batch"] is False
+
+
 def test_starting_point_ships_only_where_it_trains_the_plan():
     tp = make_plan(gpus=2, gb=4, tp=2, micro_batch=1, grad_accum=4, seq=32, recompute="full").replace(
         target="accelerate")

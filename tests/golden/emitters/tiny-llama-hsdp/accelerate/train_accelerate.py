@@ -12,11 +12,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 
 MODEL = {'layers': 4, 'hidden': 128, 'heads': 4, 'kv_heads': 2, 'head_dim': 32, 'ffn': 352, 'vocab': 1024, 'seq_len': 64, 'mlp': 'swiglu', 'norm': 'rmsnorm', 'eps': 1e-05, 'rope_theta': 10000.0, 'tied': False, 'bias': False, 'qkv_bias': False}
 MICRO_BATCH = 1   # the plan's per-device batch
 OPTIMIZER = {'lr': 0.0006, 'betas': (0.9, 0.95), 'eps': 1e-08, 'weight_decay': 0.1}   # emitters/recipe.py
 CHECKPOINT_LAYERS = False   # activation checkpointing is the engine's (accelerate.yaml)
+SYNC_EACH_BATCH = False   # one micro-batch per step: nothing to skip
 
 def norm():
     if MODEL["norm"] == "rmsnorm":
@@ -125,7 +127,10 @@ def main():
     p.add_argument("--steps", type=int, default=int(os.environ.get("TRAIN_STEPS", "10")))
     p.add_argument("--data", default=os.environ.get("DATA", ""))
     args = p.parse_args()
-    acc = Accelerator()          # the engine accelerate.yaml selects; accumulation from the environment
+    # the engine accelerate.yaml selects; accumulation from the environment (accelerate.sh exports it)
+    steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1"))
+    acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=steps,
+                                                                              sync_each_batch=SYNC_EACH_BATCH))
     torch.manual_seed(0)         # every rank starts from the same weights
     model = Decoder()
     opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER)
@@ -159,6 +164,7 @@ def main():
     print(json.dumps({"rank": acc.process_index, "world": acc.num_processes,
                       "engine": str(acc.distributed_type).split(".")[-1],
                       "accumulation": acc.gradient_accumulation_steps, "mixed_precision": acc.mixed_precision,
+                      "sync_each_batch": bool(acc.gradient_state.plugin_kwargs.get("sync_each_batch")),
                       "losses": losses, "checksum": checksum, "steps": steps.done}), flush=True)
 
 
