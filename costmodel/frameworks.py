@@ -121,6 +121,9 @@ class FrameworkProfile:
     # reduce-scatter copy-in run on the compute stream (``costmodel.fsdp``); False: the collective
     # writes where the parameters live (FSDP1's flat parameter, DeepSpeed, an idealised framework)
     fsdp2_copies: bool = False
+    # its pipeline schedules are torch.distributed.pipelining's, which hold FSDP2's gradient sync until
+    # a stage's last backward (``stage_terms.StageModel``: ZeRO-2/3 with pp > 1 priced as what runs)
+    pipelining_defers_fsdp_sync: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -262,6 +265,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     FrameworkProfile(name="torchtitan", kernel_efficiency=0.94, calibrated=True, pytorch_native=True,
                      launch="eager", attention="flex",   # 0.3.0's llama3 default
                      fsdp2_copies=True,                  # fully_shard per block
+                     pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -286,6 +290,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
     FrameworkProfile(name="builtin", kernel_efficiency=0.94, pytorch_native=True, launch="eager",
                      attention="sdpa", fsdp2_copies=True,     # runtime/parallel.py: fully_shard
+                     pipelining_defers_fsdp_sync=True,        # runtime/pipeline.py: torch's schedules
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
                           "measured on a GPU"),

@@ -282,7 +282,7 @@ def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tup
     its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; under
     Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``)."""
     vpp = sm.par.vpp if sm.megatron_buckets is not None else 1
-    return (sm.first, sm.last, sm.zero.zero, sm.overlap_grad, n_dense, n_moe, comp, vpp)
+    return (sm.first, sm.last, sm.zero.zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe, comp, vpp)
 
 
 def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:

@@ -487,12 +487,24 @@ class StageModel:
 
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
-                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets")
+                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets", "deferred_sync")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
         self.sh, self.par, self.mesh = sh, par, mesh
         z = par.zero
+        # torch.distributed.pipelining (torch 2.13 ``stage.py`` ``backward_maybe_with_nosync``: on an
+        # FSDP2 stage every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
+        # ``set_reshard_after_backward(False)``; ``schedules.py`` ``_add_reduce_grad`` /
+        # ``perform_reduce_grad``: one REDUCE_GRAD after the stage's last backward, which reduce-scatters
+        # and reshards): under pipeline parallelism FSDP2 keeps the stage's weights gathered and its
+        # gradients unsharded (``FSDPParam.unsharded_accumulated_grad``, in the reduce dtype) for the
+        # whole step and reduces them once, after the stage's last backward. Its model states are then
+        # ZeRO-1's (only the optimizer state and master weights sharded), its weights gathered once per
+        # step and its gradients reduce-scattered once, none of it beside that stage's own backward.
+        self.deferred_sync = z >= 2 and par.pp > 1 and sh.framework.pipelining_defers_fsdp_sync
+        if self.deferred_sync:
+            z = 1
         if z >= 3:
             biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
             # FSDP prefetches the next layer's weights while the current one runs: two
@@ -699,6 +711,11 @@ class StageModel:
                                                      gathers=1) / self.hbm_bytes_per_s
                         if self.overlap_grad:
                             fsdp_tail = _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
+        if self.deferred_sync:
+            # torch's pipelining reduces the whole stage after its last backward (StageModel.__init__):
+            # all of it waits as the last bucket does, beside only the later stages' draining backward
+            # (exposed_dp_time); the weights are gathered once, before the first micro-batch's forward
+            tail = grad_s
         (dw, dg, dk), (ew, eg, ek) = zs.dense, zs.expert
         local = dense_params / dk + expert_params / ek     # what ZeRO-1 and up shard: the optimizer
         # the optimizer step over the local states, the gradient norm's read of the local gradients

@@ -108,7 +108,8 @@ def test_parts_are_shared_across_the_sweep():
 # ends the model-state key; it is a function of the mesh, ``last`` (the output head's compute)
 # and the layer counts, so each of those is dropped with it
 LAYERS_KEY = {"last": (0,), "selective": (1,), "n_dense": (2,), "n_moe": (3,), "r": (4,)}
-STATES_KEY = {"first": (0,), "last": (1, 6), "zero": (2,), "overlap_grad": (3,), "n_dense": (4, 6), "n_moe": (5, 6)}
+STATES_KEY = {"first": (0,), "last": (1, 7), "zero": (2,), "deferred_sync": (3,), "overlap_grad": (4,),
+              "n_dense": (5, 7), "n_moe": (6, 7)}
 
 
 def _dropping(key_fn, drop):
