@@ -539,6 +539,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             attention=torchtitan_attention(job), launch=h["launch"],
                             # torchtitan's data parallelism is fully_shard (FSDP2) whatever its file sets
                             fsdp2_copies=True,
+                            # its pipeline schedules are torch.distributed.pipelining's (build_pipeline_schedule)
+                            pipelining_defers_fsdp_sync=True,
                             dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
