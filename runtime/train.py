@@ -298,6 +298,23 @@ class Trainer:
             stack.enter_context(torch.autocast(self.device_type, dtype=torch.bfloat16))
         return stack
 
+    def _dp_sync(self, last: bool) -> None:
+        """Gradient accumulation without a pipeline, as the cost model prices it
+        (``costmodel.stage_terms``): DDP (``replicate``) all-reduces once per step, on the last
+        micro-batch (``set_requires_gradient_sync``: DDP's ``no_sync``; its gradients are whole on
+        every rank anyway); HSDP reduce-scatters every micro-batch and all-reduces the replicas'
+        shards once (``set_requires_all_reduce``, FSDP2's documented accumulation for HSDP); FSDP
+        reduce-scatters every micro-batch and keeps only its shard. (A pipeline schedule holds
+        every sync until the stage's last backward itself: ``torch.distributed.pipelining``.)"""
+        from torch.distributed.fsdp import FSDPModule
+        part = self.parts[0]
+        if not isinstance(part, FSDPModule):
+            return
+        if not self.dims.fsdp:
+            part.set_requires_gradient_sync(last)
+        elif self.dims.dp_replicate > 1:
+            part.set_requires_all_reduce(last)
+
     def step(self, step: int) -> float:
         import torch
         x, y = self.stream.local(step, self.dp_rank, self.dims.dp)
@@ -317,6 +334,8 @@ class Trainer:
             else:
                 n, mb = self.par.grad_accum, self.par.micro_batch
                 for i in range(n):
+                    if n > 1:
+                        self._dp_sync(last=i == n - 1)
                     out = self.parts[0](x[i * mb:(i + 1) * mb])
                     loss = _loss_fn(out, y[i * mb:(i + 1) * mb])
                     (loss / n).backward()

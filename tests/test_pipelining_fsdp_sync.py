@@ -64,8 +64,26 @@ in_schedule = len(calls)
 calls.clear()
 for i in range(4):            # the same four micro-batches without a pipeline schedule
     ((stage_mod(x[2 * i:2 * i + 2]) - 0.0) ** 2).mean().backward()
-print(json.dumps({"rank": rank, "reduce_scatters": in_schedule, "plain_loop": len(calls), "units": 3,
-                  "grads_sharded_after_step": grads_sharded}), flush=True)
+plain_loop = len(calls)
+# the built-in runtime's accumulation without a pipeline under DDP (runtime/train.py _dp_sync): replicate
+# all-reduces once per step with the sync held off but on the last micro-batch
+from torch.distributed._composable.replicate_with_fsdp import replicate
+reductions = []
+real_all_reduce = dist.all_reduce
+def counting_all_reduce(*a, **k):
+    reductions.append(1)
+    return real_all_reduce(*a, **k)
+dist.all_reduce = counting_all_reduce
+ddp_blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(3))
+ddp = nn.Sequential(*ddp_blocks)
+for b in ddp_blocks:
+    replicate(b, mesh=mesh)
+replicate(ddp, mesh=mesh)
+for i in range(4):
+    ddp.set_requires_gradient_sync(i == 3)
+    (ddp(x[2 * i:2 * i + 2]) ** 2).mean().backward()
+print(json.dumps({"rank": rank, "reduce_scatters": in_schedule, "plain_loop": plain_loop, "units": 3,
+                  "ddp_all_reduces": len(reductions), "grads_sharded_after_step": grads_sharded}), flush=True)
 dist.destroy_process_group()
 '''
 
@@ -98,6 +116,7 @@ def test_torch_pipelining_reduces_fsdp2_gradients_once_per_step(tmp_path):
         # micro-batch in a plain loop (the rule the model keeps for frameworks without a pipeline)
         assert row["reduce_scatters"] == row["units"], row
         assert row["plain_loop"] == 4 * row["units"], row
+        assert row["ddp_all_reduces"] == row["units"], row
         assert row["grads_sharded_after_step"], row
 
 
