@@ -124,6 +124,12 @@ class FrameworkProfile:
     # its pipeline schedules are torch.distributed.pipelining's, which hold FSDP2's gradient sync until
     # a stage's last backward (``stage_terms.StageModel``: ZeRO-2/3 with pp > 1 priced as what runs)
     pipelining_defers_fsdp_sync: bool = False
+    # HSDP (FSDP2 on a replicate x shard mesh) with gradient accumulation: FSDP2 all-reduces the replicas'
+    # gradient shards after every micro-batch's reduce-scatter (``foreach_reduce``'s ``all_reduce_grads``)
+    # unless the trainer turns it off on all but the last (``set_requires_all_reduce(False)``): True
+    # where the framework leaves it on (torchtitan's train loop; Accelerate's FSDP2 under the emitted
+    # sync_each_batch), False where it is held to the last micro-batch (runtime/train.py ``_dp_sync``)
+    hsdp_all_reduce_each_micro_batch: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -266,6 +272,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      launch="eager", attention="flex",   # 0.3.0's llama3 default
                      fsdp2_copies=True,                  # fully_shard per block
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
+                     hsdp_all_reduce_each_micro_batch=True,   # its train loop never holds FSDP2's sync
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -287,6 +294,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # little to call it calibrated
     FrameworkProfile(name="accelerate", kernel_efficiency=0.91, pytorch_native=True, launch="eager",
                      attention="sdpa", fsdp2_copies=True,     # the emitter writes fsdp_version: 2
+                     hsdp_all_reduce_each_micro_batch=True,   # the script keeps the sync on (sync_each_batch)
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
     FrameworkProfile(name="builtin", kernel_efficiency=0.94, pytorch_native=True, launch="eager",
                      attention="sdpa", fsdp2_copies=True,     # runtime/parallel.py: fully_shard

@@ -624,7 +624,7 @@ class StageModel:
         slowdown = self.slowdown
         # routed-expert collectives only where the stage holds experts (adding their 0.0 changes
         # nothing); all_gather = reduce_scatter in time
-        fsdp = fsdp_tail = fsdp_head = 0.0
+        fsdp = fsdp_tail = fsdp_head = bwd_comm = 0.0
         if zero >= 3:
             # FSDP2 and DeepSpeed stage 3 gather and scatter each layer on its own: the bytes of
             # the whole stage, and one collective's fixed time per layer (the ring's latency
@@ -641,7 +641,8 @@ class StageModel:
                              extra_e + 1, mesh.expert_shard)
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
-            fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(ag + rs, 2 * comp / 3, slowdown)
+            bwd_comm = ag + rs                  # what runs beside each micro-batch's backward
+            fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(bwd_comm, 2 * comp / 3, slowdown)
             if sh.framework.fsdp2_copies:
                 # FSDP2's all-gather copy-outs and reduce-scatter copy-in on the compute stream, at the
                 # framework's memory-bound fraction (costmodel.fsdp): not overlapped; only what is sharded
@@ -696,6 +697,7 @@ class StageModel:
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward where the framework does
                         fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
+                        bwd_comm = rs
                         if sh.framework.fsdp2_copies:
                             # FSDP2 without resharding after forward (ZeRO-2) reshards after backward by
                             # default (costmodel.fsdp), so it gathers the weights before every micro-batch's
@@ -711,6 +713,14 @@ class StageModel:
                                                      gathers=1) / self.hbm_bytes_per_s
                         if self.overlap_grad:
                             fsdp_tail = _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
+        if zero >= 2 and mesh.replicas > 1 and grad_s and sh.framework.hsdp_all_reduce_each_micro_batch:
+            # HSDP whose framework leaves FSDP2's replica all-reduce on (FrameworkProfile): after every
+            # micro-batch's reduce-scatter, in the same backward window, not once per step
+            window = 2 * comp / 3
+            fsdp += (overlapped(bwd_comm + grad_s, window, slowdown) - overlapped(bwd_comm, window, slowdown)
+                     if self.overlap_grad else grad_s)
+            fsdp_tail += tail
+            grad_s = tail = 0.0
         if self.deferred_sync:
             # torch's pipelining reduces the whole stage after its last backward (StageModel.__init__):
             # all of it waits as the last bucket does, beside only the later stages' draining backward

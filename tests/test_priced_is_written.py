@@ -541,6 +541,7 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             fsdp2_copies=True,
                             # its pipeline schedules are torch.distributed.pipelining's (build_pipeline_schedule)
                             pipelining_defers_fsdp_sync=True,
+                            hsdp_all_reduce_each_micro_batch=True,    # its train loop never holds FSDP2's sync
                             dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
@@ -648,7 +649,15 @@ def accelerate_as_written(plan: Plan, tmp: Path, monkeypatch) -> AsWritten:
                             overlap_param_gather=gather_overlap, tp_comm_overlap=False, tp_comm_overlap_backward=tp_bwd,
                             kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], fsdp2_copies=fsdp2,
+                            # FSDP2 under accumulate() with sync_each_batch (the header asks a user's script
+                            # for it; the shipped one sets it, checked below): every micro-batch's
+                            # reduce-scatter and (HSDP) replica all-reduce
+                            hsdp_all_reduce_each_micro_batch=fsdp2,
                             **kernels_of(h))
+    starter = out / "train_accelerate.py"
+    if fsdp2 and accum > 1:
+        assert "sync_each_batch=True" in text
+        assert not starter.exists() or "SYNC_EACH_BATCH = True" in starter.read_text()
     wl = dataclasses.replace(plan.workload, global_batch=micro * accum * dp, dtype=dtype,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, dp_shard=dp_shard, sp=sp, micro_batch=micro,
