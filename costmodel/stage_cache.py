@@ -24,7 +24,7 @@ from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
                     default_stages)
 from .units import dtype_bytes
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
-                          fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms,
+                          fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms, megatron_layer_numels,
                           stage_crosses)
 
 
@@ -72,6 +72,15 @@ class _Shared:
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
+        self.numels: dict[tuple, tuple[float, ...]] = {}
+
+    def layer_numels(self, tp: int, ep: int, etp: int | None) -> tuple[float, ...]:
+        """``stage_terms.megatron_layer_numels`` of the model, memoized on (tp, ep, expert TP)."""
+        key = (tp, ep, etp)
+        hit = self.numels.get(key)
+        if hit is None:
+            hit = self.numels[key] = megatron_layer_numels(self.model, tp, ep, etp)
+        return hit
 
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:

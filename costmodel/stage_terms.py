@@ -538,7 +538,7 @@ class StageModel:
         self.megatron_buckets: tuple | None = None
         if fw.dp_bucket == "megatron":
             size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
-            self.megatron_buckets = (megatron_layer_numels(sh.model, par.tp, par.ep, par.etp or None), size)
+            self.megatron_buckets = (sh.layer_numels(par.tp, par.ep, par.etp or None), size)
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
 
@@ -778,8 +778,9 @@ class StageModel:
 def overlapped(comm: float, compute: float, slowdown: float) -> float:
     """What communication ``comm`` adds to ``compute`` it runs beside: the part longer than the
     compute, and ``slowdown`` (the cluster's ``compute_comm_slowdown``) of the overlapped part."""
-    t = max(0.0, comm - compute)
-    return t + slowdown * min(comm, compute) if slowdown else t
+    if comm <= compute:
+        return slowdown * comm
+    return comm - compute + slowdown * compute
 
 
 def exposed_dp_time(c: StageCost, index: int, overlap_grad: bool, overlap_gather: bool, slowdown: float) -> float:

@@ -205,3 +205,16 @@ def test_an_estimate_with_rows_not_yet_built_pickles(pp):
     est = estimate(model, cluster, Workload(global_batch=128, seq_len=8192), par)
     copy = pickle.loads(pickle.dumps(est))
     assert callable(est.rows) and copy == est and copy.to_dict() == est.to_dict()
+
+
+def test_layer_numels_memo_equals_the_rule():
+    """``_Shared.layer_numels`` (Megatron's bucket counts read it per stage model) against the
+    function it memoizes, for dense and MoE models and the TP/EP degrees a search varies."""
+    from costmodel.stage_terms import megatron_layer_numels
+    for name, degrees in (("llama-3-70b", [(1, 1, None), (4, 1, None), (8, 1, None)]),
+                          ("deepseek-v3", [(1, 64, None), (2, 8, 1), (4, 32, 2)])):
+        model, cluster = get_model(name), load_cluster("dgx-h100")
+        sh = _Shared(model, cluster, Workload(global_batch=64, seq_len=4096), framework_profile("megatron"))
+        for tp, ep, etp in degrees * 2:            # the second pass is served from the memo
+            assert sh.layer_numels(tp, ep, etp) == megatron_layer_numels(model, tp, ep, etp)
+        assert len(sh.numels) == len(degrees)
