@@ -130,6 +130,10 @@ class FrameworkProfile:
     # where the framework leaves it on (torchtitan's train loop; Accelerate's FSDP2 under the emitted
     # sync_each_batch), False where it is held to the last micro-batch (runtime/train.py ``_dp_sync``)
     hsdp_all_reduce_each_micro_batch: bool = False
+    # its ZeRO-3 under pipeline parallelism still reshards the weights after each forward (torchtitan's
+    # fsdp_reshard_after_forward "always", which the emitter writes for ZeRO-3): gathered again per
+    # micro-batch; False where PP turns the reshard off (runtime/parallel.py apply_dp)
+    fsdp_reshards_under_pp: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -273,6 +277,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      fsdp2_copies=True,                  # fully_shard per block
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
                      hsdp_all_reduce_each_micro_batch=True,   # its train loop never holds FSDP2's sync
+                     fsdp_reshards_under_pp=True,        # ZeRO-3 is written as reshard_after_forward "always"
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted

@@ -487,7 +487,8 @@ class StageModel:
 
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
-                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets", "deferred_sync")
+                 "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets", "deferred_sync",
+                 "regather")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -502,8 +503,13 @@ class StageModel:
         # whole step and reduces them once, after the stage's last backward. Its model states are then
         # ZeRO-1's (only the optimizer state and master weights sharded), its weights gathered once per
         # step and its gradients reduce-scattered once, none of it beside that stage's own backward.
+        # ZeRO-3 where the framework still reshards after each forward under PP (torchtitan's
+        # fsdp_reshard_after_forward "always"): the weights stay sharded but for the layer in use and are
+        # gathered again for each micro-batch's backward (left gathered after it, so the next forward
+        # finds them); only the gradients stay whole all step
         self.deferred_sync = z >= 2 and par.pp > 1 and sh.framework.pipelining_defers_fsdp_sync
-        if self.deferred_sync:
+        self.regather = self.deferred_sync and z >= 3 and sh.framework.fsdp_reshards_under_pp
+        if self.deferred_sync and not self.regather:
             z = 1
         if z >= 3:
             biggest = max(mesh.dense.params, mesh.moe.params if mesh.moe else 0.0)
@@ -513,8 +519,10 @@ class StageModel:
         else:
             whole = sh.total_params / (par.tp * par.pp) * sh.g_b
             self.buffers_bytes = min(DDP_BUCKET_BYTES, whole) if mesh.data_parallel > 1 else 0.0
-        self.zero = ZeroSharding(z, mesh.dense_shard, mesh.expert_shard, zero_divisors(z, mesh.dense_shard),
-                                 zero_divisors(z, mesh.expert_shard))
+        dense_div, expert_div = zero_divisors(z, mesh.dense_shard), zero_divisors(z, mesh.expert_shard)
+        if self.regather:               # whole gradients, sharded weights and optimizer state
+            dense_div, expert_div = (dense_div[0], 1, dense_div[2]), (expert_div[0], 1, expert_div[2])
+        self.zero = ZeroSharding(z, mesh.dense_shard, mesh.expert_shard, dense_div, expert_div)
         self.selective = par.recompute == "selective"
         gpu = grp.gpu
         fw = sh.framework
@@ -642,7 +650,13 @@ class StageModel:
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
             bwd_comm = ag + rs                  # what runs beside each micro-batch's backward
-            fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(bwd_comm, 2 * comp / 3, slowdown)
+            if self.regather:
+                # under torch's pipelining (StageModel.__init__): one gather per micro-batch, beside its
+                # backward; the reduce-scatter once per step, after the stage's last backward (below)
+                bwd_comm = ag
+                fsdp = overlapped(ag, 2 * comp / 3, slowdown)
+            else:
+                fsdp = overlapped(ag, comp / 3, slowdown) + overlapped(bwd_comm, 2 * comp / 3, slowdown)
             if sh.framework.fsdp2_copies:
                 # FSDP2's all-gather copy-outs and reduce-scatter copy-in on the compute stream, at the
                 # framework's memory-bound fraction (costmodel.fsdp): not overlapped; only what is sharded
@@ -652,6 +666,8 @@ class StageModel:
             if mesh.dense_shard > 1:
                 # one layer's collectives at the step's ends (exposed_dp_time)
                 fsdp_tail, fsdp_head = rs / (extra + 1), ag / (extra + 1)
+            if self.regather:
+                fsdp_tail, step_rs = 0.0, rs
         grad_s = gather_s = tail = head = 0.0
         if mesh.data_parallel > 1:
             # gradients and ZeRO-1/2's updated parameters move in buckets, one collective each
@@ -721,6 +737,8 @@ class StageModel:
                      if self.overlap_grad else grad_s)
             fsdp_tail += tail
             grad_s = tail = 0.0
+        if self.regather:
+            grad_s += step_rs
         if self.deferred_sync:
             # torch's pipelining reduces the whole stage after its last backward (StageModel.__init__):
             # all of it waits as the last bucket does, beside only the later stages' draining backward

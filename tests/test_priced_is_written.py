@@ -542,6 +542,7 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             # its pipeline schedules are torch.distributed.pipelining's (build_pipeline_schedule)
                             pipelining_defers_fsdp_sync=True,
                             hsdp_all_reduce_each_micro_batch=True,    # its train loop never holds FSDP2's sync
+                            fsdp_reshards_under_pp=pa.fsdp_reshard_after_forward == "always",
                             dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
     import torch
     with torch.device("meta"):
