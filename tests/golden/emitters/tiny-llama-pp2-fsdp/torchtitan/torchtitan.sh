@@ -8,7 +8,7 @@
 # torchtitan 0.3.0 runs on the PyTorch nightly its release pins (torchtitan docs/release.md), not on a released torch
 # priced-assumptions: kernel_efficiency=0.94 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=flex launch=eager dp_bucket=torch
 # (no flag sets these: torchtitan's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
-# engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)
+# engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during backward (under the pipeline schedule once per step, after each stage's last backward: torch's pipelining keeps the stage's gradients whole until then, and the memory priced holds them); TP collectives are not overlapped (async TP needs torch.compile, not enabled here)
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-04 (Table 2.1 at 0.001B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 732422 steps (375M tokens; a tenth of the run if less; $WARMUP_STEPS overrides), cosine decay to 6.00e-05 (10%) at $TRAIN_STEPS.
