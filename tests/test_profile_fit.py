@@ -128,3 +128,38 @@ def test_cpu_profile_uses_measured_figures(tmp_path):
     assert loaded["provenance"]["links"] == {"intra_node": "measured", "inter_node": "measured"}
     spec = load_cluster(str(tmp_path / "cluster.yaml"))
     assert spec.with_gpus(2).total_gpus == 2 and spec.with_gpus(4).nodes == 2
+
+
+def test_matmul_bench_bounds_each_call_on_a_cpu():
+    """A slow CPU kernel (bf16 without bf16 instructions runs at a tenth of fp32 or less) must not hold
+    a profile up: a shape whose call would exceed MAX_CALL_S at its dtype's last rate is skipped and
+    reported with that prediction, and a call of LONG_CALL_S or more is timed once. Whichever this
+    machine's kernels do, the rows and skips obey both rules, and every shape is either timed or skipped
+    (on this 2-core machine bf16's 1024 and 2048 shapes are skipped, fp32's run)."""
+    import torch
+    from profiles import bench_matmul as bm
+    shapes = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048)]
+    started, skipped = [], []
+    t0 = time.perf_counter()
+    rows = bm.bench_matmul(torch.device("cpu"), ["fp32", "bf16"], shapes, target_s=0.02,
+                           on_start=lambda *s: started.append(s),
+                           on_skip=lambda dt, m, n, k, secs: skipped.append((dt, m, n, k, secs)))
+    wall = time.perf_counter() - t0
+    assert len(rows) + len(skipped) == 2 * len(shapes) == len(started) + len(skipped)
+    rate: dict[str, float] = {}
+    done = {(r["dtype"], r["m"]) for r in rows}
+    for dt in ("fp32", "bf16"):
+        for m, n, k in shapes:
+            flops = 2.0 * m * n * k
+            row = next((r for r in rows if r["dtype"] == dt and r["m"] == m), None)
+            if row is None:
+                (s,) = [s for s in skipped if s[0] == dt and s[1] == m]
+                assert s[4] == pytest.approx(flops / rate[dt]) and s[4] > bm.MAX_CALL_S
+                continue
+            assert dt not in rate or flops / rate[dt] <= bm.MAX_CALL_S
+            if row["time_s"] >= bm.LONG_CALL_S:
+                assert row["iters"] == 1    # timed once: its warm-up was the measurement
+            rate[dt] = flops / row["time_s"]
+    assert ("fp32", 64) in done and ("bf16", 64) in done     # the smallest always runs
+    # the bound: each dtype's shapes after the first cost at most MAX_CALL_S per call, a few calls each
+    assert wall < 2 * len(shapes) * 6 * bm.MAX_CALL_S
