@@ -124,17 +124,18 @@ def test_demo_table_and_narrow_terminals_keep_cells():
 
 
 def test_demo_says_why_cpu_measurements_differ():
-    import statistics
-
+    from costmodel.uncertainty import band_record
     from planner.cli.demo import cpu_note
-    from planner.cli.validation import all_rows
     from test_emit_support import make_plan
 
     plan = make_plan(gpus=2, tp=2, sp=True, micro_batch=8, grad_accum=1)
     out = {"world_size": 2, "dtype": "fp32", "device": "cpu", "step_time_s": 0.310, "predicted": {"step_time_s": 0.1}}
     note = cpu_note(out, plan)
     assert "3.1x the prediction" in note and "DTensor" in note and "On real GPUs" in note
-    hold = [abs(r.error) for r in all_rows() if r.split == "holdout"]
-    assert f"within {statistics.median(hold) * 100:.1f}%" in note and f"{len(hold)} published GPU runs" in note
+    # the accuracy it quotes is the out-of-source band (uncertainty_bands.yaml, from `validate --cross`),
+    # not the in-sample holdout table, whose runs the shipped constants are fitted on
+    b = band_record("train-dense")
+    assert f"within {b.band * 100:.0f}% for 80% of {b.n} published dense training runs" in note
+    assert "refitted without its own recipe family" in note and "not tuned on" not in note
     close = cpu_note({**out, "step_time_s": 0.105}, plan)
     assert "1.05x the prediction here, close" in close
