@@ -729,9 +729,11 @@ class StageModel:
                                                      gathers=1) / self.hbm_bytes_per_s
                         if self.overlap_grad:
                             fsdp_tail = _one_bucket(rs, dense_params * g_b, mesh.dense_shard, gb, dcalls)
-        if zero >= 2 and mesh.replicas > 1 and grad_s and sh.framework.hsdp_all_reduce_each_micro_batch:
+        if (zero >= 2 and mesh.replicas > 1 and grad_s and sh.framework.hsdp_all_reduce_each_micro_batch
+                and not self.deferred_sync):
             # HSDP whose framework leaves FSDP2's replica all-reduce on (FrameworkProfile): after every
-            # micro-batch's reduce-scatter, in the same backward window, not once per step
+            # micro-batch's reduce-scatter, in the same backward window, not once per step (a pipeline
+            # schedule holds it to the stage's last backward with the rest: deferred_sync)
             window = 2 * comp / 3
             fsdp += (overlapped(bwd_comm + grad_s, window, slowdown) - overlapped(bwd_comm, window, slowdown)
                      if self.overlap_grad else grad_s)

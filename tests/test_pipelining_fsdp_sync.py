@@ -157,3 +157,21 @@ def test_megatron_pipeline_keeps_zero3_sharded():
     z3, z1 = _mem("megatron", 3, 2), _mem("megatron", 1, 2)
     assert z3.memory["weights_bytes"] < z1.memory["weights_bytes"] / 2
     assert z3.memory["grads_bytes"] < z1.memory["grads_bytes"] / 2
+
+
+def test_hsdp_under_torch_pipelining_all_reduces_once():
+    """torchtitan leaves FSDP2's replica all-reduce on every micro-batch without a pipeline, but a
+    pipeline schedule holds it with the reduce-scatter to the stage's last backward: with pp > 1 the
+    flag changes nothing; without, HSDP pays more with it on."""
+    import dataclasses
+
+    from costmodel.frameworks import framework_profile
+    m, c = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(32)
+    wl = Workload(global_batch=256, seq_len=4096, dtype="bf16")
+    on = framework_profile("torchtitan")
+    off = dataclasses.replace(on, hsdp_all_reduce_each_micro_batch=False)
+    for pp, zero in ((2, 3), (2, 2)):
+        par = ParallelConfig(tp=1, pp=pp, dp=16, dp_shard=4, zero=zero, micro_batch=1, grad_accum=16)
+        assert estimate(m, c, wl, par, framework=on).step_time_s == estimate(m, c, wl, par, framework=off).step_time_s
+    flat = ParallelConfig(tp=1, pp=1, dp=32, dp_shard=8, zero=3, micro_batch=1, grad_accum=8)
+    assert estimate(m, c, wl, flat, framework=on).step_time_s > estimate(m, c, wl, flat, framework=off).step_time_s
