@@ -20,7 +20,20 @@ pytorch/torchtitan at b5bcd76c66, deepspeedai/DeepSpeed at edaa722126, huggingfa
   reduce-scatters into chunks pipelined with the GEMMs beside them (``--tp-comm-overlap``, which
   needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): the TP
   communication then costs what overlapped communication costs (``training.overlapped``).
-  torchtitan's async TP does the same but needs ``torch.compile``; not assumed by default.
+  torchtitan's async TP (``enable_async_tensor_parallel``, which needs ``torch.compile``; not
+  assumed by default) covers less (``tp_overlap_scope`` "async_tp"): it is torch Inductor's
+  micro-pipeline TP pass (``torch/_inductor/fx_passes/micro_pipeline_tp.py``, torch 2.13), which fuses
+  an all-gather into the matmuls that take its result as their first operand
+  (``fuse_all_gather_matmul``) and a reduce-scatter into the one matmul that directly produces its
+  input (``fuse_matmul_reduce_scatter``: the pattern is ``reduce_scatter(A @ B)``). A layer's forward
+  has all four: the gather before the q/k/v and the w1/w3 projections, the scatter after wo and
+  after w2. In the backward the gathers of the output gradients before wo's and w2's input-gradient
+  matmuls match, but the reduce-scatters of the input gradients of q/k/v and of w1/w3 follow the sum
+  of those projections' gradients (autograd adds them before the collective), not a matmul, so
+  they run unfused and exposed. So: the forward's TP traffic overlapped with its GEMMs, and half of
+  the backward's (the gathers) with half of its GEMMs. The PyTorch team's announcement of the
+  feature (discuss.pytorch.org/t/209487, 2024: "up to ~29% forward pass speedup and ~8% E2E speedup
+  in Llama3 7B") is consistent with a backward that gains much less than the forward.
   The cost model takes it only where the launch file can turn it on (``tp_overlap_mode``):
   sequence parallel on and the TP group inside one NVLink domain (Transformer Engine's
   userbuffers reach the peers over CUDA IPC); ``emitters/megatron.py`` writes the flag exactly there.
@@ -85,6 +98,10 @@ class FrameworkProfile:
     tp_comm_overlap: bool = False
     tp_comm_overlap_backward: bool = False
     tp_overlap_needs_multicast: bool = False   # TE userbuffers: full TP overlap only on sm_90+ (docstring)
+    # what its TP overlap, where on, covers (``tp_overlap_mode``): "full" (Transformer Engine's
+    # userbuffers: every collective of forward and backward), "async_tp" (torch's micro-pipeline TP
+    # pass: the forward's and the backward's gathers, not the backward's reduce-scatters; docstring)
+    tp_overlap_scope: str = "full"
     ep_comm_overlap: bool = False
     moe: MoeExecution = DEFAULT_EXECUTION   # dispatcher, permute/router fusion (what its launch file sets)
     kernel_efficiency: float = 1.0
@@ -146,6 +163,9 @@ class FrameworkProfile:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
             raise SpecError(f"framework {self.name!r}: selective recompute {self.selective_recompute!r} must be one "
                             f"of {', '.join(SELECTIVE_RECOMPUTE)}")
+        if self.tp_overlap_scope not in ("full", "async_tp"):
+            raise SpecError(f"framework {self.name!r}: tp_overlap_scope {self.tp_overlap_scope!r} must be full or "
+                            "async_tp")
         if self.dp_bucket not in ("torch", "megatron", "deepspeed"):
             raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, megatron or deepspeed")
         if self.dp_bucket_params < 0 or (self.dp_bucket_params and self.dp_bucket != "megatron"):
@@ -278,6 +298,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
                      hsdp_all_reduce_each_micro_batch=True,   # its train loop never holds FSDP2's sync
                      fsdp_reshards_under_pp=True,        # ZeRO-3 is written as reshard_after_forward "always"
+                     tp_overlap_scope="async_tp",        # its TP overlap is async TP (module docstring)
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
@@ -376,7 +397,7 @@ def framework_profile(framework: "str | FrameworkProfile") -> FrameworkProfile:
     return prof
 
 
-TP_OVERLAP_MODES = ("none", "backward", "full")
+TP_OVERLAP_MODES = ("none", "backward", "async_tp", "full")
 
 
 # NVIDIA GPUs of compute capability 9.0 and later (Hopper, Blackwell): CUDA multicast objects exist
@@ -403,7 +424,7 @@ def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: Gr
     framework = backend_profile(framework, par)
     if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes \
             and (has_cuda_multicast(gpu_name) or not framework.tp_overlap_needs_multicast):
-        return "full"
+        return framework.tp_overlap_scope
     return "backward" if framework.tp_comm_overlap_backward else "none"
 
 

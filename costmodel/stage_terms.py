@@ -106,7 +106,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
     collectives with the GEMMs next to them) prices TP communication as overlapped with the layer's
-    GEMMs, in forward and backward; ``backward`` overlaps half of the backward's TP traffic (the
+    GEMMs, in forward and backward; ``async_tp`` (torchtitan's async TP) does so in the forward and for
+    the backward's gathers only, its reduce-scatters exposed; ``backward`` overlaps half of the backward's TP traffic (the
     column-parallel linears' input-gradient collectives) with half of its GEMM time (their weight
     gradients) and leaves the rest exposed; with ``ep_overlap`` (``FrameworkProfile.ep_comm_overlap``)
     the all-to-alls overlap the layer's compute, slowing it by the cluster's ``slowdown`` or, where
@@ -128,6 +129,12 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
     if mode == "full":
         tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+    elif mode == "async_tp":
+        # torch's micro-pipeline TP (frameworks: tp_overlap_scope): the forward's gathers and
+        # scatters fused with its GEMMs; in the backward the output-gradient gathers fused with half of
+        # its GEMMs, the input-gradient reduce-scatters exposed (they follow a sum, not a matmul)
+        tp_fwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
+        tp_bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, slowdown)
     elif mode == "backward" and not sp:
         tp_fwd = lc.tp_fwd_s
         tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s / 2, slowdown)

@@ -534,6 +534,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     assert "FSDP2 prefetches" in engine_facts(text)
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
+                            # enable_async_tensor_parallel is torch Inductor's micro-pipeline TP pass
+                            tp_overlap_scope="async_tp",
                             overlap_param_gather=True, kernel_efficiency=h["kernel_efficiency"],
                             memory_headroom_fraction=h["memory_headroom_fraction"], elementwise=h["elementwise"],
                             attention=torchtitan_attention(job), launch=h["launch"],

@@ -136,6 +136,52 @@ def test_async_tp_prices_tp_overlap_and_needs_compile():
     assert "framework.compile: megatron has no such setting" in msg
 
 
+def _output_node(gm):
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def test_async_tp_prices_what_torchs_pass_fuses():
+    """torchtitan's async TP is torch Inductor's micro-pipeline TP pass: it fuses a reduce-scatter only
+    into the matmul that directly produces its input, and an all-gather only into matmuls that take
+    the gathered tensor as their left operand. The backward's input-gradient reduce-scatters follow
+    a sum (q/k/v, w1/w3 gradients added by autograd), so they stay exposed: the profile's
+    ``async_tp`` scope overlaps the forward like Transformer Engine's full overlap and only half of
+    the backward (costmodel.frameworks docstring)."""
+    import torch
+    from torch._inductor.fx_passes import micro_pipeline_tp as mp
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from costmodel.comm import GroupLayout
+    from costmodel.frameworks import tp_overlap_mode
+    from costmodel.layers import layer_cost
+    from costmodel.stage_terms import layer_terms, overlapped
+
+    a, b, c, d = (torch.randn(8, 8) for _ in range(4))
+    summed = make_fx(lambda a, b, c, d: a @ b + c @ d)(a, b, c, d)
+    single = make_fx(lambda a, b: a @ b)(a, b)
+    assert mp._find_producer_matmul(_output_node(summed)) is None       # RS after a sum: not fused
+    assert mp._find_producer_matmul(_output_node(single)) is not None   # RS after a matmul: fused
+    gathered = make_fx(lambda g, w, h: (g @ w, g.t() @ h))(a, b, c)
+    g_node = next(n for n in gathered.graph.nodes if n.op == "placeholder")
+    assert len(mp._find_consumer_matmuls(g_node)) == 1                 # only the left-operand use
+
+    prof = T.profile_for("torchtitan", {"compile": True, "async_tp": True})
+    par = ParallelConfig(tp=8, dp=8, sp=True, zero=3)
+    cl = load_cluster("dgx-h100")
+    tp_lay, one = GroupLayout(8, 8), GroupLayout(1, 1)
+    assert tp_overlap_mode(prof, par, tp_lay, cl.gpu.name) == "async_tp"
+    assert tp_overlap_mode(framework_profile("megatron"), par, tp_lay, cl.gpu.name) == "full"
+    lc = layer_cost(get_model("llama-3-8b"), False, Workload(global_batch=8, seq_len=8192), 8, 1, 1, True, 2,
+                    cl.gpu, cl, cl.intra_node, tp_lay, one, one)
+    s = cl.compute_comm_slowdown
+    full, asy, none = (layer_terms(lc, s, mode) for mode in ("full", "async_tp", "none"))
+    assert full.tp_comm_s < asy.tp_comm_s < none.tp_comm_s
+    assert asy.recompute_s == full.recompute_s           # the forward (what recompute reruns) as full
+    bwd = lc.tp_fwd_s / 2 + overlapped(lc.tp_fwd_s / 2, lc.gemm_fwd_s / 2, s)
+    assert asy.tp_comm_s == pytest.approx(overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, s) + bwd)
+
+
 def test_the_plan_file_carries_framework_settings(tmp_path):
     plan = _plan(pp=3, dp=8, zero=1, counts=[11, 12, 9], framework={"partition_method": "uniform"})
     f = tmp_path / "p.yaml"
