@@ -419,7 +419,9 @@ def emit(plan: Plan) -> dict[str, str]:
         "backward" + (" (under the pipeline schedule once per step, after each stage's last backward: torch's "
                       "pipelining keeps the stage's gradients whole until then, and the memory priced holds them)"
                       if plan.parallel.pp > 1 and (plan.parallel.dp_shard > 1 or plan.parallel.cp > 1) else "")
-        + "; " + ("TP collectives overlap the GEMMs beside them (async TP under torch.compile)"
+        + "; " + ("async TP under torch.compile: the forward's TP collectives and the backward's gathers overlap "
+                         "the GEMMs beside them; the backward's input-gradient reduce-scatters do not (torch's "
+                         "micro-pipeline TP pass fuses a reduce-scatter only into the matmul that produces it)"
                         if (plan.framework or {}).get("async_tp") else
                         "TP collectives are not overlapped (async TP needs torch.compile, not enabled here)")]
         + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
