@@ -190,7 +190,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={},
+            placements={}, layers_parts={}, states_parts={}, settings={},
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
             step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
                                            self.workload.dtype == "fp16"))
@@ -318,6 +318,7 @@ def clear_stage_costs() -> None:
         for mesh in sh.meshes.values():
             mesh.layers_parts.clear()
             mesh.states_parts.clear()
+            mesh.settings.clear()
 
 
 @lru_cache(maxsize=1024)
