@@ -16,7 +16,8 @@ from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
 from .scale import step_reductions_s
-from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
+from .layers import (EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params,
+                     model_flops_per_token)
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
 from .moe import comm_sm_share
@@ -73,6 +74,18 @@ class _Shared:
         self.meshes: dict[tuple, StageMesh] = {}
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
         self.numels: dict[tuple, tuple[float, ...]] = {}
+        self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
+
+    def ends_tensors(self, tp: int, pp: int, first: bool, last: bool) -> tuple[tuple[float, ...], float]:
+        """A stage's output head and final norm (backprop order, last stage) and embedding (first
+        stage) as Megatron-Core's buffer holds them (``StageModel._ends_tensors``, for
+        ``stage_terms.megatron_stage_buckets``), memoized on (tp, pp, first, last)."""
+        key = (tp, pp, first, last)
+        hit = self.end_tensors.get(key)
+        if hit is None:
+            e = ends_params(self.model, tp, pp, first, last)
+            hit = self.end_tensors[key] = (tuple(x for x in (e.head, e.norm) if x > 0), e.embedding)
+        return hit
 
     def layer_numels(self, tp: int, ep: int, etp: int | None) -> tuple[float, ...]:
         """``stage_terms.megatron_layer_numels`` of the model, memoized on (tp, ep, expert TP)."""
@@ -190,7 +203,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={}, settings={},
+            placements={}, layers_parts={}, states_parts={}, exposed_parts={}, settings={},
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
             step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
                                            self.workload.dtype == "fp16"))
@@ -311,13 +324,49 @@ def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageC
     return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
 
 
+def exposed_key(sm: StageModel, skey: tuple, index: int) -> tuple:
+    """What the exposed DP time of a stage (``StageModel.dp_exposed``: ``exposed_dp_time``) reads
+    besides the mesh (the cluster's ``slowdown``): its cost's model-state part and layers' compute
+    time (both fixed by the states key ``skey``, which holds the gradient overlap), the stage's
+    index, and the gather overlap."""
+    return (skey, index, sm.overlap_gather)
+
+
+def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int) -> tuple[StageCost, float, float]:
+    """``stage_cost(sm, n_dense, n_moe, r)``, with its exposed DP time at stage ``index``
+    (``sm.dp_exposed``) and its summed model states (``StageCost.states_bytes``): ``estimate``
+    costs each kind of stage through it, ``index`` the kind's first stage. The exposed time and the
+    states are memoized with the model-state part (``StageMesh.exposed_parts``, keyed on
+    ``exposed_key``), so the configurations of one mesh that differ only in recompute share them."""
+    mesh = sm.mesh
+    key = layers_key(sm, n_dense, n_moe, r)
+    lay = mesh.layers_parts.get(key)
+    if lay is None:
+        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
+    skey = states_key(sm, n_dense, n_moe, lay[0])
+    key = exposed_key(sm, skey, index)
+    hit = mesh.exposed_parts.get(key)
+    if hit is not None:
+        st, exposed, states = hit
+        return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st), exposed, states
+    st = mesh.states_parts.get(skey)
+    if st is None:
+        st = mesh.states_parts[skey] = sm.states_part(n_dense, n_moe, lay[0])
+    c = _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
+    exposed, states = sm.dp_exposed(c, index), c.states_bytes
+    mesh.exposed_parts[key] = (st, exposed, states)
+    return c, exposed, states
+
+
 def clear_stage_costs() -> None:
     """Forget every memoized ``stage_cost`` part (``bench/bench_estimate.py`` does before each
     sweep, so that only configurations of one sweep share them)."""
     for sh in _SHARED_BY_ID.values():
+        sh.end_tensors.clear()
         for mesh in sh.meshes.values():
             mesh.layers_parts.clear()
             mesh.states_parts.clear()
+            mesh.exposed_parts.clear()
             mesh.settings.clear()
 
 

@@ -319,6 +319,7 @@ class StageMesh:
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
     layers_parts: dict                 # stage_cache.layers_key -> StageModel.layers_part, memoized by estimate
     states_parts: dict                 # stage_cache.states_key -> StageModel.states_part, memoized by estimate
+    exposed_parts: dict                # stage_cache.exposed_key -> (states part, exposed DP time, states bytes)
     settings: dict                     # stage_model_key -> StageModel's settings (_SETTINGS), memoized
     dp_latency_s: float = 0.0          # fixed time of one all-reduce on the dp x cp group
     replica_latency_s: float = 0.0     # and on the (HSDP) replica group
@@ -593,8 +594,7 @@ class StageModel:
         """This stage's output head and final norm (backprop order, last stage) and embedding
         (first stage) as Megatron-Core's buffer holds them (``megatron_stage_buckets``)."""
         par = self.par
-        e = ends_params(self.sh.model, par.tp, par.pp, self.first, self.last)
-        return tuple(x for x in (e.head, e.norm) if x > 0), e.embedding
+        return self.sh.ends_tensors(par.tp, par.pp, self.first, self.last)
 
     def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
         """(pipeline send/receive time per micro-batch, embedding and head parameters)."""
