@@ -26,7 +26,7 @@ from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
 from .units import dtype_bytes
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
                           fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms, megatron_layer_numels,
-                          stage_crosses)
+                          megatron_stage_buckets, stage_crosses)
 
 
 @lru_cache(maxsize=256)
@@ -75,6 +75,21 @@ class _Shared:
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
         self.numels: dict[tuple, tuple[float, ...]] = {}
         self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
+        self.buckets: dict[tuple, int] = {}
+
+    def stage_buckets(self, sm: StageModel, layers: int) -> int:
+        """The buckets Megatron-Core makes of the dense gradient buffer of a stage of ``layers``
+        layers placed as ``sm`` is (``stage_terms.megatron_stage_buckets``, from ``sm.megatron_buckets``
+        and ``sm._ends_tensors``), memoized on what they read: tp, ep and expert TP (the layer's
+        tensors), pp, first and last (the ends), virtual stages, layers and the bucket size."""
+        par = sm.par
+        numels, size = sm.megatron_buckets
+        key = (par.tp, par.ep, par.etp, par.pp, par.vpp, layers, sm.first, sm.last, size)
+        hit = self.buckets.get(key)
+        if hit is None:
+            ends, emb = sm._ends_tensors()
+            hit = self.buckets[key] = megatron_stage_buckets(numels, layers, ends, emb, size, sm.first, par.vpp)
+        return hit
 
     def ends_tensors(self, tp: int, pp: int, first: bool, last: bool) -> tuple[tuple[float, ...], float]:
         """A stage's output head and final norm (backprop order, last stage) and embedding (first
@@ -363,6 +378,7 @@ def clear_stage_costs() -> None:
     sweep, so that only configurations of one sweep share them)."""
     for sh in _SHARED_BY_ID.values():
         sh.end_tensors.clear()
+        sh.buckets.clear()
         for mesh in sh.meshes.values():
             mesh.layers_parts.clear()
             mesh.states_parts.clear()

@@ -706,9 +706,7 @@ class StageModel:
             gb, wb = self.grad_bucket_bytes, self.gather_bucket_bytes
             dcalls = 0                          # the dense buffer's buckets where counted
             if self.megatron_buckets is not None:
-                numels, size = self.megatron_buckets
-                ends, emb = self._ends_tensors()
-                dcalls = megatron_stage_buckets(numels, int(round(n)), ends, emb, size, self.first, self.par.vpp)
+                dcalls = sh.stage_buckets(self, int(round(n)))
             if zero == 0:
                 grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s,
                                    dcalls)
