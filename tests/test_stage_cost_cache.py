@@ -218,3 +218,160 @@ def test_layer_numels_memo_equals_the_rule():
         for tp, ep, etp in degrees * 2:            # the second pass is served from the memo
             assert sh.layer_numels(tp, ep, etp) == megatron_layer_numels(model, tp, ep, etp)
         assert len(sh.numels) == len(degrees)
+
+
+# ---- Speed6: the stage model's settings, the kind's exposed DP time, Megatron's end tensors ----
+
+def _fresh_kind(model, cluster, workload, prof, par, grp, first, last, crosses, n_dense, n_moe, r):
+    """The uncached rule: a placed ``StageModel`` on a fresh ``_Shared`` (no sub-term cached) and its cost."""
+    sm = StageModel(_Shared(model, cluster, workload, prof), par, DEFAULT_ORDER, grp).place(first, last, crosses)
+    return sm, sm.cost(n_dense, n_moe, r)
+
+
+def _kind_mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
+    """Sweep one case through one ``_Shared`` with ``stage_cache.kind_cost`` at several stage
+    indices of each kind; count the answers (cost, exposed DP time, summed states) that differ
+    from the uncached rule (``StageModel.cost``, ``dp_exposed`` and ``states_bytes`` on a fresh
+    ``_Shared``). ``fw`` may be a profile (a changed one, to reach what no shipped profile does)."""
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    workload, prof = Workload(**wl), framework_profile(fw)
+    sh = _Shared(model, cluster, workload, prof)
+    grp = cluster.groups[0]
+    bad = answers = 0
+    for par in _sweep(model, cluster, workload, base):
+        for _, first, last, crosses, n, n_moe, n_full, i0 in _kinds(sh, par):
+            fresh, want = _fresh_kind(model, cluster, workload, prof, par, grp, first, last, crosses,
+                                      n - n_moe, n_moe, n_full)
+            for index in sorted({i0, 0, 1, par.pp - 1}):
+                sm = StageModel(sh, par, DEFAULT_ORDER, grp).place(first, last, crosses)
+                got = stage_cache.kind_cost(sm, n - n_moe, n_moe, n_full, index)
+                answers += 1
+                bad += got != (want, fresh.dp_exposed(want, index), want.states_bytes)
+    assert answers >= 40, answers
+    return bad
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] + "/" + c[5] for c in CASES])
+def test_kind_cost_equals_the_uncached_rule(case):
+    assert _kind_mismatches(*case) == 0
+
+
+# a profile no shipped one is (their gradient and gather overlaps agree): the gather overlapped, the
+# gradients not, so the exposed DP time differs where only the gather overlap does
+_GATHER_ONLY = dataclasses.replace(framework_profile("generic"), name="generic-gather-only", overlap_grad_reduce=False)
+EXPOSED_CASES = [c for c in CASES if c[5] == "generic"] + [CASES[0][:5] + (_GATHER_ONLY,)]
+
+
+def test_kind_cost_with_a_gather_only_overlap_equals_the_uncached_rule():
+    assert _kind_mismatches(*EXPOSED_CASES[-1]) == 0
+
+
+EXPOSED_KEY = {"states": (0,), "index": (1,), "overlap_gather": (2,)}
+
+
+@pytest.mark.parametrize("drop", EXPOSED_KEY.values(), ids=list(EXPOSED_KEY))
+def test_an_exposed_key_without_a_component_gives_wrong_answers(monkeypatch, drop):
+    monkeypatch.setattr(stage_cache, "exposed_key", _dropping(stage_cache.exposed_key, drop))
+    assert any(_kind_mismatches(*case) for case in EXPOSED_CASES)
+
+
+def _settings_mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
+    """``StageModel``'s attributes when its settings come from ``StageMesh.settings`` (a sweep
+    through one ``_Shared``) against a ``StageModel`` on a fresh ``_Shared``."""
+    from costmodel.stage_terms import _SETTINGS
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    workload, prof = Workload(**wl), framework_profile(fw)
+    sh = _Shared(model, cluster, workload, prof)
+    grp = cluster.groups[0]
+    bad = answers = 0
+    for par in _sweep(model, cluster, workload, base):
+        got = StageModel(sh, par, DEFAULT_ORDER, grp)
+        want = StageModel(_Shared(model, cluster, workload, prof), par, DEFAULT_ORDER, grp)
+        for name_ in _SETTINGS + ("selective", "first", "last", "pp_comm_s", "ends_params"):
+            answers += 1
+            bad += getattr(got, name_) != getattr(want, name_)
+    assert answers >= 40 and len(_SETTINGS) == 13, answers
+    return bad
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] + "/" + c[5] for c in CASES])
+def test_stage_model_settings_equal_the_uncached_rule(case):
+    assert _settings_mismatches(*case) == 0
+
+
+def test_settings_are_shared_across_recompute():
+    """The settings memo is used: one entry per ZeRO stage and overlap on the sweep's one mesh."""
+    name, cluster_name, gpus, wl, base, fw = CASES[2]
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    sh = _Shared(model, cluster, Workload(**wl), framework_profile(fw))
+    pars = _sweep(model, cluster, Workload(**wl), base)
+    for par in pars:
+        StageModel(sh, par, DEFAULT_ORDER, cluster.groups[0])
+    (mesh,) = sh.meshes.values()
+    assert len(mesh.settings) == len({(p.zero, p.overlap_dp_comm) for p in pars}) < len(pars)
+
+
+STAGE_MODEL_KEY = {"zero": (0,), "overlap_dp_comm": (1,)}
+
+
+@pytest.mark.parametrize("drop", STAGE_MODEL_KEY.values(), ids=list(STAGE_MODEL_KEY))
+def test_a_stage_model_key_without_a_component_gives_wrong_answers(monkeypatch, drop):
+    from costmodel import stage_terms
+    monkeypatch.setattr(stage_terms, "stage_model_key", _dropping(stage_terms.stage_model_key, drop))
+    assert any(_settings_mismatches(*case) for case in CASES)
+
+
+def test_megatron_end_tensors_and_buckets_equal_the_rule():
+    """``_Shared.ends_tensors`` and ``_Shared.stage_buckets`` (Megatron's bucket count per stage)
+    against the functions they memoize, for every placement, layer count and virtual stages."""
+    from costmodel.layers import ends_params
+    from costmodel.stage_terms import megatron_stage_buckets
+    for name, tp, pp, ep in (("llama-3-70b", 4, 8, 1), ("deepseek-v3", 1, 16, 64), ("llama-3.1-405b", 8, 16, 1)):
+        model, cluster = get_model(name), load_cluster("dgx-h100").with_gpus(tp * pp * 8)
+        wl = Workload(global_batch=512, seq_len=4096)
+        sh = _Shared(model, cluster, wl, framework_profile("megatron"))
+        checked = 0
+        for _ in range(2):                  # the second pass is served from the memo
+            for first, last, vpp, overlap in itertools.product((True, False), (True, False), (1, 2), (True, False)):
+                par = ParallelConfig(tp=tp, pp=pp, dp=8, ep=ep, sp=tp > 1, grad_accum=512 // 8, vpp=vpp,
+                                     overlap_dp_comm=overlap)
+                sm = StageModel(sh, par, DEFAULT_ORDER, cluster.groups[0]).place(first, last, False)
+                e = ends_params(model, tp, pp, first, last)
+                ends, emb = tuple(x for x in (e.head, e.norm) if x > 0), e.embedding
+                assert sm._ends_tensors() == (ends, emb)
+                numels, size = sm.megatron_buckets
+                for layers in (2, 4, 5):
+                    assert sh.stage_buckets(sm, layers) == megatron_stage_buckets(numels, layers, ends, emb, size,
+                                                                                  first, vpp)
+                    checked += 1
+        assert checked == 2 * 16 * 3 and len(sh.end_tensors) == 4
+
+
+def _all_cache_sizes() -> list[int]:
+    sizes = []
+    for sh in stage_cache._SHARED_BY_ID.values():
+        sizes += [len(sh.end_tensors), len(sh.buckets)]
+        for mesh in sh.meshes.values():
+            sizes += [len(mesh.layers_parts), len(mesh.states_parts), len(mesh.exposed_parts), len(mesh.settings)]
+    return sizes
+
+
+def test_clear_stage_costs_clears_every_cache_and_changes_no_answer():
+    """After a sweep every Speed6 cache holds entries; ``clear_stage_costs`` empties them all, and
+    the sweep then gives the same estimates (every float) from cold caches, configuration by
+    configuration (each one priced right after a clear, so nothing is served from another)."""
+    model, cluster = get_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(2048)
+    wl = Workload(global_batch=4096, seq_len=4096)
+    pars = _sweep(model, cluster, wl, dict(tp=1, pp=16, dp=128, ep=64, grad_accum=32))
+    stage_cache.clear_stage_costs()
+    warm = [estimate(model, cluster, wl, par, framework="megatron").to_dict() for par in pars]
+    sh = stage_cache._shared(model, cluster, wl, framework_profile("megatron"))
+    mesh = next(iter(sh.meshes.values()))
+    assert all((mesh.layers_parts, mesh.states_parts, mesh.exposed_parts, mesh.settings, sh.end_tensors, sh.buckets))
+    stage_cache.clear_stage_costs()
+    assert not any(_all_cache_sizes())
+    cold = []
+    for par in pars:
+        stage_cache.clear_stage_costs()
+        cold.append(estimate(model, cluster, wl, par, framework="megatron").to_dict())
+    assert cold == warm and repr(cold) == repr(warm)
