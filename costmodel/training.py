@@ -238,8 +238,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         # that is the kind's largest) and the summed model states; the step waits for the slowest
         # stage's reduction and optimizer
         c, exposed, states = cost_of_kind(sm.place(first, last, crosses), n - n_moe, n_moe, n_full, i0)
-        dp_exposed = max(dp_exposed, exposed)
-        opt_s = max(opt_s, c.optimizer_s)
+        if exposed > dp_exposed:            # max(dp_exposed, exposed), without the call
+            dp_exposed = exposed
+        if c.optimizer_s > opt_s:
+            opt_s = c.optimizer_s
         kind_cost.append(c)
         act_per, act_fixed, buffers = c.act_per_microbatch_bytes, c.act_fixed_bytes, c.buffers_bytes
         reserved, cap = sm.reserved_bytes, sm.capacity_bytes
