@@ -1,14 +1,19 @@
 """What the training estimates of one (model, cluster, workload, framework) share, cached: bytes
 per value, each node group's network, one layer's cost and terms per shape (``_Shared.layer``),
 a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds, a
-stage kind's two cost parts on its mesh (``stage_cost``, for ``estimate``); and placed stage
-models keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+stage kind's two cost parts and its exposed DP time on its mesh (``kind_cost``, for ``estimate``;
+``stage_cost``), a stage model's settings per mesh (``StageMesh.settings``), Megatron's end
+tensors and bucket counts (``_Shared.ends_tensors``, ``stage_buckets``); and placed stage models
+keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+``clear_stage_costs`` forgets the kinds' parts, the settings and the Megatron memos (not the
+per-shape terms, meshes, placements or splits).
 Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
 ``costmodel.layers``, ``costmodel.comm``) returns, computed once.
 """
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from functools import lru_cache
 from operator import itemgetter
 
@@ -27,6 +32,11 @@ from .units import dtype_bytes
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
                           fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms, megatron_layer_numels,
                           megatron_stage_buckets, stage_crosses)
+
+
+# every live _Shared (those estimate looks up by identity or equality, and any built directly), so
+# that clear_stage_costs reaches each one's memos
+_ALL_SHARED: "weakref.WeakSet[_Shared]" = weakref.WeakSet()
 
 
 @lru_cache(maxsize=256)
@@ -76,6 +86,7 @@ class _Shared:
         self.numels: dict[tuple, tuple[float, ...]] = {}
         self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
         self.buckets: dict[tuple, int] = {}
+        _ALL_SHARED.add(self)               # for clear_stage_costs
 
     def stage_buckets(self, sm: StageModel, layers: int) -> int:
         """The buckets Megatron-Core makes of the dense gradient buffer of a stage of ``layers``
@@ -374,9 +385,12 @@ def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int
 
 
 def clear_stage_costs() -> None:
-    """Forget every memoized ``stage_cost`` part (``bench/bench_estimate.py`` does before each
-    sweep, so that only configurations of one sweep share them)."""
-    for sh in _SHARED_BY_ID.values():
+    """Forget every memoized ``stage_cost`` / ``kind_cost`` part (the layers', the model states'
+    with the exposed DP time), every stage model's settings (``StageMesh.settings``) and the
+    Megatron memos (``_Shared.ends_tensors``, ``stage_buckets``): ``bench/bench_estimate.py`` does
+    before each sweep, so that only configurations of one sweep share them. Each is a memo of a
+    rule on a key holding all it reads, so clearing changes no answer (``tests/test_stage_cost_cache.py``)."""
+    for sh in list(_ALL_SHARED):
         sh.end_tensors.clear()
         sh.buckets.clear()
         for mesh in sh.meshes.values():

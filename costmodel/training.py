@@ -1,7 +1,7 @@
 """``estimate()``: memory per GPU and time per training step of one configuration, its stages
-put together: each kind of stage costed once (``StageModel.cost``, its two parts memoized by
-``stage_cache.stage_cost``), every stage's peak memory, and the step (``pipeline_step_time``);
-every stage's row (``Estimate.stages``) is built when first read.
+put together: each kind of stage costed once (``StageModel.cost``, its two parts and its exposed
+DP time memoized by ``stage_cache.kind_cost``), every stage's peak memory, and the step
+(``pipeline_step_time``); every stage's row (``Estimate.stages``) is built when first read.
 
 Three rooms: the rules (``costmodel.stage_terms``: layer and stage terms, the step and its
 sources), the caches (``costmodel.stage_cache``), and this module. The names the rest of the

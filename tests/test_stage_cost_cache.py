@@ -349,7 +349,7 @@ def test_megatron_end_tensors_and_buckets_equal_the_rule():
 
 def _all_cache_sizes() -> list[int]:
     sizes = []
-    for sh in stage_cache._SHARED_BY_ID.values():
+    for sh in list(stage_cache._ALL_SHARED):
         sizes += [len(sh.end_tensors), len(sh.buckets)]
         for mesh in sh.meshes.values():
             sizes += [len(mesh.layers_parts), len(mesh.states_parts), len(mesh.exposed_parts), len(mesh.settings)]
@@ -375,3 +375,20 @@ def test_clear_stage_costs_clears_every_cache_and_changes_no_answer():
         stage_cache.clear_stage_costs()
         cold.append(estimate(model, cluster, wl, par, framework="megatron").to_dict())
     assert cold == warm and repr(cold) == repr(warm)
+
+
+def test_clear_stage_costs_reaches_a_shared_built_directly():
+    """A ``_Shared`` that ``estimate`` never looked up (built directly, as the tests here do, or
+    dropped from the identity table) is cleared too."""
+    name, cluster_name, gpus, wl, base, fw = CASES[1]
+    model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+    sh = _Shared(model, cluster, Workload(**wl), framework_profile(fw))
+    par = ParallelConfig(**base)
+    sm = StageModel(sh, par, DEFAULT_ORDER, cluster.groups[0])
+    for _, first, last, crosses, n, n_moe, n_full, i0 in _kinds(sh, par):
+        stage_cache.kind_cost(sm.place(first, last, crosses), n - n_moe, n_moe, n_full, i0)
+    assert sh not in stage_cache._SHARED_BY_ID.values()
+    assert sm.mesh.exposed_parts and sm.mesh.settings and sh.buckets and sh.end_tensors
+    stage_cache.clear_stage_costs()
+    assert not (sm.mesh.layers_parts or sm.mesh.states_parts or sm.mesh.exposed_parts or sm.mesh.settings
+                or sh.buckets or sh.end_tensors)
