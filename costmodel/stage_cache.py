@@ -82,6 +82,7 @@ class _Shared:
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
+        self.settings: dict[tuple, dict] = {}      # mesh key less the micro-batch -> StageMesh.settings
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
         self.numels: dict[tuple, tuple[float, ...]] = {}
         self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
@@ -183,6 +184,9 @@ class _Shared:
         if mesh is not None:
             return mesh
         model, t = self.model, par.tp
+        # what the meshes of one layout share whatever their micro-batch: the stage models' settings
+        # (they read only parameter counts and groups, none of the micro-batch's terms)
+        settings = self.settings.setdefault(key[:9] + key[10:], {})
         gpn = grp.nvlink_gpus          # the NVLink domain: the fast tier of every group layout
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
@@ -229,7 +233,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={}, exposed_parts={}, settings={},
+            placements={}, layers_parts={}, states_parts={}, exposed_parts={}, settings=settings,
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
             step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
                                            self.workload.dtype == "fp16"))

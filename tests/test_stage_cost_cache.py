@@ -299,6 +299,37 @@ def test_stage_model_settings_equal_the_uncached_rule(case):
     assert _settings_mismatches(*case) == 0
 
 
+def test_settings_shared_across_micro_batches_equal_the_uncached_rule():
+    """The meshes of one layout share their settings whatever their micro-batch
+    (``_Shared.settings``): a sweep over micro-batches, ZeRO stages and overlaps through one
+    ``_Shared`` gives every stage model's settings as a fresh ``_Shared`` does, and makes one entry
+    per ZeRO stage and overlap for all its meshes."""
+    from costmodel.stage_terms import _SETTINGS
+    for name, cluster_name, gpus, wl, base, fw in CASES:
+        model, cluster = get_model(name), load_cluster(cluster_name).with_gpus(gpus)
+        workload, prof = Workload(**wl), framework_profile(fw)
+        sh = _Shared(model, cluster, workload, prof)
+        grp = cluster.groups[0]
+        p0 = ParallelConfig(**base)
+        per_replica = workload.global_batch // p0.dp
+        pars = []
+        for mb, zero, overlap in itertools.product((1, 2, 4), (0, 1, 2, 3), (True, False)):
+            try:
+                par = dataclasses.replace(p0, micro_batch=mb, grad_accum=per_replica // mb, zero=zero,
+                                          overlap_dp_comm=overlap, dp_shard=p0.dp_shard if zero == 3 else 0)
+                validate(model, cluster, workload, par)
+            except SpecError:
+                continue
+            pars.append(par)
+        for par in pars:
+            got = StageModel(sh, par, DEFAULT_ORDER, grp)
+            want = StageModel(_Shared(model, cluster, workload, prof), par, DEFAULT_ORDER, grp)
+            assert [getattr(got, k) for k in _SETTINGS] == [getattr(want, k) for k in _SETTINGS], (name, par)
+        # one settings memo per layout (here: per ZeRO-3 shard group), for all its micro-batches' meshes
+        assert len(sh.settings) == len({p.dp_shard for p in pars}) < len(sh.meshes)
+        assert sum(map(len, sh.settings.values())) == len({(p.zero, p.overlap_dp_comm) for p in pars})
+
+
 def test_settings_are_shared_across_recompute():
     """The settings memo is used: one entry per ZeRO stage and overlap on the sweep's one mesh."""
     name, cluster_name, gpus, wl, base, fw = CASES[2]
