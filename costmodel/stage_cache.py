@@ -82,7 +82,8 @@ class _Shared:
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
-        self.settings: dict[tuple, dict] = {}      # mesh key less the micro-batch -> StageMesh.settings
+        # mesh key less the micro-batch -> (StageMesh.settings, StageMesh.states_parts) of its meshes
+        self.layouts: dict[tuple, tuple[dict, dict]] = {}
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
         self.numels: dict[tuple, tuple[float, ...]] = {}
         self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
@@ -185,8 +186,9 @@ class _Shared:
             return mesh
         model, t = self.model, par.tp
         # what the meshes of one layout share whatever their micro-batch: the stage models' settings
-        # (they read only parameter counts and groups, none of the micro-batch's terms)
-        settings = self.settings.setdefault(key[:9] + key[10:], {})
+        # (they read only parameter counts and groups, none of the micro-batch's terms) and the
+        # kinds' model-state parts (keyed on the micro-batch's terms they read: stage_cache.states_key)
+        settings, states_parts = self.layouts.setdefault(key[:9] + key[10:], ({}, {}))
         gpn = grp.nvlink_gpus          # the NVLink domain: the fast tier of every group layout
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
@@ -233,7 +235,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={}, exposed_parts={}, settings=settings,
+            placements={}, layers_parts={}, states_parts=states_parts, exposed_parts={}, settings=settings,
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
             step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
                                            self.workload.dtype == "fp16"))
@@ -330,11 +332,17 @@ def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
 
 
 def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
-    """What ``StageModel.states_part`` reads besides the stage's mesh (``first`` and ``last`` fix
+    """What ``StageModel.states_part`` reads besides the stage's layout (``first`` and ``last`` fix
     its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; under
-    Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``)."""
+    Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``).
+    The meshes of one layout share the entries whatever their micro-batch (``_Shared.mesh``): of
+    the micro-batch's terms the part reads only the layers' compute time ``comp``, where the ZeRO
+    stage in effect is 2 or 3 (what overlaps it), and the embedding's activations on the first
+    stage; the key holds each where it is read (None elsewhere)."""
     vpp = sm.par.vpp if sm.megatron_buckets is not None else 1
-    return (sm.first, sm.last, sm.zero.zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe, comp, vpp)
+    zero = sm.zero.zero
+    return (sm.first, sm.last, zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe,
+            comp if zero >= 2 else None, vpp, sm.mesh.ends.embed_act_bytes if sm.first else None)
 
 
 def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:
@@ -354,12 +362,13 @@ def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageC
     return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
 
 
-def exposed_key(sm: StageModel, skey: tuple, index: int) -> tuple:
+def exposed_key(sm: StageModel, skey: tuple, comp: float, index: int) -> tuple:
     """What the exposed DP time of a stage (``StageModel.dp_exposed``: ``exposed_dp_time``) reads
-    besides the mesh (the cluster's ``slowdown``): its cost's model-state part and layers' compute
-    time (both fixed by the states key ``skey``, which holds the gradient overlap), the stage's
-    index, and the gather overlap."""
-    return (skey, index, sm.overlap_gather)
+    besides the mesh (the cluster's ``slowdown``): its cost's model-state part (fixed by the states
+    key ``skey``, which holds the gradient overlap), the layers' compute time ``comp``, the
+    stage's index, and the gather overlap. (``StageMesh.exposed_parts`` is the mesh's own, so
+    ``comp``, fixed by the mesh, ``last`` and the layer counts, is there for clarity.)"""
+    return (skey, comp, index, sm.overlap_gather)
 
 
 def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int) -> tuple[StageCost, float, float]:
@@ -373,15 +382,16 @@ def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int
     lay = mesh.layers_parts.get(key)
     if lay is None:
         lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
-    skey = states_key(sm, n_dense, n_moe, lay[0])
-    key = exposed_key(sm, skey, index)
+    comp = lay[0]
+    skey = states_key(sm, n_dense, n_moe, comp)
+    key = exposed_key(sm, skey, comp, index)
     hit = mesh.exposed_parts.get(key)
     if hit is not None:
         st, exposed, states = hit
         return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st), exposed, states
     st = mesh.states_parts.get(skey)
     if st is None:
-        st = mesh.states_parts[skey] = sm.states_part(n_dense, n_moe, lay[0])
+        st = mesh.states_parts[skey] = sm.states_part(n_dense, n_moe, comp)
     c = _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
     exposed, states = sm.dp_exposed(c, index), c.states_bytes
     mesh.exposed_parts[key] = (st, exposed, states)

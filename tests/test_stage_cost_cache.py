@@ -40,14 +40,20 @@ CASES = [
 ]
 
 
-def _sweep(model, cluster, wl, base: dict) -> list[ParallelConfig]:
+def _sweep(model, cluster, wl, base: dict, micro_batches: tuple[int, ...] = ()) -> list[ParallelConfig]:
+    """ZeRO stages, recompute modes, overlaps and virtual stages around ``base`` (and, given
+    ``micro_batches``, each of those micro-batch sizes: meshes that share their model-state parts)."""
     p0 = ParallelConfig(**base)
+    per_replica = wl.global_batch // p0.dp
     out = []
-    for zero, rc, overlap, vpp in itertools.product((0, 1, 2, 3), ("none", "selective", "full"), (True, False),
-                                                    sorted({p0.vpp, 1})):
+    for zero, rc, overlap, vpp, mb in itertools.product((0, 1, 2, 3), ("none", "selective", "full"), (True, False),
+                                                        sorted({p0.vpp, 1}), micro_batches or (p0.micro_batch,)):
         try:
+            if per_replica % mb:
+                continue
             par = dataclasses.replace(p0, zero=zero, recompute=rc, overlap_dp_comm=overlap, vpp=vpp, schedule="",
-                                      dp_shard=p0.dp_shard if zero == 3 else 0)
+                                      dp_shard=p0.dp_shard if zero == 3 else 0, micro_batch=mb,
+                                      grad_accum=per_replica // mb)
             validate(model, cluster, wl, par)
         except SpecError:
             continue
@@ -105,10 +111,12 @@ def test_parts_are_shared_across_the_sweep():
 
 
 # the components of each key (by position) dropped together. The layers' compute time ``comp``
-# ends the model-state key; it is a function of the mesh, ``last`` (the output head's compute)
-# and the layer counts, so each of those is dropped with it
+# (where ZeRO 2/3 overlap it) follows the counts in the model-state key; on one mesh it is a
+# function of ``last`` (the output head's compute) and the layer counts, so each of those is
+# dropped with it; the embedding's activations (the last component, first stage only) likewise
+# go with ``first``
 LAYERS_KEY = {"last": (0,), "selective": (1,), "n_dense": (2,), "n_moe": (3,), "r": (4,)}
-STATES_KEY = {"first": (0,), "last": (1, 7), "zero": (2,), "deferred_sync": (3,), "overlap_grad": (4,),
+STATES_KEY = {"first": (0, 9), "last": (1, 7), "zero": (2,), "deferred_sync": (3,), "overlap_grad": (4,),
               "n_dense": (5, 7), "n_moe": (6, 7)}
 
 
@@ -228,7 +236,7 @@ def _fresh_kind(model, cluster, workload, prof, par, grp, first, last, crosses, 
     return sm, sm.cost(n_dense, n_moe, r)
 
 
-def _kind_mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
+def _kind_mismatches(name, cluster_name, gpus, wl, base, fw, micro_batches: tuple[int, ...] = ()) -> int:
     """Sweep one case through one ``_Shared`` with ``stage_cache.kind_cost`` at several stage
     indices of each kind; count the answers (cost, exposed DP time, summed states) that differ
     from the uncached rule (``StageModel.cost``, ``dp_exposed`` and ``states_bytes`` on a fresh
@@ -238,7 +246,7 @@ def _kind_mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
     sh = _Shared(model, cluster, workload, prof)
     grp = cluster.groups[0]
     bad = answers = 0
-    for par in _sweep(model, cluster, workload, base):
+    for par in _sweep(model, cluster, workload, base, micro_batches):
         for _, first, last, crosses, n, n_moe, n_full, i0 in _kinds(sh, par):
             fresh, want = _fresh_kind(model, cluster, workload, prof, par, grp, first, last, crosses,
                                       n - n_moe, n_moe, n_full)
@@ -262,11 +270,29 @@ _GATHER_ONLY = dataclasses.replace(framework_profile("generic"), name="generic-g
 EXPOSED_CASES = [c for c in CASES if c[5] == "generic"] + [CASES[0][:5] + (_GATHER_ONLY,)]
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] + "/" + c[5] for c in CASES])
+def test_kind_cost_across_micro_batches_equals_the_uncached_rule(case):
+    """The meshes of several micro-batch sizes share their model-state parts (``_Shared.mesh``,
+    ``stage_cache.states_key``): still the uncached rule, answer by answer."""
+    assert _kind_mismatches(*case, micro_batches=(1, 2, 4)) == 0
+
+
+# the states key's components read from the micro-batch's terms: only a sweep over micro-batches
+# (meshes sharing one memo) can miss them
+STATES_KEY_MB = {"comp": (7,), "embed": (9,)}
+
+
+@pytest.mark.parametrize("drop", STATES_KEY_MB.values(), ids=list(STATES_KEY_MB))
+def test_a_states_key_without_a_micro_batch_term_gives_wrong_answers(monkeypatch, drop):
+    monkeypatch.setattr(stage_cache, "states_key", _dropping(stage_cache.states_key, drop))
+    assert any(_kind_mismatches(*case, micro_batches=(1, 2, 4)) for case in CASES)
+
+
 def test_kind_cost_with_a_gather_only_overlap_equals_the_uncached_rule():
     assert _kind_mismatches(*EXPOSED_CASES[-1]) == 0
 
 
-EXPOSED_KEY = {"states": (0,), "index": (1,), "overlap_gather": (2,)}
+EXPOSED_KEY = {"states": (0,), "index": (2,), "overlap_gather": (3,)}
 
 
 @pytest.mark.parametrize("drop", EXPOSED_KEY.values(), ids=list(EXPOSED_KEY))
@@ -301,7 +327,7 @@ def test_stage_model_settings_equal_the_uncached_rule(case):
 
 def test_settings_shared_across_micro_batches_equal_the_uncached_rule():
     """The meshes of one layout share their settings whatever their micro-batch
-    (``_Shared.settings``): a sweep over micro-batches, ZeRO stages and overlaps through one
+    (``_Shared.layouts``): a sweep over micro-batches, ZeRO stages and overlaps through one
     ``_Shared`` gives every stage model's settings as a fresh ``_Shared`` does, and makes one entry
     per ZeRO stage and overlap for all its meshes."""
     from costmodel.stage_terms import _SETTINGS
@@ -326,8 +352,9 @@ def test_settings_shared_across_micro_batches_equal_the_uncached_rule():
             want = StageModel(_Shared(model, cluster, workload, prof), par, DEFAULT_ORDER, grp)
             assert [getattr(got, k) for k in _SETTINGS] == [getattr(want, k) for k in _SETTINGS], (name, par)
         # one settings memo per layout (here: per ZeRO-3 shard group), for all its micro-batches' meshes
-        assert len(sh.settings) == len({p.dp_shard for p in pars}) < len(sh.meshes)
-        assert sum(map(len, sh.settings.values())) == len({(p.zero, p.overlap_dp_comm) for p in pars})
+        assert len(sh.layouts) == len({p.dp_shard for p in pars}) < len(sh.meshes)
+        assert sum(len(settings) for settings, _ in sh.layouts.values()) == len({(p.zero, p.overlap_dp_comm)
+                                                                                for p in pars})
 
 
 def test_settings_are_shared_across_recompute():
