@@ -576,7 +576,7 @@ class StageModel:
         # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
         # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
         # DistributedDataParallel.__init__ at core_v0.14.0)
-        self.megatron_buckets: tuple | None = None
+        self.megatron_buckets = None
         if fw.dp_bucket == "megatron":
             size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
             self.megatron_buckets = (sh.layer_numels(par.tp, par.ep, par.etp or None), size)

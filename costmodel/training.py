@@ -229,7 +229,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     # checked once all kinds are
     inflight, falling = sh.inflight(par)
     fits, fullest, fullest_ratio = True, 0, -1.0
-    least_act = None                        # the kinds' least activations per micro-batch (as min() finds it)
+    least_act: float | None = None          # the kinds' least activations per micro-batch (as min() finds it)
     for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
         sm = models.get(g)
         if sm is None:
@@ -258,7 +258,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             ratio = peak / cap
             if ratio > fullest_ratio:
                 fullest, fullest_ratio = i0, ratio
-    if not (falling and least_act >= 0.0):
+    if not (falling and least_act is not None and least_act >= 0.0):
         fits, fullest, fullest_ratio = True, 0, -1.0
         for i, (states, act_per, act_fixed, reserved, buffers, cap) in enumerate(per_stage_of(kind_mem)):
             peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
