@@ -1,14 +1,19 @@
 """What the training estimates of one (model, cluster, workload, framework) share, cached: bytes
 per value, each node group's network, one layer's cost and terms per shape (``_Shared.layer``),
 a mesh's groups and collective-time functions (``StageMesh``), an even split's stage kinds, a
-stage kind's two cost parts on its mesh (``stage_cost``, for ``estimate``); and placed stage
-models keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+stage kind's two cost parts and its exposed DP time on its mesh (``kind_cost``, for ``estimate``;
+``stage_cost``), a stage model's settings per mesh (``StageMesh.settings``), Megatron's end
+tensors and bucket counts (``_Shared.ends_tensors``, ``stage_buckets``); and placed stage models
+keyed on a whole configuration (``stage_model``, for the solver's tables and bounds).
+``clear_stage_costs`` forgets the kinds' parts, the settings and the Megatron memos (not the
+per-shape terms, meshes, placements or splits).
 Nothing here is a rule: each entry is what a rule in ``costmodel.stage_terms`` (or
 ``costmodel.layers``, ``costmodel.comm``) returns, computed once.
 """
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from functools import lru_cache
 from operator import itemgetter
 
@@ -16,7 +21,8 @@ from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
 from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
 from .scale import step_reductions_s
-from .layers import EndsCost, LayerCost, ends_cost, layer_cost, layer_matrices, layer_params, model_flops_per_token
+from .layers import (EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params,
+                     model_flops_per_token)
 from .memory import (bytes_per_param, ends_weight_bytes_per_param, expert_shard,
                      optimizer_traffic_bytes_per_param, param_gather_bytes_per_param)
 from .moe import comm_sm_share
@@ -25,7 +31,12 @@ from .specs import (ClusterSpec, ModelSpec, ParallelConfig, Workload,
 from .units import dtype_bytes
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, _degrees, _new_cost,
                           fp8_recipe_of, head_compute_s, inflight_microbatches, layer_sums, layer_terms, megatron_layer_numels,
-                          stage_crosses)
+                          megatron_stage_buckets, stage_crosses)
+
+
+# every live _Shared (those estimate looks up by identity or equality, and any built directly), so
+# that clear_stage_costs reaches each one's memos
+_ALL_SHARED: "weakref.WeakSet[_Shared]" = weakref.WeakSet()
 
 
 @lru_cache(maxsize=256)
@@ -71,8 +82,38 @@ class _Shared:
         self.ends: dict[tuple, EndsCost] = {}
         self.splits: dict[tuple, tuple] = {}
         self.meshes: dict[tuple, StageMesh] = {}
+        # mesh key less the micro-batch -> (StageMesh.settings, StageMesh.states_parts) of its meshes
+        self.layouts: dict[tuple, tuple[dict, dict]] = {}
         self.flights: dict[tuple, tuple[list[float], bool]] = {}
         self.numels: dict[tuple, tuple[float, ...]] = {}
+        self.end_tensors: dict[tuple, tuple[tuple[float, ...], float]] = {}
+        self.buckets: dict[tuple, int] = {}
+        _ALL_SHARED.add(self)               # for clear_stage_costs
+
+    def stage_buckets(self, sm: StageModel, layers: int) -> int:
+        """The buckets Megatron-Core makes of the dense gradient buffer of a stage of ``layers``
+        layers placed as ``sm`` is (``stage_terms.megatron_stage_buckets``, from ``sm.megatron_buckets``
+        and ``sm._ends_tensors``), memoized on what they read: tp, ep and expert TP (the layer's
+        tensors), pp, first and last (the ends), virtual stages, layers and the bucket size."""
+        par = sm.par
+        numels, size = sm.megatron_buckets
+        key = (par.tp, par.ep, par.etp, par.pp, par.vpp, layers, sm.first, sm.last, size)
+        hit = self.buckets.get(key)
+        if hit is None:
+            ends, emb = sm._ends_tensors()
+            hit = self.buckets[key] = megatron_stage_buckets(numels, layers, ends, emb, size, sm.first, par.vpp)
+        return hit
+
+    def ends_tensors(self, tp: int, pp: int, first: bool, last: bool) -> tuple[tuple[float, ...], float]:
+        """A stage's output head and final norm (backprop order, last stage) and embedding (first
+        stage) as Megatron-Core's buffer holds them (``StageModel._ends_tensors``, for
+        ``stage_terms.megatron_stage_buckets``), memoized on (tp, pp, first, last)."""
+        key = (tp, pp, first, last)
+        hit = self.end_tensors.get(key)
+        if hit is None:
+            e = ends_params(self.model, tp, pp, first, last)
+            hit = self.end_tensors[key] = (tuple(x for x in (e.head, e.norm) if x > 0), e.embedding)
+        return hit
 
     def layer_numels(self, tp: int, ep: int, etp: int | None) -> tuple[float, ...]:
         """``stage_terms.megatron_layer_numels`` of the model, memoized on (tp, ep, expert TP)."""
@@ -144,6 +185,10 @@ class _Shared:
         if mesh is not None:
             return mesh
         model, t = self.model, par.tp
+        # what the meshes of one layout share whatever their micro-batch: the stage models' settings
+        # (they read only parameter counts and groups, none of the micro-batch's terms) and the
+        # kinds' model-state parts (keyed on the micro-batch's terms they read: stage_cache.states_key)
+        settings, states_parts = self.layouts.setdefault(key[:9] + key[10:], ({}, {}))
         gpn = grp.nvlink_gpus          # the NVLink domain: the fast tier of every group layout
         net = self.groups[grp.name][1]
         degrees = _degrees(par)
@@ -190,7 +235,7 @@ class _Shared:
             all_gather_shard=net.all_gather_fn(shard_lay), all_gather_expert=net.all_gather_fn(e_lay),
             all_reduce_dp=net.all_reduce_fn(dp_lay), all_reduce_expert_dp=net.all_reduce_fn(e_all_lay),
             all_reduce_replicas=net.all_reduce_fn(rep_lay), all_reduce_expert_replicas=net.all_reduce_fn(e_rep_lay),
-            placements={}, layers_parts={}, states_parts={},
+            placements={}, layers_parts={}, states_parts=states_parts, exposed_parts={}, settings=settings,
             dp_latency_s=net.latency_s(dp_lay, 2), replica_latency_s=net.latency_s(rep_lay, 2),
             step_fixed_s=step_reductions_s(net, layout_for(par.world_size, 1, gpn), dp_lay,
                                            self.workload.dtype == "fp16"))
@@ -287,11 +332,17 @@ def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
 
 
 def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
-    """What ``StageModel.states_part`` reads besides the stage's mesh (``first`` and ``last`` fix
+    """What ``StageModel.states_part`` reads besides the stage's layout (``first`` and ``last`` fix
     its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; under
-    Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``)."""
+    Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``).
+    The meshes of one layout share the entries whatever their micro-batch (``_Shared.mesh``): of
+    the micro-batch's terms the part reads only the layers' compute time ``comp``, where the ZeRO
+    stage in effect is 2 or 3 (what overlaps it), and the embedding's activations on the first
+    stage; the key holds each where it is read (None elsewhere)."""
     vpp = sm.par.vpp if sm.megatron_buckets is not None else 1
-    return (sm.first, sm.last, sm.zero.zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe, comp, vpp)
+    zero = sm.zero.zero
+    return (sm.first, sm.last, zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe,
+            comp if zero >= 2 else None, vpp, sm.mesh.ends.embed_act_bytes if sm.first else None)
 
 
 def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:
@@ -311,13 +362,56 @@ def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageC
     return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
 
 
+def exposed_key(sm: StageModel, skey: tuple, comp: float, index: int) -> tuple:
+    """What the exposed DP time of a stage (``StageModel.dp_exposed``: ``exposed_dp_time``) reads
+    besides the mesh (the cluster's ``slowdown``): its cost's model-state part (fixed by the states
+    key ``skey``, which holds the gradient overlap), the layers' compute time ``comp``, the
+    stage's index, and the gather overlap. (``StageMesh.exposed_parts`` is the mesh's own, so
+    ``comp``, fixed by the mesh, ``last`` and the layer counts, is there for clarity.)"""
+    return (skey, comp, index, sm.overlap_gather)
+
+
+def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int) -> tuple[StageCost, float, float]:
+    """``stage_cost(sm, n_dense, n_moe, r)``, with its exposed DP time at stage ``index``
+    (``sm.dp_exposed``) and its summed model states (``StageCost.states_bytes``): ``estimate``
+    costs each kind of stage through it, ``index`` the kind's first stage. The exposed time and the
+    states are memoized with the model-state part (``StageMesh.exposed_parts``, keyed on
+    ``exposed_key``), so the configurations of one mesh that differ only in recompute share them."""
+    mesh = sm.mesh
+    key = layers_key(sm, n_dense, n_moe, r)
+    lay = mesh.layers_parts.get(key)
+    if lay is None:
+        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
+    comp = lay[0]
+    skey = states_key(sm, n_dense, n_moe, comp)
+    key = exposed_key(sm, skey, comp, index)
+    hit = mesh.exposed_parts.get(key)
+    if hit is not None:
+        st, exposed, states = hit
+        return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st), exposed, states
+    st = mesh.states_parts.get(skey)
+    if st is None:
+        st = mesh.states_parts[skey] = sm.states_part(n_dense, n_moe, comp)
+    c = _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
+    exposed, states = sm.dp_exposed(c, index), c.states_bytes
+    mesh.exposed_parts[key] = (st, exposed, states)
+    return c, exposed, states
+
+
 def clear_stage_costs() -> None:
-    """Forget every memoized ``stage_cost`` part (``bench/bench_estimate.py`` does before each
-    sweep, so that only configurations of one sweep share them)."""
-    for sh in _SHARED_BY_ID.values():
+    """Forget every memoized ``stage_cost`` / ``kind_cost`` part (the layers', the model states'
+    with the exposed DP time), every stage model's settings (``StageMesh.settings``) and the
+    Megatron memos (``_Shared.ends_tensors``, ``stage_buckets``): ``bench/bench_estimate.py`` does
+    before each sweep, so that only configurations of one sweep share them. Each is a memo of a
+    rule on a key holding all it reads, so clearing changes no answer (``tests/test_stage_cost_cache.py``)."""
+    for sh in list(_ALL_SHARED):
+        sh.end_tensors.clear()
+        sh.buckets.clear()
         for mesh in sh.meshes.values():
             mesh.layers_parts.clear()
             mesh.states_parts.clear()
+            mesh.exposed_parts.clear()
+            mesh.settings.clear()
 
 
 @lru_cache(maxsize=1024)

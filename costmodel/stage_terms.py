@@ -326,6 +326,8 @@ class StageMesh:
     placements: dict                   # (first, last, crosses) -> (pp_comm_s, ends params), memoized
     layers_parts: dict                 # stage_cache.layers_key -> StageModel.layers_part, memoized by estimate
     states_parts: dict                 # stage_cache.states_key -> StageModel.states_part, memoized by estimate
+    exposed_parts: dict                # stage_cache.exposed_key -> (states part, exposed DP time, states bytes)
+    settings: dict                     # stage_model_key -> StageModel's settings (_SETTINGS), memoized
     dp_latency_s: float = 0.0          # fixed time of one all-reduce on the dp x cp group
     replica_latency_s: float = 0.0     # and on the (HSDP) replica group
     step_fixed_s: float = 0.0          # per-step reductions that do not shrink (scale.step_reductions_s)
@@ -485,6 +487,20 @@ def _bucketed(collective: Callable[[float], float], nbytes: float, group: int,
     return launched(t / calls + latency_s * (calls - 1) / calls, calls)
 
 
+def stage_model_key(par: ParallelConfig) -> tuple:
+    """What ``StageModel``'s settings (``_SETTINGS``) read of a configuration besides its mesh
+    (``stage_cache._Shared.mesh`` keys that on order, pp, dp, cp, tp, ep, etp, dp_shard, sp,
+    micro-batch, node group, dispatcher and EP overlap): the ZeRO stage and the data-parallel
+    overlap. The settings are kept per mesh under it (``StageMesh.settings``)."""
+    return (par.zero, par.overlap_dp_comm)
+
+
+# the attributes ``StageModel._settings`` sets, in the order ``StageMesh.settings`` holds them
+_SETTINGS = ("deferred_sync", "regather", "buffers_bytes", "zero", "reserved_bytes", "capacity_bytes",
+             "overlap_grad", "overlap_gather", "hbm_bytes_per_s", "slowdown", "grad_bucket_bytes",
+             "gather_bucket_bytes", "megatron_buckets")
+
+
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
@@ -500,6 +516,24 @@ class StageModel:
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
         self.sh, self.par, self.mesh = sh, par, mesh
+        # the settings below read the mesh and, of the configuration, only ``stage_model_key``:
+        # computed once per mesh and key (``StageMesh.settings``), then copied
+        key = stage_model_key(par)
+        settings = mesh.settings.get(key)
+        if settings is None:
+            self._settings(sh, par, mesh, grp)
+            mesh.settings[key] = tuple(getattr(self, name) for name in _SETTINGS)
+        else:
+            (self.deferred_sync, self.regather, self.buffers_bytes, self.zero, self.reserved_bytes,
+             self.capacity_bytes, self.overlap_grad, self.overlap_gather, self.hbm_bytes_per_s, self.slowdown,
+             self.grad_bucket_bytes, self.gather_bucket_bytes, self.megatron_buckets) = settings
+        self.selective = par.recompute == "selective"
+        self.first = self.last = False
+        self.pp_comm_s = self.ends_params = 0.0
+
+    def _settings(self, sh: "_Shared", par: ParallelConfig, mesh: StageMesh, grp: NodeGroup) -> None:
+        """The stage model's settings (``_SETTINGS``, all but recompute): its ZeRO sharding and buffers, overlaps,
+        memory capacity, HBM rate and data-parallel buckets, from the mesh and ``stage_model_key``."""
         z = par.zero
         # torch.distributed.pipelining (torch 2.13 ``stage.py`` ``backward_maybe_with_nosync``: on an
         # FSDP2 stage every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
@@ -530,7 +564,6 @@ class StageModel:
         if self.regather:               # whole gradients, sharded weights and optimizer state
             dense_div, expert_div = (dense_div[0], 1, dense_div[2]), (expert_div[0], 1, expert_div[2])
         self.zero = ZeroSharding(z, mesh.dense_shard, mesh.expert_shard, dense_div, expert_div)
-        self.selective = par.recompute == "selective"
         gpu = grp.gpu
         fw = sh.framework
         # what a plan may use: the GPU's memory less the framework's headroom (costmodel.frameworks)
@@ -550,12 +583,10 @@ class StageModel:
         # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
         # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
         # DistributedDataParallel.__init__ at core_v0.14.0)
-        self.megatron_buckets: tuple | None = None
+        self.megatron_buckets = None
         if fw.dp_bucket == "megatron":
             size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
             self.megatron_buckets = (sh.layer_numels(par.tp, par.ep, par.etp or None), size)
-        self.first = self.last = False
-        self.pp_comm_s = self.ends_params = 0.0
 
     def place(self, first: bool, last: bool, crosses: bool) -> "StageModel":
         """Put the stage first and/or last in the pipeline, its neighbour on another node or not."""
@@ -570,8 +601,7 @@ class StageModel:
         """This stage's output head and final norm (backprop order, last stage) and embedding
         (first stage) as Megatron-Core's buffer holds them (``megatron_stage_buckets``)."""
         par = self.par
-        e = ends_params(self.sh.model, par.tp, par.pp, self.first, self.last)
-        return tuple(x for x in (e.head, e.norm) if x > 0), e.embedding
+        return self.sh.ends_tensors(par.tp, par.pp, self.first, self.last)
 
     def _placement(self, first: bool, last: bool, crosses: bool) -> tuple[float, float]:
         """(pipeline send/receive time per micro-batch, embedding and head parameters)."""
@@ -683,9 +713,7 @@ class StageModel:
             gb, wb = self.grad_bucket_bytes, self.gather_bucket_bytes
             dcalls = 0                          # the dense buffer's buckets where counted
             if self.megatron_buckets is not None:
-                numels, size = self.megatron_buckets
-                ends, emb = self._ends_tensors()
-                dcalls = megatron_stage_buckets(numels, int(round(n)), ends, emb, size, self.first, self.par.vpp)
+                dcalls = sh.stage_buckets(self, int(round(n)))
             if zero == 0:
                 grad_s = _bucketed(mesh.all_reduce_dp, dense_params * g_b, mesh.data_parallel, gb, mesh.dp_latency_s,
                                    dcalls)

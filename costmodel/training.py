@@ -1,7 +1,7 @@
 """``estimate()``: memory per GPU and time per training step of one configuration, its stages
-put together: each kind of stage costed once (``StageModel.cost``, its two parts memoized by
-``stage_cache.stage_cost``), every stage's peak memory, and the step (``pipeline_step_time``);
-every stage's row (``Estimate.stages``) is built when first read.
+put together: each kind of stage costed once (``StageModel.cost``, its two parts and its exposed
+DP time memoized by ``stage_cache.kind_cost``), every stage's peak memory, and the step
+(``pipeline_step_time``); every stage's row (``Estimate.stages``) is built when first read.
 
 Three rooms: the rules (``costmodel.stage_terms``: layer and stage terms, the step and its
 sources), the caches (``costmodel.stage_cache``), and this module. The names the rest of the
@@ -19,7 +19,8 @@ from .frameworks import FrameworkProfile, framework_profile
 from .memory import activations_in_flight, stage_memory, stage_peak_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
                     default_stages, validate)
-from .stage_cache import _per_stage, _shared, stage_compute_time, stage_cost, stage_model
+from .stage_cache import _per_stage, _shared, stage_compute_time, stage_model
+from .stage_cache import kind_cost as cost_of_kind
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
                           fewest_full_recompute_layers, fp8_recipe_of, head_compute_s, inflight_microbatches,
                           layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses)
@@ -218,40 +219,54 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     kind_mem: list[PeakInputs] = []
     kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
     dp_exposed = opt_s = 0.0
-    for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
-        sm = models.get(g)
-        if sm is None:
-            sm = models[g] = StageModel(sh, par, order, sh.groups[g][0])
-        c = stage_cost(sm.place(first, last, crosses), n - n_moe, n_moe, n_full)
-        # the exposed DP time at the kind's first stage (it falls with the stage index, so that
-        # is the kind's largest); the step waits for the slowest stage's reduction and optimizer
-        dp_exposed = max(dp_exposed, sm.dp_exposed(c, i0))
-        opt_s = max(opt_s, c.optimizer_s)
-        kind_cost.append(c)
-        kind_mem.append(_new_tuple(PeakInputs, (c.states_bytes, c.act_per_microbatch_bytes, c.act_fixed_bytes,
-                                                sm.reserved_bytes, c.buffers_bytes, sm.capacity_bytes)))
-        kind_time.append(c.time_s)
-        kind_hf.append(c.hw_flops)
-        kind_peak.append(sh.groups[g][2])
     # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
     # states); whether all fit; the stage nearest its capacity (the first of equals). Where the
     # micro-batches in flight never grow along the pipeline and no kind's activations per
     # micro-batch are negative, a kind's peak (nondecreasing in the micro-batches in flight, as
     # activations_in_flight and stage_peak_bytes are in their arguments) is largest at its first
-    # stage, the first of its equals: those stages alone decide both
+    # stage, the first of its equals: those stages alone decide both, checked as the kinds are
+    # costed (in the kinds' order, the order of their first stages); otherwise every stage is
+    # checked once all kinds are
     inflight, falling = sh.inflight(par)
-    if falling and min(pk[1] for pk in kind_mem) >= 0.0:
-        checked = [(d[7], pk) for d, pk in zip(descs, kind_mem)]        # (index of its first stage, kind)
-    else:
-        checked = list(enumerate(per_stage_of(kind_mem)))
     fits, fullest, fullest_ratio = True, 0, -1.0
-    for i, (states, act_per, act_fixed, reserved, buffers, cap) in checked:
-        peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
-        if peak > cap:
-            fits = False
-        ratio = peak / cap
-        if ratio > fullest_ratio:
-            fullest, fullest_ratio = i, ratio
+    least_act: float | None = None          # the kinds' least activations per micro-batch (as min() finds it)
+    for g, first, last, crosses, n, n_moe, n_full, i0 in descs:
+        sm = models.get(g)
+        if sm is None:
+            sm = models[g] = StageModel(sh, par, order, sh.groups[g][0])
+        # the cost, the exposed DP time at the kind's first stage (it falls with the stage index, so
+        # that is the kind's largest) and the summed model states; the step waits for the slowest
+        # stage's reduction and optimizer
+        c, exposed, states = cost_of_kind(sm.place(first, last, crosses), n - n_moe, n_moe, n_full, i0)
+        if exposed > dp_exposed:            # max(dp_exposed, exposed), without the call
+            dp_exposed = exposed
+        if c.optimizer_s > opt_s:
+            opt_s = c.optimizer_s
+        kind_cost.append(c)
+        act_per, act_fixed, buffers = c.act_per_microbatch_bytes, c.act_fixed_bytes, c.buffers_bytes
+        reserved, cap = sm.reserved_bytes, sm.capacity_bytes
+        kind_mem.append(_new_tuple(PeakInputs, (states, act_per, act_fixed, reserved, buffers, cap)))
+        kind_time.append(c.time_s)
+        kind_hf.append(c.hw_flops)
+        kind_peak.append(sh.groups[g][2])
+        if least_act is None or act_per < least_act:
+            least_act = act_per
+        if falling:
+            peak = stage_peak_bytes(states, activations_in_flight(inflight[i0], act_per, act_fixed), reserved, buffers)
+            if peak > cap:
+                fits = False
+            ratio = peak / cap
+            if ratio > fullest_ratio:
+                fullest, fullest_ratio = i0, ratio
+    if not (falling and least_act is not None and least_act >= 0.0):
+        fits, fullest, fullest_ratio = True, 0, -1.0
+        for i, (states, act_per, act_fixed, reserved, buffers, cap) in enumerate(per_stage_of(kind_mem)):
+            peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
+            if peak > cap:
+                fits = False
+            ratio = peak / cap
+            if ratio > fullest_ratio:
+                fullest, fullest_ratio = i, ratio
     times = per_stage_of(kind_time)
     step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
     j = times.index(max(times))
