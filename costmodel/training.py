@@ -173,6 +173,14 @@ def _stage_rows(kind_cost: list[StageCost], kind_peak: list[PeakInputs], descs: 
             for i, (k, infl, first_layer) in enumerate(zip([kinds[k] for k in ids], inflight, firsts))]
 
 
+def _stage_fill(mem: PeakInputs, inflight: float) -> tuple[bool, float]:
+    """Whether a stage with these memory inputs and ``inflight`` micro-batches in flight overflows
+    its GPU, and its peak over its capacity (``memory.stage_peak_bytes``)."""
+    states, act_per, act_fixed, reserved, buffers, cap = mem
+    peak = stage_peak_bytes(states, activations_in_flight(inflight, act_per, act_fixed), reserved, buffers)
+    return peak > cap, peak / cap
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
              stages: tuple[StageSpec, ...] | None = None, order: tuple[str, ...] | None = None,
              framework: "str | FrameworkProfile" = "generic") -> Estimate:
@@ -252,19 +260,17 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         if least_act is None or act_per < least_act:
             least_act = act_per
         if falling:
-            peak = stage_peak_bytes(states, activations_in_flight(inflight[i0], act_per, act_fixed), reserved, buffers)
-            if peak > cap:
+            over, ratio = _stage_fill(kind_mem[-1], inflight[i0])
+            if over:
                 fits = False
-            ratio = peak / cap
             if ratio > fullest_ratio:
                 fullest, fullest_ratio = i0, ratio
     if not (falling and least_act is not None and least_act >= 0.0):
         fits, fullest, fullest_ratio = True, 0, -1.0
-        for i, (states, act_per, act_fixed, reserved, buffers, cap) in enumerate(per_stage_of(kind_mem)):
-            peak = stage_peak_bytes(states, activations_in_flight(inflight[i], act_per, act_fixed), reserved, buffers)
-            if peak > cap:
+        for i, mem in enumerate(per_stage_of(kind_mem)):
+            over, ratio = _stage_fill(mem, inflight[i])
+            if over:
                 fits = False
-            ratio = peak / cap
             if ratio > fullest_ratio:
                 fullest, fullest_ratio = i, ratio
     times = per_stage_of(kind_time)
