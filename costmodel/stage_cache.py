@@ -333,7 +333,8 @@ def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
 
 def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:
     """What ``StageModel.states_part`` reads besides the stage's layout (``first`` and ``last`` fix
-    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; under
+    its embedding, head and MTP parameters; the ZeRO stage its sharding and buffers; the gather
+    overlap FSDP2's per-micro-batch ZeRO-2 gather; under
     Megatron's buckets the virtual stages their count: ``stage_terms.megatron_stage_buckets``).
     The meshes of one layout share the entries whatever their micro-batch (``_Shared.mesh``): of
     the micro-batch's terms the part reads only the layers' compute time ``comp``, where the ZeRO
@@ -341,34 +342,45 @@ def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tup
     stage; the key holds each where it is read (None elsewhere)."""
     vpp = sm.par.vpp if sm.megatron_buckets is not None else 1
     zero = sm.zero.zero
-    return (sm.first, sm.last, zero, sm.deferred_sync, sm.overlap_grad, n_dense, n_moe,
+    return (sm.first, sm.last, zero, sm.deferred_sync, sm.overlap_grad, sm.overlap_gather, n_dense, n_moe,
             comp if zero >= 2 else None, vpp, sm.mesh.ends.embed_act_bytes if sm.first else None)
+
+
+def _layers_part(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
+    """``sm.layers_part(n_dense, n_moe, r)``, memoized on the stage's mesh (``layers_key``)."""
+    parts, key = sm.mesh.layers_parts, layers_key(sm, n_dense, n_moe, r)
+    lay = parts.get(key)
+    if lay is None:
+        lay = parts[key] = sm.layers_part(n_dense, n_moe, r)
+    return lay
+
+
+def _states_part(sm: StageModel, skey: tuple, n_dense: float, n_moe: float, comp: float) -> tuple:
+    """``sm.states_part(n_dense, n_moe, comp)``, memoized on the stage's layout (``states_key`` ``skey``)."""
+    parts = sm.mesh.states_parts
+    st = parts.get(skey)
+    if st is None:
+        st = parts[skey] = sm.states_part(n_dense, n_moe, comp)
+    return st
 
 
 def stage_cost(sm: StageModel, n_dense: float, n_moe: float, r: float) -> StageCost:
     """``sm.cost(n_dense, n_moe, r)``, its layers' and model-state parts memoized on the stage's
     mesh (``StageMesh.layers_parts``, ``states_parts``): the configurations of one mesh that differ
     in ZeRO stage share the first, those that differ in recompute (or in micro-batches, schedule,
-    virtual stages) the second. ``estimate`` costs each kind of stage through it."""
-    mesh = sm.mesh
-    key = layers_key(sm, n_dense, n_moe, r)
-    lay = mesh.layers_parts.get(key)
-    if lay is None:
-        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
-    key = states_key(sm, n_dense, n_moe, lay[0])
-    st = mesh.states_parts.get(key)
-    if st is None:
-        st = mesh.states_parts[key] = sm.states_part(n_dense, n_moe, lay[0])
+    virtual stages) the second. ``kind_cost`` (what ``estimate`` calls) adds the exposed DP time."""
+    lay = _layers_part(sm, n_dense, n_moe, r)
+    st = _states_part(sm, states_key(sm, n_dense, n_moe, lay[0]), n_dense, n_moe, lay[0])
     return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
 
 
 def exposed_key(sm: StageModel, skey: tuple, comp: float, index: int) -> tuple:
     """What the exposed DP time of a stage (``StageModel.dp_exposed``: ``exposed_dp_time``) reads
     besides the mesh (the cluster's ``slowdown``): its cost's model-state part (fixed by the states
-    key ``skey``, which holds the gradient overlap), the layers' compute time ``comp``, the
-    stage's index, and the gather overlap. (``StageMesh.exposed_parts`` is the mesh's own, so
-    ``comp``, fixed by the mesh, ``last`` and the layer counts, is there for clarity.)"""
-    return (skey, comp, index, sm.overlap_gather)
+    key ``skey``, which holds both overlaps), the layers' compute time ``comp`` and the stage's
+    index. (``StageMesh.exposed_parts`` is the mesh's own, so ``comp``, fixed by the mesh, ``last``
+    and the layer counts, is there for clarity.)"""
+    return (skey, comp, index)
 
 
 def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int) -> tuple[StageCost, float, float]:
@@ -377,24 +389,19 @@ def kind_cost(sm: StageModel, n_dense: float, n_moe: float, r: float, index: int
     costs each kind of stage through it, ``index`` the kind's first stage. The exposed time and the
     states are memoized with the model-state part (``StageMesh.exposed_parts``, keyed on
     ``exposed_key``), so the configurations of one mesh that differ only in recompute share them."""
-    mesh = sm.mesh
-    key = layers_key(sm, n_dense, n_moe, r)
-    lay = mesh.layers_parts.get(key)
-    if lay is None:
-        lay = mesh.layers_parts[key] = sm.layers_part(n_dense, n_moe, r)
+    lay = _layers_part(sm, n_dense, n_moe, r)
     comp = lay[0]
     skey = states_key(sm, n_dense, n_moe, comp)
     key = exposed_key(sm, skey, comp, index)
-    hit = mesh.exposed_parts.get(key)
+    exposed_parts = sm.mesh.exposed_parts
+    hit = exposed_parts.get(key)
     if hit is not None:
         st, exposed, states = hit
         return _new_cost(StageCost, lay + (sm.pp_comm_s,) + st), exposed, states
-    st = mesh.states_parts.get(skey)
-    if st is None:
-        st = mesh.states_parts[skey] = sm.states_part(n_dense, n_moe, comp)
+    st = _states_part(sm, skey, n_dense, n_moe, comp)
     c = _new_cost(StageCost, lay + (sm.pp_comm_s,) + st)
     exposed, states = sm.dp_exposed(c, index), c.states_bytes
-    mesh.exposed_parts[key] = (st, exposed, states)
+    exposed_parts[key] = (st, exposed, states)
     return c, exposed, states
 
 

@@ -116,8 +116,8 @@ def test_parts_are_shared_across_the_sweep():
 # dropped with it; the embedding's activations (the last component, first stage only) likewise
 # go with ``first``
 LAYERS_KEY = {"last": (0,), "selective": (1,), "n_dense": (2,), "n_moe": (3,), "r": (4,)}
-STATES_KEY = {"first": (0, 9), "last": (1, 7), "zero": (2,), "deferred_sync": (3,), "overlap_grad": (4,),
-              "n_dense": (5, 7), "n_moe": (6, 7)}
+STATES_KEY = {"first": (0, 10), "last": (1, 8), "zero": (2,), "deferred_sync": (3,), "overlaps": (4, 5),
+              "n_dense": (6, 8), "n_moe": (7, 8)}
 
 
 def _dropping(key_fn, drop):
@@ -279,7 +279,7 @@ def test_kind_cost_across_micro_batches_equals_the_uncached_rule(case):
 
 # the states key's components read from the micro-batch's terms: only a sweep over micro-batches
 # (meshes sharing one memo) can miss them
-STATES_KEY_MB = {"comp": (7,), "embed": (9,)}
+STATES_KEY_MB = {"comp": (8,), "embed": (10,)}
 
 
 @pytest.mark.parametrize("drop", STATES_KEY_MB.values(), ids=list(STATES_KEY_MB))
@@ -292,7 +292,24 @@ def test_kind_cost_with_a_gather_only_overlap_equals_the_uncached_rule():
     assert _kind_mismatches(*EXPOSED_CASES[-1]) == 0
 
 
-EXPOSED_KEY = {"states": (0,), "index": (2,), "overlap_gather": (3,)}
+# FSDP2's ZeRO-2 gathers before every micro-batch's forward, overlapped or not by the gather overlap
+# (StageModel.states_part): the states key holds it, which only a gather-only profile can tell apart
+_FSDP2_GATHER_ONLY = dataclasses.replace(_GATHER_ONLY, name="fsdp2-gather-only", fsdp2_copies=True)
+
+
+_GRAD_ONLY = dataclasses.replace(framework_profile("generic"), name="generic-grad-only", overlap_param_gather=False)
+
+
+@pytest.mark.parametrize("profile, drop", [(_FSDP2_GATHER_ONLY, (5,)), (_GRAD_ONLY, (4,))], ids=["gather", "grad"])
+def test_a_states_key_without_one_overlap_gives_wrong_answers(monkeypatch, profile, drop):
+    """Each overlap apart, on a profile where only that one follows the plan's DP overlap."""
+    case = CASES[0][:5] + (profile,)
+    assert _kind_mismatches(*case) == 0
+    monkeypatch.setattr(stage_cache, "states_key", _dropping(stage_cache.states_key, drop))
+    assert _kind_mismatches(*case)
+
+
+EXPOSED_KEY = {"states": (0,), "index": (2,)}
 
 
 @pytest.mark.parametrize("drop", EXPOSED_KEY.values(), ids=list(EXPOSED_KEY))
