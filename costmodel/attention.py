@@ -68,8 +68,10 @@ Which kernel runs (``kernel_for``), from the framework profile's ``attention`` f
   at least 9.15.1 (the guard pytorch/pytorch#138522 added after 2.5): cuDNN on Hopper and
   Blackwell, FA2 on Ampere. Older PyTorch (2.8-2.9: flash first) would run FA2 on Hopper, slower.
 * "flash-attn": the flash-attn package (Megatron-DeepSpeed with --use-flash-attn): FA2.
-* "" keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of the GEMM curve): the generic
-  profile, whose framework is unknown.
+* "" keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of the GEMM curve): only
+  Accelerate's Megatron-LM engine, whose model code the plugin does not pin. The generic profile
+  (framework unknown) takes "sdpa", the kernel a user's own PyTorch code reaches; a published run
+  whose kernel is known names it in its record (``profile: {attention: ...}``).
 
 AMD, Ada and CPUs: no table; FA2's Ampere curve (an assumption).
 

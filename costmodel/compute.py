@@ -20,11 +20,13 @@ Model (one rule for every GPU; the constants live in the cluster file, not here)
   fused, FP8 casts, the loss over the logits, the optimizer) is bound by HBM bandwidth, at the
   fraction of it the framework's kernels reach (``memory_bound_factor``): ``bytes / hbm_bandwidth``
   divided by that fraction.
-* Fused (flash) attention of a framework whose kernel is unknown (the generic profile) and
-  serving's decode attention reach ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM efficiency (a framework's own kernel
-  is priced on its published curve, ``costmodel.attention``):
-  FlashAttention-2 (Dao, 2023, Fig. 4-6) reaches 50-73% of A100 peak forward+backward where
-  cuBLAS GEMMs reach 80-90%, a ratio of about 0.75.
+* Fused (flash) attention in training is priced on the kernel's published curve
+  (``costmodel.attention``; the generic profile takes PyTorch SDPA's kernel). Only the two paths
+  that name no kernel, Accelerate's Megatron-LM engine and serving's decode attention (its compute
+  side; decode is bound by reading the KV cache), reach ``FLASH_ATTENTION_EFFICIENCY`` of the GEMM
+  efficiency: FlashAttention-2 (Dao, 2023, Fig. 4-6) reaches 50-73% of A100 peak forward+backward
+  where cuBLAS GEMMs reach 80-90%, a ratio of about 0.75 -- a kernel benchmark, not a fit on
+  training throughput, so not in ``costmodel.fitted``.
 """
 from __future__ import annotations
 

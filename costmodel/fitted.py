@@ -103,13 +103,6 @@ FITTED: tuple[FittedConstant, ...] = (
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
           "set at the skeleton commit; the README calls the H100 constants the least tested"),
     FittedConstant(
-        name="attention.flash_efficiency", owner="costmodel/compute.py FLASH_ATTENTION_EFFICIENCY",
-        families=("flashattention",), prior=1.0,
-        prior_why="fused attention at the GEMM efficiency beside it (no kernel measurement)",
-        rows="not refitted on training runs: the ratio of FlashAttention-2's kernel throughput to cuBLAS "
-             "GEMMs (Dao 2023, Fig. 4-6); falls back to the prior only when its family is left out",
-        grid=()),
-    FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
         families=("mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=0.80,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",

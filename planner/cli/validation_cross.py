@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from costmodel import compute, fitted, fp8, frameworks, layers, stage_cache
+from costmodel import fitted, fp8, frameworks, layers, stage_cache
 from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_multicast
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
@@ -232,8 +232,7 @@ def _clear_caches() -> None:
 def shipped_values() -> dict[str, float]:
     """Every fitted constant's value as the cost model ships it (read from its owner)."""
     from costmodel.files.clusters import load_cluster
-    out = {"attention.flash_efficiency": compute.FLASH_ATTENTION_EFFICIENCY,
-           "pytorch.sm90_factor": frameworks.PYTORCH_SM90_FACTOR,
+    out = {"pytorch.sm90_factor": frameworks.PYTORCH_SM90_FACTOR,
            "fp8.gemm_efficiency": fp8.FP8_GEMM_EFFICIENCY, "fp8.half_size_factor": fp8.FP8_HALF_SIZE_FACTOR}
     for gen, name in (("A100", "dgx-a100-80gb"), ("H100", "dgx-h100")):
         g = load_cluster(name).groups[0].gpu
@@ -249,18 +248,14 @@ def shipped_values() -> dict[str, float]:
 @contextlib.contextmanager
 def module_constants(values: dict[str, float]) -> Iterator[None]:
     """The cost model's module-level fitted constants set to ``values`` (restored on exit)."""
-    old = (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
-           fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR)
+    old = (fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR)
     frameworks.PYTORCH_SM90_FACTOR = values["pytorch.sm90_factor"]
-    a = values["attention.flash_efficiency"]
-    compute.FLASH_ATTENTION_EFFICIENCY = layers.FLASH_ATTENTION_EFFICIENCY = a
     fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR = values["fp8.gemm_efficiency"], values["fp8.half_size_factor"]
     _clear_caches()
     try:
         yield
     finally:
-        (compute.FLASH_ATTENTION_EFFICIENCY, layers.FLASH_ATTENTION_EFFICIENCY, fp8.FP8_GEMM_EFFICIENCY,
-         fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR) = old
+        fp8.FP8_GEMM_EFFICIENCY, fp8.FP8_HALF_SIZE_FACTOR, frameworks.PYTORCH_SM90_FACTOR = old
         _clear_caches()
 
 
@@ -355,7 +350,7 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
 
 
 _FIT_MEMO: dict[tuple, dict[str, float]] = {}
-_MODULE_LEVEL = ("fp8.", "attention.", "pytorch.")
+_MODULE_LEVEL = ("fp8.", "pytorch.")
 
 
 def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
