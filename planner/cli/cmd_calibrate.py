@@ -89,12 +89,15 @@ def _sized(cluster: Any, world: int) -> Any:
 
 def predict(cluster: Any, runs: list[Run], factors: dict[str, float]) -> list[float]:
     from costmodel.training import estimate
+    from planner.search.target_space import framework_kwargs
     c = apply_factors(cluster, factors)
     out = []
     for r in runs:
         p = r.plan
+        # as the plan's target runs it (the plan's own estimate was priced so)
+        fw = framework_kwargs(estimate, p.target or None, dict(p.framework or {}))
         out.append(estimate(p.model, _sized(c, p.world_size), p.workload, p.parallel, stages=p.stages,
-                            order=p.mesh_order).step_time_s)
+                            order=p.mesh_order, **fw).step_time_s)
     return out
 
 

@@ -78,12 +78,22 @@ def _nodes(cluster, world: int) -> int:
     return max(1, math.ceil(world / cluster.gpus_per_node))
 
 
-def same_layout(model, cluster, workload, par, stages, order, nodes: int):
+def _priced_as(fn, target: str | None, switches) -> dict:
+    """The keyword that prices ``fn`` (``estimate``, ``solve``) as the plan's target runs it, with
+    its framework settings: what the plan itself was priced with."""
+    from planner.search.target_space import framework_kwargs
+    return framework_kwargs(fn, target or None, dict(switches or {}))
+
+
+def same_layout(model, cluster, workload, par, stages, order, nodes: int, target: str | None = None,
+                switches=None):
     """The plan's layout on ``nodes`` nodes: tp, pp, cp, ep, stages, micro-batch kept, the largest
-    data-parallel degree that fits and divides the global batch (whole nodes). Returns
+    data-parallel degree that fits and divides the global batch (whole nodes), priced as ``target``
+    runs it with the plan's framework ``switches`` (as the plan was). Returns
     ``(ParallelConfig, Estimate)`` or None when none fits (memory, or no such degree)."""
     from costmodel.specs import SpecError
     from costmodel.training import estimate
+    fw = _priced_as(estimate, target, switches)
     gpn = cluster.gpus_per_node
     model_par = par.tp * par.pp * par.cp
     for dp in range(min(par.dp, nodes * gpn // model_par), 0, -1):
@@ -99,16 +109,16 @@ def same_layout(model, cluster, workload, par, stages, order, nodes: int):
                                   grad_accum=workload.global_batch // (dp * par.micro_batch))
         try:
             sized = cluster.with_gpus(world)
-            est = estimate(model, sized, workload, new, stages=stages, order=order)
+            est = estimate(model, sized, workload, new, stages=stages, order=order, **fw)
         except (SpecError, ValueError):
             continue
         if est.fits:
             return new, est
-        return _resolved(model, sized, workload, par, dp)    # more recompute, another stage split
+        return _resolved(model, sized, workload, par, dp, target, switches)   # more recompute, another stage split
     return None
 
 
-def _resolved(model, cluster, workload, par, dp: int):
+def _resolved(model, cluster, workload, par, dp: int, target: str | None = None, switches=None):
     """The best plan with the layout (tp, pp, cp, ep, virtual stages) and ``dp`` fixed, the rest
     (recompute, stage split, micro-batch, ZeRO) solved: ``planner replan``'s compatible plan at
     that size. None when nothing fits."""
@@ -118,25 +128,29 @@ def _resolved(model, cluster, workload, par, dp: int):
     if model.is_moe:
         fixed["ep"] = par.ep
     try:
-        res = solve(model, cluster, workload, fixed, gpus=cluster.total_gpus, max_time_s=20.0)
+        res = solve(model, cluster, workload, fixed, gpus=cluster.total_gpus, max_time_s=20.0,
+                    target=target or None, **_priced_as(solve, target, switches))
     except (InfeasibleError, SolverStopped):
         return None
     s = res.solutions[0]
     return s.par, s.estimate
 
 
-def _degraded(model, cluster, workload, par, stages, order, nodes: int) -> list[float | None]:
+def _degraded(model, cluster, workload, par, stages, order, nodes: int, target: str | None = None,
+              switches=None) -> list[float | None]:
     out: list[float | None] = []
     for j in range(1, MAX_MISSING + 1):
-        got = same_layout(model, cluster, workload, par, stages, order, nodes - j) if nodes - j >= 1 else None
+        got = (same_layout(model, cluster, workload, par, stages, order, nodes - j, target, switches)
+               if nodes - j >= 1 else None)
         out.append(got[1].step_time_s if got else None)
     return out
 
 
 def assess(model, cluster, workload, par, stages, order, step_time_s: float, node_mtbf: float,
-           args: argparse.Namespace) -> dict[str, Any]:
+           args: argparse.Namespace, target: str | None = None, switches=None) -> dict[str, Any]:
     """One plan's goodput, three ways (no spares; ``S`` spares held back in the cluster; ``S``
-    spares added), with the figures they come from."""
+    spares added), with the figures they come from; the smaller layouts priced as ``target`` runs
+    them (with the plan's framework ``switches``), like ``step_time_s``."""
     world = par.world_size
     nodes = _nodes(cluster, world)
     repair = (getattr(args, "repair_hours", None) or R.DEFAULT_REPAIR_S / 3600) * 3600.0
@@ -155,16 +169,17 @@ def assess(model, cluster, workload, par, stages, order, step_time_s: float, nod
                          spares=spares, repair_s=repair, degraded_step_times_s=degraded)
 
     spares = R.spares_needed(nodes, node_mtbf, repair)
-    degraded = _degraded(model, cluster, workload, par, stages, order, nodes)
+    degraded = _degraded(model, cluster, workload, par, stages, order, nodes, target, switches)
     no_spares = run(nodes, step_time_s, degraded, 0)
     added = run(nodes, step_time_s, degraded, spares)
     held = None
     if spares and nodes - spares >= 1:
-        got = same_layout(model, cluster, workload, par, stages, order, nodes - spares)
+        got = same_layout(model, cluster, workload, par, stages, order, nodes - spares, target, switches)
         if got is not None:
             p2, e2 = got
             n2 = _nodes(cluster, p2.world_size)
-            held_run = run(n2, e2.step_time_s, _degraded(model, cluster, workload, p2, stages, order, n2),
+            held_run = run(n2, e2.step_time_s, _degraded(model, cluster, workload, p2, stages, order, n2, target,
+                                                         switches),
                            min(spares, nodes - n2))
             held = {"nodes": n2, "dp": p2.dp, "step_time_s": e2.step_time_s, **_goodput_json(held_run)}
     ways = [("no_spares", no_spares.steps_per_hour)] + ([("spares_held", held["steps_per_hour"])] if held else [])
@@ -192,15 +207,16 @@ def _goodput_json(g: R.Goodput) -> dict[str, Any]:
 
 
 def report(args: argparse.Namespace, entries: list[tuple[str, Any, Any, Any, float]], model, cluster,
-           workload) -> dict[str, Any] | None:
+           workload, target: str | None = None, switches=None) -> dict[str, Any] | None:
     """The goodput report of the plans ``entries`` (label, parallel config, stages, mesh order, step
-    time), best first by useful steps per hour; None without a failure rate."""
+    time, each priced for ``target`` with ``switches``), best first by useful steps per hour; None
+    without a failure rate."""
     m = node_mtbf_s(args, cluster)
     if m is None:
         return None
     rows = []
     for label, par, stages, order, t in entries:
-        a = assess(model, cluster, workload, par, stages, order, t, m, args)
+        a = assess(model, cluster, workload, par, stages, order, t, m, args, target, switches)
         rows.append(dict(a, plan=label))
     ranked = sorted(range(len(rows)), key=lambda i: -rows[i]["steps_per_hour"])
     for r, i in enumerate(ranked, 1):
@@ -219,7 +235,7 @@ def for_plan_command(args: argparse.Namespace, res, plans) -> dict[str, Any] | N
     labels = distinct_labels([(p.parallel, p.stages, p.mesh_order) for p in plans])
     entries = [(f"#{k} " + lab, p.parallel, p.stages, p.mesh_order, s.estimate.step_time_s)
                for k, (lab, p, s) in enumerate(zip(labels, plans, res.solutions), 1)]
-    return report(args, entries, p0.model, p0.cluster, p0.workload)
+    return report(args, entries, p0.model, p0.cluster, p0.workload, p0.target, p0.framework)
 
 
 def for_explain(args: argparse.Namespace, plan, info: dict[str, Any]) -> dict[str, Any] | None:
@@ -234,7 +250,7 @@ def for_explain(args: argparse.Namespace, plan, info: dict[str, Any]) -> dict[st
     entries = entries[:5]
     labels = distinct_labels([(e[1], e[2], e[3]) for e in entries])
     entries = [(("this plan: " if k == 0 else "") + lab, *e[1:]) for k, (lab, e) in enumerate(zip(labels, entries))]
-    return report(args, entries, plan.model, plan.cluster, plan.workload)
+    return report(args, entries, plan.model, plan.cluster, plan.workload, plan.target, plan.framework)
 
 
 def text(rep: dict[str, Any] | None) -> str:

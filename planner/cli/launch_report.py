@@ -43,13 +43,15 @@ def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
 def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
     """The plan's estimate for the precision the runtime actually used (the CPU runtime trains in
     fp32 whatever the plan says: comparing with a bf16 prediction would charge the precision to
-    the cost model). None when the cluster has no peak for that precision."""
+    the cost model), priced as the plan's target runs it, like the plan's own estimate. None when
+    the cluster has no peak for that precision."""
     from costmodel.specs import SpecError
     from costmodel.training import estimate
+    from planner.search.target_space import framework_kwargs
     try:
         wl = dataclasses.replace(plan.workload, dtype=dtype)
-        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages,
-                        order=plan.mesh_order).to_dict()
+        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages, order=plan.mesh_order,
+                        **framework_kwargs(estimate, plan.target or None, dict(plan.framework or {}))).to_dict()
     except (SpecError, ValueError):
         return None
 

@@ -3,7 +3,8 @@
 ``check_plan`` returns every problem it finds (empty means valid): degrees that do not divide
 what they split, a world size that is not the cluster's, a stage split that is not contiguous
 or does not cover the model, recompute counts out of range, node groups over capacity, and any
-stage whose memory (by the cost model) exceeds its GPU. Every solver test runs it.
+stage whose memory (by the cost model, as the plan's target runs it) exceeds its GPU. Every solver
+test runs it.
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def check_plan(plan: Plan) -> list[str]:
         return problems
     if plan.mode == "infer":
         return problems
-    est = estimate(model, plan.cluster, plan.workload, par, stages=stages, order=plan.mesh_order)
+    # priced as the plan's target runs it (its memory headroom, its copies), as the solver priced it
+    from planner.search.target_space import framework_kwargs
+    fw = framework_kwargs(estimate, plan.target or None, dict(plan.framework or {}))
+    est = estimate(model, plan.cluster, plan.workload, par, stages=stages, order=plan.mesh_order, **fw)
     for s in est.stages:
         peak, cap = s.memory["peak_bytes"], s.capacity_bytes
         if peak > cap * (1 + MEMORY_TOLERANCE):
