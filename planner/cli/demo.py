@@ -181,7 +181,10 @@ def cpu_note(out: dict, plan) -> str:
         head = f"[bold]Why measured is {r:.1f}x the prediction here:[/bold]"
     p = plan.parallel
     wrapped = [w for w, on in (("DTensor's per-operator dispatch for tp", p.tp > 1),
-                               ("FSDP2's per-module hooks for zero 2/3", p.zero >= 2 and p.dp > 1),
+                               # the runtime wraps every data-parallel plan in FSDP2 (runtime/parallel.py
+                               # apply_dp: replicate_with_fsdp at zero 0/1, fully_shard above)
+                               ("FSDP2's per-module hooks and its optimizer step over DTensor parameters",
+                                p.dp > 1),
                                ("pipeline send/recv over gloo", p.pp > 1)) if on]
     from costmodel.uncertainty import band_record
     b = band_record("train-dense")
