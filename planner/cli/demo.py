@@ -63,6 +63,8 @@ def compare_configs() -> None:
                   f"{e.peak_bytes / GIB:.1f}", "yes" if e.fits else "[red]no[/red]",
                   f"{over[0].removesuffix('_s').replace('_', ' ')} {over[1] / e.step_time_s * 100:.0f}%")
     c.print(t)
+    c.print("[dim]Priced with the generic profile (no framework: every overlap on, no memory headroom); the "
+            "plans below are priced as each framework's launch file runs them.[/dim]")
 
 
 def main() -> int:
