@@ -1,0 +1,90 @@
+"""Every figure the tool derives from a plan is priced as the plan's target runs it.
+
+The plan's own estimate is the target's (its overlaps, kernels, memory headroom, framework settings);
+the launch report's re-estimate for the precision the runtime used, the plan checker's memory check,
+``planner calibrate``'s predictions and the failure report's smaller layouts priced the generic
+profile instead until session 33. Each is held here against ``explain.plan_estimate`` (the target's
+price) on a real plan file, and against the generic price, which must differ (else the test could
+not tell them apart).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from costmodel.files.clusters import cluster_from_dict
+from costmodel.training import estimate
+from planner.cli.explain import plan_estimate
+from planner.plan.planfile import read_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = ROOT / "plans" / "torchtitan" / "llama-3-8b-dgx-h100.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan():
+    p = read_plan(PLAN)
+    assert p.target == "torchtitan"
+    return p
+
+
+def _generic(p, **kw):
+    return estimate(p.model, p.cluster, p.workload, p.parallel, stages=p.stages, order=p.mesh_order, **kw)
+
+
+def test_the_two_prices_differ(plan):
+    assert plan_estimate(plan).step_time_s != pytest.approx(_generic(plan).step_time_s, rel=1e-3)
+
+
+def test_launch_report_reestimates_as_the_target_runs_it(plan):
+    from planner.cli.launch_report import estimate_as_run
+    got = estimate_as_run(plan, "bf16")["step_time_s"]
+    assert got == pytest.approx(plan_estimate(plan).step_time_s, rel=1e-9)
+    fp32 = estimate_as_run(plan, "fp32")["step_time_s"]
+    wl = dataclasses.replace(plan.workload, dtype="fp32")
+    assert fp32 != pytest.approx(_generic(dataclasses.replace(plan, workload=wl)).step_time_s, rel=1e-3)
+
+
+def test_calibrate_predicts_as_the_target_runs_it(plan):
+    from planner.cli.cmd_calibrate import Run, predict
+    (got,) = predict(plan.cluster, [Run("r", plan, 1.0)], {})
+    assert got == pytest.approx(plan_estimate(plan).step_time_s, rel=1e-9)
+
+
+def test_failure_report_prices_smaller_layouts_as_the_target(plan):
+    from planner.cli.failures import same_layout
+    nodes = plan.cluster.nodes
+    par, est = same_layout(plan.model, plan.cluster, plan.workload, plan.parallel, plan.stages, plan.mesh_order,
+                           nodes, plan.target, plan.framework)
+    assert par == plan.parallel
+    assert est.step_time_s == pytest.approx(plan_estimate(plan).step_time_s, rel=1e-9)
+    _, gen = same_layout(plan.model, plan.cluster, plan.workload, plan.parallel, plan.stages, plan.mesh_order, nodes)
+    assert gen.step_time_s == pytest.approx(_generic(plan).step_time_s, rel=1e-9)
+
+
+def test_plan_check_reads_the_targets_memory(plan):
+    """A GPU just too small for the plan as its target runs it (its headroom, FSDP2's copies), but
+    large enough under the generic profile: the checker refuses it."""
+    from planner.plan.check import check_plan
+
+    def peak_over_cap(mem_gib: float, **kw) -> float:
+        c = cluster_from_dict({"extends": "dgx-h100", "gpu": {"memory_gib": mem_gib}})
+        e = estimate(plan.model, c, plan.workload, plan.parallel, stages=plan.stages, order=plan.mesh_order, **kw)
+        return max(s.memory["peak_bytes"] / s.capacity_bytes for s in e.stages)
+
+    from planner.search.target_space import framework_kwargs
+    fw = framework_kwargs(estimate, plan.target, plan.framework)
+    lo, hi = 1.0, 200.0             # the smallest memory the target's plan fits in, by bisection
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if peak_over_cap(mid, **fw) > 1 else (lo, mid)
+    mem = lo * 0.999
+    assert peak_over_cap(mem, **fw) > 1 and peak_over_cap(mem) < 1, "generic and target need the same memory"
+    small = dataclasses.replace(plan, cluster=cluster_from_dict({"extends": "dgx-h100", "gpu": {"memory_gib": mem}}))
+    problems = check_plan(small)
+    assert any("GiB per GPU" in p for p in problems), problems
+    roomy = dataclasses.replace(plan, cluster=cluster_from_dict(
+        {"extends": "dgx-h100", "gpu": {"memory_gib": hi * 1.001}}))
+    assert not check_plan(roomy)
