@@ -48,8 +48,9 @@ def check_plan(plan: Plan) -> list[str]:
     if plan.mode == "infer":
         return problems
     # priced as the plan's target runs it (its memory headroom, its copies), as the solver priced it
-    from planner.search.target_space import framework_kwargs
-    fw = framework_kwargs(estimate, plan.target or None, dict(plan.framework or {}))
+    # (planner.search.target_space.framework_kwargs; that package imports this one)
+    from planner.plan import targets as T
+    fw = {"framework": T.profile_for(plan.target, plan.framework)} if plan.target and plan.target != T.GENERIC else {}
     est = estimate(model, plan.cluster, plan.workload, par, stages=stages, order=plan.mesh_order, **fw)
     for s in est.stages:
         peak, cap = s.memory["peak_bytes"], s.capacity_bytes
