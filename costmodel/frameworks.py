@@ -127,8 +127,9 @@ class FrameworkProfile:
     # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
     # CUDA graphs): a layer costs at least the host's time to issue it
     launch: str = "fused"
-    # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB), "megatron"
-    # (Megatron-Core's max(40M, 1M x dp) parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
+    # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB at ZeRO-0, a block
+    # under FSDP2), "fsdp2" (a block at every ZeRO stage), "megatron" (Megatron-Core's max(40M, 1M x dp)
+    # parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
     dp_bucket: str = "torch"
     # the run's own Megatron-Core ``bucket_size`` in parameters (``--ddp-bucket-size``; NeMo's
     # ``DistributedDataParallelConfig(bucket_size=...)``); 0: the framework's default
@@ -166,8 +167,9 @@ class FrameworkProfile:
         if self.tp_overlap_scope not in ("full", "async_tp"):
             raise SpecError(f"framework {self.name!r}: tp_overlap_scope {self.tp_overlap_scope!r} must be full or "
                             "async_tp")
-        if self.dp_bucket not in ("torch", "megatron", "deepspeed"):
-            raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, megatron or deepspeed")
+        if self.dp_bucket not in ("torch", "fsdp2", "megatron", "deepspeed"):
+            raise SpecError(f"framework {self.name!r}: dp_bucket {self.dp_bucket!r} must be torch, fsdp2, megatron or "
+                            "deepspeed")
         if self.dp_bucket_params < 0 or (self.dp_bucket_params and self.dp_bucket != "megatron"):
             raise SpecError(f"framework {self.name!r}: dp_bucket_params {self.dp_bucket_params!r} must be 0 or a "
                             "positive Megatron-Core bucket_size (parameters), and only with dp_bucket megatron")
@@ -306,6 +308,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
                      hsdp_all_reduce_each_micro_batch=True,   # its train loop never holds FSDP2's sync
                      fsdp_reshards_under_pp=True,        # ZeRO-3 is written as reshard_after_forward "always"
+                     dp_bucket="fsdp2",                  # its data parallelism is FSDP2 at every ZeRO stage
                      tp_overlap_scope="async_tp",        # its TP overlap is async TP (module docstring)
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
@@ -332,6 +335,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      note="torch FSDP through Accelerate; fitted on one approximate published figure"),
     FrameworkProfile(name="builtin", kernel_efficiency=0.94, pytorch_native=True, launch="eager",
                      attention="sdpa", fsdp2_copies=True,     # runtime/parallel.py: fully_shard
+                     dp_bucket="fsdp2",                       # ZeRO-0/1: replicate_with_fsdp, per block too
                      pipelining_defers_fsdp_sync=True,        # runtime/pipeline.py: torch's schedules
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
                           "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "

@@ -406,11 +406,17 @@ def dp_bucket_bytes(kind: str, data_parallel: int, bytes_per_value: float, zero:
     ``megatron_stage_buckets``), DeepSpeed's 5e8 values, each value ``bytes_per_value`` bytes
     on the wire; for torch, DDP's 25 MiB under ZeRO-0, and under ZeRO-1/2 one layer's values
     (``layer_values``): FSDP2 (``fully_shard`` per transformer block, as torchtitan, the built-in
-    runtime and Accelerate's FSDP2 apply it) reduce-scatters and gathers each block on its own."""
+    runtime and Accelerate's FSDP2 apply it) reduce-scatters and gathers each block on its own.
+    "fsdp2": one layer's values at every ZeRO stage, ZeRO-0 included: a framework whose pure data
+    parallelism is FSDP2 as well (the built-in runtime's ``replicate_with_fsdp``, runtime/parallel.py
+    ``apply_dp``; torchtitan 0.3.0's replicate axis of ``fully_shard``, it has no DDP) all-reduces each
+    block on its own, not in DDP's buckets."""
     if kind == "megatron":
         return megatron_bucket_size(bucket_params, data_parallel) * bytes_per_value
     if kind == "deepspeed":
         return DEEPSPEED_BUCKET_ELEMENTS * bytes_per_value
+    if kind == "fsdp2" and layer_values > 0:
+        return layer_values * bytes_per_value
     if zero in (1, 2) and layer_values > 0:
         return layer_values * bytes_per_value
     return DP_BUCKET_BYTES

@@ -100,12 +100,15 @@ def test_cuda_graphs_read_from_the_record():
 
 def test_buckets_by_hand():
     assert dp_bucket_bytes("torch", 512, 4) == DP_BUCKET_BYTES == 25 * 2**20
+    assert dp_bucket_bytes("torch", 8, 4, zero=0, layer_values=1e6) == DP_BUCKET_BYTES    # DDP at ZeRO-0
+    assert dp_bucket_bytes("torch", 8, 4, zero=2, layer_values=1e6) == 4e6                # FSDP2: a block
+    assert dp_bucket_bytes("fsdp2", 8, 4, zero=0, layer_values=1e6) == 4e6                # FSDP2 replicate too
     assert dp_bucket_bytes("megatron", 8, 4) == 40_000_000 * 4           # the floor
     assert dp_bucket_bytes("megatron", 256, 2) == 256_000_000 * 2        # 1M per data-parallel rank
     assert dp_bucket_bytes("deepspeed", 8, 2) == DEEPSPEED_BUCKET_ELEMENTS * 2 == 1e9
     assert FRAMEWORKS["megatron"].dp_bucket == "megatron"
     assert FRAMEWORKS["deepspeed"].dp_bucket == FRAMEWORKS["megatron-deepspeed"].dp_bucket == "deepspeed"
-    assert FRAMEWORKS["torchtitan"].dp_bucket == "torch"
+    assert FRAMEWORKS["torchtitan"].dp_bucket == FRAMEWORKS["builtin"].dp_bucket == "fsdp2"
 
 
 def test_ring_latency_counts_every_rank():
