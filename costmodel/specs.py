@@ -383,6 +383,13 @@ class GpuSpec:
     # synchronously (measured by `planner profile` on CPUs: profiles/bench_layer.py). 0 for GPUs,
     # whose kernel launches are asynchronous and hide behind the kernels of real layers.
     layer_overhead_s: float = 0.0
+    # What FSDP2's wrappers add on such a host-bound device (measured by `planner profile` on CPUs:
+    # profiles/bench_layer.py bench_fsdp2_overhead): host time per wrapped block per micro-batch,
+    # forward + backward, and per parameter tensor in the optimizer step (DTensor dispatch). Priced
+    # for frameworks whose data parallelism is FSDP2 at every ZeRO stage (the built-in runtime:
+    # stage_terms.StageModel). 0 for GPUs, where the host work hides behind the kernels.
+    fsdp2_block_s: float = 0.0
+    dtensor_param_step_s: float = 0.0
     # Serving's GEMM efficiency where it differs from training's (0: the same). Serving's figures
     # (costmodel/VALIDATION_INFERENCE.md) were validated on the curve before the session-20 training
     # refit; the catalog keeps that curve for serving until serving is revalidated on the new one.
@@ -406,8 +413,10 @@ class GpuSpec:
         if not 0 <= self.serving_matmul_efficiency <= 1:
             raise SpecError(f"gpu {self.name!r}: serving_matmul_efficiency must be in [0, 1] (0: training's), "
                             f"got {self.serving_matmul_efficiency}")
-        if self.layer_overhead_s < 0:
-            raise SpecError(f"gpu {self.name!r}: layer overhead must be >= 0, got {self.layer_overhead_s * 1e6:g} us")
+        if min(self.layer_overhead_s, self.fsdp2_block_s, self.dtensor_param_step_s) < 0:
+            raise SpecError(f"gpu {self.name!r}: host overheads must be >= 0, got layer {self.layer_overhead_s * 1e6:g} "
+                            f"us, FSDP2 block {self.fsdp2_block_s * 1e6:g} us, DTensor parameter step "
+                            f"{self.dtensor_param_step_s * 1e6:g} us")
         check_ranges(self, f"gpu {self.name!r}", SpecError)
 
     def peak(self, dtype: str) -> float:

@@ -504,7 +504,20 @@ def stage_model_key(par: ParallelConfig) -> tuple:
 # the attributes ``StageModel._settings`` sets, in the order ``StageMesh.settings`` holds them
 _SETTINGS = ("deferred_sync", "regather", "buffers_bytes", "zero", "reserved_bytes", "capacity_bytes",
              "overlap_grad", "overlap_gather", "hbm_bytes_per_s", "slowdown", "grad_bucket_bytes",
-             "gather_bucket_bytes", "megatron_buckets")
+             "gather_bucket_bytes", "megatron_buckets", "wrap_block_s", "wrap_param_s")
+
+
+def layer_param_tensors(model, moe: bool) -> int:
+    """Parameter tensors of one transformer block as the built-in runtime builds it (``runtime.model``:
+    two norms, Q, K, V and output projections, the MLP's matrices, their biases where the model has
+    them; a MoE block's router and its grouped experts' three tensors, and its shared experts')."""
+    norms = 2 * (2 if model.norm == "layernorm" else 1)
+    attn = 4 + (4 if model.bias else 3 if model.qkv_bias else 0)
+    mats = 3 if model.mlp == "swiglu" else 2
+    mlp = mats * (2 if model.bias else 1)
+    if moe:
+        mlp = 1 + 3 + (mats if model.shared_experts else 0)
+    return norms + attn + mlp
 
 
 class StageModel:
@@ -517,7 +530,7 @@ class StageModel:
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
                  "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets", "deferred_sync",
-                 "regather")
+                 "regather", "wrap_block_s", "wrap_param_s")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -532,7 +545,8 @@ class StageModel:
         else:
             (self.deferred_sync, self.regather, self.buffers_bytes, self.zero, self.reserved_bytes,
              self.capacity_bytes, self.overlap_grad, self.overlap_gather, self.hbm_bytes_per_s, self.slowdown,
-             self.grad_bucket_bytes, self.gather_bucket_bytes, self.megatron_buckets) = settings
+             self.grad_bucket_bytes, self.gather_bucket_bytes, self.megatron_buckets, self.wrap_block_s,
+             self.wrap_param_s) = settings
         self.selective = par.recompute == "selective"
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
@@ -589,6 +603,12 @@ class StageModel:
         # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
         # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
         # DistributedDataParallel.__init__ at core_v0.14.0)
+        # a host-bound device's FSDP2 wrapper time (GpuSpec.fsdp2_block_s, dtensor_param_step_s: measured
+        # by `planner profile` on CPUs, 0 on GPUs) where the framework wraps its data parallelism in
+        # FSDP2 at every ZeRO stage (runtime/parallel.py apply_dp: only when dp > 1)
+        wrapped = par.dp > 1 and fw.dp_bucket == "fsdp2"
+        self.wrap_block_s = gpu.fsdp2_block_s if wrapped else 0.0
+        self.wrap_param_s = gpu.dtensor_param_step_s if wrapped else 0.0
         self.megatron_buckets = None
         if fw.dp_bucket == "megatron":
             size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
@@ -792,6 +812,16 @@ class StageModel:
         # the optimizer step over the local states, the gradient norm's read of the local gradients
         # (clipping: one more pass, scale.GRAD_NORM_READS) and the per-step reductions (scale.step_reductions_s)
         opt_s = (sh.opt_traffic + GRAD_NORM_READS * g_b) * local / self.hbm_bytes_per_s + mesh.step_fixed_s
+        if self.wrap_block_s or self.wrap_param_s:
+            # FSDP2's host work on a host-bound device: each wrapped module's hooks every micro-batch
+            # (the blocks, the embedding on the first stage, the final norm and head on the last), and
+            # the optimizer step's DTensor dispatch per parameter tensor (GpuSpec; costmodel.specs)
+            m = sh.model
+            ends = (1 if self.first else 0) + (1 if self.last else 0)
+            fsdp += (n + mtp + ends) * self.wrap_block_s
+            tensors = (n_dense * layer_param_tensors(m, False) + (n_moe + mtp) * layer_param_tensors(m, n_moe > 0)
+                       + (1 if self.first else 0) + ((1 + (0 if m.tied_embeddings else 1)) if self.last else 0))
+            opt_s += tensors * self.wrap_param_s
         return (fsdp, grad_s, gather_s, opt_s,
                 mesh.ends.embed_act_bytes if self.first else 0.0,
                 ((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew

@@ -114,3 +114,81 @@ def bench_layer_overhead(device: Any, fp32_flops_per_s: float, target_s: float =
     overhead = max(0.0, per_layer - flops / fp32_flops_per_s) if fp32_flops_per_s > 0 else per_layer
     return {"layer_s": per_layer, "overhead_s": overhead, "flops_per_layer": flops, "tokens": TOKENS,
             "model_times_s": dict(zip((str(n) for n in LAYERS), times))}
+
+
+def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
+    """Host time FSDP2's wrappers add on a CPU device, as the built-in runtime applies them to every
+    data-parallel plan (``runtime/parallel.py`` ``apply_dp``: ``fully_shard`` per block at ZeRO-2/3,
+    ``replicate_with_fsdp`` per block at ZeRO-0/1, then the root): ``{"block_s": ..., "param_step_s":
+    ...}``, the forward + backward host time per wrapped block per micro-batch (its pre/post hooks,
+    the copies in and out, DTensor bookkeeping) and the optimizer step's per-parameter cost of the
+    parameters being DTensors (AdamW as the runtime builds it, per-operator DTensor dispatch).
+
+    Measured on a one-rank gloo group of this process (its own, or a subgroup of this rank alone when
+    the profile's ranks already run one), so no collective moves anything: what is left
+    is host work, which the cost model adds to the plan's layers and optimizer step; the collectives
+    are priced from the collective benchmarks. Each figure is the per-layer slope over stacks of 1
+    and 4 layers (the same llama-style layer as ``bench_layer_overhead``) less the plain stack's,
+    the mean of the two wrappers (they differ by less than this machine's noise). None off the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device(device)
+    if dev.type != "cpu" or not dist.is_available():
+        return None
+    from costmodel.catalog import get_model
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    spec = get_model("tiny-llama")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.group.WORLD
+    else:       # only this rank calls: the other ranks need not take part
+        group = dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+    try:
+        mesh = DeviceMesh.from_group(group, "cpu")
+        torch.manual_seed(0)
+        x = torch.randn(1, TOKENS, spec.hidden, device=dev, requires_grad=True)
+        runs: dict[tuple[str, int], tuple] = {}
+        tensors = 0
+        for mode in ("plain", "fully_shard", "replicate"):
+            for n in LAYERS:
+                model = _layer_stack(n, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden).to(dev)
+                tensors = len(list(model[0].parameters()))
+                if mode != "plain":
+                    wrap = fully_shard if mode == "fully_shard" else replicate
+                    for blk in model:
+                        wrap(blk, mesh=mesh)
+                    wrap(model, mesh=mesh)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+                def step(model=model):
+                    model.zero_grad(set_to_none=False)
+                    model(x).float().mean().backward()
+
+                step()
+                runs[(mode, n)] = (step, opt.step)
+        times = {k: [float("inf"), float("inf")] for k in runs}
+        # alternate every stack over ROUNDS, keeping each one's fastest (a slow spell hits all alike)
+        for _ in range(ROUNDS):
+            for k, fns in runs.items():
+                for j, fn in enumerate(fns):
+                    times[k][j] = min(times[k][j], time_op(fn, dev, target_s / ROUNDS / len(runs), reps=3)[0])
+    finally:
+        dist.destroy_process_group(None if own else group)
+        torch.set_num_threads(threads)
+    span = LAYERS[1] - LAYERS[0]
+
+    def slope(mode: str, j: int) -> float:
+        return (times[(mode, LAYERS[1])][j] - times[(mode, LAYERS[0])][j]) / span
+
+    wrapped = ("fully_shard", "replicate")
+    block = sum(max(0.0, slope(m, 0) - slope("plain", 0)) for m in wrapped) / len(wrapped)
+    param = sum(max(0.0, slope(m, 1) - slope("plain", 1)) for m in wrapped) / len(wrapped) / max(1, tensors)
+    return {"block_s": block, "param_step_s": param, "tensors_per_layer": tensors,
+            "times_s": {f"{m}-{n}": t for (m, n), t in times.items()}}

@@ -392,6 +392,13 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
         note(0, None, "layer overhead")
         result["layer"] = bench_layer_overhead(device, fp32, target_s=max(0.8, 8 * cfg["target_s"]))
         _append_jsonl(raw / "layer.jsonl", result["layer"])
+        # and what FSDP2's wrappers add (the built-in runtime wraps every data-parallel plan in them)
+        from .bench_layer import bench_fsdp2_overhead
+        note(0, None, "FSDP2 wrapper overhead")
+        wrap = bench_fsdp2_overhead(device, target_s=max(0.8, 8 * cfg["target_s"]))
+        if wrap is not None:
+            result["fsdp2"] = wrap
+            _append_jsonl(raw / "fsdp2.jsonl", wrap)
 
 
 def worker_entry(argv: list[str]) -> int:
@@ -663,6 +670,10 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     layer = result.get("layer")
     if layer and device_type == "cpu":
         gpu["layer_overhead_us"] = _r(layer["overhead_s"] / US)
+    wrap = result.get("fsdp2")
+    if wrap and device_type == "cpu":
+        gpu["fsdp2_block_us"] = _r(wrap["block_s"] / US)
+        gpu["dtensor_param_step_us"] = _r(wrap["param_step_s"] / US)
     measured: dict[str, Any] = {}
     if table:
         measured["matmul"] = [[s, _r(e)] for s, e in table]
@@ -711,6 +722,8 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         "memory": {"copy_gb_per_s": _r(copy_bw / GB) if copy_bw else None,
                    "datasheet_gb_per_s": sheet_gpu.get("hbm_gb_per_s")},
         "layer_overhead_us": gpu.get("layer_overhead_us"),
+        "fsdp2_block_us": gpu.get("fsdp2_block_us"),
+        "dtensor_param_step_us": gpu.get("dtensor_param_step_us"),
         "tiers": {},
         "compute_comm_slowdown": measured.get("compute_comm_slowdown"),
         "measurements": {"matmul": len(mm), "memory": len(result["memory"]), "collectives": len(rows)},

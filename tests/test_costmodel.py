@@ -254,8 +254,38 @@ def test_layer_overhead_adds_per_layer_per_micro_batch(recompute, passes):
     added = b.step_time_s - a.step_time_s
     assert added == pytest.approx(par.grad_accum * model.layers * ovh * passes / 3, rel=1e-9)
     assert a.peak_bytes == b.peak_bytes
-    with pytest.raises(SpecError, match="layer overhead"):
+    with pytest.raises(SpecError, match="host overheads"):
         dataclasses.replace(base.gpu, layer_overhead_s=-1e-6)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_fsdp2_wrapper_time_adds_per_block_and_parameter(zero):
+    """A host-bound device's FSDP2 wrapper time (``GpuSpec.fsdp2_block_s`` per wrapped module per
+    micro-batch, ``dtensor_param_step_s`` per parameter tensor per step) adds exactly that to a
+    data-parallel built-in plan at every ZeRO stage (its runtime wraps them all in FSDP2): the
+    blocks, the embedding and the final norm with the head, every micro-batch; the parameters of
+    the blocks (9 each in a llama block: two norms, q, k, v, o, three MLP matrices), the embedding
+    and the head once. Nothing for one rank (nothing wrapped), nor for Megatron."""
+    from costmodel.stage_terms import layer_param_tensors
+    model = get_model("tiny-llama")
+    base = load_cluster("cpu").with_gpus(2)
+    blk, prm = 2e-3, 3e-4
+    slow = dataclasses.replace(base, groups=tuple(dataclasses.replace(g, gpu=dataclasses.replace(
+        g.gpu, fsdp2_block_s=blk, dtensor_param_step_s=prm)) for g in base.groups))
+    wl = Workload(global_batch=8, seq_len=128, dtype="fp32")
+    par = ParallelConfig(dp=2, dp_shard=2, zero=zero, micro_batch=2, grad_accum=2)
+    a, b = estimate(model, base, wl, par, framework="builtin"), estimate(model, slow, wl, par, framework="builtin")
+    assert layer_param_tensors(model, False) == 9
+    tensors = model.layers * 9 + 1 + (1 if model.tied_embeddings else 2)
+    want = par.grad_accum * (model.layers + 2) * blk + tensors * prm
+    assert b.step_time_s - a.step_time_s == pytest.approx(want, rel=1e-9)
+    assert a.peak_bytes == b.peak_bytes
+    one = ParallelConfig(micro_batch=2, grad_accum=4)
+    one_base, one_slow = base.with_gpus(1), slow.with_gpus(1)
+    assert (estimate(model, one_slow, wl, one, framework="builtin").step_time_s
+            == estimate(model, one_base, wl, one, framework="builtin").step_time_s)
+    assert (estimate(model, slow, wl, par, framework="megatron").step_time_s
+            == estimate(model, base, wl, par, framework="megatron").step_time_s)
 
 
 def test_overlap_slowdown_of_one_is_no_overlap():

@@ -53,6 +53,11 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
     # more than its FLOPs at the fp32 rate; tens of microseconds at least, well under a second
     assert 10e-6 < spec.gpu.layer_overhead_s < 1.0
     assert s["layer_overhead_us"] == pytest.approx(spec.gpu.layer_overhead_s * 1e6, rel=1e-9)
+    # FSDP2's wrappers (the built-in runtime's data parallelism), measured on a one-rank subgroup of
+    # the profile's ranks: some host time per block and per parameter, well under a second
+    assert 0 <= spec.gpu.fsdp2_block_s < 1.0 and 0 <= spec.gpu.dtensor_param_step_s < 1.0
+    assert spec.gpu.fsdp2_block_s + spec.gpu.dtensor_param_step_s > 1e-6
+    assert s["fsdp2_block_us"] == pytest.approx(spec.gpu.fsdp2_block_s * 1e6, rel=1e-9)
     # what overlapping communication with compute still costs on CPU cores, measured
     assert s["compute_comm_slowdown"] is not None and 0 <= spec.compute_comm_slowdown <= 1
     assert spec.matmul_table and spec.collective_table

@@ -48,7 +48,8 @@ from .readers import load_yaml
 CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
-             "reserved_gib", "price_per_hour", "layer_overhead_us", "serving_matmul_efficiency"}
+             "reserved_gib", "price_per_hour", "layer_overhead_us", "fsdp2_block_us", "dtensor_param_step_us",
+             "serving_matmul_efficiency"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -183,6 +184,8 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         reserved_bytes=_num(d, "reserved_gib", where, 1.0, at_least=0) * GIB,
         price_per_hour=_num(d, "price_per_hour", where, 0.0, at_least=0),
         layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0, at_least=0) * US,
+        fsdp2_block_s=_num(d, "fsdp2_block_us", where, 0.0, at_least=0) * US,
+        dtensor_param_step_s=_num(d, "dtensor_param_step_us", where, 0.0, at_least=0) * US,
         serving_matmul_efficiency=_num(d, "serving_matmul_efficiency", where, 0.0, at_least=0, at_most=1),
     )
 
@@ -352,6 +355,8 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             "matmul_half_size": g.matmul_half_size, "reserved_gib": _r(g.reserved_bytes / GIB),
             "price_per_hour": g.price_per_hour,
             **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {}),
+            **({"fsdp2_block_us": _r(g.fsdp2_block_s / US)} if g.fsdp2_block_s else {}),
+            **({"dtensor_param_step_us": _r(g.dtensor_param_step_s / US)} if g.dtensor_param_step_s else {}),
             **({"serving_matmul_efficiency": g.serving_matmul_efficiency} if g.serving_matmul_efficiency else {})}
 
 

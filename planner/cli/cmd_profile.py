@@ -104,6 +104,9 @@ def _print_human(s: dict) -> None:
                      "the shorter of the two")
     if s.get("layer_overhead_us") is not None:
         lines.append(f"  host overhead: {s['layer_overhead_us']:.0f} us per layer per micro-batch (forward + backward)")
+    if s.get("fsdp2_block_us") is not None:
+        lines.append(f"  FSDP2 wrappers: {s['fsdp2_block_us']:.0f} us per block per micro-batch, "
+                     f"{s.get('dtensor_param_step_us') or 0:.0f} us per parameter in the optimizer step")
     for tier, t in s["tiers"].items():
         lines.append(f"  {tier}-node: busbw {t['busbw_gb_per_s']} GB/s, latency {t['latency_us']} us/step "
                      f"({t['op']} over {t['group']} of {t['group_size']})"

@@ -182,11 +182,11 @@ def cpu_note(out: dict, plan) -> str:
     else:
         head = f"[bold]Why measured is {r:.1f}x the prediction here:[/bold]"
     p = plan.parallel
+    # what the prediction leaves out (FSDP2's wrappers, which the runtime puts on every data-parallel
+    # plan, are measured by the profile and priced: GpuSpec.fsdp2_block_s, dtensor_param_step_s)
     wrapped = [w for w, on in (("DTensor's per-operator dispatch for tp", p.tp > 1),
-                               # the runtime wraps every data-parallel plan in FSDP2 (runtime/parallel.py
-                               # apply_dp: replicate_with_fsdp at zero 0/1, fully_shard above)
-                               ("FSDP2's per-module hooks and its optimizer step over DTensor parameters",
-                                p.dp > 1),
+                               ("gloo's collectives holding the host (a CPU has no stream to put them on)",
+                                p.dp > 1 or p.tp > 1),
                                ("pipeline send/recv over gloo", p.pp > 1)) if on]
     from costmodel.uncertainty import band_record
     b = band_record("train-dense")
@@ -198,11 +198,11 @@ def cpu_note(out: dict, plan) -> str:
     return (
         f"{head} these are {out.get('world_size')} CPU "
         f"processes standing in for GPUs, training in {out.get('dtype')} over gloo. The prediction uses this "
-        "machine's profile (matmul speed, gloo bandwidth, the host time of a plain layer) but not what "
-        "eager PyTorch's distributed wrappers add on a CPU"
+        "machine's profile (matmul speed, gloo bandwidth, the host time of a plain layer and of FSDP2's "
+        "wrappers) but not all that eager distributed PyTorch costs on a CPU"
         + (f" (here: {', '.join(wrapped)})" if wrapped else "")
-        + f", nor other jobs sharing these cores; a layer of {plan.model.name} is so small that this overhead, "
-        "not arithmetic, sets the step time.\n"
+        + f", nor other jobs sharing these cores; a layer of {plan.model.name} is so small that host work, not "
+        "arithmetic, sets much of the step time.\n"
         "[bold]On real GPUs[/bold] kernel launches are asynchronous and hide that host time behind the "
         "kernels of real layers: the prediction is the plan's step time on the GPUs it names, and "
         + held + ".")

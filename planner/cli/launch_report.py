@@ -107,9 +107,10 @@ def print_table(out: dict[str, Any], plan) -> None:
     if out["device"] == "cpu":
         c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
                 "predictions are for the plan's GPUs[/dim]")
-        c.print("[dim]On CPU stand-ins, eager PyTorch's distributed wrappers (DTensor dispatch, FSDP2 hooks) "
-                "cost host time the prediction leaves out; on GPUs that time hides behind the kernels "
-                "(README: Running a plan)[/dim]")
+        c.print("[dim]On CPU stand-ins the prediction adds the host time the profile measured (a plain layer's, "
+                "FSDP2's wrappers'); it leaves out tensor parallelism's DTensor dispatch, that gloo's collectives "
+                "block the host, and other jobs on these cores. On GPUs that host time hides behind the "
+                "kernels (docs/failures.md: Running a plan)[/dim]")
         cores = os.cpu_count() or 1
         if out["world_size"] > cores:
             c.print(f"[yellow]{out['world_size']} processes share {cores} CPU cores: measured step times include "
