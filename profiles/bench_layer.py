@@ -147,7 +147,9 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     own = not dist.is_initialized()
     if own:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        group = dist.group.WORLD
+        world = dist.group.WORLD
+        assert world is not None
+        group = world
     else:       # only this rank calls: the other ranks need not take part
         group = dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
     try:
