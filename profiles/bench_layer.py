@@ -18,7 +18,7 @@ real layer, so the profiler records this only for CPU devices (``GpuSpec.layer_o
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .bench_matmul import time_op
 
@@ -124,17 +124,19 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     the copies in and out, DTensor bookkeeping) and the optimizer step's per-parameter cost of the
     parameters being DTensors (AdamW as the runtime builds it, per-operator DTensor dispatch).
 
-    Measured on a one-rank gloo group of this process (its own, or a subgroup of this rank alone when
-    the profile's ranks already run one), so no collective moves anything: what is left
+    Measured on a one-rank gloo group of its own, so no collective moves anything: what is left
     is host work, which the cost model adds to the plan's layers and optimizer step; the collectives
     are priced from the collective benchmarks. Each figure is the per-layer slope over stacks of 1
     and 4 layers (the same llama-style layer as ``bench_layer_overhead``) less the plain stack's,
-    the mean of the two wrappers (they differ by less than this machine's noise). None off the CPU."""
+    the mean of the two wrappers (they differ by less than this machine's noise). None off the CPU, or
+    in a process that already has a process group (a profile's rank: ``measure_fsdp2_overhead`` runs
+    this in a fresh process, since a group created on one rank alone would put the ranks' group
+    counters out of step)."""
     import torch
     import torch.distributed as dist
 
     dev = torch.device(device)
-    if dev.type != "cpu" or not dist.is_available():
+    if dev.type != "cpu" or not dist.is_available() or dist.is_initialized():
         return None
     from costmodel.catalog import get_model
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -144,14 +146,9 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     spec = get_model("tiny-llama")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        world = dist.group.WORLD
-        assert world is not None
-        group = world
-    else:       # only this rank calls: the other ranks need not take part
-        group = dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.group.WORLD
+    assert group is not None
     try:
         mesh = DeviceMesh.from_group(group, "cpu")
         torch.manual_seed(0)
@@ -182,7 +179,7 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
                 for j, fn in enumerate(fns):
                     times[k][j] = min(times[k][j], time_op(fn, dev, target_s / ROUNDS / len(runs), reps=3)[0])
     finally:
-        dist.destroy_process_group(None if own else group)
+        dist.destroy_process_group()
         torch.set_num_threads(threads)
     span = LAYERS[1] - LAYERS[0]
 
@@ -194,3 +191,36 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     param = sum(max(0.0, slope(m, 1) - slope("plain", 1)) for m in wrapped) / len(wrapped) / max(1, tensors)
     return {"block_s": block, "param_step_s": param, "tensors_per_layer": tensors,
             "times_s": {f"{m}-{n}": t for (m, n), t in times.items()}}
+
+
+def measure_fsdp2_overhead(target_s: float, tick: Callable[[], None] | None = None,
+                           timeout_s: float = 180.0) -> dict | None:
+    """``bench_fsdp2_overhead`` on the CPU in a fresh Python process (no process group of the
+    caller's is touched), calling ``tick`` about twice a second while it runs (a profile's ranks
+    report progress so that a stalled rank can be told from a slow measurement). None if it fails or
+    takes longer than ``timeout_s``."""
+    import json
+    import subprocess
+    import sys
+    import time
+    code = ("import json, sys; from profiles.bench_layer import bench_fsdp2_overhead; "
+            "print(json.dumps(bench_fsdp2_overhead('cpu', float(sys.argv[1]))))")
+    proc = subprocess.Popen([sys.executable, "-c", code, repr(float(target_s))], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    t0 = time.monotonic()
+    while proc.poll() is None:
+        if time.monotonic() - t0 > timeout_s:
+            proc.kill()
+            proc.wait()
+            return None
+        if tick is not None:
+            tick()
+        time.sleep(0.5)
+    out = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
+    if proc.returncode != 0 or not out:
+        return None
+    try:
+        got = json.loads(out[-1])
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None

@@ -393,9 +393,10 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
         result["layer"] = bench_layer_overhead(device, fp32, target_s=max(0.8, 8 * cfg["target_s"]))
         _append_jsonl(raw / "layer.jsonl", result["layer"])
         # and what FSDP2's wrappers add (the built-in runtime wraps every data-parallel plan in them)
-        from .bench_layer import bench_fsdp2_overhead
+        from .bench_layer import measure_fsdp2_overhead
         note(0, None, "FSDP2 wrapper overhead")
-        wrap = bench_fsdp2_overhead(device, target_s=max(0.8, 8 * cfg["target_s"]))
+        wrap = measure_fsdp2_overhead(max(0.8, 8 * cfg["target_s"]),
+                                      tick=lambda: note(0, None, "FSDP2 wrapper overhead"))
         if wrap is not None:
             result["fsdp2"] = wrap
             _append_jsonl(raw / "fsdp2.jsonl", wrap)
