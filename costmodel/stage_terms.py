@@ -600,15 +600,15 @@ class StageModel:
         # (Megatron's default grows with the data-parallel group without CP: par.dp)
         self.grad_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, par.dp, sh.g_b, z, layer, fw.dp_bucket_params)
         self.gather_bucket_bytes = dp_bucket_bytes(fw.dp_bucket, par.dp, sh.gather_b, z, layer, fw.dp_bucket_params)
-        # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
-        # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
-        # DistributedDataParallel.__init__ at core_v0.14.0)
         # a host-bound device's FSDP2 wrapper time (GpuSpec.fsdp2_block_s, dtensor_param_step_s: measured
         # by `planner profile` on CPUs, 0 on GPUs) where the framework wraps its data parallelism in
         # FSDP2 at every ZeRO stage (runtime/parallel.py apply_dp: only when dp > 1)
         wrapped = par.dp > 1 and fw.dp_bucket == "fsdp2"
         self.wrap_block_s = gpu.fsdp2_block_s if wrapped else 0.0
         self.wrap_param_s = gpu.dtensor_param_step_s if wrapped else 0.0
+        # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
+        # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
+        # DistributedDataParallel.__init__ at core_v0.14.0)
         self.megatron_buckets = None
         if fw.dp_bucket == "megatron":
             size = megatron_bucket_size(fw.dp_bucket_params, par.dp) if self.overlap_grad else None
