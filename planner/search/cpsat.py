@@ -153,11 +153,11 @@ class PipelineModel:
         self.m.minimize(obj)
 
     def solve(self, time_limit_s: float, hint: list[int] | None = None):
-        if hint:
+        order = [g for g in self.groups for _ in range(self.counts[g])]
+        if hint and len(order) == len(hint):
             # the even split, the node groups taking their stages in the candidate's order: a
             # starting point only (CP-SAT repairs a hint that breaks a constraint), which on
             # memory-tight heterogeneous pipelines finds a first plan where search alone may not
-            order = [g for g in self.groups for _ in range(self.counts[g])]
             first = 0
             for i, n in enumerate(hint):
                 b0 = self.tab.bucket(first)
