@@ -88,17 +88,11 @@ def _sized(cluster: Any, world: int) -> Any:
 
 
 def predict(cluster: Any, runs: list[Run], factors: dict[str, float]) -> list[float]:
-    from costmodel.training import estimate
-    from planner.search.target_space import framework_kwargs
+    from planner.cli.explain import plan_estimate
     c = apply_factors(cluster, factors)
-    out = []
-    for r in runs:
-        p = r.plan
-        # as the plan's target runs it (the plan's own estimate was priced so)
-        fw = framework_kwargs(estimate, p.target or None, dict(p.framework or {}))
-        out.append(estimate(p.model, _sized(c, p.world_size), p.workload, p.parallel, stages=p.stages,
-                            order=p.mesh_order, **fw).step_time_s)
-    return out
+    # each run's plan on the factored cluster, as its target runs it (the plan's own estimate was priced so)
+    return [plan_estimate(dataclasses.replace(r.plan, cluster=_sized(c, r.plan.world_size))).step_time_s
+            for r in runs]
 
 
 def _errors(pred: list[float], runs: list[Run]) -> list[float]:

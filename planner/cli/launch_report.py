@@ -46,12 +46,9 @@ def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
     the cost model), priced as the plan's target runs it, like the plan's own estimate. None when
     the cluster has no peak for that precision."""
     from costmodel.specs import SpecError
-    from costmodel.training import estimate
-    from planner.search.target_space import framework_kwargs
+    from planner.cli.explain import plan_estimate
     try:
-        wl = dataclasses.replace(plan.workload, dtype=dtype)
-        return estimate(plan.model, plan.cluster, wl, plan.parallel, stages=plan.stages, order=plan.mesh_order,
-                        **framework_kwargs(estimate, plan.target or None, dict(plan.framework or {}))).to_dict()
+        return plan_estimate(dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, dtype=dtype))).to_dict()
     except (SpecError, ValueError):
         return None
 
