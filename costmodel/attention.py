@@ -75,6 +75,15 @@ Which kernel runs (``kernel_for``), from the framework profile's ``attention`` f
 
 AMD, Ada and CPUs: no table; FA2's Ampere curve (an assumption).
 
+Measured curves (``GpuSpec.attention_table``, written by ``planner profile``:
+``profiles/bench_attention.py``): where a profile measured a kernel on the user's own device --
+PyTorch SDPA's flash backend (FA2) and its cuDNN backend on a GPU, SDPA's fused CPU kernel on a CPU,
+recorded as "fa2", the kernel a CPU is priced with -- that kernel is priced on the measured points
+instead of its published curve: per head dimension, piecewise linear in log sequence length between
+the measured lengths and flat beyond them; between head dimensions linear in log2 of the head
+dimension, flat beyond them (``measured_efficiency``). FlexAttention keeps its ratio to FA2. A kernel
+or direction the profile did not measure keeps its published curve.
+
 Context parallel (``attention_fwd_bwd_s`` with ``cp > 1``): Transformer Engine's and PyTorch's
 ring attention both split the sequence into ``2 cp`` chunks and give rank ``r`` chunks ``r`` and
 ``2cp-1-r`` (the load-balanced causal layout: TE ``attn_forward_func_with_cp`` /
@@ -182,9 +191,57 @@ def _table(kernel: str, gpu: GpuSpec) -> tuple[dict, float]:
     return t, (FLEX_OF_FA2 if kernel == "flex" else 1.0)
 
 
+def _interp(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise linear through ``points`` (sorted by x, x already on the scale to interpolate
+    on), flat beyond the first and the last."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+@lru_cache(maxsize=256)
+def _measured_rows(gpu: GpuSpec, kernel: str, direction: str, mask: str) -> tuple[tuple[float, tuple], ...]:
+    """The measured points of one kernel, direction and mask, as ((log2 head dim, ((log seq,
+    efficiency), ...)), ...) sorted; empty when the profile did not measure them."""
+    by_dim: dict[float, dict[float, float]] = {}
+    for k, d, m, hd, seq, eff in gpu.attention_table:
+        if (k, d, m) == (kernel, direction, mask):
+            by_dim.setdefault(float(hd), {})[float(seq)] = float(eff)
+    return tuple((math.log2(hd), tuple(sorted((math.log(s), e) for s, e in pts.items())))
+                 for hd, pts in sorted(by_dim.items()))
+
+
+def measured_efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causal: bool,
+                        direction: str) -> float | None:
+    """The fraction of peak ``gpu.attention_table`` gives ``kernel`` in ``direction`` ("fwd" or
+    "bwd"), interpolated (module docstring); None where the profile did not measure it."""
+    if not gpu.attention_table:
+        return None
+    scale = FLEX_OF_FA2 if kernel == "flex" else 1.0
+    rows = _measured_rows(gpu, "fa2" if kernel == "flex" else kernel, direction, "causal" if causal else "none")
+    if not rows:
+        return None
+    ls = math.log(max(seq_len, 1.0))
+    per_dim = [(ld, _interp(list(pts), ls)) for ld, pts in rows]
+    return scale * _interp(per_dim, math.log2(max(head_dim, 1.0)))
+
+
 def efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causal: bool, direction: str) -> float:
     """Fraction of the GPU's 16-bit peak ``kernel`` reaches in ``direction`` ("fwd", "bwd" or
-    "fb" for the two together)."""
+    "fb" for the two together): measured where the GPU's profile measured it, else published."""
+    if gpu.attention_table:
+        if direction == "fb":
+            f = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")
+            b = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "bwd")
+            if f is not None and b is not None:
+                return (1 + BACKWARD_FLOPS_OF_FORWARD) / (1 / f + BACKWARD_FLOPS_OF_FORWARD / b)
+        else:
+            got = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, direction)
+            if got is not None:
+                return got
     table, scale = _table(kernel, gpu)
     mask = "causal" if causal else "none"
     if direction not in table:
@@ -207,7 +264,9 @@ def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head
     if fwd_flops <= 0:
         return 0.0, 0.0
     table, _ = _table(kernel, gpu)
-    if "fb" in table:
+    measured = bool(gpu.attention_table) and all(
+        measured_efficiency(kernel, gpu, head_dim, seq_len, causal, d) is not None for d in ("fwd", "bwd"))
+    if "fb" in table and not measured:
         eta = efficiency(kernel, gpu, head_dim, seq_len, causal, "fb")
         return fwd_flops / (peak_flops * eta), BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * eta)
     ef = efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")

@@ -390,6 +390,12 @@ class GpuSpec:
     # stage_terms.StageModel). 0 for GPUs, where the host work hides behind the kernels.
     fsdp2_block_s: float = 0.0
     dtensor_param_step_s: float = 0.0
+    # Fused attention measured on this device (`planner profile`: profiles/bench_attention.py):
+    # rows (kernel, direction "fwd"|"bwd", mask "causal"|"none", head_dim, seq_len, fraction of the
+    # 16-bit peak -- the fp32 peak on a CPU), in the kernel benchmarks' FLOP convention. Where a
+    # kernel's rows are here, costmodel.attention prices that kernel on them instead of its
+    # published curve. Empty: the published curves (every catalog GPU).
+    attention_table: tuple[tuple[str, str, str, float, float, float], ...] = ()
     # Serving's GEMM efficiency where it differs from training's (0: the same). Serving's figures
     # (costmodel/VALIDATION_INFERENCE.md) were validated on the curve before the session-20 training
     # refit; the catalog keeps that curve for serving until serving is revalidated on the new one.
@@ -418,6 +424,8 @@ class GpuSpec:
                             f"us, FSDP2 block {self.fsdp2_block_s * 1e6:g} us, DTensor parameter step "
                             f"{self.dtensor_param_step_s * 1e6:g} us")
         check_ranges(self, f"gpu {self.name!r}", SpecError)
+        if self.attention_table:
+            _check_attention_table(self)
 
     def peak(self, dtype: str) -> float:
         key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
@@ -626,6 +634,22 @@ class ClusterSpec:
         else:
             ng = dataclasses.replace(g, nodes=n // g.gpus_per_node)
         return dataclasses.replace(self, groups=(ng,))
+
+
+ATTENTION_TABLE_KERNELS = ("fa2", "fa3", "fa4", "cudnn")     # costmodel.attention.KERNELS less flex (FA2's)
+
+
+def _check_attention_table(g: GpuSpec) -> None:
+    """The measured attention rows: every row of the right shape, every number finite and in range."""
+    for i, row in enumerate(g.attention_table):
+        ok = (isinstance(row, tuple) and len(row) == 6 and row[0] in ATTENTION_TABLE_KERNELS
+              and row[1] in ("fwd", "bwd") and row[2] in ("causal", "none")
+              and all(not isinstance(x, bool) and isinstance(x, (int, float)) and x == x for x in row[3:]))
+        if (not ok or range_problem(row[3], (0, 1024, True)) or range_problem(row[4], (0, 1e8, True))
+                or range_problem(row[5], (0, 1, True))):
+            raise SpecError(f"gpu {g.name!r}: attention_table[{i}]: expected [kernel ({', '.join(ATTENTION_TABLE_KERNELS)}), "
+                            f"direction fwd|bwd, mask causal|none, head_dim in (0, 1024], seq_len in (0, 1e8], "
+                            f"efficiency in (0, 1]], got {describe(row)}")
 
 
 def _check_tables(c: "ClusterSpec") -> None:

@@ -45,6 +45,7 @@ from costmodel.specs import SpecError
 from costmodel.units import GB, GIB, MIB, TERA, US
 
 from . import bench_collectives as bc
+from .bench_attention import attention_table
 from .bench_matmul import efficiency_table, fit_efficiency
 from .bench_memory import sustained_bandwidth
 from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, load_cluster
@@ -385,6 +386,18 @@ def _rank0_compute(cfg: dict, device: Any, result: dict, raw: Path, note: Callab
 
     bench_copy(device, copy_sizes(device.type, quick), target_s=cfg["target_s"], on_row=mem_row)
 
+    # fused attention, each SDPA kernel this device runs (costmodel.attention prices on it)
+    from .bench_attention import bench_attention
+
+    def attn_row(r: dict) -> None:
+        result.setdefault("attention", []).append(r)
+        _append_jsonl(raw / "attention.jsonl", r)
+        note(len(result["attention"]), None, f"attention {r['kernel']} d={r['head_dim']} s={r['seq_len']} "
+                                             f"{r['mask']} {r['direction']}")
+
+    note(0, None, "attention")
+    bench_attention(device, quick, target_s=cfg["target_s"], on_row=attn_row)
+
     if device.type == "cpu":
         # eager CPU operators run synchronously: a fixed cost per layer adds to its FLOPs
         from .bench_layer import bench_layer_overhead
@@ -599,6 +612,21 @@ def _link(fit: bc.AlphaBeta | None, sheet: dict | None, kind: str, device_type: 
     return {"name": name, "gb_per_s": _r(bw), "latency_us": _r(lat), "efficiency": 1.0}, "measured"
 
 
+def _attention_summary(rows: list[list]) -> dict:
+    """Per measured kernel: the range of its causal forward and backward fractions of peak, at the
+    largest head dimension measured, over the sequence lengths measured."""
+    out: dict[str, dict] = {}
+    for kernel in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == kernel and r[2] == "causal"]
+        hd = max(r[3] for r in mine) if mine else None
+        ent: dict[str, Any] = {"head_dim": hd, "seq_lens": sorted({r[4] for r in mine if r[3] == hd})}
+        for d in ("fwd", "bwd"):
+            effs = [r[5] for r in mine if r[1] == d and r[3] == hd]
+            ent[d] = [min(effs), max(effs)] if effs else None
+        out[kernel] = ent
+    return out
+
+
 @dataclass
 class Profile:
     """Everything a profile run produced, ready to write."""
@@ -675,6 +703,9 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     if wrap and device_type == "cpu":
         gpu["fsdp2_block_us"] = _r(wrap["block_s"] / US)
         gpu["dtensor_param_step_us"] = _r(wrap["param_step_s"] / US)
+    attn = attention_table(result.get("attention") or [], lambda dt: (tflops.get(dt) or 0.0) * TERA)
+    if attn:
+        gpu["attention_table"] = attn
     measured: dict[str, Any] = {}
     if table:
         measured["matmul"] = [[s, _r(e)] for s, e in table]
@@ -725,6 +756,7 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         "layer_overhead_us": gpu.get("layer_overhead_us"),
         "fsdp2_block_us": gpu.get("fsdp2_block_us"),
         "dtensor_param_step_us": gpu.get("dtensor_param_step_us"),
+        "attention": _attention_summary(attn),
         "tiers": {},
         "compute_comm_slowdown": measured.get("compute_comm_slowdown"),
         "measurements": {"matmul": len(mm), "memory": len(result["memory"]), "collectives": len(rows)},

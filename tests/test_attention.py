@@ -151,3 +151,97 @@ def test_layer_adds_torch_cp_exchange_by_hand():
     assert bwd(torch_cp) - bwd(plain) == pytest.approx(want_b, rel=1e-9)
     # the part of the gather beside step 0 is the CP traffic the stage overlaps
     assert torch_cp.cp_fwd_s == pytest.approx(min(gather, f0))
+
+
+# --------------------------------------------------------------------------------------
+# Measured curves (GpuSpec.attention_table, written by `planner profile`)
+# --------------------------------------------------------------------------------------
+
+def _measured(gpu, rows):
+    import dataclasses
+    return dataclasses.replace(gpu, attention_table=tuple(sorted(rows)))
+
+
+def test_measured_points_replace_the_published_curve_where_measured():
+    """A table holding the published cuDNN curve's own values at a few points gives those values
+    back at the points and, between them, the straight line in log sequence length (computed here
+    by hand); a kernel, mask or direction not in the table keeps its published curve."""
+    import math
+    pts = [(hd, s, d) for hd in (64, 128) for s in (1024, 4096) for d in ("fwd", "bwd")]
+    rows = [("cudnn", d, "causal", hd, s, round(efficiency("cudnn", H100, hd, s, True, d), 4)) for hd, s, d in pts]
+    g = _measured(H100, rows)
+    for hd, s, d in pts:
+        assert efficiency("cudnn", g, hd, s, True, d) == pytest.approx(efficiency("cudnn", H100, hd, s, True, d), abs=1e-4)
+    # between the sequence lengths: linear in log s (2048 is the midpoint of 1024 and 4096)
+    e1, e4 = (dict(((hd, s), e) for _, d, _, hd, s, e in rows if d == "fwd")[(128, s)] for s in (1024, 4096))
+    assert efficiency("cudnn", g, 128, 2048, True, "fwd") == pytest.approx((e1 + e4) / 2, rel=1e-9)
+    # between head dims: linear in log2 (90.5 = 2^6.5, halfway between 64 and 128); flat beyond
+    e64 = dict(((hd, s), e) for _, d, _, hd, s, e in rows if d == "bwd")[(64, 4096)]
+    e128 = dict(((hd, s), e) for _, d, _, hd, s, e in rows if d == "bwd")[(128, 4096)]
+    assert efficiency("cudnn", g, 2 ** 6.5, 4096, True, "bwd") == pytest.approx((e64 + e128) / 2, rel=1e-9)
+    assert efficiency("cudnn", g, 256, 65536, True, "bwd") == pytest.approx(e128, rel=1e-9)
+    assert efficiency("cudnn", g, 32, 128, True, "fwd") == pytest.approx(
+        dict(((hd, s), e) for _, d, _, hd, s, e in rows if d == "fwd")[(64, 1024)], rel=1e-9)
+    # not measured: the non-causal mask, FA2, FA3 -- published, unchanged
+    for k, causal in (("cudnn", False), ("fa2", True), ("fa3", True)):
+        assert efficiency(k, g, 128, 4096, causal, "fwd") == efficiency(k, H100, 128, 4096, causal, "fwd")
+    assert not math.isnan(efficiency("cudnn", g, 128, 3000, True, "fb"))
+
+
+def test_measured_fa2_prices_each_direction_and_flex_keeps_its_ratio():
+    """FA2's published curve is forward + backward together; a measured FA2 prices the two apart
+    (block_s), and FlexAttention stays FA2 times the blog's ratio."""
+    from costmodel.attention import FLEX_OF_FA2
+    rows = [("fa2", "fwd", "causal", 128, 4096, 0.40), ("fa2", "bwd", "causal", 128, 4096, 0.25)]
+    g = _measured(H100, rows)
+    f, b = block_s("fa2", g, 1e15, 1e12, 128, 4096, True)
+    assert f == pytest.approx(1e12 / (1e15 * 0.40)) and b == pytest.approx(2.5e12 / (1e15 * 0.25))
+    fx, bx = block_s("flex", g, 1e15, 1e12, 128, 4096, True)
+    assert fx == pytest.approx(f / FLEX_OF_FA2) and bx == pytest.approx(b / FLEX_OF_FA2)
+    # only the forward measured: the published forward + backward figure both ways, as before
+    g1 = _measured(H100, rows[:1])
+    assert block_s("fa2", g1, 1e15, 1e12, 128, 4096, True) == block_s("fa2", H100, 1e15, 1e12, 128, 4096, True)
+
+
+def test_measured_table_reaches_the_layer_and_round_trips_a_cluster_file(tmp_path):
+    """The layer's attention core is priced on the GPU's measured table (a slower measured cuDNN
+    makes it slower by the ratio), and a cluster file keeps the table through write and load."""
+    import yaml
+    from costmodel.files.clusters import cluster_from_dict, cluster_to_dict, gpu_from_dict, gpu_to_dict
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=8, seq_len=8192)
+    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    slow = _measured(cl.gpu, [("cudnn", d, "causal", 128, s, round(0.5 * efficiency("cudnn", cl.gpu, 128, s, True, d), 6))
+                              for d in ("fwd", "bwd") for s in (4096, 8192, 16384)])
+    args = (m, False, wl, 1, 1, 1, False, 1)
+    pub = layer_cost(*args, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay, attention="te")
+    meas = layer_cost(*args, slow, cl, cl.groups[0].intra_node, lay, lay, lay, attention="te")
+    assert meas.attn_fwd_s == pytest.approx(2 * pub.attn_fwd_s, rel=1e-4)
+    assert meas.gemm_fwd_s == pub.gemm_fwd_s
+    assert gpu_from_dict(gpu_to_dict(slow), "gpu") == slow
+    d = cluster_to_dict(cl)
+    d["gpu"] = gpu_to_dict(slow)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert load_cluster(str(p)).gpu.attention_table == slow.attention_table
+    assert cluster_from_dict(d, "c").gpu == slow
+
+
+@pytest.mark.parametrize("row, says", [
+    (["xformers", "fwd", "causal", 128, 4096, 0.3], "kernel must be one of fa2, fa3, fa4, cudnn, got 'xformers'"),
+    (["fa2", "both", "causal", 128, 4096, 0.3], "direction must be one of fwd, bwd"),
+    (["fa2", "fwd", "sliding", 128, 4096, 0.3], "mask must be one of causal, none"),
+    (["fa2", "fwd", "causal", 128, 4096, 1.5], "'efficiency' must be at most 1, got 1.5"),
+    (["fa2", "fwd", "causal", 0, 4096, 0.3], "'head_dim' must be > 0, got 0"),
+    (["fa2", "fwd", "causal", 128, ".nan", 0.3], "'seq_len' must be a number"),
+    (["fa2", "fwd", "causal", 128], "expected [kernel, direction, mask, head_dim, seq_len, efficiency]"),
+])
+def test_bad_attention_rows_are_refused_with_their_place(row, says):
+    from costmodel.files.clusters import gpu_from_dict, gpu_to_dict
+    from costmodel.specs import SpecError
+    d = gpu_to_dict(H100)
+    d["attention_table"] = [["fa2", "fwd", "causal", 128, 1024, 0.3], row]
+    with pytest.raises(SpecError) as e:
+        gpu_from_dict(d, "cluster.gpu")
+    assert "cluster.gpu.attention_table[1]" in str(e.value) and says in str(e.value)

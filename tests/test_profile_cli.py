@@ -58,6 +58,15 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
     assert 0 <= spec.gpu.fsdp2_block_s < 1.0 and 0 <= spec.gpu.dtensor_param_step_s < 1.0
     assert spec.gpu.fsdp2_block_s + spec.gpu.dtensor_param_step_s > 1e-6
     assert s["fsdp2_block_us"] == pytest.approx(spec.gpu.fsdp2_block_s * 1e6, rel=1e-9)
+    # fused attention, SDPA's CPU kernel recorded as the kernel a CPU is priced with (fa2): both
+    # masks and directions at every measured length, fractions of the fp32 peak; the summary's
+    # causal ranges are the table's
+    rows = spec.gpu.attention_table
+    assert {(r[0], r[1], r[2]) for r in rows} == {("fa2", d, m) for d in ("fwd", "bwd") for m in ("causal", "none")}
+    assert all(0 < r[5] <= 1 for r in rows) and len({r[4] for r in rows}) >= 2
+    a = s["attention"]["fa2"]
+    assert a["fwd"] == [min(r[5] for r in rows if r[1:3] == ("fwd", "causal")),
+                        max(r[5] for r in rows if r[1:3] == ("fwd", "causal"))]
     # what overlapping communication with compute still costs on CPU cores, measured
     assert s["compute_comm_slowdown"] is not None and 0 <= spec.compute_comm_slowdown <= 1
     assert spec.matmul_table and spec.collective_table

@@ -40,7 +40,7 @@ from typing import Any, Mapping
 import yaml
 
 from costmodel.limits import describe
-from costmodel.specs import OVERLAP_SLOWDOWN, ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
+from costmodel.specs import ATTENTION_TABLE_KERNELS, OVERLAP_SLOWDOWN, ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
 from costmodel.units import GB, GIB, TERA, US
 
 from .readers import load_yaml
@@ -49,7 +49,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
              "reserved_gib", "price_per_hour", "layer_overhead_us", "fsdp2_block_us", "dtensor_param_step_us",
-             "serving_matmul_efficiency"}
+             "serving_matmul_efficiency", "attention_table"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -187,7 +187,38 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         fsdp2_block_s=_num(d, "fsdp2_block_us", where, 0.0, at_least=0) * US,
         dtensor_param_step_s=_num(d, "dtensor_param_step_us", where, 0.0, at_least=0) * US,
         serving_matmul_efficiency=_num(d, "serving_matmul_efficiency", where, 0.0, at_least=0, at_most=1),
+        attention_table=_attention_table(d, where),
     )
+
+
+_ATTENTION_ROW = "[kernel, direction, mask, head_dim, seq_len, efficiency]"
+
+
+def _attention_table(d: Mapping, where: str) -> tuple:
+    """``attention_table``: measured fused attention, rows ``[kernel, direction, mask, head_dim,
+    seq_len, efficiency]`` (GpuSpec.attention_table); each field checked here with its row's
+    place, the ranges again by GpuSpec."""
+    rows = d.get("attention_table")
+    if rows is None:
+        return ()
+    if not isinstance(rows, list):
+        raise SpecError(f"{where}: 'attention_table' must be a list of rows {_ATTENTION_ROW}, got {describe(rows)}")
+    out = []
+    for i, row in enumerate(rows):
+        rw = f"{where}.attention_table[{i}]"
+        if not isinstance(row, list) or len(row) != 6:
+            raise SpecError(f"{rw}: expected {_ATTENTION_ROW}, e.g. [fa2, fwd, causal, 128, 4096, 0.33], "
+                            f"got {describe(row)}")
+        cells = dict(zip(("kernel", "direction", "mask", "head_dim", "seq_len", "efficiency"), row))
+        kernel, direction, mask = (_str(cells, k, rw, "") for k in ("kernel", "direction", "mask"))
+        for k, v, allowed in (("kernel", kernel, ATTENTION_TABLE_KERNELS), ("direction", direction, ("fwd", "bwd")),
+                              ("mask", mask, ("causal", "none"))):
+            if v not in allowed:
+                raise SpecError(f"{rw}: {k} must be one of {', '.join(allowed)}, got {describe(v)}")
+        out.append((kernel, direction, mask, _num(cells, "head_dim", rw, above=0, at_most=1024),
+                    _num(cells, "seq_len", rw, above=0, at_most=1e8),
+                    _num(cells, "efficiency", rw, above=0, at_most=1)))
+    return tuple(sorted(out))
 
 
 def link_from_dict(d: Mapping, where: str) -> LinkSpec:
@@ -357,7 +388,9 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {}),
             **({"fsdp2_block_us": _r(g.fsdp2_block_s / US)} if g.fsdp2_block_s else {}),
             **({"dtensor_param_step_us": _r(g.dtensor_param_step_s / US)} if g.dtensor_param_step_s else {}),
-            **({"serving_matmul_efficiency": g.serving_matmul_efficiency} if g.serving_matmul_efficiency else {})}
+            **({"serving_matmul_efficiency": g.serving_matmul_efficiency} if g.serving_matmul_efficiency else {}),
+            **({"attention_table": [[k, d, m, _r(hd), _r(s), _r(e)] for k, d, m, hd, s, e in g.attention_table]}
+               if g.attention_table else {})}
 
 
 def link_to_dict(link: LinkSpec) -> dict:

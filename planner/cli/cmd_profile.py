@@ -107,6 +107,11 @@ def _print_human(s: dict) -> None:
     if s.get("fsdp2_block_us") is not None:
         lines.append(f"  FSDP2 wrappers: {s['fsdp2_block_us']:.0f} us per block per micro-batch, "
                      f"{s.get('dtensor_param_step_us') or 0:.0f} us per parameter in the optimizer step")
+    for kernel, a in (s.get("attention") or {}).items():
+        span = ", ".join(f"{d} {a[d][0]:.2f}-{a[d][1]:.2f}" for d in ("fwd", "bwd") if a.get(d))
+        if span:
+            lines.append(f"  attention {kernel} (SDPA), causal, head dim {a['head_dim']:g}: {span} of peak over "
+                         f"sequences {min(a['seq_lens']):g}-{max(a['seq_lens']):g}")
     for tier, t in s["tiers"].items():
         lines.append(f"  {tier}-node: busbw {t['busbw_gb_per_s']} GB/s, latency {t['latency_us']} us/step "
                      f"({t['op']} over {t['group']} of {t['group_size']})"
