@@ -520,6 +520,25 @@ def layer_param_tensors(model, moe: bool) -> int:
     return norms + attn + mlp
 
 
+def fsdp2_wrap_counts(model, n_blocks: float, n_moe: float, first: bool, last: bool, ep: int) -> tuple[float, float]:
+    """(modules FSDP2 wraps, parameter tensors) on one pipeline stage of the built-in runtime,
+    ``n_blocks`` blocks of which ``n_moe`` are MoE: what ``runtime.parallel.dp_wrapped_modules``
+    wraps (every block, a MoE block's experts again under EP, the embedding on the first stage and
+    the final norm with the head on the last unless the stage holds both ends of a tied embedding,
+    and the stage itself) and what ``runtime.model`` builds (the blocks' tensors, the token and
+    learned position embeddings, the final norm, and the head's matrix unless it is the embedding's
+    own, i.e. tied on a stage that holds both ends: a last stage without the embedding keeps a copy).
+    ``tests/test_costmodel.py`` holds both equal to the runtime's real modules."""
+    tied_here = model.tied_embeddings and first and last
+    wraps = n_blocks + (n_moe if ep > 1 else 0) + 1 + (0 if tied_here else int(first) + int(last))
+    tensors = (n_blocks - n_moe) * layer_param_tensors(model, False) + n_moe * layer_param_tensors(model, True)
+    if first:
+        tensors += 1 + (1 if model.positions == "learned" else 0)
+    if last:
+        tensors += (2 if model.norm == "layernorm" else 1) + (0 if tied_here else 1)
+    return wraps, tensors
+
+
 class StageModel:
     """The cost of one pipeline stage as a function of how many layers it holds (``n``, of which
     ``n_moe`` are MoE layers) and how many of them recompute fully (``r``). Built once per
@@ -816,11 +835,10 @@ class StageModel:
             # FSDP2's host work on a host-bound device: each wrapped module's hooks every micro-batch
             # (the blocks, the embedding on the first stage, the final norm and head on the last), and
             # the optimizer step's DTensor dispatch per parameter tensor (GpuSpec; costmodel.specs)
-            m = sh.model
-            ends = (1 if self.first else 0) + (1 if self.last else 0)
-            fsdp += (n + mtp + ends) * self.wrap_block_s
-            tensors = (n_dense * layer_param_tensors(m, False) + (n_moe + mtp) * layer_param_tensors(m, n_moe > 0)
-                       + (1 if self.first else 0) + ((1 + (0 if m.tied_embeddings else 1)) if self.last else 0))
+            # (multi-token-prediction blocks counted as blocks of the stage's kind)
+            wraps, tensors = fsdp2_wrap_counts(sh.model, n + mtp, n_moe + (mtp if n_moe else 0), self.first,
+                                               self.last, self.par.ep)
+            fsdp += wraps * self.wrap_block_s
             opt_s += tensors * self.wrap_param_s
         return (fsdp, grad_s, gather_s, opt_s,
                 mesh.ends.embed_act_bytes if self.first else 0.0,

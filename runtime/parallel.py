@@ -330,17 +330,28 @@ def apply_dp(part: nn.Module, mesh, dims: Dims, pp_enabled: bool, mp_dtype: torc
 
         def wrap(m, msh, last=False):
             replicate(m, mesh=msh, mp_policy=mp)
+    for mods, kind in dp_wrapped_modules(part, dims.ep):
+        wrap(mods, expert if kind == "expert" else dense, last=kind == "head")
+
+
+def dp_wrapped_modules(part: nn.Module, ep: int) -> list[tuple[Any, str]]:
+    """What ``apply_dp`` wraps in FSDP2, in order, each with its kind ("expert": a MoE block's
+    experts under expert parallelism, on the expert mesh; "head": the final norm with the output
+    layer; "module" otherwise): every block (its experts first under EP), the embedding and the
+    head unless this part holds both ends of a tied embedding, then the part itself. The cost model
+    counts the same (``costmodel.stage_terms.fsdp2_wrap_counts``; a test holds them equal)."""
+    out: list[tuple[Any, str]] = []
     for blk in part.layers.values():
         moe = getattr(_unwrap(blk), "moe", None)
-        if moe is not None and dims.ep > 1:
-            wrap(moe.experts, expert)
-        wrap(blk, dense)
-    tied = part.tied
-    if part.embed is not None and not tied:
-        wrap(part.embed, dense)
-    if part.norm is not None and not tied:
-        wrap([part.norm, part.output], dense, last=True)
-    wrap(part, dense)
+        if moe is not None and ep > 1:
+            out.append((moe.experts, "expert"))
+        out.append((blk, "module"))
+    if part.embed is not None and not part.tied:
+        out.append((part.embed, "module"))
+    if part.norm is not None and not part.tied:
+        out.append(([part.norm, part.output], "head"))
+    out.append((part, "module"))
+    return out
 
 
 def sync_tied_grads(parts: list[nn.Module], group) -> None:

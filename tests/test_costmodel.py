@@ -263,9 +263,10 @@ def test_fsdp2_wrapper_time_adds_per_block_and_parameter(zero):
     """A host-bound device's FSDP2 wrapper time (``GpuSpec.fsdp2_block_s`` per wrapped module per
     micro-batch, ``dtensor_param_step_s`` per parameter tensor per step) adds exactly that to a
     data-parallel built-in plan at every ZeRO stage (its runtime wraps them all in FSDP2): the
-    blocks, the embedding and the final norm with the head, every micro-batch; the parameters of
-    the blocks (9 each in a llama block: two norms, q, k, v, o, three MLP matrices), the embedding
-    and the head once. Nothing for one rank (nothing wrapped), nor for Megatron."""
+    blocks, the embedding, the final norm with the head, and the model itself, every micro-batch;
+    the parameters of the blocks (9 each in a llama block: two norms, q, k, v, o, three MLP
+    matrices), the embedding, the final norm and the head once. Nothing for one rank (nothing
+    wrapped), nor for Megatron."""
     from costmodel.stage_terms import layer_param_tensors
     model = get_model("tiny-llama")
     base = load_cluster("cpu").with_gpus(2)
@@ -276,8 +277,9 @@ def test_fsdp2_wrapper_time_adds_per_block_and_parameter(zero):
     par = ParallelConfig(dp=2, dp_shard=2, zero=zero, micro_batch=2, grad_accum=2)
     a, b = estimate(model, base, wl, par, framework="builtin"), estimate(model, slow, wl, par, framework="builtin")
     assert layer_param_tensors(model, False) == 9
-    tensors = model.layers * 9 + 1 + (1 if model.tied_embeddings else 2)
-    want = par.grad_accum * (model.layers + 2) * blk + tensors * prm
+    assert not model.tied_embeddings and model.positions == "rotary" and model.norm == "rmsnorm"
+    tensors = model.layers * 9 + 1 + 2
+    want = par.grad_accum * (model.layers + 3) * blk + tensors * prm
     assert b.step_time_s - a.step_time_s == pytest.approx(want, rel=1e-9)
     assert a.peak_bytes == b.peak_bytes
     one = ParallelConfig(micro_batch=2, grad_accum=4)
@@ -286,6 +288,28 @@ def test_fsdp2_wrapper_time_adds_per_block_and_parameter(zero):
             == estimate(model, one_base, wl, one, framework="builtin").step_time_s)
     assert (estimate(model, slow, wl, par, framework="megatron").step_time_s
             == estimate(model, base, wl, par, framework="megatron").step_time_s)
+
+
+@pytest.mark.parametrize("name, tied, pp, ep", [("tiny-llama", False, 1, 1), ("tiny-llama", False, 2, 1),
+                                                 ("tiny-llama", True, 1, 1), ("tiny-llama", True, 2, 1),
+                                                 ("tiny-gpt", True, 1, 1), ("tiny-gpt", True, 3, 1),
+                                                 ("tiny-moe", False, 2, 2), ("tiny-moe", False, 1, 1)])
+def test_fsdp2_wrap_counts_are_the_runtimes_modules(name, tied, pp, ep):
+    """What the cost model counts for FSDP2's host time on each pipeline stage (modules wrapped,
+    parameter tensors the optimizer steps) is what the built-in runtime builds and wraps: its own
+    parts (``runtime.model.build_model``), its own list of what it wraps
+    (``runtime.parallel.dp_wrapped_modules``), its parameters as the optimizer gets them."""
+    from costmodel.stage_terms import fsdp2_wrap_counts
+    from runtime.model import build_model
+    from runtime.parallel import dp_wrapped_modules
+    model = dataclasses.replace(get_model(name), tied_embeddings=tied)
+    bounds = [round(i * model.layers / pp) for i in range(pp + 1)]
+    for s in range(pp):
+        layers = range(bounds[s], bounds[s + 1])
+        part = build_model(model, layers=layers, embed=s == 0, head=s == pp - 1)
+        n_moe = sum(1 for i in layers if model.is_moe_layer(i))
+        wraps, tensors = fsdp2_wrap_counts(model, len(layers), n_moe, s == 0, s == pp - 1, ep)
+        assert (wraps, tensors) == (len(dp_wrapped_modules(part, ep)), len(list(part.parameters()))), (name, s)
 
 
 def test_overlap_slowdown_of_one_is_no_overlap():
