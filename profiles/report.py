@@ -226,6 +226,16 @@ def _plot_topology(prof: Any) -> bytes | None:
 # Content
 # --------------------------------------------------------------------------------------
 
+def _published_attention(gpu_name: str, kernel: str, direction: str, mask: str, head_dim: float,
+                         seq: float) -> float:
+    """The published curve ``costmodel.attention`` prices ``kernel`` with on a GPU of this name."""
+    from costmodel.attention import efficiency
+    from costmodel.specs import GpuSpec
+    g = GpuSpec(name=gpu_name, memory_bytes=1.0e10, peak_flops_per_s={"bf16": 1.0}, hbm_bandwidth_bytes_per_s=1.0,
+                reserved_bytes=0.0)
+    return efficiency(kernel, g, head_dim, seq, mask == "causal", direction)
+
+
 def _blocks(prof: Any, plots: bool) -> list[tuple]:
     c, s, pr = prof.cluster, prof.summary, prof.probe
     pv = c.get("provenance", {})
@@ -310,6 +320,17 @@ def _blocks(prof: Any, plots: bool) -> list[tuple]:
             png = _plot_matmul(prof)
             if png:
                 B.append(_fig("matmul", png))
+    attn = c["gpu"].get("attention_table") or []
+    if attn:
+        B.append(_h(2, "Fused attention"))
+        B.append(_p("`F.scaled_dot_product_attention` with each kernel this PyTorch offers forced (on a CPU its own "
+                    "kernel, recorded as fa2); efficiency = FLOPs (forward 4 b s^2 h d, halved when causal; backward "
+                    "2.5 times that) / time / peak of the precision measured. The cost model prices these kernels on "
+                    "these points (the cluster file's `gpu.attention_table`); 'published' is the curve it would use "
+                    "otherwise, on the catalog architecture of this device's name."))
+        B.append(_table(["kernel", "direction", "mask", "head dim", "sequence", "efficiency", "published"],
+                        [[k, d, m, _fmt(hd), _fmt(sl), _fmt(e), _fmt(_published_attention(c["gpu"]["name"], k, d, m, hd, sl))]
+                         for k, d, m, hd, sl, e in attn]))
     mem = prof.result.get("memory") or []
     if mem:
         B.append(_h(2, "Memory copy bandwidth"))
