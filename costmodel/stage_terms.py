@@ -832,10 +832,9 @@ class StageModel:
         # (clipping: one more pass, scale.GRAD_NORM_READS) and the per-step reductions (scale.step_reductions_s)
         opt_s = (sh.opt_traffic + GRAD_NORM_READS * g_b) * local / self.hbm_bytes_per_s + mesh.step_fixed_s
         if self.wrap_block_s or self.wrap_param_s:
-            # FSDP2's host work on a host-bound device: each wrapped module's hooks every micro-batch
-            # (the blocks, the embedding on the first stage, the final norm and head on the last), and
-            # the optimizer step's DTensor dispatch per parameter tensor (GpuSpec; costmodel.specs)
-            # (multi-token-prediction blocks counted as blocks of the stage's kind)
+            # FSDP2's host work on a host-bound device: each module the runtime wraps, its hooks every
+            # micro-batch, and the optimizer step's DTensor dispatch per parameter tensor (GpuSpec;
+            # fsdp2_wrap_counts; multi-token-prediction blocks counted as blocks of the stage's kind)
             wraps, tensors = fsdp2_wrap_counts(sh.model, n + mtp, n_moe + (mtp if n_moe else 0), self.first,
                                                self.last, self.par.ep)
             fsdp += wraps * self.wrap_block_s
