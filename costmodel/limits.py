@@ -72,7 +72,8 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "matmul_efficiency": (0, 1, _POS), "matmul_half_size": (0, MAX_HALF_SIZE, _NN),
         "reserved_bytes": (0, MAX_MEMORY_BYTES, _NN), "price_per_hour": (0, MAX_PRICE, _NN),
         "layer_overhead_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "fsdp2_block_s": (0, MAX_LAYER_OVERHEAD_S, _NN),
-        "dtensor_param_step_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN)}.items()},
+        "dtensor_param_step_s": (0, MAX_LAYER_OVERHEAD_S, _NN),
+        "dtensor_tp_layer_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN)}.items()},
     **{("LinkSpec", k): v for k, v in {
         "bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS), "latency_s": (0, MAX_LATENCY_S, _NN),
         "efficiency": (0, 1, _POS)}.items()},

@@ -390,6 +390,11 @@ class GpuSpec:
     # stage_terms.StageModel). 0 for GPUs, where the host work hides behind the kernels.
     fsdp2_block_s: float = 0.0
     dtensor_param_step_s: float = 0.0
+    # And what DTensor tensor parallelism adds there (the same measurement: the runtime's blocks under
+    # its TP plan on a one-rank mesh less the plain blocks): host time per TP-sharded layer per
+    # micro-batch, forward + backward. Priced for frameworks whose TP is DTensor (dp_bucket "fsdp2":
+    # the built-in runtime, torchtitan) when tp > 1. 0 for GPUs.
+    dtensor_tp_layer_s: float = 0.0
     # Fused attention measured on this device (`planner profile`: profiles/bench_attention.py):
     # rows (kernel, direction "fwd"|"bwd", mask "causal"|"none", head_dim, seq_len, fraction of the
     # 16-bit peak -- the fp32 peak on a CPU), in the kernel benchmarks' FLOP convention. Where a
@@ -419,10 +424,10 @@ class GpuSpec:
         if not 0 <= self.serving_matmul_efficiency <= 1:
             raise SpecError(f"gpu {self.name!r}: serving_matmul_efficiency must be in [0, 1] (0: training's), "
                             f"got {self.serving_matmul_efficiency}")
-        if min(self.layer_overhead_s, self.fsdp2_block_s, self.dtensor_param_step_s) < 0:
+        if min(self.layer_overhead_s, self.fsdp2_block_s, self.dtensor_param_step_s, self.dtensor_tp_layer_s) < 0:
             raise SpecError(f"gpu {self.name!r}: host overheads must be >= 0, got layer {self.layer_overhead_s * 1e6:g} "
                             f"us, FSDP2 block {self.fsdp2_block_s * 1e6:g} us, DTensor parameter step "
-                            f"{self.dtensor_param_step_s * 1e6:g} us")
+                            f"{self.dtensor_param_step_s * 1e6:g} us, DTensor TP layer {self.dtensor_tp_layer_s * 1e6:g} us")
         check_ranges(self, f"gpu {self.name!r}", SpecError)
         if self.attention_table:
             _check_attention_table(self)

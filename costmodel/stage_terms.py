@@ -504,7 +504,7 @@ def stage_model_key(par: ParallelConfig) -> tuple:
 # the attributes ``StageModel._settings`` sets, in the order ``StageMesh.settings`` holds them
 _SETTINGS = ("deferred_sync", "regather", "buffers_bytes", "zero", "reserved_bytes", "capacity_bytes",
              "overlap_grad", "overlap_gather", "hbm_bytes_per_s", "slowdown", "grad_bucket_bytes",
-             "gather_bucket_bytes", "megatron_buckets", "wrap_block_s", "wrap_param_s")
+             "gather_bucket_bytes", "megatron_buckets", "wrap_block_s", "wrap_param_s", "tp_host_s")
 
 
 def layer_param_tensors(model, moe: bool) -> int:
@@ -549,7 +549,7 @@ class StageModel:
     __slots__ = ("sh", "par", "mesh", "zero", "buffers_bytes", "selective", "reserved_bytes", "capacity_bytes",
                  "hbm_bytes_per_s", "slowdown", "overlap_grad", "overlap_gather", "first", "last", "pp_comm_s",
                  "ends_params", "grad_bucket_bytes", "gather_bucket_bytes", "megatron_buckets", "deferred_sync",
-                 "regather", "wrap_block_s", "wrap_param_s")
+                 "regather", "wrap_block_s", "wrap_param_s", "tp_host_s")
 
     def __init__(self, sh: "_Shared", par: ParallelConfig, order: tuple[str, ...], grp: NodeGroup):
         mesh = sh.mesh(par, order, grp)
@@ -565,7 +565,7 @@ class StageModel:
             (self.deferred_sync, self.regather, self.buffers_bytes, self.zero, self.reserved_bytes,
              self.capacity_bytes, self.overlap_grad, self.overlap_gather, self.hbm_bytes_per_s, self.slowdown,
              self.grad_bucket_bytes, self.gather_bucket_bytes, self.megatron_buckets, self.wrap_block_s,
-             self.wrap_param_s) = settings
+             self.wrap_param_s, self.tp_host_s) = settings
         self.selective = par.recompute == "selective"
         self.first = self.last = False
         self.pp_comm_s = self.ends_params = 0.0
@@ -625,6 +625,8 @@ class StageModel:
         wrapped = par.dp > 1 and fw.dp_bucket == "fsdp2"
         self.wrap_block_s = gpu.fsdp2_block_s if wrapped else 0.0
         self.wrap_param_s = gpu.dtensor_param_step_s if wrapped else 0.0
+        # DTensor TP's host time per layer per micro-batch on a host-bound device (the same frameworks)
+        self.tp_host_s = gpu.dtensor_tp_layer_s if par.tp > 1 and fw.dp_bucket == "fsdp2" else 0.0
         # Megatron-Core counts its dense buckets at tensor boundaries, per stage and model chunk
         # (megatron_stage_buckets; bucket_size None, one bucket, without overlapped reduction:
         # DistributedDataParallel.__init__ at core_v0.14.0)
@@ -839,6 +841,9 @@ class StageModel:
                                                self.last, self.par.ep)
             fsdp += wraps * self.wrap_block_s
             opt_s += tensors * self.wrap_param_s
+        if self.tp_host_s:
+            # DTensor tensor parallelism's host work, every layer every micro-batch (GpuSpec)
+            fsdp += (n + mtp) * self.tp_host_s
         return (fsdp, grad_s, gather_s, opt_s,
                 mesh.ends.embed_act_bytes if self.first else 0.0,
                 ((dense_params * w_b + self.ends_params * (sh.ends_w_b - w_b)) / dw + expert_params * w_b / ew

@@ -128,7 +128,12 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     is host work, which the cost model adds to the plan's layers and optimizer step; the collectives
     are priced from the collective benchmarks. Each figure is the per-layer slope over stacks of 1
     and 4 layers (the same llama-style layer as ``bench_layer_overhead``) less the plain stack's,
-    the mean of the two wrappers (they differ by less than this machine's noise). None off the CPU, or
+    the mean of the two wrappers (they differ by less than this machine's noise). With them
+    ``"tp_layer_s"``: tensor parallelism's host time per layer per micro-batch (forward + backward),
+    the same layers under the runtime's TP plan (``runtime.parallel.tp_plan`` without sequence
+    parallelism: its styles, written here since profiles do not import the runtime) on the same
+    one-rank mesh less the plain layers: DTensor's per-operator dispatch and the styles' hooks. None
+    off the CPU, or
     in a process that already has a process group (a profile's rank: ``measure_fsdp2_overhead`` runs
     this in a fresh process, since a group created on one rank alone would put the ranks' group
     counters out of step)."""
@@ -172,6 +177,21 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
 
                 step()
                 runs[(mode, n)] = (step, opt.step)
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        # the runtime's TP plan without sequence parallelism (runtime.parallel.tp_plan: q, k, v and the
+        # MLP's gate and up projections column-wise, the output projections row-wise), on the same layer
+        plan = {**{f"{i}.{w}": ColwiseParallel() for i in range(max(LAYERS)) for w in ("wq", "wk", "wv", "w1", "w3")},
+                **{f"{i}.{w}": RowwiseParallel() for i in range(max(LAYERS)) for w in ("wo", "w2")}}
+        for n in LAYERS:
+            model = _layer_stack(n, spec.hidden, spec.heads, spec.kv_heads, spec.ffn_hidden).to(dev)
+            parallelize_module(model, mesh, {k: v for k, v in plan.items() if int(k.split(".")[0]) < n})
+
+            def tp_step(model=model):
+                model.zero_grad(set_to_none=False)
+                model(x).float().mean().backward()
+
+            tp_step()
+            runs[("tp", n)] = (tp_step, tp_step)
         times = {k: [float("inf"), float("inf")] for k in runs}
         # alternate every stack over ROUNDS, keeping each one's fastest (a slow spell hits all alike)
         for _ in range(ROUNDS):
@@ -189,7 +209,9 @@ def bench_fsdp2_overhead(device: Any, target_s: float = 0.8) -> dict | None:
     wrapped = ("fully_shard", "replicate")
     block = sum(max(0.0, slope(m, 0) - slope("plain", 0)) for m in wrapped) / len(wrapped)
     param = sum(max(0.0, slope(m, 1) - slope("plain", 1)) for m in wrapped) / len(wrapped) / max(1, tensors)
-    return {"block_s": block, "param_step_s": param, "tensors_per_layer": tensors,
+    # tensor parallelism's DTensor dispatch: the same layers under the runtime's TP plan, less plain
+    tp = max(0.0, slope("tp", 0) - slope("plain", 0))
+    return {"block_s": block, "param_step_s": param, "tp_layer_s": tp, "tensors_per_layer": tensors,
             "times_s": {f"{m}-{n}": t for (m, n), t in times.items()}}
 
 

@@ -703,6 +703,8 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     if wrap and device_type == "cpu":
         gpu["fsdp2_block_us"] = _r(wrap["block_s"] / US)
         gpu["dtensor_param_step_us"] = _r(wrap["param_step_s"] / US)
+        if wrap.get("tp_layer_s") is not None:
+            gpu["dtensor_tp_layer_us"] = _r(wrap["tp_layer_s"] / US)
     attn = attention_table(result.get("attention") or [], lambda dt: (tflops.get(dt) or 0.0) * TERA)
     if attn:
         gpu["attention_table"] = attn
@@ -756,6 +758,7 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         "layer_overhead_us": gpu.get("layer_overhead_us"),
         "fsdp2_block_us": gpu.get("fsdp2_block_us"),
         "dtensor_param_step_us": gpu.get("dtensor_param_step_us"),
+        "dtensor_tp_layer_us": gpu.get("dtensor_tp_layer_us"),
         "attention": _attention_summary(attn),
         "tiers": {},
         "compute_comm_slowdown": measured.get("compute_comm_slowdown"),

@@ -290,6 +290,26 @@ def test_fsdp2_wrapper_time_adds_per_block_and_parameter(zero):
             == estimate(model, base, wl, par, framework="megatron").step_time_s)
 
 
+def test_dtensor_tp_host_time_adds_per_layer_and_micro_batch():
+    """A host-bound device's DTensor TP time (``GpuSpec.dtensor_tp_layer_s``) adds exactly that per
+    layer per micro-batch to a built-in plan with tp > 1 (its runtime's TP is DTensor); nothing at
+    tp 1, nothing for Megatron (its TP is its own modules)."""
+    model = get_model("tiny-llama")
+    base = load_cluster("cpu").with_gpus(2)
+    tp_s = 3e-3
+    slow = dataclasses.replace(base, groups=tuple(dataclasses.replace(g, gpu=dataclasses.replace(
+        g.gpu, dtensor_tp_layer_s=tp_s)) for g in base.groups))
+    wl = Workload(global_batch=8, seq_len=128, dtype="fp32")
+    par = ParallelConfig(tp=2, micro_batch=2, grad_accum=4)
+    a, b = estimate(model, base, wl, par, framework="builtin"), estimate(model, slow, wl, par, framework="builtin")
+    assert b.step_time_s - a.step_time_s == pytest.approx(par.grad_accum * model.layers * tp_s, rel=1e-9)
+    dp = ParallelConfig(dp=2, micro_batch=2, grad_accum=2)
+    assert (estimate(model, slow, wl, dp, framework="builtin").step_time_s
+            == estimate(model, base, wl, dp, framework="builtin").step_time_s)
+    assert (estimate(model, slow, wl, par, framework="megatron").step_time_s
+            == estimate(model, base, wl, par, framework="megatron").step_time_s)
+
+
 @pytest.mark.parametrize("name, tied, pp, ep", [("tiny-llama", False, 1, 1), ("tiny-llama", False, 2, 1),
                                                  ("tiny-llama", True, 1, 1), ("tiny-llama", True, 2, 1),
                                                  ("tiny-gpt", True, 1, 1), ("tiny-gpt", True, 3, 1),

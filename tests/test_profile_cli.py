@@ -58,6 +58,9 @@ def test_quick_profile_writes_a_cluster_file_that_loads(tmp_path):
     assert 0 <= spec.gpu.fsdp2_block_s < 1.0 and 0 <= spec.gpu.dtensor_param_step_s < 1.0
     assert spec.gpu.fsdp2_block_s + spec.gpu.dtensor_param_step_s > 1e-6
     assert s["fsdp2_block_us"] == pytest.approx(spec.gpu.fsdp2_block_s * 1e6, rel=1e-9)
+    # DTensor tensor parallelism's host time per layer (the runtime's blocks under its TP plan)
+    assert 0 < spec.gpu.dtensor_tp_layer_s < 1.0
+    assert s["dtensor_tp_layer_us"] == pytest.approx(spec.gpu.dtensor_tp_layer_s * 1e6, rel=1e-9)
     # fused attention, SDPA's CPU kernel recorded as the kernel a CPU is priced with (fa2): both
     # masks and directions at every measured length, fractions of the fp32 peak; the summary's
     # causal ranges are the table's

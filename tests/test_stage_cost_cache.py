@@ -333,8 +333,9 @@ def _settings_mismatches(name, cluster_name, gpus, wl, base, fw) -> int:
         for name_ in _SETTINGS + ("selective", "first", "last", "pp_comm_s", "ends_params"):
             answers += 1
             bad += getattr(got, name_) != getattr(want, name_)
-    # 15: wrap_block_s and wrap_param_s read par.dp (the layout), the group's GPU and the framework only
-    assert answers >= 40 and len(_SETTINGS) == 15, answers
+    # 16: wrap_block_s and wrap_param_s read par.dp, tp_host_s par.tp (the layout), the group's GPU and
+    # the framework only
+    assert answers >= 40 and len(_SETTINGS) == 16, answers
     return bad
 
 

@@ -49,7 +49,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
              "reserved_gib", "price_per_hour", "layer_overhead_us", "fsdp2_block_us", "dtensor_param_step_us",
-             "serving_matmul_efficiency", "attention_table"}
+             "dtensor_tp_layer_us", "serving_matmul_efficiency", "attention_table"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -186,6 +186,7 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         layer_overhead_s=_num(d, "layer_overhead_us", where, 0.0, at_least=0) * US,
         fsdp2_block_s=_num(d, "fsdp2_block_us", where, 0.0, at_least=0) * US,
         dtensor_param_step_s=_num(d, "dtensor_param_step_us", where, 0.0, at_least=0) * US,
+        dtensor_tp_layer_s=_num(d, "dtensor_tp_layer_us", where, 0.0, at_least=0) * US,
         serving_matmul_efficiency=_num(d, "serving_matmul_efficiency", where, 0.0, at_least=0, at_most=1),
         attention_table=_attention_table(d, where),
     )
@@ -388,6 +389,7 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             **({"layer_overhead_us": _r(g.layer_overhead_s / US)} if g.layer_overhead_s else {}),
             **({"fsdp2_block_us": _r(g.fsdp2_block_s / US)} if g.fsdp2_block_s else {}),
             **({"dtensor_param_step_us": _r(g.dtensor_param_step_s / US)} if g.dtensor_param_step_s else {}),
+            **({"dtensor_tp_layer_us": _r(g.dtensor_tp_layer_s / US)} if g.dtensor_tp_layer_s else {}),
             **({"serving_matmul_efficiency": g.serving_matmul_efficiency} if g.serving_matmul_efficiency else {}),
             **({"attention_table": [[k, d, m, _r(hd), _r(s), _r(e)] for k, d, m, hd, s, e in g.attention_table]}
                if g.attention_table else {})}

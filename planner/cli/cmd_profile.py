@@ -107,6 +107,8 @@ def _print_human(s: dict) -> None:
     if s.get("fsdp2_block_us") is not None:
         lines.append(f"  FSDP2 wrappers: {s['fsdp2_block_us']:.0f} us per block per micro-batch, "
                      f"{s.get('dtensor_param_step_us') or 0:.0f} us per parameter in the optimizer step")
+    if s.get("dtensor_tp_layer_us") is not None:
+        lines.append(f"  DTensor tensor parallelism: {s['dtensor_tp_layer_us']:.0f} us per layer per micro-batch")
     for kernel, a in (s.get("attention") or {}).items():
         span = ", ".join(f"{d} {a[d][0]:.2f}-{a[d][1]:.2f}" for d in ("fwd", "bwd") if a.get(d))
         if span:

@@ -183,9 +183,9 @@ def cpu_note(out: dict, plan) -> str:
         head = f"[bold]Why measured is {r:.1f}x the prediction here:[/bold]"
     p = plan.parallel
     # what the prediction leaves out (FSDP2's wrappers, which the runtime puts on every data-parallel
-    # plan, are measured by the profile and priced: GpuSpec.fsdp2_block_s, dtensor_param_step_s)
-    wrapped = [w for w, on in (("DTensor's per-operator dispatch for tp", p.tp > 1),
-                               ("gloo's collectives holding the host (a CPU has no stream to put them on)",
+    # plan, and DTensor TP's dispatch are measured by the profile and priced: GpuSpec.fsdp2_block_s,
+    # dtensor_param_step_s, dtensor_tp_layer_s)
+    wrapped = [w for w, on in (("gloo's collectives holding the host (a CPU has no stream to put them on)",
                                 p.dp > 1 or p.tp > 1),
                                ("pipeline send/recv over gloo", p.pp > 1)) if on]
     from costmodel.uncertainty import band_record
@@ -198,8 +198,8 @@ def cpu_note(out: dict, plan) -> str:
     return (
         f"{head} these are {out.get('world_size')} CPU "
         f"processes standing in for GPUs, training in {out.get('dtype')} over gloo. The prediction uses this "
-        "machine's profile (matmul speed, gloo bandwidth, the host time of a plain layer and of FSDP2's "
-        "wrappers) but not all that eager distributed PyTorch costs on a CPU"
+        "machine's profile (matmul speed, gloo bandwidth, the host time of a plain layer, of FSDP2's "
+        "wrappers and of DTensor tensor parallelism) but not all that eager distributed PyTorch costs on a CPU"
         + (f" (here: {', '.join(wrapped)})" if wrapped else "")
         + f", nor other jobs sharing these cores; a layer of {plan.model.name} is so small that host work, not "
         "arithmetic, sets much of the step time.\n"

@@ -105,7 +105,7 @@ def print_table(out: dict[str, Any], plan) -> None:
         c.print("[dim]CPU processes: peak memory is each process's resident set (torch included); "
                 "predictions are for the plan's GPUs[/dim]")
         c.print("[dim]On CPU stand-ins the prediction adds the host time the profile measured (a plain layer's, "
-                "FSDP2's wrappers'); it leaves out tensor parallelism's DTensor dispatch, that gloo's collectives "
+                "FSDP2's wrappers', DTensor tensor parallelism's); it leaves out that gloo's collectives "
                 "block the host, and other jobs on these cores. On GPUs that host time hides behind the "
                 "kernels (docs/failures.md: Running a plan)[/dim]")
         cores = os.cpu_count() or 1
