@@ -263,10 +263,13 @@ def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head
     proportion to the FLOPs (the same efficiency both ways, an assumption)."""
     if fwd_flops <= 0:
         return 0.0, 0.0
+    if gpu.attention_table:
+        mf = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")
+        mb = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "bwd")
+        if mf is not None and mb is not None:       # both directions measured: each on its own
+            return fwd_flops / (peak_flops * mf), BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * mb)
     table, _ = _table(kernel, gpu)
-    measured = bool(gpu.attention_table) and all(
-        measured_efficiency(kernel, gpu, head_dim, seq_len, causal, d) is not None for d in ("fwd", "bwd"))
-    if "fb" in table and not measured:
+    if "fb" in table:
         eta = efficiency(kernel, gpu, head_dim, seq_len, causal, "fb")
         return fwd_flops / (peak_flops * eta), BACKWARD_FLOPS_OF_FORWARD * fwd_flops / (peak_flops * eta)
     ef = efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
                      range_problem,
                      type_problem)
+from .attention import KERNELS as ATTENTION_KERNELS
 from .moe import DISPATCHERS as MOE_DISPATCHERS
 from .units import GIB, US, dtype_bytes
 
@@ -641,7 +642,9 @@ class ClusterSpec:
         return dataclasses.replace(self, groups=(ng,))
 
 
-ATTENTION_TABLE_KERNELS = ("fa2", "fa3", "fa4", "cudnn")     # costmodel.attention.KERNELS less flex (FA2's)
+# the kernels a measured attention table may hold: costmodel.attention's, less FlexAttention (priced
+# as FA2 times its ratio, so a measured FA2 prices it)
+ATTENTION_TABLE_KERNELS = tuple(k for k in ATTENTION_KERNELS if k != "flex")
 
 
 def _check_attention_table(g: GpuSpec) -> None:

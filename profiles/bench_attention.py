@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from .bench_matmul import DTYPE_NAMES, time_op
+from costmodel.attention import BACKWARD_FLOPS_OF_FORWARD
 
-BACKWARD_FLOPS_OF_FORWARD = 2.5      # costmodel.attention's convention
+from .bench_matmul import DTYPE_NAMES, time_op
 
 
 def attention_cases(device_type: str, quick: bool) -> dict:
