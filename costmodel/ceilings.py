@@ -10,6 +10,20 @@ so a new record there must be copied here. Sources count FLOPs their own way (to
 differ from this cost model's count by a few percent. FP8 runs are on the FP8 peak, as the cost
 model's MFU of an FP8 plan is. Architectures without a published run here (Blackwell, AMD, L40S)
 have no ceiling: nothing is flagged there, and the output says there is nothing to compare with.
+
+Thin steps (``ideal_step_s``, ``THIN_STEP_S``). A problem that gives each GPU only a few
+milliseconds of work per step at peak (model FLOPs per GPU per step / the peak of the precision:
+the step time at 100% MFU, ``mfu * step_time``; it depends on the problem, model, batch, sequence,
+GPU count and GPU, not on the layout) is where fixed costs the model prices only in part (per-kernel
+time on the GPU, collectives' latency at small messages, the NVLink domain boundary) are most of the
+step. The published runs here with an ideal step under ``THIN_STEP_S`` (MLPerf Llama 3.1 8B on 512
+and 1,024 GB200/GB300 at 512-1,024 tokens per GPU per step, 6-12 ms) all ran 27-75% slower than
+predicted, those above it (47 ms and more) within the usual band (``planner validate --cross``,
+table "By ideal step per GPU"). Such a prediction takes the ``train-thin`` band (its own
+out-of-source residuals, ``costmodel.uncertainty``) and a warning. ``THIN_STEP_S`` was set after
+seeing those rows: 25 ms, between the largest thin run (11.9 ms) and the smallest run predicted
+within the usual band (47 ms); it decides which band a prediction is shown with, not any
+prediction.
 """
 from __future__ import annotations
 
@@ -23,6 +37,47 @@ BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
     ("Hopper", "fp8"): (0.4255, "NeMo 24.07 performance summary: GPT-3 175B FP8 on 512 H100, 842 model TFLOP/s "
                                 "of 1,979 (FP8 peak)"),
 }
+
+
+THIN_STEP_S = 0.025
+
+
+def ideal_step_s(mfu: float, step_time_s: float) -> float:
+    """The step time at 100% MFU (model FLOPs per GPU per step / peak): ``mfu * step_time_s`` (the
+    estimate's MFU is model FLOPs over step time and peak, so the prediction cancels out)."""
+    return mfu * step_time_s
+
+
+def problem_ideal_step_s(model, workload, gpus: int, gpu) -> float:
+    """``ideal_step_s`` from the problem alone: model FLOPs per token (``layers.model_flops_per_token``,
+    the estimate's definition) times the tokens a GPU handles per step, over the GPU's peak in the
+    workload's precision (the estimate's MFU basis)."""
+    from .layers import model_flops_per_token
+    tokens = workload.global_batch * workload.seq_len / gpus
+    return tokens * model_flops_per_token(model, workload.seq_len) / gpu.peak(workload.dtype)
+
+
+def is_thin(mfu: float, step_time_s: float) -> bool:
+    """Whether a training problem gives each GPU under ``THIN_STEP_S`` of work per step at peak."""
+    return ideal_step_s(mfu, step_time_s) < THIN_STEP_S
+
+
+def thin_flag(mfu: float, step_time_s: float, lowest: float | None, highest: float | None, n: int) -> str | None:
+    """A one-line warning for a thin step (``is_thin``), with the signed out-of-source errors of the
+    ``n`` published runs like it (``lowest`` .. ``highest``, predicted / published - 1); else None."""
+    if not is_thin(mfu, step_time_s):
+        return None
+    seen = (f"on the {n} published run{'s' if n != 1 else ''} with under {THIN_STEP_S * 1e3:.0f} ms the cost model "
+            f"was off by {_pct(lowest)} .. {_pct(highest)} (predicted / published speed - 1)" if lowest is not None and
+            highest is not None else "no published run this thin is on file")
+    return (f"thin step: each GPU has {ideal_step_s(mfu, step_time_s) * 1e3:.1f} ms of work per step at peak; "
+            f"{seen}; expect a slower step than predicted (per-kernel and per-collective fixed costs dominate). "
+            "More tokens per GPU per step (a larger global batch, or fewer GPUs) puts the plan where the model "
+            "was validated")
+
+
+def _pct(e: float | None) -> str:
+    return f"{e * 100:+.0f}%" if e is not None else "?"
 
 
 def architecture(gpu_name: str) -> str | None:

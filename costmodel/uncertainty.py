@@ -10,6 +10,9 @@ recomputes them and fails when the file is stale.
 Kinds (``KINDS``):
 
 * ``train-dense``, ``train-moe``: training step time / throughput of dense and MoE models;
+* ``train-thin``: dense training on a thin step (``costmodel.ceilings.is_thin``: under
+  ``THIN_STEP_S`` of work per GPU per step at peak), where the residuals are systematic, not
+  spread around zero (each kind carries its signed range, ``lowest`` .. ``highest``);
 * ``serve-ttft``: time to the first token (a lone request's prefill);
 * ``serve-tpot``: time per output token (decode step, ITL);
 * ``serve-throughput``: output tokens/s.
@@ -28,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-KINDS = ("train-dense", "train-moe", "serve-ttft", "serve-tpot", "serve-throughput")
+KINDS = ("train-dense", "train-moe", "train-thin", "serve-ttft", "serve-tpot", "serve-throughput")
 # The share of validation errors a band covers. 0.8: a one-sided goal then fails for roughly one
 # case in ten when errors are symmetric (the other tenth errs on the safe side); chosen before the
 # residuals were looked at, the same for every kind.
@@ -43,6 +46,8 @@ class Band:
     n: int             # validation rows it is computed from
     how: str           # the rows and the statistic, in words
     source: str        # where the rows come from (a file of this repository)
+    lowest: float | None = None     # the smallest signed residual (predicted / published - 1)
+    highest: float | None = None    # the largest
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -52,9 +57,23 @@ class Band:
                              "(no prediction is perfect, and a band of 100% says nothing)")
         if self.n < 1:
             raise ValueError(f"uncertainty band of {self.kind} rests on n={self.n} rows; needs at least 1")
+        if (self.lowest is None) != (self.highest is None) or \
+                self.lowest is not None and self.highest is not None and not self.lowest <= self.highest:
+            raise ValueError(f"uncertainty band of {self.kind}: signed range {self.lowest!r} .. {self.highest!r} "
+                             "needs both ends, lowest <= highest")
 
     def to_dict(self) -> dict:
-        return {"band": self.band, "n": self.n, "how": self.how, "source": self.source}
+        d: dict = {"band": self.band, "n": self.n}
+        if self.lowest is not None:
+            d.update(lowest=self.lowest, highest=self.highest)
+        return {**d, "how": self.how, "source": self.source}
+
+    @classmethod
+    def of(cls, kind: str, residuals: Sequence[float], how: str, source: str) -> "Band":
+        """The band of ``residuals`` (``band_from_residuals``) with their signed range, rounded as
+        the file keeps them."""
+        return cls(kind=kind, band=round(band_from_residuals(residuals), 4), n=len(residuals), how=how,
+                   source=source, lowest=round(min(residuals), 4), highest=round(max(residuals), 4))
 
 
 def band_from_residuals(residuals: Sequence[float], quantile: float = QUANTILE) -> float:
@@ -82,11 +101,13 @@ def parse_bands(data: dict) -> dict[str, Band]:
         raise ValueError(f"uncertainty bands: missing kind(s) {', '.join(missing)}")
     out = {}
     for kind, rec in data.items():
-        extra = sorted(set(rec) - {"band", "n", "how", "source"})
+        extra = sorted(set(rec) - {"band", "n", "how", "source", "lowest", "highest"})
         if extra:
             raise ValueError(f"uncertainty bands: {kind} has unknown key(s) {', '.join(extra)}")
+        lo, hi = rec.get("lowest"), rec.get("highest")
         out[kind] = Band(kind=kind, band=float(rec["band"]), n=int(rec["n"]), how=str(rec["how"]),
-                         source=str(rec["source"]))
+                         source=str(rec["source"]), lowest=None if lo is None else float(lo),
+                         highest=None if hi is None else float(hi))
     return out
 
 

@@ -23,7 +23,7 @@ def test_band_from_residuals_is_the_nearest_rank_quantile_of_absolute_errors():
 
 
 def test_every_kind_has_a_band_with_its_count_and_source():
-    for kind in ("train-dense", "train-moe", "serve-ttft", "serve-tpot", "serve-throughput"):
+    for kind in U.KINDS:
         b = U.band_record(kind)
         assert 0 < U.relative_band(kind) < 1 and math.isfinite(b.band)
         assert b.n >= 1 and b.how and b.source
@@ -62,3 +62,23 @@ def test_training_bands_are_computed_not_typed():
     fresh = compute_bands(("training",))
     for kind, b in fresh.items():
         assert U.band_record(kind) == b, f"{kind} stale: run python -m planner.cli.uncertainty_bands --write"
+
+
+def test_signed_range_is_kept_and_checked():
+    good = {k: {"band": 0.1, "n": 3, "how": "x", "source": "y"} for k in U.KINDS}
+    b = U.parse_bands({**good, "train-thin": {**good["train-thin"], "band": 0.7, "lowest": 0.3, "highest": 0.7}})
+    assert (b["train-thin"].lowest, b["train-thin"].highest) == (0.3, 0.7)
+    assert b["train-thin"].to_dict() == {"band": 0.7, "n": 3, "lowest": 0.3, "highest": 0.7, "how": "x", "source": "y"}
+    with pytest.raises(ValueError, match="needs both ends"):
+        U.parse_bands({**good, "train-thin": {**good["train-thin"], "lowest": 0.3}})
+    with pytest.raises(ValueError, match="lowest <= highest"):
+        U.parse_bands({**good, "train-thin": {**good["train-thin"], "lowest": 0.3, "highest": 0.2}})
+    # Band.of: the band and both ends from the residuals
+    of = U.Band.of("train-thin", [0.275, 0.44, 0.436, 0.748], "h", "s")
+    assert (of.band, of.n, of.lowest, of.highest) == (0.748, 4, 0.275, 0.748)
+
+
+def test_every_training_kind_carries_its_signed_range():
+    for kind in ("train-dense", "train-moe", "train-thin"):
+        b = U.band_record(kind)
+        assert b.lowest is not None and b.lowest <= b.highest and max(-b.lowest, b.highest) >= b.band

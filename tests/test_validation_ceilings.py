@@ -95,3 +95,44 @@ def test_plan_json_carries_the_band_of_each_plan(capsys):
         u = p["uncertainty"]
         assert u["band"] == relative_band("train-dense") and u["kind"] == "train-dense"
         assert u["step_time_s_range"][0] < p["estimate"]["step_time_s"] < u["step_time_s_range"][1]
+
+
+def test_thin_step_takes_its_own_band_and_a_warning(capsys):
+    """8B on 1,024 GB200 at 64 x 8192 tokens (MLPerf v6.0's problem) gives each GPU about 6 ms of
+    work per step at peak: the train-thin band and a warning; 64 H100 at 256 x 8192: neither."""
+    from costmodel.uncertainty import band_record
+    from planner.cli import main
+    assert main(["estimate", "--model", "llama-3-8b", "--cluster", "gb200-nvl72", "--gpus", "1024", "--global-batch",
+                 "64", "--seq-len", "8192", "--dtype", "fp8", "--tp", "4", "--cp", "4", "--dp", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    u, est = out["uncertainty"], out["estimate"]
+    thin, dense = band_record("train-thin"), band_record("train-dense")
+    assert u["kind"] == "train-thin" and u["band"] == thin.band and u["tie_band"] == dense.band
+    assert u["ideal_step_s"] == pytest.approx(est["mfu"] * est["step_time_s"]) and u["ideal_step_s"] < ceilings.THIN_STEP_S
+    lo, hi = u["step_time_s_range"]
+    assert lo == pytest.approx(est["step_time_s"] * (1 - dense.band)) and hi == pytest.approx(est["step_time_s"] * (1 + thin.band))
+    assert u["thin_flag"] and f"{u['ideal_step_s'] * 1e3:.1f} ms" in u["thin_flag"] and f"{thin.n} published" in u["thin_flag"]
+    assert main(["estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
+                 "256", "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]) == 0
+    u = json.loads(capsys.readouterr().out)["uncertainty"]
+    assert u["kind"] == "train-dense" and u["thin_flag"] is None and u["ideal_step_s"] > ceilings.THIN_STEP_S
+
+
+def test_ideal_step_is_the_problems_flops_over_peak():
+    """``mfu * step_time`` (what the reports read) against the slow obvious version: the problem's
+    model FLOPs per GPU per step over the GPU's peak, with 6N + the attention term counted by hand."""
+    from costmodel.catalog import get_model
+    from costmodel.files.clusters import load_cluster
+    from costmodel.specs import ParallelConfig, Workload
+    from costmodel.training import estimate
+    model, cluster = get_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(16)
+    wl = Workload(global_batch=64, seq_len=4096, dtype="bf16")
+    est = estimate(model, cluster, wl, ParallelConfig(tp=2, dp=8, micro_batch=1, grad_accum=8))
+    ideal = ceilings.ideal_step_s(est.mfu, est.step_time_s)
+    assert ideal == pytest.approx(ceilings.problem_ideal_step_s(model, wl, 16, cluster.groups[0].gpu))
+    # the layer FLOPs as the paper convention counts them: 6 x (matrix params) + 12 l h s, and the head
+    m = model
+    per_layer = 2 * m.hidden * (m.q_dim + 2 * m.kv_heads * m.head_dim + m.attn_out_dim) + 2 * 3 * m.hidden * m.ffn_hidden
+    per_token = 3 * (m.layers * per_layer + 2 * m.hidden * m.vocab) + 3 * 4 * m.layers * m.score_dim * wl.seq_len
+    slow = per_token * 64 * 4096 / 16 / cluster.groups[0].gpu.peak("bf16")
+    assert ideal == pytest.approx(slow, rel=1e-6)

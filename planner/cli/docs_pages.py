@@ -171,10 +171,16 @@ def plan_keys() -> str:
 def uncertainty_table() -> str:
     from costmodel.uncertainty import KINDS, QUANTILE, bands
     b = bands()
-    rows = [[f"`{k}`", f"±{b[k].band * 100:.1f}%", str(b[k].n), b[k].source] for k in KINDS]
+    rows = [[f"`{k}`", f"±{b[k].band * 100:.1f}%", str(b[k].n),
+             f"{b[k].lowest * 100:+.1f}% .. {b[k].highest * 100:+.1f}%" if b[k].lowest is not None else "-",
+             b[k].source] for k in KINDS]
     return (f"The {QUANTILE * 100:.0f}th percentile of the absolute relative error over each kind's validation rows "
-            "(`costmodel/uncertainty_bands.yaml`, written by `python -m planner.cli.uncertainty_bands --write`):\n\n"
-            + _table(["kind", "band", "rows", "from"], rows, {1, 2}))
+            "(`costmodel/uncertainty_bands.yaml`, written by `python -m planner.cli.uncertainty_bands --write`), "
+            "and the signed errors' range (predicted / published - 1). `train-thin` is dense training where a "
+            "GPU has under `costmodel.ceilings.THIN_STEP_S` of work per step at peak (`planner validate --cross`, "
+            "table \"By ideal step per GPU\"): its published runs were all slower than predicted, so a thin "
+            "prediction's range runs from the dense band below to the thin band above, with a warning:\n\n"
+            + _table(["kind", "band", "rows", "signed range", "from"], rows, {1, 2, 3}))
 
 
 _SUMMARY = re.compile(r"Median absolute error ([\d.]+%), largest ([\d.]+%) over (\d+) figures")

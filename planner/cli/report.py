@@ -120,26 +120,41 @@ def throughput_line(est) -> str:
 
 def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> dict[str, Any]:
     """How far a training prediction can be trusted: the out-of-source band of its kind
-    (``costmodel.uncertainty``), the step-time range it gives, and a flag when the predicted MFU is
-    above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile."""
-    from costmodel.ceilings import mfu_ceiling, mfu_flag
-    from costmodel.uncertainty import relative_band
-    kind = "train-moe" if model.is_moe else "train-dense"
-    band = relative_band(kind)
+    (``costmodel.uncertainty``), the step-time range it gives, a flag when the predicted MFU is
+    above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile,
+    and one when the step is thin (``costmodel.ceilings.is_thin``: a dense model then takes the
+    ``train-thin`` band for its range). ``tie_band`` is the kind's band without the thin-step
+    regime: plans of one problem share its ideal step, so the regime's systematic error moves them
+    together and does not make them ties. A thin step's range runs from the kind's own band below
+    (the published thin runs were all slower than predicted, not faster) to the thin band above."""
+    from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag
+    from costmodel.uncertainty import band_record
+    base = "train-moe" if model.is_moe else "train-dense"
+    thin = is_thin(mfu, step_time_s)
+    kind = "train-thin" if thin and not model.is_moe else base
+    rec = band_record(kind)
+    band = rec.band
     gpu = cluster.groups[0].gpu.name
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
     ceil = mfu_ceiling(gpu, dtype)
-    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - band), step_time_s * (1 + band)],
+    seen = band_record("train-thin")
+    tie = band_record(base).band
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, tie)),
+                                                              step_time_s * (1 + band)],
+            "tie_band": tie, "ideal_step_s": ideal_step_s(mfu, step_time_s),
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
-            "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured)}
+            "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured),
+            "thin_flag": thin_flag(mfu, step_time_s, seen.lowest, seen.highest, seen.n)}
 
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:
     lo, hi = cred["step_time_s_range"]
-    out = [f"uncertainty: +/-{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
+    sign = "+/-" if cred["band"] <= cred["tie_band"] else f"-{cred['tie_band'] * 100:.0f}%/+"
+    out = [f"uncertainty: {sign}{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
            f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
-    if cred["mfu_flag"]:
-        out.append(f"[yellow]warning:[/yellow] {cred['mfu_flag']}")
+    for key in ("mfu_flag", "thin_flag"):
+        if cred[key]:
+            out.append(f"[yellow]warning:[/yellow] {cred[key]}")
     return out
 
 

@@ -47,7 +47,7 @@ def tie_line(plans: list[Plan]) -> str | None:
     from costmodel.uncertainty import within_band
     if len(plans) < 2 or plans[0].mode != "train":
         return None
-    band = _credibility(plans[0])["band"]
+    band = _credibility(plans[0])["tie_band"]
     best = plans[0].estimate["step_time_s"]
     ties = [str(k) for k, p in enumerate(plans[1:], 2) if within_band(best, p.estimate["step_time_s"], band)]
     if not ties:

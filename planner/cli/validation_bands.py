@@ -2,7 +2,8 @@
 
 ``train-dense``: the errors of ``planner validate --cross`` on dense runs on catalog hardware, each
 predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
-runs that chose no MoE constant (split ``moe-fit`` left out). The band is
+runs that chose no MoE constant (split ``moe-fit`` left out); ``train-thin``: the dense runs on a thin
+step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out. The band is
 ``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
 ``planner validate --cross --write-bands`` rewrites these two kinds and keeps the serving kinds
 as they are (``planner.cli.uncertainty_bands.write_training_bands``);
@@ -15,7 +16,12 @@ from functools import lru_cache
 
 HOW = {
     "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
-                   "--cross`, each predicted with every fitted constant refitted without its own recipe family",
+                   "--cross` (but the thin steps, train-thin), each predicted with every fitted constant refitted "
+                   "without its own recipe family",
+    "train-thin": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
+                  "--cross` whose ideal step (model FLOPs per GPU per step at peak) is under "
+                  "costmodel.ceilings.THIN_STEP_S, each predicted with every fitted constant refitted without its "
+                  "own recipe family",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
                  "time of costmodel/moe.py, are left out)",
@@ -24,6 +30,8 @@ SOURCE = {
     "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
                    "holdout_runs.yaml)",
     "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
+    "train-thin": "docs/validation.md (planner validate --cross, table 'By ideal step per GPU'; "
+                  "calibration/published_runs*.yaml)",
 }
 
 
@@ -37,18 +45,32 @@ def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
     from planner.cli.validation_cross import headline_rows
     res = res if res is not None else _cross()
-    return {"train-dense": [r.error for r in headline_rows(res["rows"])],
+    head = headline_rows(res["rows"])
+    return {"train-dense": [r.error for r in head if not thin_case(r.case)],
+            "train-thin": [r.error for r in head if thin_case(r.case)],
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
                           and r.case.split != "moe-fit"]}
 
 
+def case_ideal_step_s(case) -> float:
+    """A validation case's step at 100% MFU (``costmodel.ceilings.problem_ideal_step_s``)."""
+    from costmodel.ceilings import problem_ideal_step_s
+    model, cluster, wl, par = case.inputs[:4]
+    return problem_ideal_step_s(model, wl, par.world_size, cluster.groups[0].gpu)
+
+
+def thin_case(case) -> bool:
+    """Whether a validation case is a thin step (``costmodel.ceilings.THIN_STEP_S``)."""
+    from costmodel.ceilings import THIN_STEP_S
+    return case_ideal_step_s(case) < THIN_STEP_S
+
+
 def training_bands(res: dict | None = None) -> dict:
     """Band per training kind (``costmodel.uncertainty.Band``)."""
-    from costmodel.uncertainty import QUANTILE, Band, band_from_residuals
+    from costmodel.uncertainty import QUANTILE, Band
     q = f"{QUANTILE * 100:.0f}th percentile (nearest rank) of |predicted - published| / published"
     out = {}
     for kind, errs in training_residuals(res).items():
         if errs:
-            out[kind] = Band(kind=kind, band=round(band_from_residuals(errs), 4), n=len(errs),
-                             how=f"{q} over {len(errs)} rows; {HOW[kind]}", source=SOURCE[kind])
+            out[kind] = Band.of(kind, errs, f"{q} over {len(errs)} rows; {HOW[kind]}", SOURCE[kind])
     return out

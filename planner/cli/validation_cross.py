@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_mul
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from planner.cli import validation
+from planner.cli.validation_bands import case_ideal_step_s
 from planner.cli.validation_families import family_of, generation, scale_bucket
 
 FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
@@ -495,6 +497,21 @@ def cross_validate(families: list[str] | None = None) -> dict:
 # Tables
 # --------------------------------------------------------------------------------------
 
+def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
+    """(upper end in seconds, label) of the ideal-step groups, smallest first: by decade from the
+    thin-step threshold (``costmodel.ceilings.THIN_STEP_S``, which sets the ``train-thin`` band)."""
+    from costmodel.ceilings import THIN_STEP_S
+    t = THIN_STEP_S * 1e3
+    return ((THIN_STEP_S, f"< {t:g} ms (thin)"), (10 * THIN_STEP_S, f"{t:g}-{10 * t:g} ms"),
+            (100 * THIN_STEP_S, f"{10 * t:g}-{100 * t:g} ms"), (math.inf, f">= {100 * t:g} ms"))
+
+
+def ideal_step_bucket(ideal_s: float) -> str:
+    """The group of a run by the work it gives each GPU per step at peak
+    (``costmodel.ceilings.problem_ideal_step_s``)."""
+    return next(name for top, name in ideal_step_buckets() if ideal_s < top)
+
+
 def headline_rows(rows: list[CrossRow]) -> list[CrossRow]:
     """The rows the headline counts: dense runs on catalog hardware."""
     return [r for r in rows if r.case.catalog_hardware and not r.case.moe]
@@ -505,14 +522,16 @@ def _stats(rows: list[CrossRow], attr: str = "error") -> tuple[float, float]:
     return statistics.median(e), max(e)
 
 
-def _group_table(rows: list[CrossRow], title: str, key) -> list[str]:
+def _group_table(rows: list[CrossRow], title: str, key, order: tuple[str, ...] = ()) -> list[str]:
+    """One table of ``rows`` grouped by ``key``: groups named in ``order`` first, in that order, then
+    the rest sorted."""
     out = [f"### By {title}", "", f"| {title} | runs | median out-of-source | largest | mean signed | "
                                   "median in-sample (shipped) | median credited | median flat 50% |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     groups: dict[str, list[CrossRow]] = {}
     for r in rows:
         groups.setdefault(key(r), []).append(r)
-    for k in sorted(groups):
+    for k in sorted(groups, key=lambda k: (order.index(k), "") if k in order else (len(order), k)):
         g = groups[k]
         med, big = _stats(g)
         out.append(f"| {k} | {len(g)} | {med * 100:.1f}% | {big * 100:.1f}% | "
@@ -568,6 +587,8 @@ def markdown(res: dict) -> str:
     out += _group_table(head, "GPU generation", lambda r: r.case.gen)
     out += _group_table(head, "dtype", lambda r: r.case.dtype)
     out += _group_table(head, "scale", lambda r: scale_bucket(r.case.num_gpus))
+    out += _group_table(head, "ideal step per GPU", lambda r: ideal_step_bucket(case_ideal_step_s(r.case)),
+                        tuple(name for _, name in ideal_step_buckets()))
     out += _group_table([r for r in rows if r.case.catalog_hardware], "dense or MoE",
                         lambda r: "MoE" if r.case.moe else "dense")
     if other:
