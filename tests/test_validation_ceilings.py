@@ -110,7 +110,8 @@ def test_thin_step_takes_its_own_band_and_a_warning(capsys):
     assert u["kind"] == "train-thin" and u["band"] == thin.band and u["tie_band"] == dense.band
     assert u["ideal_step_s"] == pytest.approx(est["mfu"] * est["step_time_s"]) and u["ideal_step_s"] < ceilings.THIN_STEP_S
     lo, hi = u["step_time_s_range"]
-    assert lo == pytest.approx(est["step_time_s"] * (1 - dense.band)) and hi == pytest.approx(est["step_time_s"] * (1 + thin.band))
+    st = est["step_time_s"]
+    assert lo == pytest.approx(st * (1 - dense.band)) and hi == pytest.approx(st * (1 + thin.band))
     assert u["thin_flag"] and f"{u['ideal_step_s'] * 1e3:.1f} ms" in u["thin_flag"] and f"{thin.n} published" in u["thin_flag"]
     assert main(["estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
                  "256", "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]) == 0
