@@ -311,8 +311,16 @@ def validation_cross() -> str:
 
 
 def validation_headline() -> str:
-    """The out-of-source headline line alone, for the README."""
-    return validation_cross().split("\n\n")[0] + "\n"
+    """The out-of-source headline line alone, for the README, and the thin-step band's sentence
+    (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band)."""
+    from costmodel.ceilings import THIN_STEP_S
+    from costmodel.uncertainty import band_record
+    thin = band_record("train-thin")
+    return (validation_cross().split("\n\n")[0] + "\n\n"
+            f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
+            f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
+            f"from {thin.lowest * 100:+.0f}% to {thin.highest * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
+            "[docs/cost-model.md](docs/cost-model.md#uncertainty)).\n")
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
