@@ -28,6 +28,13 @@ Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
 * FlashAttention-4 on B200: the FA4 paper (``assets/fa4_paper.pdf`` in Dao-AILab/flash-attention)
   reports up to 1613 TFLOP/s forward (0.72 of 2250); no curve or backward figure is published,
   so it takes cuDNN's Blackwell curve shapes with that forward maximum.
+* Blackwell Ultra (GB300, B300): the cuDNN and FA4 curves above times ``ULTRA_OF_BLACKWELL`` per
+  direction: the median ratio GB300 / GB200 of cuDNN's bf16 TFLOP/s in the same repository's
+  same-day runs (``.../llama3.1/gb300/llama3.1_20260724_040919.csv`` against
+  ``.../gb200/llama3.1_20260724_040930.csv``, cuDNN backend 9.26.0, d = 128, sequences 2k-32k,
+  causal and not, non-deterministic backward): forward 1.20-1.34 (median 1.28), backward 1.05-1.18
+  (1.08). Blackwell Ultra doubles the special-function units' exponential throughput (the softmax's
+  share of a forward pass); the BF16 and FP8 GEMM peaks are the same as Blackwell's.
 * FlashAttention-2, forward + backward, A100 and H100: Dao-AILab/flash-attention README,
   ``assets/flash2_a100_fwd_bwd_benchmark.png`` and ``flash2_h100_fwd_bwd_benchmark.png`` [1-2%];
   head dim 256 is not in them (clamped to 128). On Hopper FA2 reaches about 0.34 of peak: it
@@ -139,6 +146,14 @@ _CURVES[("fa2", "blackwell")] = _CURVES[("fa2", "hopper")]
 FLEX_OF_FA2 = 3.5 / (1 / 0.90 + 2.5 / 0.85)      # FlexAttention blog: 0.90 fwd, 0.85 bwd of FA2
 BACKWARD_FLOPS_OF_FORWARD = 2.5                   # benchmark_flash_attention.py's convention
 KERNELS = ("fa2", "fa3", "fa4", "cudnn", "flex")
+# GB300 / GB200 cuDNN attention, same-day runs (module docstring): forward, backward
+ULTRA_OF_BLACKWELL = {"fwd": 1.28, "bwd": 1.08}
+ULTRA_KERNELS = ("cudnn", "fa4")      # the Blackwell-specific kernels (FA2 runs Hopper's code)
+
+
+def is_blackwell_ultra(gpu: GpuSpec) -> bool:
+    """GB300 and B300 (Blackwell Ultra)."""
+    return gpu.name.upper().startswith(("GB300", "B300"))
 
 
 def architecture(gpu: GpuSpec) -> str:
@@ -252,6 +267,8 @@ def efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causa
     points, s0 = table[direction][mask]
     if isinstance(s0, tuple):
         s0 = _eta_max(s0, head_dim)
+    if kernel in ULTRA_KERNELS and direction in ULTRA_OF_BLACKWELL and is_blackwell_ultra(gpu):
+        scale *= ULTRA_OF_BLACKWELL[direction]
     return scale * _eta_max(points, head_dim) * seq_len / (seq_len + s0)
 
 

@@ -245,3 +245,33 @@ def test_bad_attention_rows_are_refused_with_their_place(row, says):
     with pytest.raises(SpecError) as e:
         gpu_from_dict(d, "cluster.gpu")
     assert "cluster.gpu.attention_table[1]" in str(e.value) and says in str(e.value)
+
+
+# cuDNN bf16 TFLOP/s, d = 128, 64 query / 8 KV heads, batch 2, same day, same cuDNN (9.26.0):
+# NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/llama3.1/{gb300,gb200}/
+# llama3.1_20260724_*.csv (mask, direction, sequence) -> (GB300, GB200)
+_CUDNN_SAME_DAY = {("causal", "fwd", 2048): (1467, 1098), ("causal", "fwd", 8192): (1991, 1646),
+                   ("causal", "fwd", 16384): (2065, 1728), ("causal", "bwd", 8192): (1448, 1344),
+                   ("causal", "bwd", 16384): (1516, 1327), ("none", "fwd", 8192): (2161, 1758),
+                   ("none", "bwd", 8192): (1549, 1458)}
+
+
+def test_blackwell_ultra_attention_is_the_same_day_ratio_of_the_blackwell_curve():
+    from costmodel.attention import ULTRA_OF_BLACKWELL
+    g2, g3 = (load_cluster(c).groups[0].gpu for c in ("gb200-nvl72", "gb300-nvl72"))
+    for kernel in ("cudnn", "fa4"):
+        for d in ("fwd", "bwd"):
+            for causal in (True, False):
+                assert efficiency(kernel, g3, 128, 8192, causal, d) == pytest.approx(
+                    ULTRA_OF_BLACKWELL[d] * efficiency(kernel, g2, 128, 8192, causal, d))
+    # FA2 runs Hopper's code on both: no gain; B300 (DGX) is Blackwell Ultra too
+    assert efficiency("fa2", g3, 128, 8192, True, "fb") == efficiency("fa2", g2, 128, 8192, True, "fb")
+    b3 = load_cluster("dgx-b300").groups[0].gpu
+    assert efficiency("cudnn", b3, 128, 8192, True, "fwd") > efficiency("cudnn", g2, 128, 8192, True, "fwd")
+    # the factors are the medians of the same-day ratios, and the GB300 curve lands near the GB300 runs
+    ratios = {d: sorted(a / b for (_, dd, _), (a, b) in _CUDNN_SAME_DAY.items() if dd == d) for d in ("fwd", "bwd")}
+    for d, r in ratios.items():
+        assert r[0] <= ULTRA_OF_BLACKWELL[d] <= r[-1]
+    for (mask, d, s), (tf300, _) in _CUDNN_SAME_DAY.items():
+        got = efficiency("cudnn", g3, 128, s, mask == "causal", d) * g3.peak("bf16") / 1e12
+        assert got == pytest.approx(tf300, rel=0.1), (mask, d, s)
