@@ -109,8 +109,15 @@ def test_mlperf_cases_read_as_the_logs_print_them():
            if n.startswith("mlperf51-llama")}
     assert v51 == {("gb200-nvl72", 72): 0.1711, ("gb200-nvl72", 512): 0.089, ("gb300-nvl72", 72): 0.1473,
                    ("gb300-nvl72", 512): 0.0855}
-    uf = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf51-uf-")}
+    uf = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf51-uf-llama3.1-8b")}
     assert uf == {8: 0.5441, 16: 0.5751, 32: 0.1886, 64: 0.1895, 128: 0.1928, 256: 0.2212}
+    # stop 28: the per-file medians' median of HPE's, Lambda's and UF's 405B result files (the records' assumed)
+    more = {n: (c["num_gpus"], c["global_batch"], c["reported"]["step_time_s"]) for n, c in BY_NAME.items()
+            if n.startswith(("mlperf51-hpe-", "mlperf51-lambda-", "mlperf51-uf-llama3.1-405b"))}
+    assert more == {"mlperf51-hpe-llama3.1-8b-h200-64gpu-fp8": (64, 32, 0.353),
+                    "mlperf51-lambda-llama3.1-8b-gb300-72gpu-fp8": (72, 36, 0.1611),
+                    "mlperf51-uf-llama3.1-405b-b200-256gpu-fp8": (256, 576, 27.645),
+                    "mlperf51-uf-llama3.1-405b-b200-448gpu-fp8": (448, 1008, 27.971)}
     for n, c in BY_NAME.items():
         if n.startswith("mlperf"):
             p = c["parallel"]

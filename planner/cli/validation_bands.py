@@ -43,26 +43,13 @@ def _cross() -> dict:
 
 def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
-    from planner.cli.validation_cross import headline_rows
+    from planner.cli.validation_cross import headline_rows, thin_case
     res = res if res is not None else _cross()
     head = headline_rows(res["rows"])
     return {"train-dense": [r.error for r in head if not thin_case(r.case)],
             "train-thin": [r.error for r in head if thin_case(r.case)],
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
                           and r.case.split != "moe-fit"]}
-
-
-def case_ideal_step_s(case) -> float:
-    """A validation case's step at 100% MFU (``costmodel.ceilings.problem_ideal_step_s``)."""
-    from costmodel.ceilings import problem_ideal_step_s
-    model, cluster, wl, par = case.inputs[:4]
-    return problem_ideal_step_s(model, wl, par.world_size, cluster.groups[0].gpu)
-
-
-def thin_case(case) -> bool:
-    """Whether a validation case is a thin step (``costmodel.ceilings.THIN_STEP_S``)."""
-    from costmodel.ceilings import THIN_STEP_S
-    return case_ideal_step_s(case) < THIN_STEP_S
 
 
 def training_bands(res: dict | None = None) -> dict:

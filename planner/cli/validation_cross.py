@@ -43,7 +43,6 @@ from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_mul
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from planner.cli import validation
-from planner.cli.validation_bands import case_ideal_step_s
 from planner.cli.validation_families import family_of, generation, scale_bucket
 
 FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
@@ -496,6 +495,20 @@ def cross_validate(families: list[str] | None = None) -> dict:
 # --------------------------------------------------------------------------------------
 # Tables
 # --------------------------------------------------------------------------------------
+
+def case_ideal_step_s(case: CrossCase) -> float:
+    """A validation case's step at 100% MFU (``costmodel.ceilings.problem_ideal_step_s``)."""
+    from costmodel.ceilings import problem_ideal_step_s
+    model, cluster, wl, par = case.inputs[:4]
+    return problem_ideal_step_s(model, wl, par.world_size, cluster.groups[0].gpu)
+
+
+def thin_case(case: CrossCase) -> bool:
+    """Whether a validation case is a thin step (``costmodel.ceilings.THIN_STEP_S``): its rows
+    make the ``train-thin`` band, not ``train-dense``'s (``validation_bands``)."""
+    from costmodel.ceilings import THIN_STEP_S
+    return case_ideal_step_s(case) < THIN_STEP_S
+
 
 def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
     """(upper end in seconds, label) of the ideal-step groups, smallest first: by decade from the
