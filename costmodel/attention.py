@@ -80,6 +80,19 @@ Which kernel runs (``kernel_for``), from the framework profile's ``attention`` f
   (framework unknown) takes "sdpa", the kernel a user's own PyTorch code reaches; a published run
   whose kernel is known names it in its record (``profile: {attention: ...}``).
 
+Grid (``grid_factor``): a fused-attention kernel runs one thread block per (batch, head, 128-row
+tile of queries) forward (FlashAttention-2/3's and cuDNN's ``Br`` = 128 at head dims up to 128;
+per key tile backward, the same count for the square and shorter-side blocks priced here), with no
+split of the sequence in training, so a grid of fewer blocks than the GPU has SMs leaves SMs idle,
+and a grid of a few waves idles part of its last one -- the wave quantization
+``costmodel.gemm_shape`` prices for GEMMs. The published curves were measured on large grids
+(16k tokens per call and ``heads * d`` = 2048, or 64 heads), so a block is priced at its curve
+times its own grid's useful fraction over the benchmark grid's at the same sequence, never above 1:
+1 for a training layer's usual grids (Llama-3 8B at 8k tokens, 32 heads: 2,048 blocks), about 0.43
+for 8 heads of 1,024 queries on a 148-SM Blackwell (64 blocks: tensor and context parallelism at
+few tokens per GPU). Serving's prefill keeps the curve alone (its validation, VALIDATION_INFERENCE,
+priced none).
+
 AMD, Ada and CPUs: no table; FA2's Ampere curve (an assumption).
 
 Measured curves (``GpuSpec.attention_table``, written by ``planner profile``:
@@ -272,14 +285,43 @@ def efficiency(kernel: str, gpu: GpuSpec, head_dim: float, seq_len: float, causa
     return scale * _eta_max(points, head_dim) * seq_len / (seq_len + s0)
 
 
+ATTENTION_TILE_ROWS = 128       # query (forward) / key (backward) rows per thread block (module docstring)
+BENCH_TOKENS = 16384            # the published curves' tokens per call (batch x sequence) ...
+BENCH_WIDTH = 2048              # ... and heads x head dim
+
+
+def _waves(blocks: float, sms: int) -> float:
+    """Useful fraction of ``blocks`` thread blocks run in whole waves on ``sms`` SMs."""
+    return blocks / (math.ceil(blocks / sms) * sms)
+
+
+def grid_factor(gpu: GpuSpec, pairs: float, head_dim: float, seq_len: float) -> float:
+    """The grid's useful fraction of the GPU for ``pairs`` (batch x heads on this rank) over
+    ``seq_len`` rows, relative to the published curves' grid at that length; at most 1, and 1 when
+    ``pairs`` is 0 (not given) or the GPU's SM count is unknown (module docstring)."""
+    from .gemm_shape import gpu_sms
+    sms = gpu_sms(gpu.name)
+    if pairs <= 0 or sms <= 0 or seq_len <= 0:
+        return 1.0
+    tiles = math.ceil(seq_len / ATTENTION_TILE_ROWS)
+    bench = max(1.0, BENCH_TOKENS / seq_len) * max(1.0, BENCH_WIDTH / max(head_dim, 1.0)) * tiles
+    return min(1.0, _waves(math.ceil(pairs) * tiles, sms) / _waves(math.ceil(bench), sms))
+
+
 def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
-             seq_len: float, causal: bool) -> tuple[float, float]:
+             seq_len: float, causal: bool, pairs: float = 0.0) -> tuple[float, float]:
     """(forward, backward) time of one fused-attention block doing ``fwd_flops`` in its forward
     (the kernels' convention: causal halves them; backward does 2.5 times the forward) with
     ``seq_len`` keys. FA2's published tables give forward + backward together: split in
-    proportion to the FLOPs (the same efficiency both ways, an assumption)."""
+    proportion to the FLOPs (the same efficiency both ways, an assumption). ``pairs``: batch x
+    heads on this rank, for the grid's fill (``grid_factor``; 0: not priced)."""
     if fwd_flops <= 0:
         return 0.0, 0.0
+    if pairs > 0:
+        g = grid_factor(gpu, pairs, head_dim, seq_len)
+        if g < 1.0:
+            f, b = block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, causal)
+            return f / g, b / g
     if gpu.attention_table:
         mf = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "fwd")
         mb = measured_efficiency(kernel, gpu, head_dim, seq_len, causal, "bwd")
@@ -303,18 +345,19 @@ def attention_time_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: fl
 
 @lru_cache(maxsize=4096)
 def attention_fwd_bwd_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
-                        seq_len: float, cp: int = 1) -> tuple[float, float]:
+                        seq_len: float, cp: int = 1, pairs: float = 0.0) -> tuple[float, float]:
     """(forward, backward) time of a rank's causal attention doing ``fwd_flops`` in its forward
     (causal work only: half the full score matrix) over a sequence of ``seq_len`` tokens split
     over ``cp`` context-parallel ranks (module docstring: the load-balanced ring's blocks). The
-    one rule for training's attention core (``costmodel.layers.layer_cost``)."""
+    one rule for training's attention core (``costmodel.layers.layer_cost``); ``pairs``: batch x
+    heads on the rank, for each block's grid (``grid_factor``)."""
     if cp <= 1:
-        return block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True)
+        return block_s(kernel, gpu, peak_flops, fwd_flops, head_dim, seq_len, True, pairs)
     local = seq_len / cp
     # step 0: causal over the local chunk pair; the cp - 1 others: non-causal blocks of equal
     # work whose shorter side is s/(2cp) (module docstring)
-    f0, b0 = block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True)
-    f1, b1 = block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False)
+    f0, b0 = block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, local, True, pairs)
+    f1, b1 = block_s(kernel, gpu, peak_flops, fwd_flops * (cp - 1) / cp, head_dim, local / 2, False, pairs)
     return f0 + f1, b0 + b1
 
 
@@ -379,10 +422,10 @@ DKV_BYTES_PER_KV_BYTE = 2.0      # the gradients travel in FP32 (``convert_to_f3
 
 
 def torch_cp_step0_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
-                     seq_len: float, cp: int) -> tuple[float, float]:
+                     seq_len: float, cp: int, pairs: float = 0.0) -> tuple[float, float]:
     """(forward, backward) time of the ring's step 0 (the rank's causal pair of chunks, a ``1/cp``
     share of the causal work ``fwd_flops``): what runs before the first wait on the exchange."""
-    return block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, seq_len / cp, True)
+    return block_s(kernel, gpu, peak_flops, fwd_flops / cp, head_dim, seq_len / cp, True, pairs)
 
 
 def torch_cp_exposed_s(gather_s: float, dkv_step_s: float, step0_fwd_s: float,

@@ -275,3 +275,41 @@ def test_blackwell_ultra_attention_is_the_same_day_ratio_of_the_blackwell_curve(
     for (mask, d, s), (tf300, _) in _CUDNN_SAME_DAY.items():
         got = efficiency("cudnn", g3, 128, s, mask == "causal", d) * g3.peak("bf16") / 1e12
         assert got == pytest.approx(tf300, rel=0.1), (mask, d, s)
+
+
+def test_grid_factor_counts_the_waves_by_hand():
+    """8 heads of 1,024 queries on a 148-SM GB200: 64 thread blocks of 128 rows in one wave, 64/148 of
+    the SMs busy, against the published curve's grid at 1,024 (16 sequences x 16 heads x 8 tiles =
+    2,048 blocks, 14 waves of 148, the last partly idle)."""
+    from costmodel.attention import block_s, grid_factor
+    g = load_cluster("gb200-nvl72").groups[0].gpu
+    assert grid_factor(g, 8, 128, 1024) == pytest.approx((64 / 148) / (2048 / (14 * 148)))
+    # twice the heads: 128 blocks, still one wave
+    assert grid_factor(g, 16, 128, 1024) == pytest.approx((128 / 148) / (2048 / (14 * 148)))
+    # a training layer's usual grid (32 heads of 8k queries: 2,048 blocks) is the curve's own: no change
+    assert grid_factor(g, 32, 128, 8192) == 1.0
+    # not given, or a GPU without a known SM count: no factor
+    assert grid_factor(g, 0, 128, 1024) == 1.0
+    cpu = load_cluster("cpu").groups[0].gpu
+    assert grid_factor(cpu, 8, 64, 256) == 1.0
+    # the block's time is the curve's over the factor, both directions
+    f0, b0 = block_s("cudnn", g, g.peak("bf16"), 1e12, 128, 1024, False)
+    f1, b1 = block_s("cudnn", g, g.peak("bf16"), 1e12, 128, 1024, False, pairs=8)
+    k = grid_factor(g, 8, 128, 1024)
+    assert (f1, b1) == (pytest.approx(f0 / k), pytest.approx(b0 / k))
+
+
+def test_the_layer_prices_its_attention_grid():
+    """Llama-3 8B at 8k on GB200 with TP 4 and CP 4 (8 heads per rank; blocks of 2,048 and 1,024
+    queries): the layer's attention takes longer than the same work on the curve alone, by the grid
+    factors of its ring's blocks; without CP, 32 heads of 8k queries (2,048 blocks) take no longer."""
+    from costmodel.attention import attention_fwd_bwd_s, grid_factor
+    g = load_cluster("gb200-nvl72").groups[0].gpu
+    flops = 1e12
+    plain = attention_fwd_bwd_s("cudnn", g, g.peak("bf16"), flops, 128, 8192, 4)
+    tp4 = attention_fwd_bwd_s("cudnn", g, g.peak("bf16"), flops, 128, 8192, 4, 8)
+    assert attention_fwd_bwd_s("cudnn", g, g.peak("bf16"), flops, 128, 8192, 1, 32) == \
+        attention_fwd_bwd_s("cudnn", g, g.peak("bf16"), flops, 128, 8192, 1)
+    assert grid_factor(g, 8, 128, 2048) < 1 and grid_factor(g, 8, 128, 1024) < 1
+    assert tp4[0] > plain[0] and tp4[1] > plain[1]
+    assert tp4[0] <= plain[0] / grid_factor(g, 8, 128, 1024) + 1e-15
