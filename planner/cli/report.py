@@ -130,10 +130,8 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> d
     from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
-    thin = is_thin(mfu, step_time_s)
-    kind = "train-thin" if thin and not model.is_moe else base
-    rec = band_record(kind)
-    band = rec.band
+    kind = "train-thin" if is_thin(mfu, step_time_s) and not model.is_moe else base
+    band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
     ceil = mfu_ceiling(gpu, dtype)
