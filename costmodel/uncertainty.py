@@ -68,6 +68,12 @@ class Band:
             d.update(lowest=self.lowest, highest=self.highest)
         return {**d, "how": self.how, "source": self.source}
 
+    def signed_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) signed residual, or None for a band written without them."""
+        if self.lowest is None or self.highest is None:
+            return None
+        return self.lowest, self.highest
+
     @classmethod
     def of(cls, kind: str, residuals: Sequence[float], how: str, source: str) -> "Band":
         """The band of ``residuals`` (``band_from_residuals``) with their signed range, rounded as

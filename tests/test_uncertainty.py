@@ -67,7 +67,8 @@ def test_training_bands_are_computed_not_typed():
 def test_signed_range_is_kept_and_checked():
     good = {k: {"band": 0.1, "n": 3, "how": "x", "source": "y"} for k in U.KINDS}
     b = U.parse_bands({**good, "train-thin": {**good["train-thin"], "band": 0.7, "lowest": 0.3, "highest": 0.7}})
-    assert (b["train-thin"].lowest, b["train-thin"].highest) == (0.3, 0.7)
+    assert (b["train-thin"].lowest, b["train-thin"].highest) == (0.3, 0.7) == b["train-thin"].signed_range()
+    assert b["train-dense"].signed_range() is None
     assert b["train-thin"].to_dict() == {"band": 0.7, "n": 3, "lowest": 0.3, "highest": 0.7, "how": "x", "source": "y"}
     with pytest.raises(ValueError, match="needs both ends"):
         U.parse_bands({**good, "train-thin": {**good["train-thin"], "lowest": 0.3}})

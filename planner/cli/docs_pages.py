@@ -171,9 +171,11 @@ def plan_keys() -> str:
 def uncertainty_table() -> str:
     from costmodel.uncertainty import KINDS, QUANTILE, bands
     b = bands()
-    rows = [[f"`{k}`", f"±{b[k].band * 100:.1f}%", str(b[k].n),
-             f"{b[k].lowest * 100:+.1f}% .. {b[k].highest * 100:+.1f}%" if b[k].lowest is not None else "-",
-             b[k].source] for k in KINDS]
+
+    def signed(k: str) -> str:
+        rng = b[k].signed_range()
+        return f"{rng[0] * 100:+.1f}% .. {rng[1] * 100:+.1f}%" if rng else "-"
+    rows = [[f"`{k}`", f"±{b[k].band * 100:.1f}%", str(b[k].n), signed(k), b[k].source] for k in KINDS]
     return (f"The {QUANTILE * 100:.0f}th percentile of the absolute relative error over each kind's validation rows "
             "(`costmodel/uncertainty_bands.yaml`, written by `python -m planner.cli.uncertainty_bands --write`), "
             "and the signed errors' range (predicted / published - 1). `train-thin` is dense training where a "
@@ -316,10 +318,11 @@ def validation_headline() -> str:
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
     thin = band_record("train-thin")
+    lo, hi = thin.signed_range() or (-thin.band, thin.band)
     return (validation_cross().split("\n\n")[0] + "\n\n"
             f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
             f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
-            f"from {thin.lowest * 100:+.0f}% to {thin.highest * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
+            f"from {lo * 100:+.0f}% to {hi * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
             "[docs/cost-model.md](docs/cost-model.md#uncertainty)).\n")
 
 
