@@ -96,10 +96,7 @@ def published_a100_mfu(top: int = 3) -> list[tuple[float, str]]:
         tok = case["reported"].get("tokens_per_s_per_gpu")
         if not tok or case.get("dtype") == "fp8":
             continue
-        try:
-            model, cluster, wl = case_inputs(case)[:3]
-        except Exception:           # a record this checkout cannot price is not a comparison
-            continue
+        model, cluster, wl = case_inputs(case)[:3]
         gpu = cluster.groups[0].gpu
         if model.is_moe or not gpu.name.startswith("A100"):
             continue

@@ -122,6 +122,8 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from .gemm_shape import gpu_sms
+
 if TYPE_CHECKING:
     from .specs import GpuSpec
 
@@ -299,7 +301,6 @@ def grid_factor(gpu: GpuSpec, pairs: float, head_dim: float, seq_len: float) -> 
     """The grid's useful fraction of the GPU for ``pairs`` (batch x heads on this rank) over
     ``seq_len`` rows, relative to the published curves' grid at that length; at most 1, and 1 when
     ``pairs`` is 0 (not given) or the GPU's SM count is unknown (module docstring)."""
-    from .gemm_shape import gpu_sms
     sms = gpu_sms(gpu.name)
     if pairs <= 0 or sms <= 0 or seq_len <= 0:
         return 1.0

@@ -58,27 +58,24 @@ def problem_ideal_step_s(model, workload, gpus: int, gpu) -> float:
     return tokens * model_flops_per_token(model, workload.seq_len) / gpu.peak(workload.dtype)
 
 
-def is_thin(mfu: float, step_time_s: float) -> bool:
-    """Whether a training problem gives each GPU under ``THIN_STEP_S`` of work per step at peak."""
-    return ideal_step_s(mfu, step_time_s) < THIN_STEP_S
+def is_thin(ideal_s: float) -> bool:
+    """Whether a step of ``ideal_s`` at peak (``ideal_step_s`` or ``problem_ideal_step_s``) is
+    thin: under ``THIN_STEP_S``. The one rule for the reports and the validation's split."""
+    return ideal_s < THIN_STEP_S
 
 
-def thin_flag(mfu: float, step_time_s: float, lowest: float | None, highest: float | None, n: int) -> str | None:
-    """A one-line warning for a thin step (``is_thin``), with the signed out-of-source errors of the
-    ``n`` published runs like it (``lowest`` .. ``highest``, predicted / published - 1); else None."""
-    if not is_thin(mfu, step_time_s):
+def thin_flag(ideal_s: float, seen: tuple[float, float] | None, n: int) -> str | None:
+    """A one-line warning for a thin step (``is_thin``), with the signed out-of-source errors
+    ``seen`` (lowest, highest: predicted / published - 1) of the ``n`` published runs like it; else None."""
+    if not is_thin(ideal_s):
         return None
-    seen = (f"on the {n} published run{'s' if n != 1 else ''} with under {THIN_STEP_S * 1e3:.0f} ms the cost model "
-            f"was off by {_pct(lowest)} .. {_pct(highest)} (predicted / published speed - 1)" if lowest is not None and
-            highest is not None else "no published run this thin is on file")
-    return (f"thin step: each GPU has {ideal_step_s(mfu, step_time_s) * 1e3:.1f} ms of work per step at peak; "
-            f"{seen}; expect a slower step than predicted (per-kernel and per-collective fixed costs dominate). "
+    said = (f"on the {n} published run{'s' if n != 1 else ''} with under {THIN_STEP_S * 1e3:.0f} ms the cost model "
+            f"was off by {seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
+            if seen else "no published run this thin is on file")
+    return (f"thin step: each GPU has {ideal_s * 1e3:.1f} ms of work per step at peak; "
+            f"{said}; expect a slower step than predicted (per-kernel and per-collective fixed costs dominate). "
             "More tokens per GPU per step (a larger global batch, or fewer GPUs) puts the plan where the model "
             "was validated")
-
-
-def _pct(e: float | None) -> str:
-    return f"{e * 100:+.0f}%" if e is not None else "?"
 
 
 def architecture(gpu_name: str) -> str | None:

@@ -57,16 +57,15 @@ class Band:
                              "(no prediction is perfect, and a band of 100% says nothing)")
         if self.n < 1:
             raise ValueError(f"uncertainty band of {self.kind} rests on n={self.n} rows; needs at least 1")
-        if (self.lowest is None) != (self.highest is None) or \
-                self.lowest is not None and self.highest is not None and not self.lowest <= self.highest:
+        rng = self.signed_range()
+        if (rng is None and (self.lowest, self.highest) != (None, None)) or (rng and rng[0] > rng[1]):
             raise ValueError(f"uncertainty band of {self.kind}: signed range {self.lowest!r} .. {self.highest!r} "
                              "needs both ends, lowest <= highest")
 
     def to_dict(self) -> dict:
-        d: dict = {"band": self.band, "n": self.n}
-        if self.lowest is not None:
-            d.update(lowest=self.lowest, highest=self.highest)
-        return {**d, "how": self.how, "source": self.source}
+        rng = self.signed_range()
+        return {"band": self.band, "n": self.n, **(dict(lowest=rng[0], highest=rng[1]) if rng else {}),
+                "how": self.how, "source": self.source}
 
     def signed_range(self) -> tuple[float, float] | None:
         """(lowest, highest) signed residual, or None for a band written without them."""

@@ -117,6 +117,10 @@ def test_thin_step_takes_its_own_band_and_a_warning(capsys):
                  "256", "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]) == 0
     u = json.loads(capsys.readouterr().out)["uncertainty"]
     assert u["kind"] == "train-dense" and u["thin_flag"] is None and u["ideal_step_s"] > ceilings.THIN_STEP_S
+    # the rule at its edge, and a warning with nothing on file to compare with
+    assert ceilings.is_thin(ceilings.THIN_STEP_S * 0.999) and not ceilings.is_thin(ceilings.THIN_STEP_S)
+    assert "no published run this thin" in ceilings.thin_flag(0.005, None, 0)
+    assert ceilings.thin_flag(0.5, (0.2, 0.6), 4) is None
 
 
 def test_ideal_step_is_the_problems_flops_over_peak():

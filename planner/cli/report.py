@@ -130,7 +130,8 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> d
     from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
-    kind = "train-thin" if is_thin(mfu, step_time_s) and not model.is_moe else base
+    ideal = ideal_step_s(mfu, step_time_s)
+    kind = "train-thin" if is_thin(ideal) and not model.is_moe else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
@@ -139,10 +140,10 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> d
     tie = band_record(base).band
     return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, tie)),
                                                               step_time_s * (1 + band)],
-            "tie_band": tie, "ideal_step_s": ideal_step_s(mfu, step_time_s),
+            "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
             "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured),
-            "thin_flag": thin_flag(mfu, step_time_s, seen.lowest, seen.highest, seen.n)}
+            "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n)}
 
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:

@@ -45,9 +45,10 @@ def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
     from planner.cli.validation_cross import headline_rows, thin_case
     res = res if res is not None else _cross()
-    head = headline_rows(res["rows"])
-    return {"train-dense": [r.error for r in head if not thin_case(r.case)],
-            "train-thin": [r.error for r in head if thin_case(r.case)],
+    split: dict[bool, list[float]] = {False: [], True: []}
+    for r in headline_rows(res["rows"]):
+        split[thin_case(r.case)].append(r.error)
+    return {"train-dense": split[False], "train-thin": split[True],
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
                           and r.case.split != "moe-fit"]}
 

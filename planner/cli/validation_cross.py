@@ -504,10 +504,10 @@ def case_ideal_step_s(case: CrossCase) -> float:
 
 
 def thin_case(case: CrossCase) -> bool:
-    """Whether a validation case is a thin step (``costmodel.ceilings.THIN_STEP_S``): its rows
-    make the ``train-thin`` band, not ``train-dense``'s (``validation_bands``)."""
-    from costmodel.ceilings import THIN_STEP_S
-    return case_ideal_step_s(case) < THIN_STEP_S
+    """Whether a validation case is a thin step (``costmodel.ceilings.is_thin``): its rows make the
+    ``train-thin`` band, not ``train-dense``'s (``validation_bands``)."""
+    from costmodel.ceilings import is_thin
+    return is_thin(case_ideal_step_s(case))
 
 
 def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
