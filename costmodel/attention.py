@@ -365,6 +365,13 @@ def attention_fwd_bwd_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops:
 # the implementations whose context parallelism is PyTorch's ring attention
 # (torch.distributed.tensor.experimental context_parallel: torchtitan, this project's runtime)
 TORCH_CP_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan", "flex", "varlen")
+
+
+def torch_ring(attention: str, cp: int) -> bool:
+    """Whether attention implementation ``attention`` (``costmodel.frameworks.attention_impl``) under
+    context parallelism ``cp`` runs PyTorch's ring attention: the one rule for its pricing here and
+    for the ``train-torch-cp`` uncertainty band (``planner.cli.report.credibility``)."""
+    return cp > 1 and attention in TORCH_CP_IMPLEMENTATIONS
 # PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
 # forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
 # ways -- these are plain binary ops, not the norm backward the eager backward fraction measures
@@ -390,7 +397,7 @@ def ring_merge_bytes(attention: str, tokens: float, q_width: float, kv_width: fl
     the FP32 buffers that travel the ring (``_partial_update``'s chunk-and-concatenate on the
     busiest rank: 26 bytes per K/V value) and copies them into the send buffer (16 bytes per K/V
     value)."""
-    if cp <= 1 or attention not in TORCH_CP_IMPLEMENTATIONS:
+    if not torch_ring(attention, cp):
         return 0.0, 0.0
     q, kv = tokens * q_width, tokens * kv_width
     fwd = (cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q

@@ -25,6 +25,15 @@ out-of-source residuals, ``costmodel.uncertainty``) and a warning. ``THIN_STEP_S
 seeing those rows: 25 ms, between the largest thin run (11.9 ms) and the smallest run predicted
 within the usual band (47 ms); it decides which band a prediction is shown with, not any
 prediction.
+
+PyTorch's ring attention (``torch_cp_flag``). Dense runs whose context parallelism is PyTorch's
+(``costmodel.attention.torch_ring``: torchtitan's published long-context runs, Llama 3's 131k-token
+run priced the same way) ran slower than predicted, by more as the ring grows, while Transformer
+Engine's ring (Megatron, NeMo, MLPerf) is predicted within the usual band (``planner validate
+--cross``, table "By context parallelism"). The model prices the ring's exchanges, merges and
+per-step blocks (``costmodel.attention``), and what it still misses was not measured here. Such a
+prediction takes the ``train-torch-cp`` band (its runs' own out-of-source residuals, on whatever
+hardware they ran) and a warning; it changes no prediction.
 """
 from __future__ import annotations
 
@@ -76,6 +85,18 @@ def thin_flag(ideal_s: float, seen: tuple[float, float] | None, n: int) -> str |
             f"{said}; expect a slower step than predicted (per-kernel and per-collective fixed costs dominate). "
             "More tokens per GPU per step (a larger global batch, or fewer GPUs) puts the plan where the model "
             "was validated")
+
+
+def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
+    """A one-line warning for a prediction on PyTorch's ring attention (``costmodel.attention.torch_ring``)
+    at context parallelism ``cp``, with the signed out-of-source errors ``seen`` (lowest, highest:
+    predicted / published - 1) of the ``n`` published runs like it."""
+    said = (f"on the {n} published run{'s' if n != 1 else ''} with it the cost model was off by "
+            f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
+            if seen else "no published run with it is on file")
+    return (f"context parallel {cp} runs PyTorch's ring attention: {said}; expect a slower step than predicted. "
+            "Transformer Engine's ring (--target megatron) was predicted within the usual band on its published runs "
+            "that were not thin steps")
 
 
 def architecture(gpu_name: str) -> str | None:

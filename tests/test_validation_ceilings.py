@@ -79,7 +79,8 @@ def test_plans_inside_the_band_are_ties():
 
     def plan(step):
         return SimpleNamespace(mode="train", model=get_model("llama-3-8b"), cluster=load_cluster("dgx-h100"),
-                               workload=SimpleNamespace(dtype="bf16"), estimate={"step_time_s": step, "mfu": 0.4})
+                               workload=SimpleNamespace(dtype="bf16"), estimate={"step_time_s": step, "mfu": 0.4},
+                               parallel=None, target="", framework={})
     line = tie_line([plan(10.0), plan(10.0 * (1 + band / 2)), plan(10.0 * (1 + 2 * band))])
     assert line and line.startswith("plan 2 is within")
     assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band))]) is None
@@ -141,3 +142,43 @@ def test_ideal_step_is_the_problems_flops_over_peak():
     per_token = 3 * (m.layers * per_layer + 2 * m.hidden * m.vocab) + 3 * 4 * m.layers * m.score_dim * wl.seq_len
     slow = per_token * 64 * 4096 / 16 / cluster.groups[0].gpu.peak("bf16")
     assert ideal == pytest.approx(slow, rel=1e-6)
+
+
+def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
+    """Context parallelism on PyTorch's ring attention (torchtitan; the generic target) takes the
+    train-torch-cp band and a warning; Transformer Engine's ring (Megatron) and no CP do not."""
+    from costmodel.attention import torch_ring
+    from costmodel.uncertainty import band_record
+    from planner.cli import main
+    base = ["estimate", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "65536",
+            "--zero", "3", "--recompute", "full", "--json"]
+
+    def uncertainty(*extra: str) -> dict:
+        assert main(base + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)["uncertainty"]
+    ring, dense = band_record("train-torch-cp"), band_record("train-dense")
+    assert ring.band > dense.band and ring.signed_range() and ring.signed_range()[0] > 0   # all slower than predicted
+    for extra in (("--target", "torchtitan"), ()):                     # torchtitan; no target: torch's CP too
+        u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", *extra)
+        assert u["kind"] == "train-torch-cp" and u["band"] == ring.band and u["tie_band"] == dense.band
+        assert u["torch_cp_flag"] and "context parallel 4" in u["torch_cp_flag"] and f"{ring.n} published" in u["torch_cp_flag"]
+    u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", "--target", "megatron")
+    assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None
+    u = uncertainty("--global-batch", "8", "--dp", "8", "--target", "torchtitan")
+    assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None
+    assert torch_ring("sdpa", 2) and torch_ring("flex", 8) and not torch_ring("te", 4) and not torch_ring("sdpa", 1)
+
+
+def test_torch_ring_band_rows_are_the_torch_cp_runs():
+    """The train-torch-cp residuals are exactly the dense validation runs on PyTorch's ring attention
+    (thin steps apart), counted the slow way from the rows, and train-dense leaves them out."""
+    from costmodel.attention import TORCH_CP_IMPLEMENTATIONS
+    from planner.cli.validation_bands import training_residuals
+    from planner.cli.validation_cross import case_attention, cross_validate, headline_rows, thin_case
+    res = cross_validate()
+    want = sorted(r.error for r in res["rows"] if not r.case.moe and r.case.inputs[3].cp > 1
+                  and case_attention(r.case) in TORCH_CP_IMPLEMENTATIONS and not thin_case(r.case))
+    got = training_residuals(res)
+    assert sorted(got["train-torch-cp"]) == want and len(want) >= 6
+    dense = [r for r in headline_rows(res["rows"]) if not thin_case(r.case)]
+    assert len(got["train-dense"]) == len(dense) - sum(r.error in want for r in dense)

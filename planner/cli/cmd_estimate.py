@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est),
-               "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)}
+               "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
+                                      framework=fw.get("framework", "generic"))}
         if target:
             out["target"] = {"name": target, "problems": cannot}
         print_json(out)
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     c.print(t)
     c.print(mt)
     c.print(throughput_line(est))
-    for line in credibility_lines(credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu)):
+    for line in credibility_lines(credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
+                                      framework=fw.get("framework", "generic"))):
         c.print(line)
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")

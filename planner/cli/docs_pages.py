@@ -181,7 +181,11 @@ def uncertainty_table() -> str:
             "and the signed errors' range (predicted / published - 1). `train-thin` is dense training where a "
             "GPU has under `costmodel.ceilings.THIN_STEP_S` of work per step at peak (`planner validate --cross`, "
             "table \"By ideal step per GPU\"): its published runs were all slower than predicted, so a thin "
-            "prediction's range runs from the dense band below to the thin band above, with a warning:\n\n"
+            "prediction's range runs from the dense band below to the thin band above, with a warning. "
+            "`train-torch-cp` is dense training whose attention runs PyTorch's ring attention under context "
+            "parallelism (torchtitan, the generic target; `costmodel.attention.torch_ring`; table \"By context "
+            "parallelism\"), likewise all slower than predicted, on whatever machine they ran; Transformer "
+            "Engine's ring (Megatron) keeps the dense band. Where both regimes apply the wider band is shown:\n\n"
             + _table(["kind", "band", "rows", "signed range", "from"], rows, {1, 2, 3}))
 
 
@@ -313,17 +317,21 @@ def validation_cross() -> str:
 
 
 def validation_headline() -> str:
-    """The out-of-source headline line alone, for the README, and the thin-step band's sentence
-    (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band)."""
+    """The out-of-source headline line alone, for the README, and the sentence of the two regimes
+    with their own bands (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band; PyTorch's
+    ring attention, the ``train-torch-cp`` band)."""
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
-    thin = band_record("train-thin")
+    thin, ring = band_record("train-thin"), band_record("train-torch-cp")
     lo, hi = thin.signed_range() or (-thin.band, thin.band)
+    cp_lo, cp_hi = ring.signed_range() or (-ring.band, ring.band)
     return (validation_cross().split("\n\n")[0] + "\n\n"
             f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
             f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
             f"from {lo * 100:+.0f}% to {hi * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
-            "[docs/cost-model.md](docs/cost-model.md#uncertainty)).\n")
+            "[docs/cost-model.md](docs/cost-model.md#uncertainty)). So does context parallelism on PyTorch's ring "
+            f"attention (torchtitan): {cp_lo * 100:+.0f}% to {cp_hi * 100:+.0f}% on its {ring.n} published runs "
+            "(`train-torch-cp`).\n")
 
 
 BLOCKS: dict[str, Callable[[], str]] = {

@@ -298,8 +298,8 @@ def html_report(plan: Plan, info: dict[str, Any]) -> str:
 
 
 def _credibility(plan: Plan, est: Estimate) -> dict[str, Any]:
-    from planner.cli.report import credibility
-    return credibility(plan.model, plan.cluster, plan.workload.dtype, est.step_time_s, est.mfu)
+    from planner.cli.report import plan_credibility
+    return plan_credibility(plan, est.step_time_s, est.mfu)
 
 
 def _credibility_lines(plan: Plan, est: Estimate) -> list[str]:

@@ -118,32 +118,49 @@ def throughput_line(est) -> str:
             f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
 
 
-def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float) -> dict[str, Any]:
+def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, par: ParallelConfig | None = None,
+                framework: Any = "generic") -> dict[str, Any]:
     """How far a training prediction can be trusted: the out-of-source band of its kind
     (``costmodel.uncertainty``), the step-time range it gives, a flag when the predicted MFU is
     above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile,
-    and one when the step is thin (``costmodel.ceilings.is_thin``: a dense model then takes the
-    ``train-thin`` band for its range). ``tie_band`` is the kind's band without the thin-step
-    regime: plans of one problem share its ideal step, so the regime's systematic error moves them
-    together and does not make them ties. A thin step's range runs from the kind's own band below
-    (the published thin runs were all slower than predicted, not faster) to the thin band above."""
-    from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag
+    one when the step is thin (``costmodel.ceilings.is_thin``) and one when ``par`` runs PyTorch's
+    ring attention under ``framework`` (``costmodel.attention.torch_ring``). A dense model in such
+    a regime takes that regime's band (``train-thin``, ``train-torch-cp``; the wider where both
+    apply) for its range. ``tie_band`` is the kind's band without the regimes: plans of one problem
+    share its ideal step, so the thin regime's systematic error moves them together and does not
+    make them ties (the torch-ring regime is one framework's, so its plans are judged the same way).
+    A regime's range runs from the kind's own band below (the published runs in either regime were
+    all slower than predicted, not faster) to the regime's band above."""
+    from costmodel.attention import torch_ring
+    from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag, torch_cp_flag
+    from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
     ideal = ideal_step_s(mfu, step_time_s)
-    kind = "train-thin" if is_thin(ideal) and not model.is_moe else base
+    ring = par is not None and torch_ring(attention_impl(framework_profile(framework), par, model.family), par.cp)
+    regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring)) if on]
+    kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
     ceil = mfu_ceiling(gpu, dtype)
-    seen = band_record("train-thin")
+    seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     tie = band_record(base).band
     return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, tie)),
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
             "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured),
-            "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n)}
+            "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
+            "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if ring and par else None}
+
+
+def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
+    """``credibility`` of a plan's prediction, with its layout and its target's profile and
+    framework settings (``planner.plan.targets.profile_for``; the generic profile without a target)."""
+    from planner.plan.targets import profile_for
+    return credibility(plan.model, plan.cluster, plan.workload.dtype, step_time_s, mfu, par=plan.parallel,
+                       framework=profile_for(plan.target or "", plan.framework))
 
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:
@@ -151,7 +168,7 @@ def credibility_lines(cred: dict[str, Any]) -> list[str]:
     sign = "+/-" if cred["band"] <= cred["tie_band"] else f"-{cred['tie_band'] * 100:.0f}%/+"
     out = [f"uncertainty: {sign}{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
            f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
-    for key in ("mfu_flag", "thin_flag"):
+    for key in ("mfu_flag", "thin_flag", "torch_cp_flag"):
         if cred[key]:
             out.append(f"[yellow]warning:[/yellow] {cred[key]}")
     return out

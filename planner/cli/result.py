@@ -6,7 +6,7 @@ from typing import Any
 from costmodel.specs import ClusterSpec, ModelSpec, Workload
 from costmodel.units import GIB
 from planner.plan.planfile import Plan, provenance
-from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
+from planner.cli.report import (console, credibility_lines, describe_parallel, estimate_json, plan_credibility,
                             estimate_tables, parallel_json, throughput_line)
 from planner.search.problem import SolveResult
 
@@ -38,7 +38,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 
 def _credibility(plan: Plan) -> dict[str, Any]:
-    return credibility(plan.model, plan.cluster, plan.workload.dtype, plan.estimate["step_time_s"], plan.estimate["mfu"])
+    return plan_credibility(plan, plan.estimate["step_time_s"], plan.estimate["mfu"])
 
 
 def tie_line(plans: list[Plan]) -> str | None:

@@ -3,9 +3,11 @@
 ``train-dense``: the errors of ``planner validate --cross`` on dense runs on catalog hardware, each
 predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
 runs that chose no MoE constant (split ``moe-fit`` left out); ``train-thin``: the dense runs on a thin
-step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out. The band is
+step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out; ``train-torch-cp``: the
+dense runs on PyTorch's ring attention (``validation_cross.torch_cp_case``), on every machine, which
+``train-dense`` leaves out too. The band is
 ``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
-``planner validate --cross --write-bands`` rewrites these two kinds and keeps the serving kinds
+``planner validate --cross --write-bands`` rewrites the training kinds and keeps the serving kinds
 as they are (``planner.cli.uncertainty_bands.write_training_bands``);
 ``python -m planner.cli.uncertainty_bands`` (which computes the serving kinds) takes the training
 kinds from here.
@@ -16,12 +18,16 @@ from functools import lru_cache
 
 HOW = {
     "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
-                   "--cross` (but the thin steps, train-thin), each predicted with every fitted constant refitted "
-                   "without its own recipe family",
+                   "--cross` (but the thin steps, train-thin, and PyTorch's ring attention, train-torch-cp), each "
+                   "predicted with every fitted constant refitted without its own recipe family",
     "train-thin": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
                   "--cross` whose ideal step (model FLOPs per GPU per step at peak) is under "
                   "costmodel.ceilings.THIN_STEP_S, each predicted with every fitted constant refitted without its "
                   "own recipe family",
+    "train-torch-cp": "OUT OF SOURCE: tokens/s per GPU of the dense runs in `planner validate --cross` whose "
+                      "attention runs PyTorch's ring attention under context parallelism (costmodel.attention."
+                      "torch_ring), thin steps apart, on the catalog cluster and on other machines alike, each "
+                      "predicted with every fitted constant refitted without its own recipe family",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
                  "time of costmodel/moe.py, are left out)",
@@ -32,6 +38,8 @@ SOURCE = {
     "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
     "train-thin": "docs/validation.md (planner validate --cross, table 'By ideal step per GPU'; "
                   "calibration/published_runs*.yaml)",
+    "train-torch-cp": "docs/validation.md (planner validate --cross, table 'By context parallelism'; "
+                      "calibration/published_runs*.yaml)",
 }
 
 
@@ -43,12 +51,16 @@ def _cross() -> dict:
 
 def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
-    from planner.cli.validation_cross import headline_rows, thin_case
+    from planner.cli.validation_cross import headline_rows, thin_case, torch_cp_case
     res = res if res is not None else _cross()
-    split: dict[bool, list[float]] = {False: [], True: []}
+    split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": []}
+    for r in res["rows"]:
+        if torch_cp_case(r.case):
+            split["train-torch-cp"].append(r.error)
     for r in headline_rows(res["rows"]):
-        split[thin_case(r.case)].append(r.error)
-    return {"train-dense": split[False], "train-thin": split[True],
+        if not torch_cp_case(r.case):
+            split["train-thin" if thin_case(r.case) else "train-dense"].append(r.error)
+    return {**split,
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
                           and r.case.split != "moe-fit"]}
 

@@ -510,6 +510,33 @@ def thin_case(case: CrossCase) -> bool:
     return is_thin(case_ideal_step_s(case))
 
 
+def case_attention(case: CrossCase) -> str:
+    """The attention implementation a validation case is priced with (``costmodel.frameworks.attention_impl``
+    of its profile, layout and model family)."""
+    from costmodel.frameworks import attention_impl
+    model, _cluster, _wl, par, prof = case.inputs[:5]
+    return attention_impl(prof, par, model.family)
+
+
+def torch_cp_case(case: CrossCase) -> bool:
+    """Whether a dense validation case runs PyTorch's ring attention (``costmodel.attention.torch_ring``)
+    and is not a thin step: its rows make the ``train-torch-cp`` band, on whatever hardware it ran
+    (``validation_bands``)."""
+    from costmodel.attention import torch_ring
+    return not case.moe and torch_ring(case_attention(case), case.inputs[3].cp) and not thin_case(case)
+
+
+def cp_group(case: CrossCase) -> str:
+    """A run's group by its context parallelism: none, PyTorch's ring, or the kernel library's own."""
+    from costmodel.attention import torch_ring
+    cp, att = case.inputs[3].cp, case_attention(case)
+    if cp <= 1:
+        return "no context parallel"
+    if torch_ring(att, cp):
+        return "PyTorch's ring (torch CP)"
+    return "Transformer Engine's ring" if att == "te" else f"{att} ring"
+
+
 def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
     """(upper end in seconds, label) of the ideal-step groups, smallest first: by decade from the
     thin-step threshold (``costmodel.ceilings.THIN_STEP_S``, which sets the ``train-thin`` band)."""
@@ -606,6 +633,12 @@ def markdown(res: dict) -> str:
                         lambda r: "MoE" if r.case.moe else "dense")
     if other:
         out += _group_table(other, "family (other hardware)", lambda r: r.case.family)
+    dense_all = [r for r in rows if not r.case.moe]
+    out += _group_table(dense_all, "context parallelism (dense, every machine)", lambda r: cp_group(r.case))
+    thin_cp = [r for r in dense_all if r.case.inputs[3].cp > 1 and thin_case(r.case)]
+    if thin_cp:
+        out += [f"Of the context-parallel runs, {len(thin_cp)} are thin steps (the table \"By ideal step per GPU\"): "
+                + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in thin_cp) + ".", ""]
     out += ["## Fitted constants and their sources (`costmodel/fitted.py`)", "",
             "| constant | lives in | fitted on (families) | rows the fit reads | prior when none is left |",
             "|---|---|---|---|---|"]
