@@ -351,6 +351,23 @@ def test_long_context_needs_the_flag_and_warns_with_it():
     check_training_estimate(r.json()["estimate"])
 
 
+def test_alibi_model_beyond_its_trained_length_is_warned_not_refused(tmp_path):
+    """An MPT config (ALiBi, max_seq_len 2048) trained at 32k: ALiBi has no position table, so the
+    planner warns and prices it; the same shape with rotary positions is refused without the flag."""
+    cfg = {"model_type": "mpt", "d_model": 2048, "n_heads": 16, "n_layers": 24, "max_seq_len": 2048,
+           "vocab_size": 50368, "attn_config": {"alibi": True}}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    argv = ["estimate", "--model", f, "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8", "--seq-len",
+            "32768", "--dp", "8", "--json"]
+    r = run(argv)
+    assert r.code == 0, r.where()
+    assert "16x the position limit" in r.err and "ALiBi" in r.err
+    check_training_estimate(r.json()["estimate"])
+    f.write_text(json.dumps({**cfg, "attn_config": {"alibi": False, "rope": True}}))
+    _refused(run(argv), "16x the position limit")
+
+
 def test_whole_number_float_counts_are_taken(tmp_path):
     c = tmp_path / "c.yaml"
     c.write_text(_cluster("gpus_per_node: 8.0\nnodes: 2.0"))

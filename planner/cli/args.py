@@ -38,7 +38,7 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--allow-long-context", action="store_true",
                    help="train on sequences longer than the model's position limit (max_seq_len), e.g. with "
-                        "RoPE scaling; without it such a --seq-len is refused")
+                        "RoPE scaling; without it such a --seq-len is refused (ALiBi models are only warned)")
 
 
 def add_degree_args(p: argparse.ArgumentParser) -> None:
@@ -110,11 +110,16 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
     if mode == "train" and wl.seq_len > model.max_seq_len:
         over = f"--seq-len {wl.seq_len} is {wl.seq_len / model.max_seq_len:.3g}x the position limit of " \
                f"{model.name} (max_seq_len {model.max_seq_len})"
-        if not getattr(args, "allow_long_context", False):
+        # ALiBi has no position table: its max_seq_len is the length it was trained at, and training
+        # it longer is how such models reach long contexts (Press et al., "Train Short, Test Long",
+        # ICLR 2022; MPT-7B-StoryWriter was fine-tuned at 65k from 2k): warned, not refused
+        alibi = model.positions == "alibi"
+        if not (alibi or getattr(args, "allow_long_context", False)):
             raise UsageError(f"{over}; lower --seq-len, or pass --allow-long-context to plan it anyway "
                              "(a model extended to longer contexts, e.g. RoPE scaling)")
         import sys
-        print(f"planner: warning: {over}; planned anyway (--allow-long-context)", file=sys.stderr)
+        why = "ALiBi positions extrapolate" if alibi else "--allow-long-context"
+        print(f"planner: warning: {over}; planned anyway ({why})", file=sys.stderr)
     return model, cluster, wl
 
 
