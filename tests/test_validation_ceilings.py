@@ -72,6 +72,10 @@ def test_estimate_json_carries_band_and_flag(capsys):
 def test_plans_inside_the_band_are_ties():
     from types import SimpleNamespace
 
+    import dataclasses
+
+    from costmodel.specs import Workload
+    from planner.cli.args import complete_config
     from planner.cli.result import tie_line
     from costmodel.files.clusters import load_cluster
     from costmodel.catalog import get_model
@@ -84,6 +88,15 @@ def test_plans_inside_the_band_are_ties():
     line = tie_line([plan(10.0), plan(10.0 * (1 + band / 2)), plan(10.0 * (1 + 2 * band))])
     assert line and line.startswith("plan 2 is within")
     assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band))]) is None
+    # a plan on PyTorch's ring attention (torchtitan, cp 2) ties within the wider torch-ring band
+    ring = relative_band("train-torch-cp")
+    cp = dataclasses.replace(complete_config(dict(dp=4, cp=2), 8, Workload(global_batch=4, seq_len=8192)))
+    cp_plan = plan(10.0 * (1 + 2 * band))
+    cp_plan.parallel, cp_plan.target = cp, "torchtitan"
+    assert 2 * band < ring
+    line = tie_line([plan(10.0), cp_plan])
+    assert line and f"+/-{ring * 100:.0f}%" in line and line.startswith("plan 2 is within")
+    assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band)), cp_plan]).startswith("plan 3 is within")
 
 
 @pytest.mark.solver
@@ -100,11 +113,13 @@ def test_plan_json_carries_the_band_of_each_plan(capsys):
 
 def test_thin_step_takes_its_own_band_and_a_warning(capsys):
     """8B on 1,024 GB200 at 64 x 8192 tokens (MLPerf v6.0's problem) gives each GPU about 6 ms of
-    work per step at peak: the train-thin band and a warning; 64 H100 at 256 x 8192: neither."""
+    work per step at peak: the train-thin band and a warning (priced as MLPerf ran it, on Megatron: Transformer
+    Engine's ring, not PyTorch's); 64 H100 at 256 x 8192: neither."""
     from costmodel.uncertainty import band_record
     from planner.cli import main
     assert main(["estimate", "--model", "llama-3-8b", "--cluster", "gb200-nvl72", "--gpus", "1024", "--global-batch",
-                 "64", "--seq-len", "8192", "--dtype", "fp8", "--tp", "4", "--cp", "4", "--dp", "64", "--json"]) == 0
+                 "64", "--seq-len", "8192", "--dtype", "fp8", "--tp", "4", "--cp", "4", "--dp", "64", "--target",
+                 "megatron", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     u, est = out["uncertainty"], out["estimate"]
     thin, dense = band_record("train-thin"), band_record("train-dense")
@@ -160,7 +175,9 @@ def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
     assert ring.band > dense.band and ring.signed_range() and ring.signed_range()[0] > 0   # all slower than predicted
     for extra in (("--target", "torchtitan"), ()):                     # torchtitan; no target: torch's CP too
         u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", *extra)
-        assert u["kind"] == "train-torch-cp" and u["band"] == ring.band and u["tie_band"] == dense.band
+        assert u["kind"] == "train-torch-cp" and u["band"] == ring.band and u["tie_band"] == ring.band
+        lo, hi = u["step_time_s_range"]
+        assert lo < hi and lo == pytest.approx(hi / (1 + ring.band) * (1 - dense.band))
         assert u["torch_cp_flag"] and "context parallel 4" in u["torch_cp_flag"] and f"{ring.n} published" in u["torch_cp_flag"]
     u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", "--target", "megatron")
     assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None

@@ -126,11 +126,13 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
     one when the step is thin (``costmodel.ceilings.is_thin``) and one when ``par`` runs PyTorch's
     ring attention under ``framework`` (``costmodel.attention.torch_ring``). A dense model in such
     a regime takes that regime's band (``train-thin``, ``train-torch-cp``; the wider where both
-    apply) for its range. ``tie_band`` is the kind's band without the regimes: plans of one problem
-    share its ideal step, so the thin regime's systematic error moves them together and does not
-    make them ties (the torch-ring regime is one framework's, so its plans are judged the same way).
-    A regime's range runs from the kind's own band below (the published runs in either regime were
-    all slower than predicted, not faster) to the regime's band above."""
+    apply) for its range. ``tie_band`` is the band two plans are judged ties with
+    (``planner.cli.result.tie_line``: the wider of the pair's): the kind's own band in the thin
+    regime, which every plan of one problem shares (its ideal step is the problem's), so its
+    systematic error moves them together; the torch-ring band for a plan on PyTorch's ring, a
+    regime of that plan's layout alone, whose error a plan without it does not share. A regime's
+    range runs from the kind's own band below (the published runs in either regime were all slower
+    than predicted, not faster) to the regime's band above."""
     from costmodel.attention import torch_ring
     from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag, torch_cp_flag
     from costmodel.frameworks import attention_impl, framework_profile
@@ -146,7 +148,9 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
     ceil = mfu_ceiling(gpu, dtype)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     tie = band_record(base).band
-    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, tie)),
+    if kind == "train-torch-cp" or (ring and not model.is_moe):
+        tie = max(tie, band_record("train-torch-cp").band)
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, band_record(base).band)),
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,

@@ -43,17 +43,23 @@ def _credibility(plan: Plan) -> dict[str, Any]:
 
 def tie_line(plans: list[Plan]) -> str | None:
     """Which of the other plans lie inside the best plan's band (``costmodel.uncertainty.within_band``):
-    the cost model cannot tell them apart."""
+    the cost model cannot tell them apart. Each pair is judged with the wider of the two plans'
+    ``tie_band`` (``planner.cli.report.credibility``: wider for a plan on PyTorch's ring attention)."""
     from costmodel.uncertainty import within_band
     if len(plans) < 2 or plans[0].mode != "train":
         return None
-    band = _credibility(plans[0])["tie_band"]
+    first = _credibility(plans[0])["tie_band"]
     best = plans[0].estimate["step_time_s"]
-    ties = [str(k) for k, p in enumerate(plans[1:], 2) if within_band(best, p.estimate["step_time_s"], band)]
+    ties: dict[float, list[str]] = {}
+    for k, p in enumerate(plans[1:], 2):
+        band = max(first, _credibility(p)["tie_band"])
+        if within_band(best, p.estimate["step_time_s"], band):
+            ties.setdefault(band, []).append(str(k))
     if not ties:
         return None
-    return (f"plan{'s' if len(ties) > 1 else ''} {', '.join(ties)} {'are' if len(ties) > 1 else 'is'} within the "
-            f"cost model's +/-{band * 100:.0f}% band of plan 1: a tie (it cannot tell them apart; pick by what you run)")
+    parts = [f"plan{'s' if len(ks) > 1 else ''} {', '.join(ks)} {'are' if len(ks) > 1 else 'is'} within the cost "
+             f"model's +/-{band * 100:.0f}% band of plan 1" for band, ks in sorted(ties.items())]
+    return "; ".join(parts) + ": a tie (it cannot tell them apart; pick by what you run)"
 
 
 def result_json(res: SolveResult, plans: list[Plan]) -> dict[str, Any]:
