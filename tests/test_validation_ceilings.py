@@ -165,6 +165,7 @@ def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
     from costmodel.attention import torch_ring
     from costmodel.uncertainty import band_record
     from planner.cli import main
+    from planner.cli.report import credibility_lines
     base = ["estimate", "--model", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "65536",
             "--zero", "3", "--recompute", "full", "--json"]
 
@@ -178,6 +179,8 @@ def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
         assert u["kind"] == "train-torch-cp" and u["band"] == ring.band and u["tie_band"] == ring.band
         lo, hi = u["step_time_s_range"]
         assert lo < hi and lo == pytest.approx(hi / (1 + ring.band) * (1 - dense.band))
+        head = credibility_lines(u)[0]
+        assert f"-{dense.band * 100:.0f}%/+{ring.band * 100:.0f}% (train-torch-cp" in head
         assert u["torch_cp_flag"] and "context parallel 4" in u["torch_cp_flag"] and f"{ring.n} published" in u["torch_cp_flag"]
     u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", "--target", "megatron")
     assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None

@@ -169,7 +169,8 @@ def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:
     lo, hi = cred["step_time_s_range"]
-    sign = "+/-" if cred["band"] <= cred["tie_band"] else f"-{cred['tie_band'] * 100:.0f}%/+"
+    below = 1.0 - lo * (1.0 + cred["band"]) / hi          # the range's lower side (credibility)
+    sign = "+/-" if abs(below - cred["band"]) < 1e-9 else f"-{below * 100:.0f}%/+"
     out = [f"uncertainty: {sign}{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
            f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
     for key in ("mfu_flag", "thin_flag", "torch_cp_flag"):
