@@ -17,9 +17,10 @@ the step time at 100% MFU, ``mfu * step_time``; it depends on the problem, model
 GPU count and GPU, not on the layout) is where fixed costs the model prices only in part (per-kernel
 time on the GPU, collectives' latency at small messages, the NVLink domain boundary) are most of the
 step. The published runs here with an ideal step under ``THIN_STEP_S`` (MLPerf Llama 3.1 8B on 512
-and 1,024 GB200/GB300 at 512-1,024 tokens per GPU per step, 6-12 ms) all ran slower than predicted,
-by a quarter to two thirds (the signed range is in ``costmodel/uncertainty_bands.yaml``), those
-above it (47 ms and more) within the usual band (``planner validate --cross``,
+and 1,024 GB200/GB300 at 512-1,024 tokens per GPU per step, 6-12 ms) all ran slower than predicted
+(by 8-44% since the cross-rack collectives drive one NIC per channel, ``costmodel.comm.RING_NICS``;
+26-67% before; the signed range is in ``costmodel/uncertainty_bands.yaml``), those above it (47 ms
+and more) within the usual band (``planner validate --cross``,
 table "By ideal step per GPU"). Such a prediction takes the ``train-thin`` band (its own
 out-of-source residuals, ``costmodel.uncertainty``) and a warning. ``THIN_STEP_S`` was set after
 seeing those rows: 25 ms, between the largest thin run (11.9 ms) and the smallest run predicted

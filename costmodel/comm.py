@@ -14,8 +14,9 @@ Cost (alpha-beta, hierarchical, per GPU link; Thakur et al., "Optimization of Co
 Communication Operations in MPICH", 2005, for the ring terms; NCCL's intra-node then
 inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k`` nodes:
 
-* all-reduce:  2(k-1)/k * S / B_intra + 2(m-1)/m * (S/k) / B_inter + latency terms
-  (reduce-scatter inside the node, all-reduce of the 1/k shard across nodes, all-gather back);
+* all-reduce:  2(k-1)/k * S / B_intra + 2(m-1)/m * (S/k') / B_inter + latency terms
+  (reduce-scatter inside the node, all-reduce of the 1/k' shard across nodes, all-gather back),
+  ``k' = min(k, RING_NICS)``: the NICs of a domain a collective keeps busy (below);
 * all-gather / reduce-scatter (S = the full output): half of that;
 * all-to-all: (k-1)/n * S over the intra link and (n-k)/n * S over the inter link, in parallel;
 * point-to-point: S / B + latency.
@@ -24,6 +25,24 @@ inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k``
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
 interpolated from ``ClusterSpec.collective_table`` at that message size. Bus bandwidth is the
 nccl-tests convention, so ``time = S * factor / busbw`` with the factors above.
+
+NICs per domain (``RING_NICS``). Each NCCL channel's ring leaves a domain through one NIC, so a
+collective across domains drives as many NICs per domain as it has channels, not every NIC of a
+72-GPU rack: the inter tier moves ``S / min(k, RING_NICS)`` per busy NIC. On an 8-GPU HGX node
+(``k <= 8``) nothing changes. On GB200 NVL72 racks the measurements agree with 8 and not with 72:
+coreweave/nccl-tests pull request #48 (2025-04-21, NCCL all_reduce_perf, float sum, 20 racks =
+1,440 GB200, one ConnectX-7 400 Gb/s per GPU) took 7,108 / 9,806 / 14,980 / 24,782 us for
+0.5 / 1 / 2 / 4 GiB, against 1,807 / 3,109 / 5,589 / 10,094 us inside one rack (pull request
+#43, 72 GPUs). With every NIC of the rack busy this model gives 2.25 / 4.04 / 7.61 / 14.75 ms on
+20 racks (1.7-3.2x too fast, mean |log error| 0.81); with a cap of 8, 4.77 / 9.08 / 17.69 /
+34.9 ms (0.25). The error is flat from 7 to 11 NICs (0.24-0.25; 16: 0.37, 4: 0.50): 8 is taken,
+the cap NCCL's per-communicator configuration sets where a job states it -- MLPerf Training
+v5.1's NeMo recipes (NVIDIA/benchmarks/llama31_8b/implementations/nemo/conf/nccl/
+custom_communicator_cta.yaml, mlcommons/training_results_v5.1 at 441d65f444) give the data-
+parallel, tensor-parallel and dp x cp communicators at most 8 CTAs (channels). Inside one rack
+nothing moves (1.90 / 3.37 / 6.31 / 12.19 ms against the measured 1.81 / 3.11 / 5.59 / 10.09).
+The cap was chosen on the nccl-tests points; the validation runs it changes (MLPerf Llama 3.1 8B
+on 512-1,024 GB200/GB300) had been seen with caps of 8 and 16 before the choice.
 """
 from __future__ import annotations
 
@@ -40,6 +59,11 @@ from .units import US
 # all-reduce on A100/H100 NVSwitch. The value was chosen on a grid inside that range against
 # calibration/published_inference.yaml (VALIDATION_INFERENCE.md); training uses the same value.
 COLLECTIVE_LAUNCH_S = 10.0 * US
+
+
+# the NICs of an NVLink domain one collective keeps busy across domains: one per NCCL channel
+# (module docstring: coreweave/nccl-tests #43 and #48 on GB200 NVL72; MLPerf's 8-CTA caps)
+RING_NICS = 8
 
 
 def launched(each_s: float, count: float = 1) -> float:
@@ -157,7 +181,8 @@ class Network:
 
     def _coefficients(self, lay: GroupLayout, factor: int) -> tuple:
         """The constants of a two-tier collective on ``lay`` (``factor`` 2 for all-reduce, 1 for
-        all-gather): whether each tier is used, its ``factor * (k-1)/k`` and latency term.
+        all-gather): whether each tier is used, its ``factor * (k-1)/k`` and latency term, and
+        the NICs per domain the inter tier's shard spreads over (``min(k, RING_NICS)``).
 
         Latency as NCCL's tuner counts it (``src/graph/tuning.cc``): a ring takes ``n - 1`` steps
         per pass (all-gather, reduce-scatter: one pass; all-reduce: two), so its latency grows
@@ -176,7 +201,7 @@ class Network:
             inter_steps = min(inter_steps, 2 * math.log2(m))
         elif factor == 1 and m > 1:
             intra_steps = n - m
-        return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, k,
+        return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, min(k, RING_NICS),
                 m > 1, factor * (m - 1) / m, inter_steps * self._inter_lat)
 
     def latency_s(self, lay: GroupLayout, factor: int = 1) -> float:
@@ -204,12 +229,12 @@ class Network:
         c = cache.get(lay)
         if c is None:
             c = cache[lay] = self._coefficients(lay, factor)
-        intra, a, lat_a, k, inter, b, lat_b = c
+        intra, a, lat_a, nics, inter, b, lat_b = c
         t = 0.0
         if intra:
             t += a * size / self._intra_bw + lat_a
         if inter:
-            t += b * (size / k) / self._inter_bw + lat_b
+            t += b * (size / nics) / self._inter_bw + lat_b
         return t
 
     def all_reduce_fn(self, lay: GroupLayout) -> Callable[[float], float]:
@@ -233,23 +258,24 @@ class Network:
         else:
             # the terms of all_reduce / all_gather with the layout's constants bound; one tier's
             # time is t = 0.0 + term there, which is exactly the term
-            intra, a, lat_a, k, inter, b, lat_b = self._coefficients(lay, factor)
+            intra, a, lat_a, nics, inter, b, lat_b = self._coefficients(lay, factor)
             bw_a, bw_b = self._intra_bw, self._inter_bw
             if intra and inter:
                 def fn(size: float) -> float:
-                    return a * size / bw_a + lat_a + (b * (size / k) / bw_b + lat_b) if size > 0 else 0.0
+                    return a * size / bw_a + lat_a + (b * (size / nics) / bw_b + lat_b) if size > 0 else 0.0
             elif intra:
                 def fn(size: float) -> float:
                     return a * size / bw_a + lat_a if size > 0 else 0.0
             else:
                 def fn(size: float) -> float:
-                    return b * (size / k) / bw_b + lat_b if size > 0 else 0.0
+                    return b * (size / nics) / bw_b + lat_b if size > 0 else 0.0
         fns[lay] = fn
         return fn
 
     def _two_tier_measured(self, op: str, factor: int, size: float, lay: GroupLayout) -> float:
         """All-reduce (``factor`` 2) or all-gather (1) with the bus bandwidth measured at each
-        tier's message size: inside the node on ``size``, across nodes on the ``1/k`` shard."""
+        tier's message size: inside the node on ``size``, across nodes on the shard each busy NIC
+        carries (``1 / min(k, RING_NICS)``, as ``_coefficients``)."""
         n, k = lay
         m = max(1, n // k)
         t = 0.0
@@ -258,7 +284,7 @@ class Network:
             steps = n - m if factor == 1 and m > 1 else factor * (k - 1)
             t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + steps * self._intra_lat
         if m > 1:
-            shard = size / k
+            shard = size / min(k, RING_NICS)
             steps = factor * (m - 1) if not (factor == 2 and m > 2) else min(2 * (m - 1), 2 * math.log2(m))
             t += factor * (m - 1) / m * shard / self._bw("inter", op, m, shard) + steps * self._inter_lat
         return t
