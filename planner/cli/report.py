@@ -147,16 +147,15 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
     ceil = mfu_ceiling(gpu, dtype)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
-    tie = band_record(base).band
-    if kind == "train-torch-cp" or (ring and not model.is_moe):
-        tie = max(tie, band_record("train-torch-cp").band)
-    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, band_record(base).band)),
+    own = band_record(base).band
+    tie = max(own, seen_cp.band) if ring and not model.is_moe else own
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, own)),
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
             "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured),
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
-            "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if ring and par else None}
+            "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None}
 
 
 def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
