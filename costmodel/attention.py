@@ -372,6 +372,8 @@ def torch_ring(attention: str, cp: int) -> bool:
     context parallelism ``cp`` runs PyTorch's ring attention: the one rule for its pricing here and
     for the ``train-torch-cp`` uncertainty band (``planner.cli.report.credibility``)."""
     return cp > 1 and attention in TORCH_CP_IMPLEMENTATIONS
+
+
 # PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
 # forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
 # ways -- these are plain binary ops, not the norm backward the eager backward fraction measures

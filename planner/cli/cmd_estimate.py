@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plan and (not args.target or args.target == plan.target):
         from planner.cli.args import warn_drift as _warn_drift
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
+    cred = credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
+                       framework=fw.get("framework", "generic"))
     if args.json:
-        out = {"parallel": parallel_json(par), "estimate": estimate_json(est),
-               "uncertainty": credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
-                                      framework=fw.get("framework", "generic"))}
+        out = {"parallel": parallel_json(par), "estimate": estimate_json(est), "uncertainty": cred}
         if target:
             out["target"] = {"name": target, "problems": cannot}
         print_json(out)
@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
     c.print(t)
     c.print(mt)
     c.print(throughput_line(est))
-    for line in credibility_lines(credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
-                                      framework=fw.get("framework", "generic"))):
+    for line in credibility_lines(cred):
         c.print(line)
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")

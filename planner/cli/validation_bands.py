@@ -54,11 +54,11 @@ def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     from planner.cli.validation_cross import headline_rows, thin_case, torch_cp_case
     res = res if res is not None else _cross()
     split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": []}
+    headline = set(map(id, headline_rows(res["rows"])))
     for r in res["rows"]:
-        if torch_cp_case(r.case):
+        if torch_cp_case(r.case):                  # every machine
             split["train-torch-cp"].append(r.error)
-    for r in headline_rows(res["rows"]):
-        if not torch_cp_case(r.case):
+        elif id(r) in headline:                    # dense, catalog hardware
             split["train-thin" if thin_case(r.case) else "train-dense"].append(r.error)
     return {**split,
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
