@@ -2,14 +2,20 @@
 MFU above it is more likely the cost model's optimism than a discovery, and is flagged unless a
 measured profile of the user's hardware backs the prediction (issue 23).
 
-Each ceiling is the highest MFU among the published runs in ``calibration/`` (dense; the published
-MFU where the source prints one, else its model TFLOP/s over the dense peak of the precision it
-ran), with the run that set it; ``tests/test_validation_ceilings.py`` recomputes it from the files,
-so a new record there must be copied here. Sources count FLOPs their own way (torchtitan:
-6 x parameters + 12 l h s per token; Megatron: its ``num_floating_point_operations``), which can
-differ from this cost model's count by a few percent. FP8 runs are on the FP8 peak, as the cost
-model's MFU of an FP8 plan is. Architectures without a published run here (Blackwell, AMD, L40S)
-have no ceiling: nothing is flagged there, and the output says there is nothing to compare with.
+One count for both sides (``causal_mfu``). A published run's throughput (tokens/s per GPU: printed,
+or from its step time, or its TFLOP/s or MFU converted with that source's own FLOP formula,
+``planner.cli.validation_cross.published_tokens_per_s``) times this model's FLOPs per token with
+the causal mask's skipped half of attention taken out (``layers.causal_attention_flops_per_token``),
+over the dense peak of the precision it ran (FP8 runs on the FP8 peak, as the cost model's MFU of
+an FP8 plan is). A prediction is compared by the same count. The papers' full count (PaLM, SC'21,
+torchtitan: ``layers.model_flops_per_token``, the MFU the planner prints) credits a run with the
+masked half of its score matrix: 1-7% more work at 2-4k tokens (GPT-3 175B at 2k, Llama 2 7B at 4k)
+but 68% more for Llama 3.1 8B at 131k, where by the full count any long-context plan would read as a
+record (the ceilings' runs are all at 2-8k). Each ceiling is the highest such
+figure among the dense runs in ``calibration/``, every source and every way of publishing
+(``tests/test_validation_ceilings.py`` recomputes them from the files, so a new record there must be
+copied here). Architectures without a published run here (AMD, L40S; Blackwell in 16-bit) have no
+ceiling: nothing is flagged there, and the output says there is nothing to compare with.
 
 Thin steps (``ideal_step_s``, ``THIN_STEP_S``). A problem that gives each GPU only a few
 milliseconds of work per step at peak (model FLOPs per GPU per step / the peak of the precision:
@@ -39,15 +45,18 @@ hardware they ran) and a warning; it changes no prediction.
 """
 from __future__ import annotations
 
-# (architecture, precision class) -> (MFU, the run that reached it)
+# (architecture, precision class) -> (MFU by the causal count, "record name: the run that reached it"); module docstring
 BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
-    ("A100", "16-bit"): (0.68, "PyTorch blog 'Maximizing Training Throughput Using PyTorch FSDP and Torch.compile' "
-                               "(IBM and Meta, 2024-05-21), Table 1: Llama 2 7B, FSDP with torch.compile on 128 A100 "
-                               "80GB, MFU 68%"),
-    ("Hopper", "16-bit"): (0.49, "Megatron-LM README (commit f2e5db402c, 2024-07-15), weak scaling: GPT 16B on 192 "
-                                 "H100, 489 model TFLOP/s, MFU 49%"),
-    ("Hopper", "fp8"): (0.4255, "NeMo 24.07 performance summary: GPT-3 175B FP8 on 512 H100, 842 model TFLOP/s "
-                                "of 1,979 (FP8 peak)"),
+    ("A100", "16-bit"): (0.6100, "ibm-fsdp-llama2-7b-a100-128gpu-compile: Llama 2 7B at 4k tokens, FSDP and "
+                                 "torch.compile on 128 A100 (PyTorch blog, IBM and Meta, 2024-05-21), 4,440 tokens/s "
+                                 "per GPU; 65.6% by the full count, 68% by the post's own"),
+    ("Hopper", "16-bit"): (0.4710, "mlm2407-gpt-16b-h100-192gpu-weak: GPT 16B at 4k tokens on 192 H100 (Megatron-LM "
+                                   "README, 2024-07-15), 489 model TFLOP/s; 49.4% by the full count"),
+    ("Hopper", "fp8"): (0.4785, "mlperf41-gpt3-175b-h100-256gpu-fp8: GPT-3 175B at 2k tokens on 256 H100 (MLPerf "
+                                "Training v4.1, NVIDIA), its logged step time; 48.5% of the FP8 peak by the full count"),
+    ("Blackwell", "fp8"): (0.4268, "mlperf41-gpt3-175b-b200-64gpu-fp8: GPT-3 175B at 2k tokens on 64 B200 (MLPerf "
+                                   "Training v4.1, NVIDIA), its logged step time; 43.3% of the FP8 peak by the full "
+                                   "count"),
 }
 
 
@@ -108,7 +117,17 @@ def architecture(gpu_name: str) -> str | None:
         return "A100"
     if n.startswith(("H100", "H200", "H800", "GH200")):
         return "Hopper"
+    if n.startswith(("B200", "B300", "GB200", "GB300")):
+        return "Blackwell"
     return None
+
+
+def causal_mfu(mfu: float, model, seq_len: int) -> float:
+    """``mfu`` (the papers' full count, ``layers.model_flops_per_token``) by the causal count the
+    ceilings use (module docstring): the same throughput over the work a causal mask leaves."""
+    from .layers import causal_attention_flops_per_token, model_flops_per_token
+    full = model_flops_per_token(model, seq_len)
+    return mfu * (full - causal_attention_flops_per_token(model, seq_len)) / full
 
 
 def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
@@ -119,12 +138,14 @@ def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
     return BEST_MEASURED_MFU.get((arch, "fp8" if dtype == "fp8" else "16-bit"))
 
 
-def mfu_flag(mfu: float, gpu_name: str, dtype: str, measured: bool) -> str | None:
-    """A one-line warning when ``mfu`` is above the best published for this GPU and precision and
-    no measured profile (``measured``) backs the cost model there; else None."""
+def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: bool) -> str | None:
+    """A one-line warning when the predicted MFU ``mfu`` (``causal`` by the ceilings' count,
+    ``causal_mfu``) is above the best published for this GPU and precision and no measured profile
+    (``measured``) backs the cost model there; else None."""
     ceil = mfu_ceiling(gpu_name, dtype)
-    if ceil is None or mfu <= ceil[0] or measured:
+    if ceil is None or causal <= ceil[0] or measured:
         return None
-    return (f"predicted MFU {mfu * 100:.1f}% is above the best ever published on {architecture(gpu_name)} "
-            f"{'FP8' if dtype == 'fp8' else 'BF16/FP16'} ({ceil[0] * 100:.1f}%: {ceil[1]}); no measured profile "
-            "backs it: likely optimistic (measure with `planner profile`, then `planner calibrate`)")
+    return (f"predicted MFU {mfu * 100:.1f}% ({causal * 100:.1f}% with attention counted causal) is above the best "
+            f"published on {architecture(gpu_name)} {'FP8' if dtype == 'fp8' else 'BF16/FP16'} by that count "
+            f"({ceil[0] * 100:.1f}%: {ceil[1].split(': ', 1)[1]}); no measured profile backs it: likely optimistic "
+            "(measure with `planner profile`, then `planner calibrate`)")

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan and (not args.target or args.target == plan.target):
         from planner.cli.args import warn_drift as _warn_drift
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
-    cred = credibility(model, cluster, wl.dtype, est.step_time_s, est.mfu, par=par,
+    cred = credibility(model, cluster, wl, est.step_time_s, est.mfu, par=par,
                        framework=fw.get("framework", "generic"))
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est), "uncertainty": cred}

@@ -118,11 +118,12 @@ def throughput_line(est) -> str:
             f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
 
 
-def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, par: ParallelConfig | None = None,
+def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par: ParallelConfig | None = None,
                 framework: Any = "generic") -> dict[str, Any]:
     """How far a training prediction can be trusted: the out-of-source band of its kind
     (``costmodel.uncertainty``), the step-time range it gives, a flag when the predicted MFU is
-    above the best ever published for that GPU (``costmodel.ceilings``) with no measured profile,
+    above the best ever published for that GPU (``costmodel.ceilings``, both by its causal count,
+    ``mfu_causal``) with no measured profile,
     one when the step is thin (``costmodel.ceilings.is_thin``) and one when ``par`` runs PyTorch's
     ring attention under ``framework`` (``costmodel.attention.torch_ring``). A dense model in such
     a regime takes that regime's band (``train-thin``, ``train-torch-cp``; the wider where both
@@ -134,7 +135,7 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
     range runs from the kind's own band below (the published runs in either regime were all slower
     than predicted, not faster) to the regime's band above."""
     from costmodel.attention import torch_ring
-    from costmodel.ceilings import ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag, torch_cp_flag
+    from costmodel.ceilings import causal_mfu, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag, torch_cp_flag
     from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
@@ -145,7 +146,9 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
     measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
+    dtype = workload.dtype
     ceil = mfu_ceiling(gpu, dtype)
+    causal = causal_mfu(mfu, model, workload.seq_len)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     own = band_record(base).band
     tie = max(own, seen_cp.band) if ring and not model.is_moe else own
@@ -153,7 +156,7 @@ def credibility(model, cluster, dtype: str, step_time_s: float, mfu: float, *, p
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
-            "measured_profile": measured, "mfu_flag": mfu_flag(mfu, gpu, dtype, measured),
+            "mfu_causal": causal, "measured_profile": measured, "mfu_flag": mfu_flag(mfu, causal, gpu, dtype, measured),
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
             "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None}
 
@@ -162,7 +165,7 @@ def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
     """``credibility`` of a plan's prediction, with its layout and its target's profile and
     framework settings (``planner.plan.targets.profile_for``; the generic profile without a target)."""
     from planner.plan.targets import profile_for
-    return credibility(plan.model, plan.cluster, plan.workload.dtype, step_time_s, mfu, par=plan.parallel,
+    return credibility(plan.model, plan.cluster, plan.workload, step_time_s, mfu, par=plan.parallel,
                        framework=profile_for(plan.target or "", plan.framework))
 
 

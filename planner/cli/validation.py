@@ -44,6 +44,7 @@ import yaml
 from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS
+from costmodel.layers import causal_attention_flops_per_token
 from costmodel.training import estimate
 from costmodel.files.clusters import load_cluster
 from planner.plan import targets as T
@@ -294,7 +295,7 @@ def case_rows(case: dict, split: str) -> list[Row]:
             # Megatron-LM's count since 2025 (training.py num_floating_point_operations: "causal mask
             # (only half of the mask is non-zero)"): half the paper convention's s x s attention, 12 s
             # score_dim FLOPs per token per layer forward and backward
-            pred -= est.tokens_per_s_per_gpu * 6 * md["seq_len"] * model.score_dim * model.layers / 1e12
+            pred -= est.tokens_per_s_per_gpu * causal_attention_flops_per_token(model, md["seq_len"]) / 1e12
         rows.append(Row(case["name"], f"{rep.get('tflops_kind', 'model')} TFLOP/s per GPU", rep["tflops_per_gpu"],
                         pred, case["source"], split, fw))
     if "step_time_s" in rep:
