@@ -45,6 +45,8 @@ hardware they ran) and a warning; it changes no prediction.
 """
 from __future__ import annotations
 
+from .units import fmt_seconds
+
 # (architecture, precision class) -> (MFU by the causal count, "record name: the run that reached it"); module docstring
 BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
     ("A100", "16-bit"): (0.6100, "ibm-fsdp-llama2-7b-a100-128gpu-compile: Llama 2 7B at 4k tokens, FSDP and "
@@ -138,14 +140,25 @@ def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
     return BEST_MEASURED_MFU.get((arch, "fp8" if dtype == "fp8" else "16-bit"))
 
 
-def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: bool) -> str | None:
+def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: bool,
+             step_time_s: float | None = None) -> str | None:
     """A one-line warning when the predicted MFU ``mfu`` (``causal`` by the ceilings' count,
     ``causal_mfu``) is above the best published for this GPU and precision and no measured profile
-    (``measured``) backs the cost model there; else None."""
+    (``measured``) backs the cost model there; else None. With the predicted ``step_time_s`` it also
+    says how long the step takes at the ceiling (``ceiling_step_s``): what the best run ever
+    published on that GPU would make of the same work."""
     ceil = mfu_ceiling(gpu_name, dtype)
     if ceil is None or causal <= ceil[0] or measured:
         return None
+    at = (f"; at that MFU the step would take {fmt_seconds(ceiling_step_s(step_time_s, causal, ceil[0]))}"
+          if step_time_s else "")
     return (f"predicted MFU {mfu * 100:.1f}% ({causal * 100:.1f}% with attention counted causal) is above the best "
             f"published on {architecture(gpu_name)} {'FP8' if dtype == 'fp8' else 'BF16/FP16'} by that count "
-            f"({ceil[0] * 100:.1f}%: {ceil[1].split(': ', 1)[1]}); no measured profile backs it: likely optimistic "
-            "(measure with `planner profile`, then `planner calibrate`)")
+            f"({ceil[0] * 100:.1f}%: {ceil[1].split(': ', 1)[1]}){at}; no measured profile backs it: likely "
+            "optimistic (measure with `planner profile`, then `planner calibrate`)")
+
+
+def ceiling_step_s(step_time_s: float, causal: float, ceiling: float) -> float:
+    """The step time of the same work at the ceiling's MFU: ``step_time_s`` scaled by the predicted
+    causal MFU over the ceiling (both by one count, so the scale is the ratio of the two)."""
+    return step_time_s * causal / ceiling

@@ -10,6 +10,7 @@ import pytest
 from costmodel import ceilings
 from costmodel.uncertainty import relative_band
 from costmodel.layers import layer_matrices
+from costmodel.units import fmt_seconds
 from planner.cli import validation
 
 
@@ -91,9 +92,11 @@ def test_long_context_is_not_flagged_for_its_attention_count(capsys):
     assert u["mfu_flag"] is None
 
 
-def test_estimate_json_carries_band_and_flag(capsys):
+@pytest.mark.parametrize("cluster", ["dgx-a100-80gb", "dgx-h100"])
+def test_estimate_json_carries_band_and_flag(capsys, cluster):
+    """A100: 59.5% by the causal count, under its 61.0%; H100: 50.1%, above Hopper's 47.1% (flagged)."""
     from planner.cli import main
-    args = ["estimate", "--model", "llama-3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "64",
+    args = ["estimate", "--model", "llama-3-8b", "--cluster", cluster, "--gpus", "64", "--global-batch", "64",
             "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
@@ -106,6 +109,13 @@ def test_estimate_json_carries_band_and_flag(capsys):
     assert u["mfu_ceiling"] and not u["measured_profile"]
     assert bool(u["mfu_flag"]) is (u["mfu_causal"] > u["mfu_ceiling"])
     assert u["mfu_causal"] < out["estimate"]["mfu"]
+    if u["mfu_flag"]:
+        # the same work at the ceiling's MFU: slower than predicted by the ratio of the two, by one count
+        assert u["ceiling_step_s"] == pytest.approx(st * u["mfu_causal"] / u["mfu_ceiling"]) and u["ceiling_step_s"] > st
+        assert fmt_seconds(u["ceiling_step_s"]) in u["mfu_flag"]
+    else:
+        assert u["ceiling_step_s"] is None
+    assert bool(u["mfu_flag"]) is (cluster == "dgx-h100")
 
 
 def test_plans_inside_the_band_are_ties():

@@ -135,7 +135,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     range runs from the kind's own band below (the published runs in either regime were all slower
     than predicted, not faster) to the regime's band above."""
     from costmodel.attention import torch_ring
-    from costmodel.ceilings import causal_mfu, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag, torch_cp_flag
+    from costmodel.ceilings import (causal_mfu, ceiling_step_s, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag,
+                                   torch_cp_flag)
     from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
@@ -149,6 +150,7 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     dtype = workload.dtype
     ceil = mfu_ceiling(gpu, dtype)
     causal = causal_mfu(mfu, model, workload.seq_len)
+    flag = mfu_flag(mfu, causal, gpu, dtype, measured, step_time_s)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     own = band_record(base).band
     tie = max(own, seen_cp.band) if ring and not model.is_moe else own
@@ -156,7 +158,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
-            "mfu_causal": causal, "measured_profile": measured, "mfu_flag": mfu_flag(mfu, causal, gpu, dtype, measured),
+            "mfu_causal": causal, "measured_profile": measured, "mfu_flag": flag,
+            "ceiling_step_s": ceiling_step_s(step_time_s, causal, ceil[0]) if flag and ceil else None,
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
             "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None}
 
