@@ -251,3 +251,29 @@ def test_torch_ring_band_rows_are_the_torch_cp_runs():
     assert sorted(got["train-torch-cp"]) == want and len(want) >= 6
     dense = [r for r in headline_rows(res["rows"]) if not thin_case(r.case)]
     assert len(got["train-dense"]) == len(dense) - sum(r.error in want for r in dense)
+
+
+def test_plans_faster_than_the_ceiling_are_named():
+    """Plan 1 above Hopper's ceiling: every other plan faster than the ceiling's step for the same work
+    (one step for the whole problem) is named; none when plan 1 is under the ceiling."""
+    from types import SimpleNamespace
+
+    from costmodel.catalog import get_model
+    from costmodel.files.clusters import load_cluster
+    from planner.cli.result import ceiling_line
+
+    model, seq = get_model("llama-3-8b"), 8192
+
+    def plan(step, mfu):
+        return SimpleNamespace(mode="train", model=model, cluster=load_cluster("dgx-h100"),
+                               workload=SimpleNamespace(dtype="bf16", seq_len=seq),
+                               estimate={"step_time_s": step, "mfu": mfu}, parallel=None, target="", framework={})
+    ceil = ceilings.BEST_MEASURED_MFU[("Hopper", "16-bit")][0]
+    at = 10.0 * ceilings.causal_mfu(0.6, model, seq) / ceil          # plan 1: 60% MFU in 10 s
+    assert 10.0 < at < 14.0
+    # the same work: plan k's MFU is plan 1's scaled by the steps
+    line = ceiling_line([plan(10.0, 0.6), plan(at * 0.99, 0.6 * 10 / (at * 0.99)), plan(at * 1.01, 0.6 * 10 / (at * 1.01)),
+                         plan(11.0, 0.6 * 10 / 11)])
+    assert line and line.startswith("plans 2, 4 are also predicted faster") and fmt_seconds(at) in line
+    assert ceiling_line([plan(10.0, 0.3), plan(9.0, 0.33)]) is None                 # under the ceiling
+    assert ceiling_line([plan(10.0, 0.6), plan(at * 1.01, 0.6 * 10 / (at * 1.01))]) is None

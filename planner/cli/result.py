@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, Workload
-from costmodel.units import GIB
+from costmodel.units import GIB, fmt_seconds
 from planner.plan.planfile import Plan, provenance
 from planner.cli.report import (console, credibility_lines, describe_parallel, estimate_json, plan_credibility,
                             estimate_tables, parallel_json, throughput_line)
@@ -62,6 +62,24 @@ def tie_line(plans: list[Plan]) -> str | None:
     return "; ".join(parts) + ": a tie (it cannot tell them apart; pick by what you run)"
 
 
+def ceiling_line(plans: list[Plan]) -> str | None:
+    """The other plans that, like plan 1, are predicted faster than the best run ever published on
+    their GPU would do the same work (``credibility``'s ``ceiling_step_s``: one step for every plan of
+    a problem, since it is the problem's work at the ceiling's MFU): their order rests on the cost
+    model where no published run checks it. None when plan 1 is not above the ceiling."""
+    if len(plans) < 2 or plans[0].mode != "train":
+        return None
+    at = _credibility(plans[0]).get("ceiling_step_s")
+    if not at:
+        return None
+    ks = [str(k) for k, p in enumerate(plans[1:], 2) if p.estimate["step_time_s"] < at]
+    if not ks:
+        return None
+    return (f"plan{'s' if len(ks) > 1 else ''} {', '.join(ks)} {'are' if len(ks) > 1 else 'is'} also predicted faster "
+            f"than the best published MFU on this GPU would run the same work ({fmt_seconds(at)}): their order "
+            "rests on the cost model where no published run checks it")
+
+
 def result_json(res: SolveResult, plans: list[Plan]) -> dict[str, Any]:
     return {"status": res.status, "plans": [plan_json(p) for p in plans], "solver": solver_json(res)}
 
@@ -90,9 +108,9 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
     if best.mode == "train":
         for line in credibility_lines(_credibility(best)):
             c.print(line)
-        tie = tie_line(plans)
-        if tie:
-            c.print(tie)
+        for said in (tie_line(plans), ceiling_line(plans)):
+            if said:
+                c.print(said)
     layout = best.rank_layout()
     c.print(f"placement: mesh order {','.join(best.mesh_order)} (outer->inner); inside a node: "
             f"{', '.join(layout['within_node']) or 'nothing'}; TP inside a node: {layout['tp_within_node']}")
