@@ -110,6 +110,18 @@ def check_training_estimate(est: dict, attention_kernel: str = "flash") -> None:
     assert math.isclose(sum(t.values()), est["step_time_s"], rel_tol=1e-6), (t, est["step_time_s"])
 
 
+def check_training_uncertainty(u: dict, est: dict) -> None:
+    """A training prediction's ``uncertainty``: its range holds the prediction, the causal MFU (the
+    ceilings' count, the causal mask's skipped half of attention left out) is at most the full one and
+    under the peak, and the step at the ceiling exists exactly when the MFU flag does, and is slower."""
+    lo, hi = u["step_time_s_range"]
+    assert lo <= est["step_time_s"] <= hi, (u, est["step_time_s"])
+    assert 0 < u["mfu_causal"] <= est["mfu"] + 1e-12 and u["mfu_causal"] < 1.0, (u["mfu_causal"], est["mfu"])
+    assert (u["ceiling_step_s"] is None) is (u["mfu_flag"] is None), u
+    if u["ceiling_step_s"] is not None:
+        assert u["ceiling_step_s"] > est["step_time_s"] and u["mfu_causal"] > u["mfu_ceiling"], u
+
+
 def check_serving_estimate(est: dict) -> None:
     finite_tree(est, "estimate")
     assert est["ttft_s"] > 0 and est["tpot_s"] > 0, est
@@ -139,5 +151,7 @@ def check_answer(r: Result, ok_codes: tuple[int, ...] = (0,), refusal_codes: tup
                 check_serving_estimate(est)
             else:
                 check_training_estimate(est, attention_kernel)
+                if "uncertainty" in p:
+                    check_training_uncertainty(p["uncertainty"], est)
         return
     check_refusal(r, refusal_codes + tuple(c for c in ok_codes if c != 0))

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from cli_harness import check_training_uncertainty
 from costmodel import ceilings
 from costmodel.uncertainty import relative_band
 from costmodel.layers import layer_matrices
@@ -116,6 +117,7 @@ def test_estimate_json_carries_band_and_flag(capsys, cluster):
     else:
         assert u["ceiling_step_s"] is None
     assert bool(u["mfu_flag"]) is (cluster == "dgx-h100")
+    check_training_uncertainty(u, out["estimate"])
 
 
 def test_plans_inside_the_band_are_ties():
