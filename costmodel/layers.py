@@ -123,8 +123,7 @@ def causal_attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     layer. Megatron-LM counts attention this way since 2025 (``num_floating_point_operations``:
     "causal mask (only half of the mask is non-zero)"); ``model_flops_per_token`` minus it is the
     work a causal run really does, which is how ``costmodel.ceilings`` compares runs whose sequences
-    differ (at 131k tokens the full count is about twice the causal one for an 8B model; at 2-8k it
-    is 2-8% more)."""
+    differ (the full count is 1.68x the causal one for Llama 3.1 8B at 131k tokens, 1-7% more at 2-4k)."""
     return 6.0 * seq_len * model.score_dim * model.layers
 
 
