@@ -13,8 +13,9 @@ masked half of its score matrix: 1-7% more work at 2-4k tokens (GPT-3 175B at 2k
 but 68% more for Llama 3.1 8B at 131k, where by the full count any long-context plan would read as a
 record (the ceilings' runs are all at 2-8k). Each ceiling is the highest such figure among the dense
 runs in ``calibration/``, every source and every way of publishing (``tests/test_validation_ceilings.py``
-recomputes them from the files, so a new record there must be copied here). Architectures without a published run here (AMD, L40S; Blackwell in 16-bit) have no
-ceiling: nothing is flagged there, and the output says there is nothing to compare with.
+recomputes them from the files, so a new record there must be copied here). Architectures without a
+published run here (AMD, L40S; Blackwell in 16-bit) have no ceiling: nothing is flagged there, and
+the output says there is nothing to compare with.
 
 Thin steps (``ideal_step_s``, ``THIN_STEP_S``). A problem that gives each GPU only a few
 milliseconds of work per step at peak (model FLOPs per GPU per step / the peak of the precision:

@@ -279,3 +279,14 @@ def test_plans_faster_than_the_ceiling_are_named():
     assert line and line.startswith("plans 2, 4 are also predicted faster") and fmt_seconds(at) in line
     assert ceiling_line([plan(10.0, 0.3), plan(9.0, 0.33)]) is None                 # under the ceiling
     assert ceiling_line([plan(10.0, 0.6), plan(at * 1.01, 0.6 * 10 / (at * 1.01))]) is None
+
+
+def test_throughput_line_gives_the_causal_mfu_where_the_counts_part():
+    from types import SimpleNamespace
+
+    from planner.cli.report import CAUSAL_SHOWN_ABOVE, throughput_line
+    est = SimpleNamespace(tokens_per_s=1e5, tokens_per_s_per_gpu=2e3, mfu=0.636, hfu=0.846, model_tflops_per_gpu=629)
+    assert "MFU 63.6% (37.5% with attention counted causal), HFU 84.6%" in throughput_line(est, 0.375)
+    near = 0.636 / CAUSAL_SHOWN_ABOVE
+    assert "causal" not in throughput_line(est, near * 1.001) and "causal" in throughput_line(est, near * 0.999)
+    assert "causal" not in throughput_line(est)

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     t, mt = estimate_tables(est)
     c.print(t)
     c.print(mt)
-    c.print(throughput_line(est))
+    c.print(throughput_line(est, cred["mfu_causal"]))
     for line in credibility_lines(cred):
         c.print(line)
     for msg in cannot:

@@ -104,7 +104,8 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
     tt, mt = estimate_tables(res.solutions[0].estimate, title="best plan: time per step")
     c.print(tt)
     c.print(mt)
-    c.print(throughput_line(res.solutions[0].estimate))
+    train = best.mode == "train" and "mfu" in best.estimate
+    c.print(throughput_line(res.solutions[0].estimate, _credibility(best)["mfu_causal"] if train else None))
     if best.mode == "train":
         for line in credibility_lines(_credibility(best)):
             c.print(line)
