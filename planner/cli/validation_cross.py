@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from costmodel import fitted, fp8, frameworks, layers, stage_cache
+from costmodel import ceilings, fitted, fp8, frameworks, layers, stage_cache
 from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_multicast
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
@@ -639,7 +639,13 @@ def markdown(res: dict) -> str:
     if thin_cp:
         out += [f"Of the context-parallel runs, {len(thin_cp)} are thin steps (the table \"By ideal step per GPU\"): "
                 + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in thin_cp) + ".", ""]
-    out += ["## Fitted constants and their sources (`costmodel/fitted.py`)", "",
+    out += ["## MFU ceilings (`costmodel/ceilings.py`)", "",
+            "The best MFU published per GPU generation and precision among the dense runs here, by the causal "
+            "count (published tokens/s x FLOPs per token less the causal mask's skipped half of attention / peak). "
+            "A prediction above it, by the same count, is flagged unless a measured profile backs it.", "",
+            "| GPU generation | precision | ceiling (causal count) | run |", "|---|---|---:|---|"]
+    out += [f"| {arch} | {prec} | {v * 100:.1f}% | {src} |" for (arch, prec), (v, src) in ceilings.BEST_MEASURED_MFU.items()]
+    out += ["", "## Fitted constants and their sources (`costmodel/fitted.py`)", "",
             "| constant | lives in | fitted on (families) | rows the fit reads | prior when none is left |",
             "|---|---|---|---|---|"]
     for c in fitted.FITTED:
