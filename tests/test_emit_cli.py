@@ -11,7 +11,8 @@ import pytest
 
 from costmodel.specs import Workload
 from planner.cli import main
-from planner.plan.planfile import dump_plan, write_plan
+from costmodel.units import fmt_seconds
+from planner.plan.planfile import dump_plan, read_plan, write_plan
 
 from test_emit_support import ROOT, examples, make_plan
 
@@ -44,6 +45,7 @@ def test_one_target(plan_file, tmp_path, capsys):
     assert os.access(out / "megatron.sh", os.X_OK)
     readme = (out / "README.md").read_text()
     assert "## megatron" in readme and "Format:" in readme and "tp=2" in readme
+    assert "## What to expect" not in readme               # a plan file without an estimate has nothing to say
     # writing again into the folder it wrote is fine
     assert emit(plan_file, "--target", "megatron", "--out", out) == 0
 
@@ -187,3 +189,16 @@ def test_emitters_import_only_plan_types():
                     assert m in allowed, f"{path.name} imports {m}"
                 assert top not in ("torch", "deepspeed", "accelerate", "torchtitan", "vllm", "sglang"), \
                     f"{path.name} imports {m}"
+
+
+def test_readme_says_what_to_expect(tmp_path, capsys):
+    """A plan with a training estimate: its step, tokens/s and MFU as its target runs it, the
+    out-of-source range, and the warnings (the 70B on 64 H100 is above Hopper's best published MFU)."""
+    src = ROOT / "plans" / "llama-3-70b-64xh100.yaml"
+    plan = read_plan(src)
+    out = tmp_path / "out"
+    assert emit(src, "--target", "megatron", "--out", out) == 0
+    readme = (out / "README.md").read_text()
+    assert "## What to expect" in readme and fmt_seconds(plan.estimate["step_time_s"]) in readme
+    assert f"MFU {plan.estimate['mfu'] * 100:.1f}%" in readme and f"as {plan.target} runs it" in readme
+    assert "- uncertainty: " in readme and "- warning: predicted MFU" in readme and "[yellow]" not in readme

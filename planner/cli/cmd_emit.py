@@ -71,6 +71,7 @@ def _readme(plan, written: dict[str, list[str]], refused: dict[str, str], skippe
         run = getattr(mod, "RUN_DISAGGREGATED", mod.RUN) if disaggregated else mod.RUN     # what these files run
         lines += [f"## {name}", "", f"Format: {mod.FORMAT}.", "",
                   "Files: " + ", ".join(f"`{f}`" for f in files) + ".", "", run, ""]
+    lines += _expectation(plan)
     if refused:
         lines += ["## Targets that cannot express this plan", ""]
         lines += [f"- **{name}**: {msg}" for name, msg in refused.items()]
@@ -79,6 +80,26 @@ def _readme(plan, written: dict[str, list[str]], refused: dict[str, str], skippe
         other = "inference" if plan.mode == "train" else "training"
         lines += [f"Not applicable to a {plan.mode} plan ({other} targets): {', '.join(skipped)}.", ""]
     return "\n".join(lines)
+
+
+def _expectation(plan) -> list[str]:
+    """What the plan predicts for a training step, with its out-of-source range and warnings
+    (``report.plan_credibility``), for a user to hold the first steps against; nothing for a serving
+    plan or a plan file without a training estimate."""
+    from costmodel.units import fmt_seconds
+    from planner.cli.report import credibility_lines, plan_credibility
+    est = plan.estimate or {}
+    if plan.mode != "train" or "mfu" not in est or "step_time_s" not in est:
+        return []
+    cred = plan_credibility(plan, est["step_time_s"], est["mfu"])
+    how = f" as {plan.target} runs it" if plan.target else ""
+    tok = f", {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" if "tokens_per_s_per_gpu" in est else ""
+    lines = ["## What to expect", "",
+             f"The plan's prediction{how}: a step of {fmt_seconds(est['step_time_s'])}{tok}, MFU {est['mfu'] * 100:.1f}% "
+             "(priced when the plan was made). Hold the steps after warm-up against it; `planner estimate --plan "
+             "PLAN --target NAME` prices the plan as another target runs it.", ""]
+    lines += ["- " + line.replace("[yellow]", "").replace("[/yellow]", "") for line in credibility_lines(cred)]
+    return lines + [""]
 
 
 def _shown(names: list[str]) -> str:
