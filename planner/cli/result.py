@@ -104,10 +104,10 @@ def print_result(res: SolveResult, plans: list[Plan], out: str | None = None) ->
     tt, mt = estimate_tables(res.solutions[0].estimate, title="best plan: time per step")
     c.print(tt)
     c.print(mt)
-    train = best.mode == "train" and "mfu" in best.estimate
-    c.print(throughput_line(res.solutions[0].estimate, _credibility(best)["mfu_causal"] if train else None))
-    if best.mode == "train":
-        for line in credibility_lines(_credibility(best)):
+    cred = _credibility(best) if best.mode == "train" and "mfu" in best.estimate else None
+    c.print(throughput_line(res.solutions[0].estimate, cred["mfu_causal"] if cred else None))
+    if cred:
+        for line in credibility_lines(cred):
             c.print(line)
         for said in (tie_line(plans), ceiling_line(plans)):
             if said:
