@@ -290,3 +290,6 @@ def test_throughput_line_gives_the_causal_mfu_where_the_counts_part():
     near = 0.636 / CAUSAL_SHOWN_ABOVE
     assert "causal" not in throughput_line(est, near * 1.001) and "causal" in throughput_line(est, near * 0.999)
     assert "causal" not in throughput_line(est)
+    # planner explain's header says it the same way
+    from planner.cli.report import mfu_words
+    assert mfu_words(0.636, 0.375) == "MFU 63.6% (37.5% with attention counted causal)" and mfu_words(0.5, 0.48) == "MFU 50.0%"

@@ -97,10 +97,13 @@ def _what_if(plan: Plan, max_time: float) -> list[dict[str, Any]]:
 
 
 def text(plan: Plan, info: dict[str, Any]) -> str:
+    from planner.cli.report import mfu_words, plain_credibility_lines
     est: Estimate = info["estimate"]
+    cred = _credibility(plan, est)
     lines = [f"{plan.model.name} on {plan.world_size} x {plan.cluster.gpu.name}: {info['plan']}",
-             f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu * 100:.1f}%",
-             *_credibility_lines(plan, est),
+             f"step {est.step_time_s:.3f} s, {est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+             f"{mfu_words(est.mfu, cred['mfu_causal'])}",
+             *plain_credibility_lines(cred),
              "", "Where the time goes: " + ", ".join(info["time_words"]) + ".",
              f"Where the memory goes (peak stage, {est.peak_bytes / GIB:.1f} of {est.capacity_bytes / GIB:.1f} GiB): "
              + ", ".join(info["memory_words"]) + "."]
@@ -300,11 +303,6 @@ def html_report(plan: Plan, info: dict[str, Any]) -> str:
 def _credibility(plan: Plan, est: Estimate) -> dict[str, Any]:
     from planner.cli.report import plan_credibility
     return plan_credibility(plan, est.step_time_s, est.mfu)
-
-
-def _credibility_lines(plan: Plan, est: Estimate) -> list[str]:
-    from planner.cli.report import credibility_lines
-    return [line.replace("[yellow]", "").replace("[/yellow]", "") for line in credibility_lines(_credibility(plan, est))]
 
 
 def explain_json(plan: Plan, info: dict[str, Any]) -> dict[str, Any]:

@@ -119,13 +119,18 @@ def estimate_tables(est, title: str = ""):
 CAUSAL_SHOWN_ABOVE = 1.1
 
 
-def throughput_line(est, mfu_causal: float | None = None) -> str:
-    """Throughput and utilization; with ``mfu_causal`` (``credibility``'s) the causal MFU too where
-    the two counts differ by more than ``CAUSAL_SHOWN_ABOVE``."""
+def mfu_words(mfu: float, mfu_causal: float | None = None) -> str:
+    """"MFU x%", with the causal MFU (``credibility``'s ``mfu_causal``) where the two counts differ by
+    more than ``CAUSAL_SHOWN_ABOVE``."""
     causal = (f" ({mfu_causal * 100:.1f}% with attention counted causal)"
-              if mfu_causal and est.mfu > CAUSAL_SHOWN_ABOVE * mfu_causal else "")
+              if mfu_causal and mfu > CAUSAL_SHOWN_ABOVE * mfu_causal else "")
+    return f"MFU {mfu * 100:.1f}%{causal}"
+
+
+def throughput_line(est, mfu_causal: float | None = None) -> str:
+    """Throughput and utilization (``mfu_words``)."""
     return (f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
-            f"MFU {est.mfu * 100:.1f}%{causal}, HFU {est.hfu * 100:.1f}%, "
+            f"{mfu_words(est.mfu, mfu_causal)}, HFU {est.hfu * 100:.1f}%, "
             f"{sig(est.model_tflops_per_gpu)} model TFLOP/s per GPU")
 
 
@@ -181,6 +186,11 @@ def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
     from planner.plan.targets import profile_for
     return credibility(plan.model, plan.cluster, plan.workload, step_time_s, mfu, par=plan.parallel,
                        framework=profile_for(plan.target or "", plan.framework))
+
+
+def plain_credibility_lines(cred: dict[str, Any]) -> list[str]:
+    """``credibility_lines`` without the terminal's markup (text reports, the launch files' README)."""
+    return [line.replace("[yellow]", "").replace("[/yellow]", "") for line in credibility_lines(cred)]
 
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:
