@@ -91,6 +91,9 @@ def test_long_context_is_not_flagged_for_its_attention_count(capsys):
     u = u["uncertainty"]
     assert full > u["mfu_ceiling"] > u["mfu_causal"]
     assert u["mfu_flag"] is None
+    assert main(base + ["--seq-len", "8192"]) == 0
+    u = json.loads(capsys.readouterr().out)
+    assert u["estimate"]["mfu"] < u["uncertainty"]["mfu_ceiling"] and u["uncertainty"]["mfu_flag"] is None
 
 
 @pytest.mark.parametrize("cluster", ["dgx-a100-80gb", "dgx-h100"])
