@@ -87,7 +87,7 @@ def _expectation(plan) -> list[str]:
     (``report.plan_credibility``), for a user to hold the first steps against; nothing for a serving
     plan or a plan file without a training estimate."""
     from costmodel.units import fmt_seconds
-    from planner.cli.report import plain_credibility_lines, plan_credibility
+    from planner.cli.report import mfu_words, plain_credibility_lines, plan_credibility
     est = plan.estimate or {}
     if plan.mode != "train" or "mfu" not in est or "step_time_s" not in est:
         return []
@@ -95,7 +95,8 @@ def _expectation(plan) -> list[str]:
     how = f" as {plan.target} runs it" if plan.target else ""
     tok = f", {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" if "tokens_per_s_per_gpu" in est else ""
     lines = ["## What to expect", "",
-             f"The plan's prediction{how}: a step of {fmt_seconds(est['step_time_s'])}{tok}, MFU {est['mfu'] * 100:.1f}% "
+             f"The plan's prediction{how}: a step of {fmt_seconds(est['step_time_s'])}{tok}, "
+             f"{mfu_words(est['mfu'], cred['mfu_causal'])} "
              "(priced when the plan was made). Hold the steps after warm-up against it; `planner estimate --plan "
              "PLAN --target NAME` prices the plan as another target runs it.", ""]
     lines += ["- " + line for line in plain_credibility_lines(cred)]
