@@ -210,11 +210,19 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
         "dtype": str(dt).removeprefix("torch."), "tokens": tokens, "hidden": hidden,
-        "copy_gb_per_s": round(bw / 1e9, 1),
-        "memory_bound": memory_bound(torch, dev, tokens, hidden, dt, target, bw, not args.no_compile),
-        "launch": launch_floor(torch, dev, target),
-        "model": model_figures(),
+        "copy_gb_per_s": round(bw / 1e9, 1), "model": model_figures(),
     }
+
+    def save() -> None:
+        """Each part is written as it is measured: a run stopped at its time limit keeps what it had."""
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"{res['device']} ({res['torch']}), {res['dtype']}, {tokens} x {hidden}; copy {res['copy_gb_per_s']} GB/s")
+    # the quick parts first: torch.compile's first calls can take most of a short time limit
+    res["launch"] = lf = launch_floor(torch, dev, target)
+    save()
+    print(f"  launch floor: {lf['eager_us_per_kernel']} us per eager kernel"
+          + (f", {lf['graph_us_per_kernel']} us per CUDA-graph kernel" if lf["graph_us_per_kernel"] is not None else ""))
     if cuda and hasattr(torch, "float8_e4m3fn") and torch.cuda.get_device_capability(0) >= (8, 9):
         from costmodel.fp8 import TE_LAYER_GEMMS
         shapes = list(TE_LAYER_GEMMS[:2] if args.quick else TE_LAYER_GEMMS)
@@ -222,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
             res["fp8"] = fp8_gemms(torch, dev, [tuple(s) for s in shapes], target)
         except Exception as e:       # a build without torch._scaled_mm on this GPU
             res["fp8_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    print(f"{res['device']} ({res['torch']}), {res['dtype']}, {tokens} x {hidden}; copy {res['copy_gb_per_s']} GB/s")
+        save()
+    for r in res.get("fp8", []):
+        print(f"  fp8 {r['m']}x{r['n']}x{r['k']}: x{r['speedup_gemm']} GEMM alone, x{r['speedup_with_casts']} with "
+              f"casts (bf16 {r['bf16_tflops']}, fp8 {r['fp8_tflops']} TFLOP/s); model's TE layer "
+              f"x{res['model']['fp8_te_layer_gemm_speedup']}, measured on H200 x{res['model']['fp8_te_measured_speedup_h200']}")
+    res["memory_bound"] = memory_bound(torch, dev, tokens, hidden, dt, target, bw, not args.no_compile)
+    save()
     m = res["model"]["memory_bound_fraction"]
     for r in res["memory_bound"]:
         if "error" in r:
@@ -232,15 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['op']:9s} {r['mode']:8s} fwd {r['fwd_fraction']:.2f} (model {ref['fwd']:.2f})  "
               f"bwd {r['bwd_fraction'] if r['bwd_fraction'] is not None else '-'} (model {ref['bwd']:.2f}); "
               f"model's fused {m['fused']['fwd']:.2f}/{m['fused']['bwd']:.2f}")
-    for r in res.get("fp8", []):
-        print(f"  fp8 {r['m']}x{r['n']}x{r['k']}: x{r['speedup_gemm']} GEMM alone, x{r['speedup_with_casts']} with "
-              f"casts (bf16 {r['bf16_tflops']}, fp8 {r['fp8_tflops']} TFLOP/s); model's TE layer "
-              f"x{res['model']['fp8_te_layer_gemm_speedup']}, measured on H200 x{res['model']['fp8_te_measured_speedup_h200']}")
-    lf = res["launch"]
-    print(f"  launch floor: {lf['eager_us_per_kernel']} us per eager kernel"
-          + (f", {lf['graph_us_per_kernel']} us per CUDA-graph kernel" if lf["graph_us_per_kernel"] is not None else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 

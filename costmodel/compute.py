@@ -34,7 +34,7 @@ import bisect
 import math
 
 from .fp8 import gemm_efficiency as _fp8_gemm_efficiency
-from .gemm_shape import (ALIGN_BYTES, GEMM_TILES, GPU_SMS, MISALIGNED_FACTOR, alignment_factor,  # noqa: F401
+from .gemm_shape import (ALIGN1_FACTOR, ALIGN_BYTES, GEMM_TILES, GPU_SMS, MISALIGNED_FACTOR, alignment_factor,  # noqa: F401
                          gemm_shape_factor, gpu_sms, wave_tile_factor)
 from .specs import ClusterSpec, GpuSpec
 

@@ -123,6 +123,14 @@ class FrameworkProfile:
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
     # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)
     pytorch_native: bool = False
+    # the output head's vocabulary padded to a multiple of this per TP rank (Megatron-LM's
+    # --make-vocab-size-divisible-by, 128 by default); 1: the model's own width, unpadded (an odd
+    # vocabulary such as GPT-2's 50,257 then runs cuBLAS's slow unaligned kernels: gemm_shape.ALIGN1_FACTOR)
+    vocab_pad: int = 128
+    # its parameters are kept in fp32 and cast to BF16 by autocast on every micro-batch (this project's
+    # runtime without FSDP mixed precision): each micro-batch reads and writes every weight once more
+    # forward and its gradient once more backward (``layers.autocast_cast_bytes``)
+    autocast_casts: bool = False
     # how its host issues a dense layer's kernels (``costmodel.host``: "eager" PyTorch ops, "fused"
     # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
     # CUDA graphs): a layer costs at least the host's time to issue it
@@ -337,9 +345,15 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      attention="sdpa", fsdp2_copies=True,     # runtime/parallel.py: fully_shard
                      dp_bucket="fsdp2",                       # ZeRO-0/1: replicate_with_fsdp, per block too
                      pipelining_defers_fsdp_sync=True,        # runtime/pipeline.py: torch's schedules
-                     note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining): torchtitan's "
-                          "stack without torch.compile, so torchtitan's kernel efficiency is assumed; never "
-                          "measured on a GPU"),
+                     # runtime/model.py's head is the model's own vocabulary, unpadded; fp32 parameters under
+                     # autocast (runtime/train.py). Measured on an H200 (bench/device_step.py,
+                     # bench/results/device-h200): its GEMMs run at the profiled curve, but its other kernels
+                     # and the GPU's idle time between them cost more than this profile prices them (the
+                     # README's "Measured on an H200"); the sm_90 factor, fitted on PyTorch-native runs, stays
+                     # as the stand-in for them
+                     vocab_pad=1, autocast_casts=True,
+                     note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining, eager PyTorch): "
+                          "measured on one H200 (bench/device_step.py): within 3% at the planned micro-batch, 23% short at one"),
 )}
 
 

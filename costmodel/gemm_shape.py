@@ -54,6 +54,16 @@ GPU_SMS = (("A100", 108), ("H100-PCIE", 114), ("H100", 132), ("H200", 132), ("H8
 # about 395: so 272.7 / 398.4 = 0.68 below 16 bytes, and no measurable loss above it.
 ALIGN_BYTES = 16
 MISALIGNED_FACTOR = 272.7 / 398.4
+# Below 4 bytes (an odd width in BF16: GPT-2's vocabulary of 50,257 as an unpadded output head) cuBLAS
+# has no tensor-core kernel of the Hopper generation and falls back to CUTLASS's one-element-aligned
+# sm_75 kernels (``cutlass_75_tensorop_bf16_s1688gemm_bf16_*_align1``). Measured on an H200 (this
+# project's device check, bench/results/device-h200/step-gpt3-1.3b.json, bench/device_step.py): the
+# head's three GEMMs (m = tokens, n = 50,257, k = 2,048) ran at 117-127 TFLOP/s against 749-791 for
+# the same pass's aligned layer GEMMs at the same m: 0.159 of them, the mean over micro-batches 1-8
+# (``tests/test_device_measurements.py`` recomputes it from the file).
+ALIGN1_FACTOR = 0.159
+# the byte alignment from which each factor holds: 16 bytes full speed, 4 bytes the H100 figure above
+ALIGN_TIERS = ((16, 1.0), (4, MISALIGNED_FACTOR), (0, ALIGN1_FACTOR))
 
 
 def gpu_sms(name: str) -> int:
@@ -82,13 +92,18 @@ def wave_tile_factor(sms: int, m: float, n: float) -> float:
 
 
 def alignment_factor(n: float, k: float, elem_bytes: float) -> float:
-    """``MISALIGNED_FACTOR`` when a leading dimension (n or k; m is the token count, the rows) is
-    not a multiple of ``ALIGN_BYTES``, else 1."""
+    """The factor of the least aligned leading dimension (n or k; m is the token count, the rows):
+    1 when each is a multiple of ``ALIGN_BYTES``, ``MISALIGNED_FACTOR`` from 4 bytes, ``ALIGN1_FACTOR``
+    below (``ALIGN_TIERS``)."""
+    worst = 1.0
     for d in (n, k):
-        q = d * elem_bytes / ALIGN_BYTES
-        if abs(q - round(q)) > 1e-9:
-            return MISALIGNED_FACTOR
-    return 1.0
+        width = d * elem_bytes
+        for align, factor in ALIGN_TIERS:
+            q = width / align if align else 0.0
+            if not align or abs(q - round(q)) <= 1e-9:
+                worst = min(worst, factor)
+                break
+    return worst
 
 
 @lru_cache(maxsize=65536)

@@ -527,20 +527,38 @@ def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
     return 1.0 if gpu.layer_overhead_s or gpu.name.startswith("cpu") else straggler_factor(cluster.total_gpus)
 
 
+# Autocast over fp32 parameters (``FrameworkProfile.autocast_casts``): per micro-batch, each weight read in
+# fp32 and written in the compute dtype once in forward (autocast's cast cache lives for one autocast
+# region), and its gradient read in the compute dtype and written in fp32 once in backward. Measured on an
+# H200 (bench/results/device-h200/step-*.json, the copy kernels of the profiled pass less their growth
+# with the micro-batch): about 30 ms per pass for Llama-3.1-8B and 7 for GPT-3 1.3B; this rule prices
+# 8.0e9 x 12 bytes and 1.3e9 x 12 bytes at the eager memory-bound fraction: 38 and 6 ms. Not priced: the
+# fp32 accumulation into ``.grad`` on the micro-batches after the first (12 bytes more per parameter each).
+AUTOCAST_CAST_BYTES_FP32 = 4.0
+
+
+def autocast_cast_bytes(params: float, compute_bytes: float) -> float:
+    """HBM bytes autocast moves per micro-batch for ``params`` fp32 parameters (the comment above)."""
+    return 2.0 * params * (AUTOCAST_CAST_BYTES_FP32 + compute_bytes)
+
+
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
-              cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused") -> EndsCost:
+              cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused",
+              vocab_pad: int = VOCAB_PAD) -> EndsCost:
     """The output head stays BF16 under FP8 recipes (Megatron's output layer is not a TE module;
     torchtitan's Float8 converter skips it). The loss over the logits runs at the framework's
-    memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``)."""
+    memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``). ``vocab_pad``: the
+    framework's padding of the vocabulary per TP rank (``FrameworkProfile.vocab_pad``)."""
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
     t = tp
     T = micro_batch * workload.seq_len / cp
     V, h = model.vocab, model.hidden
-    # the head's GEMM runs over the vocabulary padded as Megatron pads it (``--make-vocab-size-divisible-by``
-    # 128, times tp), so its width is aligned (``compute.alignment_factor``); the FLOPs counted stay V's
-    v_rank = VOCAB_PAD * math.ceil(V / (VOCAB_PAD * t))
+    # the head's GEMM runs over the vocabulary as the framework pads it (Megatron's ``--make-vocab-size-divisible-by``
+    # 128, times tp: aligned; unpadded, an odd vocabulary is priced at its alignment, ``compute.alignment_factor``);
+    # the FLOPs counted stay V's
+    v_rank = vocab_pad * math.ceil(V / (vocab_pad * t)) if vocab_pad > 1 else V / t
     head_s = gemm_time_s(gpu, cluster, dt, T, v_rank, h, train=True) / kernel_efficiency
     logits_bytes = T * V / t * (a_bytes + FP32_LOGITS_BYTES)
     # softmax / cross-entropy over the logits

@@ -130,7 +130,8 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     (fp32 master weights and moments, ``k`` bytes) and the gradient (``g``), and writes the
     state back and the new working-precision weights (``w``): ``2k + g + w``. Mixed-precision
     Adam with fp32 gradients: 2 x 12 + 4 + 2 = 30 bytes (what Megatron's fused Adam and
-    torch's ``foreach`` AdamW touch); fp16 gradients 28, plus FP16's dynamic loss scaling
+    torch's fused AdamW touch; torch's default ``foreach`` AdamW makes more passes: 30 ms, not this
+    rule's 14, for GPT-3 1.3B on an H200, bench/results/device-h200); fp16 gradients 28, plus FP16's dynamic loss scaling
     (``loss_scaling_bytes_per_param``, 18): 46; fp32 training 2 x 8 + 4 + 4 = 24.
     FP8 recipes that cache FP8 weights quantize them once per step after it (Megatron's
     ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the

@@ -65,6 +65,9 @@ class _Shared:
                                                        framework.adam_moments_bf16)
         self.ends_w_b = ends_weight_bytes_per_param(dt, workload.optimizer, self.fp8)
         self.gather_b = param_gather_bytes_per_param(dt, self.fp8)
+        # autocast's per-micro-batch weight casts (layers.autocast_cast_bytes): a framework that keeps fp32
+        # parameters, training in a 16-bit dtype
+        self.autocast = framework.autocast_casts and self.a_bytes < 4
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                              framework.adam_moments_bf16)
         self.total_params = model.total_params()
@@ -254,7 +257,7 @@ class _Shared:
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
                                             grp.gpu, self.cluster, kernel_efficiency_on(self.framework, grp.gpu.name),
-                                            self.framework.elementwise)
+                                            self.framework.elementwise, self.framework.vocab_pad)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:

@@ -38,15 +38,18 @@ def test_one_gpu_1b_model_against_prediction(tmp_path):
     wl = Workload(global_batch=8, seq_len=2048, dtype="bf16", optimizer="adamw")
     par = ParallelConfig(micro_batch=1, grad_accum=8)
     stages = default_stages(model.layers, 1)
-    est = estimate(model, cluster, wl, par, stages=stages)
-    plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par, stages=stages, estimate=est.to_dict())
+    # priced as this project's runtime runs it (the target "builtin"), the runtime the test launches
+    est = estimate(model, cluster, wl, par, stages=stages, framework="builtin")
+    plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par, stages=stages, estimate=est.to_dict(),
+                target="builtin")
     p = tmp_path / "gpt3-1.3b-1gpu.yaml"
     write_plan(plan, p)
     out = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(ROOT)
     r = subprocess.run([sys.executable, "-m", "runtime.train", "--plan", str(p), "--steps", "6", "--device", "cuda",
-                        "--json-out", str(out)], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+                        # 1e-4: the default 1e-3 without warm-up spiked the loss at step 4 on an H200 (session 31)
+                        "--lr", "1e-4", "--json-out", str(out)], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     s = json.loads(out.read_text())
     pred_mem, pred_t = est.peak_bytes, est.step_time_s
