@@ -30,25 +30,39 @@ def launch_json(summary: dict[str, Any], plan, metrics: str) -> dict[str, Any]:
         if k in summary:
             out[k] = summary[k]
     out["predicted"] = dict(plan.estimate or {})
-    ran = summary.get("dtype")
-    if out["predicted"] and ran and ran != plan.workload.dtype:
+    ran = summary.get("dtype") or plan.workload.dtype
+    target = plan.target or "generic"
+    if out["predicted"] and (target != RUNTIME_TARGET or ran != plan.workload.dtype):
         again = estimate_as_run(plan, ran)
         if again is not None:
+            if target != RUNTIME_TARGET:
+                # what the plan's own framework would take: the plan's figure, kept beside the runtime's
+                out["predicted_plan_target"] = {"target": target, **predicted_figures(out["predicted"])}
             out["predicted"] = again
-            out["predicted_for_dtype"] = ran
+            if ran != plan.workload.dtype:
+                out["predicted_for_dtype"] = ran
     out["metrics_file"] = metrics
     return out
 
 
+# the framework `planner launch` runs every plan with: this project's runtime (costmodel.frameworks)
+RUNTIME_TARGET = "builtin"
+
+
 def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
-    """The plan's estimate for the precision the runtime actually used (the CPU runtime trains in
-    fp32 whatever the plan says: comparing with a bf16 prediction would charge the precision to
-    the cost model), priced as the plan's target runs it, like the plan's own estimate. None when
-    the cluster has no peak for that precision."""
+    """The plan's estimate as ``planner launch`` runs it: by this project's runtime (the target
+    "builtin": its kernels, its unpadded head, its autocast casts), whatever framework the plan was
+    made for, and in the precision the runtime actually used (the CPU runtime trains in fp32 whatever
+    the plan says). Comparing the run with another framework's price would charge that framework's
+    kernels to the cost model: a Megatron price held against this runtime on an H200 was 2.04x
+    optimistic (bench/results/device-h200/launch-before.txt). None when the cluster has no peak for
+    that precision."""
     from costmodel.specs import SpecError
     from planner.cli.explain import plan_estimate
+    runs = dataclasses.replace(plan, target=RUNTIME_TARGET, framework={},
+                               workload=dataclasses.replace(plan.workload, dtype=dtype))
     try:
-        return plan_estimate(dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, dtype=dtype))).to_dict()
+        return plan_estimate(runs).to_dict()
     except (SpecError, ValueError):
         return None
 
@@ -86,6 +100,9 @@ def print_table(out: dict[str, Any], plan) -> None:
     pred = predicted_figures(out["predicted"])
     again = (f"; predicted for {out['predicted_for_dtype']}, the plan says {plan.workload.dtype}"
              if out.get("predicted_for_dtype") else "")
+    other = out.get("predicted_plan_target") or {}
+    if other:
+        again += "; predicted as this project's runtime runs it"
     t = Table(title=f"{plan.model.name}: predicted vs measured ({out['world_size']} {out['device']} processes, "
                     f"{out['dtype']}{again})", header_style="bold")
     for col in ("", "predicted", "measured", "measured / predicted"):
@@ -98,6 +115,10 @@ def print_table(out: dict[str, Any], plan) -> None:
         t.add_row(label, _fmt(p, kind), _fmt(m, kind), ratio)
     c = make_console()
     c.print(t)
+    if other and other.get("step_time_s"):
+        c.print(f"the plan's own target, {other['target']}, is predicted at {_fmt(other['step_time_s'], 's')} per step "
+                f"(MFU {_fmt(other.get('mfu'), 'pct')}, {plan.workload.dtype}): its launch files run that framework; "
+                "`planner launch` runs this project's runtime, priced above")
     per = out.get("peak_memory_bytes_per_rank") or []
     if per:
         c.print("peak memory by rank: " + ", ".join(f"{i}: {_fmt(b, 'bytes')}" for i, b in enumerate(per)))
