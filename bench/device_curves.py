@@ -24,8 +24,8 @@ Definitions (what each figure is):
   ``costmodel.fp8.layer_gemm_speedup`` on the shipped FP8 pair; NVIDIA's measurement on H200 is
   ``TE_MEASURED_GEMM_SPEEDUP``.
 * launch floor: wall time per call of a one-element in-place add, eager, and per replayed kernel of
-  a CUDA graph of 100 of them. The model has no per-kernel launch term on GPUs (``launch`` per
-  framework: graphs, fused, eager); this is the figure such a term would use.
+  a CUDA graph of 100 of them: the figures ``costmodel.host`` prices a layer's issue time with
+  (``HOST_OP_S``, ``GRAPH_NODE_S``; measured so on an H200 in session 31).
 """
 from __future__ import annotations
 
@@ -183,12 +183,13 @@ def model_figures() -> dict:
     from costmodel import fp8
     from costmodel.compute import MEMORY_BOUND_FRACTION
     from costmodel.files.clusters import load_cluster
+    from costmodel.host import GRAPH_NODE_S, HOST_OP_S
     half = load_cluster("dgx-h100").gpu.matmul_half_size
     return {"memory_bound_fraction": {k: {"fwd": f, "bwd": b} for k, (f, b) in MEMORY_BOUND_FRACTION.items()},
             "fp8_te_layer_gemm_speedup": round(fp8.layer_gemm_speedup(fp8.FP8_GEMM_EFFICIENCY,
                                                                       fp8.FP8_HALF_SIZE_FACTOR, half), 3),
             "fp8_te_measured_speedup_h200": list(fp8.TE_MEASURED_GEMM_SPEEDUP),
-            "launch_us_per_kernel": None}
+            "launch_us_per_kernel": {"eager": HOST_OP_S * 1e6, "graph": GRAPH_NODE_S * 1e6}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     # the quick parts first: torch.compile's first calls can take most of a short time limit
     res["launch"] = lf = launch_floor(torch, dev, target)
     save()
-    print(f"  launch floor: {lf['eager_us_per_kernel']} us per eager kernel"
-          + (f", {lf['graph_us_per_kernel']} us per CUDA-graph kernel" if lf["graph_us_per_kernel"] is not None else ""))
+    ml = res["model"]["launch_us_per_kernel"]
+    print(f"  launch floor: {lf['eager_us_per_kernel']} us per eager kernel (model {ml['eager']:.2f})"
+          + (f", {lf['graph_us_per_kernel']} us per CUDA-graph kernel (model {ml['graph']:.2f})"
+             if lf["graph_us_per_kernel"] is not None else ""))
     if cuda and hasattr(torch, "float8_e4m3fn") and torch.cuda.get_device_capability(0) >= (8, 9):
         from costmodel.fp8 import TE_LAYER_GEMMS
         shapes = list(TE_LAYER_GEMMS[:2] if args.quick else TE_LAYER_GEMMS)

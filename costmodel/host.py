@@ -11,14 +11,19 @@ and its bounds share it. MoE layers keep ``costmodel.moe``'s own host pacing (a 
 drains the queue once per forward: ``moe.layer_host_s``, ``moe.host_sync_s``); this floor is for
 dense layers only, so the MoE block is not counted twice.
 
-Per-operation issue cost, eager PyTorch: about 7 us per op with autograd and about 5 us without
-(pytorch/pytorch#41383, a maintainer's measurement, 2020), "about 4 us per op on CUDA"
-(pytorch/pytorch#82793, PyTorch 1.12 on an A100) -> ``HOST_OP_S`` = 5.5 us, the middle. A framework
+Per-operation issue cost, eager PyTorch: measured on an H200 machine (this project's device check,
+session 31: bench/device_curves.py, bench/results/device-h200/device_curves.json), a one-element
+in-place add called from Python took 9.65 us per call, eager and without autograd -> ``HOST_OP_S``;
+the same add replayed from a CUDA graph of 100 took 0.96 us per node -> ``GRAPH_NODE_S``. They
+replace the figures read before a GPU was lent (about 5-7 us per op, pytorch/pytorch#41383 and
+#82793, on 2020-22 hosts; 0.58 us per graph node, ocannl#488 on an RTX 5070 Ti): the measured
+ones are larger, and no published validation run changes with them (their layers' kernels are
+longer than the issue either way). Autograd adds to the eager figure (the runtime's own pass issued
+1,852 kernels in 57 ms of host time for GPT-3 1.3B at one sequence, about 30 us each, but that pass
+was GPU-bound: the host waited on a full queue, so the figure is a bound, not a cost). A framework
 whose layers are fused library modules (Transformer Engine in Megatron-LM/NeMo, Apex/DeepSpeed's
 fused kernels) and ``torch.compile``'s generated code issue fewer, larger kernels at the same cost
-each (no separate figure for their per-call cost was found). CUDA graphs replay a captured graph
-at about 0.58 us per node plus about 15 us per graph (ocannl#488: an RTX 5070 Ti under WSL2, the
-only replay figure found; datacenter figures were not) -> ``GRAPH_NODE_S``.
+each (no separate figure for their per-call cost was measured).
 
 Operations per layer forward, counted on the layers as their code writes them (``layer_ops``):
 
@@ -47,8 +52,8 @@ from functools import lru_cache
 
 from .specs import ModelSpec
 
-HOST_OP_S = 5.5e-6          # eager op issue cost with autograd (pytorch#41383, #82793; module docstring)
-GRAPH_NODE_S = 0.58e-6      # CUDA-graph replay per node (ocannl#488)
+HOST_OP_S = 9.65e-6         # eager op issue cost, measured on an H200 host (module docstring)
+GRAPH_NODE_S = 0.96e-6      # CUDA-graph replay per node, measured on an H200 (module docstring)
 BACKWARD_OPS = 2.0          # backward issues about twice the forward's ops
 LAUNCH_MODES = ("eager", "fused", "compiled", "graphs")
 

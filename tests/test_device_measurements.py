@@ -98,3 +98,11 @@ def test_builtin_price_against_the_measured_launch(mb, measured_s):
     print(f"micro-batch {mb}: measured {measured_s * 1e3:.1f} ms, priced {price(mb) * 1e3:.1f} ms ({err:+.1%})")
     assert -0.3 < err < 0.05
     assert price(8) < price(1)
+
+
+def test_launch_floor_is_the_measured_one():
+    """costmodel.host's per-kernel issue costs are the H200's measured launch floor (device_curves.json)."""
+    from costmodel.host import GRAPH_NODE_S, HOST_OP_S
+    launch = json.loads((H200 / "device_curves.json").read_text())["launch"]
+    assert HOST_OP_S == pytest.approx(launch["eager_us_per_kernel"] * 1e-6, rel=1e-9)
+    assert GRAPH_NODE_S == pytest.approx(launch["graph_us_per_kernel"] * 1e-6, rel=1e-9)
