@@ -219,7 +219,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
                moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "",
-               launch: str = "") -> LayerCost:
+               launch: str = "", autocast: str = "") -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
@@ -228,7 +228,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     ``elementwise``: how its memory-bound kernels run (``compute.memory_bound_factor``);
     ``attention``: the attention implementation its model code calls (``costmodel.attention``);
     ``launch``: how its host issues a dense layer's kernels (``costmodel.host``: the layer's time is
-    at least the host's issue time; "" for none)."""
+    at least the host's issue time; "" for none); ``autocast``: the layer runs the runtime's eager ops
+    under autocast, its residual stream in "fp32" (fp32 parameters, no FSDP mixed precision) or in the
+    compute dtype ("16-bit"); ``autocast_eager_bytes`` prices its memory-bound ops ("" for none)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
@@ -409,6 +411,11 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
                          - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
     ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
+    if autocast and not moe and a_bytes < 4:
+        # the runtime's own eager ops, counted from its code, at the measured eager pointwise fraction
+        # (autocast_eager_bytes); they replace the rule above
+        ew_s = (memory_time_s(gpu, T * autocast_eager_bytes(model, t, a_bytes, autocast == "fp32"))
+                / EAGER_POINTWISE_FRACTION + quant_s)
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured
@@ -535,6 +542,54 @@ def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
 # 8.0e9 x 12 bytes and 1.3e9 x 12 bytes at the eager memory-bound fraction: 38 and 6 ms. Not priced: the
 # fp32 accumulation into ``.grad`` on the micro-batches after the first (12 bytes more per parameter each).
 AUTOCAST_CAST_BYTES_FP32 = 4.0
+
+
+# The memory-bound ops of one dense layer's forward as runtime/model.py writes them under autocast, per
+# token, each op's inputs read once and outputs written once (a = the compute dtype's bytes; h hidden, q
+# query width, k key/value width, f FFN width, each per TP rank but h). The residual stream is fp32 over
+# fp32 parameters (the runtime at dp 1: the embedding's fp32 output), else in the compute dtype (FSDP2's
+# mixed-precision policy casts the parameters): r = 4 or a bytes per value.
+#   norm (autocast runs it in fp32) 8h, twice, and its input's cast (r + 4)h where r < 4; each linear
+#   casts its fp32 input: 3 x (4 + a)h before Q, K and V, (4 + a)h before the MLP's first GEMM (2 x under
+#   SwiGLU); the attention output's transpose copy 2aq; each residual add (2r + a)h, twice; GELU 2af, or
+#   SwiGLU's SiLU 2af and product 3af; rotary (runtime.model.rope, in fp32, on q and k): the upcast
+#   (a + 4), four products (4 x 4), two sums (2 x 6), the stack (8) and the cast back (4 + a): 52 + 2a
+#   per value; grouped-query attention's repeat_interleave of k and v: 2 x (a k + a q).
+# Backward moves about twice the forward's bytes (each op's gradient reads the output gradient and its
+# saved inputs and writes the input gradient), which the compute's 3 forward units count.
+# EAGER_POINTWISE_FRACTION, the fraction of the HBM bandwidth these ops reach together, forward and
+# backward: fitted on GPT-3 1.3B's measured pass on an H200 (bench/results/device-h200/step-gpt3-1.3b.json:
+# the growth per sequence of 2,048 tokens of the kernels that are neither GEMMs nor attention, 9.1 ms, the
+# loss's share priced as ends_cost does) and held against Llama-3.1-8B's, which chose nothing (51.1 ms
+# measured, 51.5 priced: +1%; tests/test_device_measurements.py recomputes both). What it stands for: the
+# eager kernels themselves run near the copy bandwidth (a residual add 1.01 of it, SwiGLU's two kernels
+# 0.96 of their own traffic: device_curves.json), the norms' backward reductions far below it, and the
+# backward moves about twice the forward's bytes, which the rule assumes.
+EAGER_POINTWISE_FRACTION = 0.69
+
+
+def autocast_eager_bytes(model: ModelSpec, tp: int, a_bytes: float, fp32_residual: bool = True) -> float:
+    """HBM bytes per token of one dense layer's memory-bound forward ops under the runtime's autocast,
+    its residual stream in fp32 or in the compute dtype (the comment above)."""
+    a = a_bytes
+    r = 4.0 if fp32_residual else a
+    h = model.hidden
+    q = model.heads * model.head_dim / tp
+    k = model.kv_heads * model.head_dim / tp
+    f = model.ffn_hidden / tp
+    swiglu = model.mlp == "swiglu"
+    b = 2 * 8 * h                                     # the two norms, in fp32
+    if r < 4:
+        b += 2 * (r + 4) * h                          # their inputs cast to fp32
+    b += (3 + (2 if swiglu else 1)) * (4 + a) * h     # the linears' input casts
+    b += 2 * a * q                                    # the attention output's transpose copy
+    b += 2 * (2 * r + a) * h                          # the residual adds
+    b += 5 * a * f if swiglu else 2 * a * f           # the activation
+    if model.positions == "rotary":
+        b += (52 + 2 * a) * (q + k)
+    if k < q:
+        b += 2 * (a * k + a * q)                      # repeat_interleave of k and v
+    return b
 
 
 def autocast_cast_bytes(params: float, compute_bytes: float) -> float:

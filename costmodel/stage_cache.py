@@ -68,6 +68,8 @@ class _Shared:
         # autocast's per-micro-batch weight casts (layers.autocast_cast_bytes): a framework that keeps fp32
         # parameters, training in a 16-bit dtype
         self.autocast = framework.autocast_casts and self.a_bytes < 4
+        # the cluster's curves measured by `planner profile` (frameworks.kernel_efficiency_on)
+        self.measured = bool(cluster.matmul_table)
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                              framework.adam_moments_bf16)
         self.total_params = model.total_params()
@@ -132,8 +134,11 @@ class _Shared:
         attention = self.attention
         if attention is None:       # Accelerate: its engine's model code
             attention = attention_impl(self.framework, par, self.model.family)
+        # the runtime's eager ops under autocast: an fp32 residual stream where it wraps no data
+        # parallelism (fp32 parameters: stage_terms.layers_part), else FSDP2's 16-bit one
+        autocast = ("fp32" if par.dp == 1 else "16-bit") if self.autocast else ""
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, par.moe_dispatcher, par.ep_overlap, attention)
+               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast)
         hit = self.layers.get(key)
         if hit is None:
             # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
@@ -142,8 +147,8 @@ class _Shared:
                 ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            kernel_efficiency_on(self.framework, grp.gpu.name), self.fp8, par.etp, etp_lay, ex,
-                            self.framework.elementwise, attention, self.framework.launch)
+                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured), self.fp8, par.etp, etp_lay, ex,
+                            self.framework.elementwise, attention, self.framework.launch, autocast)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
@@ -256,7 +261,8 @@ class _Shared:
         ec = self.ends.get(key)
         if ec is None:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
-                                            grp.gpu, self.cluster, kernel_efficiency_on(self.framework, grp.gpu.name),
+                                            grp.gpu, self.cluster,
+                                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured),
                                             self.framework.elementwise, self.framework.vocab_pad)
         return ec
 

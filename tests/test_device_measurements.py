@@ -82,9 +82,9 @@ def test_eager_gemms_run_at_the_profiled_curve():
 def test_builtin_price_against_the_measured_launch(mb, measured_s):
     """`planner launch` of GPT-3 1.3B on the H200 (bench/results/device-h200/launch-builtin-*.txt:
     micro-batch 8 and micro-batch 1, fused AdamW) against the builtin target's price on the profiled
-    cluster. The price is never optimistic by more than 5% (it was 2.04x optimistic priced as Megatron,
-    launch-before.txt): 22% pessimistic at 8 (the sm_90 factor the target keeps slows GEMMs that ran at
-    the curve) and within 1% at 1; and it ranks the two as the measurement does."""
+    cluster (it was 2.04x optimistic priced as Megatron, launch-before.txt): within 5% at 8; at 1 the
+    price is 15-30% short, the GPU's idle time between kernels (about 8 ms per micro-batch,
+    step-gpt3-1.3b.json: wall less busy) being unpriced; and it ranks the two as the measurement does."""
     text = (H200 / ("launch-builtin-planned.txt" if mb == 8 else "launch-builtin-mb1.txt")).read_text()
     assert f"{measured_s * 1e3:.1f} ms" in text
     cluster = load_cluster(str(H200 / "cluster.yaml"))
@@ -96,8 +96,37 @@ def test_builtin_price_against_the_measured_launch(mb, measured_s):
                         stages=default_stages(model.layers, 1), framework="builtin").step_time_s
     err = measured_s / price(mb) - 1
     print(f"micro-batch {mb}: measured {measured_s * 1e3:.1f} ms, priced {price(mb) * 1e3:.1f} ms ({err:+.1%})")
-    assert -0.3 < err < 0.05
+    assert (abs(err) < 0.05) if mb == 8 else (0.15 < err < 0.3)
     assert price(8) < price(1)
+
+
+def _eager_other(name: str) -> tuple[float, float, float]:
+    """(measured, priced ops at full bandwidth, priced loss at full bandwidth): seconds per sequence of
+    the pass's kernels that are neither GEMMs nor attention, from micro-batch 1 to the largest."""
+    from costmodel.layers import autocast_eager_bytes
+    model = get_model(name)
+    rows = _step(name)["runs"][0]["by_micro_batch"]
+    lo, hi = rows[0], rows[-1]
+    seqs = (hi["tokens"] - lo["tokens"]) / 2048
+    measured = (hi["busy_by_kind_s"]["other"] - lo["busy_by_kind_s"]["other"]) / seqs
+    bw = load_cluster(str(H200 / "cluster.yaml")).groups[0].gpu.hbm_bandwidth_bytes_per_s
+    # the loss per sequence: the logits' upcast (2 + 4 bytes), log-softmax forward (4 + 4) and backward (3 x 4)
+    loss = 2048 * model.vocab * (6 + 8 + 12) / bw
+    ops = 3 * 2048 * model.layers * autocast_eager_bytes(model, 1, 2) / bw
+    return measured, ops, loss
+
+
+def test_eager_fraction_fitted_on_gpt3_holds_on_llama():
+    """layers.EAGER_POINTWISE_FRACTION is GPT-3 1.3B's measured fraction for the runtime's eager ops
+    (layers.autocast_eager_bytes, counted from runtime/model.py); on Llama-3.1-8B, whose measurement
+    chose nothing, the same fraction prices them within 10%."""
+    from costmodel.layers import EAGER_POINTWISE_FRACTION
+    measured, ops, loss = _eager_other("gpt3-1.3b")
+    assert (ops + loss) / measured == pytest.approx(EAGER_POINTWISE_FRACTION, abs=0.005)
+    measured, ops, loss = _eager_other("llama-3.1-8b")
+    priced = (ops + loss) / EAGER_POINTWISE_FRACTION
+    print(f"llama-3.1-8b: measured {measured * 1e3:.1f} ms per sequence, priced {priced * 1e3:.1f} ms")
+    assert abs(priced / measured - 1) < 0.10
 
 
 def test_launch_floor_is_the_measured_one():
