@@ -388,6 +388,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         scores = heads_local * 4                                   # softmax log-sum-exp, fp32
     rep = replicated / t if sp else replicated
     act_per_token = rep + sharded + scores
+    if autocast and not moe and a_bytes < 4:
+        # what the runtime's eager ops under autocast save, counted from its code (autocast_saved_bytes)
+        act_per_token = autocast_saved_bytes(model, t, a_bytes, sp)
     act_bytes = T * act_per_token
     if flash:
         # Fused attention already recomputes its scores, so "selective" means op-level selective
@@ -397,7 +400,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     else:
         # Megatron's selective recompute: drop the s x s terms, recompute the attention core
         act_sel = T * (rep + sharded + heads_local * 4)
-    act_input = T * h * a_bytes / (t if sp else 1)
+    # the layer's input, in the residual stream's dtype (fp32 under the runtime's autocast at dp 1)
+    act_input = T * h * (4.0 if autocast == "fp32" and a_bytes < 4 else a_bytes) / (t if sp else 1)
     if flash:
         act_core, core_s, core_flops = core_attn_recompute(act_bytes, T * scores, attn_s, attn_hw_flops)
     else:   # unfused attention: Megatron's selective recompute is the rule above
@@ -592,6 +596,36 @@ def autocast_eager_bytes(model: ModelSpec, tp: int, a_bytes: float, fp32_residua
     return b
 
 
+def autocast_saved_bytes(model: ModelSpec, tp: int, a_bytes: float, sp: bool = False) -> float:
+    """Bytes per token one dense layer of the runtime saves for its backward under autocast
+    (runtime/model.py as written; a = the compute dtype's bytes, widths per TP rank as
+    ``autocast_eager_bytes``): each norm's fp32 input 4h (autocast runs norms in fp32, casting a 16-bit
+    input up first); each linear's own cast of the norm output a*h (Q, K and V cast it separately, so
+    three copies; the MLP's first GEMMs one each); the attention kernel's Q, K, V and output, K and V at
+    the query width after grouped-query attention's repeat 4aq, and its log-sum-exp 4 per head; the
+    output projection's input aq; GELU's input and output 2af, or SwiGLU's two GEMM outputs, SiLU's
+    output and the product 4af. Rotary and the residual adds save nothing per token. Held against the
+    H200's measured peaks (bench/results/device-h200/launch-*.txt; tests/test_device_measurements.py)."""
+    a = a_bytes
+    h = model.hidden / (tp if sp else 1)
+    q = model.heads * model.head_dim / tp
+    f = model.ffn_hidden / tp
+    swiglu = model.mlp == "swiglu"
+    b = 2 * 4 * h                                     # the norms' fp32 inputs
+    b += (3 + (2 if swiglu else 1)) * a * h           # the linears' cast inputs
+    b += 4 * a * q + 4 * model.heads / tp             # attention's Q, K, V, output and log-sum-exp
+    b += a * q                                        # the output projection's input
+    b += (4 if swiglu else 2) * a * f                 # the MLP's activations
+    return b
+
+
+# The runtime's loss (runtime.train: the logits upcast to fp32, then cross-entropy) at the start of its
+# backward holds per vocabulary entry of each token the fp32 log-softmax output it saved, that output's
+# gradient and the input's gradient: 12 bytes, against the 16-bit logits and their fp32 copy (a + 4) of a
+# fused loss (``ends_cost``)
+EAGER_LOSS_BYTES = 12.0
+
+
 def autocast_cast_bytes(params: float, compute_bytes: float) -> float:
     """HBM bytes autocast moves per micro-batch for ``params`` fp32 parameters (the comment above)."""
     return 2.0 * params * (AUTOCAST_CAST_BYTES_FP32 + compute_bytes)
@@ -600,11 +634,12 @@ def autocast_cast_bytes(params: float, compute_bytes: float) -> float:
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
               cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused",
-              vocab_pad: int = VOCAB_PAD) -> EndsCost:
+              vocab_pad: int = VOCAB_PAD, eager_loss: bool = False) -> EndsCost:
     """The output head stays BF16 under FP8 recipes (Megatron's output layer is not a TE module;
     torchtitan's Float8 converter skips it). The loss over the logits runs at the framework's
     memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``). ``vocab_pad``: the
-    framework's padding of the vocabulary per TP rank (``FrameworkProfile.vocab_pad``)."""
+    framework's padding of the vocabulary per TP rank (``FrameworkProfile.vocab_pad``); ``eager_loss``:
+    the loss is the runtime's eager one, whose logits hold ``EAGER_LOSS_BYTES`` at its backward's start."""
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
     a_bytes = dtype_bytes(dt)
     t = tp
@@ -622,5 +657,5 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
-                    head_act_bytes=logits_bytes,
+                    head_act_bytes=T * V / t * EAGER_LOSS_BYTES if eager_loss else logits_bytes,
                    embed_act_bytes=T * (EMBED_IDS_BYTES + (EMBED_MASK_BYTES if t > 1 else 0)))

@@ -263,7 +263,7 @@ class _Shared:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
                                             grp.gpu, self.cluster,
                                             kernel_efficiency_on(self.framework, grp.gpu.name, self.measured),
-                                            self.framework.elementwise, self.framework.vocab_pad)
+                                            self.framework.elementwise, self.framework.vocab_pad, self.autocast)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:

@@ -78,26 +78,46 @@ def test_eager_gemms_run_at_the_profiled_curve():
             assert priced / (0.94 * 0.71) / measured - 1 > 0.3
 
 
-@pytest.mark.parametrize("mb, measured_s", [(8, 0.4026), (1, 0.5372)])
-def test_builtin_price_against_the_measured_launch(mb, measured_s):
-    """`planner launch` of GPT-3 1.3B on the H200 (bench/results/device-h200/launch-builtin-*.txt:
-    micro-batch 8 and micro-batch 1, fused AdamW) against the builtin target's price on the profiled
-    cluster (it was 2.04x optimistic priced as Megatron, launch-before.txt): within 5% at 8; at 1 the
-    price is 15-30% short, the GPU's idle time between kernels (about 8 ms per micro-batch,
-    step-gpt3-1.3b.json: wall less busy) being unpriced; and it ranks the two as the measurement does."""
-    text = (H200 / ("launch-builtin-planned.txt" if mb == 8 else "launch-builtin-mb1.txt")).read_text()
-    assert f"{measured_s * 1e3:.1f} ms" in text
-    cluster = load_cluster(str(H200 / "cluster.yaml"))
-    model = get_model("gpt3-1.3b")
-    wl = Workload(global_batch=8, seq_len=2048, dtype="bf16")
+LAUNCHES = [("launch-builtin-mb1.txt", "gpt3-1.3b", 8, 1), ("launch-builtin-planned.txt", "gpt3-1.3b", 8, 8),
+            ("launch-gpt3-1.3b-b32.txt", "gpt3-1.3b", 32, 8), ("launch-llama-3.2-1b.txt", "llama-3.2-1b.yaml", 16, 8)]
 
-    def price(m: int) -> float:
-        return estimate(model, cluster, wl, ParallelConfig(micro_batch=m, grad_accum=8 // m),
-                        stages=default_stages(model.layers, 1), framework="builtin").step_time_s
-    err = measured_s / price(mb) - 1
-    print(f"micro-batch {mb}: measured {measured_s * 1e3:.1f} ms, priced {price(mb) * 1e3:.1f} ms ({err:+.1%})")
-    assert (abs(err) < 0.05) if mb == 8 else (0.15 < err < 0.3)
-    assert price(8) < price(1)
+
+def _launch(launch: str, model: str, batch: int, mb: int):
+    """(the launch's measured step in s and peak in GiB, the builtin target's estimate of it)."""
+    import re
+
+    from planner.plan.inputs import load_model
+    text = (H200 / launch).read_text()
+    m = re.search(r"step time +│ +([\d.]+) (ms|s) │ +([\d.]+) (ms|s) │", text)
+    step = float(m.group(3)) * (1e-3 if m.group(4) == "ms" else 1.0)
+    peak = float(re.search(r"peak memory per rank \(max\) │ [\d.]+ GiB │ ([\d.]+) GiB", text).group(1))
+    spec = load_model(str(H200 / model)) if model.endswith(".yaml") else get_model(model)
+    cluster = load_cluster(str(H200 / "cluster.yaml"))
+    est = estimate(spec, cluster, Workload(global_batch=batch, seq_len=2048, dtype="bf16"),
+                   ParallelConfig(micro_batch=mb, grad_accum=batch // mb), stages=default_stages(spec.layers, 1),
+                   framework="builtin")
+    return step, peak, est
+
+
+@pytest.mark.parametrize("launch, model, batch, mb", LAUNCHES)
+def test_builtin_price_against_the_measured_launch(launch, model, batch, mb):
+    """`planner launch` on the H200 (bench/results/device-h200/launch-*.txt, fused AdamW) against the
+    builtin target's price on the profiled cluster (a Megatron price was 2.04x optimistic against the
+    runtime, launch-before.txt): within 10% at 8 sequences per micro-batch, GPT-3 1.3B's and the Llama
+    3.2 1B shape's (on which nothing was fitted); at one sequence the price is 15-30% short, the GPU's
+    idle time between kernels (about 8 ms per micro-batch, step-gpt3-1.3b.json: wall less busy) being
+    unpriced."""
+    step, _, est = _launch(launch, model, batch, mb)
+    err = step / est.step_time_s - 1
+    print(f"{launch}: step {est.step_time_s * 1e3:.1f} ms priced, {step * 1e3:.1f} measured ({err:+.1%})")
+    assert (abs(err) < 0.10) if mb > 1 else (0.15 < err < 0.3)
+
+
+def test_builtin_ranks_the_micro_batches_as_measured():
+    """Priced, micro-batch 8 beats 1 for GPT-3 1.3B's batch of 8 on the H200, as measured (403 against
+    537 ms); priced as Megatron the planner had chosen 1 and the run took 611 ms (launch-before.txt)."""
+    one, eight = _launch(*LAUNCHES[0])[2], _launch(*LAUNCHES[1])[2]
+    assert eight.step_time_s < one.step_time_s
 
 
 def _eager_other(name: str) -> tuple[float, float, float]:
@@ -135,3 +155,15 @@ def test_launch_floor_is_the_measured_one():
     launch = json.loads((H200 / "device_curves.json").read_text())["launch"]
     assert HOST_OP_S == pytest.approx(launch["eager_us_per_kernel"] * 1e-6, rel=1e-9)
     assert GRAPH_NODE_S == pytest.approx(launch["graph_us_per_kernel"] * 1e-6, rel=1e-9)
+
+
+@pytest.mark.parametrize("launch, model, batch, mb", LAUNCHES)
+def test_builtin_peak_memory_against_the_measured_launch(launch, model, batch, mb):
+    """The builtin target's peak memory (autocast's saved tensors and the eager loss counted from the
+    runtime's code: layers.autocast_saved_bytes, EAGER_LOSS_BYTES) against each H200 launch's measured
+    peak: never more than 5% short (a plan that fits on paper must fit), at most 12% over. Before these
+    terms the Llama 3.2 1B shape was predicted at 52.0 GiB and used 77.4."""
+    _, peak, est = _launch(launch, model, batch, mb)
+    ratio = est.peak_bytes / 2**30 / peak
+    print(f"{launch}: peak {est.peak_bytes / 2**30:.2f} GiB priced, {peak:.2f} measured ({ratio - 1:+.1%})")
+    assert 0.95 < ratio < 1.12
