@@ -6,22 +6,16 @@ against the measured step of the runtime it prices (the same files), with the er
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from costmodel.catalog import get_model
 from costmodel.files.clusters import load_cluster
 from costmodel.gemm_shape import ALIGN1_FACTOR, alignment_factor
-from costmodel.specs import ParallelConfig, Workload, default_stages
-from costmodel.training import estimate
+from planner.cli import device_results
+from planner.cli.device_results import H200, LAUNCHES
 
-ROOT = Path(__file__).resolve().parent.parent
-H200 = ROOT / "bench" / "results" / "device-h200"
-
-
-def _step(name: str) -> dict:
-    return json.loads((H200 / f"step-{name}.json").read_text())
+_step = device_results.step_profile
 
 
 def _layer_gemm_flops(model, tokens: int) -> float:
@@ -78,27 +72,6 @@ def test_eager_gemms_run_at_the_profiled_curve():
             assert priced / (0.94 * 0.71) / measured - 1 > 0.3
 
 
-LAUNCHES = [("launch-builtin-mb1.txt", "gpt3-1.3b", 8, 1), ("launch-builtin-planned.txt", "gpt3-1.3b", 8, 8),
-            ("launch-gpt3-1.3b-b32.txt", "gpt3-1.3b", 32, 8), ("launch-llama-3.2-1b.txt", "llama-3.2-1b.yaml", 16, 8)]
-
-
-def _launch(launch: str, model: str, batch: int, mb: int):
-    """(the launch's measured step in s and peak in GiB, the builtin target's estimate of it)."""
-    import re
-
-    from planner.plan.inputs import load_model
-    text = (H200 / launch).read_text()
-    m = re.search(r"step time +│ +([\d.]+) (ms|s) │ +([\d.]+) (ms|s) │", text)
-    step = float(m.group(3)) * (1e-3 if m.group(4) == "ms" else 1.0)
-    peak = float(re.search(r"peak memory per rank \(max\) │ [\d.]+ GiB │ ([\d.]+) GiB", text).group(1))
-    spec = load_model(str(H200 / model)) if model.endswith(".yaml") else get_model(model)
-    cluster = load_cluster(str(H200 / "cluster.yaml"))
-    est = estimate(spec, cluster, Workload(global_batch=batch, seq_len=2048, dtype="bf16"),
-                   ParallelConfig(micro_batch=mb, grad_accum=batch // mb), stages=default_stages(spec.layers, 1),
-                   framework="builtin")
-    return step, peak, est
-
-
 @pytest.mark.parametrize("launch, model, batch, mb", LAUNCHES)
 def test_builtin_price_against_the_measured_launch(launch, model, batch, mb):
     """`planner launch` on the H200 (bench/results/device-h200/launch-*.txt, fused AdamW) against the
@@ -107,17 +80,19 @@ def test_builtin_price_against_the_measured_launch(launch, model, batch, mb):
     3.2 1B shape's (on which nothing was fitted); at one sequence the price is 15-30% short, the GPU's
     idle time between kernels (about 8 ms per micro-batch, step-gpt3-1.3b.json: wall less busy) being
     unpriced."""
-    step, _, est = _launch(launch, model, batch, mb)
-    err = step / est.step_time_s - 1
-    print(f"{launch}: step {est.step_time_s * 1e3:.1f} ms priced, {step * 1e3:.1f} measured ({err:+.1%})")
+    r = device_results.launch(launch, model, batch, mb)
+    err = r.step_s / r.priced_step_s - 1
+    print(f"{launch}: step {r.priced_step_s * 1e3:.1f} ms priced, {r.step_s * 1e3:.1f} measured ({err:+.1%})")
     assert (abs(err) < 0.10) if mb > 1 else (0.15 < err < 0.3)
 
 
 def test_builtin_ranks_the_micro_batches_as_measured():
     """Priced, micro-batch 8 beats 1 for GPT-3 1.3B's batch of 8 on the H200, as measured (403 against
     537 ms); priced as Megatron the planner had chosen 1 and the run took 611 ms (launch-before.txt)."""
-    one, eight = _launch(*LAUNCHES[0])[2], _launch(*LAUNCHES[1])[2]
-    assert eight.step_time_s < one.step_time_s
+    one, eight = device_results.launch(*LAUNCHES[0]), device_results.launch(*LAUNCHES[1])
+    assert eight.priced_step_s < one.priced_step_s and eight.step_s < one.step_s
+    before = device_results.launch(*device_results.BEFORE)
+    assert before.step_s / before.predicted_step_s > 2.0
 
 
 def _eager_other(name: str) -> tuple[float, float, float]:
@@ -163,7 +138,7 @@ def test_builtin_peak_memory_against_the_measured_launch(launch, model, batch, m
     runtime's code: layers.autocast_saved_bytes, EAGER_LOSS_BYTES) against each H200 launch's measured
     peak: never more than 5% short (a plan that fits on paper must fit), at most 12% over. Before these
     terms the Llama 3.2 1B shape was predicted at 52.0 GiB and used 77.4."""
-    _, peak, est = _launch(launch, model, batch, mb)
-    ratio = est.peak_bytes / 2**30 / peak
-    print(f"{launch}: peak {est.peak_bytes / 2**30:.2f} GiB priced, {peak:.2f} measured ({ratio - 1:+.1%})")
+    r = device_results.launch(launch, model, batch, mb)
+    ratio = r.priced_peak_gib / r.peak_gib
+    print(f"{launch}: peak {r.priced_peak_gib:.2f} GiB priced, {r.peak_gib:.2f} measured ({ratio - 1:+.1%})")
     assert 0.95 < ratio < 1.12

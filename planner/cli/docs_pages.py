@@ -334,6 +334,12 @@ def validation_headline() -> str:
             "(`train-torch-cp`).\n")
 
 
+def device_h200() -> str:
+    """The H200's measured launches against the runtime's price (``planner.cli.device_results``)."""
+    from planner.cli.device_results import markdown
+    return markdown()
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "commands-help": commands_help, "command-list": command_list, "catalog-clusters": catalog_clusters,
     "catalog-models": catalog_models, "cluster-keys": cluster_keys, "model-fields": model_fields,
@@ -341,7 +347,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "validation-by-framework": validation_by_framework, "targets-legend": targets_legend, "layering": layering,
     "quickstart-figures": quickstart_figures, "docs-index": docs_index, "serving-flags": serving_flags,
     "failure-flags": failure_flags, "validation-cross": validation_cross,
-    "validation-headline": validation_headline,
+    "validation-headline": validation_headline, "device-h200": device_h200,
 }
 
 
