@@ -55,7 +55,7 @@ def micro_step(torch: Any, model: Any, x: Any, y: Any, bf16: bool) -> None:
     loss.backward()
 
 
-def profile_pass(torch: Any, fn: Any, dev: Any) -> dict:
+def profile_pass(torch: Any, fn: Any, dev: Any, trace: str | None = None) -> dict:
     """Kernel count, busy time and busy time by kind over one call of ``fn`` (CUDA only), plus
     the host-side launch calls counted."""
     from torch.autograd import DeviceType
@@ -64,6 +64,8 @@ def profile_pass(torch: Any, fn: Any, dev: Any) -> dict:
     with profile(activities=acts) as prof:
         fn()
         _sync(torch, dev)
+    if trace:                        # the timeline (chrome://tracing, Perfetto): where the GPU waits
+        prof.export_chrome_trace(trace)
     by_kind = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     kernels, launches, top = 0, 0, []
     for e in prof.key_averages():
@@ -111,7 +113,7 @@ def sync_points(torch: Any, dev: Any, fn: Any) -> list[str] | None:
 
 
 def measure(torch: Any, spec: Any, dev: Any, seq: int, mbs: list[int], reps: int, compile_: bool,
-            deadline: float, optimizer: bool = True) -> dict:
+            deadline: float, optimizer: bool = True, trace: str | None = None) -> dict:
     from runtime.model import build_model
     bf16 = dev.type == "cuda"
     torch.manual_seed(0)
@@ -152,7 +154,8 @@ def measure(torch: Any, spec: Any, dev: Any, seq: int, mbs: list[int], reps: int
                 _sync(torch, dev)
                 opt_s = (time.perf_counter() - t0) / 3
             model.zero_grad(set_to_none=True)
-            prof = profile_pass(torch, lambda: micro_step(torch, run, x, y, bf16), dev)
+            prof = profile_pass(torch, lambda: micro_step(torch, run, x, y, bf16), dev,
+                                trace=f"{trace}.mb{mb}.json" if trace else None)
             model.zero_grad(set_to_none=True)
             peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else 0
         except Exception as e:          # out of memory at the largest micro-batch, say
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     "state does not fit beside it)")
     ap.add_argument("--time-limit", type=float, default=150.0, help="seconds; later micro-batches are skipped")
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--trace", metavar="PREFIX", help="also write each profiled pass's timeline as PREFIX.mbN.json")
     args = ap.parse_args(argv)
     import torch
 
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     for compile_ in ([False, True] if args.compile else [False]):
         res["runs"].append(measure(torch, spec, dev, args.seq, mbs if not compile_ else mbs[:2], args.reps,
-                                   compile_, deadline, optimizer=not args.no_optimizer))
+                                   compile_, deadline, optimizer=not args.no_optimizer, trace=args.trace))
         save()
         if cuda:
             torch.cuda.empty_cache()

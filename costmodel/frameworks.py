@@ -141,6 +141,9 @@ class FrameworkProfile:
     # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
     # CUDA graphs): a layer costs at least the host's time to issue it
     launch: str = "fused"
+    # its host's time per operation of ``costmodel.host.layer_ops`` where measured in its own training
+    # step (autograd, autocast and module calls included); 0: ``host.HOST_OP_S`` (a bare eager op)
+    host_op_s: float = 0.0
     # its data-parallel bucket (``stage_terms.dp_bucket_bytes``): "torch" (DDP's 25 MiB at ZeRO-0, a block
     # under FSDP2), "fsdp2" (a block at every ZeRO stage), "megatron" (Megatron-Core's max(40M, 1M x dp)
     # parameters), "deepspeed" (reduce_bucket_size, 5e8 elements)
@@ -357,7 +360,11 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      # autocast (runtime/train.py), its eager ops priced from its code. Measured on an H200
                      # (bench/device_step.py, bench/results/device-h200): its GEMMs run at the profiled curve
                      # (kernel efficiency 1, no sm_90 factor on a profiled cluster)
-                     vocab_pad=1, autocast_casts=True, priced_by_term=True,
+                     # its host time per operation: GPT-3 1.3B's pass at one sequence issued for 56.8 ms
+                     # (bench/results/device-h200/step-gpt3-1.3b-host.json; its kernels ran 52.7 ms: the
+                     # host set the pace) over 2,088 ops of host.layer_ops: 27.2 us, autograd, autocast and
+                     # module calls included, against 9.65 for a bare eager op
+                     vocab_pad=1, autocast_casts=True, priced_by_term=True, host_op_s=27.2e-6,
                      note="this project's runtime (FSDP2, DTensor TP, torch.distributed.pipelining, eager PyTorch): "
                           "measured on one H200 (bench/device_step.py)"),
 )}

@@ -81,15 +81,16 @@ def layer_ops(model: ModelSpec, mode: str) -> int:
     return 11 if rotary else 10               # a Transformer Engine layer (fused; graphs replay it)
 
 
-def issue_s(model: ModelSpec, mode: str) -> float:
-    """Host time to issue one dense layer's forward (``layer_ops`` at the mode's per-op cost)."""
-    return layer_ops(model, mode) * (GRAPH_NODE_S if mode == "graphs" else HOST_OP_S)
+def issue_s(model: ModelSpec, mode: str, op_s: float = 0.0) -> float:
+    """Host time to issue one dense layer's forward (``layer_ops`` at the mode's per-op cost, or at
+    ``op_s`` where the framework's own was measured: ``FrameworkProfile.host_op_s``)."""
+    return layer_ops(model, mode) * (op_s or (GRAPH_NODE_S if mode == "graphs" else HOST_OP_S))
 
 
-def layer_floor_s(gpu_fwd_s: float, model: ModelSpec, mode: str) -> float:
+def layer_floor_s(gpu_fwd_s: float, model: ModelSpec, mode: str, op_s: float = 0.0) -> float:
     """A dense layer's forward time (in the forward units its backward counts twice of): the
     longer of its GPU time and the host's issue time (module docstring). ``mode`` "" prices no
     floor (a CPU device's measured overhead, ``GpuSpec.layer_overhead_s``, stands instead)."""
     if not mode:
         return gpu_fwd_s
-    return max(gpu_fwd_s, issue_s(model, mode))
+    return max(gpu_fwd_s, issue_s(model, mode, op_s))

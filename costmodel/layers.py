@@ -219,7 +219,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
                moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "",
-               launch: str = "", autocast: str = "") -> LayerCost:
+               launch: str = "", autocast: str = "", host_op_s: float = 0.0) -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
@@ -429,7 +429,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     if not moe and launch and not gpu.layer_overhead_s:
         # the host's issue time floors a dense layer (costmodel.host; MoE layers are host-paced by
         # costmodel.moe's rule below, CPU devices by their measured overhead)
-        fwd_s = layer_floor_s(fwd_s, model, launch)
+        fwd_s = layer_floor_s(fwd_s, model, launch, host_op_s)
     fwd_s += gpu.layer_overhead_s / 3
     attn_bwd_extra_s *= straggler
     if moe:

@@ -148,7 +148,8 @@ class _Shared:
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
                             kernel_efficiency_on(self.framework, grp.gpu.name, self.measured), self.fp8, par.etp, etp_lay, ex,
-                            self.framework.elementwise, attention, self.framework.launch, autocast)
+                            self.framework.elementwise, attention, self.framework.launch, autocast,
+                            self.framework.host_op_s)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)

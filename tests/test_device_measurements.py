@@ -77,13 +77,14 @@ def test_builtin_price_against_the_measured_launch(launch, model, batch, mb):
     """`planner launch` on the H200 (bench/results/device-h200/launch-*.txt, fused AdamW) against the
     builtin target's price on the profiled cluster (a Megatron price was 2.04x optimistic against the
     runtime, launch-before.txt): within 10% at 8 sequences per micro-batch, GPT-3 1.3B's and the Llama
-    3.2 1B shape's (on which nothing was fitted); at one sequence the price is 15-30% short, the GPU's
-    idle time between kernels (about 8 ms per micro-batch, step-gpt3-1.3b.json: wall less busy) being
-    unpriced."""
+    3.2 1B shape's (on which nothing was fitted); at one sequence, where the host sets the pace (priced
+    per layer at the runtime's measured host cost per op, fitted on this configuration's own pass), the
+    price is 5-20% slow: the host's and the kernels' time overlap across layers, which a per-layer
+    floor does not see."""
     r = device_results.launch(launch, model, batch, mb)
     err = r.step_s / r.priced_step_s - 1
     print(f"{launch}: step {r.priced_step_s * 1e3:.1f} ms priced, {r.step_s * 1e3:.1f} measured ({err:+.1%})")
-    assert (abs(err) < 0.10) if mb > 1 else (0.15 < err < 0.3)
+    assert (abs(err) < 0.10) if mb > 1 else (-0.2 < err < -0.05)
 
 
 def test_builtin_ranks_the_micro_batches_as_measured():
@@ -122,6 +123,19 @@ def test_eager_fraction_fitted_on_gpt3_holds_on_llama():
     priced = (ops + loss) / EAGER_POINTWISE_FRACTION
     print(f"llama-3.1-8b: measured {measured * 1e3:.1f} ms per sequence, priced {priced * 1e3:.1f} ms")
     assert abs(priced / measured - 1) < 0.10
+
+
+def test_builtin_host_cost_is_the_measured_one():
+    """The builtin target's host time per op: GPT-3 1.3B's measured host time for one sequence's pass
+    over the ops ``costmodel.host.layer_ops`` counts for it; that pass was host-bound (host time above
+    the kernels' busy time, below the wall)."""
+    from costmodel.frameworks import FRAMEWORKS
+    from costmodel.host import layer_ops
+    model = get_model("gpt3-1.3b")
+    row = json.loads((H200 / "step-gpt3-1.3b-host.json").read_text())["runs"][0]["by_micro_batch"][0]
+    assert row["micro_batch"] == 1 and row["busy_s"] < row["host_issue_s"] < row["fwd_bwd_wall_s"]
+    per_op = row["host_issue_s"] / (3 * model.layers * layer_ops(model, "eager"))
+    assert FRAMEWORKS["builtin"].host_op_s == pytest.approx(per_op, rel=0.002)
 
 
 def test_launch_floor_is_the_measured_one():

@@ -89,8 +89,9 @@ def markdown() -> str:
         "| model | batch | micro-batch | measured step | priced | error | measured peak | priced peak |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
         f"Measured there and used by the model: the launch floor ({lf['eager_us_per_kernel']} us per eager kernel, "
-        f"{lf['graph_us_per_kernel']} us per CUDA-graph node), a BF16 GEMM whose width is odd (0.16 of the aligned "
-        "speed), the runtime's eager GEMMs at the profiled curve and its other kernels and saved tensors counted "
-        f"from its code. Measured beside the model: FP8 GEMMs {gemm} over BF16 (the model's Transformer Engine "
-        f"layer: x{te:.2f}), {cast} with unfused per-tensor casts. Not priced: the GPU's idle time between the "
-        "runtime's kernels (about 8 ms per micro-batch: the one-sequence row).\n")
+        f"{lf['graph_us_per_kernel']} us per CUDA-graph node); the runtime's own host time per op in its step "
+        "(27.2 us: autograd, autocast and module calls), which sets the pace at one sequence per micro-batch (the "
+        "price, a per-layer floor, is then 14% slow: host and kernels overlap across layers); a BF16 GEMM whose "
+        "width is odd (0.16 of the aligned speed); the runtime's eager GEMMs at the profiled curve; its other "
+        f"kernels and saved tensors counted from its code. Measured beside the model: FP8 GEMMs {gemm} over BF16 "
+        f"(the model's Transformer Engine layer: x{te:.2f}), {cast} with unfused per-tensor casts.\n")
