@@ -68,7 +68,8 @@ class _Shared:
         # autocast's per-micro-batch weight casts (layers.autocast_cast_bytes): a framework that keeps fp32
         # parameters, training in a 16-bit dtype
         self.autocast = framework.autocast_casts and self.a_bytes < 4
-        # the cluster's curves measured by `planner profile` (frameworks.kernel_efficiency_on)
+        # the cluster's curves measured by `planner profile` (frameworks.kernel_efficiency_on; the
+        # measurement that lifts the sm_90 factor ran dense layers only, so MoE layers keep it)
         self.measured = bool(cluster.matmul_table)
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                              framework.adam_moments_bf16)
@@ -147,7 +148,8 @@ class _Shared:
                 ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured), self.fp8, par.etp, etp_lay, ex,
+                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured and not moe), self.fp8,
+                            par.etp, etp_lay, ex,
                             self.framework.elementwise, attention, self.framework.launch, autocast,
                             self.framework.host_op_s)
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
