@@ -22,6 +22,12 @@
 # predicted; serving on the GPU; the quick profile against the datasheet) and a launch of a
 # planned 1B plan with its predicted-vs-measured table (eight files at most come back: the logs and
 # the profile's raw rows as logs.tgz). Copy the figures into the README.
+#
+# Session 31 ran it once (209 s; results in bench/results/device-h200, docs/notes/stop-31). What it did
+# not measure and a next lent GPU could: Transformer Engine's layers and FP8 recipes (TE is not in the
+# device image: carry its wheel), attention at head dim 256 and 32k tokens, the compiled runtime's
+# kernel count under FSDP2's mixed precision (the per-block compile measured here ran under autocast's
+# casts), and anything of more than one GPU.
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
