@@ -582,7 +582,7 @@ def autocast_eager_bytes(model: ModelSpec, tp: int, a_bytes: float, fp32_residua
     k = model.kv_heads * model.head_dim / tp
     f = model.ffn_hidden / tp
     swiglu = model.mlp == "swiglu"
-    b = 2 * 8 * h                                     # the two norms, in fp32
+    b = 2 * 8.0 * h                                   # the two norms, in fp32
     if r < 4:
         b += 2 * (r + 4) * h                          # their inputs cast to fp32
     b += (3 + (2 if swiglu else 1)) * (4 + a) * h     # the linears' input casts
@@ -611,7 +611,7 @@ def autocast_saved_bytes(model: ModelSpec, tp: int, a_bytes: float, sp: bool = F
     q = model.heads * model.head_dim / tp
     f = model.ffn_hidden / tp
     swiglu = model.mlp == "swiglu"
-    b = 2 * 4 * h                                     # the norms' fp32 inputs
+    b = 2 * 4.0 * h                                   # the norms' fp32 inputs
     b += (3 + (2 if swiglu else 1)) * a * h           # the linears' cast inputs
     b += 4 * a * q + 4 * model.heads / tp             # attention's Q, K, V, output and log-sum-exp
     b += a * q                                        # the output projection's input
