@@ -18,9 +18,10 @@ the same add replayed from a CUDA graph of 100 took 0.96 us per node -> ``GRAPH_
 replace the figures read before a GPU was lent (about 5-7 us per op, pytorch/pytorch#41383 and
 #82793, on 2020-22 hosts; 0.58 us per graph node, ocannl#488 on an RTX 5070 Ti): the measured
 ones are larger, and no published validation run changes with them (their layers' kernels are
-longer than the issue either way). Autograd adds to the eager figure (the runtime's own pass issued
-1,852 kernels in 57 ms of host time for GPT-3 1.3B at one sequence, about 30 us each, but that pass
-was GPU-bound: the host waited on a full queue, so the figure is a bound, not a cost). A framework
+longer than the issue either way). Autograd, autocast and module calls add to it: this project's
+runtime took 56.8 ms of host time for GPT-3 1.3B's pass at one sequence, whose kernels ran 52.7 ms
+(the host set the pace), 27.2 us per op ``layer_ops`` counts -- the builtin target's own figure
+(``FrameworkProfile.host_op_s``); other frameworks' in-step cost was not measured. A framework
 whose layers are fused library modules (Transformer Engine in Megatron-LM/NeMo, Apex/DeepSpeed's
 fused kernels) and ``torch.compile``'s generated code issue fewer, larger kernels at the same cost
 each (no separate figure for their per-call cost was measured).

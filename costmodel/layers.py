@@ -543,7 +543,8 @@ def _straggler(gpu: GpuSpec, cluster: ClusterSpec) -> float:
 # region), and its gradient read in the compute dtype and written in fp32 once in backward. Measured on an
 # H200 (bench/results/device-h200/step-*.json, the copy kernels of the profiled pass less their growth
 # with the micro-batch): about 30 ms per pass for Llama-3.1-8B and 7 for GPT-3 1.3B; this rule prices
-# 8.0e9 x 12 bytes and 1.3e9 x 12 bytes at the eager memory-bound fraction: 38 and 6 ms. Not priced: the
+# 8.0e9 x 12 bytes and 1.3e9 x 12 bytes at the framework's forward memory-bound fraction (0.75 for the
+# builtin target, stage_terms.StageModel.hbm_bytes_per_s): 30 and 5 ms. Not priced: the
 # fp32 accumulation into ``.grad`` on the micro-batches after the first (12 bytes more per parameter each).
 AUTOCAST_CAST_BYTES_FP32 = 4.0
 
