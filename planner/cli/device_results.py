@@ -95,3 +95,28 @@ def markdown() -> str:
         "width is odd (0.16 of the aligned speed); the runtime's eager GEMMs at the profiled curve; its other "
         f"kernels and saved tensors counted from its code. Measured beside the model: FP8 GEMMs {gemm} over BF16 "
         f"(the model's Transformer Engine layer: x{te:.2f}), {cast} with unfused per-tensor casts.\n")
+
+
+def attention_markdown() -> str:
+    """The fused-attention kernels' efficiency the model prices a catalog H200 with (their published
+    curves, ``costmodel.attention``) beside the H200's measured table (its profile), head dim 128."""
+    from costmodel.attention import efficiency
+    from costmodel.files.clusters import load_cluster
+    catalog = load_cluster("dgx-h200").groups[0].gpu
+    measured = load_cluster(str(H200 / "cluster.yaml")).groups[0].gpu
+    seqs = (1024, 4096, 16384)
+    rows = []
+    for kernel in ("fa2", "cudnn"):
+        for direction in ("fwd", "bwd"):
+            for causal in (True, False):
+                cells = [f"{efficiency(kernel, catalog, 128, s, causal, direction):.2f} / "
+                         f"{efficiency(kernel, measured, 128, s, causal, direction):.2f}" for s in seqs]
+                rows.append(f"| {kernel} | {direction} | {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
+    return ("Fused attention on an H200, head dim 128: the fraction of the BF16 peak the model prices a catalog "
+            "H200 with (the kernels' published curves) / what `planner profile` measured there (session 31, "
+            "bench/results/device-h200/cluster.yaml; a profiled cluster file prices with its own table). "
+            "The catalog keeps the published curves: the fitted constants were chosen with them, so a switch "
+            "would be a refit, not done; and the cuDNN measured is the one this PyTorch bundles, not "
+            "Transformer Engine's.\n\n"
+            "| kernel | direction | mask | " + " | ".join(f"sequence {s:,}" for s in seqs) + " |\n"
+            "|---|---|---|" + "---:|" * len(seqs) + "\n" + "\n".join(rows) + "\n")

@@ -340,6 +340,12 @@ def device_h200() -> str:
     return markdown()
 
 
+def device_h200_attention() -> str:
+    """Fused attention's priced curves beside the H200's measured table (``planner.cli.device_results``)."""
+    from planner.cli.device_results import attention_markdown
+    return attention_markdown()
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "commands-help": commands_help, "command-list": command_list, "catalog-clusters": catalog_clusters,
     "catalog-models": catalog_models, "cluster-keys": cluster_keys, "model-fields": model_fields,
@@ -348,6 +354,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "quickstart-figures": quickstart_figures, "docs-index": docs_index, "serving-flags": serving_flags,
     "failure-flags": failure_flags, "validation-cross": validation_cross,
     "validation-headline": validation_headline, "device-h200": device_h200,
+    "device-h200-attention": device_h200_attention,
 }
 
 
