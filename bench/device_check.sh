@@ -27,7 +27,9 @@
 # not measure and a next lent GPU could: Transformer Engine's layers and FP8 recipes (TE is not in the
 # device image: carry its wheel), attention at head dim 256 and 32k tokens, the compiled runtime's
 # kernel count under FSDP2's mixed precision (the per-block compile measured here ran under autocast's
-# casts), and anything of more than one GPU.
+# casts), anything of more than one GPU, and the profile's small GEMMs timed as CUDA-graph replays
+# (profiles.bench_matmul.time_graphed, added after the device time was spent: its 1,024-cube point was
+# 0.14 of peak, the host's launch rate, not the GPU's).
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."

@@ -163,3 +163,15 @@ def test_matmul_bench_bounds_each_call_on_a_cpu():
     assert ("fp32", 64) in done and ("bf16", 64) in done     # the smallest always runs
     # the bound: each dtype's shapes after the first cost at most MAX_CALL_S per call, a few calls each
     assert wall < 2 * len(shapes) * 6 * bm.MAX_CALL_S
+
+
+def test_graph_timing_falls_back_where_it_cannot_capture():
+    """Small GEMMs on a GPU are timed as CUDA-graph replays (profiles.bench_matmul.time_graphed: one by
+    one from Python they measure the host's launch rate); where no graph can be captured, as on this
+    CPU, it answers None and bench_matmul keeps the eager timing."""
+    import torch
+
+    from profiles import bench_matmul as bm
+    a = torch.randn(64, 64)
+    assert bm.time_graphed(lambda: a @ a, torch.device("cpu"), 0.01) is None
+    assert bm.GRAPH_BELOW_S > 9.65e-6       # above the H200's measured eager launch floor
