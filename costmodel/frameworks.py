@@ -127,7 +127,7 @@ class FrameworkProfile:
     # loses on sm_90+ is priced term by term instead of by the fitted PYTORCH_SM90_FACTOR: its kernels were
     # measured one by one against a profiled cluster's curves (the device check, bench/device_step.py) and
     # each loss that measurement found has its own term. On a catalog cluster, whose curves were fitted on
-    # Megatron's runs (faster than the profiled H200's at small GEMMs), the factor stays
+    # Megatron's runs and never held against this stack's kernels, the factor stays
     priced_by_term: bool = False
     # the output head's vocabulary padded to a multiple of this per TP rank (Megatron-LM's
     # --make-vocab-size-divisible-by, 128 by default); 1: the model's own width, unpadded (an odd
