@@ -34,3 +34,25 @@ def test_device_curves_measures_each_component_on_cpu(tmp_path, capsys):
     assert lo <= res["model"]["fp8_te_layer_gemm_speedup"] <= hi      # the shipped pair is admissible
     printed = capsys.readouterr().out
     assert "launch floor" in printed and "rmsnorm" in printed
+
+
+def test_device_step_runs_the_runtime_model_on_cpu(tmp_path):
+    """bench/device_step.py, the device check's step profile, on this CPU: the runtime's own model
+    (runtime.model) through forward, backward and AdamW at two micro-batch sizes, each timed, with
+    the profiler's table and (no GPU) no kernel times; its timeline written where asked."""
+    spec = importlib.util.spec_from_file_location("device_step", ROOT / "bench" / "device_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "step.json"
+    assert mod.main(["--model", "tiny-gpt", "--seq", "64", "--mbs", "1,2", "--reps", "2", "--json", str(out),
+                     "--trace", str(tmp_path / "tr")]) == 0
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["model"] == "tiny-gpt"
+    rows = res["runs"][0]["by_micro_batch"]
+    assert [r["micro_batch"] for r in rows] == [1, 2]
+    assert all(r["fwd_bwd_wall_s"] > 0 and r["optimizer_s"] > 0 and r["busy_s"] == 0 for r in rows)
+    assert all("aten::" in r["table"] for r in rows) and rows[0]["sync_points"] is None
+    assert (tmp_path / "tr.mb1.json").exists() and (tmp_path / "tr.mb2.json").exists()
+    assert mod.kind_of("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert mod.kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma") == "attention"
+    assert mod.kind_of("void at::native::vectorized_elementwise_kernel<8, bfloat16_copy>") == "other"
