@@ -267,6 +267,12 @@ COMPILE_KERNEL_FACTOR = 1.24
 PYTORCH_SM90_FACTOR = 0.71
 
 
+def curves_measured(cluster) -> bool:
+    """Whether a cluster's GEMM curve was measured by `planner profile` (its ``matmul_table``), the
+    condition under which a stack priced term by term drops the sm_90 factor (``kernel_efficiency_on``)."""
+    return bool(cluster.matmul_table)
+
+
 def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str, measured: bool = False) -> float:
     """The framework's kernel efficiency on a GPU (by catalog or device name): its
     ``kernel_efficiency``, times ``PYTORCH_SM90_FACTOR`` for a PyTorch-native stack on sm_90+, unless

@@ -388,7 +388,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         scores = heads_local * 4                                   # softmax log-sum-exp, fp32
     rep = replicated / t if sp else replicated
     act_per_token = rep + sharded + scores
-    if autocast and not moe and a_bytes < 4:
+    # a dense layer of this project's runtime under autocast: its saved tensors and eager ops are
+    # counted from its code (autocast_saved_bytes, autocast_eager_bytes)
+    runtime_eager = bool(autocast) and not moe and a_bytes < 4
+    if runtime_eager:
         # what the runtime's eager ops under autocast save, counted from its code (autocast_saved_bytes)
         act_per_token = autocast_saved_bytes(model, t, a_bytes, sp)
     act_bytes = T * act_per_token
@@ -401,25 +404,26 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # Megatron's selective recompute: drop the s x s terms, recompute the attention core
         act_sel = T * (rep + sharded + heads_local * 4)
     # the layer's input, in the residual stream's dtype (fp32 under the runtime's autocast at dp 1)
-    act_input = T * h * (4.0 if autocast == "fp32" and a_bytes < 4 else a_bytes) / (t if sp else 1)
+    act_input = T * h * (4.0 if runtime_eager and autocast == "fp32" else a_bytes) / (t if sp else 1)
     if flash:
         act_core, core_s, core_flops = core_attn_recompute(act_bytes, T * scores, attn_s, attn_hw_flops)
     else:   # unfused attention: Megatron's selective recompute is the rule above
         act_core = act_sel
 
     # ---- elementwise (memory-bound) time ----------------------------------------------
-    ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
-    if not flash:
-        # the s x s scores are not "written once, read once" per stored byte: their kernels' own
-        # traffic, in forward units (``score_traffic_bytes``), replaces that rule's share for them
-        ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
-                         - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
-    ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
-    if autocast and not moe and a_bytes < 4:
+    if runtime_eager:
         # the runtime's own eager ops, counted from its code, at the measured eager pointwise fraction
-        # (autocast_eager_bytes); they replace the rule above
+        # (autocast_eager_bytes), in place of the rule below
         ew_s = (memory_time_s(gpu, T * autocast_eager_bytes(model, t, a_bytes, autocast == "fp32"))
                 / EAGER_POINTWISE_FRACTION + quant_s)
+    else:
+        ew_bytes = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * act_bytes
+        if not flash:
+            # the s x s scores are not "written once, read once" per stored byte: their kernels' own
+            # traffic, in forward units (``score_traffic_bytes``), replaces that rule's share for them
+            ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
+                             - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
+        ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured

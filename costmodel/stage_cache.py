@@ -19,7 +19,8 @@ from operator import itemgetter
 
 from .comm import GroupLayout, Network, axis_stride, group_layout, layout_for
 from . import fp8 as fp8_recipes
-from .frameworks import FrameworkProfile, attention_impl, framework_profile, kernel_efficiency_on, tp_overlap_mode
+from .frameworks import (FrameworkProfile, attention_impl, curves_measured, framework_profile, kernel_efficiency_on,
+                         tp_overlap_mode)
 from .scale import step_reductions_s
 from .layers import (EndsCost, LayerCost, ends_cost, ends_params, layer_cost, layer_matrices, layer_params,
                      model_flops_per_token)
@@ -70,7 +71,7 @@ class _Shared:
         self.autocast = framework.autocast_casts and self.a_bytes < 4
         # the cluster's curves measured by `planner profile` (frameworks.kernel_efficiency_on; the
         # measurement that lifts the sm_90 factor ran dense layers only, so MoE layers keep it)
-        self.measured = bool(cluster.matmul_table)
+        self.measured = curves_measured(cluster)
         self.opt_traffic = optimizer_traffic_bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                              framework.adam_moments_bf16)
         self.total_params = model.total_params()
@@ -129,15 +130,23 @@ class _Shared:
             hit = self.numels[key] = megatron_layer_numels(self.model, tp, ep, etp)
         return hit
 
+    def autocast_mode(self, par: ParallelConfig) -> str:
+        """How a framework that keeps fp32 parameters under autocast runs this layout (``self.autocast``):
+        "fp32" where the runtime wraps no data parallelism (``runtime.parallel.apply_dp`` returns at
+        dp 1, context parallelism or not), so autocast casts every weight each micro-batch
+        (``stage_terms.layers_part``) and the residual stream stays fp32; "16-bit" under FSDP2's
+        mixed-precision policy; "" for any other framework or dtype."""
+        if not self.autocast:
+            return ""
+        return "fp32" if par.dp == 1 else "16-bit"
+
     def layer(self, moe: bool, par: ParallelConfig, grp, tp_lay, ep_lay, cp_lay,
               etp_lay: GroupLayout | None = None) -> tuple[LayerCost, LayerTerms]:
         """One layer's cost, and the per-layer terms ``StageModel.cost`` multiplies by layer counts."""
         attention = self.attention
         if attention is None:       # Accelerate: its engine's model code
             attention = attention_impl(self.framework, par, self.model.family)
-        # the runtime's eager ops under autocast: an fp32 residual stream where it wraps no data
-        # parallelism (fp32 parameters: stage_terms.layers_part), else FSDP2's 16-bit one
-        autocast = ("fp32" if par.dp == 1 else "16-bit") if self.autocast else ""
+        autocast = self.autocast_mode(par)
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
                etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast)
         hit = self.layers.get(key)

@@ -677,10 +677,10 @@ class StageModel:
         comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
             mesh.dense_terms, n_dense, r - r_moe, mesh.moe_terms, n_moe, r_moe, self.selective)
         mtp = sh.model.mtp_layers if self.last else 0
-        if sh.autocast and mesh.data_parallel == 1:
+        if sh.autocast_mode(self.par) == "fp32":
             # autocast's casts of the stage's fp32 weights, every micro-batch (layers.autocast_cast_bytes):
-            # the runtime wraps no data parallelism at dp 1 (runtime.parallel.apply_dp), so no FSDP2
-            # mixed-precision policy casts them once; the embedding is not autocast, the (tied) head is
+            # no FSDP2 mixed-precision policy casts them once (_Shared.autocast_mode); the embedding is not
+            # autocast, the (tied) head is
             params = (n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
                       + (sh.model.vocab * sh.model.hidden / self.par.tp if self.last else 0.0))
             comp += autocast_cast_bytes(params, sh.a_bytes) / self.hbm_bytes_per_s

@@ -26,7 +26,8 @@ import dataclasses
 import math
 from typing import Sequence
 
-from costmodel.frameworks import attention_impl, backend_profile, framework_profile, kernel_efficiency_on
+from costmodel.frameworks import (attention_impl, backend_profile, curves_measured, framework_profile,
+                                  kernel_efficiency_on)
 from planner.plan.planfile import Plan
 from emitters.base import one_line, sh
 
@@ -117,7 +118,7 @@ def priced_assumptions(plan: Plan, target: str, engine_facts: Sequence[str] = ()
     and facts of the engine the file starts. The first line is ``key=value`` words after
     ``PRICED_TAG`` (tests/test_priced_is_written.py reads it back)."""
     fw = backend_profile(framework_profile(target), plan.parallel)   # Accelerate: the engine it hands the run to
-    out = [f"{PRICED_TAG} kernel_efficiency={kernel_efficiency_on(fw, plan.cluster.gpu.name, bool(plan.cluster.matmul_table))!r} "
+    out = [f"{PRICED_TAG} kernel_efficiency={kernel_efficiency_on(fw, plan.cluster.gpu.name, curves_measured(plan.cluster))!r} "
            f"memory_headroom_fraction={fw.memory_headroom_fraction!r} attention_kernel={plan.workload.attention_kernel} "
            f"elementwise={fw.elementwise} attention_impl={attention_impl(fw, plan.parallel, plan.model.family) or '-'} "
            f"launch={fw.launch} dp_bucket={fw.dp_bucket}",

@@ -156,3 +156,30 @@ def test_builtin_peak_memory_against_the_measured_launch(launch, model, batch, m
     ratio = r.priced_peak_gib / r.peak_gib
     print(f"{launch}: peak {r.priced_peak_gib:.2f} GiB priced, {r.peak_gib:.2f} measured ({ratio - 1:+.1%})")
     assert 0.95 < ratio < 1.12
+
+
+def test_autocast_casts_follow_the_runtimes_data_parallel_wrap():
+    """The runtime wraps FSDP2's mixed precision only at dp > 1 (runtime.parallel.apply_dp), context
+    parallelism or not: at dp 1 with cp 2 every weight is cast each micro-batch (layers.autocast_cast_bytes
+    priced on the step); at dp 2 they are not, and the residual stream is 16-bit."""
+    import dataclasses
+
+    from costmodel.frameworks import FRAMEWORKS
+    from costmodel.layers import autocast_cast_bytes
+    from costmodel.specs import ParallelConfig, Workload, default_stages
+    from costmodel.training import _shared, estimate
+    model = get_model("gpt3-1.3b")
+    cluster = load_cluster(str(H200 / "cluster.yaml")).with_gpus(2)
+    wl = Workload(global_batch=8, seq_len=2048, dtype="bf16")
+    builtin = FRAMEWORKS["builtin"]
+    sh = _shared(model, cluster, wl, builtin)
+    assert sh.autocast_mode(ParallelConfig(cp=2, micro_batch=1, grad_accum=8)) == "fp32"
+    assert sh.autocast_mode(ParallelConfig(dp=2, micro_batch=1, grad_accum=4)) == "16-bit"
+    par = ParallelConfig(cp=2, micro_batch=1, grad_accum=8)
+
+    def compute(fw) -> float:
+        return estimate(model, cluster, wl, par, stages=default_stages(model.layers, 1), framework=fw).time["compute_s"]
+    without = dataclasses.replace(builtin, autocast_casts=False)
+    casts = 8 * autocast_cast_bytes(model.total_params() - model.embedding_params() + model.vocab * model.hidden, 2)
+    # the casts at least at full bandwidth, and the eager ops' own rule on top of the generic one
+    assert compute(builtin) - compute(without) > casts / cluster.groups[0].gpu.hbm_bandwidth_bytes_per_s

@@ -59,7 +59,9 @@ def estimate_as_run(plan, dtype: str) -> dict[str, Any] | None:
     that precision."""
     from costmodel.specs import SpecError
     from planner.cli.explain import plan_estimate
-    runs = dataclasses.replace(plan, target=RUNTIME_TARGET, framework={},
+    # another framework's switches (compile, async TP, ...) are not the runtime's: its defaults then
+    own = plan.target == RUNTIME_TARGET
+    runs = dataclasses.replace(plan, target=RUNTIME_TARGET, framework=plan.framework if own else {},
                                workload=dataclasses.replace(plan.workload, dtype=dtype))
     try:
         return plan_estimate(runs).to_dict()
