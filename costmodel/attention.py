@@ -35,10 +35,20 @@ Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
   causal and not, non-deterministic backward): forward 1.20-1.34 (median 1.28), backward 1.05-1.18
   (1.08). Blackwell Ultra doubles the special-function units' exponential throughput (the softmax's
   share of a forward pass); the BF16 and FP8 GEMM peaks are the same as Blackwell's.
-* FlashAttention-2, forward + backward, A100 and H100: Dao-AILab/flash-attention README,
-  ``assets/flash2_a100_fwd_bwd_benchmark.png`` and ``flash2_h100_fwd_bwd_benchmark.png`` [1-2%];
-  head dim 256 is not in them (clamped to 128). On Hopper FA2 reaches about 0.34 of peak: it
-  uses none of Hopper's asynchronous tensor-core instructions.
+* FlashAttention-2 on A100, forward + backward: Dao-AILab/flash-attention README,
+  ``assets/flash2_a100_fwd_bwd_benchmark.png`` [1-2%]; head dim 256 is not in it (clamped to 128).
+* FlashAttention-2 on Hopper, forward and backward apart: measured on an H200 by this project's
+  device check (session 31: PyTorch 2.11's SDPA flash backend, the FA2 code PyTorch vendors;
+  ``bench/results/device-h200/cluster.yaml``, head dims 64 and 128, sequences 512-16k, batch x
+  sequence 16k tokens and 16 heads of 128, as the published benchmarks) [1-5%]; head dim 256
+  clamped to 128. It replaced (session 32) the README's H100 forward + backward plot
+  (``flash2_h100_fwd_bwd_benchmark.png``: 0.35 of peak at most, one figure for both directions),
+  because the measurement splits the directions, which the published plot does not: the forward
+  reaches 0.35-0.36 at head dim 128, as published, and the backward 0.31-0.32, below it (the
+  plot's single figure made the backward 5-29% faster than measured, most at short sequences).
+  H100 and H200 are the same GH100 chip (132 SMs, the same clocks): the H200's larger HBM
+  changes little for a kernel this compute-bound. FA2 uses none of Hopper's asynchronous
+  tensor-core instructions, hence about a third of peak.
 * FlexAttention: 90% of FA2 forward and 85% backward (PyTorch FlexAttention blog, Aug 2024, A100
   causal): priced as FA2 times 3.5 / (1/0.9 + 2.5/0.85) = 0.864 on every architecture.
 
@@ -129,7 +139,7 @@ if TYPE_CHECKING:
 
 # (kernel, architecture) -> direction -> mask -> (eta_max at head dim 64, 128, 256; s0 in tokens,
 # one for all head dims or one per head dim).
-# direction "fb": forward + backward together (FlashAttention-2's published tables).
+# direction "fb": forward + backward together (FlashAttention-2's published A100 table).
 _CURVES: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {
     ("fa3", "hopper"): {
         "fwd": {"none": ((0.516, 0.674, 0.794), (280.0, 200.0, 300.0)),
@@ -152,8 +162,10 @@ _CURVES: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {
     ("fa2", "ampere"): {
         "fb": {"none": ((0.570, 0.659, 0.659), 190.0), "causal": ((0.562, 0.619, 0.619), 490.0)},
     },
+    # measured on an H200 (module docstring); head dim 256 clamped to 128 as FA2's published tables were
     ("fa2", "hopper"): {
-        "fb": {"none": ((0.304, 0.348, 0.348), 195.0), "causal": ((0.296, 0.337, 0.337), 540.0)},
+        "fwd": {"none": ((0.313, 0.364, 0.364), 80.0), "causal": ((0.314, 0.349, 0.349), 470.0)},
+        "bwd": {"none": ((0.296, 0.315, 0.315), 380.0), "causal": ((0.290, 0.320, 0.320), 910.0)},
     },
 }
 # Blackwell FA2: no published table; Hopper's fractions (FA2 uses no Hopper/Blackwell features)

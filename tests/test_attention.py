@@ -189,7 +189,7 @@ def test_measured_points_replace_the_published_curve_where_measured():
 
 
 def test_measured_fa2_prices_each_direction_and_flex_keeps_its_ratio():
-    """FA2's published curve is forward + backward together; a measured FA2 prices the two apart
+    """FA2's published A100 curve is forward + backward together; a measured FA2 prices the two apart
     (block_s), and FlexAttention stays FA2 times the blog's ratio."""
     from costmodel.attention import FLEX_OF_FA2
     rows = [("fa2", "fwd", "causal", 128, 4096, 0.40), ("fa2", "bwd", "causal", 128, 4096, 0.25)]
@@ -198,9 +198,13 @@ def test_measured_fa2_prices_each_direction_and_flex_keeps_its_ratio():
     assert f == pytest.approx(1e12 / (1e15 * 0.40)) and b == pytest.approx(2.5e12 / (1e15 * 0.25))
     fx, bx = block_s("flex", g, 1e15, 1e12, 128, 4096, True)
     assert fx == pytest.approx(f / FLEX_OF_FA2) and bx == pytest.approx(b / FLEX_OF_FA2)
-    # only the forward measured: the published forward + backward figure both ways, as before
+    # only the forward measured: on A100 the published forward + backward figure both ways, as before;
+    # on Hopper, whose catalog curves are per direction, the measured forward and the catalog backward
+    a1 = _measured(A100, rows[:1])
+    assert block_s("fa2", a1, 1e15, 1e12, 128, 4096, True) == block_s("fa2", A100, 1e15, 1e12, 128, 4096, True)
     g1 = _measured(H100, rows[:1])
-    assert block_s("fa2", g1, 1e15, 1e12, 128, 4096, True) == block_s("fa2", H100, 1e15, 1e12, 128, 4096, True)
+    f1, b1 = block_s("fa2", g1, 1e15, 1e12, 128, 4096, True)
+    assert f1 == pytest.approx(1e12 / (1e15 * 0.40)) and b1 == block_s("fa2", H100, 1e15, 1e12, 128, 4096, True)[1]
 
 
 def test_measured_table_reaches_the_layer_and_round_trips_a_cluster_file(tmp_path):
@@ -313,3 +317,22 @@ def test_the_layer_prices_its_attention_grid():
     assert grid_factor(g, 8, 128, 2048) < 1 and grid_factor(g, 8, 128, 1024) < 1
     assert tp4[0] > plain[0] and tp4[1] > plain[1]
     assert tp4[0] <= plain[0] / grid_factor(g, 8, 128, 1024) + 1e-15
+
+
+def test_fa2_hopper_curve_is_the_h200_measurement():
+    """FlashAttention-2's Hopper curves were fitted to the H200's measured table (the project's device
+    check, bench/results/device-h200/cluster.yaml): every measured point, each direction and mask, head
+    dims 64 and 128, within 6% of the curve the catalog prices an H100 and an H200 with; and the
+    backward is slower than the forward, which the published plot's one figure for both hid."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    measured = load_cluster(str(root / "bench/results/device-h200/cluster.yaml")).groups[0].gpu
+    catalog = load_cluster("dgx-h200").groups[0].gpu
+    points = [r for r in measured.attention_table if r[0] == "fa2"]
+    assert len(points) == 48
+    for _, direction, mask, hd, seq, eff in points:
+        for gpu in (catalog, H100):
+            got = efficiency("fa2", gpu, hd, seq, mask == "causal", direction)
+            assert abs(got / eff - 1) < 0.06, (direction, mask, hd, seq, got, eff)
+    for s in (1024, 4096, 16384):
+        assert efficiency("fa2", H100, 128, s, True, "bwd") < efficiency("fa2", H100, 128, s, True, "fwd")

@@ -114,10 +114,12 @@ def attention_markdown() -> str:
                          f"{efficiency(kernel, measured, 128, s, causal, direction):.2f}" for s in seqs]
                 rows.append(f"| {kernel} | {direction} | {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
     return ("Fused attention on an H200, head dim 128: the fraction of the BF16 peak the model prices a catalog "
-            "H200 with (the kernels' published curves) / what `planner profile` measured there (session 31, "
-            "bench/results/device-h200/cluster.yaml; a profiled cluster file prices with its own table). "
-            "The catalog keeps the published curves: the fitted constants were chosen with them, so a switch "
-            "would be a refit, not done; and the cuDNN measured is the one this PyTorch bundles, not "
-            "Transformer Engine's.\n\n"
+            "H200 with / what `planner profile` measured there (session 31, bench/results/device-h200/cluster.yaml; "
+            "a profiled cluster file prices with its own table). FlashAttention-2's Hopper curves are these "
+            "measurements, fitted (`costmodel.attention`; since session 32, in place of the README plot's one "
+            "figure for both directions, which made the backward 5-29% faster than measured). cuDNN keeps its "
+            "published curves: the cuDNN measured here is the one this PyTorch bundles, newer than the "
+            "Transformer Engine builds the published Megatron runs used, and pricing those runs with it made "
+            "them 1-5 points more optimistic (`planner validate --cross`, session 32's note).\n\n"
             "| kernel | direction | mask | " + " | ".join(f"sequence {s:,}" for s in seqs) + " |\n"
             "|---|---|---|" + "---:|" * len(seqs) + "\n" + "\n".join(rows) + "\n")
