@@ -98,7 +98,7 @@ def test_long_context_is_not_flagged_for_its_attention_count(capsys):
 
 @pytest.mark.parametrize("cluster", ["dgx-a100-80gb", "dgx-h100"])
 def test_estimate_json_carries_band_and_flag(capsys, cluster):
-    """A100: 59.5% by the causal count, under its 61.0%; H100: 50.1%, above Hopper's 47.1% (flagged)."""
+    """A100: 59.5% by the causal count, under its 65.4%; H100: 50.1%, above Hopper's 47.1% (flagged)."""
     from planner.cli import main
     args = ["estimate", "--model", "llama-3-8b", "--cluster", cluster, "--gpus", "64", "--global-batch", "64",
             "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]

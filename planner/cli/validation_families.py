@@ -27,6 +27,7 @@ HELD_OUT: tuple[tuple[str, str], ...] = (
 # (family, pattern), first match wins: the families --cross leaves out one at a time
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("mlperf", r"mlcommons|mlperf"),                # MLPerf Training submissions (before the NeMo/Megatron patterns)
+    ("aleph-alpha", r"aleph-alpha|2311\.05610"),  # Hagemann et al.'s layout sweep (before megatron-lm)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
