@@ -336,3 +336,24 @@ def test_fa2_hopper_curve_is_the_h200_measurement():
             assert abs(got / eff - 1) < 0.06, (direction, mask, hd, seq, got, eff)
     for s in (1024, 4096, 16384):
         assert efficiency("fa2", H100, 128, s, True, "bwd") < efficiency("fa2", H100, 128, s, True, "fwd")
+
+
+def test_fa2_hopper_constants_are_the_fit_of_the_h200_table():
+    """The catalog's FlashAttention-2 Hopper numbers are what bench/fit_attention_curves.py derives from
+    the H200's table (eta_max at head dims 64 and 128 to the printed 3 decimals, s0 exactly; head dim
+    256 clamped to 128's value), so the curve can be re-derived from the measurement."""
+    import importlib.util
+    from pathlib import Path
+    from costmodel.attention import _CURVES
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fit_attention_curves", root / "bench/fit_attention_curves.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    measured = load_cluster(str(root / "bench/results/device-h200/cluster.yaml")).groups[0].gpu
+    fitted = mod.fit_table(measured.attention_table, "fa2")
+    table = _CURVES[("fa2", "hopper")]
+    assert set(fitted) == {(d, m) for d in table for m in table[d]}
+    for (direction, mask), (worst, s0, etas) in fitted.items():
+        points, s0_cat = table[direction][mask]
+        assert s0_cat == s0 and worst < 0.06
+        assert points == (round(etas[64], 3), round(etas[128], 3), round(etas[128], 3))

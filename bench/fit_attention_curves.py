@@ -1,0 +1,71 @@
+"""Fit ``costmodel.attention``'s curve ``eta(s) = eta_max * s / (s + s0)`` to a measured attention table.
+
+A profiled cluster file (``planner profile``: ``gpu.attention_table``, rows of kernel, direction, mask,
+head dim, sequence, fraction of peak) is fitted per kernel, direction and mask: one ``s0`` shared by
+the head dims (scanned from 20 to 3,000 tokens in steps of 10) and, per head dim, the ``eta_max`` of
+least squared relative error at that ``s0``; the ``s0`` kept is the one whose largest relative error
+over the points is smallest. This is how session 32 derived the catalog's FlashAttention-2 Hopper
+curves from the H200's table (``bench/results/device-h200/cluster.yaml``);
+``tests/test_attention.py`` runs it and checks the catalog's numbers are its output.
+
+    python bench/fit_attention_curves.py [cluster.yaml] [--kernel fa2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+S0_GRID = range(20, 3000, 10)
+
+
+def fit(points: dict[int, list[tuple[float, float]]]) -> tuple[float, int, dict[int, float]]:
+    """(largest relative error, s0, {head dim: eta_max}) for ``points``: head dim -> [(seq, eta)]."""
+    best: tuple[float, int, dict[int, float]] | None = None
+    for s0 in S0_GRID:
+        etas, worst = {}, 0.0
+        for hd, pts in points.items():
+            xs = [(s / (s + s0), e) for s, e in pts]
+            # least squared relative error: minimize sum((a x / e - 1)^2)
+            a = sum(x / e for x, e in xs) / sum((x / e) ** 2 for x, e in xs)
+            etas[hd] = a
+            worst = max(worst, max(abs(a * x / e - 1) for x, e in xs))
+        if best is None or worst < best[0]:
+            best = (worst, s0, etas)
+    assert best is not None
+    return best
+
+
+def fit_table(rows, kernel: str) -> dict[tuple[str, str], tuple[float, int, dict[int, float]]]:
+    """Every (direction, mask) of ``kernel`` in an attention table."""
+    out = {}
+    for direction in ("fwd", "bwd"):
+        for mask in ("none", "causal"):
+            pts: dict[int, list[tuple[float, float]]] = {}
+            for k, d, m, hd, seq, eff in rows:
+                if (k, d, m) == (kernel, direction, mask):
+                    pts.setdefault(int(hd), []).append((float(seq), float(eff)))
+            if pts:
+                out[(direction, mask)] = fit(pts)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from costmodel.files.clusters import load_cluster
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cluster", nargs="?", default=str(ROOT / "bench/results/device-h200/cluster.yaml"))
+    ap.add_argument("--kernel", default="fa2", help="fa2 or cudnn (default fa2)")
+    args = ap.parse_args(argv)
+    gpu = load_cluster(args.cluster).groups[0].gpu
+    for (direction, mask), (worst, s0, etas) in fit_table(gpu.attention_table, args.kernel).items():
+        per_dim = ", ".join(f"head dim {hd}: {eta:.3f}" for hd, eta in sorted(etas.items()))
+        print(f"{args.kernel} {direction} {mask:6s} s0 {s0:5d}  eta_max {per_dim}  largest error {100 * worst:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
