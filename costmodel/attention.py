@@ -41,9 +41,10 @@ Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
   device check (session 31: PyTorch 2.11's SDPA flash backend, the FA2 code PyTorch vendors;
   ``bench/results/device-h200/cluster.yaml``, head dims 64 and 128, sequences 512-16k, batch x
   sequence 16k tokens and 16 heads of 128, as the published benchmarks) [1-5%], fitted by
-  ``bench/fit_attention_curves.py``; head dim 256 clamped to 128. It replaced (session 32) the README's H100 forward + backward plot
-  (``flash2_h100_fwd_bwd_benchmark.png``: 0.35 of peak at most, one figure for both directions),
-  because the measurement splits the directions, which the published plot does not: the forward
+  ``bench/fit_attention_curves.py``; head dim 256 clamped to 128. It replaced (session 32) the
+  README's H100 forward + backward plot (``flash2_h100_fwd_bwd_benchmark.png``: 0.35 of peak at
+  most, one figure for both directions), because the measurement splits the directions, which the
+  published plot does not: the forward
   reaches 0.35-0.36 at head dim 128, as published, and the backward 0.31-0.32, below it (the
   plot's single figure made the backward 5-29% faster than measured, most at short sequences).
   H100 and H200 are the same GH100 chip (132 SMs, the same clocks): the H200's larger HBM
