@@ -10,6 +10,7 @@ cannot quietly grow slow: an unmarked test that starts a process is an error, no
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SLOW_MARKERS = ("subprocess", "multiproc", "netns", "solver", "gpu")
+
+
+@pytest.fixture
+def bench_module():
+    """Load a script of ``bench/`` (not a package) by name: ``bench_module("device_curves")``."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load
 
 
 def pytest_addoption(parser):

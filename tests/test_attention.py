@@ -319,16 +319,19 @@ def test_the_layer_prices_its_attention_grid():
     assert tp4[0] <= plain[0] / grid_factor(g, 8, 128, 1024) + 1e-15
 
 
+def _h200_measured():
+    """The GPU of the H200's measured profile (the device check's cluster file)."""
+    from planner.cli.device_results import H200
+    return load_cluster(str(H200 / "cluster.yaml")).groups[0].gpu
+
+
 def test_fa2_hopper_curve_is_the_h200_measurement():
     """FlashAttention-2's Hopper curves were fitted to the H200's measured table (the project's device
     check, bench/results/device-h200/cluster.yaml): every measured point, each direction and mask, head
     dims 64 and 128, within 6% of the curve the catalog prices an H100 and an H200 with; and the
     backward is slower than the forward, which the published plot's one figure for both hid."""
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    measured = load_cluster(str(root / "bench/results/device-h200/cluster.yaml")).groups[0].gpu
     catalog = load_cluster("dgx-h200").groups[0].gpu
-    points = [r for r in measured.attention_table if r[0] == "fa2"]
+    points = [r for r in _h200_measured().attention_table if r[0] == "fa2"]
     assert len(points) == 48
     for _, direction, mask, hd, seq, eff in points:
         for gpu in (catalog, H100):
@@ -338,19 +341,12 @@ def test_fa2_hopper_curve_is_the_h200_measurement():
         assert efficiency("fa2", H100, 128, s, True, "bwd") < efficiency("fa2", H100, 128, s, True, "fwd")
 
 
-def test_fa2_hopper_constants_are_the_fit_of_the_h200_table():
+def test_fa2_hopper_constants_are_the_fit_of_the_h200_table(bench_module):
     """The catalog's FlashAttention-2 Hopper numbers are what bench/fit_attention_curves.py derives from
     the H200's table (eta_max at head dims 64 and 128 to the printed 3 decimals, s0 exactly; head dim
     256 clamped to 128's value), so the curve can be re-derived from the measurement."""
-    import importlib.util
-    from pathlib import Path
     from costmodel.attention import _CURVES
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fit_attention_curves", root / "bench/fit_attention_curves.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    measured = load_cluster(str(root / "bench/results/device-h200/cluster.yaml")).groups[0].gpu
-    fitted = mod.fit_table(measured.attention_table, "fa2")
+    fitted = bench_module("fit_attention_curves").fit_table(_h200_measured().attention_table, "fa2")
     table = _CURVES[("fa2", "hopper")]
     assert set(fitted) == {(d, m) for d in table for m in table[d]}
     for (direction, mask), (worst, s0, etas) in fitted.items():

@@ -3,17 +3,11 @@ sizes (no FP8, no CUDA graphs, no compile here): every row measured and shaped a
 the model's figures printed beside them are the cost model's own."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_device_curves_measures_each_component_on_cpu(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("device_curves", ROOT / "bench" / "device_curves.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_device_curves_measures_each_component_on_cpu(tmp_path, capsys, bench_module):
+    mod = bench_module("device_curves")
     out = tmp_path / "curves.json"
     assert mod.main(["--quick", "--no-compile", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -36,13 +30,11 @@ def test_device_curves_measures_each_component_on_cpu(tmp_path, capsys):
     assert "launch floor" in printed and "rmsnorm" in printed
 
 
-def test_device_step_runs_the_runtime_model_on_cpu(tmp_path):
+def test_device_step_runs_the_runtime_model_on_cpu(tmp_path, bench_module):
     """bench/device_step.py, the device check's step profile, on this CPU: the runtime's own model
     (runtime.model) through forward, backward and AdamW at two micro-batch sizes, each timed, with
     the profiler's table and (no GPU) no kernel times; its timeline written where asked."""
-    spec = importlib.util.spec_from_file_location("device_step", ROOT / "bench" / "device_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_module("device_step")
     out = tmp_path / "step.json"
     assert mod.main(["--model", "tiny-gpt", "--seq", "64", "--mbs", "1,2", "--reps", "2", "--json", str(out),
                      "--trace", str(tmp_path / "tr")]) == 0
