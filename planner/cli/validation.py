@@ -25,7 +25,9 @@ source, never per case:
   ``calibration/published_runs_fp8.yaml``) are predicted with the framework's default FP8
   recipe (``costmodel.fp8.default_recipe``: Transformer Engine delayed scaling for NeMo on H100,
   torchao tensorwise for torchtitan) unless the case names one (``fp8_recipe``, or "rowwise" in
-  its name); they form the FP8 section.
+  its name); they form the FP8 section. A run whose files gather the weights in FP8 (Megatron-core's
+  ``fp8_param_gather``, NeMo's ``fp8_params``) says so (``fp8_param_gather: true``, with the line
+  that sets it in its ``assumed``): its data-parallel all-gather moves one byte per weight.
 * NeMo 24.07 (assumed, as NeMo's recipes of that release set them): sequence parallelism with
   tp > 1, Transformer Engine fused attention, no recomputation, the distributed optimizer;
   ``virtual_stages`` is the interleaved schedule's vpp. Nemotron's squared-ReLU MLP has the
@@ -155,7 +157,7 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         recipe = case.get("fp8_recipe") or ("rowwise" if "rowwise" in case["name"] else "")
     wl = Workload(global_batch=case["global_batch"], seq_len=md["seq_len"], dtype=dtype,
                   attention_kernel=case.get("attention_kernel") or ("materialized" if materialized else "flash"),
-                  fp8_recipe=recipe)
+                  fp8_recipe=recipe, fp8_param_gather=bool(case.get("fp8_param_gather")))
     prof = FRAMEWORKS.get(fw, FRAMEWORKS["generic"])
     if materialized:
         # Megatron-LM of 2021-22 had no TP communication overlap (Transformer Engine's came in 2023)
