@@ -298,8 +298,11 @@ def _err(case: CrossCase, pred: float) -> float:
 def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
     fit = [c for c in cases if c.fitted_on]
     if group.startswith("gpu."):
+        # the rows priced at a kernel efficiency of 1.0 that nothing else fitted multiplies (fitted.GPU_CURVE_ROWS)
         gen = group.split(".")[1]
-        return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.framework == "megatron" and c.dtype != "fp8"]
+        return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.dtype != "fp8"
+                and (c.framework == "megatron" or (c.framework == "generic" and not (
+                    c.inputs[4].pytorch_native and has_cuda_multicast(c.inputs[1].groups[0].gpu.name))))]
     if group.startswith("framework."):
         fw = group.split(".")[1]
         return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
