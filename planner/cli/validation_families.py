@@ -28,6 +28,7 @@ HELD_OUT: tuple[tuple[str, str], ...] = (
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("mlperf", r"mlcommons|mlperf"),                # MLPerf Training submissions (before the NeMo/Megatron patterns)
     ("aleph-alpha", r"aleph-alpha|2311\.05610"),  # Hagemann et al.'s layout sweep (before megatron-lm)
+    ("zero-bubble", r"2401\.10241|zero[- ]bubble"),  # Qi et al.'s Megatron 1F1B baselines (before megatron-lm)
     ("opt", r"2205\.01068|metaseq"),               # Meta's OPT-175B (before megatron-lm, whose layers it ran)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
