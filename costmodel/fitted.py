@@ -12,7 +12,9 @@ Recipe families (``planner.cli.validation_families.FAMILIES``): megatron-papers 
 Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE README), nemo-24
 (NeMo 24.07 performance summary), torchtitan (docs and benchmarks), bigscience, mt-nlg, gpt-neox,
 llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
-olmo-core (OLMo-core README), mlperf (MLPerf Training v3.1 logs).
+olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
+et al.'s layout sweep), tinyllama, bloomberggpt, smollm, opt (OPT-175B), zero-bubble (Qi et al.'s Megatron
+1F1B baselines), megatron-moe-modelzoo.
 """
 from __future__ import annotations
 
