@@ -142,10 +142,15 @@ def main():
         checksum = float(sum(x.detach().double().sum() for x in params))
     print(json.dumps({"rank": rank, "world": world, "zero": engine.zero_optimization_stage(),
                       "losses": losses, "checksum": checksum, "steps": engine.global_steps}), flush=True)
+    torch.distributed.barrier()               # no rank closes its sockets while a peer is in the last collective
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # leave without the interpreter's teardown: on CPU, gloo's threads are destroyed there and sometimes
+    # abort the process ("terminate called without an active exception") after the work is done
+    os._exit(0)
 '''
 
 

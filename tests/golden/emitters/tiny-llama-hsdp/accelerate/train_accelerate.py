@@ -166,7 +166,13 @@ def main():
                       "accumulation": acc.gradient_accumulation_steps, "mixed_precision": acc.mixed_precision,
                       "sync_each_batch": bool(acc.gradient_state.plugin_kwargs.get("sync_each_batch")),
                       "losses": losses, "checksum": checksum, "steps": steps.done}), flush=True)
+    acc.wait_for_everyone()                   # no rank closes its sockets while a peer is in the last collective
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # leave without the interpreter's teardown: on CPU, gloo's threads are destroyed there and sometimes
+    # abort the process ("terminate called without an active exception") after the work is done
+    os._exit(0)
