@@ -205,3 +205,16 @@ def test_flat_baseline_by_hand(res):
     by_hand = 0.5 * 312e12 / (6 * model.total_params() + 12 * 32 * 4096 * 8192)
     assert 7.9e9 < model.total_params() < 8.1e9
     assert row.constant == pytest.approx(by_hand / row.case.published - 1)
+
+
+def test_gpu_curves_read_every_row_whose_kernel_efficiency_is_not_fitted(res):
+    """fitted.GPU_CURVE_ROWS: Megatron's rows and the generic profile's, but PyTorch-native trainers on
+    sm_90+ (their sm_90 factor is fitted); never another framework's, never FP8."""
+    cases = [r.case for r in res["rows"]]
+    a100, h100 = vc._rows_for("gpu.A100", cases), vc._rows_for("gpu.H100", cases)
+    fams = lambda rows: {c.family for c in rows}      # noqa: E731
+    assert {"megatron-papers", "aleph-alpha", "ibm-fsdp"} <= fams(a100)    # IBM's PyTorch FSDP: A100 is not sm_90
+    assert {"megatron-readme", "llama3"} <= fams(h100)
+    assert not {"ibm-fsdp", "olmo-core", "smollm", "torchtitan"} & fams(h100)
+    for c in a100 + h100:
+        assert c.dtype != "fp8" and c.framework in ("megatron", "generic") and c.fitted_on

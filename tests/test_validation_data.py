@@ -170,3 +170,40 @@ def test_aleph_alpha_cases_reproduce_the_papers_headline():
     tokens_per_gpu = 2 ** 22 / (c["reported"]["step_time_s"] * c["num_gpus"])
     mfu = tokens_per_gpu * (6 * n + 12 * L * h * s) / 312e12
     assert mfu == pytest.approx(0.705, abs=0.001)
+
+
+FP8_GATHER = [c for c in MORE if c.get("fp8_param_gather")]
+
+
+def test_fp8_weight_gather_is_priced_where_the_runs_files_set_it():
+    """A record that says ``fp8_param_gather`` (its files gather the weights in FP8) is priced so: the
+    data-parallel all-gather moves one byte per weight, so its gather takes less time than the same run
+    priced with bf16 weights; each such record says where its files set it."""
+    import dataclasses
+
+    from costmodel.training import estimate
+    assert len(FP8_GATHER) >= 30
+    for c in FP8_GATHER:
+        assert c["dtype"] == "fp8", c["name"]
+        assert any("FP8_PARAM" in a or "fp8_param_gather" in a or "FP8_PARAMS" in a for a in c["assumed"]), c["name"]
+    case = BY_NAME["mlperf51-uf-llama3.1-8b-b200-128gpu-fp8"]
+    m, cl, wl, par, prof, _ = validation.case_inputs(case)
+    assert wl.fp8_param_gather
+    fp8 = estimate(m, cl, wl, par, framework=prof)
+    bf16 = estimate(m, cl, dataclasses.replace(wl, fp8_param_gather=False), par, framework=prof)
+    assert fp8.time["dp_comm_s"] < bf16.time["dp_comm_s"]
+    assert fp8.peak_bytes < bf16.peak_bytes          # the model's weights are held in FP8
+
+
+def test_zero_bubble_splits_put_one_layer_less_on_the_end_stages():
+    """Qi et al.: "both the initial and final pipeline stages possess one fewer transformer layer" (the
+    embedding and the loss each take a layer's slot): stages (k-1, k, ..., k, k-1) with k = (L + 2) / p."""
+    zb = [c for c in MORE if c["name"].startswith("zb-")]
+    assert len(zb) == 31
+    for c in zb:
+        L, p, st = c["model"]["layers"], c["parallel"]["pp"], c["stages"]
+        k = (L + 2) // p
+        assert (L + 2) % p == 0 and len(st) == p and sum(st) == L
+        assert st == [k - 1] + [k] * (p - 2) + [k - 1], c["name"]
+        tps = c["reported"]["tokens_per_s_per_gpu"]          # a printed samples/s (two decimals) x 1,024 tokens
+        assert tps == pytest.approx(round(tps / 1024, 2) * 1024)
