@@ -212,9 +212,9 @@ def test_gpu_curves_read_every_row_whose_kernel_efficiency_is_not_fitted(res):
     sm_90+ (their sm_90 factor is fitted); never another framework's, never FP8."""
     cases = [r.case for r in res["rows"]]
     a100, h100 = vc._rows_for("gpu.A100", cases), vc._rows_for("gpu.H100", cases)
-    fams = lambda rows: {c.family for c in rows}      # noqa: E731
-    assert {"megatron-papers", "aleph-alpha", "ibm-fsdp"} <= fams(a100)    # IBM's PyTorch FSDP: A100 is not sm_90
-    assert {"megatron-readme", "llama3"} <= fams(h100)
-    assert not {"ibm-fsdp", "olmo-core", "smollm", "torchtitan"} & fams(h100)
+    fams_a100, fams_h100 = {c.family for c in a100}, {c.family for c in h100}
+    assert {"megatron-papers", "aleph-alpha", "ibm-fsdp"} <= fams_a100    # IBM's PyTorch FSDP: A100 is not sm_90
+    assert {"megatron-readme", "llama3"} <= fams_h100
+    assert not {"ibm-fsdp", "olmo-core", "smollm", "torchtitan"} & fams_h100
     for c in a100 + h100:
         assert c.dtype != "fp8" and c.framework in ("megatron", "generic") and c.fitted_on
