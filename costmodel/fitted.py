@@ -51,12 +51,13 @@ _EFF_GRID = _steps(0.45, 0.90, 0.01)
 # bf16/fp16 row priced at a kernel efficiency of exactly 1.0 that no other constant multiplies --
 # Megatron's (the reference by construction) and the neutral profile's (``generic``: a trainer that is
 # none of the targets, priced as Megatron-grade kernels), less the PyTorch-native ones on sm_90+, which
-# the fitted ``pytorch.sm90_factor`` multiplies. Until stop 33 only Megatron's rows were read, so leaving
+# the fitted ``pytorch.sm90_factor`` multiplies (``frameworks.sm90_factor_applies``), and the compiled ones,
+# which ``COMPILE_KERNEL_FACTOR`` multiplies. Until stop 33 only Megatron's rows were read, so leaving
 # out the one Megatron family on a GPU sent its curve to the prior 0.70 that nothing measured (SC'21's
 # runs came out 9.7% off, Megatron's 2024 README 7.5%); stated here with that reason, and
 # `planner validate --cross` is the check (docs/notes/stop-33).
 GPU_CURVE_ROWS = ("whose kernel efficiency is 1.0 and not fitted: Megatron's, and the generic profile's but "
-                  "PyTorch-native trainers on sm_90+ (their sm_90 factor is fitted)")
+                  "PyTorch-native trainers on sm_90+ (their sm_90 factor is fitted) and compiled runs (the compile factor)")
 _GPU_PRIOR_WHY = ("GpuSpec's default (costmodel/specs.py), what every GPU outside the catalog gets; "
                   "stated before any fit")
 

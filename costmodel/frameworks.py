@@ -277,13 +277,19 @@ def curves_measured(cluster) -> bool:
     return bool(cluster.matmul_table)
 
 
+def sm90_factor_applies(fw: FrameworkProfile, gpu_name: str, measured: bool = False) -> bool:
+    """Whether ``PYTORCH_SM90_FACTOR`` multiplies the framework's kernel efficiency on a GPU: a
+    PyTorch-native stack on sm_90+, unless it is priced term by term (``FrameworkProfile.priced_by_term``)
+    on a cluster whose curves were ``measured``. Asked by ``kernel_efficiency_on`` and by the fits that
+    choose which published rows read that factor or the GPU curve (``planner.cli.validation_cross``)."""
+    return fw.pytorch_native and not (fw.priced_by_term and measured) and has_cuda_multicast(gpu_name)
+
+
 def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str, measured: bool = False) -> float:
     """The framework's kernel efficiency on a GPU (by catalog or device name): its
-    ``kernel_efficiency``, times ``PYTORCH_SM90_FACTOR`` for a PyTorch-native stack on sm_90+, unless
-    the stack is priced term by term (``FrameworkProfile.priced_by_term``) on a cluster whose curves
-    were ``measured``. The one rule: the estimate (``stage_cache``) and the launch file's
-    priced-assumptions line ask it."""
-    if fw.pytorch_native and not (fw.priced_by_term and measured) and has_cuda_multicast(gpu_name):
+    ``kernel_efficiency``, times ``PYTORCH_SM90_FACTOR`` where that applies (``sm90_factor_applies``).
+    The one rule: the estimate (``stage_cache``) and the launch file's priced-assumptions line ask it."""
+    if sm90_factor_applies(fw, gpu_name, measured):
         return fw.kernel_efficiency * PYTORCH_SM90_FACTOR
     return fw.kernel_efficiency
 
@@ -301,9 +307,9 @@ def kernel_efficiency_on(fw: FrameworkProfile, gpu_name: str, measured: bool = F
 # once FSDP2's copy kernels (costmodel.fsdp) and the DP buckets at the step's ends are priced: torchtitan
 # (and builtin) 0.89 -> 0.94, accelerate 0.87 -> 0.91. Session 33 (lead): accelerate 0.91 -> 0.86 with the
 # PyTorch-native sm_90 factor 0.67 -> 0.71 (the product on its one H100 run is unchanged, 0.61). Stop 33
-# (lead), the all-in refit once the GPU curves read every row at kernel efficiency 1.0 (A100 0.79 -> 0.77,
-# H100 0.78 -> 0.79) and the Zero Bubble paper's A100 runs are on file: torchtitan 0.94 -> 0.97, deepspeed
-# and megatron-deepspeed 0.79 -> 0.81.
+# (lead), the all-in refit once the GPU curves read every row at kernel efficiency 1.0 (A100 0.79 -> 0.76,
+# H100 0.78 -> 0.79) and the Zero Bubble paper's A100 runs are on file: torchtitan 0.94 -> 0.98, deepspeed
+# and megatron-deepspeed 0.79 -> 0.82.
 FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # today's assumptions, no headroom: what the cost model did before targets existed
     # its data-parallel buckets grow with the data-parallel group as Megatron-Core's do (each bucket
@@ -334,7 +340,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      memory_headroom_fraction=0.03,
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
     # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.97, calibrated=True, pytorch_native=True,
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.98, calibrated=True, pytorch_native=True,
                      launch="eager", attention="flex",   # 0.3.0's llama3 default
                      fsdp2_copies=True,                  # fully_shard per block
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules
@@ -346,7 +352,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted
     FrameworkProfile(name="deepspeed", overlap_grad_reduce=False, overlap_param_gather=False, dp_bucket="deepspeed",
-                     kernel_efficiency=0.81, calibrated=True, attention="sdpa",
+                     kernel_efficiency=0.82, calibrated=True, attention="sdpa",
                      note="ZeRO-1/2 overlap_comm is off by default; its all-gather follows the step"),
     # Megatron-DeepSpeed / GPT-NeoX: Megatron's TP (2021-22 code: no TP overlap, attention that writes
     # the score matrix unless --use-flash-attn) inside DeepSpeed's pipeline engine. The pipeline engine
@@ -355,7 +361,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
     # kernel_efficiency: the DeepSpeed profile's 0.79 was fitted on the 6 MT-NLG 530B figures, which are
     # this stack's runs (the same overlaps, so the same fit); nothing else here was fitted
     FrameworkProfile(name="megatron-deepspeed", overlap_grad_reduce=False, overlap_param_gather=False,
-                     dp_bucket="deepspeed", tp_comm_overlap=False, kernel_efficiency=0.81, calibrated=True,
+                     dp_bucket="deepspeed", tp_comm_overlap=False, kernel_efficiency=0.82, calibrated=True,
                      attention="flash-attn",
                      note="Megatron-DeepSpeed: pipeline engine reduces gradients after the last micro-batch, "
                           "no TP overlap; efficiency fitted on MT-NLG 530B"),

@@ -218,3 +218,6 @@ def test_gpu_curves_read_every_row_whose_kernel_efficiency_is_not_fitted(res):
     assert not {"ibm-fsdp", "olmo-core", "smollm", "torchtitan"} & fams_h100
     for c in a100 + h100:
         assert c.dtype != "fp8" and c.framework in ("megatron", "generic") and c.fitted_on
+        assert c.inputs[4].kernel_efficiency == 1.0 and "compile" not in c.name    # no compile factor on them
+    # IBM's compiled A100 runs are priced at the compile factor: not curve rows, their uncompiled twins are
+    assert any("compile" in c.name and c.family == "ibm-fsdp" and c.gen == "A100" for c in cases)

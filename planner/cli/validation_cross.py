@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from costmodel import ceilings, fitted, fp8, frameworks, layers, stage_cache
-from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, has_cuda_multicast
+from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, curves_measured, sm90_factor_applies
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from planner.cli import validation
@@ -295,22 +295,28 @@ def _err(case: CrossCase, pred: float) -> float:
 # The fit
 # --------------------------------------------------------------------------------------
 
+def _sm90_factor_applies(c: CrossCase) -> bool:
+    """Whether the fitted ``pytorch.sm90_factor`` multiplies a case's kernel efficiency (``frameworks.sm90_factor_applies``)."""
+    cluster = c.inputs[1]
+    return sm90_factor_applies(c.inputs[4], cluster.groups[0].gpu.name, curves_measured(cluster))
+
+
 def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
     fit = [c for c in cases if c.fitted_on]
     if group.startswith("gpu."):
-        # the rows priced at a kernel efficiency of 1.0 that nothing else fitted multiplies (fitted.GPU_CURVE_ROWS)
+        # the rows priced at a kernel efficiency of exactly 1.0 that nothing else multiplies (fitted.GPU_CURVE_ROWS):
+        # no framework efficiency (Megatron's and the neutral profile's), no sm_90 factor, no compile factor
         gen = group.split(".")[1]
         return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.dtype != "fp8"
-                and (c.framework == "megatron" or (c.framework == "generic" and not (
-                    c.inputs[4].pytorch_native and has_cuda_multicast(c.inputs[1].groups[0].gpu.name))))]
+                and c.framework in ("megatron", "generic") and c.inputs[4].kernel_efficiency == 1.0
+                and not _sm90_factor_applies(c)]
     if group.startswith("framework."):
         fw = group.split(".")[1]
         return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
     if group == "fp8":
         return [c for c in fit if c.dtype == "fp8"]
     if group == "pytorch":         # generic-framework PyTorch FSDP runs on sm_90+ (frameworks.kernel_efficiency_on)
-        return [c for c in fit if c.framework == "generic" and c.dtype != "fp8" and c.inputs[4].pytorch_native
-                and has_cuda_multicast(c.inputs[1].groups[0].gpu.name)]
+        return [c for c in fit if c.framework == "generic" and c.dtype != "fp8" and _sm90_factor_applies(c)]
     raise KeyError(group)
 
 
