@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
                      range_problem,
@@ -952,9 +952,35 @@ def _shape_problems(model: ModelSpec, tp: int, ep: int) -> tuple[str, ...]:
     return got
 
 
+def end_slots(par: ParallelConfig, counts: Sequence[int]) -> int:
+    """How many of a split's two end virtual stages it leaves to the embedding or the loss alone:
+    with ``vpp > 1`` every stage holds at least ``vpp`` layers, one per virtual stage, except that
+    the first stage's first virtual stage may hold only the embedding and the last stage's last
+    only the loss (and the head), each stage then one layer short. Megatron-Core runs that split
+    (``--pipeline-model-parallel-layout`` "E|t|...|t|L": ``PipelineParallelLayerLayout`` asks only
+    that the embedding come first and the loss last; ``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split`` say the same), as does the Zero Bubble paper's
+    Megatron fork (``--allow-padding-num-layers``, one layer per virtual stage). The one rule for
+    the estimate, the plan check and the targets; 0 when the split has no such slot."""
+    p, v = par.pp, par.vpp
+    if p < 2 or v < 2 or len(counts) != p:
+        return 0
+    return int(counts[0] == v - 1) + int(counts[-1] == v - 1)
+
+
+def stage_floor(par: ParallelConfig, i: int, slots: int, counts: Sequence[int]) -> int:
+    """The fewest layers stage ``i`` may hold: one per virtual stage (at least one), one fewer on
+    an end stage whose end virtual stage holds the embedding or the loss (``end_slots``)."""
+    least = max(1, par.vpp)
+    if slots and i in (0, par.pp - 1) and counts[i] == par.vpp - 1:
+        return least - 1
+    return least
+
+
 def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: ParallelConfig,
-             gpus: int | None = None) -> None:
-    """Cross-checks that need more than one spec; every message has the numbers."""
+             gpus: int | None = None, slots: int = 0) -> None:
+    """Cross-checks that need more than one spec; every message has the numbers. ``slots``: the
+    end virtual stages the stage split leaves to the embedding or the loss (``end_slots``)."""
     n = cluster.total_gpus if gpus is None else gpus
     problems = []
     if par.tp * par.pp * par.dp * par.cp != n:
@@ -963,8 +989,9 @@ def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     problems += _shape_problems(model, par.tp, par.ep)
     if par.folded and model.is_moe and model.expert_ffn_hidden % par.etp:
         problems.append(f"etp {par.etp} does not divide expert_ffn_hidden {model.expert_ffn_hidden}")
-    if par.pp * par.vpp > model.layers:
-        problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}")
+    if par.pp * par.vpp > model.layers + slots:
+        problems.append(f"pp*vpp = {par.pp}*{par.vpp} = {par.pp * par.vpp} exceeds layers {model.layers}"
+                        + (f" + {slots} end virtual stage(s) for the embedding or the loss" if slots else ""))
     problems += expert_layout_problems(par)
     if workload.seq_len % par.cp:
         problems.append(f"cp {par.cp} does not divide seq_len {workload.seq_len}")
@@ -1009,7 +1036,7 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "SpecError", "ModelSpec", "GpuSpec", "LinkSpec", "NodeGroup", "ClusterSpec", "Workload",
-    "ParallelConfig", "StageSpec", "validate", "tp_problems", "ep_problems", "expert_layout_problems",
-    "default_stages",
+    "ParallelConfig", "StageSpec", "validate", "end_slots", "stage_floor", "tp_problems", "ep_problems",
+    "expert_layout_problems", "default_stages",
     "RECOMPUTE", "SCHEDULES", "ceil_div",
 ]

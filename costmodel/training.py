@@ -18,7 +18,7 @@ from .comm import DEFAULT_ORDER
 from .frameworks import FrameworkProfile, framework_profile
 from .memory import activations_in_flight, stage_memory, stage_peak_bytes
 from .specs import (ClusterSpec, ModelSpec, ParallelConfig, SpecError, StageSpec, Workload,
-                    default_stages, validate)
+                    default_stages, end_slots, stage_floor, validate)
 from .stage_cache import _per_stage, _shared, stage_compute_time, stage_model
 from .stage_cache import kind_cost as cost_of_kind
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
@@ -190,7 +190,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     Stages with the same node group, position (first, last, middle), neighbour placement and
     layer counts cost the same: each such kind is costed once, then every stage gets its own
     in-flight micro-batches and peak (and, when ``Estimate.stages`` is read, its memory and row)."""
-    validate(model, cluster, workload, par)
+    slots = end_slots(par, [s.num_layers for s in stages]) if stages is not None else 0
+    validate(model, cluster, workload, par, slots=slots)
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload, framework_profile(framework))
     m, p, v = par.grad_accum, par.pp, par.vpp
@@ -206,8 +207,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
         if len(stages) != p or sum(s.num_layers for s in stages) != model.layers:
             raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {p} stages "
                             f"covering all {model.layers} layers")
-        if any(s.num_layers < 1 for s in stages) or v > 1 and any(s.num_layers < v for s in stages):
-            raise SpecError(f"every stage needs at least vpp = {v} layer(s): {[s.num_layers for s in stages]}")
+        counts = [s.num_layers for s in stages]
+        if any(n < stage_floor(par, i, slots, counts) for i, n in enumerate(counts)):
+            raise SpecError(f"every stage needs at least vpp = {v} layer(s), the first and last one fewer where "
+                            f"their end virtual stage holds only the embedding or the loss: {counts}")
         groups = stage_groups(cluster, par, stages)
         firsts, ids, seen, descs = [], [], {}, []
         for i, st in enumerate(stages):

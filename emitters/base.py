@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
-from costmodel.specs import MESH_AXES, StageSpec
+from costmodel.specs import MESH_AXES, StageSpec, end_slots
 from emitters.encode import Raw, one_line, sh, toml_value  # noqa: F401 (re-exported: the emitters' quoting)
 from planner.plan.planfile import Plan, dump_plan
 
@@ -158,12 +158,19 @@ def virtual_counts(plan: Plan) -> list[int]:
     """Layers of each virtual stage in pipeline order: virtual stage ``v*pp + r`` on rank ``r``
     holds the ``v``-th of rank ``r``'s ``vpp`` near-equal chunks (the extra layers first), as the
     built-in runtime cuts them (``runtime/pipeline.py``); Megatron's layout and torchtitan's model
-    parts state the same chunks."""
+    parts state the same chunks. An end stage one layer short of ``vpp`` (``costmodel.specs.end_slots``)
+    leaves its end virtual stage empty: the first stage's first (the embedding alone), the last
+    stage's last (the loss alone)."""
     p = plan.parallel
     chunks = []
-    for n in stage_layers(plan):
+    counts = stage_layers(plan)
+    slots = end_slots(p, counts)
+    for i, n in enumerate(counts):
         base, extra = divmod(n, p.vpp)
-        chunks.append([base + (1 if v < extra else 0) for v in range(p.vpp)])
+        chunk = [base + (1 if v < extra else 0) for v in range(p.vpp)]
+        if slots and n == p.vpp - 1 and i == 0:
+            chunk = chunk[-1:] + chunk[:-1]         # [0, 1, ..., 1]: the embedding's virtual stage first
+        chunks.append(chunk)
     return [chunks[s % p.pp][s // p.pp] for s in range(p.pp * p.vpp)]
 
 

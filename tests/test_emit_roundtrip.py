@@ -469,7 +469,10 @@ def test_megatron_round_trip(name, tmp_path):
                                         # middle stages that differ: only the layout flag states them
                                         ([5, 7, 6, 6], 1), ([3, 9, 4, 8], 1), ([2, 6, 6, 5, 5], 1),
                                         # virtual stages over an uneven split, and an even one
-                                        ([10, 14], 2), ([5, 7, 6, 6], 2), ([6, 6, 6, 6], 3)])
+                                        ([10, 14], 2), ([5, 7, 6, 6], 2), ([6, 6, 6, 6], 3),
+                                        # end stages one layer short: the embedding's and the loss's own
+                                        # virtual stages (costmodel.specs.end_slots), both ends or the first
+                                        ([12, 12], 13), ([11, 13], 12)])
 def test_megatron_uneven_splits(counts, vpp, tmp_path):
     # gpt3-1.3b has 24 layers: pp=2 states only the first stage, longer pipelines first and/or last,
     # and any other split (or virtual stages over an uneven one) goes through --pipeline-model-parallel-layout
@@ -485,7 +488,8 @@ def test_megatron_uneven_splits(counts, vpp, tmp_path):
     # Megatron's NullTokenizer adds one EOD token to --vocab-size: the model keeps its own vocabulary
     assert a.vocab_size + 1 == plan.model.vocab
     middle_equal = len(set(counts[1:-1])) <= 1
-    uses_layout = (vpp > 1 and len(set(counts)) > 1) or (vpp == 1 and not middle_equal)
+    uses_layout = (vpp > 1 and (len(set(counts)) > 1 or sum(counts) % (len(counts) * vpp) > 0)) or \
+        (vpp == 1 and not middle_equal)
     assert bool(a.pipeline_model_parallel_layout) == uses_layout
     if uses_layout or vpp == 1:
         assert megatron_layers_per_stage(a) == counts
@@ -497,6 +501,9 @@ def test_megatron_uneven_splits(counts, vpp, tmp_path):
         for row, n in zip(lay.layout, counts):
             sizes = [chunk.count(LayerType.decoder) for chunk in row]
             assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
+        # a stage one layer short of vpp leaves its end virtual stage to the embedding (first) or the loss (last)
+        assert (lay.layout[0][0] == [LayerType.embedding]) == (counts[0] == vpp - 1)
+        assert (lay.layout[-1][-1] == [LayerType.loss]) == (counts[-1] == vpp - 1)
 
 
 # --------------------------------------------------------------------------------------

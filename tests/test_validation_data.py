@@ -199,7 +199,7 @@ def test_zero_bubble_splits_put_one_layer_less_on_the_end_stages():
     """Qi et al.: "both the initial and final pipeline stages possess one fewer transformer layer" (the
     embedding and the loss each take a layer's slot): stages (k-1, k, ..., k, k-1) with k = (L + 2) / p."""
     zb = [c for c in MORE if c["name"].startswith("zb-")]
-    assert len(zb) == 31
+    assert len(zb) == 43
     for c in zb:
         L, p, st = c["model"]["layers"], c["parallel"]["pp"], c["stages"]
         k = (L + 2) // p
@@ -207,3 +207,38 @@ def test_zero_bubble_splits_put_one_layer_less_on_the_end_stages():
         assert st == [k - 1] + [k] * (p - 2) + [k - 1], c["name"]
         tps = c["reported"]["tokens_per_s_per_gpu"]          # a printed samples/s (two decimals) x 1,024 tokens
         assert tps == pytest.approx(round(tps / 1024, 2) * 1024)
+        # 1F1B-I: "each transformer layer serves as a chunk", the embedding and the loss in chunks of their own
+        assert c["parallel"].get("virtual_stages", 1) == (k if c["name"].endswith("-1f1b-i") else 1), c["name"]
+
+
+def test_zero_bubble_interleaved_rows_price_the_end_slots():
+    """The 1F1B-I rows' split (k-1, k, ..., k, k-1 layers over k virtual stages each) is priced, and through
+    the Megatron target (costmodel.specs.end_slots); one layer fewer on an end stage is refused, and the
+    interleaved price sits between 1F1B's and 1F1B with no bubble left but the interleaved one."""
+    from costmodel.specs import SpecError, stages_from_counts
+    from costmodel.training import estimate
+    inter = BY_NAME["zb-gpt-1.5b-a100-8gpu-pp8-mb6-m24-1f1b-i"]
+    plain = BY_NAME["zb-gpt-1.5b-a100-8gpu-pp8-mb6-m24-1f1b"]
+    m, cl, wl, par, prof, _ = validation.case_inputs(inter)
+    assert par.vpp == 3 and validation.REFUSED.get(inter["name"]) is None
+    via, stages, why = validation.target_for("megatron", m, cl, wl, par, validation.case_stages(inter))
+    assert via == "megatron" and not why
+    from planner.plan import targets as T
+    from planner.plan.check import check_plan
+    from planner.plan.planfile import Plan
+    plan = Plan(model=m, cluster=cl, workload=wl, parallel=par, stages=stages, target="megatron")
+    assert not [p for p in check_plan(plan) if "vpp" in p]
+    # the built-in runtime cuts every virtual stage a layer (runtime/pipeline.py): refused, with why
+    assert any("embedding or the loss alone" in p for p in T.problems("builtin", plan))
+    e_i = estimate(m, cl, wl, par, stages=stages, framework=prof)
+    m1, cl1, wl1, par1, prof1, _ = validation.case_inputs(plain)
+    e_1 = estimate(m1, cl1, wl1, par1, stages=validation.case_stages(plain), framework=prof1)
+    assert e_i.step_time_s < e_1.step_time_s
+    # the bubble: (sum - max) / v of the same stage times, v = 3
+    assert e_i.time["bubble_s"] == pytest.approx(e_1.time["bubble_s"] / 3, rel=0.02)
+    short = stages_from_counts([1, 3, 3, 3, 3, 3, 3, 3])      # the first stage two short of vpp = 3
+    with pytest.raises(SpecError, match="at least vpp = 3|exceeds layers 22"):
+        estimate(m, cl, wl, par, stages=short, framework=prof)
+    middle = stages_from_counts([3, 3, 2, 3, 3, 3, 3, 2])     # a middle stage one short: no slot there
+    with pytest.raises(SpecError, match="at least vpp = 3|exceeds layers 22"):
+        estimate(m, cl, wl, par, stages=middle, framework=prof)

@@ -37,7 +37,9 @@ def _value(t: T.TrainTarget, key: str) -> str:
     if key == "cp":
         return f"yes, seq % {t.cp_seq_text}" if t.cp else "no"
     if key == "vpp":
-        return ("no" if not t.vpp else "yes" + (", even split" if t.vpp_split == "even" else "")
+        return ("no" if not t.vpp else "yes" + (", even split" if t.vpp_split == "even" else
+                                                ", end stages may leave one to the embedding or the loss"
+                                                if t.vpp_split == "ends" else "")
                 + (", M % pp == 0" if t.microbatches == "megatron" else ""))
     if key == "orders":
         return "any" if v is None else " | ".join(",".join(o) for o in v)

@@ -8,7 +8,7 @@ test runs it.
 """
 from __future__ import annotations
 
-from costmodel.specs import SpecError, validate
+from costmodel.specs import SpecError, end_slots, stage_floor, validate
 from costmodel.training import estimate, stage_groups
 from costmodel.units import GIB
 from planner.plan.planfile import Plan
@@ -19,10 +19,12 @@ MEMORY_TOLERANCE = 1e-6   # relative; float re-evaluation of the same plan
 def check_plan(plan: Plan) -> list[str]:
     problems: list[str] = []
     par, model = plan.parallel, plan.model
+    counts = [st.num_layers for st in plan.stages]
+    slots = end_slots(par, counts)
     try:
         # a disaggregated serving plan's parallel is its decode pool (the prefill pool: plan.serving)
         validate(model, plan.cluster, plan.workload, par,
-                 gpus=par.world_size if plan.world_size != par.world_size else None)
+                 gpus=par.world_size if plan.world_size != par.world_size else None, slots=slots)
     except SpecError as e:
         problems.append(str(e))
     stages = plan.stages
@@ -32,8 +34,10 @@ def check_plan(plan: Plan) -> list[str]:
     for i, st in enumerate(stages):
         if st.first_layer != first:
             problems.append(f"stage {i} starts at layer {st.first_layer}, expected {first} (stages must be contiguous)")
-        if st.num_layers < max(1, par.vpp):
-            problems.append(f"stage {i} holds {st.num_layers} layers; needs at least vpp = {par.vpp}")
+        if st.num_layers < stage_floor(par, i, slots, counts):
+            problems.append(f"stage {i} holds {st.num_layers} layers; needs at least vpp = {par.vpp}"
+                            + (" (an end stage one fewer, its end virtual stage holding only the embedding or the loss)"
+                               if par.pp > 1 and par.vpp > 1 and i in (0, par.pp - 1) else ""))
         if not 0 <= st.recompute_layers <= st.num_layers:
             problems.append(f"stage {i} recomputes {st.recompute_layers} of {st.num_layers} layers")
         first = st.first_layer + st.num_layers

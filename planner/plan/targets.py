@@ -26,7 +26,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, kv_heads_shard
+from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, end_slots, kv_heads_shard
 
 # Primary sources: each framework's GitHub repository at the commit its code was read (the file
 # and line follow in each row); the serving engines by repository and file, or the document
@@ -78,7 +78,9 @@ class TrainTarget:
     ep: bool
     expert_tp: bool                            # ep > 1 together with tp > 1
     vpp: bool
-    vpp_split: str                             # any | even (layers % (pp*vpp) == 0, every stage equal)
+    vpp_split: str                             # any | even (layers % (pp*vpp) == 0, every stage equal) | ends
+                                               # (any, and the end virtual stages may hold only the embedding
+                                               # or the loss: costmodel.specs.end_slots)
     split: str                                 # any | even | last (every stage but the last equal)
     recompute: frozenset[str]                  # whole-model policies: none, selective, full
     recompute_block: bool                      # full recompute of the first N layers of every stage
@@ -467,7 +469,9 @@ MEGATRON_SOURCES = {
     "ep_overlap": "Megatron-Core 0.16 transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm): EP > 1, "
                   "alltoall or flex dispatcher, no full recompute, VPP when PP > 1, bf16/fp16, at most 1 MTP layer "
                   "and then PP > 1",
-    "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage",
+    "vpp_split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout, stage count = pp*vpp, any layers per stage; "
+                 "the first virtual stage may hold only the embedding (E) and the last only the loss (L): "
+                 "pipeline_parallel_layer_layout.py validate_layer_layout asks only E first and L last, once each",
     "split": f"{MEGATRON_SRC}: --pipeline-model-parallel-layout (transformer_config.py ~2240), any layers per stage",
     "recompute": f"{MEGATRON_SRC}: --recompute-granularity full|selective; full needs a method and num-layers "
                  "(transformer_config.py ~1905); selective recomputes --recompute-modules, default core_attn, "
@@ -495,7 +499,7 @@ MEGATRON = TrainTarget(
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
     cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
     moe_dispatchers=("alltoall", "deepep"), ep_overlap=True,
-    vpp=True, vpp_split="any", split="any",
+    vpp=True, vpp_split="ends", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
     orders=MEGATRON_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
@@ -1385,6 +1389,10 @@ def stage_problems(target: str | TrainTarget, model: ModelSpec, par: ParallelCon
         out.append(f"stages on {groups} node groups: {name} launches one kind of node; plan --target {name} "
                    "plans on one group")
     split, per_stage, least = split_rule(t, par)
+    if end_slots(par, counts) and t.vpp_split != "ends":
+        out.append(f"stage split {counts} with vpp={par.vpp}: an end stage leaves a virtual stage to the embedding "
+                   f"or the loss alone, which {name} does not run (every virtual stage needs a layer); "
+                   f"plan --target megatron or a split with at least {par.vpp} layers per stage")
     if par.pp > 1:
         if split == "even" and len(set(counts)) > 1:
             out.append(f"stage split {counts}: {name} splits the layers evenly"
