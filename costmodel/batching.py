@@ -170,7 +170,7 @@ class StepModel:
         if self.par.pp == 1:
             return 0.0
         sv = self.sv
-        return launched(sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross))
+        return launched(sv.net.p2p(tokens * self.model.hidden * sv.ab, sv.pp_cross, self.par.pp))
 
     def step(self, dec: float, ctx: float, pre: float = 0.0, pre_seqs: float = 0.0, past: float = 0.0,
              group_tokens: float | None = None) -> tuple[float, _Pass]:
@@ -624,7 +624,7 @@ def kv_transfer_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pr
     P = workload.prompt_len
     total = P * kv_bytes_per_token(model, kv_dtype_of(workload))
     streams = min(prefill.gpus_per_instance, decode.gpus_per_instance)
-    return launched(Network(cluster).p2p(total / streams, cross_node))
+    return launched(Network(cluster).p2p(total / streams, cross_node, ranks=0))   # NIXL/Mooncake, not NCCL
 
 
 @dataclass

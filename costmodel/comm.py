@@ -19,7 +19,8 @@ inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k``
   ``k' = min(k, RING_NICS)``: the NICs of a domain a collective keeps busy (below);
 * all-gather / reduce-scatter (S = the full output): half of that;
 * all-to-all: (k-1)/n * S over the intra link and (n-k)/n * S over the inter link, in parallel;
-* point-to-point: S / B + latency.
+* point-to-point: S / B + latency; inside one NVLink domain ``B`` is also capped by the channels
+  NCCL gives one send/recv (``nvlink_p2p_bytes_per_s``, below).
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -151,6 +152,64 @@ def _measured_busbw(cluster: ClusterSpec, tier: str, op: str, n: int, size: floa
     return b0 + w * (b1 - b0)
 
 
+# ---- NCCL send/recv inside one NVLink domain ----------------------------------------------
+# A pipeline hand-off or a context-parallel ring step is one NCCL send/recv pair, and NCCL runs it
+# on few channels (one CTA, one SM each), not at the link's collective bus bandwidth. From NCCL's
+# source (NVIDIA/nccl, src/graph/paths.cc ncclTopoComputeP2pChannels and src/enqueue.cc
+# addP2pToPlan, v2.18-v2.30; read for this project, /work/research/nccl_p2p.md outside the
+# repository): a communicator has ``P2P_CHANNELS`` send/recv channels; one operation starts on
+# that many divided by the communicator's ranks (the per-peer count, 2 x the NVLinks rounded up
+# to a power of two -- 32 on A100, H100 and B200 NVSwitch boards -- halved until it times the
+# ranks fits), and doubles its channels only while each channel's part exceeds 32 steps of the
+# 512 KiB NVLink chunk (NCCL_P2P_NVL_CHUNKSIZE), i.e. 16 MiB, up to the per-peer count. So a
+# pipeline group of 8 on one board moves a 28 MB activation on 4 channels.
+#
+# Per-channel bandwidth (``P2P_CHANNEL_BYTES_PER_S``): A100, 12.8 GB/s, the middle of what
+# nccl-tests' sendrecv_perf gives on an 8-GPU A100 NVLink board (li-plus/playground cuda/nccl.md:
+# 110.8 GB/s at 128 MB on 8 channels by the rule above, 13.9 per channel; 188.6 GB/s at 256 MB on
+# 16, 11.8). No per-channel figure was found for Hopper or Blackwell: scaled by NCCL's own
+# per-link NVLink bandwidth constants (src/graph/topo.h: SM80 20.0, SM90 20.6, SM100 40.1 GB/s),
+# an assumption. ``P2P_CHANNELS`` = 32: the communicator's channel count, a power of two of the
+# collective channels, taken as 32 (NCCL's MAXCHANNELS before 2.19; an assumption for later ones).
+# Checked against what nobody fitted: the Zero Bubble paper's profiled hand-off time on one
+# 8-A100 board (arXiv 2401.10241 Appendix D Table 9, T_comm: 0.601 ms for 28.3 MB, 0.527 ms for
+# 25.2 MB; this rule gives 0.56 and 0.50 ms, tests/test_comm_p2p.py) and nccl-tests#268 (an H100
+# pair: about 80 GB/s at its default, 180 GB/s at the largest sizes, against 370 GB/s collective).
+# A communicator across domains keeps the network's rule (its NVLink hops use small network-sized
+# parts on many channels; the hand-off is priced at the inter tier, as before). A measured
+# profile's send/recv bandwidth replaces all of this. Not priced: a job's own CTA caps
+# (NCCL's per-communicator max_ctas, which MLPerf's NeMo recipes set).
+P2P_CHANNELS = 32
+P2P_NVL_STEP = 512 * 1024
+P2P_SPLIT_BYTES = 32 * P2P_NVL_STEP
+P2P_MIN_PART = P2P_NVL_STEP // 8
+P2P_CHANNEL_BYTES_PER_S = {"A": 12.8e9, "H": 12.8e9 * 20.6 / 20.0, "B": 12.8e9 * 40.1 / 20.0}
+NVLINK_PREFIX = "nvlink"
+
+
+def nvlink_p2p_channels(size: float, ranks: int) -> int:
+    """Channels NCCL gives one send/recv of ``size`` bytes in a communicator of ``ranks`` ranks
+    inside one NVLink domain (module comment above)."""
+    ch = P2P_CHANNELS
+    while ch > 1 and ch * max(1, ranks) > P2P_CHANNELS:
+        ch //= 2
+    while ch < P2P_CHANNELS and size / ch > P2P_SPLIT_BYTES:
+        ch *= 2
+    return max(1, min(ch, int(size // P2P_MIN_PART)))
+
+
+def p2p_channel_bytes_per_s(gpu_name: str) -> float:
+    """One send/recv channel's NVLink bandwidth on ``gpu_name`` (0: no figure, no cap)."""
+    n = gpu_name.upper()
+    if n.startswith(("GB", "B1", "B2", "B3")):
+        return P2P_CHANNEL_BYTES_PER_S["B"]
+    if n.startswith(("H100", "H200", "H800", "H20", "GH200")):
+        return P2P_CHANNEL_BYTES_PER_S["H"]
+    if n.startswith(("A100", "A800")):
+        return P2P_CHANNEL_BYTES_PER_S["A"]
+    return 0.0
+
+
 class Network:
     """Collective times on one cluster (one node group's intra link, the shared inter link)."""
 
@@ -171,6 +230,10 @@ class Network:
         self._ag: dict[GroupLayout, tuple] = {}
         self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
         self._ag_fns: dict[GroupLayout, Callable[[float], float]] = {}
+        # one send/recv channel's bandwidth inside the NVLink domain (0: the link's rate alone)
+        gpu = next((g.gpu for g in cluster.groups if g.intra_node == self.intra), cluster.groups[0].gpu)
+        self._p2p_channel_bw = (p2p_channel_bytes_per_s(gpu.name)
+                                if self.intra.name.startswith(NVLINK_PREFIX) else 0.0)
 
     def _bw(self, tier: str, op: str, n: int, size: float) -> float:
         if self._measured:
@@ -301,8 +364,17 @@ class Network:
         lat = (k - 1) * self._intra_lat + ((n - k) * self._inter_lat if n > k else 0.0)
         return max(t_intra, t_inter) + lat
 
-    def p2p(self, size: float, cross_node: bool) -> float:
+    def p2p(self, size: float, cross_node: bool, ranks: int = 2) -> float:
+        """One send/recv of ``size`` bytes in a communicator of ``ranks`` ranks: across nodes at
+        the inter tier; inside one NVLink domain at the link's rate, capped by the channels NCCL
+        gives it (``nvlink_p2p_channels``), unless a profile measured send/recv or ``ranks`` is 0
+        (a transfer that is not NCCL's: NIXL, Mooncake)."""
         if size <= 0:
             return 0.0
-        tier = "inter" if cross_node else "intra"
-        return size / self._bw(tier, "send_recv", 2, size) + (self._inter_lat if cross_node else self._intra_lat)
+        if cross_node:
+            return size / self._bw("inter", "send_recv", 2, size) + self._inter_lat
+        bw = self._bw("intra", "send_recv", 2, size)
+        if ranks and self._p2p_channel_bw and not (self._measured and _measured_busbw(self.cluster, "intra", "send_recv", 2,
+                                                                             size)):
+            bw = min(bw, nvlink_p2p_channels(size, ranks) * self._p2p_channel_bw)
+        return size / bw + self._intra_lat

@@ -666,7 +666,7 @@ def estimate_inference(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         """One pipeline hand-off of ``tokens`` hidden states (point-to-point)."""
         if pp == 1:
             return 0.0
-        return launched(sv.net.p2p(tokens * model.hidden * sv.ab, sv.pp_cross))
+        return launched(sv.net.p2p(tokens * model.hidden * sv.ab, sv.pp_cross, pp))
 
     # ---- decode --------------------------------------------------------------------------
     micro = min(pp, B)

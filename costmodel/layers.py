@@ -355,7 +355,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             # last hop waits at the backward's end (costmodel.attention.torch_cp_exposed_s)
             kv_passed_bytes = T * 2 * kv_w * a_bytes
             torch_gather_s = launched(net.all_gather(cp * kv_passed_bytes, cp_lay))
-            dkv_s = launched(net.p2p(DKV_BYTES_PER_KV_BYTE * kv_passed_bytes, cp_lay.crosses_nodes))
+            dkv_s = launched(net.p2p(DKV_BYTES_PER_KV_BYTE * kv_passed_bytes, cp_lay.crosses_nodes, cp))
             step0_f, step0_b = torch_cp_step0_s(kernel, gpu, gpu.peak(dt), attn_hw_flops, hd, s, cp, pairs)
             exp_f, exp_b = torch_cp_exposed_s(torch_gather_s, dkv_s, step0_f, step0_b)
             attn_s += exp_f
@@ -465,7 +465,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     else:
         tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
     kv_bytes = T * 2 * kv_width * a_bytes
-    cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes), cp - 1) if cp > 1 else 0.0
+    cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes, cp), cp - 1) if cp > 1 else 0.0
     if torch_cp_overlap_s >= 0:
         # PyTorch's CP moves K and V by one all-gather, not the ring: its part beside step 0 (the
         # rest is in the attention time above)

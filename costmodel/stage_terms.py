@@ -656,7 +656,7 @@ class StageModel:
         pp_s = 0.0
         if par.pp > 1:
             # forward activation out and gradient back per boundary; middle stages have two boundaries
-            pp_s = (1 if (first or last) else 2) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses))
+            pp_s = (1 if (first or last) else 2) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses, par.pp))
         return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
