@@ -77,8 +77,10 @@ MEGATRON_AMAX_HISTORY = 1     # Megatron's fp8_amax_history_len default (TE's ow
 # Stop 33 (lead): 0.96/x6 -> 1.00/x8, the all-in refit once the GPU curves read every row priced at a
 # kernel efficiency of 1.0 (costmodel/fitted.py GPU_CURVE_ROWS; H100 0.78 -> 0.79) and 34 MLPerf records
 # gather their weights in FP8 as their files set it (fp8_param_gather); admissible, at the grid's edge.
-FP8_GEMM_EFFICIENCY = 1.0
-FP8_HALF_SIZE_FACTOR = 8.0
+# Stop 34 (lead): 1.00/x8 -> 0.96/x6, the all-in refit once NCCL's send/recv channels and the interleaved
+# fill's hand-offs are priced (comm.nvlink_p2p_channels, stage_terms.interleaved_fill_hops).
+FP8_GEMM_EFFICIENCY = 0.96
+FP8_HALF_SIZE_FACTOR = 6.0
 
 # What the FP8 curve must give a transformer layer's GEMMs alone (the casts are priced apart, as
 # memory traffic: ``layers.layer_cost`` quant_s). Source: NVIDIA/TransformerEngine

@@ -979,21 +979,46 @@ def fewest_full_recompute_layers(num_layers: int, capacity_bytes: float, peak_no
     return min(max(r, 1), num_layers)
 
 
-def pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s):
-    """The step time ``m * T + (S - T) / v + E + O`` of a pipeline whose slowest stage takes ``T``
-    per micro-batch and whose stages sum to ``S``, ``E`` and ``O`` the slowest stage's exposed
-    once-per-step DP time and optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2).
+def interleaved_fill_hops(p: int, v: int) -> float:
+    """The pipeline hand-offs an interleaved schedule's fill and drain cross beyond what the step
+    rule's bubble ``(S - T) / v`` already holds (0 without virtual stages).
+
+    The first micro-batch's forward crosses every virtual-stage boundary, ``p v - 1`` hand-offs,
+    and its last backward as many again; each waits for the one before (the Zero Bubble paper's
+    schedule constraints, Qi et al., arXiv 2401.10241 Appendix G: ``E(i,j,F) >= E(i-1,j,F) + T_comm
+    + T(i,j,F)``; "the amount of communication also increases by v", Narayanan et al., SC'21 Sec.
+    2.2.2). The stage times in ``S`` hold one hand-off for each end stage and two for each middle
+    one, so the bubble holds ``(2p - 4) / v`` of them against 1F1B's ``2p - 4`` (1F1B's own fill and
+    drain, ``2(p - 1)``, is what the rule has always priced, left as it is). What interleaving adds:
+    ``2(pv - 1) - (2p - 4) / v - (2(p - 1) - (2p - 4)) = 2p(v - 1) + (2p - 4)(1 - 1/v)``."""
+    if p < 2 or v < 2:
+        return 0.0
+    return 2 * p * (v - 1) + (2 * p - 4) * (1 - 1 / v)
+
+
+def pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s, fill_s=0):
+    """The step time ``m * T + (S - T) / v + F + E + O`` of a pipeline whose slowest stage takes
+    ``T`` per micro-batch and whose stages sum to ``S``, ``E`` and ``O`` the slowest stage's exposed
+    once-per-step DP time and optimizer (module docstring; Narayanan et al., SC'21, Sec. 2.2), ``F``
+    the interleaved fill and drain's extra hand-offs (``interleaved_fill_hops`` times one hand-off).
     The one rule for the step: ``estimate`` (``pipeline_step_time``), the solver's objective on
     its integer tables (``problem.objective_value``) and CP-SAT's objective (``cpsat``), which
-    pass ``v * step = pipeline_step(v * m, 1, T, S, v * E, v * O)`` (with ``v == 1`` nothing is
+    pass ``v * step = pipeline_step(v * m, 1, T, S, v * E, v * O, v * F)`` (with ``v == 1`` nothing is
     divided, so integers and CP-SAT expressions stay what they are)."""
     bubble = t_sum - t_max if v == 1 else (t_sum - t_max) / v
-    return m * t_max + bubble + dp_exposed_s + optimizer_s
+    return m * t_max + bubble + fill_s + dp_exposed_s + optimizer_s
 
 
 def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_exposed_s: float,
-                       optimizer_s: float) -> tuple[float, float]:
-    """(step time, bubble) of stages taking ``stage_times`` per micro-batch (``pipeline_step``)."""
+                       optimizer_s: float, fill_s: float = 0.0) -> tuple[float, float]:
+    """(step time, bubble) of stages taking ``stage_times`` per micro-batch (``pipeline_step``);
+    the bubble holds the interleaved fill's extra hand-offs ``fill_s``."""
     t_max = max(stage_times)
     t_sum = sum(stage_times) if len(stage_times) > 1 else t_max
-    return pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s), (t_sum - t_max) / v
+    return (pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s, fill_s),
+            (t_sum - t_max) / v + fill_s)
+
+
+def hand_off_s(pp_comm_s: float, first: bool, last: bool) -> float:
+    """One pipeline hand-off of a stage whose ``pp_comm_s`` holds one (an end stage) or two."""
+    return pp_comm_s if (first or last) else pp_comm_s / 2

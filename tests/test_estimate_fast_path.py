@@ -25,7 +25,8 @@ from costmodel.frameworks import framework_profile
 from costmodel.layers import model_flops_per_token
 from costmodel.specs import ParallelConfig, StageSpec, SpecError, Workload, default_stages, validate
 from costmodel.stage_cache import _Shared
-from costmodel.stage_terms import StageModel, inflight_microbatches, pipeline_step_time, stage_crosses
+from costmodel.stage_terms import (StageModel, inflight_microbatches, interleaved_fill_hops, pipeline_step_time,
+                                   stage_crosses)
 from costmodel.training import estimate, stage_groups
 from planner.search.space import enumerate_candidates
 from costmodel.files.clusters import load_cluster
@@ -54,7 +55,10 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
     times = tuple(c.time_s for _, _, _, c, *_ in rows)
     dp_exposed = max(row[6] for row in rows)
     opt_s = max(row[3].optimizer_s for row in rows)
-    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s)
+    # the interleaved fill's extra hand-offs, each the slowest stage's one hand-off (an end stage's
+    # pp_comm_s holds one, a middle stage's two)
+    hop = max(row[3].pp_comm_s / (1 if i in (0, p - 1) else 2) for i, row in enumerate(rows)) if v > 1 else 0.0
+    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s, interleaved_fill_hops(p, v) * hop)
     j = times.index(max(times))
     b = rows[j][3]
     per_stage = par.tp * par.dp * par.cp
@@ -194,3 +198,7 @@ def test_pipeline_step_by_hand():
     assert pipeline_step_time(8, 1, (3.0, 2.0, 2.0, 1.0), 0.5, 0.25) == (29.75, 5.0)
     assert pipeline_step_time(8, 2, (3.0, 2.0, 2.0, 1.0), 0.0, 0.0) == (26.5, 2.5)
     assert pipeline_step_time(8, 1, (3.0,), 1.0, 0.0) == (25.0, 0.0)
+    # the interleaved fill's hand-offs: 2p(v - 1) + (2p - 4)(1 - 1/v), none without virtual stages
+    assert [interleaved_fill_hops(p, v) for p, v in ((8, 1), (1, 4), (2, 2), (8, 3), (16, 3))] == \
+        [0.0, 0.0, 4.0, pytest.approx(40.0), pytest.approx(82.6667, rel=1e-4)]
+    assert pipeline_step_time(8, 2, (3.0, 2.0, 2.0, 1.0), 0.0, 0.0, 0.5) == (27.0, 3.0)

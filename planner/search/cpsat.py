@@ -132,7 +132,8 @@ class PipelineModel:
                 lst.append(var)
 
     def _add_objective(self, cutoff: float | None):
-        """v * step = v*m*T + (S - T) + v*E + v*O, T = max t_i, E = max e_i, O = max o_i."""
+        """v * step = v*m*T + (S - T) + v*F + v*E + v*O, T = max t_i, E = max e_i, O = max o_i, F the
+        interleaved fill's extra hand-offs (``StageTables.fill``, a constant of the candidate)."""
         big_t, big_e, big_o, big_m = self.bigs
         T = self.m.new_int_var(0, big_t, "T")
         E = self.m.new_int_var(0, big_e, "E")
@@ -146,7 +147,7 @@ class PipelineModel:
             obj = M
         else:
             # v x the step (training.pipeline_step); one stage: sum(t) - T = 0
-            obj = pipeline_step(self.v * self.mb, 1, T, sum(self.t), self.v * E, self.v * O)
+            obj = pipeline_step(self.v * self.mb, 1, T, sum(self.t), self.v * E, self.v * O, self.v * self.tab.fill)
         if cutoff is not None and not self.memory_objective:
             # branch and bound: only splits that beat the incumbent are of interest
             self.m.add(obj <= int(cutoff * self.v * NS) + 1)

@@ -13,8 +13,8 @@ from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload
 from costmodel.memory import activations_in_flight, stage_peak_bytes
-from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, inflight_microbatches,
-                                pipeline_step, stage_crosses, stage_model)
+from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, hand_off_s, inflight_microbatches,
+                                interleaved_fill_hops, pipeline_step, stage_crosses, stage_model)
 from costmodel.units import KIB, NS_PER_S
 from planner.search.space import Candidate
 
@@ -89,6 +89,8 @@ class StageTables:
     r: dict[tuple[int, str, int], list]
     dense_first: int = 0                     # leading dense layers (0 when buckets are trivial)
     freq: int = 1                            # MoE every freq-th layer after them
+    fill: int = 0                            # the interleaved fill's extra hand-offs per step, integer ns
+                                             # (stage_terms.interleaved_fill_hops x the slowest hand-off)
 
     def bucket(self, first_layer: int) -> int:
         """The bucket of a stage starting at ``first_layer``."""
@@ -158,6 +160,7 @@ class Problem:
             return model.moe_layers_in(b, b + n)
 
         t, e, o, mem, rr = shape.t, shape.e, shape.o, shape.mem, shape.r
+        hop = 0.0                              # the slowest hand-off of any placement (estimate's rule)
         for g in self.groups(cand):
             rows_by_pos: dict[tuple[bool, bool, int], list] = {}
             for i, b in ((i, b) for i in range(p) for b in shape.buckets()):
@@ -181,6 +184,8 @@ class Problem:
                         rows.append((n, c0, sm.cost(nd, nm, n)))
                     rows_by_pos[pos] = (sm, rows)
                 sm, rows = rows_by_pos[pos]
+                if par.vpp > 1 and rows:           # the hand-off as this position's cost holds it
+                    hop = max(hop, hand_off_s(rows[0][1].pp_comm_s, i == 0, i == p - 1))
                 inflight = inflight_microbatches(par, i)
                 cap, reserved = sm.capacity_bytes, sm.reserved_bytes
                 key = (i, g, b)
@@ -210,6 +215,7 @@ class Problem:
                 for lst in (tl, el, ol, ml, rl):
                     lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
+        shape.fill = int(round(interleaved_fill_hops(p, par.vpp) * hop * NS))
         return shape
 
 
@@ -254,7 +260,7 @@ def objective_value(prob: Problem, cand: Candidate, tab: StageTables, ns: list[i
         return float(max(ms))
     v, m = par.vpp, par.grad_accum
     # v x the step in integer nanoseconds, exactly as CP-SAT's objective counts it
-    return pipeline_step(v * m, 1, max(ts), sum(ts), v * max(es), v * max(os_)) / v / NS
+    return pipeline_step(v * m, 1, max(ts), sum(ts), v * max(es), v * max(os_), v * tab.fill) / v / NS
 
 
 def stages_from(tab: StageTables, cand: Candidate, ns: list[int], gs: list[str]) -> tuple[StageSpec, ...]:
