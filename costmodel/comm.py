@@ -20,7 +20,7 @@ inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k``
 * all-gather / reduce-scatter (S = the full output): half of that;
 * all-to-all: (k-1)/n * S over the intra link and (n-k)/n * S over the inter link, in parallel;
 * point-to-point: S / B + latency; inside one NVLink domain ``B`` is also capped by the channels
-  NCCL gives one send/recv (``nvlink_p2p_bytes_per_s``, below).
+  NCCL gives one send/recv (``nvlink_p2p_channels``, below).
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -52,6 +52,7 @@ import math
 from functools import lru_cache
 from typing import Callable, NamedTuple
 
+from .attention import architecture
 from .specs import MESH_AXES, ClusterSpec, LinkSpec
 from .units import US
 
@@ -183,7 +184,8 @@ P2P_CHANNELS = 32
 P2P_NVL_STEP = 512 * 1024
 P2P_SPLIT_BYTES = 32 * P2P_NVL_STEP
 P2P_MIN_PART = P2P_NVL_STEP // 8
-P2P_CHANNEL_BYTES_PER_S = {"A": 12.8e9, "H": 12.8e9 * 20.6 / 20.0, "B": 12.8e9 * 40.1 / 20.0}
+# by the kernel tables' architecture (costmodel.attention.architecture)
+P2P_CHANNEL_BYTES_PER_S = {"ampere": 12.8e9, "hopper": 12.8e9 * 20.6 / 20.0, "blackwell": 12.8e9 * 40.1 / 20.0}
 NVLINK_PREFIX = "nvlink"
 
 
@@ -196,18 +198,6 @@ def nvlink_p2p_channels(size: float, ranks: int) -> int:
     while ch < P2P_CHANNELS and size / ch > P2P_SPLIT_BYTES:
         ch *= 2
     return max(1, min(ch, int(size // P2P_MIN_PART)))
-
-
-def p2p_channel_bytes_per_s(gpu_name: str) -> float:
-    """One send/recv channel's NVLink bandwidth on ``gpu_name`` (0: no figure, no cap)."""
-    n = gpu_name.upper()
-    if n.startswith(("GB", "B1", "B2", "B3")):
-        return P2P_CHANNEL_BYTES_PER_S["B"]
-    if n.startswith(("H100", "H200", "H800", "H20", "GH200")):
-        return P2P_CHANNEL_BYTES_PER_S["H"]
-    if n.startswith(("A100", "A800")):
-        return P2P_CHANNEL_BYTES_PER_S["A"]
-    return 0.0
 
 
 class Network:
@@ -232,7 +222,7 @@ class Network:
         self._ag_fns: dict[GroupLayout, Callable[[float], float]] = {}
         # one send/recv channel's bandwidth inside the NVLink domain (0: the link's rate alone)
         gpu = next((g.gpu for g in cluster.groups if g.intra_node == self.intra), cluster.groups[0].gpu)
-        self._p2p_channel_bw = (p2p_channel_bytes_per_s(gpu.name)
+        self._p2p_channel_bw = (P2P_CHANNEL_BYTES_PER_S.get(architecture(gpu), 0.0)
                                 if self.intra.name.startswith(NVLINK_PREFIX) else 0.0)
 
     def _bw(self, tier: str, op: str, n: int, size: float) -> float:
@@ -373,8 +363,10 @@ class Network:
             return 0.0
         if cross_node:
             return size / self._bw("inter", "send_recv", 2, size) + self._inter_lat
-        bw = self._bw("intra", "send_recv", 2, size)
-        if ranks and self._p2p_channel_bw and not (self._measured and _measured_busbw(self.cluster, "intra", "send_recv", 2,
-                                                                             size)):
+        measured = _measured_busbw(self.cluster, "intra", "send_recv", 2, size) if self._measured else None
+        if measured:
+            return size / measured + self._intra_lat
+        bw = self._intra_bw
+        if ranks and self._p2p_channel_bw:
             bw = min(bw, nvlink_p2p_channels(size, ranks) * self._p2p_channel_bw)
         return size / bw + self._intra_lat
