@@ -655,8 +655,7 @@ class StageModel:
         par, mesh = self.par, self.mesh
         pp_s = 0.0
         if par.pp > 1:
-            # forward activation out and gradient back per boundary; middle stages have two boundaries
-            pp_s = (1 if (first or last) else 2) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses, par.pp))
+            pp_s = hand_offs(first, last) * launched(mesh.network.p2p(mesh.boundary_bytes, crosses, par.pp))
         return pp_s, ends_params(self.sh.model, par.tp, par.pp, first, last).total
 
     def cost(self, n_dense: float, n_moe: float, r: float) -> StageCost:
@@ -987,9 +986,10 @@ def interleaved_fill_hops(p: int, v: int) -> float:
     and its last backward as many again; each waits for the one before (the Zero Bubble paper's
     schedule constraints, Qi et al., arXiv 2401.10241 Appendix G: ``E(i,j,F) >= E(i-1,j,F) + T_comm
     + T(i,j,F)``; "the amount of communication also increases by v", Narayanan et al., SC'21 Sec.
-    2.2.2). The stage times in ``S`` hold one hand-off for each end stage and two for each middle
-    one, so the bubble holds ``(2p - 4) / v`` of them against 1F1B's ``2p - 4`` (1F1B's own fill and
-    drain, ``2(p - 1)``, is what the rule has always priced, left as it is). What interleaving adds:
+    2.2.2). The stage times in ``S`` hold ``hand_offs``: one for each end stage, two for each middle
+    one, so with a middle stage the slowest the bubble holds ``(2p - 4) / v`` of them against 1F1B's
+    ``2p - 4`` (1F1B's own fill and drain, ``2(p - 1)``, is what the rule has always priced, left as it
+    is; an end stage the slowest, or ``p = 2``, shifts either count by one hand-off). What interleaving adds:
     ``2(pv - 1) - (2p - 4) / v - (2(p - 1) - (2p - 4)) = 2p(v - 1) + (2p - 4)(1 - 1/v)``."""
     if p < 2 or v < 2:
         return 0.0
@@ -1019,6 +1019,12 @@ def pipeline_step_time(m: int, v: int, stage_times: tuple[float, ...], dp_expose
             (t_sum - t_max) / v + fill_s)
 
 
+def hand_offs(first: bool, last: bool) -> int:
+    """Pipeline hand-offs a stage's time holds per micro-batch: the forward activation out and the
+    gradient back per boundary, one boundary at an end stage, two in the middle."""
+    return 1 if (first or last) else 2
+
+
 def hand_off_s(pp_comm_s: float, first: bool, last: bool) -> float:
-    """One pipeline hand-off of a stage whose ``pp_comm_s`` holds one (an end stage) or two."""
-    return pp_comm_s if (first or last) else pp_comm_s / 2
+    """One pipeline hand-off of a stage whose ``pp_comm_s`` holds ``hand_offs`` of them."""
+    return pp_comm_s / hand_offs(first, last)

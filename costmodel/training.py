@@ -192,7 +192,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     Stages with the same node group, position (first, last, middle), neighbour placement and
     layer counts cost the same: each such kind is costed once, then every stage gets its own
     in-flight micro-batches and peak (and, when ``Estimate.stages`` is read, its memory and row)."""
-    slots = end_slots(par, [s.num_layers for s in stages]) if stages is not None else 0
+    counts = [s.num_layers for s in stages] if stages is not None else []
+    slots = end_slots(par, counts) if counts else 0
     validate(model, cluster, workload, par, slots=slots)
     order = tuple(order or DEFAULT_ORDER)
     sh = _shared(model, cluster, workload, framework_profile(framework))
@@ -206,10 +207,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     else:
         if stages is None:
             stages = default_stages(model.layers, p)
-        if len(stages) != p or sum(s.num_layers for s in stages) != model.layers:
-            raise SpecError(f"stage split {[s.num_layers for s in stages]} must have pp = {p} stages "
-                            f"covering all {model.layers} layers")
-        counts = [s.num_layers for s in stages]
+            counts = [s.num_layers for s in stages]
+        if len(stages) != p or sum(counts) != model.layers:
+            raise SpecError(f"stage split {counts} must have pp = {p} stages covering all {model.layers} layers")
         if any(n < stage_floor(par, i, slots, counts) for i, n in enumerate(counts)):
             raise SpecError(f"every stage needs at least vpp = {v} layer(s), the first and last one fewer where "
                             f"their end virtual stage holds only the embedding or the loss: {counts}")
