@@ -50,6 +50,12 @@ Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
   H100 and H200 are the same GH100 chip (132 SMs, the same clocks): the H200's larger HBM
   changes little for a kernel this compute-bound. FA2 uses none of Hopper's asynchronous
   tensor-core instructions, hence about a third of peak.
+* FlashAttention (version 1, the flash-attn 1.x package), forward + backward on A100 and H100: the
+  FlashAttention-2 paper's benchmark figures (Dao, arXiv 2307.08691, Fig. 4 and Fig. 7; the
+  repository's ``assets/flash2_{a100,h100}_fwd_bwd_benchmark.png``), its "FlashAttention" bars, head
+  dims 64 and 128 [3-10%]: about 0.26-0.34 of the A100's peak and 0.13-0.17 of the H100's (it runs
+  Ampere code on Hopper). Fitted by ``bench/fit_attention_curves.py --published fa1``; head dim 256
+  clamped to 128 (FA1 stops at 128); Blackwell takes Hopper's fractions, as FA2 does.
 * FlexAttention: 90% of FA2 forward and 85% backward (PyTorch FlexAttention blog, Aug 2024, A100
   causal): priced as FA2 times 3.5 / (1/0.9 + 2.5/0.85) = 0.864 on every architecture.
 
@@ -86,6 +92,10 @@ Which kernel runs (``kernel_for``), from the framework profile's ``attention`` f
   at least 9.15.1 (the guard pytorch/pytorch#138522 added after 2.5): cuDNN on Hopper and
   Blackwell, FA2 on Ampere. Older PyTorch (2.8-2.9: flash first) would run FA2 on Hopper, slower.
 * "flash-attn": the flash-attn package (Megatron-DeepSpeed with --use-flash-attn): FA2.
+* "flash-attn-1": the flash-attn 1.x package, which Transformer Engine 0.8's ``DotProductAttention``
+  called for a causal mask on sm_80+ (``transformer_engine/pytorch/transformer.py`` at v0.8:
+  ``flash_attn_unpadded_func``, ``use_flash_attention`` unless ``NVTE_FLASH_ATTN=0``): FA1. Only a
+  published run that ran it names it (MLPerf Training v3.0's GPT-3); no target writes it.
 * "" keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of the GEMM curve): only
   Accelerate's Megatron-LM engine, whose model code the plugin does not pin. The generic profile
   (framework unknown) takes "sdpa", the kernel a user's own PyTorch code reaches; a published run
@@ -169,11 +179,16 @@ _CURVES: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {
         "bwd": {"none": ((0.296, 0.315, 0.315), 380.0), "causal": ((0.290, 0.320, 0.320), 910.0)},
     },
 }
-# Blackwell FA2: no published table; Hopper's fractions (FA2 uses no Hopper/Blackwell features)
+# FlashAttention 1: the FlashAttention-2 paper's published forward + backward speeds (module docstring;
+# bench/fit_attention_curves.py --published fa1 prints these); head dim 256 clamped to 128
+_CURVES[("fa1", "ampere")] = {"fb": {"none": ((0.343, 0.262, 0.262), 80.0), "causal": ((0.297, 0.264, 0.264), 300.0)}}
+_CURVES[("fa1", "hopper")] = {"fb": {"none": ((0.169, 0.137, 0.137), 50.0), "causal": ((0.145, 0.128, 0.128), 130.0)}}
+# Blackwell FA2 (and FA1): no published table; Hopper's fractions (they use no Hopper/Blackwell features)
 _CURVES[("fa2", "blackwell")] = _CURVES[("fa2", "hopper")]
+_CURVES[("fa1", "blackwell")] = _CURVES[("fa1", "hopper")]
 FLEX_OF_FA2 = 3.5 / (1 / 0.90 + 2.5 / 0.85)      # FlexAttention blog: 0.90 fwd, 0.85 bwd of FA2
 BACKWARD_FLOPS_OF_FORWARD = 2.5                   # benchmark_flash_attention.py's convention
-KERNELS = ("fa2", "fa3", "fa4", "cudnn", "flex")
+KERNELS = ("fa1", "fa2", "fa3", "fa4", "cudnn", "flex")
 # GB300 / GB200 cuDNN attention, same-day runs (module docstring): forward, backward
 ULTRA_OF_BLACKWELL = {"fwd": 1.28, "bwd": 1.08}
 ULTRA_KERNELS = ("cudnn", "fa4")      # the Blackwell-specific kernels (FA2 runs Hopper's code)
@@ -213,6 +228,8 @@ def kernel_for(attention: str, gpu: GpuSpec) -> str:
         return {"hopper": "fa3", "blackwell": "fa4"}.get(arch, "fa2")
     if attention == "flash-attn":
         return "fa2"
+    if attention == "flash-attn-1":
+        return "fa1"
     raise ValueError(f"unknown attention implementation {attention!r}; known: {', '.join(ATTENTION_IMPLEMENTATIONS[1:])}")
 
 
@@ -230,7 +247,7 @@ def _table(kernel: str, gpu: GpuSpec) -> tuple[dict, float]:
     if t is None:
         # a kernel that does not run on this architecture (FA3 off Hopper, FA4 off Blackwell) or a
         # GPU without tables: the framework would fall back to FA2
-        t = _CURVES[("fa2", "hopper" if arch in ("hopper", "blackwell") else "ampere")]
+        t = _CURVES[("fa1" if k == "fa1" else "fa2", "hopper" if arch in ("hopper", "blackwell") else "ampere")]
     return t, (FLEX_OF_FA2 if kernel == "flex" else 1.0)
 
 
@@ -428,7 +445,7 @@ def kv_width_passed(attention: str, q_width: float, kv_width: float) -> float:
     return q_width if attention == "sdpa-torchtitan" else kv_width
 
 
-ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "te")
+ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "flash-attn-1", "te")
 
 
 # PyTorch's context parallel K/V exchange: torchtitan's ``--experimental.context_parallel_rotate_method``

@@ -168,14 +168,22 @@ def _measured_busbw(cluster: ClusterSpec, tier: str, op: str, n: int, size: floa
 # Per-channel bandwidth (``P2P_CHANNEL_BYTES_PER_S``): A100, 12.8 GB/s, the middle of what
 # nccl-tests' sendrecv_perf gives on an 8-GPU A100 NVLink board (li-plus/playground cuda/nccl.md:
 # 110.8 GB/s at 128 MB on 8 channels by the rule above, 13.9 per channel; 188.6 GB/s at 256 MB on
-# 16, 11.8). No per-channel figure was found for Hopper or Blackwell: scaled by NCCL's own
-# per-link NVLink bandwidth constants (src/graph/topo.h: SM80 20.0, SM90 20.6, SM100 40.1 GB/s),
-# an assumption. ``P2P_CHANNELS`` = 32: the communicator's channel count, a power of two of the
-# collective channels, taken as 32 (NCCL's MAXCHANNELS before 2.19; an assumption for later ones).
-# Checked against what nobody fitted: the Zero Bubble paper's profiled hand-off time on one
-# 8-A100 board (arXiv 2401.10241 Appendix D Table 9, T_comm: 0.601 ms for 28.3 MB, 0.527 ms for
-# 25.2 MB; this rule gives 0.56 and 0.50 ms, tests/test_comm_p2p.py) and nccl-tests#268 (an H100
-# pair: about 80 GB/s at its default, 180 GB/s at the largest sizes, against 370 GB/s collective).
+# 16, 11.8). H100, 18.4 GB/s: nccl-tests' sendrecv_perf between 2 H100 SXM of one AWS p5.48xlarge
+# node (Hugging Face's Smol Training Playbook, Infrastructure chapter,
+# huggingface.co/spaces/HuggingFaceTB/smol-training-playbook, read through its GitHub copy
+# isLinXu/smol-training-playbook app/src/content/assets/data/nccl_sendrecv_p2p_comparison.csv):
+# 294.6 GB/s at 256 MB on 16 channels by the rule above, the same 16 MiB part per channel as the
+# A100's two points (284.8 at 128 MB, 17.8 per channel; 353.2 at 512 MB, where the rule doubles to
+# 32 channels and the NVLink path's own ~365 GB/s caps it). So per-channel bandwidth does not follow
+# NCCL's per-link NVLink constants (src/graph/topo.h: SM80 20.0, SM90 20.6 GB/s: 1.03x; measured
+# 1.44x at the same part). No figure was found for Blackwell (whose per-link constant, SM100 40.1,
+# doubles Hopper's): priced at Hopper's measured figure, an assumption that does not credit
+# NVLink 5 with a faster channel nobody measured. ``P2P_CHANNELS`` = 32: the communicator's channel
+# count, a power of two of the collective channels, taken as 32 (NCCL's MAXCHANNELS before 2.19;
+# an assumption for later ones; a GB300 log of NCCL 2.29 prints "32 p2p channels, 32 p2p channels
+# per peer"). Checked against what nobody fitted: the Zero Bubble paper's profiled hand-off time on
+# one 8-A100 board (arXiv 2401.10241 Appendix D Table 9, T_comm: 0.601 ms for 28.3 MB, 0.527 ms for
+# 25.2 MB; this rule gives 0.56 and 0.50 ms, tests/test_comm_p2p.py).
 # A communicator across domains keeps the network's rule (its NVLink hops use small network-sized
 # parts on many channels; the hand-off is priced at the inter tier, as before). A measured
 # profile's send/recv bandwidth replaces all of this. Not priced: a job's own CTA caps
@@ -185,7 +193,7 @@ P2P_NVL_STEP = 512 * 1024
 P2P_SPLIT_BYTES = 32 * P2P_NVL_STEP
 P2P_MIN_PART = P2P_NVL_STEP // 8
 # by the kernel tables' architecture (costmodel.attention.architecture)
-P2P_CHANNEL_BYTES_PER_S = {"ampere": 12.8e9, "hopper": 12.8e9 * 20.6 / 20.0, "blackwell": 12.8e9 * 40.1 / 20.0}
+P2P_CHANNEL_BYTES_PER_S = {"ampere": 12.8e9, "hopper": 294.6e9 / 16, "blackwell": 294.6e9 / 16}
 NVLINK_PREFIX = "nvlink"
 
 

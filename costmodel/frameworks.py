@@ -117,7 +117,7 @@ class FrameworkProfile:
     selective_recompute: str = "op"
     # which attention implementation its model code calls as its launch file sets it up
     # (costmodel.attention.kernel_for picks the kernel per GPU): "te", "flex", "sdpa",
-    # "sdpa-torchtitan", "flash-attn"; "" keeps the GEMM-curve rule
+    # "sdpa-torchtitan", "flash-attn", "flash-attn-1" (a published run's FA1); "" keeps the GEMM-curve rule
     attention: str = ""
     calibrated: bool = False          # fitted on that framework's own published runs
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+

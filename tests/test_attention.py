@@ -233,7 +233,7 @@ def test_measured_table_reaches_the_layer_and_round_trips_a_cluster_file(tmp_pat
 
 
 @pytest.mark.parametrize("row, says", [
-    (["xformers", "fwd", "causal", 128, 4096, 0.3], "kernel must be one of fa2, fa3, fa4, cudnn, got 'xformers'"),
+    (["xformers", "fwd", "causal", 128, 4096, 0.3], "kernel must be one of fa1, fa2, fa3, fa4, cudnn, got 'xformers'"),
     (["fa2", "both", "causal", 128, 4096, 0.3], "direction must be one of fwd, bwd"),
     (["fa2", "fwd", "sliding", 128, 4096, 0.3], "mask must be one of causal, none"),
     (["fa2", "fwd", "causal", 128, 4096, 1.5], "'efficiency' must be at most 1, got 1.5"),
@@ -353,3 +353,39 @@ def test_fa2_hopper_constants_are_the_fit_of_the_h200_table(bench_module):
         points, s0_cat = table[direction][mask]
         assert s0_cat == s0 and worst < 0.06
         assert points == (round(etas[64], 3), round(etas[128], 3), round(etas[128], 3))
+
+
+def test_fa1_constants_are_the_fit_of_its_published_speeds(bench_module):
+    """FlashAttention 1's curves are bench/fit_attention_curves.py's fit of the FlashAttention-2 paper's
+    published FA1 bars (A100 and H100, forward + backward, head dims 64 and 128): s0 exactly, eta_max
+    to 3 decimals, head dim 256 at 128's; every published point within 11% of the curve; and FA1 is
+    well under FA2 on both GPUs (FA2 on Hopper as the H200 measured it)."""
+    from costmodel.attention import _CURVES
+    mod = bench_module("fit_attention_curves")
+    for (arch, mask), (worst, s0, etas) in mod.fit_published("fa1").items():
+        points, s0_cat = _CURVES[("fa1", arch)]["fb"][mask]
+        assert s0_cat == s0 and worst < 0.11
+        assert points == (round(etas[64], 3), round(etas[128], 3), round(etas[128], 3))
+        gpu = {"ampere": A100, "hopper": H100}[arch]
+        for hd, tflops in mod.PUBLISHED["fa1"][arch][mask].items():
+            for seq, t in zip(mod.PUBLISHED_SEQS, tflops):
+                got = efficiency("fa1", gpu, hd, seq, mask == "causal", "fb")
+                assert abs(got * mod.PUBLISHED_PEAK[arch] / t - 1) < 0.11, (arch, mask, hd, seq)
+    assert _CURVES[("fa1", "blackwell")] is _CURVES[("fa1", "hopper")]
+    for s in (1024, 4096, 16384):
+        assert efficiency("fa1", A100, 128, s, True, "fb") < 0.6 * efficiency("fa2", A100, 128, s, True, "fb")
+        assert efficiency("fa1", H100, 128, s, True, "fb") < 0.65 * efficiency("fa2", H100, 128, s, True, "fb")
+
+
+def test_flash_attn_1_is_the_fa1_kernel_everywhere():
+    """A published run that ran the flash-attn 1.x package (TE 0.8's DotProductAttention) names
+    "flash-attn-1": FA1 on every GPU, and a layer priced with it is slower than with FA2."""
+    assert [kernel_for("flash-attn-1", g) for g in (A100, H100, B200)] == ["fa1", "fa1", "fa1"]
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=8, seq_len=8192)
+    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    args = (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+    fa1 = layer_cost(*args, attention="flash-attn-1")
+    fa2 = layer_cost(*args, attention="flash-attn")
+    assert fa1.attn_fwd_s > 1.8 * fa2.attn_fwd_s and fa1.gemm_fwd_s == fa2.gemm_fwd_s

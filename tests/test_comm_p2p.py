@@ -55,3 +55,22 @@ def test_what_the_rule_leaves_alone():
     # a GPU with no per-channel figure (and no NVLink) keeps the link's rate
     pcie = Network(load_cluster("l40s-pcie"))
     assert pcie.p2p(size, False, 8) == pytest.approx(size / pcie.intra.effective_bytes_per_s + pcie.intra.latency_s)
+
+
+def test_h100_sendrecv_against_nccl_tests():
+    """Hugging Face's Smol Training Playbook, sendrecv_perf between 2 H100 SXM on one p5 node: 294.6 GB/s at
+    256 MB (16 channels of 16 MiB: the per-channel figure's own point, so exact), 284.8 GB/s at 128 MB on the
+    same 16 channels (within 10%), and at 8 GB the NVLink path's own rate caps it (364.9 GB/s; the rule's
+    32 channels would give 589). Blackwell takes Hopper's per-channel figure (nothing measured)."""
+    net = Network(load_cluster("dgx-h100"))
+    for size, busbw, rel in ((256 * 2**20, 294.6e9, 1e-9), (128 * 2**20, 284.83e9, 0.10)):
+        assert nvlink_p2p_channels(size, 2) == 16
+        bw = size / (net.p2p(size, False, 2) - net.intra.latency_s)
+        assert bw == pytest.approx(busbw, rel=rel)
+    big = 8 * 2**30
+    assert nvlink_p2p_channels(big, 2) == 32
+    assert net.p2p(big, False, 2) == pytest.approx(big / net.intra.effective_bytes_per_s + net.intra.latency_s)
+    assert big / net.p2p(big, False, 2) < 400e9
+    b200 = Network(load_cluster("dgx-b200"))
+    size = 256 * 2**20
+    assert size / (b200.p2p(size, False, 2) - b200.intra.latency_s) == pytest.approx(294.6e9)

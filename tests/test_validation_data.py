@@ -249,3 +249,25 @@ def test_zero_bubble_interleaved_rows_price_the_end_slots():
     middle = stages_from_counts([3, 3, 2, 3, 3, 3, 3, 2])     # a middle stage one short: no slot there
     with pytest.raises(SpecError, match="at least vpp = 3|exceeds layers 22"):
         estimate(m, cl, wl, par, stages=middle, framework=prof)
+
+
+def test_mlperf_gpt3_rows_price_the_attention_kernel_their_te_ran():
+    """MLPerf v3.0's GPT-3 runs (TE 0.8, flash-attn 1.0.5) are priced with FlashAttention 1 and v3.1's
+    (TE 09ba842, flash-attn 2.0.8, flash tried before cuDNN) with FlashAttention 2, each record saying
+    where its files set it; the same run priced with FA1 is slower than with FA2, slower than with
+    the te default (cuDNN on Hopper)."""
+    import dataclasses
+
+    from costmodel.training import estimate
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith(("mlperf30-gpt3", "mlperf31-gpt3"))}
+    assert len(rows) == 11
+    for n, c in rows.items():
+        want = "flash-attn-1" if n.startswith("mlperf30") else "flash-attn"
+        assert c["profile"]["attention"] == want, n
+        assert any("(stop 35)" in a and ("flash_attn==1.0.5" if want == "flash-attn-1" else "flash-attn==2.0.8") in a
+                   for a in c["assumed"]), n
+    m, cl, wl, par, prof, _ = validation.case_inputs(BY_NAME["mlperf30-gpt3-175b-h100-512gpu-fp8"])
+    assert prof.attention == "flash-attn-1"
+    steps = [estimate(m, cl, wl, par, framework=dataclasses.replace(prof, attention=a)).step_time_s
+             for a in ("flash-attn-1", "flash-attn", "te")]
+    assert steps[0] > steps[1] > steps[2]
