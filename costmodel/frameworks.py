@@ -137,6 +137,12 @@ class FrameworkProfile:
     # runtime without FSDP mixed precision): each micro-batch reads and writes every weight once more
     # forward and its gradient once more backward (``layers.autocast_cast_bytes``)
     autocast_casts: bool = False
+    # its weight-gradient GEMMs accumulate into the gradient buffer (Megatron-LM's
+    # --gradient-accumulation-fusion, on by default: fused_weight_gradient_mlp_cuda's GEMM with beta 1, or
+    # Transformer Engine's fuse_wgrad_accumulation, which Megatron passes the same flag); False where the
+    # launch file turns it off (--no-gradient-accumulation-fusion): the GEMM writes a fresh gradient and
+    # Megatron's parameter hook adds it to ``main_grad`` every micro-batch (``layers.grad_accum_add_bytes``)
+    grad_accum_fusion: bool = True
     # how its host issues a dense layer's kernels (``costmodel.host``: "eager" PyTorch ops, "fused"
     # library modules such as Transformer Engine's, "compiled" torch.compile code, "graphs" replayed
     # CUDA graphs): a layer costs at least the host's time to issue it
@@ -269,7 +275,9 @@ COMPILE_KERNEL_FACTOR = 1.25
 # 0.71 -> 0.70, the same all-in refit once the GPU curves read every row priced at a kernel efficiency of
 # 1.0 (costmodel/fitted.py GPU_CURVE_ROWS; H100 0.78 -> 0.79). Stop 34 (lead): 0.70 -> 0.71, the same
 # refit once NCCL's send/recv channels and the interleaved fill's hand-offs are priced (H100 0.79 -> 0.78).
-PYTORCH_SM90_FACTOR = 0.71
+# Stop 35 (lead): 0.71 -> 0.72, the same refit once FP8-LM's Megatron runs on H100 are on file (H100
+# 0.78 -> 0.77).
+PYTORCH_SM90_FACTOR = 0.72
 
 
 def curves_measured(cluster) -> bool:

@@ -631,6 +631,17 @@ def autocast_saved_bytes(model: ModelSpec, tp: int, a_bytes: float, sp: bool = F
 EAGER_LOSS_BYTES = 12.0
 
 
+def grad_accum_add_bytes(params: float, compute_bytes: float, grad_bytes: float) -> float:
+    """HBM bytes an unfused weight-gradient accumulation moves per micro-batch for ``params``
+    parameters (``FrameworkProfile.grad_accum_fusion`` False; Megatron-LM's ``--no-gradient-accumulation-fusion``):
+    the weight-gradient GEMM writes a fresh gradient in the compute dtype, and the parameter's hook
+    (Megatron ``DistributedDataParallel._make_param_hook``: ``param.main_grad.add_(param.grad.data)``)
+    reads it and reads and writes the gradient buffer (``grad_bytes``: fp32, or bf16 where the run
+    reduces gradients in bf16). With the fusion the GEMM accumulates into the buffer itself, in its
+    epilogue, at no separate pass (priced 0). The GEMM's own write is in its time either way."""
+    return params * (compute_bytes + 2.0 * grad_bytes)
+
+
 def autocast_cast_bytes(params: float, compute_bytes: float) -> float:
     """HBM bytes autocast moves per micro-batch for ``params`` fp32 parameters (the comment above)."""
     return 2.0 * params * (AUTOCAST_CAST_BYTES_FP32 + compute_bytes)

@@ -69,6 +69,8 @@ class _Shared:
         # autocast's per-micro-batch weight casts (layers.autocast_cast_bytes): a framework that keeps fp32
         # parameters, training in a 16-bit dtype
         self.autocast = framework.autocast_casts and self.a_bytes < 4
+        # an unfused weight-gradient accumulation every micro-batch (layers.grad_accum_add_bytes)
+        self.grad_accum_add = not framework.grad_accum_fusion
         # the cluster's curves measured by `planner profile` (frameworks.kernel_efficiency_on; the
         # measurement that lifts the sm_90 factor ran dense layers only, so MoE layers keep it)
         self.measured = curves_measured(cluster)
@@ -348,8 +350,9 @@ def _stage_model(model, cluster, workload, par, order, group, first, last, cross
 
 
 def layers_key(sm: StageModel, n_dense: float, n_moe: float, r: float) -> tuple:
-    """What ``StageModel.layers_part`` reads besides the stage's mesh (whose cache holds the entry)."""
-    return (sm.last, sm.selective, n_dense, n_moe, r)
+    """What ``StageModel.layers_part`` reads besides the stage's mesh (whose cache holds the entry):
+    ``first`` only where an unfused gradient accumulation counts the embedding (``_Shared.grad_accum_add``)."""
+    return (sm.last, sm.selective, n_dense, n_moe, r, sm.first and sm.sh.grad_accum_add)
 
 
 def states_key(sm: StageModel, n_dense: float, n_moe: float, comp: float) -> tuple:

@@ -45,7 +45,7 @@ from . import fp8 as fp8_recipes
 from .compute import memory_bound_factor
 from .fsdp import fsdp2_copy_bytes
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
-from .layers import EndsCost, LayerCost, autocast_cast_bytes, ends_params
+from .layers import EndsCost, LayerCost, autocast_cast_bytes, ends_params, grad_accum_add_bytes
 from .matrices import layer_matrices
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .moe import ep_backward_window_s, sm_share_overlap_s
@@ -668,8 +668,9 @@ class StageModel:
     def layers_part(self, n_dense: float, n_moe: float, r: float) -> tuple[float, ...]:
         """The first fields of ``StageCost`` (``compute_s`` to ``act_fixed_bytes``): the layers'
         terms (``layer_sums``), the output head and the MTP modules on the last stage. They read
-        the mesh, ``last``, ``selective`` and the counts, nothing of ZeRO or of the placement's
-        neighbour (``stage_cache.stage_cost`` keys them so)."""
+        the mesh, ``last``, ``selective`` and the counts (and ``first`` where an unfused gradient
+        accumulation counts the embedding), nothing of ZeRO or of the placement's neighbour
+        (``stage_cache.stage_cost`` keys them so)."""
         mesh, sh = self.mesh, self.sh
         n = n_dense + n_moe
         r_moe = r * n_moe / n if n else 0.0
@@ -683,6 +684,15 @@ class StageModel:
             params = (n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
                       + (sh.model.vocab * sh.model.hidden / self.par.tp if self.last else 0.0))
             comp += autocast_cast_bytes(params, sh.a_bytes) / self.hbm_bytes_per_s
+        if sh.grad_accum_add:
+            # the unfused gradient accumulation, every micro-batch (layers.grad_accum_add_bytes): the stage's
+            # layer weights, its experts, and the embedding or head it holds (a tied pair held once on one stage)
+            ends = sh.model.vocab * sh.model.hidden / self.par.tp
+            held = ((1 if self.first else 0) + (1 if self.last else 0)
+                    - (1 if self.first and self.last and sh.model.tied_embeddings else 0))
+            params = (n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
+                      + held * ends)
+            comp += grad_accum_add_bytes(params, sh.a_bytes, sh.g_b) / self.hbm_bytes_per_s
         if self.last:
             comp += mesh.head_compute_s
             model_flops += mesh.head_model_flops

@@ -1,0 +1,66 @@
+"""An unfused weight-gradient accumulation (Megatron-LM's --no-gradient-accumulation-fusion:
+``FrameworkProfile.grad_accum_fusion`` False): every micro-batch each parameter's fresh gradient is read
+and added into the gradient buffer, a memory-bound pass the fused GEMM epilogue does not make. Checked
+against the bytes counted by hand, stage by stage, and on the published rows that ran it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.compute import memory_bound_factor
+from costmodel.files.clusters import load_cluster
+from costmodel.frameworks import framework_profile
+from costmodel.specs import ParallelConfig, Workload
+from costmodel.training import estimate
+
+
+def _pair(model, cluster, wl, par):
+    fused = framework_profile("megatron")
+    unfused = dataclasses.replace(fused, grad_accum_fusion=False)
+    return estimate(model, cluster, wl, par, framework=fused), estimate(model, cluster, wl, par, framework=unfused), fused
+
+
+def test_one_stage_adds_every_parameter_every_micro_batch():
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=64, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=1, dp=8, zero=1, micro_batch=2, grad_accum=4, recompute="full")
+    a, b, prof = _pair(m, cl, wl, par)
+    # the layers, the embedding and the (untied) head: every parameter but the final norm
+    params = m.total_params() - m.hidden
+    hbm = cl.gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(prof.elementwise, backward=False)
+    by_hand = 4 * params * (2 + 2 * 4) / hbm               # 4 micro-batches; bf16 gradient, fp32 buffer
+    assert b.step_time_s - a.step_time_s == pytest.approx(by_hand, rel=2e-3)
+    assert b.time["compute_s"] - a.time["compute_s"] == pytest.approx(by_hand, rel=2e-3)
+
+
+def test_pipeline_stages_hold_their_own_parameters():
+    """With 4 stages the pass is per stage: the slowest stage's share, m times; the first stage
+    carries the embedding and the last the head, so the step grows by about a quarter of the
+    one-stage pass over the model (more, for the end stages' extra parameters)."""
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(32)
+    wl = Workload(global_batch=64, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=4, dp=8, zero=1, micro_batch=1, grad_accum=8, recompute="full")
+    a, b, prof = _pair(m, cl, wl, par)
+    hbm = cl.gpu.hbm_bandwidth_bytes_per_s / memory_bound_factor(prof.elementwise, backward=False)
+    layer = (m.total_params() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
+    end_stage = (8 * layer + m.vocab * m.hidden) * 10 / hbm          # one micro-batch on an end stage
+    grew = b.step_time_s - a.step_time_s
+    assert 8 * end_stage <= grew <= 11 * end_stage                   # m = 8 plus the bubble's share
+
+
+def test_fp8_lm_rows_run_unfused_and_say_where():
+    from planner.cli import validation
+    rows = [c for c, _ in validation.all_cases() if c["name"].startswith("fp8lm-")]
+    assert len(rows) == 6
+    for c in rows:
+        assert c["profile"]["grad_accum_fusion"] is False
+        assert any("--no-gradient-accumulation-fusion" in a for a in c["assumed"])
+        m, cl, wl, par, prof, _ = validation.case_inputs(c)
+        assert prof.grad_accum_fusion is False
+    # every other record keeps the fusion (Megatron's default, and what the emitters leave on)
+    others = [c for c, _ in validation.all_cases() if not c["name"].startswith("fp8lm-")]
+    assert all(c.get("profile", {}).get("grad_accum_fusion", True) for c in others)
