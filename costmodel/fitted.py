@@ -116,8 +116,8 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
-          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "megatron-papers", "opt", "tinyllama",
-           "zero-bubble"),
+          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "megatron-llama", "megatron-papers", "opt",
+           "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
           "GPU_CURVE_ROWS row since stop 33"),
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",), ("fp8-lm", "llama3", "megatron-readme"),

@@ -52,15 +52,17 @@ def test_pipeline_stages_hold_their_own_parameters():
     assert 8 * end_stage <= grew <= 11 * end_stage                   # m = 8 plus the bubble's share
 
 
-def test_fp8_lm_rows_run_unfused_and_say_where():
+def test_rows_that_ran_unfused_say_where():
+    """FP8-LM's Megatron runs and Megatron-LLaMA's pass --no-gradient-accumulation-fusion; no other record does."""
     from planner.cli import validation
-    rows = [c for c, _ in validation.all_cases() if c["name"].startswith("fp8lm-")]
-    assert len(rows) == 6
+    unfused = ("fp8lm-", "mllama-")
+    rows = [c for c, _ in validation.all_cases() if c["name"].startswith(unfused)]
+    assert len(rows) == 10
     for c in rows:
         assert c["profile"]["grad_accum_fusion"] is False
         assert any("--no-gradient-accumulation-fusion" in a for a in c["assumed"])
         m, cl, wl, par, prof, _ = validation.case_inputs(c)
         assert prof.grad_accum_fusion is False
     # every other record keeps the fusion (Megatron's default, and what the emitters leave on)
-    others = [c for c, _ in validation.all_cases() if not c["name"].startswith("fp8lm-")]
+    others = [c for c, _ in validation.all_cases() if not c["name"].startswith(unfused)]
     assert all(c.get("profile", {}).get("grad_accum_fusion", True) for c in others)

@@ -31,6 +31,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("zero-bubble", r"2401\.10241|zero[- ]bubble"),  # Qi et al.'s Megatron 1F1B baselines (before megatron-lm)
     ("opt", r"2205\.01068|metaseq"),               # Meta's OPT-175B (before megatron-lm, whose layers it ran)
     ("fp8-lm", r"2310\.18313|fp8-lm|ms-amp"),     # Microsoft's FP8-LM Table 5 baselines (before megatron-lm)
+    ("megatron-llama", r"megatron-llama"),          # Alibaba's Megatron-LM fork's README (before megatron-lm)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
