@@ -79,14 +79,19 @@ def test_cp_ring_equals_the_ring_walked_rank_by_rank(cp, kernel, gpu):
         block_s(kernel, gpu, gpu.peak("bf16"), flops, hd, s, True)
 
 
+def _h100_llama8b_layer_args(seq_len: int) -> tuple:
+    """``layer_cost``'s arguments for one Llama-3.1-8B layer on 8 H100, data parallel only."""
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    wl = Workload(global_batch=8, seq_len=seq_len)
+    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    return (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+
+
 def test_layer_prices_the_kernel_the_framework_runs():
     """The same layer on H100 with TE's cuDNN against SDPA's FA2: the attention core, forward and
     backward, is slower on FA2; its backward beyond twice the forward is compute, not recompute."""
-    m = get_model("llama-3.1-8b")
-    cl = load_cluster("dgx-h100").with_gpus(8)
-    wl = Workload(global_batch=8, seq_len=32768)
-    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
-    args = (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+    args = _h100_llama8b_layer_args(32768)
     te = layer_cost(*args, attention="te")
     fa2 = layer_cost(*args, attention="sdpa-torchtitan")
     old = layer_cost(*args, attention="")
@@ -381,11 +386,7 @@ def test_flash_attn_1_is_the_fa1_kernel_everywhere():
     """A published run that ran the flash-attn 1.x package (TE 0.8's DotProductAttention) names
     "flash-attn-1": FA1 on every GPU, and a layer priced with it is slower than with FA2."""
     assert [kernel_for("flash-attn-1", g) for g in (A100, H100, B200)] == ["fa1", "fa1", "fa1"]
-    m = get_model("llama-3.1-8b")
-    cl = load_cluster("dgx-h100").with_gpus(8)
-    wl = Workload(global_batch=8, seq_len=8192)
-    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
-    args = (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+    args = _h100_llama8b_layer_args(8192)
     fa1 = layer_cost(*args, attention="flash-attn-1")
     fa2 = layer_cost(*args, attention="flash-attn")
     assert fa1.attn_fwd_s > 1.8 * fa2.attn_fwd_s and fa1.gemm_fwd_s == fa2.gemm_fwd_s
