@@ -96,6 +96,9 @@ Which kernel runs (``kernel_for``), from the framework profile's ``attention`` f
   called for a causal mask on sm_80+ (``transformer_engine/pytorch/transformer.py`` at v0.8:
   ``flash_attn_unpadded_func``, ``use_flash_attention`` unless ``NVTE_FLASH_ATTN=0``): FA1. Only a
   published run that ran it names it (MLPerf Training v3.0's GPT-3); no target writes it.
+* "flash-attn-3", "flash-attn-4": the FlashAttention-3 (Hopper) and FlashAttention-4 (Blackwell) packages a
+  published run called itself (Hugging Face transformers' ``attn_implementation="flash_attention_3"`` or
+  ``"flash_attention_4"``): FA3 or FA4; on another architecture the kernel's fallback, FA2 (``_table``).
 * "" keeps the older rule (``compute.FLASH_ATTENTION_EFFICIENCY`` of the GEMM curve): only
   Accelerate's Megatron-LM engine, whose model code the plugin does not pin. The generic profile
   (framework unknown) takes "sdpa", the kernel a user's own PyTorch code reaches; a published run
@@ -230,6 +233,8 @@ def kernel_for(attention: str, gpu: GpuSpec) -> str:
         return "fa2"
     if attention == "flash-attn-1":
         return "fa1"
+    if attention in ("flash-attn-3", "flash-attn-4"):
+        return "fa3" if attention == "flash-attn-3" else "fa4"
     raise ValueError(f"unknown attention implementation {attention!r}; known: {', '.join(ATTENTION_IMPLEMENTATIONS[1:])}")
 
 
@@ -445,7 +450,8 @@ def kv_width_passed(attention: str, q_width: float, kv_width: float) -> float:
     return q_width if attention == "sdpa-torchtitan" else kv_width
 
 
-ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "flash-attn-1", "te")
+ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "flash-attn", "flash-attn-1", "flash-attn-3",
+                             "flash-attn-4", "te")
 
 
 # PyTorch's context parallel K/V exchange: torchtitan's ``--experimental.context_parallel_rotate_method``

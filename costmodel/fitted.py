@@ -141,7 +141,9 @@ FITTED: tuple[FittedConstant, ...] = (
              "catalog hardware",
         grid=_steps(0.50, 1.20, 0.01), group="pytorch"),
     _kernel("torchtitan", ("torchtitan",), "16 figures; builtin assumes torchtitan's value"),
-    _kernel("deepspeed", ("mt-nlg",), "MT-NLG on Selene; BLOOM and GPT-NeoX ran on other hardware and are not fitted"),
+    _kernel("deepspeed", ("ml-engineering", "mt-nlg"),
+            "MT-NLG on Selene, and since stop 35 ml-engineering's ZeRO-2 runs on 8 H200 and 8 B200; BLOOM and "
+            "GPT-NeoX ran on other hardware and are not fitted"),
     _kernel("accelerate", ("accelerate",), "one approximate figure: not called calibrated"),
 )
 

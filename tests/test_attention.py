@@ -24,6 +24,10 @@ def test_kernel_each_implementation_runs():
     # torchtitan 0.3.0's VarlenAttention: FA3 on SM90, FA4 on SM100
     assert [kernel_for("varlen", g) for g in (A100, H100, B200)] == ["fa2", "fa3", "fa4"]
     assert kernel_for("flex", H100) == "flex" and kernel_for("", H100) == ""
+    # a published run that called FlashAttention-3 or -4 itself (Hugging Face's attn_implementation)
+    assert kernel_for("flash-attn-3", H100) == "fa3" and kernel_for("flash-attn-4", B200) == "fa4"
+    # on a GPU the package does not support, the curve falls back to FA2's (attention._table)
+    assert efficiency("fa3", A100, 128, 4096, True, "fb") == efficiency("fa2", A100, 128, 4096, True, "fb")
     with pytest.raises(ValueError, match="unknown attention implementation 'xformers'"):
         kernel_for("xformers", H100)
 
