@@ -58,6 +58,10 @@ BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
                                    "README, 2024-07-15), 489 model TFLOP/s; 49.4% by the full count"),
     ("Hopper", "fp8"): (0.4785, "mlperf41-gpt3-175b-h100-256gpu-fp8: GPT-3 175B at 2k tokens on 256 H100 (MLPerf "
                                 "Training v4.1, NVIDIA), its logged step time; 48.5% of the FP8 peak by the full count"),
+    ("Blackwell", "16-bit"): (0.3458, "mleng-llama3.1-8b-b200-8gpu-deepspeed-zero2: Llama-3.1-8B at 8k tokens on 8 B200, "
+                                      "DeepSpeed ZeRO-2, one sequence per GPU, FlashAttention-4 (stas00/ml-engineering, "
+                                      "'When Is It Worth Upgrading GPUs?', 2026), 778 model TFLOP/s by its own causal count; "
+                                      "the only BF16 dense Blackwell run on file"),
     ("Blackwell", "fp8"): (0.4268, "mlperf41-gpt3-175b-b200-64gpu-fp8: GPT-3 175B at 2k tokens on 64 B200 (MLPerf "
                                    "Training v4.1, NVIDIA), its logged step time; 43.3% of the FP8 peak by the full "
                                    "count"),
