@@ -66,3 +66,16 @@ def test_rows_that_ran_unfused_say_where():
     # every other record keeps the fusion (Megatron's default, and what the emitters leave on)
     others = [c for c, _ in validation.all_cases() if not c["name"].startswith(unfused)]
     assert all(c.get("profile", {}).get("grad_accum_fusion", True) for c in others)
+
+
+def test_what_the_emitters_write_keeps_the_fusion_the_price_assumes():
+    """Every shipped profile prices the fused accumulation (Megatron-LM's default), and no emitted launch file
+    turns Megatron's fusion off (the golden files of every target, read as text)."""
+    from pathlib import Path
+
+    from costmodel.frameworks import FRAMEWORKS
+    assert all(p.grad_accum_fusion for p in FRAMEWORKS.values())
+    golden = Path(__file__).parent / "golden" / "emitters"
+    files = [f for f in golden.rglob("*") if f.is_file()]
+    assert any("megatron" in f.parts for f in files)
+    assert not [f for f in files if "no-gradient-accumulation-fusion" in f.read_text(errors="ignore")]
