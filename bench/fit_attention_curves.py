@@ -95,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published", choices=sorted(PUBLISHED), help="fit a kernel's published table instead")
     args = ap.parse_args(argv)
     if args.published:
-        for (arch, mask), (worst, s0, etas) in fit_published(args.published).items():
-            per_dim = ", ".join(f"head dim {hd}: {eta:.3f}" for hd, eta in sorted(etas.items()))
-            print(f"{args.published} {arch} fb {mask:6s} s0 {s0:5d}  eta_max {per_dim}  largest error {100 * worst:.1f}%")
-        return 0
-    gpu = load_cluster(args.cluster).groups[0].gpu
-    for (direction, mask), (worst, s0, etas) in fit_table(gpu.attention_table, args.kernel).items():
+        rows = {(f"{arch} fb", mask): f for (arch, mask), f in fit_published(args.published).items()}
+        kernel = args.published
+    else:
+        gpu = load_cluster(args.cluster).groups[0].gpu
+        rows, kernel = fit_table(gpu.attention_table, args.kernel), args.kernel
+    for (curve, mask), (worst, s0, etas) in rows.items():
         per_dim = ", ".join(f"head dim {hd}: {eta:.3f}" for hd, eta in sorted(etas.items()))
-        print(f"{args.kernel} {direction} {mask:6s} s0 {s0:5d}  eta_max {per_dim}  largest error {100 * worst:.1f}%")
+        print(f"{kernel} {curve} {mask:6s} s0 {s0:5d}  eta_max {per_dim}  largest error {100 * worst:.1f}%")
     return 0
 
 

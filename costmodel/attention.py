@@ -215,6 +215,11 @@ def architecture(gpu: GpuSpec) -> str:
     return "other"
 
 
+# a FlashAttention package a run calls itself: one kernel on every GPU (the curve's own fallback,
+# ``_table``, where the package has no build for the architecture)
+PACKAGE_KERNELS = {"flash-attn": "fa2", "flash-attn-1": "fa1", "flash-attn-3": "fa3", "flash-attn-4": "fa4"}
+
+
 def kernel_for(attention: str, gpu: GpuSpec) -> str:
     """The kernel a profile's ``attention`` field runs on ``gpu`` (module docstring); "" for the
     GEMM-curve rule."""
@@ -229,12 +234,8 @@ def kernel_for(attention: str, gpu: GpuSpec) -> str:
         return "flex"
     if attention == "varlen":
         return {"hopper": "fa3", "blackwell": "fa4"}.get(arch, "fa2")
-    if attention == "flash-attn":
-        return "fa2"
-    if attention == "flash-attn-1":
-        return "fa1"
-    if attention in ("flash-attn-3", "flash-attn-4"):
-        return "fa3" if attention == "flash-attn-3" else "fa4"
+    if attention in PACKAGE_KERNELS:
+        return PACKAGE_KERNELS[attention]
     raise ValueError(f"unknown attention implementation {attention!r}; known: {', '.join(ATTENTION_IMPLEMENTATIONS[1:])}")
 
 

@@ -193,7 +193,8 @@ P2P_NVL_STEP = 512 * 1024
 P2P_SPLIT_BYTES = 32 * P2P_NVL_STEP
 P2P_MIN_PART = P2P_NVL_STEP // 8
 # by the kernel tables' architecture (costmodel.attention.architecture)
-P2P_CHANNEL_BYTES_PER_S = {"ampere": 12.8e9, "hopper": 294.6e9 / 16, "blackwell": 294.6e9 / 16}
+_H100_P2P_CHANNEL = 294.6e9 / 16      # the measured H100 figure, Blackwell's too (comment above)
+P2P_CHANNEL_BYTES_PER_S = {"ampere": 12.8e9, "hopper": _H100_P2P_CHANNEL, "blackwell": _H100_P2P_CHANNEL}
 NVLINK_PREFIX = "nvlink"
 
 

@@ -677,22 +677,25 @@ class StageModel:
         comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work = layer_sums(
             mesh.dense_terms, n_dense, r - r_moe, mesh.moe_terms, n_moe, r_moe, self.selective)
         mtp = sh.model.mtp_layers if self.last else 0
-        if sh.autocast_mode(self.par) == "fp32":
-            # autocast's casts of the stage's fp32 weights, every micro-batch (layers.autocast_cast_bytes):
-            # no FSDP2 mixed-precision policy casts them once (_Shared.autocast_mode); the embedding is not
-            # autocast, the (tied) head is
-            params = (n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
-                      + (sh.model.vocab * sh.model.hidden / self.par.tp if self.last else 0.0))
-            comp += autocast_cast_bytes(params, sh.a_bytes) / self.hbm_bytes_per_s
-        if sh.grad_accum_add:
-            # the unfused gradient accumulation, every micro-batch (layers.grad_accum_add_bytes): the stage's
-            # layer weights, its experts, and the embedding or head it holds (a tied pair held once on one stage)
-            ends = sh.model.vocab * sh.model.hidden / self.par.tp
-            held = ((1 if self.first else 0) + (1 if self.last else 0)
-                    - (1 if self.first and self.last and sh.model.tied_embeddings else 0))
-            params = (n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
-                      + held * ends)
-            comp += grad_accum_add_bytes(params, sh.a_bytes, sh.g_b) / self.hbm_bytes_per_s
+        autocast = sh.autocast_mode(self.par) == "fp32"
+        if autocast or sh.grad_accum_add:
+            # the per-micro-batch passes over the stage's weights: its layers and experts, and one
+            # vocabulary matrix per embedding or head it holds
+            layer_params = n_dense * mesh.dense_layer_params + n_moe * (mesh.moe_layer_params + mesh.routed_per_gpu)
+            end_matrix = sh.model.vocab * sh.model.hidden / self.par.tp
+            if autocast:
+                # autocast's casts of the stage's fp32 weights (layers.autocast_cast_bytes): no FSDP2
+                # mixed-precision policy casts them once (_Shared.autocast_mode); the embedding is not
+                # autocast, the (tied) head is
+                params = layer_params + (end_matrix if self.last else 0.0)
+                comp += autocast_cast_bytes(params, sh.a_bytes) / self.hbm_bytes_per_s
+            if sh.grad_accum_add:
+                # the unfused gradient accumulation (layers.grad_accum_add_bytes): the embedding and the
+                # head each accumulate their own gradient, a tied pair once where one stage holds both
+                held = ((1 if self.first else 0) + (1 if self.last else 0)
+                        - (1 if self.first and self.last and sh.model.tied_embeddings else 0))
+                params = layer_params + held * end_matrix
+                comp += grad_accum_add_bytes(params, sh.a_bytes, sh.g_b) / self.hbm_bytes_per_s
         if self.last:
             comp += mesh.head_compute_s
             model_flops += mesh.head_model_flops
