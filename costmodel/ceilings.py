@@ -14,7 +14,7 @@ but 68% more for Llama 3.1 8B at 131k, where by the full count any long-context 
 record (the ceilings' runs are all at 2-8k). Each ceiling is the highest such figure among the dense
 runs in ``calibration/``, every source and every way of publishing (``tests/test_validation_ceilings.py``
 recomputes them from the files, so a new record there must be copied here). Architectures without a
-published run here (AMD, L40S; Blackwell in 16-bit) have no ceiling: nothing is flagged there, and
+published run here (AMD, L40S) have no ceiling: nothing is flagged there, and
 the output says there is nothing to compare with.
 
 Thin steps (``ideal_step_s``, ``THIN_STEP_S``). A problem that gives each GPU only a few
@@ -58,10 +58,10 @@ BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
                                    "README, 2024-07-15), 489 model TFLOP/s; 49.4% by the full count"),
     ("Hopper", "fp8"): (0.4785, "mlperf41-gpt3-175b-h100-256gpu-fp8: GPT-3 175B at 2k tokens on 256 H100 (MLPerf "
                                 "Training v4.1, NVIDIA), its logged step time; 48.5% of the FP8 peak by the full count"),
-    ("Blackwell", "16-bit"): (0.3458, "mleng-llama3.1-8b-b200-8gpu-deepspeed-zero2: Llama-3.1-8B at 8k tokens on 8 B200, "
-                                      "DeepSpeed ZeRO-2, one sequence per GPU, FlashAttention-4 (stas00/ml-engineering, "
-                                      "'When Is It Worth Upgrading GPUs?', 2026), 778 model TFLOP/s by its own causal count; "
-                                      "the only BF16 dense Blackwell run on file"),
+    ("Blackwell", "16-bit"): (0.4786, "gpurec-a4-qwen2.5-32b-b200-16gpu-bf16: a Qwen2.5-shaped 32B at 4k tokens on 16 B200 "
+                                      "(Google Cloud A4), NeMo 1.0 / Megatron-core, pipeline 2 with 32 virtual stages, no "
+                                      "recomputation (AI-Hypercomputer/gpu-recipes' own log, 2025), 5,385 tokens/s per GPU; "
+                                      "49.8% by the full count"),
     ("Blackwell", "fp8"): (0.4268, "mlperf41-gpt3-175b-b200-64gpu-fp8: GPT-3 175B at 2k tokens on 64 B200 (MLPerf "
                                    "Training v4.1, NVIDIA), its logged step time; 43.3% of the FP8 peak by the full "
                                    "count"),

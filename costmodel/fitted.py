@@ -125,12 +125,12 @@ FITTED: tuple[FittedConstant, ...] = (
           "GPU_CURVE_ROWS row since stop 33"),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
-        families=("fp8-lm", "mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=0.80,
+        families=("fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=0.80,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=_steps(0.60, 1.00, 0.02), group="fp8"),
     FittedConstant(
         name="fp8.half_size_factor", owner="costmodel/fp8.py FP8_HALF_SIZE_FACTOR",
-        families=("fp8-lm", "mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=2.0,
+        families=("fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "torchtitan"), prior=2.0,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     FittedConstant(

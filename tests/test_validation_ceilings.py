@@ -61,8 +61,8 @@ def test_flag_above_the_ceiling_unless_measured():
     assert ceilings.mfu_flag(0.5, 0.47, "H100-SXM5-80GB", "fp8", measured=False) is None  # FP8 peak basis: 47.9%
     assert ceilings.mfu_flag(0.5, 0.49, "H100-SXM5-80GB", "fp8", measured=False)
     assert ceilings.mfu_flag(0.45, 0.44, "GB200-186GB", "fp8", measured=False)           # Blackwell FP8: 42.7%
-    assert ceilings.mfu_flag(0.37, 0.35, "B200-180GB", "bf16", measured=False)            # Blackwell BF16: 34.6%
-    assert ceilings.mfu_flag(0.36, 0.34, "B200-180GB", "bf16", measured=False) is None
+    assert ceilings.mfu_flag(0.51, 0.49, "B200-180GB", "bf16", measured=False)            # Blackwell BF16: 47.9%
+    assert ceilings.mfu_flag(0.49, 0.47, "B200-180GB", "bf16", measured=False) is None
     assert ceilings.mfu_flag(0.9, 0.9, "MI300X-192GB", "bf16", measured=False) is None    # nothing on file to compare
     assert ceilings.mfu_flag(0.9, 0.9, "MI300X-192GB", "bf16", measured=False) is None
 
