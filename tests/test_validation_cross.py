@@ -125,7 +125,7 @@ def test_the_fit_memo_changes_nothing():
 
 
 def test_scan_is_the_grid_minimum():
-    """The scan's pick has the least median error over its grid (checked at every grid point)."""
+    """The scan's pick has the least mean absolute error over its grid (checked at every fifth grid point)."""
     cases, _ = vc.load_cases()
     rows = vc._rows_for("framework.accelerate", cases) + vc._rows_for("framework.deepspeed", cases)[:1]
     c = fitted.BY_NAME["framework.deepspeed.kernel_efficiency"]
@@ -134,7 +134,7 @@ def test_scan_is_the_grid_minimum():
     got = vc._scan(deep, [c], vals)[c.name]
 
     def med(x):
-        return statistics.median(abs(vc._err(r, vc.predict(r, dict(vals, **{c.name: x}))[0])) for r in deep)
+        return statistics.fmean(abs(vc._err(r, vc.predict(r, dict(vals, **{c.name: x}))[0])) for r in deep)
     with vc.module_constants(vals):
         best = med(got)
         assert all(med(x) >= best - 1e-12 for x in c.grid[::5])
