@@ -120,7 +120,8 @@ FITTED: tuple[FittedConstant, ...] = (
            "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
           "GPU_CURVE_ROWS row since stop 33"),
-    *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",), ("fp8-lm", "gpu-recipes", "llama3", "megatron-readme"),
+    *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
+          ("fp8-lm", "gpu-recipes", "llama3", "megatron-readme"),
           "set at the skeleton commit; the README calls the H100 constants the least tested; refitted on every "
           "GPU_CURVE_ROWS row since stop 33"),
     FittedConstant(
