@@ -78,8 +78,9 @@ class Row:
 def _model(d: dict, name: str) -> ModelSpec:
     if "catalog" in d:
         from costmodel.catalog import get_model
-        # the run's own router settings (the launch file's --moe-aux-loss-coeff) over the catalog's
-        over = {k: d[k] for k in ("router_aux_coeff", "router_balance") if k in d}
+        # the run's own router settings (the launch file's --moe-aux-loss-coeff) and vocabulary (a run
+        # that trained the catalog's layers with another tokenizer) over the catalog's
+        over = {k: d[k] for k in ("router_aux_coeff", "router_balance", "vocab") if k in d}
         return dataclasses.replace(get_model(d["catalog"]), **over) if over else get_model(d["catalog"])
     fam = d.get("family", "gpt")
     base: dict[str, Any] = dict(name=name, layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
