@@ -271,3 +271,19 @@ def test_mlperf_gpt3_rows_price_the_attention_kernel_their_te_ran():
     steps = [estimate(m, cl, wl, par, framework=dataclasses.replace(prof, attention=a)).step_time_s
              for a in ("flash-attn-1", "flash-attn", "te")]
     assert steps[0] > steps[1] > steps[2]
+
+
+def test_a_record_overrides_a_catalog_models_vocabulary():
+    """Google's Mixtral 8x7B run trained the catalog's layers with the GPT-2 tokenizer: its record's
+    ``vocab`` replaces the catalog's 32,000 and nothing else of the model, and the larger head costs time."""
+    import dataclasses
+
+    from costmodel.catalog import get_model
+    from costmodel.training import estimate
+    case = next(c for c, _ in validation.all_cases() if c["name"] == "gpurec-a3ultra-mixtral-8x7b-h200-256gpu-bf16")
+    m, cl, wl, par, prof, _ = validation.case_inputs(case)
+    cat = get_model("mixtral-8x7b")
+    assert (m.vocab, cat.vocab) == (50304, 32000)
+    assert dataclasses.replace(m, vocab=cat.vocab, router_aux_coeff=cat.router_aux_coeff) == cat
+    assert (estimate(m, cl, wl, par, framework=prof).step_time_s
+            > estimate(dataclasses.replace(m, vocab=cat.vocab), cl, wl, par, framework=prof).step_time_s)
