@@ -171,7 +171,9 @@ def run(args) -> int:
     if not args.plan:
         raise UsageError("give a plan file (or --list to see the targets)")
     if args.target and args.target != "all" and args.target not in TARGETS:
-        raise UsageError(f"unknown target {args.target!r}; targets: {', '.join(TARGETS)}, all")
+        from planner.plan.targets import stand_in_hint
+        raise UsageError(f"unknown target {args.target!r}; targets: {', '.join(TARGETS)}, all"
+                         f"{stand_in_hint(args.target)}")
     if not args.out:
         raise UsageError("give --out DIR for the files")
     plan = read_plan(args.plan)   # PlanError -> exit 2, naming the problem

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target
+    from planner.plan import targets as T
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
     if args.plan and (not args.target or args.target == plan.target):
@@ -42,10 +43,13 @@ def run(args: argparse.Namespace) -> int:
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     cred = credibility(model, cluster, wl, est.step_time_s, est.mfu, par=par,
                        framework=fw.get("framework", "generic"))
+    stand_in = T.STAND_INS.get(getattr(args, "target", None) or "")
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est), "uncertainty": cred}
         if target:
             out["target"] = {"name": target, "problems": cannot}
+        if stand_in:
+            out["target"] = {"name": stand_in[0], "problems": cannot, "asked": args.target, "note": stand_in[1]}
         print_json(out)
         return 0
     c = console()
@@ -58,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     c.print(throughput_line(est, cred["mfu_causal"]))
     for line in credibility_lines(cred):
         c.print(line)
+    if stand_in:
+        c.print(f"--target {args.target}: {stand_in[1]}")
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:

@@ -57,7 +57,7 @@ def _check_target(args: argparse.Namespace) -> None:
     known = ("all", T.GENERIC) + T.names(args.mode)
     if args.target not in known:
         raise UsageError(f"--target {args.target!r}: {args.mode} targets are {', '.join(T.names(args.mode))}, "
-                         f"all or {T.GENERIC}")
+                         f"all or {T.GENERIC}{T.stand_in_hint(args.target) if args.mode == 'train' else ''}")
 
 
 def _like(args: argparse.Namespace) -> None:

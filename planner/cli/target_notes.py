@@ -23,10 +23,13 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
         made = read_plan(args.plan)
         if target is None or target == made.target:
             target, switches = made.target or None, dict(made.framework)
+    if target in T.STAND_INS:
+        target = T.STAND_INS[target][0]
     if not target or target == T.GENERIC:
         return (target or ""), [], {}
     if target not in T.TRAIN:
-        raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}")
+        raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}"
+                         f"{T.stand_in_hint(target)}")
     plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par,
                 stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES),
                 target=target, framework=switches)

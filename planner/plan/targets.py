@@ -964,6 +964,33 @@ def names(mode: str) -> tuple[str, ...]:
     return TRAIN_TARGETS + LAUNCHERS if mode == "train" else SERVE_TARGETS
 
 
+# Training frameworks that are not targets, by the name a user types: what prices them. ``planner
+# estimate`` accepts such a name and says what it priced with; ``planner plan`` and ``emit``, which write
+# a target's files, refuse it with the same words as a hint (``stand_in_hint``).
+STAND_INS: dict[str, tuple[str, str]] = {
+    **{name: ("megatron", f"{label} trains with Megatron-core: priced as the megatron target (whose launch "
+                          "files are Megatron-LM's)")
+       for name, label in (("nemo", "NeMo"), ("megatron-bridge", "Megatron-Bridge"),
+                           ("megatron-core", "Megatron-core"), ("mcore", "Megatron-core"))},
+    "maxtext": (GENERIC, "MaxText (JAX/XLA) is none of the targets: priced with the generic profile (every "
+                         "overlap on, Megatron-grade kernels; nothing XLA-specific)"),
+}
+# PyTorch FSDP trainers that are not targets: no stand-in prices them as they run (generic's kernels
+# are Megatron's), so the hint names the targets that run PyTorch FSDP2
+FSDP_TRAINERS = ("composer", "llm-foundry", "olmo-core", "fms-fsdp")
+
+
+def stand_in_hint(name: str) -> str:
+    """What to use instead of ``name`` where it is not a target ("" when nothing is known of it)."""
+    if name in STAND_INS:
+        target, why = STAND_INS[name]
+        return f"; {why.split(':')[0]}: use --target {target}"
+    if name in FSDP_TRAINERS:
+        return ("; a PyTorch FSDP trainer, none of the targets: price it with --target torchtitan or accelerate "
+                "(PyTorch-native kernels on FSDP2), not generic (Megatron-grade kernels)")
+    return ""
+
+
 def planning_targets(mode: str) -> tuple[str, ...]:
     """The targets ``--target all`` solves for: frameworks, not the wrappers that start one."""
     return TRAIN_TARGETS if mode == "train" else SERVE_TARGETS
