@@ -43,13 +43,13 @@ def run(args: argparse.Namespace) -> int:
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     cred = credibility(model, cluster, wl, est.step_time_s, est.mfu, par=par,
                        framework=fw.get("framework", "generic"))
-    stand_in = T.STAND_INS.get(getattr(args, "target", None) or "")
+    stand_in = T.stand_in_note(getattr(args, "target", None) or "")
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est), "uncertainty": cred}
-        if target:
-            out["target"] = {"name": target, "problems": cannot}
+        if target or stand_in:
+            out["target"] = {"name": target or T.GENERIC, "problems": cannot}
         if stand_in:
-            out["target"] = {"name": stand_in[0], "problems": cannot, "asked": args.target, "note": stand_in[1]}
+            out["target"].update(asked=args.target, note=stand_in)
         print_json(out)
         return 0
     c = console()
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     for line in credibility_lines(cred):
         c.print(line)
     if stand_in:
-        c.print(f"--target {args.target}: {stand_in[1]}")
+        c.print(f"--target {args.target}: {stand_in}")
     for msg in cannot:
         c.print(f"[red]{target} cannot run this:[/red] {msg}")
     if not est.fits:

@@ -967,14 +967,25 @@ def names(mode: str) -> tuple[str, ...]:
 # Training frameworks that are not targets, by the name a user types: what prices them. ``planner
 # estimate`` accepts such a name and says what it priced with; ``planner plan`` and ``emit``, which write
 # a target's files, refuse it with the same words as a hint (``stand_in_hint``).
-STAND_INS: dict[str, tuple[str, str]] = {
-    **{name: ("megatron", f"{label} trains with Megatron-core: priced as the megatron target (whose launch "
-                          "files are Megatron-LM's)")
+STAND_INS: dict[str, tuple[str, str, str]] = {
+    # name: (the target that prices it, why, how it is priced)
+    **{name: ("megatron", f"{label} trains with Megatron-core",
+              "priced as the megatron target (whose launch files are Megatron-LM's)")
        for name, label in (("nemo", "NeMo"), ("megatron-bridge", "Megatron-Bridge"),
                            ("megatron-core", "Megatron-core"), ("mcore", "Megatron-core"))},
-    "maxtext": (GENERIC, "MaxText (JAX/XLA) is none of the targets: priced with the generic profile (every "
-                         "overlap on, Megatron-grade kernels; nothing XLA-specific)"),
+    "maxtext": (GENERIC, "MaxText (JAX/XLA) is none of the targets",
+                "priced with the generic profile (every overlap on, Megatron-grade kernels; nothing XLA-specific)"),
 }
+
+
+def stand_in_note(name: str) -> str:
+    """What ``planner estimate --target name`` priced a stand-in with ("" for a target or unknown name)."""
+    if name not in STAND_INS:
+        return ""
+    _target, why, how = STAND_INS[name]
+    return f"{why}: {how}"
+
+
 # PyTorch FSDP trainers that are not targets: no stand-in prices them as they run (generic's kernels
 # are Megatron's), so the hint names the targets that run PyTorch FSDP2
 FSDP_TRAINERS = ("composer", "llm-foundry", "olmo-core", "fms-fsdp")
@@ -983,8 +994,8 @@ FSDP_TRAINERS = ("composer", "llm-foundry", "olmo-core", "fms-fsdp")
 def stand_in_hint(name: str) -> str:
     """What to use instead of ``name`` where it is not a target ("" when nothing is known of it)."""
     if name in STAND_INS:
-        target, why = STAND_INS[name]
-        return f"; {why.split(':')[0]}: use --target {target}"
+        target, why, _how = STAND_INS[name]
+        return f"; {why}: use --target {target}"
     if name in FSDP_TRAINERS:
         return ("; a PyTorch FSDP trainer, none of the targets: price it with --target torchtitan or accelerate "
                 "(PyTorch-native kernels on FSDP2), not generic (Megatron-grade kernels)")
