@@ -43,6 +43,11 @@ def test_plan_and_emit_refuse_a_stand_in_with_the_target_to_use(capsys):
     assert main(["emit", str(ROOT / "plans" / "megatron" / "llama-3-70b-64xh100.yaml"), "--target", "nemo",
                  "--out", "unused"]) == 2
     assert "use --target megatron" in capsys.readouterr().err
+    # generic writes no files: emit names no target for MaxText (plan may search it with --target generic)
+    assert main(["emit", str(ROOT / "plans" / "megatron" / "llama-3-70b-64xh100.yaml"), "--target", "maxtext",
+                 "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "no target writes its launch files" in err and "use --target" not in err
 
 
 @pytest.mark.parametrize("name", ["composer", "llm-foundry"])

@@ -133,11 +133,11 @@ def test_scan_is_the_grid_minimum():
     deep = [r for r in rows if r.framework == "deepspeed"]
     got = vc._scan(deep, [c], vals)[c.name]
 
-    def med(x):
+    def mean_abs_err(x):
         return statistics.fmean(abs(vc._err(r, vc.predict(r, dict(vals, **{c.name: x}))[0])) for r in deep)
     with vc.module_constants(vals):
-        best = med(got)
-        assert all(med(x) >= best - 1e-12 for x in c.grid[::5])
+        best = mean_abs_err(got)
+        assert all(mean_abs_err(x) >= best - 1e-12 for x in c.grid[::5])
 
 
 def test_unpublished_settings_give_a_range_around_the_default(res):

@@ -173,7 +173,7 @@ def run(args) -> int:
     if args.target and args.target != "all" and args.target not in TARGETS:
         from planner.plan.targets import stand_in_hint
         raise UsageError(f"unknown target {args.target!r}; targets: {', '.join(TARGETS)}, all"
-                         f"{stand_in_hint(args.target)}")
+                         f"{stand_in_hint(args.target, tuple(TARGETS))}")
     if not args.out:
         raise UsageError("give --out DIR for the files")
     plan = read_plan(args.plan)   # PlanError -> exit 2, naming the problem

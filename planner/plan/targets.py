@@ -991,10 +991,14 @@ def stand_in_note(name: str) -> str:
 FSDP_TRAINERS = ("composer", "llm-foundry", "olmo-core", "fms-fsdp")
 
 
-def stand_in_hint(name: str) -> str:
-    """What to use instead of ``name`` where it is not a target ("" when nothing is known of it)."""
+def stand_in_hint(name: str, allowed: tuple[str, ...] = ()) -> str:
+    """What to use instead of ``name`` where it is not a target ("" when nothing is known of it);
+    ``allowed``: the names the asking command takes, where its stand-in may not be one (``emit``
+    writes no files for ``generic``)."""
     if name in STAND_INS:
         target, why, _how = STAND_INS[name]
+        if allowed and target not in allowed:
+            return f"; {why}, and no target writes its launch files"
         return f"; {why}: use --target {target}"
     if name in FSDP_TRAINERS:
         return ("; a PyTorch FSDP trainer, none of the targets: price it with --target torchtitan or accelerate "
