@@ -405,6 +405,17 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
 )}
 
 
+def as_pytorch_fsdp(fw: FrameworkProfile, fsdp2: bool) -> FrameworkProfile:
+    """``fw`` (the generic profile's overlaps and buckets) as a PyTorch FSDP trainer that is none of the
+    targets runs it: PyTorch-native kernels (``PYTORCH_SM90_FACTOR`` on sm_90+), its layers' ops issued
+    by the host one by one (``launch="eager"``, costmodel.host) and, under per-parameter FSDP
+    (``fully_shard``, FSDP2), the copy-out and copy-in on the compute stream (``fsdp2_copies``,
+    costmodel.fsdp). The one rule behind both the validation's published PyTorch FSDP runs (fms-fsdp,
+    OLMo-core: ``planner.cli.validation.case_inputs``) and ``planner estimate --target`` for such a
+    trainer (``planner.plan.targets.FSDP_TRAINERS``), so what the CLI prices is what was validated."""
+    return dataclasses.replace(fw, pytorch_native=True, launch="eager", fsdp2_copies=fsdp2 or fw.fsdp2_copies)
+
+
 def accelerate_backend(par: ParallelConfig) -> str:
     """The engine an Accelerate config runs a parallel config on (``distributed_type``): the
     Megatron-LM plugin for tensor or pipeline parallel, FSDP2 for ZeRO-2/3 or context parallel,

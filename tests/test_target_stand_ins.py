@@ -1,10 +1,12 @@
 """Framework names that are not targets (``planner.plan.targets.STAND_INS``): ``planner estimate`` prices
 NeMo and Megatron-Bridge as the megatron target and MaxText with the generic profile, and says so; ``plan``
-and ``emit``, which write a target's files, refuse them (exit 2) with the target to use; PyTorch FSDP
-trainers get a hint in every command. A MoE problem, where the megatron and generic profiles price
-differently (Megatron's fused permute and router), so the test can tell the stand-ins apart."""
+and ``emit``, which write a target's files, refuse them (exit 2) with the target to use. A MoE problem,
+where the megatron and generic profiles price differently (Megatron's fused permute and router), so the
+test can tell the stand-ins apart. PyTorch FSDP trainers (Composer, llm-foundry, OLMo-core, fms-fsdp) are
+priced by ``estimate`` as the validation prices their published runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -50,11 +52,67 @@ def test_plan_and_emit_refuse_a_stand_in_with_the_target_to_use(capsys):
     assert "no target writes its launch files" in err and "use --target" not in err
 
 
+def _record(name: str) -> dict:
+    from planner.cli.validation import all_cases
+    return next(case for case, _split in all_cases() if case["name"] == name)
+
+
+def test_a_pytorch_fsdp_trainer_is_priced_as_the_validation_prices_its_published_run(capsys, tmp_path):
+    """``--target fms-fsdp`` on the published fms-fsdp run's problem and layout gives the validation's
+    price of that run (the rule behind ``planner validate --cross``'s ibm-fsdp family), not generic's,
+    whose Megatron-grade kernels price it faster on an H100."""
+    import yaml
+
+    from costmodel.training import estimate
+    from planner.cli.validation import case_inputs
+    case = _record("ibm-fsdp-llama2-7b-h100-96gpu")
+    model, cluster, wl, par, prof, _fw = case_inputs(case)
+    validated = estimate(model, cluster, wl, par, framework=prof).tokens_per_s_per_gpu
+    f = tmp_path / "model.yaml"
+    f.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    p = case["parallel"]
+    problem = ["estimate", "--model", str(f), "--cluster", str(ROOT / case["cluster"]), "--gpus", str(case["num_gpus"]),
+               "--global-batch", str(case["global_batch"]), "--seq-len", str(wl.seq_len), "--micro-batch",
+               str(p["micro_batch"]), "--dp-shard", str(p["dp_shard"]), "--json"]
+    assert main(problem + ["--target", "fms-fsdp"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parallel"]["zero"] == 3                       # FSDP's full shard where --zero is not given
+    assert out["estimate"]["tokens_per_s_per_gpu"] == pytest.approx(validated, rel=1e-9)
+    assert out["target"] == {"name": "generic", "problems": [], "asked": "fms-fsdp", "note": out["target"]["note"]}
+    assert "PyTorch FSDP trainer" in out["target"]["note"] and "FSDP1" in out["target"]["note"]
+    assert main(problem + ["--zero", "3"]) == 0
+    generic = json.loads(capsys.readouterr().out)["estimate"]["tokens_per_s_per_gpu"]
+    assert generic > 1.1 * validated
+    assert main(problem + ["--target", "fms-fsdp", "--zero", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["zero"] == 2     # --zero is kept
+
+
+def test_each_fsdp_trainer_profile_is_the_validated_rule_with_its_own_defaults():
+    from costmodel.frameworks import FRAMEWORKS, as_pytorch_fsdp
+    from planner.plan import targets as T
+    for name, trainer in T.FSDP_TRAINERS.items():
+        prof = T.stand_in_profile(name)
+        assert prof.pytorch_native and prof.launch == "eager" and prof.fsdp2_copies == trainer.fsdp2
+        assert prof.attention == (trainer.attention or FRAMEWORKS["generic"].attention)
+        assert prof == dataclasses.replace(as_pytorch_fsdp(FRAMEWORKS["generic"], trainer.fsdp2),
+                                           attention=prof.attention)
+        assert T.STAND_INS[name][0] == "generic"
+    assert T.stand_in_profile("nemo") is None and T.stand_in_profile("torchtitan") is None
+    # OLMo-core trains FP8 with torchao's Float8Linear; Composer and llm-foundry with Transformer Engine
+    assert T.default_fp8_recipe("olmo-core", None) == "tensorwise"
+    assert T.default_fp8_recipe("llm-foundry", None) == "delayed"
+
+
 @pytest.mark.parametrize("name", ["composer", "llm-foundry"])
-def test_fsdp_trainers_get_the_fsdp_targets_as_a_hint(capsys, name):
-    assert main(PROBLEM + ["--target", name]) == 2
+def test_plan_and_emit_refuse_an_fsdp_trainer_and_name_estimate_and_the_fsdp2_targets(capsys, name):
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "cpu", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "128", "--target", name]) == 2
     err = capsys.readouterr().err
-    assert "--target torchtitan or accelerate" in err and "training targets are" in err
+    assert f"planner estimate --target {name}" in err and "--target torchtitan or accelerate" in err
+    assert main(["emit", str(ROOT / "plans" / "megatron" / "llama-3-70b-64xh100.yaml"), "--target", name,
+                 "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert f"planner estimate --target {name}" in err and "--target torchtitan or accelerate" in err
 
 
 def test_an_unknown_name_gets_no_hint(capsys):

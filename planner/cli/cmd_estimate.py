@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from costmodel.training import estimate
+    from planner.plan import targets as T
     from planner.cli.report import (console, credibility, credibility_lines, describe_parallel, estimate_json,
                                 estimate_tables, parallel_json, print_json, throughput_line)
 
@@ -32,10 +33,12 @@ def run(args: argparse.Namespace) -> int:
             return _serving(plan, args.json, args.plan)
     else:
         model, cluster, wl = load_problem(args)
-        par = complete_config(fixed_degrees(args), cluster.total_gpus, wl)
+        fixed = fixed_degrees(args)
+        if (getattr(args, "target", None) or "") in T.FSDP_TRAINERS:
+            fixed.setdefault("zero", 3)     # a PyTorch FSDP trainer shards fully unless --zero says
+        par = complete_config(fixed, cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target
-    from planner.plan import targets as T
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)
     est = estimate(model, cluster, wl, par, stages=stages, order=order, **fw)
     if args.plan and (not args.target or args.target == plan.target):

@@ -23,6 +23,10 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
         made = read_plan(args.plan)
         if target is None or target == made.target:
             target, switches = made.target or None, dict(made.framework)
+    fsdp = T.stand_in_profile(target or "")
+    if fsdp is not None:
+        # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile
+        return T.GENERIC, [], {"framework": fsdp}
     if target in T.STAND_INS:
         target = T.STAND_INS[target][0]
     if not target or target == T.GENERIC:

@@ -45,7 +45,7 @@ import yaml
 
 from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
-from costmodel.frameworks import FRAMEWORKS
+from costmodel.frameworks import FRAMEWORKS, as_pytorch_fsdp
 from costmodel.layers import causal_attention_flops_per_token
 from costmodel.training import estimate
 from costmodel.files.clusters import load_cluster
@@ -172,11 +172,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     if not materialized and ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
-        # frameworks.kernel_efficiency_on; its layers are PyTorch ops the host issues one by one (costmodel.host)
-        prof = dataclasses.replace(prof, pytorch_native=True, launch="eager")
-        if ran_fsdp2(case.get("execution")):
-            # per-parameter FSDP: its copy-out and copy-in on the compute stream (costmodel.fsdp)
-            prof = dataclasses.replace(prof, fsdp2_copies=True)
+        # a PyTorch-native stack, eager, FSDP2's copies where it ran FSDP2 (frameworks.as_pytorch_fsdp)
+        prof = as_pytorch_fsdp(prof, ran_fsdp2(case.get("execution")))
     if ran_compile(case.get("execution")):
         # the run compiled its model: priced as a launch file that turns compile on would be
         # (FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR on the kernel efficiency)

@@ -978,6 +978,41 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class FsdpTrainer:
+    """A PyTorch FSDP trainer that is none of the targets, as ``planner estimate --target NAME`` prices
+    it: the rule the validation prices the published runs of such trainers with
+    (``costmodel.frameworks.as_pytorch_fsdp``: fms-fsdp's and OLMo-core's runs, ``planner validate
+    --cross`` families ``ibm-fsdp`` and ``olmo-core``), with what its own defaults set."""
+    label: str
+    fsdp2: bool             # per-parameter FSDP (``fully_shard``), not FSDP1's flat parameters
+    attention: str          # the kernel its default model code calls (costmodel.attention); "" generic's SDPA
+    fp8_recipe: str         # what ``--dtype fp8`` runs unless ``--fp8-recipe`` says; "" generic's default
+    source: str             # where the three settings come from
+
+
+FSDP_TRAINERS: dict[str, FsdpTrainer] = {
+    "fms-fsdp": FsdpTrainer("fms-fsdp", False, "flash-attn", "",
+                            "FSDP1 and SDPA's FlashAttention-2: the ibm-fsdp records' execution (PyTorch blog "
+                            "'Maximizing training throughput using PyTorch FSDP', 2024)"),
+    "olmo-core": FsdpTrainer("OLMo-core", True, "", "tensorwise",
+                             "FSDP2 fully_shard and torchao Float8Linear with dynamic scaling: the olmo-core "
+                             "records' execution (allenai/OLMo-core README); attention: its automatic backend"),
+    "composer": FsdpTrainer("Composer", False, "", "delayed",
+                            "FSDP1 (its fsdp_config); precision amp_fp8 runs Transformer Engine's DelayedScaling "
+                            "(mosaicml/composer composer/core/precision.py); attention: the user's model code"),
+    "llm-foundry": FsdpTrainer("llm-foundry", False, "flash-attn", "delayed",
+                               "Composer's FSDP1 and amp_fp8 (Transformer Engine DelayedScaling); attention "
+                               "attn_impl 'flash' (llmfoundry/models/utils/config_defaults.py)"),
+}
+for _name, _t in FSDP_TRAINERS.items():
+    STAND_INS[_name] = (GENERIC, f"{_t.label} is a PyTorch FSDP trainer, none of the targets",
+                        f"priced as the validation prices published PyTorch FSDP runs (PyTorch-native kernels, "
+                        f"host-issued eager ops, {'FSDP2' if _t.fsdp2 else 'FSDP1'}"
+                        f"{', FlashAttention-2' if _t.attention == 'flash-attn' else ''}; ZeRO-3 unless --zero "
+                        f"says; not compiled)")
+
+
 def stand_in_note(name: str) -> str:
     """What ``planner estimate --target name`` priced a stand-in with ("" for a target or unknown name)."""
     if name not in STAND_INS:
@@ -986,23 +1021,30 @@ def stand_in_note(name: str) -> str:
     return f"{why}: {how}"
 
 
-# PyTorch FSDP trainers that are not targets: no stand-in prices them as they run (generic's kernels
-# are Megatron's), so the hint names the targets that run PyTorch FSDP2
-FSDP_TRAINERS = ("composer", "llm-foundry", "olmo-core", "fms-fsdp")
+def stand_in_profile(name: str):
+    """The framework profile ``planner estimate --target name`` prices a PyTorch FSDP trainer with
+    (``FSDP_TRAINERS``); None for any other name."""
+    trainer = FSDP_TRAINERS.get(name)
+    if trainer is None:
+        return None
+    from costmodel.frameworks import FRAMEWORKS, as_pytorch_fsdp
+    prof = as_pytorch_fsdp(FRAMEWORKS[GENERIC], trainer.fsdp2)
+    return dataclasses.replace(prof, attention=trainer.attention) if trainer.attention else prof
 
 
 def stand_in_hint(name: str, allowed: tuple[str, ...] = ()) -> str:
     """What to use instead of ``name`` where it is not a target ("" when nothing is known of it);
     ``allowed``: the names the asking command takes, where its stand-in may not be one (``emit``
     writes no files for ``generic``)."""
+    if name in FSDP_TRAINERS:
+        # generic would not price it as it runs (generic's kernels are Megatron's): estimate does
+        return (f"; {STAND_INS[name][1]}: `planner estimate --target {name}` prices a configuration as it "
+                f"runs; to plan and write launch files, use --target torchtitan or accelerate (PyTorch FSDP2)")
     if name in STAND_INS:
         target, why, _how = STAND_INS[name]
         if allowed and target not in allowed:
             return f"; {why}, and no target writes its launch files"
         return f"; {why}: use --target {target}"
-    if name in FSDP_TRAINERS:
-        return ("; a PyTorch FSDP trainer, none of the targets: price it with --target torchtitan or accelerate "
-                "(PyTorch-native kernels on FSDP2), not generic (Megatron-grade kernels)")
     return ""
 
 
@@ -1042,8 +1084,11 @@ def titan_fp8_recipe(cluster, workload: Workload):
 def default_fp8_recipe(target: str | None, gpu) -> str:
     """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
     emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
-    target's framework (``costmodel.fp8.default_recipe``)."""
+    target's framework (``costmodel.fp8.default_recipe``); a PyTorch FSDP trainer's (``FSDP_TRAINERS``)
+    where it has one."""
     from costmodel.fp8 import default_recipe
+    if target in FSDP_TRAINERS and FSDP_TRAINERS[target].fp8_recipe:
+        return FSDP_TRAINERS[target].fp8_recipe         # a stand-in's own FP8 (FsdpTrainer)
     fw = framework_of(target or GENERIC) if target in TRAIN or not target else GENERIC
     return TITAN_FP8_WRITTEN if fw == "torchtitan" else default_recipe(fw, gpu)
 
