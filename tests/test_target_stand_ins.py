@@ -33,6 +33,11 @@ def test_estimate_prices_a_stand_in_as_its_target_and_says_so(capsys):
         assert out["estimate"]["step_time_s"] == megatron["estimate"]["step_time_s"]
         assert out["target"]["name"] == "megatron" and out["target"]["asked"] == name
         assert "Megatron-core" in out["target"]["note"]
+    deepspeed = _estimate(capsys, "--target", "megatron-deepspeed")
+    out = _estimate(capsys, "--target", "gpt-neox")
+    assert out["estimate"]["step_time_s"] == deepspeed["estimate"]["step_time_s"]
+    assert out["target"]["name"] == "megatron-deepspeed" and out["target"]["asked"] == "gpt-neox"
+    assert out["target"]["problems"] == deepspeed["target"]["problems"]
     out = _estimate(capsys, "--target", "maxtext")
     assert out["estimate"]["step_time_s"] == generic["estimate"]["step_time_s"]
     assert out["target"]["name"] == "generic" and "JAX/XLA" in out["target"]["note"]

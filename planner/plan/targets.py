@@ -973,6 +973,10 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
               "priced as the megatron target (whose launch files are Megatron-LM's)")
        for name, label in (("nemo", "NeMo"), ("megatron-bridge", "Megatron-Bridge"),
                            ("megatron-core", "Megatron-core"), ("mcore", "Megatron-core"))},
+    # costmodel.frameworks: the megatron-deepspeed profile is "Megatron-DeepSpeed / GPT-NeoX" (Megatron's tensor
+    # parallelism inside DeepSpeed's pipeline engine)
+    "gpt-neox": ("megatron-deepspeed", "GPT-NeoX trains with Megatron's tensor parallelism inside DeepSpeed's pipeline "
+                 "engine", "priced as the megatron-deepspeed target"),
     "maxtext": (GENERIC, "MaxText (JAX/XLA) is none of the targets",
                 "priced with the generic profile (every overlap on, Megatron-grade kernels; nothing XLA-specific)"),
 }
