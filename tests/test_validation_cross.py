@@ -14,6 +14,7 @@ import pytest
 
 from costmodel import fitted
 from costmodel.frameworks import FRAMEWORKS
+from costmodel.specs import SpecError
 from costmodel.training import estimate
 from planner.cli import validation_cross as vc
 from planner.cli.validation_bands import _cross
@@ -146,6 +147,37 @@ def test_unpublished_settings_give_a_range_around_the_default(res):
     for r in rows:
         assert r.low <= r.error + 1e-12 and r.error <= r.high + 1e-12
         assert r.credited <= abs(r.error) + 1e-12
+
+
+def test_an_implied_interleaved_schedule_is_priced_at_the_default_with_its_counts_in_the_range(res):
+    """The Megatron-LM README's pipelined H100 rows (``virtual_stages: unpublished``): the README's
+    pipeline-communication overlap exists only under the interleaved schedule, whose count it does not
+    give. On file: Megatron's default, no interleaving (the rule for an unpublished setting), so the fit
+    reads what it read before; the range adds every count that divides a stage's layers, each priced
+    the slow obvious way, and at least one of them is faster than the default."""
+    row = next(r for r in res["rows"] if r.case.name == "mlm2407-gpt-314b-h100-3072gpu-weak")
+    c = row.case
+    model, _cluster, _wl, par, _prof = c.inputs
+    assert par.vpp == 1 and par.schedule == "1f1b" and "virtual stages" in c.unpublished
+    counts = sorted({p.vpp for _, p in c.alternatives})
+    assert counts == [1, 2, 3, 4, 6, 12]            # 96 layers / PP 8 = 12 per stage
+    for _label, p in c.alternatives:
+        assert (p.schedule == "interleaved") == (p.vpp > 1)
+    values = res["fits"][c.family].values
+    interleaved = []
+    with vc.module_constants(values):
+        for _, p in c.alternatives:
+            if p.vpp > 1:
+                try:
+                    interleaved.append(vc.predict(c, values, p))
+                except SpecError:       # fewer micro-batches than the interleaved schedule needs (as the range skips)
+                    continue
+    fits = [v for v, ok in interleaved if ok]
+    assert fits and max(fits) > row.predicted
+    assert row.high >= max(fits) / c.published - 1 - 1e-12
+    # a row whose source gives nothing of the kind has no such alternative
+    other = next(r for r in res["rows"] if r.case.name == "mlm2407-gpt-32b-h100-384gpu-weak")
+    assert "virtual stages" not in other.case.unpublished and {p.vpp for _, p in other.case.alternatives} == {1}
 
 
 def test_an_mfu_with_an_unpublished_attention_count_gives_both_readings(res):

@@ -30,7 +30,8 @@ source, never per case:
   that sets it in its ``assumed``): its data-parallel all-gather moves one byte per weight.
 * NeMo 24.07 (assumed, as NeMo's recipes of that release set them): sequence parallelism with
   tp > 1, Transformer Engine fused attention, no recomputation, the distributed optimizer;
-  ``virtual_stages`` is the interleaved schedule's vpp. Nemotron's squared-ReLU MLP has the
+  ``virtual_stages`` is the interleaved schedule's vpp (``unpublished``: a source that implies the
+  interleaved schedule without its count; priced at the default, the range over the counts). Nemotron's squared-ReLU MLP has the
   shape of a GELU one (two matrices, not gated).
 """
 from __future__ import annotations
@@ -137,7 +138,9 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     par_d = dict(case["parallel"])
     if "virtual_stages" in par_d:
         v = par_d.pop("virtual_stages")
-        if v > 1:
+        # "unpublished": the source implies the interleaved schedule but not its count; priced at the
+        # framework's default (no interleaving), the range over the counts (validation_cross._alternatives)
+        if v != "unpublished" and v > 1:
             par_d.update(vpp=v, schedule="interleaved")
     fw = framework_of(case)
     if case.get("nemo_defaults") and par_d.get("tp", 1) > 1:

@@ -180,23 +180,34 @@ def published_alternatives(case: dict, m: Any, peak_flops: float) -> tuple[tuple
     return (("causal attention count", case["reported"]["mfu"] * peak_flops / _six_n_causal_flops_per_token(m, s)),)
 
 
-def _alternatives(case: dict, par: ParallelConfig) -> tuple[tuple[str, ...], tuple[tuple[str, ParallelConfig], ...]]:
-    """The settings a source does not publish, and the configurations they could have been."""
+def _alternatives(case: dict, par: ParallelConfig,
+                  layers: int) -> tuple[tuple[str, ...], tuple[tuple[str, ParallelConfig], ...]]:
+    """The settings a source does not publish, and the configurations they could have been: every
+    micro-batch that divides the batch, every recompute policy and, where the source implies the
+    interleaved schedule without its count (``virtual_stages: unpublished``), each count above 1 that
+    divides a stage's ``layers`` as well as the default (no interleaving) the row is priced at."""
     given = case["parallel"]
     unpub = tuple(k for k, key in (("micro-batch", "micro_batch"), ("recompute", "recompute")) if key not in given)
+    interleaved = given.get("virtual_stages") == "unpublished"
+    if interleaved:
+        unpub += ("virtual stages",)
     if not unpub:
         return (), ()
     dp = par.dp
     mbs = [b for b in MICRO_BATCHES if case["global_batch"] % (dp * b) == 0] if "micro-batch" in unpub else [par.micro_batch]
     rcs = list(RECOMPUTE) if "recompute" in unpub else [par.recompute]
+    per_stage = layers // max(1, par.pp)
+    vps = [par.vpp] + ([v for v in range(2, per_stage + 1) if per_stage % v == 0] if interleaved else [])
     out = []
     for b in mbs:
         for r in rcs:
-            try:
-                alt = dataclasses.replace(par, micro_batch=b, grad_accum=case["global_batch"] // (dp * b), recompute=r)
-            except (SpecError, ValueError, TypeError):
-                continue
-            out.append((f"mb{b} {r}", alt))
+            for v in vps:
+                try:
+                    alt = dataclasses.replace(par, micro_batch=b, grad_accum=case["global_batch"] // (dp * b),
+                                              recompute=r, vpp=v, schedule="interleaved" if v > 1 else par.schedule)
+                except (SpecError, ValueError, TypeError):
+                    continue
+                out.append((f"mb{b} {r}" + (f" vp{v}" if v > 1 else ""), alt))
     return unpub, tuple(out)
 
 
@@ -214,7 +225,7 @@ def load_cases() -> tuple[list[CrossCase], list[str]]:
         if pub is None:
             skipped.append(f"{c['name']}: no tokens/s, step time or convertible TFLOP/s published")
             continue
-        unpub, alts = _alternatives(c, par)
+        unpub, alts = _alternatives(c, par, model.layers)
         pub_alts = published_alternatives(c, model, gpu.peak(wl.dtype if wl.dtype != "fp8" else "bf16"))
         if pub_alts:
             unpub += ("FLOP count",)
