@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, cluster, wl = load_problem(args)
         fixed = fixed_degrees(args)
-        if (getattr(args, "target", None) or "") in T.FSDP_TRAINERS:
-            fixed.setdefault("zero", 3)     # a PyTorch FSDP trainer shards fully unless --zero says
+        fixed.setdefault("zero", T.default_zero(getattr(args, "target", None), fixed))   # the target's own
         par = complete_config(fixed, cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target

@@ -151,9 +151,10 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
     dp = par_d.get("dp", 1) * par_d.get("cp", 1) // max(1, par_d.get("cp", 1))
     mb = par_d.pop("micro_batch") if "micro_batch" in par_d else default_micro_batch(case, dp)
     ga = max(1, case["global_batch"] // (dp * mb))
-    # a ZeRO stage the source does not give: FSDP's (3) for torchtitan and Accelerate, the
-    # distributed optimizer / ZeRO-1 otherwise (DeepSpeed's pipeline engine takes no higher)
-    zero = par_d.pop("zero", 3 if fw in ("torchtitan", "accelerate") else 1)
+    # a ZeRO stage the source does not give: the framework's own (planner.plan.targets.default_zero: FSDP's
+    # for torchtitan and Accelerate, the distributed optimizer / ZeRO-1 otherwise; DeepSpeed's pipeline
+    # engine takes no higher)
+    zero = par_d.pop("zero") if "zero" in par_d else T.default_zero(fw, par_d)
     par = ParallelConfig(micro_batch=mb, grad_accum=ga, zero=zero, **par_d)
     dtype = case.get("dtype") or ("fp16" if "fp16" in str(case.get("precision", "")) else "bf16")
     recipe = ""

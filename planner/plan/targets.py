@@ -1017,6 +1017,31 @@ for _name, _t in FSDP_TRAINERS.items():
                         f"says; not compiled)")
 
 
+def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
+    """The ZeRO stage a configuration runs at under ``target`` when nobody names one (``planner estimate``
+    without ``--zero``, a published record without ``zero``), from the other degrees in ``par``:
+
+    * torchtitan: FSDP2, which reshards after forward (ZeRO-3) unless pipeline parallelism is on, then
+      not (ZeRO-2): ``fsdp_reshard_after_forward`` "default" (torchtitan/distributed/fsdp.py at b5bcd76c:
+      ``return not pp_enabled``);
+    * the built-in runtime and the launchers that start it: FSDP2 alike (runtime/parallel.py), with
+      torchtitan's rule under pipelining;
+    * Accelerate: FSDP2 with resharding (ZeRO-3) where its config runs FSDP, the Megatron-LM engine's
+      distributed optimizer (ZeRO-1) where tensor or pipeline parallelism hands it to that engine
+      (``costmodel.frameworks.accelerate_backend``);
+    * a PyTorch FSDP trainer stood in for (``FSDP_TRAINERS``): full sharding (ZeRO-3), each one's default;
+    * every other target (Megatron's distributed optimizer, DeepSpeed, generic): ZeRO-1."""
+    pp, tp = int(par.get("pp", 1) or 1), int(par.get("tp", 1) or 1)
+    name = target or GENERIC
+    if name in FSDP_TRAINERS:
+        return 3
+    if name == "accelerate":
+        return 3 if tp == 1 and pp == 1 else 1
+    if name == "torchtitan" or name == "builtin" or name in LAUNCHERS:
+        return 3 if pp == 1 else 2
+    return 1
+
+
 def stand_in_note(name: str) -> str:
     """What ``planner estimate --target name`` priced a stand-in with ("" for a target or unknown name)."""
     if name not in STAND_INS:

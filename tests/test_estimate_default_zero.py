@@ -1,0 +1,59 @@
+"""``planner estimate`` without ``--zero`` prices the ZeRO stage the target itself runs
+(``planner.plan.targets.default_zero``): torchtitan's FSDP2 reshards after forward unless pipelining
+is on, Accelerate runs FSDP unless tensor or pipeline parallelism hands it to its Megatron-LM engine,
+Megatron keeps its distributed optimizer. Before, every target got ZeRO-1, which torchtitan cannot run,
+so its own estimate said "torchtitan cannot run this"."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli import main
+from planner.plan import targets as T
+
+PROBLEM = ["estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
+           "--seq-len", "4096", "--json"]
+
+
+def _estimate(capsys, *extra: str) -> dict:
+    assert main(PROBLEM + list(extra)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("extra, zero", [
+    (("--target", "torchtitan"), 3),
+    (("--target", "torchtitan", "--pp", "2"), 2),       # fsdp_reshard_after_forward "default": not under PP
+    (("--target", "accelerate"), 3),
+    (("--target", "accelerate", "--tp", "2"), 1),       # the Megatron-LM engine's distributed optimizer
+    (("--target", "builtin"), 3),
+    (("--target", "megatron"), 1),
+    (("--target", "deepspeed"), 1),
+    (("--target", "olmo-core"), 3),
+    ((), 1),                                            # generic
+])
+def test_the_zero_stage_is_the_targets_own(capsys, extra, zero):
+    out = _estimate(capsys, *extra)
+    assert out["parallel"]["zero"] == zero
+    if extra and extra[1] in T.TRAIN:
+        assert not any("ZeRO" in p for p in out["target"]["problems"]), out["target"]["problems"]
+
+
+def test_a_given_zero_is_kept(capsys):
+    out = _estimate(capsys, "--target", "torchtitan", "--zero", "2")
+    assert out["parallel"]["zero"] == 2
+    out = _estimate(capsys, "--target", "megatron", "--zero", "0")
+    assert out["parallel"]["zero"] == 0
+
+
+def test_the_validation_prices_an_unstated_zero_by_the_same_rule():
+    """A published record without ``zero`` is priced at ``default_zero`` of its framework (one rule)."""
+    from planner.cli.validation import all_cases, case_inputs, framework_of
+    seen = 0
+    for case, _split in all_cases():
+        if "zero" in case["parallel"]:
+            continue
+        par = case_inputs(case)[3]
+        assert par.zero == T.default_zero(framework_of(case), case["parallel"]), case["name"]
+        seen += 1
+    assert seen > 10
