@@ -1,8 +1,9 @@
-"""``planner estimate`` without ``--zero`` prices the ZeRO stage the target itself runs
-(``planner.plan.targets.default_zero``): torchtitan's FSDP2 reshards after forward unless pipelining
+"""``planner estimate``'s defaults are the target's own: without ``--zero``, the ZeRO stage the target
+runs (``planner.plan.targets.default_zero``: torchtitan's FSDP2 reshards after forward unless pipelining
 is on, Accelerate runs FSDP unless tensor or pipeline parallelism hands it to its Megatron-LM engine,
-Megatron keeps its distributed optimizer. Before, every target got ZeRO-1, which torchtitan cannot run,
-so its own estimate said "torchtitan cannot run this"."""
+Megatron keeps its distributed optimizer); without ``--sp``, sequence parallelism only where the target
+has it (``runs_sp``). Before, every target got ZeRO-1 and sequence parallelism, which torchtitan and
+DeepSpeed cannot run, so their own estimates said "cannot run this"."""
 from __future__ import annotations
 
 import json
@@ -57,3 +58,17 @@ def test_the_validation_prices_an_unstated_zero_by_the_same_rule():
         assert par.zero == T.default_zero(framework_of(case), case["parallel"]), case["name"]
         seen += 1
     assert seen > 10
+
+
+@pytest.mark.parametrize("target, sp", [("megatron", True), ("deepspeed", False), ("megatron-deepspeed", False),
+                                        ("gpt-neox", False), ("torchtitan", True)])
+def test_sequence_parallel_by_default_only_where_the_target_runs_it(capsys, target, sp):
+    """With tp > 1 the estimate takes sequence parallelism unless the target has none (DeepSpeed's tables:
+    ``sp="never"``), which would otherwise price it and then say the target cannot run it."""
+    out = _estimate(capsys, "--tp", "2", "--target", target)
+    assert out["parallel"]["sp"] is sp
+    assert not any("sequence parallel" in p for p in out["target"]["problems"])
+    if not sp:
+        out = _estimate(capsys, "--tp", "2", "--target", target, "--sp")     # asked for: kept, and flagged
+        assert out["parallel"]["sp"] is True
+        assert any("sequence parallel" in p for p in out["target"]["problems"])

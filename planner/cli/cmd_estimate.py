@@ -34,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, cluster, wl = load_problem(args)
         fixed = fixed_degrees(args)
-        fixed.setdefault("zero", T.default_zero(getattr(args, "target", None), fixed))   # the target's own
+        target = getattr(args, "target", None)
+        fixed.setdefault("zero", T.default_zero(target, fixed))   # the target's own
+        if fixed.get("sp") is None and T.runs_sp(target) is False:
+            fixed["sp"] = False          # a target without sequence parallelism (DeepSpeed's) is not given it
         par = complete_config(fixed, cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target

@@ -1042,6 +1042,15 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     return 1
 
 
+def runs_sp(target: str | None) -> bool | None:
+    """Whether ``target`` (or the target a stand-in is priced as) can run sequence parallelism: False for a
+    target whose table says ``sp="never"`` (DeepSpeed's, Megatron-DeepSpeed's), None where it can or the
+    name is not a training target (the estimate's default, sequence parallel with tp > 1, then holds)."""
+    name = STAND_INS[target][0] if target in STAND_INS else target
+    table = TRAIN.get(name or "")
+    return False if table is not None and table.sp == "never" else None
+
+
 def stand_in_note(name: str) -> str:
     """What ``planner estimate --target name`` priced a stand-in with ("" for a target or unknown name)."""
     if name not in STAND_INS:
