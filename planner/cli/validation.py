@@ -31,8 +31,8 @@ source, never per case:
 * NeMo 24.07 (assumed, as NeMo's recipes of that release set them): sequence parallelism with
   tp > 1, Transformer Engine fused attention, no recomputation, the distributed optimizer;
   ``virtual_stages`` is the interleaved schedule's vpp (``unpublished``: a source that implies the
-  interleaved schedule without its count; priced at the default, the range over the counts). Nemotron's squared-ReLU MLP has the
-  shape of a GELU one (two matrices, not gated).
+  interleaved schedule without its count; priced at the default, the range over the counts).
+  Nemotron's squared-ReLU MLP has the shape of a GELU one (two matrices, not gated).
 """
 from __future__ import annotations
 

@@ -1009,12 +1009,12 @@ FSDP_TRAINERS: dict[str, FsdpTrainer] = {
                                "Composer's FSDP1 and amp_fp8 (Transformer Engine DelayedScaling); attention "
                                "attn_impl 'flash' (llmfoundry/models/utils/config_defaults.py)"),
 }
-for _name, _t in FSDP_TRAINERS.items():
-    STAND_INS[_name] = (GENERIC, f"{_t.label} is a PyTorch FSDP trainer, none of the targets",
-                        f"priced as the validation prices published PyTorch FSDP runs (PyTorch-native kernels, "
-                        f"host-issued eager ops, {'FSDP2' if _t.fsdp2 else 'FSDP1'}"
-                        f"{', FlashAttention-2' if _t.attention == 'flash-attn' else ''}; ZeRO-3 unless --zero "
-                        f"says; not compiled)")
+STAND_INS.update({
+    name: (GENERIC, f"{t.label} is a PyTorch FSDP trainer, none of the targets",
+           f"priced as the validation prices published PyTorch FSDP runs (PyTorch-native kernels, host-issued "
+           f"eager ops, {'FSDP2' if t.fsdp2 else 'FSDP1'}{', FlashAttention-2' if t.attention == 'flash-attn' else ''}; "
+           f"ZeRO-3 unless --zero says; not compiled)")
+    for name, t in FSDP_TRAINERS.items()})
 
 
 def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
