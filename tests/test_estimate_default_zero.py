@@ -72,3 +72,25 @@ def test_sequence_parallel_by_default_only_where_the_target_runs_it(capsys, targ
         out = _estimate(capsys, "--tp", "2", "--target", target, "--sp")     # asked for: kept, and flagged
         assert out["parallel"]["sp"] is True
         assert any("sequence parallel" in p for p in out["target"]["problems"])
+
+
+def test_a_targets_framework_settings_are_priced_as_plan_prices_them(capsys):
+    """``--framework-setting`` on ``estimate`` is ``plan``'s: checked against the target's settings and
+    priced by the same profile (``targets.profile_for``); without a target it is refused."""
+    from costmodel.files.clusters import load_cluster
+    from costmodel.specs import ParallelConfig, Workload
+    from costmodel.training import estimate
+    from planner.cli.args import load_model
+    out = _estimate(capsys, "--target", "torchtitan", "--framework-setting", "compile=true")
+    plain = _estimate(capsys, "--target", "torchtitan")
+    p = out["parallel"]
+    par = ParallelConfig(tp=1, pp=1, dp=8, zero=p["zero"], micro_batch=1, grad_accum=2)
+    by_hand = estimate(load_model("llama-3-8b"), load_cluster("dgx-h100").with_gpus(8),
+                       Workload(global_batch=16, seq_len=4096), par,
+                       framework=T.profile_for("torchtitan", {"compile": True}))
+    assert out["estimate"]["step_time_s"] == pytest.approx(by_hand.step_time_s, rel=1e-9)
+    assert out["estimate"]["step_time_s"] < plain["estimate"]["step_time_s"]
+    assert main(PROBLEM + ["--framework-setting", "compile=true"]) == 2
+    assert "give --target" in capsys.readouterr().err
+    assert main(PROBLEM + ["--target", "megatron", "--framework-setting", "compile=true"]) == 2
+    assert "--target megatron takes" in capsys.readouterr().err

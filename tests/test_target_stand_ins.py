@@ -92,6 +92,32 @@ def test_a_pytorch_fsdp_trainer_is_priced_as_the_validation_prices_its_published
     assert json.loads(capsys.readouterr().out)["parallel"]["zero"] == 2     # --zero is kept
 
 
+def test_a_compiled_fsdp_trainer_run_is_priced_as_the_validation_prices_it(capsys, tmp_path):
+    """OLMo-core's published Llama 8B run compiled its model (the record's ``compile: true``): with
+    ``--framework-setting compile=true`` the stand-in gives the validation's price of that run; without it,
+    the uncompiled (slower) price. Anything but compile is refused with what the name takes."""
+    import yaml
+
+    from costmodel.training import estimate
+    from planner.cli.validation import case_inputs
+    case = _record("olmo-core-llama3-8b-h100-8gpu-bf16")
+    model, cluster, wl, par, prof, _fw = case_inputs(case)
+    assert "compile" in prof.name
+    validated = estimate(model, cluster, wl, par, framework=prof).tokens_per_s_per_gpu
+    f = tmp_path / "model.yaml"
+    f.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    problem = ["estimate", "--model", str(f), "--cluster", case["cluster"], "--gpus", str(case["num_gpus"]),
+               "--global-batch", str(case["global_batch"]), "--seq-len", str(wl.seq_len), "--micro-batch",
+               str(case["parallel"]["micro_batch"]), "--target", "olmo-core", "--json"]
+    assert main(problem + ["--framework-setting", "compile=true"]) == 0
+    compiled = json.loads(capsys.readouterr().out)["estimate"]["tokens_per_s_per_gpu"]
+    assert compiled == pytest.approx(validated, rel=1e-9)
+    assert main(problem) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["tokens_per_s_per_gpu"] < 0.95 * compiled
+    assert main(problem + ["--framework-setting", "async_tp=true"]) == 2
+    assert "takes compile=true or compile=false" in capsys.readouterr().err
+
+
 def test_each_fsdp_trainer_profile_is_the_validated_rule_with_its_own_defaults():
     from costmodel.frameworks import FRAMEWORKS, as_pytorch_fsdp
     from planner.plan import targets as T

@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
     p.add_argument("--target", help="price it as this framework runs it and say what it cannot run "
                                     "(default: the plan's target; generic without --plan)")
+    p.add_argument("--framework-setting", metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="the target's framework settings to price (as `planner plan` takes them: torchtitan "
+                        "compile=true, async_tp=true; megatron ...); a PyTorch FSDP trainer takes compile=true")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     from planner.plan.planfile import Plan
     from planner.search.target_space import framework_kwargs
     target = getattr(args, "target", None)
+    items = [x for x in (getattr(args, "framework_setting", None) or "").split(",") if x]
     switches: dict = {}
     if getattr(args, "plan", None):
         from planner.plan.planfile import read_plan
@@ -25,15 +26,22 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
             target, switches = made.target or None, dict(made.framework)
     fsdp = T.stand_in_profile(target or "")
     if fsdp is not None:
-        # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile
+        # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile, compiled
+        # where asked as the validation prices a compiled run (FrameworkProfile.with_switches)
+        if fsdp_settings(items, target).get("compile"):
+            fsdp = fsdp.with_switches(compile=True)
         return T.GENERIC, [], {"framework": fsdp}
     if target in T.STAND_INS:
         target = T.STAND_INS[target][0]
+    if items and (not target or target == T.GENERIC):
+        raise UsageError("--framework-setting is one framework's: give --target (e.g. --target torchtitan)")
     if not target or target == T.GENERIC:
         return (target or ""), [], {}
     if target not in T.TRAIN:
         raise UsageError(f"--target {target!r}: training targets are {', '.join(T.names('train'))}"
                          f"{T.stand_in_hint(target)}")
+    if items:
+        switches = dict(switches, **framework_settings(items, target, {"tp": par.tp}))
     plan = Plan(model=model, cluster=cluster, workload=wl, parallel=par,
                 stages=stages or default_stages(model.layers, par.pp), mesh_order=tuple(order or MESH_AXES),
                 target=target, framework=switches)
@@ -78,6 +86,18 @@ def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
         args += ["--optimizer", w.optimizer]
     args += ["--target", target]
     return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
+
+
+def fsdp_settings(items: list[str], name: str) -> dict:
+    """``--framework-setting`` for a PyTorch FSDP trainer stood in for (``targets.FSDP_TRAINERS``): only
+    ``compile``, true or false; ``UsageError`` for anything else."""
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if key != "compile" or not sep or raw.lower() not in ("true", "false"):
+            raise UsageError(f"--framework-setting {item!r}: --target {name} takes compile=true or compile=false")
+        out["compile"] = raw.lower() == "true"
+    return out
 
 
 def framework_settings(items: list[str], target: str, fixed: dict) -> dict:

@@ -1013,7 +1013,7 @@ STAND_INS.update({
     name: (GENERIC, f"{t.label} is a PyTorch FSDP trainer, none of the targets",
            f"priced as the validation prices published PyTorch FSDP runs (PyTorch-native kernels, host-issued "
            f"eager ops, {'FSDP2' if t.fsdp2 else 'FSDP1'}{', FlashAttention-2' if t.attention == 'flash-attn' else ''}; "
-           f"ZeRO-3 unless --zero says; not compiled)")
+           f"ZeRO-3 unless --zero says; compiled only with --framework-setting compile=true)")
     for name, t in FSDP_TRAINERS.items()})
 
 
