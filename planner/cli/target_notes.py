@@ -28,7 +28,7 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
     if fsdp is not None:
         # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile, compiled
         # where asked as the validation prices a compiled run (FrameworkProfile.with_switches)
-        if fsdp_settings(items, target).get("compile"):
+        if fsdp_settings(items, target or "").get("compile"):
             fsdp = fsdp.with_switches(compile=True)
         return T.GENERIC, [], {"framework": fsdp}
     if target in T.STAND_INS:
