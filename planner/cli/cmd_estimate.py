@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         fixed = fixed_degrees(args)
         target = getattr(args, "target", None)
         fixed.setdefault("zero", T.default_zero(target, fixed))   # the target's own
-        if fixed.get("sp") is None and T.runs_sp(target) is False:
+        if fixed.get("sp") is None and not T.runs_sp(target):
             fixed["sp"] = False          # a target without sequence parallelism (DeepSpeed's) is not given it
         par = complete_config(fixed, cluster.total_gpus, wl)
         stages, order = None, mesh_order(args)

@@ -24,13 +24,11 @@ def estimate_target(args: argparse.Namespace, model, cluster, wl, par, stages, o
         made = read_plan(args.plan)
         if target is None or target == made.target:
             target, switches = made.target or None, dict(made.framework)
-    fsdp = T.stand_in_profile(target or "")
-    if fsdp is not None:
-        # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile, compiled
-        # where asked as the validation prices a compiled run (FrameworkProfile.with_switches)
-        if fsdp_settings(items, target or "").get("compile"):
-            fsdp = fsdp.with_switches(compile=True)
-        return T.GENERIC, [], {"framework": fsdp}
+    if target in T.FSDP_TRAINERS:
+        # a PyTorch FSDP trainer: the generic target (nothing it cannot run), its validated profile with the
+        # settings asked for (compile, as the validation prices a compiled run)
+        settings = framework_settings(items, target, {"tp": par.tp})
+        return T.GENERIC, [], {"framework": T.profile_for(target, settings)}
     if target in T.STAND_INS:
         target = T.STAND_INS[target][0]
     if items and (not target or target == T.GENERIC):
@@ -88,25 +86,13 @@ def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
     return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
 
 
-def fsdp_settings(items: list[str], name: str) -> dict:
-    """``--framework-setting`` for a PyTorch FSDP trainer stood in for (``targets.FSDP_TRAINERS``): only
-    ``compile``, true or false; ``UsageError`` for anything else."""
-    out: dict = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if key != "compile" or not sep or raw.lower() not in ("true", "false"):
-            raise UsageError(f"--framework-setting {item!r}: --target {name} takes compile=true or compile=false")
-        out["compile"] = raw.lower() == "true"
-    return out
-
-
 def framework_settings(items: list[str], target: str, fixed: dict) -> dict:
     """``--framework-setting KEY=VALUE`` options as the plan's ``framework:`` section, each checked
     against the target's settings (``planner.plan.targets.SWITCHES``): ``UsageError`` naming the
     setting, its value and what the target takes."""
     if not items:
         return {}
-    known = T.SWITCHES.get(T.framework_of(target), {}) if target != T.GENERIC else {}
+    known = T.switches_for(target)
     out: dict = {}
     for item in items:
         key, sep, raw = item.partition("=")

@@ -207,7 +207,7 @@ def _alternatives(case: dict, par: ParallelConfig,
                                               recompute=r, vpp=v, schedule="interleaved" if v > 1 else par.schedule)
                 except (SpecError, ValueError, TypeError):
                     continue
-                out.append((f"mb{b} {r}" + (f" vp{v}" if v > 1 else ""), alt))
+                out.append((f"mb{b} {r}" + (f" vp{v}" if interleaved and v > 1 else ""), alt))
     return unpub, tuple(out)
 
 

@@ -1017,6 +1017,18 @@ STAND_INS.update({
     for name, t in FSDP_TRAINERS.items()})
 
 
+# What ``--framework-setting`` may set for a PyTorch FSDP trainer stood in for (``switches_for``)
+FSDP_SWITCHES: dict[str, tuple[type, str]] = {
+    "compile": (bool, "torch.compile of the model, priced as the validation prices a published compiled run "
+                      "(FrameworkProfile.with_switches: COMPILE_KERNEL_FACTOR)"),
+}
+
+
+def _priced_as(name: str | None) -> str:
+    """The target a name is priced as: a stand-in's (``STAND_INS``), else the name itself."""
+    return STAND_INS[name][0] if name in STAND_INS else (name or GENERIC)
+
+
 def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     """The ZeRO stage a configuration runs at under ``target`` when nobody names one (``planner estimate``
     without ``--zero``, a published record without ``zero``), from the other degrees in ``par``:
@@ -1032,9 +1044,9 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     * a PyTorch FSDP trainer stood in for (``FSDP_TRAINERS``): full sharding (ZeRO-3), each one's default;
     * every other target (Megatron's distributed optimizer, DeepSpeed, generic): ZeRO-1."""
     pp, tp = int(par.get("pp", 1) or 1), int(par.get("tp", 1) or 1)
-    name = target or GENERIC
-    if name in FSDP_TRAINERS:
+    if target in FSDP_TRAINERS:
         return 3
+    name = _priced_as(target)
     if name == "accelerate":
         return 3 if tp == 1 and pp == 1 else 1
     if name == "torchtitan" or name == "builtin" or name in LAUNCHERS:
@@ -1042,13 +1054,19 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     return 1
 
 
-def runs_sp(target: str | None) -> bool | None:
-    """Whether ``target`` (or the target a stand-in is priced as) can run sequence parallelism: False for a
-    target whose table says ``sp="never"`` (DeepSpeed's, Megatron-DeepSpeed's), None where it can or the
-    name is not a training target (the estimate's default, sequence parallel with tp > 1, then holds)."""
-    name = STAND_INS[target][0] if target in STAND_INS else target
-    table = TRAIN.get(name or "")
-    return False if table is not None and table.sp == "never" else None
+def runs_sp(target: str | None) -> bool:
+    """Whether ``target`` (or the target a stand-in is priced as) can run sequence parallelism: not where
+    its table says ``sp="never"`` (DeepSpeed's, Megatron-DeepSpeed's); generic and unknown names can."""
+    table = TRAIN.get(_priced_as(target))
+    return table is None or table.sp != "never"
+
+
+def switches_for(name: str) -> dict[str, tuple[type, str]]:
+    """The framework settings ``--framework-setting`` takes for ``name``: a target's (``SWITCHES``), a
+    PyTorch FSDP trainer's (``FSDP_SWITCHES``), none for generic or another name."""
+    if name in FSDP_TRAINERS:
+        return FSDP_SWITCHES
+    return SWITCHES.get(framework_of(name), {}) if name != GENERIC else {}
 
 
 def stand_in_note(name: str) -> str:
@@ -1183,9 +1201,10 @@ def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any
 
 def profile_for(target: str, switches: Mapping[str, Any] | None = None):
     """The cost profile (``costmodel.frameworks``) a plan for ``target`` with these framework
-    settings is priced with: the target's own, with each setting's term applied."""
+    settings is priced with: the target's own (a PyTorch FSDP trainer's: ``stand_in_profile``), with each
+    setting's term applied."""
     from costmodel.frameworks import framework_profile
-    prof = framework_profile(framework_of(target))
+    prof = stand_in_profile(target) or framework_profile(framework_of(target))
     sw = switches or {}
     if sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16") or sw.get("adam_moments_bf16"):
         prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")),
