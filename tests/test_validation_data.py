@@ -275,7 +275,8 @@ def test_mlperf_gpt3_rows_price_the_attention_kernel_their_te_ran():
 
 def test_a_record_overrides_a_catalog_models_vocabulary():
     """Google's Mixtral 8x7B run trained the catalog's layers with the GPT-2 tokenizer: its record's
-    ``vocab`` replaces the catalog's 32,000 and nothing else of the model, and the larger head costs time."""
+    ``vocab`` replaces the catalog's 32,000; with the router's auxiliary-loss coefficient, which the record
+    also gives, nothing else of the model changes, and the larger head costs time."""
     import dataclasses
 
     from costmodel.catalog import get_model
