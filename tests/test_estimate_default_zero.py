@@ -31,6 +31,8 @@ def _estimate(capsys, *extra: str) -> dict:
     (("--target", "megatron"), 1),
     (("--target", "deepspeed"), 1),
     (("--target", "olmo-core"), 3),
+    (("--target", "maxtext"), 3),                       # base.yml ici_fsdp_parallelism -1: FSDP over every GPU
+    (("--target", "maxtext", "--tp", "2"), 3),          # the other ICI axes leave the rest to FSDP
     ((), 1),                                            # generic
 ])
 def test_the_zero_stage_is_the_targets_own(capsys, extra, zero):
@@ -38,6 +40,18 @@ def test_the_zero_stage_is_the_targets_own(capsys, extra, zero):
     assert out["parallel"]["zero"] == zero
     if extra and extra[1] in T.TRAIN:
         assert not any("ZeRO" in p for p in out["target"]["problems"]), out["target"]["problems"]
+
+
+def test_maxtext_shards_over_every_data_parallel_gpu_unless_told(capsys):
+    """MaxText's default mesh on GPUs is one slice whose FSDP axis takes every device the other axes leave
+    (``default_zero``'s docstring): ZeRO-3 with the shard group the whole data-parallel group; a given
+    ``--dp-shard`` (a run that sets ``num_slices``: FSDP within a slice, data parallel across) is kept."""
+    out = _estimate(capsys, "--target", "maxtext", "--gpus", "16", "--global-batch", "32")
+    assert (out["parallel"]["zero"], out["parallel"]["dp"], out["parallel"]["dp_shard"]) == (3, 16, 16)
+    assert out["target"]["asked"] == "maxtext"
+    hsdp = _estimate(capsys, "--target", "maxtext", "--gpus", "16", "--global-batch", "32", "--dp-shard", "8")
+    assert (hsdp["parallel"]["zero"], hsdp["parallel"]["dp_shard"]) == (3, 8)
+    assert hsdp["estimate"]["step_time_s"] != out["estimate"]["step_time_s"]
 
 
 def test_a_given_zero_is_kept(capsys):

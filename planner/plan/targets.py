@@ -1042,9 +1042,15 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
       distributed optimizer (ZeRO-1) where tensor or pipeline parallelism hands it to that engine
       (``costmodel.frameworks.accelerate_backend``);
     * a PyTorch FSDP trainer stood in for (``FSDP_TRAINERS``): full sharding (ZeRO-3), each one's default;
+    * MaxText: full sharding over every data-parallel GPU (ZeRO-3), whatever the other degrees. Its
+      ``configs/base.yml`` sets ``ici_fsdp_parallelism: -1`` (every device of a slice not taken by another
+      axis shards the weights) and ``dcn_data_parallelism: -1`` (plain data parallelism across slices).
+      On GPUs the job is one slice unless ``num_slices`` is set: ``pyconfig.get_num_slices`` returns 1
+      when the devices have no ``slice_index``, which CUDA devices lack. A run that sets ``num_slices``
+      (or the ``dcn_*`` axes) shards within each slice only: ``--dp-shard`` prices that (HSDP);
     * every other target (Megatron's distributed optimizer, DeepSpeed, generic): ZeRO-1."""
     pp, tp = int(par.get("pp", 1) or 1), int(par.get("tp", 1) or 1)
-    if target in FSDP_TRAINERS:
+    if target in FSDP_TRAINERS or target == "maxtext":
         return 3
     name = _priced_as(target)
     if name == "accelerate":
