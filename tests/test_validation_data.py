@@ -288,3 +288,32 @@ def test_a_record_overrides_a_catalog_models_vocabulary():
     assert dataclasses.replace(m, vocab=cat.vocab, router_aux_coeff=cat.router_aux_coeff) == cat
     assert (estimate(m, cl, wl, par, framework=prof).step_time_s
             > estimate(dataclasses.replace(m, vocab=cat.vocab), cl, wl, par, framework=prof).step_time_s)
+
+
+def test_ibm_meta_float8_post_rows_are_its_table_3_priced_as_torchtitan_ran_them():
+    """IBM and Meta's float8 + FSDP2 post, Table 3 (512 H100): the four wps figures as printed, family
+    ``pytorch-float8``; priced as torchtitan (compiled, SDPA attention), the float8 rows with torchao's
+    tensorwise recipe and the FP8 weight all-gather, the 405B rows at TP 4 with sequence parallelism;
+    the local batch unpublished (priced at 1, with its range), full recompute as torchtitan's own
+    configs for these models set it."""
+    from costmodel.frameworks import FRAMEWORKS
+    from planner.cli.validation_cross import load_cases
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith("ibmfp8-")}
+    assert {n: c["reported"]["tokens_per_s_per_gpu"] for n, c in rows.items()} == {
+        "ibmfp8-llama3-70b-h100-512gpu-fsdp-bf16": 960, "ibmfp8-llama3-70b-h100-512gpu-fsdp-float8": 1448,
+        "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-bf16": 152, "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-float8": 217}
+    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
+    assert len(cases) == 4
+    for name, c in cases.items():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "pytorch-float8" and c.framework == "torchtitan" and c.fitted_on
+        # compiled: the compile factor on torchtitan's kernel efficiency (FrameworkProfile.with_switches)
+        assert prof.attention == "sdpa-torchtitan" and prof.kernel_efficiency > FRAMEWORKS["torchtitan"].kernel_efficiency
+        assert (par.zero, par.recompute, par.micro_batch, wl.seq_len) == (3, "full", 1, 8192)
+        assert c.unpublished == ("micro-batch",) and {a for a, _ in c.alternatives} >= {"mb1 full", "mb2 full"}
+        assert (par.tp, par.sp) == ((4, True) if "405b" in name else (1, False))
+        if "float8" in name:
+            assert (wl.dtype, wl.fp8_recipe, wl.fp8_param_gather) == ("fp8", "tensorwise", True)
+        else:
+            assert wl.dtype == "bf16"
+

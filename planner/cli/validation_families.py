@@ -38,6 +38,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
     ("nemo-24", r"nemo\b.*24\.0\d|nvidia/nemo|nemo performance summary"),
+    ("pytorch-float8", r"training-using-float8-fsdp2"),  # IBM and Meta's float8 + FSDP2 post (torchtitan runs)
     ("torchtitan", r"torchtitan"),
     ("bigscience", r"bigscience"),
     ("mt-nlg", r"megatron-turing|mt-nlg|2201\.11990"),
