@@ -12,8 +12,9 @@ from planner.cli import validation
 CASES = [c for c, _split in validation.all_cases()]
 BF16_GRADS = [c for c in CASES if (c.get("profile") or {}).get("grads_bf16")]
 # the settings that put a run's gradients in bf16: Megatron-core's DDP / NeMo's precision plugin, Apex's
-# distributed Adam (NeMo 1.x); a record may claim bf16 gradients only by quoting one of them
-SETTINGS = ("grad_reduce_in_fp32=False", "grad_sync_dtype: bf16")
+# distributed Adam (NeMo 1.x: its YAML key, or the launcher's Hydra override of it); a record may claim bf16
+# gradients only by quoting one of them
+SETTINGS = ("grad_reduce_in_fp32=False", "grad_sync_dtype: bf16", "optim.grad_sync_dtype=bf16")
 
 
 def test_the_mlperf_runs_that_set_it_are_marked():
@@ -52,3 +53,20 @@ def test_the_switch_reaches_the_priced_step(name):
         return next(r.predicted for r in rows if r.metric == "step time (s)")
     with_bf16, with_fp32 = step(case), step(plain)
     assert with_bf16 < with_fp32
+
+
+def test_nemo_2407_fp8_runs_fit_once_their_gradients_are_bf16():
+    """NeMo 24.07's H100 FP8 example scripts for GPT-3 and Llama set ``grad_sync_dtype=bf16`` (Apex's distributed
+    Adam: a full-size bf16 gradient buffer). Priced with Megatron's fp32 buffer, three of those runs, which ran
+    on 80 GB H100s, did not fit by the model's count (GPT-3 20B on 64 GPUs at 94 GiB); as recorded, each fits,
+    and with an fp32 buffer the 20B one again does not."""
+    from costmodel.training import estimate
+    nemo = [c for c in BF16_GRADS if c["name"].startswith("nemo2407-h100-fp8-")]
+    assert len(nemo) == 9 and not any("nemotron" in c["name"] for c in nemo)   # the Nemotron scripts leave it fp32
+    for c in nemo:
+        m, cl, wl, par, prof, _fw = validation.case_inputs(c)
+        assert estimate(m, cl, wl, par, framework=prof).fits, c["name"]
+    plain = copy.deepcopy(next(c for c in nemo if c["name"] == "nemo2407-h100-fp8-gpt3-20b-64gpu"))
+    del plain["profile"]
+    m, cl, wl, par, prof, _fw = validation.case_inputs(plain)
+    assert not estimate(m, cl, wl, par, framework=prof).fits
