@@ -269,3 +269,23 @@ def test_a_row_too_fast_cannot_raise_a_curve():
     with_row = vc._scan(rows, [c], vals)[c.name]
     assert vc._err(new[0], vc.predict(new[0], dict(vals, **{c.name: without}))[0]) > 0.10   # too fast there
     assert with_row <= without
+
+
+def test_runs_priced_over_capacity_are_the_plain_estimates_that_do_not_fit(res):
+    """The page's memory section (``over_capacity``) against the slow obvious version: every case priced
+    by ``estimate`` from its record (``validation.case_inputs``, the shipped constants); the rows that do
+    not fit are exactly the ones the section lists, and NeMo 24.07's GPT-3 20B (bf16 gradients, as its
+    script sets them) is not among them."""
+    from planner.cli import validation
+    by_name = {c["name"]: c for c, _split in validation.all_cases()}
+    plain = set()
+    for r in res["rows"]:
+        m, cl, wl, par, prof, _fw = validation.case_inputs(by_name[r.case.name])
+        if not estimate(m, cl, wl, par, stages=r.case.stages, framework=prof).fits:
+            plain.add(r.case.name)
+    listed = {r.case.name for r, _est in vc.over_capacity(res["rows"], res["shipped"])}
+    assert listed == plain and 0 < len(listed) < len(res["rows"]) / 10
+    assert "nemo2407-h100-fp8-gpt3-20b-64gpu" not in listed
+    page = vc.markdown(res)
+    section = page.split("## Memory: published runs priced over capacity")[1].split("## MFU ceilings")[0]
+    assert all(f"| {n} |" in section for n in listed) and f"puts {len(listed)} of {len(res['rows'])}" in section

@@ -464,6 +464,7 @@ class CrossRow:
     in_sample: float              # the shipped model's error on the same figure
     priors: tuple[str, ...]       # constants that fell back to their prior for this family
     constant: float = 0.0         # the error of a flat BASELINE_MFU of peak (``baseline_tokens_per_s``)
+    fits: bool = True             # the shipped model's memory count puts the run (which ran) within its GPUs
 
     @property
     def credited(self) -> float:
@@ -492,10 +493,24 @@ def _predict_rows(cases: list[CrossCase], values: dict[str, float], shipped: dic
             errs = [v / q - 1.0 for v in vals + [p] for q in pubs]
             ranges.append((min(errs), max(errs)))
     with module_constants(shipped):
-        ins = [predict(c, shipped)[0] for c in cases]
-    for c, p, (lo, hi), i in zip(cases, preds, ranges, ins):
+        ins = [predict(c, shipped) for c in cases]
+    for c, p, (lo, hi), (i, fits) in zip(cases, preds, ranges, ins):
         out.append(CrossRow(c, p, _err(c, p), lo, hi, _err(c, i), priors,
-                            _err(c, baseline_tokens_per_s(c))))
+                            _err(c, baseline_tokens_per_s(c)), fits))
+    return out
+
+
+def over_capacity(rows: list[CrossRow], shipped: dict[str, float]) -> list[tuple[CrossRow, Any]]:
+    """The published runs (each of which ran) that the shipped model's memory count puts over their GPUs'
+    capacity, with that estimate (its peak, capacity and memory terms): where the memory model, or a record
+    that misses a memory-saving setting the run used, would keep the planner from a layout that works."""
+    out = []
+    with module_constants(shipped):
+        for r in rows:
+            if r.fits:
+                continue
+            model, cluster, wl, par, prof = _specs(r.case, shipped)
+            out.append((r, estimate(model, cluster, wl, par, stages=r.case.stages, framework=prof)))
     return out
 
 
@@ -667,6 +682,22 @@ def markdown(res: dict) -> str:
     if thin_cp:
         out += [f"Of the context-parallel runs, {len(thin_cp)} are thin steps (the table \"By ideal step per GPU\"): "
                 + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in thin_cp) + ".", ""]
+    over = over_capacity(rows, res["shipped"])
+    gib = 2.0 ** 30
+    out += ["## Memory: published runs priced over capacity", "",
+            f"Every run here ran. The shipped model's memory count (`costmodel/memory.py`) puts {len(over)} of "
+            f"{len(rows)} over their GPUs' usable memory: the model overcounts for them, or the record misses a "
+            "memory-saving setting the run used. The planner would not choose such a layout. Peak stage, GiB:", "",
+            "| run | family | GPUs | layout | priced peak | capacity | weights | grads | optimizer | activations | other |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, est in over:
+        p, mem = r.case.inputs[3], est.memory
+        lay = f"tp{p.tp} pp{p.pp} cp{p.cp} dp{p.dp} mb{p.micro_batch} z{p.zero} {p.recompute}"
+        out.append(f"| {r.case.name} | {r.case.family} | {r.case.num_gpus} | {lay} | {est.peak_bytes / gib:.1f} | "
+                   f"{est.capacity_bytes / gib:.1f} | " + " | ".join(
+                       f"{mem[k] / gib:.1f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                        "activations_bytes", "other_bytes")) + " |")
+    out += [""]
     out += ["## MFU ceilings (`costmodel/ceilings.py`)", "",
             "The best MFU published per GPU generation and precision among the dense runs here, by the causal "
             "count (published tokens/s x FLOPs per token less the causal mask's skipped half of attention / peak). "
@@ -717,7 +748,7 @@ def as_json(res: dict) -> dict:
                   "catalog_hardware": r.case.catalog_hardware, "metric": "tokens/s per GPU",
                   "published": r.case.published, "read_from": r.case.how, "predicted": r.predicted,
                   "error": r.error, "error_low": r.low, "error_high": r.high, "unpublished": list(r.case.unpublished),
-                  "in_sample_error": r.in_sample, "flat_50_error": r.constant,
+                  "in_sample_error": r.in_sample, "flat_50_error": r.constant, "fits": r.fits,
                   "at_prior": sorted(set(r.priors))} for r in res["rows"]],
         "fits": {fam: {"values": fr.values, "at_prior": fr.prior, "rows": fr.rows, "families": fr.families}
                  for fam, fr in res["fits"].items()},
