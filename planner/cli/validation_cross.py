@@ -698,6 +698,8 @@ def markdown(res: dict) -> str:
                        f"{mem[k] / gib:.1f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                         "activations_bytes", "other_bytes")) + " |")
     out += [""]
+    from planner.cli import validation_memory
+    out += validation_memory.markdown(validation_memory.memory_outcomes())
     out += ["## MFU ceilings (`costmodel/ceilings.py`)", "",
             "The best MFU published per GPU generation and precision among the dense runs here, by the causal "
             "count (published tokens/s x FLOPs per token less the causal mask's skipped half of attention / peak). "
