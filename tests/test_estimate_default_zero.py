@@ -31,7 +31,7 @@ def _estimate(capsys, *extra: str) -> dict:
     (("--target", "megatron"), 1),
     (("--target", "deepspeed"), 1),
     (("--target", "olmo-core"), 3),
-    (("--target", "maxtext"), 3),                       # base.yml ici_fsdp_parallelism -1: FSDP over every GPU
+    (("--target", "maxtext"), 3),                       # base.yml ici_fsdp_parallelism -1: FSDP within a host
     (("--target", "maxtext", "--tp", "2"), 3),          # the other ICI axes leave the rest to FSDP
     ((), 1),                                            # generic
 ])
@@ -42,16 +42,22 @@ def test_the_zero_stage_is_the_targets_own(capsys, extra, zero):
         assert not any("ZeRO" in p for p in out["target"]["problems"]), out["target"]["problems"]
 
 
-def test_maxtext_shards_over_every_data_parallel_gpu_unless_told(capsys):
-    """MaxText's default mesh on GPUs is one slice whose FSDP axis takes every device the other axes leave
-    (``default_zero``'s docstring): ZeRO-3 with the shard group the whole data-parallel group; a given
-    ``--dp-shard`` (a run that sets ``num_slices``: FSDP within a slice, data parallel across) is kept."""
-    out = _estimate(capsys, "--target", "maxtext", "--gpus", "16", "--global-batch", "32")
-    assert (out["parallel"]["zero"], out["parallel"]["dp"], out["parallel"]["dp_shard"]) == (3, 16, 16)
-    assert out["target"]["asked"] == "maxtext"
-    hsdp = _estimate(capsys, "--target", "maxtext", "--gpus", "16", "--global-batch", "32", "--dp-shard", "8")
-    assert (hsdp["parallel"]["zero"], hsdp["parallel"]["dp_shard"]) == (3, 8)
-    assert hsdp["estimate"]["step_time_s"] != out["estimate"]["step_time_s"]
+def test_maxtext_shards_within_a_host_and_replicates_across_hosts_unless_told(capsys):
+    """MaxText's default mesh on GPUs (``default_zero``, ``default_dp_shard``): FSDP over a host's GPUs less its
+    other ICI axes, data parallel across hosts (its own A3 scripts: ``dcn_data_parallelism`` = VMs,
+    ``ici_fsdp_parallelism=8``). One host: the whole data-parallel group; a given ``--dp-shard`` is kept."""
+    def par(*extra):
+        return _estimate(capsys, "--target", "maxtext", "--global-batch", "64", *extra)["parallel"]
+    assert (par("--gpus", "8")["dp"], par("--gpus", "8")["dp_shard"]) == (8, 8)
+    p = par("--gpus", "32")
+    assert (p["zero"], p["dp"], p["dp_shard"]) == (3, 32, 8)            # 4 hosts of 8 H100
+    p = par("--gpus", "32", "--tp", "2")
+    assert (p["dp"], p["dp_shard"]) == (16, 4)                          # ici_fsdp = 8 / ici_tensor 2
+    assert par("--gpus", "32", "--dp-shard", "32")["dp_shard"] == 32
+    out = _estimate(capsys, "--target", "maxtext", "--gpus", "32", "--global-batch", "64")
+    full = _estimate(capsys, "--target", "maxtext", "--gpus", "32", "--global-batch", "64", "--dp-shard", "32")
+    assert out["target"]["asked"] == "maxtext" and out["estimate"]["step_time_s"] != full["estimate"]["step_time_s"]
+    assert T.default_dp_shard("torchtitan", {"dp": 32}, 8) is None      # every other target: its own group
 
 
 def test_a_given_zero_is_kept(capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from planner.cli.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
 from costmodel.units import GIB
@@ -42,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
         if fixed.get("sp") is None and not T.runs_sp(target):
             fixed["sp"] = False          # a target without sequence parallelism (DeepSpeed's) is not given it
         par = complete_config(fixed, cluster.total_gpus, wl)
+        if fixed.get("dp_shard") is None and par.zero >= 3:
+            shard = T.default_dp_shard(target, dataclasses.asdict(par), cluster.groups[0].gpus_per_node)
+            if shard is not None:
+                par = dataclasses.replace(par, dp_shard=shard)        # the target's own (MaxText: per host)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)

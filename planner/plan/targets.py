@@ -1042,12 +1042,10 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
       distributed optimizer (ZeRO-1) where tensor or pipeline parallelism hands it to that engine
       (``costmodel.frameworks.accelerate_backend``);
     * a PyTorch FSDP trainer stood in for (``FSDP_TRAINERS``): full sharding (ZeRO-3), each one's default;
-    * MaxText: full sharding over every data-parallel GPU (ZeRO-3), whatever the other degrees. Its
-      ``configs/base.yml`` sets ``ici_fsdp_parallelism: -1`` (every device of a slice not taken by another
-      axis shards the weights) and ``dcn_data_parallelism: -1`` (plain data parallelism across slices).
-      On GPUs the job is one slice unless ``num_slices`` is set: ``pyconfig.get_num_slices`` returns 1
-      when the devices have no ``slice_index``, which CUDA devices lack. A run that sets ``num_slices``
-      (or the ``dcn_*`` axes) shards within each slice only: ``--dp-shard`` prices that (HSDP);
+    * MaxText: full sharding (ZeRO-3) within a slice, whatever the other degrees; ``default_dp_shard``
+      says over which ranks. Its ``configs/base.yml`` sets ``ici_fsdp_parallelism: -1`` (every device of a
+      slice not taken by another axis shards the weights) and ``dcn_data_parallelism: -1`` (plain data
+      parallelism across slices);
     * every other target (Megatron's distributed optimizer, DeepSpeed, generic): ZeRO-1."""
     pp, tp = int(par.get("pp", 1) or 1), int(par.get("tp", 1) or 1)
     if target in FSDP_TRAINERS or target == "maxtext":
@@ -1058,6 +1056,26 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     if name == "torchtitan" or name == "builtin" or name in LAUNCHERS:
         return 3 if pp == 1 else 2
     return 1
+
+
+def default_dp_shard(target: str | None, par: Mapping[str, Any], gpus_per_node: int) -> int | None:
+    """The ZeRO-3 shard group a configuration runs with under ``target`` when nobody names one (``planner
+    estimate`` without ``--dp-shard``); None: the whole data-parallel group (the estimate's own default).
+
+    MaxText alone differs: its mesh shards within a slice and runs data parallel across slices
+    (``default_zero``), and on GPUs a slice is a host. Its own A3 (H100) scripts run ``dcn_data_parallelism``
+    = the number of VMs with ``ici_fsdp_parallelism=8`` (``MaxText/configs/a3/llama_2_7b/16vm.sh``: 16 VMs,
+    ``dcn_data_parallelism=16 ici_fsdp_parallelism=8``), which MaxText accepts only where the slices counted
+    from the devices (``max_utils.create_device_mesh``: ``1 + max(d.slice_index)``) are the hosts. So the
+    shard group is a host's GPUs over its other ICI axes (tensor, context), where the job spans more than
+    one host and that divides the data-parallel group. Whether a multi-node NVLink domain (GB200 NVL72)
+    counts as one slice is not established here; a host is assumed, and ``--dp-shard`` says otherwise."""
+    if target != "maxtext" or gpus_per_node < 1:
+        return None
+    dp = int(par.get("dp", 1) or 1)
+    ici_other = int(par.get("tp", 1) or 1) * int(par.get("cp", 1) or 1)
+    shard = max(1, gpus_per_node // ici_other)
+    return shard if shard < dp and dp % shard == 0 else None
 
 
 def runs_sp(target: str | None) -> bool:
