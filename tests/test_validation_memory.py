@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from costmodel.training import estimate
+from costmodel.units import GIB
 from planner.cli import validation
 from planner.cli import validation_memory as vm
 
@@ -37,7 +38,7 @@ def test_a_row_is_its_base_record_with_the_rows_degrees():
         m, cl, wl, par, prof, _fw = validation.case_inputs(case)
         est = estimate(m, cl, wl, par, framework=prof)
         o = got[(base["name"], f"tp{tp} pp{pp} mb{mb}")]
-        assert o.fits == est.fits == ran == o.ran and o.peak_gib == est.peak_bytes / vm.GIB
+        assert o.fits == est.fits == ran == o.ran and o.peak_gib == est.peak_bytes / GIB
 
 
 def test_the_memory_count_classifies_most_published_outcomes_and_the_page_says_how_many():

@@ -50,7 +50,8 @@ from costmodel import ceilings, fitted, fp8, frameworks, layers, stage_cache
 from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, curves_measured, sm90_factor_applies
 from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
-from planner.cli import validation
+from costmodel.units import GIB
+from planner.cli import validation, validation_memory
 from planner.cli.validation_families import family_of, generation, scale_bucket
 
 FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
@@ -683,7 +684,6 @@ def markdown(res: dict) -> str:
         out += [f"Of the context-parallel runs, {len(thin_cp)} are thin steps (the table \"By ideal step per GPU\"): "
                 + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in thin_cp) + ".", ""]
     over = over_capacity(rows, res["shipped"])
-    gib = 2.0 ** 30
     out += ["## Memory: published runs priced over capacity", "",
             f"Every run here ran. The shipped model's memory count (`costmodel/memory.py`) puts {len(over)} of "
             f"{len(rows)} over their GPUs' usable memory: the model overcounts for them, or the record misses a "
@@ -693,12 +693,11 @@ def markdown(res: dict) -> str:
     for r, est in over:
         p, mem = r.case.inputs[3], est.memory
         lay = f"tp{p.tp} pp{p.pp} cp{p.cp} dp{p.dp} mb{p.micro_batch} z{p.zero} {p.recompute}"
-        out.append(f"| {r.case.name} | {r.case.family} | {r.case.num_gpus} | {lay} | {est.peak_bytes / gib:.1f} | "
-                   f"{est.capacity_bytes / gib:.1f} | " + " | ".join(
-                       f"{mem[k] / gib:.1f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+        out.append(f"| {r.case.name} | {r.case.family} | {r.case.num_gpus} | {lay} | {est.peak_bytes / GIB:.1f} | "
+                   f"{est.capacity_bytes / GIB:.1f} | " + " | ".join(
+                       f"{mem[k] / GIB:.1f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                         "activations_bytes", "other_bytes")) + " |")
     out += [""]
-    from planner.cli import validation_memory
     out += validation_memory.markdown(validation_memory.memory_outcomes())
     out += ["## MFU ceilings (`costmodel/ceilings.py`)", "",
             "The best MFU published per GPU generation and precision among the dense runs here, by the causal "

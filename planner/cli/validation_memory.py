@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
+from costmodel.units import GIB
 from planner.cli import validation
 
 OUTCOMES = Path(__file__).resolve().parents[2] / "calibration" / "memory_outcomes.yaml"
-GIB = 2.0 ** 30
 
 
 @dataclass(frozen=True)
