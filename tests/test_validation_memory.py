@@ -7,6 +7,7 @@ import yaml
 from costmodel.training import estimate
 from costmodel.units import GIB
 from planner.cli import validation
+from planner.cli.targets_table import compact
 from planner.cli import validation_memory as vm
 
 ROWS = yaml.safe_load(vm.OUTCOMES.read_text())["outcomes"]
@@ -37,7 +38,7 @@ def test_a_row_is_its_base_record_with_the_rows_degrees():
         case = dict(base, parallel=dict(base["parallel"], tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch=mb, sp=False))
         m, cl, wl, par, prof, _fw = validation.case_inputs(case)
         est = estimate(m, cl, wl, par, framework=prof)
-        o = got[(base["name"], f"tp{tp} pp{pp} mb{mb}")]
+        o = got[(base["name"], compact(par))]
         assert o.fits == est.fits == ran == o.ran and o.peak_gib == est.peak_bytes / GIB
 
 

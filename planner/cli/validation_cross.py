@@ -52,6 +52,7 @@ from costmodel.specs import ParallelConfig, SpecError
 from costmodel.training import estimate
 from costmodel.units import GIB
 from planner.cli import validation, validation_memory
+from planner.cli.targets_table import compact
 from planner.cli.validation_families import family_of, generation, scale_bucket
 
 FIT_SPLITS = ("calibration", "frameworks", "fp8", "more", "holdout")     # catalog hardware, dense
@@ -691,9 +692,9 @@ def markdown(res: dict) -> str:
             "| run | family | GPUs | layout | priced peak | capacity | weights | grads | optimizer | activations | other |",
             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r, est in over:
-        p, mem = r.case.inputs[3], est.memory
-        lay = f"tp{p.tp} pp{p.pp} cp{p.cp} dp{p.dp} mb{p.micro_batch} z{p.zero} {p.recompute}"
-        out.append(f"| {r.case.name} | {r.case.family} | {r.case.num_gpus} | {lay} | {est.peak_bytes / GIB:.1f} | "
+        mem = est.memory
+        out.append(f"| {r.case.name} | {r.case.family} | {r.case.num_gpus} | {compact(r.case.inputs[3])} | "
+                   f"{est.peak_bytes / GIB:.1f} | "
                    f"{est.capacity_bytes / GIB:.1f} | " + " | ".join(
                        f"{mem[k] / GIB:.1f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                         "activations_bytes", "other_bytes")) + " |")

@@ -16,6 +16,7 @@ import yaml
 
 from costmodel.units import GIB
 from planner.cli import validation
+from planner.cli.targets_table import compact
 
 OUTCOMES = Path(__file__).resolve().parents[2] / "calibration" / "memory_outcomes.yaml"
 
@@ -25,7 +26,7 @@ class MemoryOutcome:
     base: str
     sheet: str
     trial: int
-    layout: str            # tp, pp, micro-batch, sequence parallel
+    layout: str            # the degrees as the targets tables write them (``targets_table.compact``)
     ran: bool              # published: it ran (else it ran out of memory)
     fits: bool             # priced: the shipped memory count puts it within the GPUs' usable memory
     peak_gib: float
@@ -45,15 +46,14 @@ def outcome_case(base: dict, row: dict) -> dict:
 def memory_outcomes(path: Path = OUTCOMES) -> list[MemoryOutcome]:
     """Every row of the outcomes file, priced by the shipped model."""
     from costmodel.training import estimate
-    rows = (yaml.safe_load(path.read_text()) or {}).get("outcomes", []) if path.exists() else []
+    rows = yaml.safe_load(path.read_text())["outcomes"]
     bases = {c["name"]: c for c, _split in validation.all_cases()}
     out = []
     for row in rows:
         case = outcome_case(bases[row["base"]], row)
         model, cluster, wl, par, prof, _fw = validation.case_inputs(case)
         est = estimate(model, cluster, wl, par, stages=validation.case_stages(case), framework=prof)
-        layout = f"tp{par.tp} pp{par.pp} mb{par.micro_batch}" + (" sp" if par.sp else "")
-        out.append(MemoryOutcome(row["base"], row["sheet"], int(row["trial"]), layout, row["outcome"] == "ran",
+        out.append(MemoryOutcome(row["base"], row["sheet"], int(row["trial"]), compact(par), row["outcome"] == "ran",
                                  est.fits, est.peak_bytes / GIB, est.capacity_bytes / GIB))
     return out
 

@@ -978,7 +978,9 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
     "gpt-neox": ("megatron-deepspeed", "GPT-NeoX trains with Megatron's tensor parallelism inside DeepSpeed's pipeline "
                  "engine", "priced as the megatron-deepspeed target"),
     "maxtext": (GENERIC, "MaxText (JAX/XLA) is none of the targets",
-                "priced with the generic profile (every overlap on, Megatron-grade kernels; nothing XLA-specific)"),
+                "priced with the generic profile (every overlap on, Megatron-grade kernels; nothing XLA-specific), "
+                "by default with ZeRO-3 sharded within a host and data parallel across hosts, as its default mesh "
+                "runs on GPUs (--zero and --dp-shard say otherwise)"),
 }
 
 
@@ -1067,8 +1069,9 @@ def default_dp_shard(target: str | None, par: Mapping[str, Any], gpus_per_node: 
     = the number of VMs with ``ici_fsdp_parallelism=8`` (``MaxText/configs/a3/llama_2_7b/16vm.sh``: 16 VMs,
     ``dcn_data_parallelism=16 ici_fsdp_parallelism=8``), which MaxText accepts only where the slices counted
     from the devices (``max_utils.create_device_mesh``: ``1 + max(d.slice_index)``) are the hosts. So the
-    shard group is a host's GPUs over its other ICI axes (tensor, context), where the job spans more than
-    one host and that divides the data-parallel group. Whether a multi-node NVLink domain (GB200 NVL72)
+    shard group is a host's GPUs over its other ICI axes (tensor, context; pipeline stages are taken to
+    span hosts, as MaxText's ``dcn_pipeline_parallelism`` runs them), where the job spans more than one
+    host and that divides the data-parallel group. Whether a multi-node NVLink domain (GB200 NVL72)
     counts as one slice is not established here; a host is assumed, and ``--dp-shard`` says otherwise."""
     if target != "maxtext" or gpus_per_node < 1:
         return None
