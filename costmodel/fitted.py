@@ -14,7 +14,7 @@ Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE READ
 llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
 olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
-et al.'s layout sweep), tinyllama, bloomberggpt, smollm, opt (OPT-175B), zero-bubble (Qi et al.'s Megatron
+et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm, opt (OPT-175B), zero-bubble (Qi et al.'s Megatron
 1F1B baselines), megatron-moe-modelzoo.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
-          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "megatron-llama", "megatron-papers", "opt",
+          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-llama", "megatron-papers", "opt",
            "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
           "GPU_CURVE_ROWS row since stop 33"),

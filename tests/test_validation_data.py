@@ -317,3 +317,39 @@ def test_ibm_meta_float8_post_rows_are_its_table_3_priced_as_torchtitan_ran_them
         else:
             assert wl.dtype == "bf16"
 
+
+
+# InternLM's 'FLOPS Testing' tables (InternLM/InternEvo doc/en/train_performance.md at c18bec9): GPUs, Micro Bsz,
+# Micro Num -> TGS, as printed, without and with activation checkpointing
+INTERNLM_NO_CKPT = {(8, 2, 4): 4103, (16, 2, 4): 3939, (32, 2, 4): 3919, (64, 2, 4): 3944, (128, 2, 4): 3928,
+                    (256, 2, 4): 3920, (512, 2, 4): 3900, (1024, 2, 4): 3625, (512, 2, 2): 3084, (1024, 2, 1): 2346,
+                    (1024, 2, 2): 2817}
+INTERNLM_CKPT = {(8, 8, 1): 3314, (16, 8, 1): 3268, (32, 8, 1): 3323, (64, 8, 1): 3217, (128, 8, 1): 3260,
+                 (256, 8, 1): 3215, (512, 8, 1): 3199, (1024, 8, 1): 3163, (512, 4, 1): 2963, (1024, 2, 1): 2341,
+                 (1024, 4, 1): 2796}
+
+
+def test_internlm_rows_are_its_flops_tables_priced_as_its_trainer_ran_them():
+    """InternLM-7B on 8-1,024 A100 80GB (4 x 100 Gb/s RoCE per node): every row of the file's two FLOPS
+    tables, family ``internlm``, each sequence 2,048 tokens with Micro Bsz of them per micro-batch and
+    Micro Num micro-batches per step; TP 1, the optimizer states sharded within a node (zero 1, shard
+    group 8), gradients all-reduced in bf16 in 512 MiB buckets, parameters broadcast after the step
+    without overlap, FlashAttention 1; full recompute exactly in the checkpointing table."""
+    from planner.cli.validation_cross import load_cases
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith("internlm-")}
+    got = {(c["num_gpus"], c["parallel"]["micro_batch"], c["global_batch"] // (c["num_gpus"] * c["parallel"]["micro_batch"]),
+            c["parallel"]["recompute"]): c["reported"]["tokens_per_s_per_gpu"] for c in rows.values()}
+    want = {**{k + ("none",): v for k, v in INTERNLM_NO_CKPT.items()}, **{k + ("full",): v for k, v in INTERNLM_CKPT.items()}}
+    assert got == want
+    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
+    assert len(cases) == 22
+    for c in cases.values():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "internlm" and c.framework == "generic" and c.fitted_on
+        assert (model.layers, model.hidden, model.heads, model.ffn_hidden, model.vocab, wl.seq_len) == (
+            32, 4096, 32, 11008, 103168, 2048)
+        assert (par.tp, par.pp, par.zero, par.dp_shard, par.dp) == (1, 1, 1, 8, par.world_size)
+        assert prof.attention == "flash-attn-1" and prof.grads_bf16 and not prof.overlap_param_gather
+        assert prof.dp_bucket_params == 512 * 2**20 // 2
+        # 6.25 GB/s per GPU: four 100 Gb/s links shared by a node's eight GPUs
+        assert cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(4 * 100e9 / 8 / 8)
