@@ -14,8 +14,8 @@ Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE READ
 llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
 olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
-et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm, opt (OPT-175B), zero-bubble (Qi et al.'s Megatron
-1F1B baselines), megatron-moe-modelzoo.
+et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
+opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines), megatron-moe-modelzoo.
 """
 from __future__ import annotations
 
