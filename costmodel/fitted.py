@@ -13,6 +13,7 @@ Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE READ
 (NeMo 24.07 performance summary), torchtitan (docs and benchmarks), bigscience, mt-nlg, gpt-neox,
 llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
+aws-torchtitan (AWS and Meta's torchtitan runs on SageMaker),
 olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
 et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
 opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines), megatron-moe-modelzoo.
@@ -115,6 +116,9 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
     return pool[mid] if len(pool) % 2 else (pool[mid - 1] + pool[mid]) / 2
 
 
+# the families whose FP8 runs the two FP8 constants are fitted on
+FP8_FAMILIES = ("aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan")
+
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
           ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-llama", "megatron-papers", "opt",
@@ -127,12 +131,12 @@ FITTED: tuple[FittedConstant, ...] = (
           "GPU_CURVE_ROWS row since stop 33"),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
-        families=("fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan"), prior=0.80,
+        families=FP8_FAMILIES, prior=0.80,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=_steps(0.60, 1.00, 0.02), group="fp8"),
     FittedConstant(
         name="fp8.half_size_factor", owner="costmodel/fp8.py FP8_HALF_SIZE_FACTOR",
-        families=("fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan"), prior=2.0,
+        families=FP8_FAMILIES, prior=2.0,
         prior_why="the first guess written before bench/fit_fp8.py ran (costmodel/fp8.py comment)",
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     FittedConstant(
@@ -142,7 +146,7 @@ FITTED: tuple[FittedConstant, ...] = (
         rows="bf16/fp16 runs of generic-framework PyTorch-native trainers (PyTorch FSDP; nanotron) on sm_90+ "
              "catalog hardware",
         grid=_steps(0.50, 1.20, 0.01), group="pytorch"),
-    _kernel("torchtitan", ("pytorch-float8", "torchtitan"),
+    _kernel("torchtitan", ("aws-torchtitan", "pytorch-float8", "torchtitan"),
             "torchtitan's own benchmarks and, since stop 38, IBM and Meta's float8 post (its bf16 rows on 512 H100); "
             "builtin assumes torchtitan's value"),
     _kernel("deepspeed", ("ml-engineering", "mt-nlg"),

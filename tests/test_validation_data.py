@@ -353,3 +353,30 @@ def test_internlm_rows_are_its_flops_tables_priced_as_its_trainer_ran_them():
         assert prof.dp_bucket_params == 512 * 2**20 // 2
         # 6.25 GB/s per GPU: four 100 Gb/s links shared by a node's eight GPUs
         assert cluster.inter_node.bandwidth_bytes_per_s == pytest.approx(4 * 100e9 / 8 / 8)
+
+
+def test_aws_torchtitan_rows_are_the_posts_table_priced_as_its_notebook_ran_them():
+    """AWS and Meta's torchtitan post (32 H100 on 4 x p5.48xlarge): the four tokens/s per GPU as printed,
+    family ``aws-torchtitan``; priced as torchtitan at FSDP over the 32 GPUs, one 8,192-token sequence per
+    GPU, selective per-op checkpointing (the code sample's toml); eager for the baseline, compiled for the
+    other three, float8 tensorwise for the last two and the FP8 weight all-gather for the last."""
+    from costmodel.frameworks import FRAMEWORKS
+    from planner.cli.validation_cross import load_cases
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith("awstt-")}
+    assert {n: c["reported"]["tokens_per_s_per_gpu"] for n, c in rows.items()} == {
+        "awstt-llama3-8b-h100-32gpu-bf16": 6475, "awstt-llama3-8b-h100-32gpu-bf16-compile": 7166,
+        "awstt-llama3-8b-h100-32gpu-float8-compile": 8624, "awstt-llama3-8b-h100-32gpu-float8-fp8ag-compile": 8950}
+    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
+    assert len(cases) == 4
+    for name, c in cases.items():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "aws-torchtitan" and c.framework == "torchtitan" and c.fitted_on
+        assert (par.tp, par.pp, par.dp, par.zero, par.micro_batch, par.recompute, wl.seq_len) == (
+            1, 1, 32, 3, 1, "selective", 8192)
+        assert prof.attention == "sdpa-torchtitan"
+        compiled = prof.kernel_efficiency > FRAMEWORKS["torchtitan"].kernel_efficiency
+        assert compiled == name.endswith("compile")
+        if "float8" in name:
+            assert (wl.dtype, wl.fp8_recipe, wl.fp8_param_gather) == ("fp8", "tensorwise", "fp8ag" in name)
+        else:
+            assert wl.dtype == "bf16"
