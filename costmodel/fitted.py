@@ -147,8 +147,8 @@ FITTED: tuple[FittedConstant, ...] = (
              "catalog hardware",
         grid=_steps(0.50, 1.20, 0.01), group="pytorch"),
     _kernel("torchtitan", ("aws-torchtitan", "pytorch-float8", "torchtitan"),
-            "torchtitan's own benchmarks and, since stop 38, IBM and Meta's float8 post (its bf16 rows on 512 H100); "
-            "builtin assumes torchtitan's value"),
+            "torchtitan's own benchmarks and, since stop 38, IBM and Meta's float8 post (its bf16 rows on 512 H100), "
+            "since stop 39 AWS and Meta's SageMaker post (its bf16 rows on 32 H100); builtin assumes torchtitan's value"),
     _kernel("deepspeed", ("ml-engineering", "mt-nlg"),
             "MT-NLG on Selene, and since stop 35 ml-engineering's ZeRO-2 runs on 8 H200 and 8 B200; BLOOM and "
             "GPT-NeoX ran on other hardware and are not fitted"),
