@@ -380,3 +380,38 @@ def test_aws_torchtitan_rows_are_the_posts_table_priced_as_its_notebook_ran_them
             assert (wl.dtype, wl.fp8_recipe, wl.fp8_param_gather) == ("fp8", "tensorwise", "fp8ag" in name)
         else:
             assert wl.dtype == "bf16"
+
+
+# FlagPerf's Paddle LLaMA table (FlagOpen/FlagPerf training/nvidia/llama1_7B-paddle/README.md at 1b5a0303):
+# (model, GPU memory, TP, PP, sharding degree, per-device batch, accumulation) -> tokens/s per GPU, as printed
+FLAGPERF_PADDLE = {("llama-7b", 80, 1, 1, 8, 4, 64): 4267, ("llama-7b", 80, 2, 1, 4, 4, 128): 3888,
+                   ("llama-7b", 80, 2, 1, 4, 4, 128, 2): 3650, ("llama-7b", 80, 2, 4, 1, 4, 512): 3722,
+                   ("llama-7b", 40, 1, 1, 8, 2, 128): 2744, ("llama-7b", 40, 2, 1, 4, 2, 256): 2163,
+                   ("llama-7b", 40, 2, 1, 4, 2, 256, 2): 2160, ("llama-7b", 40, 2, 4, 1, 2, 1024): 2232,
+                   ("llama-13b", 80, 1, 1, 8, 2, 128): 1707, ("llama-13b", 80, 2, 1, 4, 2, 256): 1605,
+                   ("llama-13b", 80, 2, 1, 4, 2, 256, 2): 1489, ("llama-13b", 80, 2, 4, 1, 4, 512): 1597}
+
+
+def test_flagperf_rows_are_the_paddle_table_priced_as_its_configs_set_it():
+    """FlagPerf's PaddlePaddle LLaMA rows on one DGX A100 (80 and 40 GB): the twelve tokens/s per GPU as
+    printed, family ``flagperf``, the generic profile with none of the overlaps the configs leave off;
+    Paddle's sharding stage over the data-parallel ranks (the stage-2 rows keyed apart), the pipeline rows
+    without data parallelism, recomputation exactly where the config sets it, fp16."""
+    from planner.cli.validation_cross import load_cases
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith("flagperf-")}
+    got = {}
+    for c in rows.values():
+        p = c["parallel"]
+        key = (c["name"].split("-")[2] + "-" + c["name"].split("-")[3], int(c["cluster"].split("-")[2].removesuffix("gb")),
+               p["tp"], p["pp"], p["dp"], p["micro_batch"], c["global_batch"] // (p["dp"] * p["micro_batch"]))
+        got[key + ((2,) if p["zero"] == 2 and p["tp"] > 1 else ())] = c["reported"]["tokens_per_s_per_gpu"]
+    assert got == FLAGPERF_PADDLE
+    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
+    assert len(cases) == 12
+    for name, c in cases.items():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "flagperf" and c.framework == "generic" and c.fitted_on
+        assert wl.dtype == "fp16" and wl.seq_len == 2048 and par.world_size == 8 and not par.sp
+        assert not (prof.tp_comm_overlap or prof.overlap_grad_reduce or prof.overlap_param_gather)
+        assert par.zero == (0 if par.dp == 1 else (2 if "sh2" in name else 1))
+        assert (par.recompute == "full") == ("40gb" in name or "13b" in name)

@@ -33,6 +33,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("fp8-lm", r"2310\.18313|fp8-lm|ms-amp"),     # Microsoft's FP8-LM Table 5 baselines (before megatron-lm)
     ("megatron-llama", r"megatron-llama"),          # Alibaba's Megatron-LM fork's README (before megatron-lm)
     ("internlm", r"internlm/intern(lm|evo)"),      # InternLM's training-performance tables (before flashattention)
+    ("flagperf", r"flagopen/flagperf"),             # BAAI's FlagPerf benchmark READMEs (PaddlePaddle runs)
     ("ml-engineering", r"stas00/ml-engineering"),   # Stas Bekman's ml-engineering benchmarks (DeepSpeed, HF)
     ("gpu-recipes", r"ai-hypercomputer/gpu-recipes"),  # Google Cloud's own NeMo 1.0 logs (A4, A3 Mega, A3 Ultra)
     ("megatron-papers", r"narayanan|korthikanti"),
