@@ -15,9 +15,9 @@ llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/I
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
 aws-torchtitan (AWS and Meta's torchtitan runs on SageMaker),
 olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
-et al.'s layout sweep), internlm (InternLM's training-performance tables), flagperf (FlagPerf's Paddle runs),
-tinyllama, bloomberggpt, smollm, opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines),
-megatron-moe-modelzoo.
+et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
+opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines), megatron-moe-modelzoo; flagperf (FlagPerf's
+PaddlePaddle runs) is reported and read by no fit.
 """
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ FP8_FAMILIES = ("aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", 
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
-          ("aleph-alpha", "bloomberggpt", "flagperf", "flashattention", "ibm-fsdp", "internlm", "megatron-llama",
-           "megatron-papers", "opt", "tinyllama", "zero-bubble"),
+          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-llama", "megatron-papers",
+           "opt", "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
           "GPU_CURVE_ROWS row since stop 33"),
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),

@@ -380,7 +380,10 @@ def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
     if MORE_RUNS.exists():
         with open(MORE_RUNS) as f:
             more = yaml.safe_load(f) or {}
-        out += [(c, "more" if hardware_matches(c) else "frameworks-hardware") for c in more.get("cases", [])]
+        # ``fit: false``: a run on a stack that is neither PyTorch nor any target's (PaddlePaddle; JAX/XLA): priced
+        # with the generic profile and reported, never fitted (the file's header says why)
+        out += [(c, ("more" if c.get("fit", True) else "more-unfitted") if hardware_matches(c) else "frameworks-hardware")
+                for c in more.get("cases", [])]
     if FP8_RUNS.exists():
         # NeMo 24.07's FP8 table: Megatron with NeMo's defaults (module docstring), FP8 with the
         # framework's default recipe
@@ -457,6 +460,9 @@ def markdown(rows: list[Row]) -> str:
                                                          "(reported, not fitted: see each case's hardware_note)"),
                                  ("more", "Training runs from other public sources (calibration/published_runs_more.yaml; "
                                           "not fitted)"),
+                                 ("more-unfitted", "Training runs on stacks that are neither PyTorch nor a target's "
+                                                   "(calibration/published_runs_more.yaml, fit: false; reported, never "
+                                                   "fitted)"),
                                  ("moe", "Mixture-of-experts training runs (calibration/published_runs_moe.yaml; "
                                          "out of source: no constant was chosen on them)"),
                                  ("moe-fit", "Mixture-of-experts runs that chose a constant (the load factors of "
@@ -479,7 +485,7 @@ def markdown(rows: list[Row]) -> str:
 
 def by_framework(rows: list[Row]) -> list[str]:
     """Markdown lines: median and largest error of each framework's figures (training runs)."""
-    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "more", "moe", "holdout")]
+    sel = [r for r in rows if r.split in ("calibration", "frameworks", "fp8", "more", "more-unfitted", "moe", "holdout")]
     out = ["## Error by framework", "",
            "Each framework's runs on catalog hardware (calibration, framework, FP8, MoE and holdout tables).", "",
            "| framework | figures | median error | largest error | profile |",

@@ -13,7 +13,7 @@
 # overlap_comm is false, as priced: below ZeRO-3 the gradient reduction and the weight all-gather are priced exposed (DeepSpeed's default); turning it on is not priced
 # CHECKPOINT_DIR reaches your script in the environment: save with engine.save_checkpoint(CHECKPOINT_DIR) and resume with engine.load_checkpoint(CHECKPOINT_DIR)
 # train_deepspeed.py, shipped here, is a starting point: TRAIN_SCRIPT=$PWD/train_deepspeed.py trains the plan's model on synthetic tokens (or DATA=<token file>); replace it with yours
-# priced-assumptions: kernel_efficiency=0.82 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=sdpa launch=fused dp_bucket=deepspeed
+# priced-assumptions: kernel_efficiency=0.81 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=sdpa launch=fused dp_bucket=deepspeed
 # (no flag sets these: deepspeed's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
 # engine facts: ZeRO-1/2 all-gather the updated weights after the step (no prefetch); the pipeline engine reduces gradients after the last micro-batch; the layers' activation checkpointing is the script's own
 set -euo pipefail
