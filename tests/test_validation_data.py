@@ -398,8 +398,11 @@ def test_flagperf_rows_are_the_paddle_table_priced_as_its_configs_set_it():
     Paddle's sharding stage over the data-parallel ranks (the stage-2 rows keyed apart), the pipeline rows
     without data parallelism, recomputation exactly where the config sets it, fp16. Reported on catalog
     hardware and read by no fit (``fit: false``: PaddlePaddle is neither PyTorch nor a target's stack)."""
+    from costmodel import fitted
     from planner.cli.validation_cross import load_cases
+    assert not any("flagperf" in c.families for c in fitted.FITTED)
     rows = {n: c for n, c in BY_NAME.items() if n.startswith("flagperf-")}
+    assert all(c["fit"] is False for c in rows.values())
     got = {}
     for c in rows.values():
         p = c["parallel"]
