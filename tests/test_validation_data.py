@@ -172,6 +172,18 @@ def test_aleph_alpha_cases_reproduce_the_papers_headline():
     assert mfu == pytest.approx(0.705, abs=0.001)
 
 
+def _records_and_cases(prefix: str, published: dict | None = None) -> tuple[dict, dict]:
+    """The records whose name starts with ``prefix`` and the validation's priced cases of them (every record
+    priced: none refused); ``published``: each record's tokens/s per GPU, as its source prints it."""
+    from planner.cli.validation_cross import load_cases
+    rows = {n: c for n, c in BY_NAME.items() if n.startswith(prefix)}
+    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
+    assert rows and set(cases) == set(rows)
+    if published is not None:
+        assert {n: c["reported"]["tokens_per_s_per_gpu"] for n, c in rows.items()} == published
+    return rows, cases
+
+
 FP8_GATHER = [c for c in MORE if c.get("fp8_param_gather")]
 
 
@@ -297,13 +309,9 @@ def test_ibm_meta_float8_post_rows_are_its_table_3_priced_as_torchtitan_ran_them
     the local batch unpublished (priced at 1, with its range), full recompute as torchtitan's own
     configs for these models set it."""
     from costmodel.frameworks import FRAMEWORKS
-    from planner.cli.validation_cross import load_cases
-    rows = {n: c for n, c in BY_NAME.items() if n.startswith("ibmfp8-")}
-    assert {n: c["reported"]["tokens_per_s_per_gpu"] for n, c in rows.items()} == {
+    _rows, cases = _records_and_cases("ibmfp8-", {
         "ibmfp8-llama3-70b-h100-512gpu-fsdp-bf16": 960, "ibmfp8-llama3-70b-h100-512gpu-fsdp-float8": 1448,
-        "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-bf16": 152, "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-float8": 217}
-    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
-    assert len(cases) == 4
+        "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-bf16": 152, "ibmfp8-llama3-405b-h100-512gpu-fsdp128-tp4-float8": 217})
     for name, c in cases.items():
         model, cluster, wl, par, prof = c.inputs
         assert c.family == "pytorch-float8" and c.framework == "torchtitan" and c.fitted_on
@@ -335,14 +343,11 @@ def test_internlm_rows_are_its_flops_tables_priced_as_its_trainer_ran_them():
     Micro Num micro-batches per step; TP 1, the optimizer states sharded within a node (zero 1, shard
     group 8), gradients all-reduced in bf16 in 512 MiB buckets, parameters broadcast after the step
     without overlap, FlashAttention 1; full recompute exactly in the checkpointing table."""
-    from planner.cli.validation_cross import load_cases
-    rows = {n: c for n, c in BY_NAME.items() if n.startswith("internlm-")}
+    rows, cases = _records_and_cases("internlm-")
     got = {(c["num_gpus"], c["parallel"]["micro_batch"], c["global_batch"] // (c["num_gpus"] * c["parallel"]["micro_batch"]),
             c["parallel"]["recompute"]): c["reported"]["tokens_per_s_per_gpu"] for c in rows.values()}
     want = {**{k + ("none",): v for k, v in INTERNLM_NO_CKPT.items()}, **{k + ("full",): v for k, v in INTERNLM_CKPT.items()}}
-    assert got == want
-    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
-    assert len(cases) == 22
+    assert got == want and len(cases) == 22
     for c in cases.values():
         model, cluster, wl, par, prof = c.inputs
         assert c.family == "internlm" and c.framework == "generic" and c.fitted_on
@@ -361,13 +366,9 @@ def test_aws_torchtitan_rows_are_the_posts_table_priced_as_its_notebook_ran_them
     GPU, selective per-op checkpointing (the code sample's toml); eager for the baseline, compiled for the
     other three, float8 tensorwise for the last two and the FP8 weight all-gather for the last."""
     from costmodel.frameworks import FRAMEWORKS
-    from planner.cli.validation_cross import load_cases
-    rows = {n: c for n, c in BY_NAME.items() if n.startswith("awstt-")}
-    assert {n: c["reported"]["tokens_per_s_per_gpu"] for n, c in rows.items()} == {
+    _rows, cases = _records_and_cases("awstt-", {
         "awstt-llama3-8b-h100-32gpu-bf16": 6475, "awstt-llama3-8b-h100-32gpu-bf16-compile": 7166,
-        "awstt-llama3-8b-h100-32gpu-float8-compile": 8624, "awstt-llama3-8b-h100-32gpu-float8-fp8ag-compile": 8950}
-    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
-    assert len(cases) == 4
+        "awstt-llama3-8b-h100-32gpu-float8-compile": 8624, "awstt-llama3-8b-h100-32gpu-float8-fp8ag-compile": 8950})
     for name, c in cases.items():
         model, cluster, wl, par, prof = c.inputs
         assert c.family == "aws-torchtitan" and c.framework == "torchtitan" and c.fitted_on
@@ -399,9 +400,8 @@ def test_flagperf_rows_are_the_paddle_table_priced_as_its_configs_set_it():
     without data parallelism, recomputation exactly where the config sets it, fp16. Reported on catalog
     hardware and read by no fit (``fit: false``: PaddlePaddle is neither PyTorch nor a target's stack)."""
     from costmodel import fitted
-    from planner.cli.validation_cross import load_cases
     assert not any("flagperf" in c.families for c in fitted.FITTED)
-    rows = {n: c for n, c in BY_NAME.items() if n.startswith("flagperf-")}
+    rows, cases = _records_and_cases("flagperf-")
     assert all(c["fit"] is False for c in rows.values())
     got = {}
     for c in rows.values():
@@ -409,9 +409,7 @@ def test_flagperf_rows_are_the_paddle_table_priced_as_its_configs_set_it():
         key = (c["name"].split("-")[2] + "-" + c["name"].split("-")[3], int(c["cluster"].split("-")[2].removesuffix("gb")),
                p["tp"], p["pp"], p["dp"], p["micro_batch"], c["global_batch"] // (p["dp"] * p["micro_batch"]))
         got[key + ((2,) if p["zero"] == 2 and p["tp"] > 1 else ())] = c["reported"]["tokens_per_s_per_gpu"]
-    assert got == FLAGPERF_PADDLE
-    cases = {c.name: c for c in load_cases()[0] if c.name in rows}
-    assert len(cases) == 12
+    assert got == FLAGPERF_PADDLE and len(cases) == 12
     for name, c in cases.items():
         model, cluster, wl, par, prof = c.inputs
         assert c.family == "flagperf" and c.framework == "generic" and c.catalog_hardware and not c.fitted_on
