@@ -289,3 +289,13 @@ def test_runs_priced_over_capacity_are_the_plain_estimates_that_do_not_fit(res):
     page = vc.markdown(res)
     section = page.split("## Memory: published runs priced over capacity")[1].split("## MFU ceilings")[0]
     assert all(f"| {n} |" in section for n in listed) and f"puts {len(listed)} of {len(res['rows'])}" in section
+
+
+def test_unfitted_records_are_in_the_headline_and_read_by_no_fit(res):
+    """A record with ``fit: false`` (FlagPerf's PaddlePaddle runs) is a dense catalog-hardware row of the
+    headline, no fold's refit reads it, and the page says how many there are and from which families."""
+    unfitted = [r for r in res["rows"] if not r.case.moe and r.case.catalog_hardware and not r.case.fitted_on]
+    assert unfitted and {r.case.family for r in unfitted} == {"flagperf"}
+    for fr in res["fits"].values():
+        assert "flagperf" not in set().union(*fr.families.values())
+    assert f"Of the headline's runs, {len(unfitted)} are reported and read by no fit" in vc.markdown(res)

@@ -666,6 +666,14 @@ def markdown(res: dict) -> str:
         med, big = _stats(other)
         out += [f"Runs on machines other than the catalog cluster they name (not fitted; predicted on the catalog "
                 f"cluster): median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(other)} runs.", ""]
+    unfitted = [r for r in head if not r.case.fitted_on]
+    if unfitted:
+        # records with ``fit: false`` (validation.all_cases: split more-unfitted): in the headline, read by no fit
+        fams = sorted({r.case.family for r in unfitted})
+        med, big = _stats(unfitted)
+        out += [f"Of the headline's runs, {len(unfitted)} are reported and read by no fit (`fit: false` in their "
+                f"records: stacks that are neither PyTorch nor a target's, whose speed the GPU curves must not absorb; "
+                f"families {', '.join(fams)}): median {med * 100:.1f}%, largest {big * 100:.1f}%.", ""]
     out += ["## Error by group (dense, catalog hardware)", ""]
     out += _group_table(head, "family", lambda r: r.case.family)
     out += _group_table(head, "framework", lambda r: r.case.framework)
