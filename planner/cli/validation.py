@@ -459,7 +459,8 @@ def markdown(rows: list[Row]) -> str:
                                  ("frameworks-hardware", "Training runs on machines other than the catalog cluster "
                                                          "(reported, not fitted: see each case's hardware_note)"),
                                  ("more", "Training runs from other public sources (calibration/published_runs_more.yaml; "
-                                          "not fitted)"),
+                                          "the shipped constants are fitted on them too: their out-of-source errors "
+                                          "are docs/validation.md's)"),
                                  ("more-unfitted", "Training runs on stacks that are neither PyTorch nor a target's "
                                                    "(calibration/published_runs_more.yaml, fit: false; reported, never "
                                                    "fitted)"),
