@@ -165,12 +165,22 @@ class Fp8Recipe:
         (``memory.optimizer_traffic_bytes_per_param``), not here. torchao's ``Float8Linear``
         (no cached weights): forward the input and the weight, backward the output gradient, the
         weight again for dgrad and the saved BF16 input again for wgrad (``torchao/float8/
-        float8_linear.py``: every GEMM operand is cast where it is used). Source of both: the
+        float8_linear.py``: every GEMM operand is cast where it is used); with its float8 FSDP
+        all-gather (``param_gather``: ``enable_fsdp_float8_all_gather``) the weight is not cast by
+        the GEMMs at all: ``torchao/float8/fsdp_utils.py`` ``WeightWithDynamicFloat8CastTensor.
+        fsdp_pre_all_gather`` casts each rank's shard to FP8 before the gather (with the scale
+        ``precompute_float8_dynamic_scale_for_fsdp`` computed, or an amax all-reduce), and the
+        linears use the gathered FP8 weight as it is (pytorch/ao at 36027d82d). Source of both: the
         module docstring's TE and torchao facts; why it matters: the casts are memory traffic of
         m*k + m*n values against 2*m*n*k FLOPs, so the FP8 gain depends on the GEMM's shape
         (narrow TP-sharded GEMMs gain least)."""
         if self.weight_copies:
             return m * k, m * n
+        if self.param_gather:
+            # torchao's float8 FSDP all-gather: the weight arrives in FP8, cast once per gather on each
+            # rank's shard (``fsdp_pre_all_gather``), so no GEMM casts it (the shard's cast, 1/shard of
+            # the weight per gather, is not priced)
+            return m * k, m * n + m * k
         return m * k + n * k, m * n + n * k + m * k
 
     def cast_bytes(self, m: float, n: float, k: float) -> float:
@@ -221,7 +231,8 @@ def default_recipe(framework: str, gpu: GpuSpec | None) -> str:
     """The recipe a framework runs when the plan names none: Megatron/NeMo with Transformer
     Engine take delayed scaling on Hopper (NeMo 24.x's FP8 recipes: ``fp8_recipe: delayed``) and
     MXFP8 on Blackwell (Megatron-LM's ``--fp8-recipe mxfp8`` for SM100); torchtitan's Float8
-    converter takes tensorwise dynamic scaling (torchao's default) with its FP8 FSDP all-gather."""
+    converter takes tensorwise dynamic scaling (torchao's default); its FP8 FSDP all-gather only where the run
+    turns it on (``resolve``'s ``param_gather``)."""
     if framework.split("+")[0] == "torchtitan":      # its profile with switches: "torchtitan+compile"
         return "tensorwise"
     return "mxfp8" if gpu is not None and is_blackwell(gpu) else "delayed"
@@ -241,9 +252,10 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
         raise SpecError(f"fp8 recipe mxfp8 needs Blackwell (SM100+) tensor cores; gpu {gpu.name!r} has none; use "
                         "delayed or current scaling")
     if name in ("tensorwise", "rowwise"):
-        # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; torchtitan's
-        # FP8 FSDP all-gather (tensorwise only)
-        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" or param_gather, False, False,
+        # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; its FP8 FSDP
+        # all-gather (tensorwise only) where the run's files turn it on (enable_fsdp_float8_all_gather,
+        # off by default in torchao and torchtitan; the workload's fp8_param_gather)
+        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" and param_gather, False, False,
                          axiswise=name == "rowwise")
     if name == "mxfp8":
         return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)

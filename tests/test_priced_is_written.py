@@ -552,7 +552,7 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     assert torchtitan_params(built, plan.model) == plan.model.total_params()   # the model as priced
     dtype, recipe, fp8_gather = torchtitan_float8(job, plan.model)
     wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
-                             dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather and recipe != "tensorwise",
+                             dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather,
                              attention_kernel=h["attention_kernel"])
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=pa.expert_parallel_degree, zero=zero,
                          dp_shard=shard if fsdp else dp,

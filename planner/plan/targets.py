@@ -262,7 +262,7 @@ def _titan_bf16(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tupl
 # torchtitan's Float8 is torchao's ``Float8Linear`` (pytorch/torchtitan v0.3.0
 # torchtitan/components/quantization/float8.py ``Float8LinearConverter``): dynamic scaling, casts per
 # use, BF16 saved inputs (costmodel/fp8.py resolve). The published torchtitan Float8 runs (2024-12,
-# 2025-06, torchtitan <= 0.2) used tensorwise scaling with the FP8 FSDP all-gather, or rowwise;
+# 2025-06, torchtitan <= 0.2) used tensorwise scaling (with the FP8 FSDP all-gather where their configs set it), or rowwise;
 # torchtitan 0.3.0's converter takes ``recipe_name`` rowwise (its default) or rowwise_with_gw_hp only,
 # so rowwise is what the emitter writes and what a torchtitan plan defaults to.
 TITAN_FP8_RECIPES = ("rowwise", "tensorwise")
