@@ -61,6 +61,11 @@ class _Shared:
         # FP8 training: one recipe for the run (the first node group's GPU picks the default;
         # every group must have FP8 tensor cores), BF16 for all but the linear GEMMs
         self.fp8 = fp8_recipe_of(cluster, workload, framework)
+        # torchao's float8 FSDP all-gather acts only on FSDP-sharded weights (``layer_fp8``): the same recipe
+        # without it, for the layouts that gather no weight
+        self.fp8_ungathered = (dataclasses.replace(self.fp8, param_gather=False)
+                               if self.fp8 is not None and self.fp8.param_gather and not self.fp8.weight_copies
+                               else self.fp8)
         self.a_bytes = dtype_bytes(fp8_recipes.COMPUTE_DTYPE if self.fp8 else dt)
         self.w_b, self.g_b, self.k_b = bytes_per_param(dt, workload.optimizer, self.fp8, framework.grads_bf16,
                                                        framework.adam_moments_bf16)
@@ -149,8 +154,9 @@ class _Shared:
         if attention is None:       # Accelerate: its engine's model code
             attention = attention_impl(self.framework, par, self.model.family)
         autocast = self.autocast_mode(par)
+        fp8 = self.layer_fp8(par)
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast)
+               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast, fp8 is self.fp8)
         hit = self.layers.get(key)
         if hit is None:
             # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
@@ -159,7 +165,7 @@ class _Shared:
                 ex = dataclasses.replace(ex, dispatcher=par.moe_dispatcher)
             lc = layer_cost(self.model, moe, self.workload, par.tp, par.cp, par.ep, par.sp, par.micro_batch,
                             grp.gpu, self.cluster, grp.intra_node, tp_lay, ep_lay, cp_lay,
-                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured and not moe), self.fp8,
+                            kernel_efficiency_on(self.framework, grp.gpu.name, self.measured and not moe), fp8,
                             par.etp, etp_lay, ex,
                             self.framework.elementwise, attention, self.framework.launch, autocast,
                             self.framework.host_op_s)
@@ -171,6 +177,14 @@ class _Shared:
                                                       self.framework.selective_recompute, share, par.sp,
                                                       ex.delay_wgrad))
         return hit
+
+    def layer_fp8(self, par: ParallelConfig):
+        """The FP8 recipe a layer's GEMMs run under ``par``: torchao's float8 FSDP all-gather
+        (``Fp8Recipe.param_gather`` without cached weight copies) hands the GEMMs FP8 weights only where
+        FSDP shards them (ZeRO-2/3 over more than one rank: ``fsdp_pre_all_gather`` runs on a shard);
+        elsewhere each linear casts its weight where it uses it (``Fp8Recipe.gemm_cast_values``)."""
+        sharded = par.zero >= 2 and par.dp_shard * par.cp > 1
+        return self.fp8 if sharded else self.fp8_ungathered
 
     def layer_layouts(self, par: ParallelConfig, order: tuple[str, ...], grp) -> tuple[GroupLayout, ...]:
         """Where a layer's TP, EP, CP and expert-TP groups sit in the mesh (``comm.group_layout``):

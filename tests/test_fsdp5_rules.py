@@ -133,6 +133,38 @@ def test_rowwise_bytes_by_hand():
     assert row.cast_bytes(m, n, k) - ten.cast_bytes(m, n, k) == row.axiswise_bytes(m, n, k)
 
 
+
+def test_torchao_float8_all_gather_casts_no_weight_by_hand():
+    """torchao's float8 FSDP all-gather (pytorch/ao torchao/float8/fsdp_utils.py fsdp_pre_all_gather) casts
+    each rank's shard before the gather, so a GEMM of m x k by k x n casts only its activations: the input
+    forward, the output gradient and the saved input backward; without it the weight (n x k) is cast
+    again at each use, forward and dgrad."""
+    from costmodel.fp8 import resolve
+    gpu = load_cluster("dgx-h100").groups[0].gpu
+    plain, gathered = resolve("tensorwise", "torchtitan", gpu), resolve("tensorwise", "torchtitan", gpu, True)
+    assert not plain.param_gather and gathered.param_gather
+    assert not resolve("rowwise", "torchtitan", gpu, True).param_gather      # tensorwise only, as torchao
+    m, n, k = 8192.0, 768.0, 4096.0
+    assert gathered.gemm_cast_values(m, n, k) == (m * k, m * n + m * k)
+    assert plain.gemm_cast_values(m, n, k) == (m * k + n * k, m * n + n * k + m * k)
+
+
+def test_the_float8_all_gather_drops_weight_casts_only_where_fsdp_shards_the_weights():
+    """The switch is the run's (``fp8_param_gather``), and it acts only on FSDP-sharded weights
+    (``stage_cache.StageCache.layer_fp8``): under DDP (ZeRO-0) a Float8Linear casts its weight at every
+    use whatever the config says, so the step is the one priced without the switch; under FSDP (ZeRO-3
+    over 8 GPUs) the switch makes the step shorter."""
+    m = get_model("llama-3.1-8b")
+    c = load_cluster("dgx-h100").with_gpus(8)
+    fw = dataclasses.replace(FRAMEWORKS["torchtitan"].with_switches(compile=True), attention="sdpa-torchtitan")
+
+    def step(zero: int, gather: bool) -> float:
+        par = ParallelConfig(dp=8, zero=zero, micro_batch=1, grad_accum=1, recompute="selective")
+        wl = Workload(global_batch=8, seq_len=8192, dtype="fp8", fp8_recipe="tensorwise", fp8_param_gather=gather)
+        return estimate(m, c, wl, par, framework=fw).step_time_s
+    assert step(0, True) == step(0, False)
+    assert step(3, True) < step(3, False)
+
 def test_torchao_readme_rowwise_against_tensorwise():
     """pytorch/ao @6243040807 torchao/float8/README.md "Training benchmarks": Llama3-8b on 8 H100,
     torchtitan, batch 1, sequence 8192, torch.compile, FSDP2, per-op SAC: bf16 6150 tokens/s,
