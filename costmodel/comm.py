@@ -14,13 +14,41 @@ Cost (alpha-beta, hierarchical, per GPU link; Thakur et al., "Optimization of Co
 Communication Operations in MPICH", 2005, for the ring terms; NCCL's intra-node then
 inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k`` nodes:
 
-* all-reduce:  2(k-1)/k * S / B_intra + 2(m-1)/m * (S/k') / B_inter + latency terms
+* all-reduce:  max(2(k-1)/k * S / B_intra, 2(m-1)/m * (S/k') / B_inter) + latency terms
   (reduce-scatter inside the node, all-reduce of the 1/k' shard across nodes, all-gather back),
   ``k' = min(k, RING_NICS)``: the NICs of a domain a collective keeps busy (below);
 * all-gather / reduce-scatter (S = the full output): half of that;
 * all-to-all: (k-1)/n * S over the intra link and (n-k)/n * S over the inter link, in parallel;
 * point-to-point: S / B + latency; inside one NVLink domain ``B`` is also capped by the channels
   NCCL gives one send/recv (``nvlink_p2p_channels``, below).
+
+Tiers at once (``PIPELINED_TIERS``). NCCL pipelines a collective across domains: its ring (or
+tree) moves each chunk over NVLink and over the network at the same time, so the transfer takes
+the slower tier's time, not the sum of both (the sum, which this module priced until stop 40,
+halves the bus bandwidth of a large all-reduce across 8-GPU nodes). Measured, nccl-tests
+all_reduce_perf bus bandwidth at large messages (NVIDIA GTC24 session S62129, slide "Collective
+Communication Bandwidth", reproduced in stas00/ml-engineering at 744d01e1,
+network/benchmarks/images/all-reduce-multi-node-bandwidth.png): DGX A100 with 8x 200 Gb/s 192
+GB/s, DGX H100 with 8x 400 Gb/s 380 GB/s -- the network tier's 8 x 22.5 and 8 x 45 GB/s here
+(180, 360), where the sum gave 108 and 192. Every node count from 4 to 1,024 converges to
+340-380 GB/s at 16 GiB in both sweeps below.
+
+All-reduce's step across domains (``ALLREDUCE_HOP_S``). Two published nccl-tests sweeps of
+all_reduce_perf on H100 with 8x 400 Gb/s nodes show the collective's fixed time growing with the
+nodes far beyond NCCL's tuner constants (5-14 us per network hop): GTC24 S62129's NVLSTree plot,
+32 to 8,192 GPUs (ml-engineering network/images/nccl-all-reduce-scan-nvlstree.png), and the
+4-to-512-node scan of arXiv:2411.13055 (ml-engineering network/images/nccl-all-reduce-scan.png),
+read off the plots by this project (``tests/test_allreduce_scale.py`` holds the 44 points from
+8 MiB to 16 GiB at 32 and 8,192 GPUs, 4 and 512 nodes). Fitting ``t = alpha + 2(n-1)/n S /
+busbw`` to them gives alpha near 0.2 ms at 4 nodes and near 1 ms at 512-1,024 nodes, at every size
+from 8 MiB to 4 GiB: about ``2 log2(nodes)`` tree steps of 45-50 us. So an all-reduce's step across
+domains is priced at 45 us (the grid's best: mean |log error| of the bus bandwidth 0.075 over the
+44 points, against 0.47 with the sum of tiers and the link's 5 us), or the link's latency where
+that is larger; its steps stay the tree's ``2 log2(m)`` or the ring's ``2(m-1)``, the fewer. The
+figure includes the pipeline's fill at mid sizes, so a tiny all-reduce (a loss, a norm) is priced
+somewhat high: 0.9 ms at 1,024 nodes, against the plots' 0.4 ms at 1 MiB, a fraction of a
+millisecond per step. All-gather and reduce-scatter keep the link's latency per ring step (no sweep
+of theirs at scale was found). A measured profile (``collective_table``) replaces both rules.
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -36,14 +64,19 @@ coreweave/nccl-tests pull request #48 (2025-04-21, NCCL all_reduce_perf, float s
 0.5 / 1 / 2 / 4 GiB, against 1,807 / 3,109 / 5,589 / 10,094 us inside one rack (pull request
 #43, 72 GPUs). With every NIC of the rack busy this model gives 2.25 / 4.04 / 7.61 / 14.75 ms on
 20 racks (1.7-3.2x too fast, mean |log error| 0.81); with a cap of 8, 4.77 / 9.08 / 17.69 /
-34.9 ms (0.25). The error is flat from 7 to 11 NICs (0.24-0.25; 16: 0.37, 4: 0.50): 8 is taken,
+34.9 ms (0.25) when the tiers' times were summed. The error is flat from 7 to 11 NICs (0.24-0.25; 16:
+0.37, 4: 0.50): 8 is taken,
 the cap NCCL's per-communicator configuration sets where a job states it -- MLPerf Training
 v5.1's NeMo recipes (NVIDIA/benchmarks/llama31_8b/implementations/nemo/conf/nccl/
 custom_communicator_cta.yaml, mlcommons/training_results_v5.1 at 441d65f444) give the data-
 parallel, tensor-parallel and dp x cp communicators at most 8 CTAs (channels). Inside one rack
 nothing moves (1.90 / 3.37 / 6.31 / 12.19 ms against the measured 1.81 / 3.11 / 5.59 / 10.09).
 The cap was chosen on the nccl-tests points; the validation runs it changes (MLPerf Llama 3.1 8B
-on 512-1,024 GB200/GB300) had been seen with caps of 8 and 16 before the choice.
+on 512-1,024 GB200/GB300) had been seen with caps of 8 and 16 before the choice. With the tiers at
+once (stop 40) the cap of 8 gives 3.6 / 6.5 / 12.1 / 23.5 ms (mean |log error| 0.34; a cap of 6
+would give 0.22, but the misfit is in the shape: the 20 racks' times are about 4.8 ms plus 430 GB/s
+of bus bandwidth, a fixed cost no rule here prices -- NCCL's ring over all 1,440 ranks would be one,
+2 x 1,420 NVLink steps of 1.6 us -- so the cap stays MLPerf's 8 and the gap is left visible).
 """
 from __future__ import annotations
 
@@ -66,6 +99,13 @@ COLLECTIVE_LAUNCH_S = 10.0 * US
 # the NICs of an NVLink domain one collective keeps busy across domains: one per NCCL channel
 # (module docstring: coreweave/nccl-tests #43 and #48 on GB200 NVL72; MLPerf's 8-CTA caps)
 RING_NICS = 8
+
+# PIPELINED_TIERS: a collective across domains runs its NVLink and network parts at once (module
+# docstring), so it takes the slower part's transfer time, not the sum of both.
+
+# the fixed time of one step of an all-reduce across domains (module docstring: nccl-tests sweeps;
+# tests/test_allreduce_scale.py)
+ALLREDUCE_HOP_S = 45.0 * US
 
 
 def launched(each_s: float, count: float = 1) -> float:
@@ -225,6 +265,8 @@ class Network:
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
+        # an all-reduce's step across domains (ALLREDUCE_HOP_S); a measured table holds its own
+        self._allreduce_hop = 0.0 if self._measured else max(self._inter_lat, ALLREDUCE_HOP_S)
         self._ar: dict[GroupLayout, tuple] = {}     # layout -> _coefficients, per collective
         self._ag: dict[GroupLayout, tuple] = {}
         self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
@@ -259,12 +301,16 @@ class Network:
         m = max(1, n // k)
         inter_steps = factor * (m - 1)
         intra_steps = factor * (k - 1)
-        if factor == 2 and m > 2:
-            inter_steps = min(inter_steps, 2 * math.log2(m))
-        elif factor == 1 and m > 1:
+        inter_lat = self._inter_lat
+        if factor == 2:
+            # all-reduce across domains: a step priced at what nccl-tests measure (ALLREDUCE_HOP_S)
+            inter_lat = self._allreduce_hop
+            if m > 2:
+                inter_steps = min(inter_steps, 2 * math.log2(m))
+        elif m > 1:
             intra_steps = n - m
         return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, min(k, RING_NICS),
-                m > 1, factor * (m - 1) / m, inter_steps * self._inter_lat)
+                m > 1, factor * (m - 1) / m, inter_steps * inter_lat)
 
     def latency_s(self, lay: GroupLayout, factor: int = 1) -> float:
         """The fixed (size-independent) time of one collective on ``lay``: ``factor`` 1 for an
@@ -292,12 +338,12 @@ class Network:
         if c is None:
             c = cache[lay] = self._coefficients(lay, factor)
         intra, a, lat_a, nics, inter, b, lat_b = c
-        t = 0.0
+        # the tiers run at once (PIPELINED_TIERS): the slower one's transfer, both tiers' latencies
+        if intra and inter:
+            return max(a * size / self._intra_bw, b * (size / nics) / self._inter_bw) + lat_a + lat_b
         if intra:
-            t += a * size / self._intra_bw + lat_a
-        if inter:
-            t += b * (size / nics) / self._inter_bw + lat_b
-        return t
+            return a * size / self._intra_bw + lat_a
+        return b * (size / nics) / self._inter_bw + lat_b
 
     def all_reduce_fn(self, lay: GroupLayout) -> Callable[[float], float]:
         """``all_reduce(size, lay)`` as a function of ``size`` alone (for a stage model's fixed groups)."""
@@ -323,8 +369,10 @@ class Network:
             intra, a, lat_a, nics, inter, b, lat_b = self._coefficients(lay, factor)
             bw_a, bw_b = self._intra_bw, self._inter_bw
             if intra and inter:
+                lat = lat_a + lat_b
+
                 def fn(size: float) -> float:
-                    return a * size / bw_a + lat_a + (b * (size / nics) / bw_b + lat_b) if size > 0 else 0.0
+                    return max(a * size / bw_a, b * (size / nics) / bw_b) + lat if size > 0 else 0.0
             elif intra:
                 def fn(size: float) -> float:
                     return a * size / bw_a + lat_a if size > 0 else 0.0
@@ -340,16 +388,14 @@ class Network:
         carries (``1 / min(k, RING_NICS)``, as ``_coefficients``)."""
         n, k = lay
         m = max(1, n // k)
-        t = 0.0
+        t_intra = t_inter = 0.0
         if k > 1:
-            # intra-domain ring steps as _coefficients counts them
-            steps = n - m if factor == 1 and m > 1 else factor * (k - 1)
-            t += factor * (k - 1) / k * size / self._bw("intra", op, k, size) + steps * self._intra_lat
+            t_intra = factor * (k - 1) / k * size / self._bw("intra", op, k, size)
         if m > 1:
             shard = size / min(k, RING_NICS)
-            steps = factor * (m - 1) if not (factor == 2 and m > 2) else min(2 * (m - 1), 2 * math.log2(m))
-            t += factor * (m - 1) / m * shard / self._bw("inter", op, m, shard) + steps * self._inter_lat
-        return t
+            t_inter = factor * (m - 1) / m * shard / self._bw("inter", op, m, shard)
+        # the tiers run at once (PIPELINED_TIERS); the measured bandwidths hold their latency
+        return max(t_intra, t_inter)
 
     reduce_scatter = all_gather
 

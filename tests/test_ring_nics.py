@@ -28,12 +28,13 @@ def _mean_log_error(gpus: int, measured: dict[float, float]) -> float:
 
 
 def test_multi_rack_all_reduce_against_the_published_runs(monkeypatch):
-    """With the cap the 20-rack times land within -33% .. +41% of the measured ones (every NIC busy:
-    1.7-3.2x too fast), and one rack does not move."""
-    for g, us in TWENTY_RACKS.items():
-        assert 0.6 < _all_reduce_ms(1440, g) / (us / 1e3) < 1.5
+    """With the cap the 20-rack times land within -49% .. -5% of the measured ones (every NIC busy:
+    2-5x too fast), and one rack does not move. The gap at 0.5 GiB is the 20 racks' fixed time of
+    about 4.8 ms that no rule prices (costmodel.comm's docstring); it shrinks with the size."""
+    ratios = [_all_reduce_ms(1440, g) / (us / 1e3) for g, us in TWENTY_RACKS.items()]
+    assert all(0.45 < r < 1.0 for r in ratios) and ratios == sorted(ratios)
     capped, inside = _mean_log_error(1440, TWENTY_RACKS), _mean_log_error(72, ONE_RACK)
-    assert capped < 0.3 and inside < 0.15
+    assert capped < 0.4 and inside < 0.15
     monkeypatch.setattr(comm, "RING_NICS", 72)
     for g, us in TWENTY_RACKS.items():
         assert _all_reduce_ms(1440, g) < 0.6 * us / 1e3          # every NIC busy: far too fast
@@ -42,8 +43,9 @@ def test_multi_rack_all_reduce_against_the_published_runs(monkeypatch):
 
 
 def test_the_inter_tier_by_hand():
-    """All-gather of S over 256 ranks, 32 per NVL72 rack (8 racks): the inside-rack ring on S, the
-    cross-rack ring on S / min(32, RING_NICS) per busy NIC, and the ring's latency over every rank."""
+    """All-gather of S over 256 ranks, 32 per NVL72 rack (8 racks): the inside-rack ring on S and the
+    cross-rack ring on S / min(32, RING_NICS) per busy NIC at once (the slower of the two), and the
+    ring's latency over every rank."""
     c = load_cluster("gb200-nvl72").with_gpus(512)
     net = Network(c)
     lay = layout_for(256, 2, 72)
@@ -51,8 +53,9 @@ def test_the_inter_tier_by_hand():
     size = 1.5e9
     intra, inter = c.intra_node, c.inter_node
     m = 256 // 32
-    want = (31 / 32 * size / intra.effective_bytes_per_s + (256 - m) * intra.latency_s
-            + (m - 1) / m * (size / min(32, RING_NICS)) / inter.effective_bytes_per_s + (m - 1) * inter.latency_s)
+    want = (max(31 / 32 * size / intra.effective_bytes_per_s,
+                (m - 1) / m * (size / min(32, RING_NICS)) / inter.effective_bytes_per_s)
+            + (256 - m) * intra.latency_s + (m - 1) * inter.latency_s)
     assert net.all_gather(size, lay) == pytest.approx(want)
     assert net.all_gather_fn(lay)(size) == pytest.approx(want)
 
