@@ -56,7 +56,9 @@ def test_group_of_16_stays_on_nvlink_on_nvl72_and_crosses_hosts_on_b200(dim, deg
     assert on_b200.crosses_nodes and on_b200.k == 8 // (1 if dim == "tp" else 4)
     size = 256e6
     t_nvl, t_b200 = Network(nvl).all_reduce(size, on_nvl), Network(b200).all_reduce(size, on_b200)
-    assert t_nvl < t_b200 / 1.5        # hierarchical: a 1/8 shard crosses the 18x slower network
+    # hierarchical: a 1/8 shard crosses the 18x slower network on B200, at once with the NVLink part
+    # (comm.PIPELINED_TIERS), so the network's 8 NICs set the time, plus its two steps: 1.11x the rack's
+    assert t_nvl < t_b200 / 1.1
     assert Network(nvl).all_to_all(size, on_nvl) < Network(b200).all_to_all(size, on_b200) / 3
 
 
