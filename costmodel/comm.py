@@ -45,10 +45,16 @@ from 8 MiB to 4 GiB: about ``2 log2(nodes)`` tree steps of 45-50 us. So an all-r
 domains is priced at 45 us (the grid's best: mean |log error| of the bus bandwidth 0.075 over the
 44 points, against 0.47 with the sum of tiers and the link's 5 us), or the link's latency where
 that is larger; its steps stay the tree's ``2 log2(m)`` or the ring's ``2(m-1)``, the fewer. The
-figure includes the pipeline's fill at mid sizes, so a tiny all-reduce (a loss, a norm) is priced
-somewhat high: 0.9 ms at 1,024 nodes, against the plots' 0.4 ms at 1 MiB, a fraction of a
-millisecond per step. All-gather and reduce-scatter keep the link's latency per ring step (no sweep
-of theirs at scale was found). A measured profile (``collective_table``) replaces both rules.
+figure includes the pipeline's fill at mid sizes. Small messages run on NCCL's LL and LL128
+protocols, whose steps are shorter: the same plots at 1, 2 and 4 MiB (12 points, read less
+precisely) give about 20 us per step (``ALLREDUCE_SMALL_HOP_S``, the best of a 5 us grid: mean |log
+error| 0.16, against 0.45 at 45 us), so a step costs 20 us up to 1 MiB (``SMALL_HOP_BYTES``) and 45
+us from 8 MiB (``LARGE_HOP_BYTES``), log-linear in the size between (``small_hop_fraction``). A
+bucketed reduction's per-bucket fixed time (``latency_s``) is the large message's; the step's tiny
+reductions (a loss, a norm) take the small one (``latency_s(small=True)``). All-gather and
+reduce-scatter keep the link's latency per ring step (no sweep of theirs at scale was found; NCCL's
+own ring constants and two user reports, NVIDIA/nccl#1218 and #1229, put it at or above this). A
+measured profile (``collective_table``) replaces these rules.
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -104,8 +110,13 @@ RING_NICS = 8
 # docstring), so it takes the slower part's transfer time, not the sum of both.
 
 # the fixed time of one step of an all-reduce across domains (module docstring: nccl-tests sweeps;
-# tests/test_allreduce_scale.py)
+# tests/test_allreduce_scale.py): ALLREDUCE_HOP_S from LARGE_HOP_BYTES up, ALLREDUCE_SMALL_HOP_S up to
+# SMALL_HOP_BYTES (NCCL's LL and LL128 protocols), log-linear in the size between
 ALLREDUCE_HOP_S = 45.0 * US
+ALLREDUCE_SMALL_HOP_S = 20.0 * US
+SMALL_HOP_BYTES = 2 ** 20
+LARGE_HOP_BYTES = 8 * 2 ** 20
+_HOP_SPAN = math.log(LARGE_HOP_BYTES / SMALL_HOP_BYTES)
 
 
 def launched(each_s: float, count: float = 1) -> float:
@@ -265,8 +276,11 @@ class Network:
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
-        # an all-reduce's step across domains (ALLREDUCE_HOP_S); a measured table holds its own
+        # an all-reduce's step across domains (ALLREDUCE_HOP_S, shorter for small messages:
+        # ALLREDUCE_SMALL_HOP_S); a measured table holds its own
         self._allreduce_hop = 0.0 if self._measured else max(self._inter_lat, ALLREDUCE_HOP_S)
+        self._small_saving = 0.0 if self._measured else self._allreduce_hop - max(self._inter_lat,
+                                                                                   ALLREDUCE_SMALL_HOP_S)
         self._ar: dict[GroupLayout, tuple] = {}     # layout -> _coefficients, per collective
         self._ag: dict[GroupLayout, tuple] = {}
         self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
@@ -309,16 +323,29 @@ class Network:
                 inter_steps = min(inter_steps, 2 * math.log2(m))
         elif m > 1:
             intra_steps = n - m
+        # the last field: what a small message saves on the network steps (small_hop_saving)
         return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, min(k, RING_NICS),
-                m > 1, factor * (m - 1) / m, inter_steps * inter_lat)
+                m > 1, factor * (m - 1) / m, inter_steps * inter_lat,
+                inter_steps * self._small_saving if factor == 2 and m > 1 else 0.0)
 
-    def latency_s(self, lay: GroupLayout, factor: int = 1) -> float:
-        """The fixed (size-independent) time of one collective on ``lay``: ``factor`` 1 for an
-        all-gather or reduce-scatter, 2 for an all-reduce."""
+    @staticmethod
+    def small_hop_fraction(size: float) -> float:
+        """How much of the step's saving (ALLREDUCE_HOP_S - ALLREDUCE_SMALL_HOP_S) a ``size``-byte
+        all-reduce takes: 1 up to SMALL_HOP_BYTES, 0 from LARGE_HOP_BYTES, log-linear between."""
+        if size >= LARGE_HOP_BYTES:
+            return 0.0
+        if size <= SMALL_HOP_BYTES:
+            return 1.0
+        return math.log(LARGE_HOP_BYTES / size) / _HOP_SPAN
+
+    def latency_s(self, lay: GroupLayout, factor: int = 1, small: bool = False) -> float:
+        """The fixed time of one collective on ``lay``: ``factor`` 1 for an all-gather or
+        reduce-scatter, 2 for an all-reduce, of a large message (a bucket), or with ``small`` of a
+        message of at most SMALL_HOP_BYTES (a loss, a norm: ALLREDUCE_SMALL_HOP_S)."""
         if lay[0] <= 1:
             return 0.0
         c = self._coefficients(lay, factor)
-        return (c[2] if c[0] else 0.0) + (c[6] if c[4] else 0.0)
+        return (c[2] if c[0] else 0.0) + ((c[6] - (c[7] if small else 0.0)) if c[4] else 0.0)
 
     def all_reduce(self, size: float, lay: GroupLayout) -> float:
         return self._collective("all_reduce", 2, self._ar, size, lay)
@@ -337,7 +364,9 @@ class Network:
         c = cache.get(lay)
         if c is None:
             c = cache[lay] = self._coefficients(lay, factor)
-        intra, a, lat_a, nics, inter, b, lat_b = c
+        intra, a, lat_a, nics, inter, b, lat_b, small = c
+        if small and size < LARGE_HOP_BYTES:
+            lat_b -= small * self.small_hop_fraction(size)
         # the tiers run at once (PIPELINED_TIERS): the slower one's transfer, both tiers' latencies
         if intra and inter:
             return max(a * size / self._intra_bw, b * (size / nics) / self._inter_bw) + lat_a + lat_b
@@ -366,19 +395,26 @@ class Network:
         else:
             # the terms of all_reduce / all_gather with the layout's constants bound; one tier's
             # time is t = 0.0 + term there, which is exactly the term
-            intra, a, lat_a, nics, inter, b, lat_b = self._coefficients(lay, factor)
+            intra, a, lat_a, nics, inter, b, lat_b, small = self._coefficients(lay, factor)
             bw_a, bw_b = self._intra_bw, self._inter_bw
+            frac = self.small_hop_fraction
             if intra and inter:
                 lat = lat_a + lat_b
 
                 def fn(size: float) -> float:
-                    return max(a * size / bw_a, b * (size / nics) / bw_b) + lat if size > 0 else 0.0
+                    if size <= 0:
+                        return 0.0
+                    t = max(a * size / bw_a, b * (size / nics) / bw_b) + lat
+                    return t - small * frac(size) if small and size < LARGE_HOP_BYTES else t
             elif intra:
                 def fn(size: float) -> float:
                     return a * size / bw_a + lat_a if size > 0 else 0.0
             else:
                 def fn(size: float) -> float:
-                    return b * (size / nics) / bw_b + lat_b if size > 0 else 0.0
+                    if size <= 0:
+                        return 0.0
+                    t = b * (size / nics) / bw_b + lat_b
+                    return t - small * frac(size) if small and size < LARGE_HOP_BYTES else t
         fns[lay] = fn
         return fn
 

@@ -21,8 +21,8 @@ gradients, the model-parallel and, with the distributed optimizer, the data-para
 whole job; torch's ``clip_grad_norm_`` over DTensor shards alike) and the loss averaged over the
 data-parallel ranks for the log (Megatron ``average_losses_across_data_parallel_group``; torchtitan's
 ``dist_mean``). Each costs one collective's fixed time on its group (``comm.Network.latency_s``,
-an all-reduce) and its launch (``comm.launched``); their bytes are nothing. The norm also reads
-every local gradient once more (``GRAD_NORM_READS``, priced with the optimizer step by
+an all-reduce of a small message: ``small=True``) and its launch (``comm.launched``); their bytes
+are nothing. The norm also reads every local gradient once more (``GRAD_NORM_READS``, priced with the optimizer step by
 ``stage_terms`` at the optimizer's achieved bandwidth). The optimizer step itself is
 ``stage_terms``' (the local states at the framework's memory-bound fraction). Not priced, with why:
 data loading (overlapped by the loaders' worker processes and pinned-memory prefetch in Megatron's,
@@ -71,7 +71,7 @@ def step_reductions_s(net: Network, world: GroupLayout, dp: GroupLayout, loss_sc
     ``MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan``: ``all_reduce(self.found_inf,
     op=MAX, group=self.get_grad_stats_parallel_group())``, the whole world under the distributed
     optimizer), before the step can go on; its HBM traffic is ``memory.loss_scaling_bytes_per_param``'s."""
-    t = launched(net.latency_s(world, 2)) if world.n > 1 else 0.0
+    t = launched(net.latency_s(world, 2, small=True)) if world.n > 1 else 0.0
     if loss_scaled and world.n > 1:
-        t += launched(net.latency_s(world, 2))
-    return t + (launched(net.latency_s(dp, 2)) if dp.n > 1 else 0.0)
+        t += launched(net.latency_s(world, 2, small=True))
+    return t + (launched(net.latency_s(dp, 2, small=True)) if dp.n > 1 else 0.0)

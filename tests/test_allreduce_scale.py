@@ -17,7 +17,8 @@ import math
 import pytest
 
 from costmodel import comm
-from costmodel.comm import ALLREDUCE_HOP_S, GroupLayout, Network, layout_for
+from costmodel.comm import (ALLREDUCE_HOP_S, ALLREDUCE_SMALL_HOP_S, LARGE_HOP_BYTES, SMALL_HOP_BYTES, GroupLayout,
+                            Network, layout_for)
 from costmodel.files.clusters import load_cluster
 
 MIB = 2 ** 20
@@ -32,14 +33,22 @@ SWEEPS = {
                                  2048: 308, 4096: 330, 16384: 345},
 }
 
+# the same plots at 1, 2 and 4 MiB: small values on a linear axis, read less precisely
+SMALL = {
+    ("gtc24-nvlstree", 32): {1: 15, 2: 29, 4: 54},
+    ("gtc24-nvlstree", 8192): {1: 4, 2: 6, 4: 13},
+    ("arxiv-2411.13055", 32): {1: 12, 2: 27, 4: 45},
+    ("arxiv-2411.13055", 4096): {1: 5, 2: 8, 4: 14},
+}
+
 
 def _busbw(net: Network, gpus: int, size: float) -> float:
     return 2 * (gpus - 1) / gpus * size / net.all_reduce(size, layout_for(gpus, 1, 8)) / 1e9
 
 
-def _log_errors() -> list[float]:
+def _log_errors(sweeps: dict = SWEEPS) -> list[float]:
     out = []
-    for (_, gpus), points in SWEEPS.items():
+    for (_, gpus), points in sweeps.items():
         net = Network(load_cluster("dgx-h100").with_gpus(gpus))
         out += [math.log(_busbw(net, gpus, mib * MIB) / bw) for mib, bw in points.items()]
     return out
@@ -110,3 +119,47 @@ def test_inside_one_node_nothing_moves():
     net = Network(load_cluster("dgx-h100"))
     s = 256 * MIB
     assert net.all_reduce(s, GroupLayout(8, 8)) == pytest.approx(2 * 7 / 8 * s / net._intra_bw + 14 * net._intra_lat)
+
+
+def test_small_messages_take_the_shorter_step(monkeypatch):
+    """At 1-4 MiB (NCCL's LL and LL128 protocols) a network step is ALLREDUCE_SMALL_HOP_S, the best of a
+    5 us grid on the 12 small points: mean |log error| under 0.17 (at the large step, 45 us, 0.45: the
+    points' bus bandwidth 0.5-0.75x). The 8 MiB-16 GiB points do not move."""
+    def err(h: float) -> float:
+        monkeypatch.setattr(comm, "ALLREDUCE_SMALL_HOP_S", h)
+        e = _log_errors(SMALL)
+        return sum(abs(x) for x in e) / len(e)
+    grid = {h: err(h * 1e-6) for h in range(5, 50, 5)}
+    best = min(grid, key=grid.get)
+    assert ALLREDUCE_SMALL_HOP_S == pytest.approx(best * 1e-6) and grid[best] < 0.17
+    assert grid[45] > 0.4
+    monkeypatch.setattr(comm, "ALLREDUCE_SMALL_HOP_S", ALLREDUCE_SMALL_HOP_S)
+    large = _log_errors()
+    monkeypatch.setattr(comm, "ALLREDUCE_SMALL_HOP_S", ALLREDUCE_HOP_S)
+    assert _log_errors() == pytest.approx(large)
+
+
+def test_the_step_by_size_by_hand_and_the_bound_function():
+    """Across two 8-GPU nodes' worth of layouts: the network steps' price falls from 45 us at 8 MiB to 20 us at
+    1 MiB, log-linear between; ``all_reduce_fn`` (the search's bound form) equals ``all_reduce`` at every size,
+    and ``latency_s(small=True)`` is the 1 MiB step's fixed time."""
+    net = Network(load_cluster("dgx-h100").with_gpus(1024))
+    lay = layout_for(1024, 1, 8)
+    n, k = lay
+    m = n // k
+    steps = 2 * math.log2(m)
+    fn = net.all_reduce_fn(lay)
+    for size in (1.0, 2 ** 19, SMALL_HOP_BYTES, 2 ** 21, 3 * 2 ** 20, 2 ** 22, LARGE_HOP_BYTES, 2 ** 24, 2 ** 30):
+        frac = min(1.0, max(0.0, math.log(LARGE_HOP_BYTES / size) / math.log(LARGE_HOP_BYTES / SMALL_HOP_BYTES)))
+        hop = ALLREDUCE_HOP_S - frac * (ALLREDUCE_HOP_S - ALLREDUCE_SMALL_HOP_S)
+        by_hand = (max(2 * (k - 1) / k * size / net._intra_bw, 2 * (m - 1) / m * (size / k) / net._inter_bw)
+                   + 2 * (k - 1) * net._intra_lat + steps * hop)
+        assert net.all_reduce(size, lay) == pytest.approx(by_hand)
+        assert fn(size) == pytest.approx(by_hand)
+    assert net.latency_s(lay, 2, small=True) == pytest.approx(2 * (k - 1) * net._intra_lat + steps * ALLREDUCE_SMALL_HOP_S)
+    assert net.latency_s(lay, 2) == pytest.approx(2 * (k - 1) * net._intra_lat + steps * ALLREDUCE_HOP_S)
+    # all-gather and reduce-scatter keep the link's step at every size
+    s = SMALL_HOP_BYTES
+    assert net.all_gather(s, lay) == pytest.approx(max((k - 1) / k * s / net._intra_bw, (m - 1) / m * (s / k) / net._inter_bw)
+                                                   + (n - m) * net._intra_lat + (m - 1) * net._inter_lat)
+    assert net.latency_s(lay, 1, small=True) == net.latency_s(lay, 1)

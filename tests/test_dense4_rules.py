@@ -12,7 +12,7 @@ import pytest
 
 from costmodel import host, layers
 from costmodel.catalog import get_model
-from costmodel.comm import ALLREDUCE_HOP_S, COLLECTIVE_LAUNCH_S, RING_NICS, GroupLayout, Network
+from costmodel.comm import ALLREDUCE_HOP_S, ALLREDUCE_SMALL_HOP_S, COLLECTIVE_LAUNCH_S, RING_NICS, GroupLayout, Network
 from costmodel.files.clusters import load_cluster
 from costmodel.frameworks import FRAMEWORKS
 from costmodel.scale import step_reductions_s
@@ -174,8 +174,15 @@ def test_step_reductions_by_hand():
     one = GroupLayout(1, 1)
     assert step_reductions_s(net, one, one) == 0.0
     world, dp = GroupLayout(1024, 8), GroupLayout(128, 1)
-    want = (net.latency_s(world, 2) + COLLECTIVE_LAUNCH_S) + (net.latency_s(dp, 2) + COLLECTIVE_LAUNCH_S)
-    assert step_reductions_s(net, world, dp) == pytest.approx(want)
+    # two small all-reduces: each network step at the small message's step (comm.ALLREDUCE_SMALL_HOP_S)
+    small = (net.latency_s(world, 2, small=True) + COLLECTIVE_LAUNCH_S) + (net.latency_s(dp, 2, small=True)
+                                                                           + COLLECTIVE_LAUNCH_S)
+    assert step_reductions_s(net, world, dp) == pytest.approx(small)
+    a = net._intra_lat
+    steps_world, steps_dp = 2 * math.log2(128), 2 * math.log2(128)
+    assert net.latency_s(world, 2, small=True) == pytest.approx(2 * 7 * a + steps_world * ALLREDUCE_SMALL_HOP_S)
+    assert net.latency_s(dp, 2, small=True) == pytest.approx(steps_dp * ALLREDUCE_SMALL_HOP_S)
+    assert net.latency_s(dp, 2) == pytest.approx(steps_dp * ALLREDUCE_HOP_S)
 
 
 def test_the_step_pays_the_reductions_that_do_not_shrink():
