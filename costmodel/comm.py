@@ -323,7 +323,8 @@ class Network:
                 inter_steps = min(inter_steps, 2 * math.log2(m))
         elif m > 1:
             intra_steps = n - m
-        # the last field: what a small message saves on the network steps (small_hop_saving)
+        # the last field: what a message of at most SMALL_HOP_BYTES saves on the network steps (times
+        # small_hop_fraction of its size)
         return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, min(k, RING_NICS),
                 m > 1, factor * (m - 1) / m, inter_steps * inter_lat,
                 inter_steps * self._small_saving if factor == 2 and m > 1 else 0.0)
