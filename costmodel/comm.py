@@ -54,7 +54,10 @@ bucketed reduction's per-bucket fixed time (``latency_s``) is the large message'
 reductions (a loss, a norm) take the small one (``latency_s(small=True)``). All-gather and
 reduce-scatter keep the link's latency per ring step (no sweep of theirs at scale was found; NCCL's
 own ring constants and two user reports, NVIDIA/nccl#1218 and #1229, put it at or above this). A
-measured profile (``collective_table``) replaces these rules.
+measured profile (``collective_table``) replaces these rules for the tiers it measured; a tier it
+lacks (the network, in a profile of one node) keeps them, not a latency of zero. A measured network
+tier holds the fixed time of the node count it was measured at; its growth beyond that is not
+priced.
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -268,19 +271,24 @@ class Network:
         self.intra = intra or cluster.intra_node
         self.inter = cluster.inter_node
         self._measured = bool(cluster.collective_table)
-        if self._measured:
-            # measured bus bandwidth at a message size already includes the latency
-            import dataclasses
+        # measured bus bandwidth at a message size already includes the latency: a tier the table
+        # measured has none added; a tier it did not (a one-node profile's network) keeps its link's
+        # latency and the all-reduce's step (ALLREDUCE_HOP_S), as on an unmeasured cluster
+        tiers = {row[0] for row in cluster.collective_table}
+        import dataclasses
+        if "intra" in tiers:
             self.intra = dataclasses.replace(self.intra, latency_s=0.0)
+        if "inter" in tiers:
             self.inter = dataclasses.replace(self.inter, latency_s=0.0)
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
         # an all-reduce's step across domains (ALLREDUCE_HOP_S, shorter for small messages:
         # ALLREDUCE_SMALL_HOP_S); a measured table holds its own
-        self._allreduce_hop = 0.0 if self._measured else max(self._inter_lat, ALLREDUCE_HOP_S)
-        self._small_saving = 0.0 if self._measured else self._allreduce_hop - max(self._inter_lat,
-                                                                                   ALLREDUCE_SMALL_HOP_S)
+        inter_measured = "inter" in tiers
+        self._allreduce_hop = 0.0 if inter_measured else max(self._inter_lat, ALLREDUCE_HOP_S)
+        self._small_saving = 0.0 if inter_measured else self._allreduce_hop - max(self._inter_lat,
+                                                                                  ALLREDUCE_SMALL_HOP_S)
         self._ar: dict[GroupLayout, tuple] = {}     # layout -> _coefficients, per collective
         self._ag: dict[GroupLayout, tuple] = {}
         self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
@@ -422,7 +430,9 @@ class Network:
     def _two_tier_measured(self, op: str, factor: int, size: float, lay: GroupLayout) -> float:
         """All-reduce (``factor`` 2) or all-gather (1) with the bus bandwidth measured at each
         tier's message size: inside the node on ``size``, across nodes on the shard each busy NIC
-        carries (``1 / min(k, RING_NICS)``, as ``_coefficients``)."""
+        carries (``1 / min(k, RING_NICS)``, as ``_coefficients``). A measured tier's latency is in
+        its bandwidth; a tier the table lacks is priced as unmeasured (its link's rate, latency and
+        step: ``_coefficients``' latency fields are 0 for a measured tier)."""
         n, k = lay
         m = max(1, n // k)
         t_intra = t_inter = 0.0
@@ -431,8 +441,11 @@ class Network:
         if m > 1:
             shard = size / min(k, RING_NICS)
             t_inter = factor * (m - 1) / m * shard / self._bw("inter", op, m, shard)
-        # the tiers run at once (PIPELINED_TIERS); the measured bandwidths hold their latency
-        return max(t_intra, t_inter)
+        _, _, lat_a, _, _, _, lat_b, small = self._coefficients(lay, factor)
+        if small and size < LARGE_HOP_BYTES:
+            lat_b -= small * self.small_hop_fraction(size)
+        # the tiers run at once (PIPELINED_TIERS)
+        return max(t_intra, t_inter) + (lat_a if k > 1 else 0.0) + (lat_b if m > 1 else 0.0)
 
     reduce_scatter = all_gather
 

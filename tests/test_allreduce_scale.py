@@ -163,3 +163,26 @@ def test_the_step_by_size_by_hand_and_the_bound_function():
     assert net.all_gather(s, lay) == pytest.approx(max((k - 1) / k * s / net._intra_bw, (m - 1) / m * (s / k) / net._inter_bw)
                                                    + (n - m) * net._intra_lat + (m - 1) * net._inter_lat)
     assert net.latency_s(lay, 1, small=True) == net.latency_s(lay, 1)
+
+
+def test_a_one_node_profile_keeps_the_networks_step():
+    """A profile measured on one node has intra rows only: its network tier is priced as unmeasured (the link's
+    rate, the all-reduce's step), not free of latency; a tier the table measured adds none (its bus bandwidth
+    holds it)."""
+    import dataclasses
+    c = load_cluster("dgx-h100").with_gpus(512)
+    lay = layout_for(512, 1, 8)
+    n, k = lay
+    m = n // k
+    size = 256 * MIB
+    intra_busbw = 300e9
+    one_node = Network(dataclasses.replace(c, collective_table=(("intra", "all_reduce", 8, size, intra_busbw),)))
+    want = (max(2 * (k - 1) / k * size / intra_busbw, 2 * (m - 1) / m * (size / k) / one_node._inter_bw)
+            + 2 * math.log2(m) * ALLREDUCE_HOP_S)
+    assert one_node.all_reduce(size, lay) == pytest.approx(want)
+    assert one_node.latency_s(lay, 2) == pytest.approx(2 * math.log2(m) * ALLREDUCE_HOP_S)
+    both = Network(dataclasses.replace(c, collective_table=(("intra", "all_reduce", 8, size, intra_busbw),
+                                                            ("inter", "all_reduce", 16, size, 40e9))))
+    assert both.latency_s(lay, 2) == 0.0
+    assert both.all_reduce(size, lay) == pytest.approx(max(2 * (k - 1) / k * size / intra_busbw,
+                                                           2 * (m - 1) / m * (size / k) / 40e9))
