@@ -56,8 +56,8 @@ reduce-scatter keep the link's latency per ring step (no sweep of theirs at scal
 own ring constants and two user reports, NVIDIA/nccl#1218 and #1229, put it at or above this). A
 measured profile (``collective_table``) replaces these rules for the tiers it measured; a tier it
 lacks (the network, in a profile of one node) keeps them, not a latency of zero. A measured network
-tier holds the fixed time of the node count it was measured at; its growth beyond that is not
-priced.
+tier holds the fixed time of the domains it was measured across (two nodes, say); beyond them the
+steps its ring or tree adds are priced by these rules (``Network._growth_s``).
 
 ``B`` is the link's per-GPU, per-direction bandwidth times its collective efficiency (NCCL bus
 bandwidth / link bandwidth), or, where the profiler measured it, the bus bandwidth
@@ -275,6 +275,13 @@ class Network:
         # measured has none added; a tier it did not (a one-node profile's network) keeps its link's
         # latency and the all-reduce's step (ALLREDUCE_HOP_S), as on an unmeasured cluster
         tiers = {row[0] for row in cluster.collective_table}
+        # a measured network tier holds the fixed time of the domains it was measured across; beyond
+        # them the steps the ring and the tree add are priced at the link's latency and the
+        # all-reduce's step (``_growth_s``): the largest group measured across domains, in domains
+        inter_groups = [row[2] for row in cluster.collective_table if row[0] == "inter"]
+        self._measured_domains = (max(2, max(inter_groups) // max(1, cluster.groups[0].nvlink_gpus))
+                                  if inter_groups else 0)
+        self._link_intra_lat, self._link_inter_lat = self.intra.latency_s, self.inter.latency_s
         import dataclasses
         if "intra" in tiers:
             self.intra = dataclasses.replace(self.intra, latency_s=0.0)
@@ -354,7 +361,11 @@ class Network:
         if lay[0] <= 1:
             return 0.0
         c = self._coefficients(lay, factor)
-        return (c[2] if c[0] else 0.0) + ((c[6] - (c[7] if small else 0.0)) if c[4] else 0.0)
+        t = (c[2] if c[0] else 0.0) + ((c[6] - (c[7] if small else 0.0)) if c[4] else 0.0)
+        m = lay.nodes
+        if self._measured_domains and m > self._measured_domains:
+            t += self._growth_s(factor, lay.k, m, SMALL_HOP_BYTES if small else LARGE_HOP_BYTES)
+        return t
 
     def all_reduce(self, size: float, lay: GroupLayout) -> float:
         return self._collective("all_reduce", 2, self._ar, size, lay)
@@ -445,7 +456,23 @@ class Network:
         if small and size < LARGE_HOP_BYTES:
             lat_b -= small * self.small_hop_fraction(size)
         # the tiers run at once (PIPELINED_TIERS)
-        return max(t_intra, t_inter) + (lat_a if k > 1 else 0.0) + (lat_b if m > 1 else 0.0)
+        t = max(t_intra, t_inter) + (lat_a if k > 1 else 0.0) + (lat_b if m > 1 else 0.0)
+        return t + self._growth_s(factor, k, m, size) if self._measured_domains and m > self._measured_domains else t
+
+    def _growth_s(self, factor: int, k: int, m: int, size: float) -> float:
+        """What a collective over ``m`` domains of ``k`` adds to the fixed time a measured network
+        tier holds (measured across ``_measured_domains``): an all-reduce's extra tree (or ring)
+        steps at the all-reduce's step (``ALLREDUCE_HOP_S``, shorter for a small message), an
+        all-gather's or reduce-scatter's extra ring steps, ``k - 1`` inside a domain and one across
+        per added domain, at the links' latencies (``_coefficients``' rules)."""
+        m0 = self._measured_domains
+        if factor == 2:
+            def steps(x: int) -> float:
+                return min(2 * (x - 1), 2 * math.log2(x)) if x > 2 else 2 * (x - 1)
+            big = max(self._link_inter_lat, ALLREDUCE_HOP_S)
+            hop = big - (big - max(self._link_inter_lat, ALLREDUCE_SMALL_HOP_S)) * self.small_hop_fraction(size)
+            return (steps(m) - steps(m0)) * hop
+        return (m - m0) * (self._link_inter_lat + (k - 1) * self._link_intra_lat)
 
     reduce_scatter = all_gather
 

@@ -167,8 +167,8 @@ def test_the_step_by_size_by_hand_and_the_bound_function():
 
 def test_a_one_node_profile_keeps_the_networks_step():
     """A profile measured on one node has intra rows only: its network tier is priced as unmeasured (the link's
-    rate, the all-reduce's step), not free of latency; a tier the table measured adds none (its bus bandwidth
-    holds it)."""
+    rate, the all-reduce's step), not free of latency; a tier the table measured across every node adds none
+    (its bus bandwidth holds it)."""
     import dataclasses
     c = load_cluster("dgx-h100").with_gpus(512)
     lay = layout_for(512, 1, 8)
@@ -181,8 +181,40 @@ def test_a_one_node_profile_keeps_the_networks_step():
             + 2 * math.log2(m) * ALLREDUCE_HOP_S)
     assert one_node.all_reduce(size, lay) == pytest.approx(want)
     assert one_node.latency_s(lay, 2) == pytest.approx(2 * math.log2(m) * ALLREDUCE_HOP_S)
+    # a network measured across all 64 nodes holds their whole fixed time
     both = Network(dataclasses.replace(c, collective_table=(("intra", "all_reduce", 8, size, intra_busbw),
-                                                            ("inter", "all_reduce", 16, size, 40e9))))
+                                                            ("inter", "all_reduce", 512, size, 40e9))))
     assert both.latency_s(lay, 2) == 0.0
     assert both.all_reduce(size, lay) == pytest.approx(max(2 * (k - 1) / k * size / intra_busbw,
                                                            2 * (m - 1) / m * (size / k) / 40e9))
+
+
+def test_a_measured_network_grows_beyond_the_domains_it_was_measured_across():
+    """A two-node profile's network tier holds the fixed time of two nodes. On 8 and 64 nodes the all-reduce adds
+    its tree's extra steps at ALLREDUCE_HOP_S and the all-gather its ring's extra steps at the links' latencies;
+    on two nodes nothing is added. ``latency_s`` (a bucket's fixed time) carries the same growth."""
+    import dataclasses
+    c = load_cluster("dgx-h100").with_gpus(512)
+    size = 256 * MIB
+    table = (("intra", "all_reduce", 8, size, 300e9), ("inter", "all_reduce", 16, size, 40e9))
+    net = Network(dataclasses.replace(c, collective_table=table))
+    assert net._measured_domains == 2
+    link_intra, link_inter = c.intra_node.latency_s, c.inter_node.latency_s
+
+    def bandwidth_part(factor: int, n: int) -> float:
+        k, m = 8, n // 8
+        return max(factor * (k - 1) / k * size / 300e9, factor * (m - 1) / m * (size / k) / 40e9)
+
+    assert net.all_reduce(size, layout_for(16, 1, 8)) == pytest.approx(bandwidth_part(2, 16))
+    assert net.latency_s(layout_for(16, 1, 8), 2) == 0.0
+    for n in (64, 512):
+        lay = layout_for(n, 1, 8)
+        m = n // 8
+        tree = (2 * math.log2(m) - 2) * ALLREDUCE_HOP_S
+        ring = (m - 2) * (link_inter + 7 * link_intra)
+        assert net.all_reduce(size, lay) == pytest.approx(bandwidth_part(2, n) + tree)
+        assert net.all_gather(size, lay) == pytest.approx(bandwidth_part(1, n) + ring)
+        assert net.all_reduce_fn(lay)(size) == pytest.approx(net.all_reduce(size, lay))
+        assert net.latency_s(lay, 2) == pytest.approx(tree)
+        assert net.latency_s(lay, 1) == pytest.approx(ring)
+        assert net.latency_s(lay, 2, small=True) == pytest.approx((2 * math.log2(m) - 2) * ALLREDUCE_SMALL_HOP_S)
