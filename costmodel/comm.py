@@ -90,6 +90,7 @@ of bus bandwidth, a fixed cost no rule here prices -- NCCL's ring over all 1,440
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from functools import lru_cache
 from typing import Callable, NamedTuple
@@ -120,6 +121,22 @@ ALLREDUCE_SMALL_HOP_S = 20.0 * US
 SMALL_HOP_BYTES = 2 ** 20
 LARGE_HOP_BYTES = 8 * 2 ** 20
 _HOP_SPAN = math.log(LARGE_HOP_BYTES / SMALL_HOP_BYTES)
+
+
+def allreduce_inter_steps(m: int) -> float:
+    """An all-reduce's steps across ``m`` domains: the ring's ``2(m-1)`` or the tree's
+    ``2 log2(m)``, the fewer (NCCL's tuner picks the faster; ``Network._coefficients``)."""
+    return min(2 * (m - 1), 2 * math.log2(m)) if m > 1 else 0.0
+
+
+def small_hop_fraction(size: float) -> float:
+    """How much of the step's saving (ALLREDUCE_HOP_S - ALLREDUCE_SMALL_HOP_S) a ``size``-byte
+    all-reduce takes: 1 up to SMALL_HOP_BYTES, 0 from LARGE_HOP_BYTES, log-linear between."""
+    if size >= LARGE_HOP_BYTES:
+        return 0.0
+    if size <= SMALL_HOP_BYTES:
+        return 1.0
+    return math.log(LARGE_HOP_BYTES / size) / _HOP_SPAN
 
 
 def launched(each_s: float, count: float = 1) -> float:
@@ -282,7 +299,10 @@ class Network:
         self._measured_domains = (max(2, max(inter_groups) // max(1, cluster.groups[0].nvlink_gpus))
                                   if inter_groups else 0)
         self._link_intra_lat, self._link_inter_lat = self.intra.latency_s, self.inter.latency_s
-        import dataclasses
+        # an all-reduce's step across domains (ALLREDUCE_HOP_S) and what a small message saves on it
+        # (ALLREDUCE_SMALL_HOP_S), at the link's latency where that is larger
+        self._link_hop = max(self._link_inter_lat, ALLREDUCE_HOP_S)
+        self._link_small_saving = self._link_hop - max(self._link_inter_lat, ALLREDUCE_SMALL_HOP_S)
         if "intra" in tiers:
             self.intra = dataclasses.replace(self.intra, latency_s=0.0)
         if "inter" in tiers:
@@ -290,12 +310,10 @@ class Network:
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
-        # an all-reduce's step across domains (ALLREDUCE_HOP_S, shorter for small messages:
-        # ALLREDUCE_SMALL_HOP_S); a measured table holds its own
+        # a measured network tier holds its own steps
         inter_measured = "inter" in tiers
-        self._allreduce_hop = 0.0 if inter_measured else max(self._inter_lat, ALLREDUCE_HOP_S)
-        self._small_saving = 0.0 if inter_measured else self._allreduce_hop - max(self._inter_lat,
-                                                                                  ALLREDUCE_SMALL_HOP_S)
+        self._allreduce_hop = 0.0 if inter_measured else self._link_hop
+        self._small_saving = 0.0 if inter_measured else self._link_small_saving
         self._ar: dict[GroupLayout, tuple] = {}     # layout -> _coefficients, per collective
         self._ag: dict[GroupLayout, tuple] = {}
         self._ar_fns: dict[GroupLayout, Callable[[float], float]] = {}
@@ -334,25 +352,19 @@ class Network:
         if factor == 2:
             # all-reduce across domains: a step priced at what nccl-tests measure (ALLREDUCE_HOP_S)
             inter_lat = self._allreduce_hop
-            if m > 2:
-                inter_steps = min(inter_steps, 2 * math.log2(m))
+            inter_steps = allreduce_inter_steps(m)
         elif m > 1:
             intra_steps = n - m
         # the last field: what a message of at most SMALL_HOP_BYTES saves on the network steps (times
-        # small_hop_fraction of its size)
+        # small_hop_fraction of its size: _small_part)
         return (k > 1, factor * (k - 1) / k, intra_steps * self._intra_lat, min(k, RING_NICS),
                 m > 1, factor * (m - 1) / m, inter_steps * inter_lat,
                 inter_steps * self._small_saving if factor == 2 and m > 1 else 0.0)
 
     @staticmethod
-    def small_hop_fraction(size: float) -> float:
-        """How much of the step's saving (ALLREDUCE_HOP_S - ALLREDUCE_SMALL_HOP_S) a ``size``-byte
-        all-reduce takes: 1 up to SMALL_HOP_BYTES, 0 from LARGE_HOP_BYTES, log-linear between."""
-        if size >= LARGE_HOP_BYTES:
-            return 0.0
-        if size <= SMALL_HOP_BYTES:
-            return 1.0
-        return math.log(LARGE_HOP_BYTES / size) / _HOP_SPAN
+    def _small_part(small: float, size: float) -> float:
+        """What a ``size``-byte all-reduce saves of ``small`` (``_coefficients``' last field)."""
+        return small * small_hop_fraction(size) if small and size < LARGE_HOP_BYTES else 0.0
 
     def latency_s(self, lay: GroupLayout, factor: int = 1, small: bool = False) -> float:
         """The fixed time of one collective on ``lay``: ``factor`` 1 for an all-gather or
@@ -379,14 +391,13 @@ class Network:
         layout's constants kept in ``cache``."""
         if lay[0] <= 1 or size <= 0:
             return 0.0
-        if self._measured:
-            return self._two_tier_measured(op, factor, size, lay)
         c = cache.get(lay)
         if c is None:
             c = cache[lay] = self._coefficients(lay, factor)
+        if self._measured:
+            return self._two_tier_measured(op, factor, size, lay, c)
         intra, a, lat_a, nics, inter, b, lat_b, small = c
-        if small and size < LARGE_HOP_BYTES:
-            lat_b -= small * self.small_hop_fraction(size)
+        lat_b -= self._small_part(small, size)
         # the tiers run at once (PIPELINED_TIERS): the slower one's transfer, both tiers' latencies
         if intra and inter:
             return max(a * size / self._intra_bw, b * (size / nics) / self._inter_bw) + lat_a + lat_b
@@ -417,33 +428,27 @@ class Network:
             # time is t = 0.0 + term there, which is exactly the term
             intra, a, lat_a, nics, inter, b, lat_b, small = self._coefficients(lay, factor)
             bw_a, bw_b = self._intra_bw, self._inter_bw
-            frac = self.small_hop_fraction
+            part = self._small_part
             if intra and inter:
                 lat = lat_a + lat_b
 
                 def fn(size: float) -> float:
-                    if size <= 0:
-                        return 0.0
-                    t = max(a * size / bw_a, b * (size / nics) / bw_b) + lat
-                    return t - small * frac(size) if small and size < LARGE_HOP_BYTES else t
+                    return max(a * size / bw_a, b * (size / nics) / bw_b) + lat - part(small, size) if size > 0 else 0.0
             elif intra:
                 def fn(size: float) -> float:
                     return a * size / bw_a + lat_a if size > 0 else 0.0
             else:
                 def fn(size: float) -> float:
-                    if size <= 0:
-                        return 0.0
-                    t = b * (size / nics) / bw_b + lat_b
-                    return t - small * frac(size) if small and size < LARGE_HOP_BYTES else t
+                    return b * (size / nics) / bw_b + lat_b - part(small, size) if size > 0 else 0.0
         fns[lay] = fn
         return fn
 
-    def _two_tier_measured(self, op: str, factor: int, size: float, lay: GroupLayout) -> float:
+    def _two_tier_measured(self, op: str, factor: int, size: float, lay: GroupLayout, c: tuple) -> float:
         """All-reduce (``factor`` 2) or all-gather (1) with the bus bandwidth measured at each
         tier's message size: inside the node on ``size``, across nodes on the shard each busy NIC
         carries (``1 / min(k, RING_NICS)``, as ``_coefficients``). A measured tier's latency is in
         its bandwidth; a tier the table lacks is priced as unmeasured (its link's rate, latency and
-        step: ``_coefficients``' latency fields are 0 for a measured tier)."""
+        step: ``c``, ``_coefficients``' constants, whose latency fields are 0 for a measured tier)."""
         n, k = lay
         m = max(1, n // k)
         t_intra = t_inter = 0.0
@@ -452,11 +457,9 @@ class Network:
         if m > 1:
             shard = size / min(k, RING_NICS)
             t_inter = factor * (m - 1) / m * shard / self._bw("inter", op, m, shard)
-        _, _, lat_a, _, _, _, lat_b, small = self._coefficients(lay, factor)
-        if small and size < LARGE_HOP_BYTES:
-            lat_b -= small * self.small_hop_fraction(size)
+        _, _, lat_a, _, _, _, lat_b, small = c
         # the tiers run at once (PIPELINED_TIERS)
-        t = max(t_intra, t_inter) + (lat_a if k > 1 else 0.0) + (lat_b if m > 1 else 0.0)
+        t = max(t_intra, t_inter) + (lat_a if k > 1 else 0.0) + (lat_b - self._small_part(small, size) if m > 1 else 0.0)
         return t + self._growth_s(factor, k, m, size) if self._measured_domains and m > self._measured_domains else t
 
     def _growth_s(self, factor: int, k: int, m: int, size: float) -> float:
@@ -467,11 +470,8 @@ class Network:
         per added domain, at the links' latencies (``_coefficients``' rules)."""
         m0 = self._measured_domains
         if factor == 2:
-            def steps(x: int) -> float:
-                return min(2 * (x - 1), 2 * math.log2(x)) if x > 2 else 2 * (x - 1)
-            big = max(self._link_inter_lat, ALLREDUCE_HOP_S)
-            hop = big - (big - max(self._link_inter_lat, ALLREDUCE_SMALL_HOP_S)) * self.small_hop_fraction(size)
-            return (steps(m) - steps(m0)) * hop
+            hop = self._link_hop - self._small_part(self._link_small_saving, size)
+            return (allreduce_inter_steps(m) - allreduce_inter_steps(m0)) * hop
         return (m - m0) * (self._link_inter_lat + (k - 1) * self._link_intra_lat)
 
     reduce_scatter = all_gather

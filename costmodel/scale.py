@@ -22,8 +22,8 @@ whole job; torch's ``clip_grad_norm_`` over DTensor shards alike) and the loss a
 data-parallel ranks for the log (Megatron ``average_losses_across_data_parallel_group``; torchtitan's
 ``dist_mean``). Each costs one collective's fixed time on its group (``comm.Network.latency_s``,
 an all-reduce of a small message: ``small=True``) and its launch (``comm.launched``); their bytes
-are nothing. The norm also reads every local gradient once more (``GRAD_NORM_READS``, priced with the optimizer step by
-``stage_terms`` at the optimizer's achieved bandwidth). The optimizer step itself is
+are nothing. The norm also reads every local gradient once more (``GRAD_NORM_READS``, priced with
+the optimizer step by ``stage_terms`` at the optimizer's achieved bandwidth). The optimizer step itself is
 ``stage_terms``' (the local states at the framework's memory-bound fraction). Not priced, with why:
 data loading (overlapped by the loaders' worker processes and pinned-memory prefetch in Megatron's,
 torchtitan's and torch's loaders: an assumption; no figure for a pretraining loader's exposed time
