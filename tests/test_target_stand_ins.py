@@ -150,3 +150,60 @@ def test_an_unknown_name_gets_no_hint(capsys):
     assert main(PROBLEM + ["--target", "horovod"]) == 2
     err = capsys.readouterr().err
     assert "training targets are" in err and "use --target" not in err and "FSDP" not in err
+
+
+def test_nanotron_is_priced_as_the_validation_prices_smollm3s_run(capsys, tmp_path):
+    """``--target nanotron`` on SmolLM3's published problem and layout gives the validation's price of that
+    run (family smollm: PyTorch-native kernels, eager launches, FlashAttention-2), at nanotron's own ZeRO
+    stage (0, DDP) where ``--zero`` is not given; generic's Megatron-grade kernels price it faster."""
+    import yaml
+
+    from costmodel.training import estimate
+    from planner.cli.validation import case_inputs
+    case = _record("smollm3-3b-h100-384gpu-bf16")
+    model, cluster, wl, par, prof, _fw = case_inputs(case)
+    validated = estimate(model, cluster, wl, par, framework=prof).tokens_per_s_per_gpu
+    f = tmp_path / "model.yaml"
+    f.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    p = case["parallel"]
+    problem = ["estimate", "--model", str(f), "--cluster", case["cluster"], "--gpus", str(case["num_gpus"]),
+               "--global-batch", str(case["global_batch"]), "--seq-len", str(wl.seq_len), "--tp", str(p["tp"]),
+               "--micro-batch", str(p["micro_batch"]), "--json"]
+    assert main(problem + ["--target", "nanotron"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parallel"]["zero"] == 0 and out["parallel"]["sp"]
+    assert out["estimate"]["tokens_per_s_per_gpu"] == pytest.approx(validated, rel=1e-9)
+    assert "nanotron is a PyTorch trainer" in out["target"]["note"] and "ZeRO-0" in out["target"]["note"]
+    assert main(problem + ["--zero", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["tokens_per_s_per_gpu"] > 1.1 * validated
+
+
+@pytest.mark.parametrize("typed,meant", [("Megatron-LM", "megatron"), ("megatron_lm", "megatron"),
+                                         ("NeMo", "nemo"), ("LLM_Foundry", "llm-foundry"), ("MaxText", "maxtext"),
+                                         ("TorchTitan", "torchtitan"), ("Megatron DeepSpeed", "megatron-deepspeed")])
+def test_a_target_is_known_however_it_is_typed(capsys, typed, meant):
+    """``--target`` takes a framework's name as people write it: case, ``_`` and spaces do not matter, and
+    Megatron-LM is the megatron target (whose launch files are Megatron-LM's). The estimate is the
+    canonical name's to the digit."""
+    want = _estimate(capsys, "--target", meant)
+    got = _estimate(capsys, "--target", typed)
+    assert got["estimate"]["step_time_s"] == want["estimate"]["step_time_s"]
+    assert got["target"] == want["target"]
+
+
+def test_plan_emit_and_serving_take_a_target_however_it_is_typed(capsys, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "cpu", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "128", "--target", "Megatron-LM", "--out", str(out), "--max-time", "10"]) == 0
+    from planner.plan.planfile import read_plan
+    assert read_plan(str(out)).target == "megatron"
+    capsys.readouterr()
+    assert main(["emit", str(out), "--target", "MEGATRON", "--out", str(tmp_path / "launch")]) == 0
+    assert (tmp_path / "launch").is_dir()
+    capsys.readouterr()
+    assert main(["plan", "--mode", "infer", "--model", "tiny-llama", "--cluster", "cpu", "--gpus", "1",
+                 "--prompt-len", "64", "--output-len", "16", "--batch", "4", "--target", "TRT-LLM", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["target"] == "tensorrt-llm"
+    # a name that is none of them is refused as typed
+    assert main(PROBLEM + ["--target", "Horovod"]) == 2
+    assert "'Horovod'" in capsys.readouterr().err

@@ -10,6 +10,13 @@ from planner.plan.errors import UsageError
 from planner.plan.inputs import load_cluster_sized, load_model
 
 
+def target_name(text: str) -> str:
+    """``--target``'s type: the name as the targets know it however it is typed ("Megatron-LM", "NeMo",
+    "llm_foundry": ``planner.plan.targets.canonical``); another name unchanged, for the command to refuse."""
+    from planner.plan.targets import canonical
+    return canonical(text) or text
+
+
 def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
     p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction, default=None,
                    help=help)

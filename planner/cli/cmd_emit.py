@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from planner.cli.args import target_name
 from planner.plan.errors import UsageError
 
 HELP = "write launch files for a target (torchrun, slurm, kubernetes, megatron, deepspeed, ...) from a plan"
@@ -28,7 +29,7 @@ HELP = "write launch files for a target (torchrun, slurm, kubernetes, megatron, 
 
 def add_arguments(p) -> None:
     p.add_argument("plan", nargs="?", help="plan file (YAML) written by `planner plan`")
-    p.add_argument("--target", "-t", help="target name, or 'all' for every target of the plan's mode")
+    p.add_argument("--target", "-t", type=target_name, help="target name, or 'all' for every target of the plan's mode")
     p.add_argument("--out", "-o", help="output folder (created if missing)")
     p.add_argument("--force", action="store_true",
                    help="write into a folder that holds other files, replacing the files this command writes")

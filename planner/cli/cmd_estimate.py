@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from planner.cli.args import add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order
+from planner.cli.args import (add_degree_args, add_problem_args, complete_config, fixed_degrees, load_problem, mesh_order,
+                             target_name)
 from costmodel.units import GIB
 
 HELP = "the cost model alone for one configuration: memory per GPU and step time, term by term"
@@ -15,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_problem_args(p)
     add_degree_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
-    p.add_argument("--target", help="price it as this framework runs it and say what it cannot run "
+    p.add_argument("--target", type=target_name, help="price it as this framework runs it and say what it cannot run "
                                     "(default: the plan's target; generic without --plan)")
     p.add_argument("--framework-setting", metavar="KEY=VALUE[,KEY=VALUE]",
                    help="the target's framework settings to price (as `planner plan` takes them: torchtitan "

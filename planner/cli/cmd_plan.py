@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from planner.search.problem import SolveResult
 
 from planner.cli.args import (add_degree_args, add_problem_args, check_writable, cluster_source_of, fixed_degrees,
-                              load_problem, mesh_order)
+                              load_problem, mesh_order, target_name)
 
 HELP = "solve for the best plan (any dimension may be fixed); --out writes the plan file"
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=1, help="the K best distinct plans")
     g.add_argument("--max-time", type=float, default=60.0, help="solver time limit in seconds")
     g.add_argument("--exhaustive", action="store_true", help="brute-force reference over the same space")
-    g.add_argument("--target", default=None,
+    g.add_argument("--target", default=None, type=target_name,
                    help="the framework to plan for: megatron, torchtitan, deepspeed, accelerate, builtin (train; "
                         "torchrun, slurm, kubernetes run builtin), vllm, sglang, tensorrt-llm, builtin (infer); "
                         "all (the default for training): each framework, side by side; for serving the default is vllm "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from planner.cli.args import target_name
+
 KV_DTYPE_CHOICES = ["bf16", "fp16", "fp8", "int8"]
 SERVING_TARGETS = ("vllm", "sglang", "tensorrt-llm", "builtin")
 
@@ -56,6 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-id", help="Hugging Face model id the serving files load (default: the config's "
                                    "_name_or_path, or the catalog's id)")
     if "--target" not in p._option_string_actions:     # the plan command's own --target wins
-        g.add_argument("--target", choices=SERVING_TARGETS, default=None,
+        g.add_argument("--target", choices=SERVING_TARGETS, default=None, type=target_name,
                        help="serving engine whose scheduler the plan models and whose flags it emits "
                             "(default vllm; builtin: the built-in runtime, static batches)")

@@ -986,15 +986,18 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class FsdpTrainer:
-    """A PyTorch FSDP trainer that is none of the targets, as ``planner estimate --target NAME`` prices
-    it: the rule the validation prices the published runs of such trainers with
-    (``costmodel.frameworks.as_pytorch_fsdp``: fms-fsdp's and OLMo-core's runs, ``planner validate
-    --cross`` families ``ibm-fsdp`` and ``olmo-core``), with what its own defaults set."""
+    """A PyTorch trainer that is none of the targets (FSDP's, and nanotron's data parallel), as ``planner
+    estimate --target NAME`` prices it: the rule the validation prices the published runs of such trainers
+    with (``costmodel.frameworks.as_pytorch_fsdp``: fms-fsdp's, OLMo-core's and SmolLM3's nanotron runs,
+    ``planner validate --cross`` families ``ibm-fsdp``, ``olmo-core`` and ``smollm``), with what its own
+    defaults set."""
     label: str
     fsdp2: bool             # per-parameter FSDP (``fully_shard``), not FSDP1's flat parameters
     attention: str          # the kernel its default model code calls (costmodel.attention); "" generic's SDPA
     fp8_recipe: str         # what ``--dtype fp8`` runs unless ``--fp8-recipe`` says; "" generic's default
-    source: str             # where the three settings come from
+    source: str             # where the settings come from
+    zero: int = 3           # the ZeRO stage it runs unless ``--zero`` says (FSDP's full shard: 3)
+    kind: str = "a PyTorch FSDP trainer"
 
 
 FSDP_TRAINERS: dict[str, FsdpTrainer] = {
@@ -1010,13 +1013,44 @@ FSDP_TRAINERS: dict[str, FsdpTrainer] = {
     "llm-foundry": FsdpTrainer("llm-foundry", False, "flash-attn", "delayed",
                                "Composer's FSDP1 and amp_fp8 (Transformer Engine DelayedScaling); attention "
                                "attn_impl 'flash' (llmfoundry/models/utils/config_defaults.py)"),
+    # nanotron: data parallel with its own tensor and pipeline parallelism, no FSDP; priced as the smollm
+    # family's record prices SmolLM3's run (calibration/published_runs_more.yaml: profile pytorch_native,
+    # launch eager, attention flash-attn on the generic profile)
+    "nanotron": FsdpTrainer("nanotron", False, "flash-attn", "",
+                            "nanotron's model code (src/nanotron/models/llama.py: flash_attn's FlashAttention-2, "
+                            "linears as torch modules, no Transformer Engine outside src/nanotron/fp8/); "
+                            "optimizer.zero_stage 0 by default (DDP)", zero=0,
+                            kind="a PyTorch trainer (data parallel with its own tensor and pipeline parallelism)"),
 }
 STAND_INS.update({
-    name: (GENERIC, f"{t.label} is a PyTorch FSDP trainer, none of the targets",
-           f"priced as the validation prices published PyTorch FSDP runs (PyTorch-native kernels, host-issued "
-           f"eager ops, {'FSDP2' if t.fsdp2 else 'FSDP1'}{', FlashAttention-2' if t.attention == 'flash-attn' else ''}; "
-           f"ZeRO-3 unless --zero says; compiled only with --framework-setting compile=true)")
+    name: (GENERIC, f"{t.label} is {t.kind}, none of the targets",
+           f"priced as the validation prices published PyTorch {'FSDP ' if t.zero == 3 else ''}runs "
+           f"(PyTorch-native kernels, host-issued eager ops"
+           f"{(', FSDP2' if t.fsdp2 else ', FSDP1') if t.zero == 3 else ''}"
+           f"{', FlashAttention-2' if t.attention == 'flash-attn' else ''}; "
+           f"ZeRO-{t.zero} unless --zero says; compiled only with --framework-setting compile=true)")
     for name, t in FSDP_TRAINERS.items()})
+
+# Other spellings of a target's or stand-in's name (``canonical``), after case folding and with ``_`` and
+# spaces read as ``-``: Megatron-LM is what the megatron target's launch files run.
+ALIASES: dict[str, str] = {
+    "megatron-lm": "megatron", "megatronlm": "megatron", "megatron-ds": "megatron-deepspeed",
+    "hf-accelerate": "accelerate", "torch-titan": "torchtitan",
+    "trt-llm": "tensorrt-llm", "trtllm": "tensorrt-llm", "tensorrt": "tensorrt-llm",
+}
+
+
+def canonical(name: str | None) -> str | None:
+    """The name ``--target`` means: a known target, launcher or stand-in however it is typed ("Megatron-LM",
+    "NeMo", "llm_foundry", "TensorRT-LLM"), by case folding, ``_`` and spaces as ``-`` and ``ALIASES``;
+    any other name unchanged, so that the command refuses it with what was typed. The ``type`` of every
+    command's ``--target``."""
+    if name is None:
+        return None
+    key = "-".join(name.strip().casefold().replace("_", " ").split())
+    key = ALIASES.get(key, key)
+    known = {*TRAIN, *SERVE, *STAND_INS, GENERIC, "all"}
+    return key if key in known else name
 
 
 # What ``--framework-setting`` may set for a PyTorch FSDP trainer stood in for (``switches_for``)
@@ -1043,14 +1077,17 @@ def default_zero(target: str | None, par: Mapping[str, Any]) -> int:
     * Accelerate: FSDP2 with resharding (ZeRO-3) where its config runs FSDP, the Megatron-LM engine's
       distributed optimizer (ZeRO-1) where tensor or pipeline parallelism hands it to that engine
       (``costmodel.frameworks.accelerate_backend``);
-    * a PyTorch FSDP trainer stood in for (``FSDP_TRAINERS``): full sharding (ZeRO-3), each one's default;
+    * a PyTorch trainer stood in for (``FSDP_TRAINERS``): its own default (full sharding, ZeRO-3, for the FSDP
+      trainers; nanotron's ZeRO-0);
     * MaxText: full sharding (ZeRO-3) within a slice, whatever the other degrees; ``default_dp_shard``
       says over which ranks. Its ``configs/base.yml`` sets ``ici_fsdp_parallelism: -1`` (every device of a
       slice not taken by another axis shards the weights) and ``dcn_data_parallelism: -1`` (plain data
       parallelism across slices);
     * every other target (Megatron's distributed optimizer, DeepSpeed, generic): ZeRO-1."""
     pp, tp = int(par.get("pp", 1) or 1), int(par.get("tp", 1) or 1)
-    if target in FSDP_TRAINERS or target == "maxtext":
+    if target in FSDP_TRAINERS:
+        return FSDP_TRAINERS[target].zero
+    if target == "maxtext":
         return 3
     name = _priced_as(target)
     if name == "accelerate":
