@@ -28,7 +28,14 @@ also published at nvidia.github.io/TransformerEngine) and torchao's float8 train
   comes from the history) or twice (current scaling and torchao's dynamic scaling: amax first,
   then the cast), and writes one FP8 byte per copy.
 * Communication: under sequence parallelism Transformer Engine all-gathers the FP8 input of a
-  column-parallel GEMM (reduce-scatters stay BF16); with FP8 parameter gather (Megatron's
+  column-parallel GEMM (reduce-scatters stay BF16). So does torchao's tensorwise recipe under
+  torchtitan's tensor parallelism: ``apply_tp`` (torchtitan ``models/llama3/infra/parallelize.py``:
+  "float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For rowwise
+  recipes, we use regular TP and all-gather happens in high precision") plans the blocks with
+  torchao's ``Float8ColwiseParallel``, ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``
+  (``torchao/float8/float8_tensor_parallel.py``), which cast the sequence-sharded input to FP8
+  before its all-gather and cast the output gradient to FP8 before the backward's all-gather; the
+  reduce-scatters stay BF16, as under Transformer Engine. With FP8 parameter gather (Megatron's
   ``--fp8-param-gather``, torchtitan's ``enable_fsdp_float8_all_gather``) the data-parallel
   weight all-gather moves FP8. Gradient reduction stays FP32/BF16.
 """
@@ -136,7 +143,7 @@ class Fp8Recipe:
     amax_history: int             # per quantized tensor (delayed scaling), else 0
     param_gather: bool            # the data-parallel weight all-gather moves FP8
     fp8_weights: bool             # model weights stored in FP8, no BF16 copy (Megatron's --fp8-param-gather)
-    tp_gather_fp8: bool           # SP all-gathers move the FP8 input (Transformer Engine)
+    tp_gather_fp8: bool           # SP all-gathers move the FP8 input (Transformer Engine; torchao tensorwise TP)
     # torchao's rowwise (axiswise) scaling: the backward's extra cast and output rescales (``axiswise_bytes``)
     axiswise: bool = False
 
@@ -254,9 +261,11 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
     if name in ("tensorwise", "rowwise"):
         # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; its FP8 FSDP
         # all-gather (tensorwise only) where the run's files turn it on (enable_fsdp_float8_all_gather,
-        # off by default in torchao and torchtitan; the workload's fp8_param_gather)
-        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, name == "tensorwise" and param_gather, False, False,
-                         axiswise=name == "rowwise")
+        # off by default in torchao and torchtitan; the workload's fp8_param_gather); its FP8 sequence-
+        # parallel all-gathers (tensorwise only: torchtitan's Float8 TP styles, module docstring)
+        tensorwise = name == "tensorwise"
+        return Fp8Recipe(name, 2, 0, 0, 2.0, 0, tensorwise and param_gather, False, tensorwise,
+                         axiswise=not tensorwise)
     if name == "mxfp8":
         return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
     if name == "blockwise":

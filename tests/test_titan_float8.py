@@ -100,3 +100,33 @@ def test_no_published_torchtitan_float8_run_is_refused_for_its_dtype():
     rows = V.all_rows()
     assert [r for r in rows if r.framework == "torchtitan" and "float8" in r.case]
     assert not [why for why in V.REFUSED.values() if "dtype fp8" in why or "fp8 recipe" in why]
+
+
+def test_tensorwise_tp_all_gathers_fp8_and_rowwise_bf16():
+    """torchtitan's ``apply_tp`` plans a tensorwise Float8 model with torchao's ``Float8ColwiseParallel`` /
+    ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``: the sequence-parallel input is cast to FP8 before
+    its all-gather (and the output gradient before the backward's), the reduce-scatters stay BF16; rowwise runs
+    the plain TP styles, every collective BF16 (costmodel.fp8 module docstring). One layer's TP traffic of one
+    forward, by hand: two blocks, each an all-gather and a reduce-scatter of the layer's T x h activation."""
+    from costmodel.comm import GroupLayout, Network, launched
+    from costmodel.fp8 import resolve
+    from costmodel.layers import layer_cost
+    from costmodel.specs import Workload
+    model = get_model("llama-3-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    grp = cl.groups[0]
+    net = Network(cl)
+    tp, one = GroupLayout(8, 1), GroupLayout(1, 1)
+    tokens = 2 * 4096                                        # micro-batch 2 of 4,096
+    act = tokens * model.hidden                              # the layer's T x h values
+    got = {}
+    for name in ("tensorwise", "rowwise"):
+        fp8 = resolve(name, "torchtitan", grp.gpu)
+        assert fp8.tp_gather_fp8 == (name == "tensorwise")
+        wl = Workload(global_batch=2, seq_len=4096, dtype="fp8", fp8_recipe=name)
+        lc = layer_cost(model, False, wl, 8, 1, 1, True, 2, grp.gpu, cl, grp.intra_node, tp, one, one, fp8=fp8)
+        got[name] = lc.tp_fwd_s
+    rs = launched(net.reduce_scatter(act * 2, tp))
+    assert got["tensorwise"] == pytest.approx(2 * (launched(net.all_gather(act * 1, tp)) + rs), rel=1e-12)
+    assert got["rowwise"] == pytest.approx(2 * (launched(net.all_gather(act * 2, tp)) + rs), rel=1e-12)
+    assert got["tensorwise"] < got["rowwise"]
