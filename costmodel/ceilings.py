@@ -121,7 +121,7 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
 def architecture(gpu_name: str) -> str | None:
     """The architecture a catalog GPU name belongs to, for the ceilings (None: none known)."""
     n = gpu_name.upper()
-    if n.startswith("A100"):
+    if n.startswith(("A100", "A800")):        # the A800: the A100 die, NVLink cut to 400 GB/s
         return "A100"
     if n.startswith(("H100", "H200", "H800", "GH200")):
         return "Hopper"

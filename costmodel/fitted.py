@@ -123,9 +123,9 @@ FP8_FAMILIES = ("aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
           ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-llama", "megatron-papers",
-           "opt", "tinyllama", "zero-bubble"),
+           "opt", "skywork", "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
-          "GPU_CURVE_ROWS row since stop 33"),
+          "GPU_CURVE_ROWS row since stop 33 (since stop 41 also Skywork's A800 rows: the A100 die)"),
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
           ("fp8-lm", "gpu-recipes", "llama3", "megatron-readme"),
           "set at the skeleton commit; the README calls the H100 constants the least tested; refitted on every "
@@ -150,9 +150,9 @@ FITTED: tuple[FittedConstant, ...] = (
     _kernel("torchtitan", ("aws-torchtitan", "pytorch-float8", "torchtitan"),
             "torchtitan's own benchmarks and, since stop 38, IBM and Meta's float8 post (its bf16 rows on 512 H100), "
             "since stop 39 AWS and Meta's SageMaker post (its bf16 rows on 32 H100); builtin assumes torchtitan's value"),
-    _kernel("deepspeed", ("ml-engineering", "mt-nlg"),
-            "MT-NLG on Selene, and since stop 35 ml-engineering's ZeRO-2 runs on 8 H200 and 8 B200; BLOOM and "
-            "GPT-NeoX ran on other hardware and are not fitted"),
+    _kernel("deepspeed", ("glm-130b", "ml-engineering", "mt-nlg"),
+            "MT-NLG on Selene, and since stop 35 ml-engineering's ZeRO-2 runs on 8 H200 and 8 B200, since stop 41 "
+            "GLM-130B's two speed tests; BLOOM and GPT-NeoX ran on other hardware and are not fitted"),
     _kernel("accelerate", ("accelerate",), "one approximate figure: not called calibrated"),
 )
 

@@ -27,12 +27,21 @@ def test_case_names_are_unique_across_files():
 def test_cluster_files_state_only_what_the_catalog_lacks(case):
     """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
     with the same GPU, and differs from it in the network the source states (else the catalog name
-    would do)."""
+    would do). The same GPU may carry its own name where its die and curve are the catalog one's
+    (the A800: the A100 with NVLink cut, ``validation_cross.CURVE_OF``)."""
+    import dataclasses
+
+    from planner.cli.validation_cross import CURVE_OF
+    from planner.cli.validation_families import generation
     path = ROOT / case["cluster"]
     assert path.parent == ROOT / "calibration" / "clusters" and path.exists(), case["cluster"]
     parent = yaml.safe_load(path.read_text())["extends"]
     mine, cat = validation.case_cluster(case), load_cluster(parent)
-    assert mine.groups[0].gpu == cat.groups[0].gpu
+    gpu, cat_gpu = mine.groups[0].gpu, cat.groups[0].gpu
+    if gpu.name != cat_gpu.name:
+        assert CURVE_OF[generation(gpu.name)] == generation(cat_gpu.name)
+        gpu = dataclasses.replace(gpu, name=cat_gpu.name)
+    assert gpu == cat_gpu
     assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s
     assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
 

@@ -281,8 +281,9 @@ def module_constants(values: dict[str, float]) -> Iterator[None]:
         _clear_caches()
 
 
-# catalog GPUs whose curve is another's (their catalog entry extends it: dgx-h200 and dgx-h800 extend dgx-h100)
-CURVE_OF = {"H200": "H100", "H800": "H100"}
+# GPUs whose curve is another's: dgx-h200 and dgx-h800 extend dgx-h100; the A800 is the A100 die with its NVLink cut
+# to 400 GB/s (its cluster files extend dgx-a100-80gb and keep its GPU curve)
+CURVE_OF = {"H200": "H100", "H800": "H100", "A800": "A100"}
 
 
 def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
