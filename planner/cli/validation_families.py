@@ -37,6 +37,8 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("internlm", r"internlm/intern(lm|evo)"),      # InternLM's training-performance tables (before flashattention)
     ("flagperf", r"flagopen/flagperf"),             # BAAI's FlagPerf benchmark READMEs (PaddlePaddle runs)
     ("ml-engineering", r"stas00/ml-engineering"),   # Stas Bekman's ml-engineering benchmarks (DeepSpeed, HF)
+    ("jax-toolbox", r"nvidia/jax-toolbox"),          # NVIDIA's JAX-Toolbox tables: Pax and MaxText (before maxtext)
+    ("maxtext", r"maxtext"),                         # MaxText's A3 table and gpu-recipes' MaxText logs (before gpu-recipes)
     ("gpu-recipes", r"ai-hypercomputer/gpu-recipes"),  # Google Cloud's own NeMo 1.0 logs (A4, A3 Mega, A3 Ultra)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
