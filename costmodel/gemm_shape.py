@@ -42,8 +42,9 @@ GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 # SMs per GPU, by catalog name prefix. Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper
 # (108 SMs; the A800 is the same die with a narrower NVLink), NVIDIA H100 Tensor Core GPU Architecture
 # whitepaper (132 SMs on SXM5, H200 and H800 the same GH100 configuration, as GH200's GPU; 114 on PCIe),
-# NVIDIA L40S datasheet (142 SMs), stas00/ml-engineering @744d01e1 (148 SMs on B200 and one B300 SKU; another B300 SKU has 152: the catalog's B300/GB300 take
-# 148, the count the B200 die and the B300 SKU share; GB200's GPU is the B200 die). A GPU not listed
+# NVIDIA L40S datasheet (142 SMs), stas00/ml-engineering @744d01e1 (148 SMs on B200 and one B300 SKU; another
+# B300 SKU has 152: the catalog's B300/GB300 take 148, the count the B200 die and the B300 SKU share; GB200's GPU
+# is the B200 die). A GPU not listed
 # (AMD's, whose tiles and CUs follow other rules, and CPUs) gets no wave factor: not priced, said so.
 GPU_SMS = (("A100", 108), ("A800", 108), ("H100-PCIE", 114), ("H100", 132), ("H200", 132), ("H800", 132), ("GH200", 132),
            ("GB200", 148), ("GB300", 148), ("B200", 148), ("B300", 148), ("L40S", 142))
