@@ -62,19 +62,25 @@ def _record(name: str) -> dict:
     return next(case for case, _split in all_cases() if case["name"] == name)
 
 
-def test_a_pytorch_fsdp_trainer_is_priced_as_the_validation_prices_its_published_run(capsys, tmp_path):
-    """``--target fms-fsdp`` on the published fms-fsdp run's problem and layout gives the validation's
-    price of that run (the rule behind ``planner validate --cross``'s ibm-fsdp family), not generic's,
-    whose Megatron-grade kernels price it faster on an H100."""
+def _validated(name: str, tmp_path) -> tuple[dict, object, float, Path]:
+    """A published case, its workload, the validation's tokens/s per GPU for it, and its model as a file."""
     import yaml
 
     from costmodel.training import estimate
     from planner.cli.validation import case_inputs
-    case = _record("ibm-fsdp-llama2-7b-h100-96gpu")
+    case = _record(name)
     model, cluster, wl, par, prof, _fw = case_inputs(case)
     validated = estimate(model, cluster, wl, par, framework=prof).tokens_per_s_per_gpu
     f = tmp_path / "model.yaml"
     f.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    return case, wl, validated, f
+
+
+def test_a_pytorch_fsdp_trainer_is_priced_as_the_validation_prices_its_published_run(capsys, tmp_path):
+    """``--target fms-fsdp`` on the published fms-fsdp run's problem and layout gives the validation's
+    price of that run (the rule behind ``planner validate --cross``'s ibm-fsdp family), not generic's,
+    whose Megatron-grade kernels price it faster on an H100."""
+    case, wl, validated, f = _validated("ibm-fsdp-llama2-7b-h100-96gpu", tmp_path)
     p = case["parallel"]
     problem = ["estimate", "--model", str(f), "--cluster", str(ROOT / case["cluster"]), "--gpus", str(case["num_gpus"]),
                "--global-batch", str(case["global_batch"]), "--seq-len", str(wl.seq_len), "--micro-batch",
@@ -156,15 +162,7 @@ def test_nanotron_is_priced_as_the_validation_prices_smollm3s_run(capsys, tmp_pa
     """``--target nanotron`` on SmolLM3's published problem and layout gives the validation's price of that
     run (family smollm: PyTorch-native kernels, eager launches, FlashAttention-2), at nanotron's own ZeRO
     stage (0, DDP) where ``--zero`` is not given; generic's Megatron-grade kernels price it faster."""
-    import yaml
-
-    from costmodel.training import estimate
-    from planner.cli.validation import case_inputs
-    case = _record("smollm3-3b-h100-384gpu-bf16")
-    model, cluster, wl, par, prof, _fw = case_inputs(case)
-    validated = estimate(model, cluster, wl, par, framework=prof).tokens_per_s_per_gpu
-    f = tmp_path / "model.yaml"
-    f.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    case, wl, validated, f = _validated("smollm3-3b-h100-384gpu-bf16", tmp_path)
     p = case["parallel"]
     problem = ["estimate", "--model", str(f), "--cluster", case["cluster"], "--gpus", str(case["num_gpus"]),
                "--global-batch", str(case["global_batch"]), "--seq-len", str(wl.seq_len), "--tp", str(p["tp"]),
