@@ -95,3 +95,32 @@ def test_estimate_runs_on_part_of_an_nvl72():
     w = Workload(global_batch=64, seq_len=8192)
     e = estimate(m, c, w, ParallelConfig(tp=4, pp=4, dp=16, micro_batch=1, grad_accum=4, sp=True))
     assert e.step_time_s > 0 and e.memory["peak_bytes"] < c.gpu.memory_bytes
+
+
+def test_a_catalog_cluster_is_known_however_it_is_typed(capsys):
+    """``--cluster DGX-H100`` or ``dgx_h100`` is the catalog's dgx-h100 (case, ``_`` and spaces do not matter);
+    a bare GPU name is still refused, with the clusters that have it, since it names no network."""
+    from planner.cli import main
+    assert load_cluster("DGX-H100") == load_cluster("dgx-h100") == load_cluster(" dgx_h100 ")
+    assert load_cluster("GB200-NVL72").name == "gb200-nvl72"
+    with pytest.raises(SpecError, match=r"unknown cluster 'h100'; did you mean dgx-h100"):
+        load_cluster("h100")
+    base = ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--dp", "8", "--global-batch", "8", "--seq-len", "4096",
+            "--json"]
+    assert main(base + ["--cluster", "DGX_H100"]) == 0
+    typed = capsys.readouterr().out
+    assert main(base + ["--cluster", "dgx-h100"]) == 0
+    assert typed == capsys.readouterr().out
+
+
+def test_a_plan_on_a_catalog_cluster_typed_otherwise_records_the_catalog(tmp_path, capsys):
+    """The plan file's provenance says where its cluster came from; a catalog name typed in capitals is the
+    catalog, not a file (``planner.cli.args.cluster_source_of``), so ``planner plan --like`` finds it again."""
+    from planner.cli import main
+    from planner.plan.planfile import read_plan
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "DGX-H100", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "128", "--target", "megatron", "--max-time", "5", "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = read_plan(str(out))
+    assert plan.cluster.name.startswith("dgx-h100") and plan.provenance["cluster_source"] == "catalog"

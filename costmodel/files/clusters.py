@@ -353,6 +353,13 @@ def _storage_and_reliability(d: Mapping, where: str) -> dict:
     return out
 
 
+def catalog_key(name: str) -> str | None:
+    """The catalog cluster a name means however it is typed ("DGX-H100", "dgx_h100": case, ``_`` and spaces do
+    not matter), None for any other (a file, or a bare GPU name, which names no network)."""
+    key = "-".join(name.strip().casefold().replace("_", " ").split())
+    return key if key in _catalog() else None
+
+
 def load_cluster(name_or_path: str) -> ClusterSpec:
     """A catalog name or a cluster YAML file (which may ``extends:`` a catalog entry)."""
     cat = _catalog()
@@ -367,6 +374,9 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         d = _read_yaml(p)
         d.setdefault("name", p.stem)
         return cluster_from_dict(d, str(p), p.parent)
+    key = catalog_key(name_or_path)
+    if key is not None:
+        return load_cluster(key)
     hint = difflib.get_close_matches(name_or_path, cluster_names(), n=3, cutoff=0.3)
     raise SpecError(f"unknown cluster {name_or_path!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")
                     + f" (catalog: {', '.join(cluster_names())}; or give a cluster .yaml path)")

@@ -25,7 +25,7 @@ def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
 def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=False, help="catalog name, model .yaml, or Hugging Face config.json")
-    g.add_argument("--cluster", required=False, help="catalog name or cluster .yaml (e.g. a profile)")
+    g.add_argument("--cluster", required=False, help="catalog name (any case: DGX-H100) or cluster .yaml (e.g. a profile)")
     g.add_argument("--gpus", type=int, help="GPUs to use (default: the whole cluster)")
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
@@ -177,8 +177,14 @@ def check_writable(path: str | None) -> None:
 
 def cluster_source_of(cluster_arg: str) -> str:
     """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
-    from costmodel.files.clusters import cluster_names
-    return "catalog" if cluster_arg in cluster_names() else cluster_arg
+    from pathlib import Path
+
+    from costmodel.files.clusters import catalog_key, cluster_names
+    if cluster_arg in cluster_names():
+        return "catalog"
+    # what load_cluster reads: a file where one is named, else a catalog name however it is typed
+    is_file = Path(cluster_arg).suffix in (".yaml", ".yml", ".json") or Path(cluster_arg).exists()
+    return "catalog" if not is_file and catalog_key(cluster_arg) is not None else cluster_arg
 
 
 def warn_drift(plan, fresh: dict, where: str) -> None:
