@@ -119,9 +119,17 @@ def closest(name: str, names: list[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, names, n=n, cutoff=0.3)
 
 
+def name_key(text: str) -> str:
+    """A name as the catalogs and the target tables spell it, however it was typed: case folded, ``_`` and runs
+    of spaces read as one ``-`` ("DGX_H100" -> "dgx-h100", "Llama 3 8B" -> "llama-3-8b"). The one rule behind
+    model (``get_model``), cluster (``costmodel.files.clusters.catalog_key``) and target
+    (``planner.plan.targets.canonical``) names."""
+    return "-".join(text.strip().casefold().replace("_", " ").split())
+
+
 def get_model(name: str) -> ModelSpec:
-    """A catalog model by name; SpecError with the closest names otherwise."""
-    key = name.lower()
+    """A catalog model by name, however it is typed (``name_key``); SpecError with the closest names otherwise."""
+    key = name_key(name)
     if key not in MODELS:
         hint = closest(key, model_names())
         raise SpecError(f"unknown model {name!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")

@@ -426,3 +426,19 @@ def test_flagperf_rows_are_the_paddle_table_priced_as_its_configs_set_it():
         assert not (prof.tp_comm_overlap or prof.overlap_grad_reduce or prof.overlap_param_gather)
         assert par.zero == (0 if par.dp == 1 else (2 if "sh2" in name else 1))
         assert (par.recompute == "full") == ("40gb" in name or "13b" in name)
+
+
+@pytest.mark.parametrize("case", [c for c in MORE if c["name"].startswith("maxtext-llama2-7b-a3high-")],
+                         ids=lambda c: c["name"])
+def test_maxtext_tflops_convert_to_tokens_by_that_commits_count(case):
+    """MaxText's A3 table prints TFLOP/s per chip; the record's tokens/s is that figure over MaxText's own count
+    at efb6d9e4a (maxtext_utils.calculate_tflops_training_per_device): 6 x every parameter of the pytree (both
+    embedding matrices, the norms) plus 12 x heads x layers x head_dim x seq / 2 per token (causal)."""
+    m = validation._model(case["model"], case["name"])
+    h, f, v, layers, s = m.hidden, m.ffn_hidden, m.vocab, m.layers, case["model"]["seq_len"]
+    params = 2 * v * h + layers * (4 * h * h + 3 * h * f + 2 * h) + h
+    assert params == 6_738_415_616                               # the Llama-2-7B pytree the commit counts
+    per_token = 6 * params + 12 * m.heads * layers * m.head_dim * s / 2
+    rep = case["reported"]
+    assert rep["tflops_kind"] == "other"                          # converted here, not compared as a FLOP rate
+    assert rep["tokens_per_s_per_gpu"] == pytest.approx(rep["tflops_per_gpu"] * 1e12 / per_token, abs=0.5)

@@ -39,6 +39,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from costmodel.catalog import name_key
 from costmodel.limits import describe
 from costmodel.specs import ATTENTION_TABLE_KERNELS, OVERLAP_SLOWDOWN, ClusterSpec, GpuSpec, LinkSpec, NodeGroup, SpecError
 from costmodel.units import GB, GIB, TERA, US
@@ -353,20 +354,28 @@ def _storage_and_reliability(d: Mapping, where: str) -> dict:
     return out
 
 
-def catalog_key(name: str) -> str | None:
-    """The catalog cluster a name means however it is typed ("DGX-H100", "dgx_h100": case, ``_`` and spaces do
-    not matter), None for any other (a file, or a bare GPU name, which names no network)."""
-    key = "-".join(name.strip().casefold().replace("_", " ").split())
-    return key if key in _catalog() else None
+def catalog_key(name_or_path: str) -> str | None:
+    """The catalog cluster ``load_cluster`` reads for an argument: its exact name, or, where the argument names
+    no file, a catalog name however it is typed ("DGX-H100", "dgx_h100": ``costmodel.catalog.name_key``); None
+    for a file or an unknown name (a bare GPU name names no network). Also what a plan's provenance records
+    (``planner.cli.args.cluster_source_of``)."""
+    cat = _catalog()
+    if name_or_path in cat:
+        return name_or_path
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        return None
+    key = name_key(name_or_path)
+    return key if key in cat else None
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
-    """A catalog name or a cluster YAML file (which may ``extends:`` a catalog entry)."""
-    cat = _catalog()
-    if name_or_path in cat:
-        d = dict(cat[name_or_path])
-        d.setdefault("name", name_or_path)
-        return cluster_from_dict(d, f"catalog cluster {name_or_path!r}")
+    """A catalog name (``catalog_key``) or a cluster YAML file (which may ``extends:`` a catalog entry)."""
+    key = catalog_key(name_or_path)
+    if key is not None:
+        d = dict(_catalog()[key])
+        d.setdefault("name", key)
+        return cluster_from_dict(d, f"catalog cluster {key!r}")
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         if not p.exists():
@@ -374,9 +383,6 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         d = _read_yaml(p)
         d.setdefault("name", p.stem)
         return cluster_from_dict(d, str(p), p.parent)
-    key = catalog_key(name_or_path)
-    if key is not None:
-        return load_cluster(key)
     hint = difflib.get_close_matches(name_or_path, cluster_names(), n=3, cutoff=0.3)
     raise SpecError(f"unknown cluster {name_or_path!r}" + (f"; did you mean {', '.join(hint)}?" if hint else "")
                     + f" (catalog: {', '.join(cluster_names())}; or give a cluster .yaml path)")

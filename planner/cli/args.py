@@ -14,7 +14,7 @@ def target_name(text: str) -> str:
     """``--target``'s type: the name as the targets know it however it is typed ("Megatron-LM", "NeMo",
     "llm_foundry": ``planner.plan.targets.canonical``); another name unchanged, for the command to refuse."""
     from planner.plan.targets import canonical
-    return canonical(text) or text
+    return canonical(text)
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
@@ -177,14 +177,8 @@ def check_writable(path: str | None) -> None:
 
 def cluster_source_of(cluster_arg: str) -> str:
     """What a plan's provenance records as its cluster's source: ``catalog`` or the file given."""
-    from pathlib import Path
-
-    from costmodel.files.clusters import catalog_key, cluster_names
-    if cluster_arg in cluster_names():
-        return "catalog"
-    # what load_cluster reads: a file where one is named, else a catalog name however it is typed
-    is_file = Path(cluster_arg).suffix in (".yaml", ".yml", ".json") or Path(cluster_arg).exists()
-    return "catalog" if not is_file and catalog_key(cluster_arg) is not None else cluster_arg
+    from costmodel.files.clusters import catalog_key
+    return "catalog" if catalog_key(cluster_arg) is not None else cluster_arg
 
 
 def warn_drift(plan, fresh: dict, where: str) -> None:

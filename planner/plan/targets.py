@@ -1040,14 +1040,13 @@ ALIASES: dict[str, str] = {
 }
 
 
-def canonical(name: str | None) -> str | None:
+def canonical(name: str) -> str:
     """The name ``--target`` means: a known target, launcher or stand-in however it is typed ("Megatron-LM",
-    "NeMo", "llm_foundry", "TensorRT-LLM"), by case folding, ``_`` and spaces as ``-`` and ``ALIASES``;
-    any other name unchanged, so that the command refuses it with what was typed. The ``type`` of every
-    command's ``--target``."""
-    if name is None:
-        return None
-    key = "-".join(name.strip().casefold().replace("_", " ").split())
+    "NeMo", "llm_foundry", "TensorRT-LLM": ``costmodel.catalog.name_key``, then ``ALIASES``); any other name
+    unchanged, so that the command refuses it with what was typed. The ``type`` of every command's
+    ``--target``."""
+    from costmodel.catalog import name_key
+    key = name_key(name)
     key = ALIASES.get(key, key)
     known = {*TRAIN, *SERVE, *STAND_INS, GENERIC, "all"}
     return key if key in known else name
