@@ -442,3 +442,18 @@ def test_maxtext_tflops_convert_to_tokens_by_that_commits_count(case):
     rep = case["reported"]
     assert rep["tflops_kind"] == "other"                          # converted here, not compared as a FLOP rate
     assert rep["tokens_per_s_per_gpu"] == pytest.approx(rep["tflops_per_gpu"] * 1e12 / per_token, abs=0.5)
+
+
+def test_a_record_states_its_block_over_its_familys_defaults():
+    """GLM-130B is recorded as the llama family's block (gated MLP, rotary positions) with LayerNorm, biases,
+    dropout and tied embeddings; the keys reach the model priced (``validation.MODEL_OVERRIDES``), and the
+    positions are not among them (BLOOM's ALiBi stays the gpt family's learned positions)."""
+    glm = validation._model(BY_NAME["glm-130b-a100-40gb-768gpu-tp4-pp8-gbs4224"]["model"], "glm")
+    assert (glm.mlp, glm.positions, glm.norm, glm.bias, glm.dropout, glm.tied_embeddings) == \
+        ("swiglu", "rotary", "layernorm", True, True, True)
+    plain = validation._model({k: v for k, v in BY_NAME["glm-130b-a100-40gb-768gpu-tp4-pp8-gbs4224"]["model"].items()
+                               if k not in validation.MODEL_OVERRIDES}, "plain")
+    assert (plain.norm, plain.bias, plain.dropout, plain.tied_embeddings) == ("rmsnorm", False, False, False)
+    assert "positions" not in validation.MODEL_OVERRIDES
+    bloom = next(c for c, _s in validation.all_cases() if c["model"].get("positions") == "alibi")
+    assert validation._model(bloom["model"], "bloom").positions == "learned"
