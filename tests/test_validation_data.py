@@ -457,3 +457,51 @@ def test_a_record_states_its_block_over_its_familys_defaults():
     assert "positions" not in validation.MODEL_OVERRIDES
     bloom = next(c for c, _s in validation.all_cases() if c["model"].get("positions") == "alibi")
     assert validation._model(bloom["model"], "bloom").positions == "learned"
+
+
+# Fujii's sweep (okoge-kaz/Megatron-LM at e4e8c218, scripts/abci/Llama-3.1-8B/4d_parallelism.md): the A100
+# table's measured cells per (TP, CP, PP, micro-batch) row, by GPU count, as the file prints them
+FUJII_A100 = {
+    (4, 1, 2, 1): {8: 182.6, 16: 178.38, 32: 176.79, 64: 170.84, 128: 169.52, 256: 153.9},
+    (4, 1, 2, 2): {16: 189.79, 32: 187.01, 64: 185.69, 128: 182.28, 256: 178.62},
+    (4, 2, 2, 1): {16: 151.65, 32: 148.7, 64: 142.34, 128: 134.34, 256: 116.28},
+    (4, 2, 2, 2): {16: 155.01, 32: 160.27, 64: 158.15, 128: 150.64, 256: 127.03},
+    (2, 2, 2, 1): {16: 192.62, 32: 185.07, 64: 178.58, 128: 165.2, 256: 142.61},
+    (2, 4, 2, 1): {16: 155.35, 32: 139.46, 64: 124.56, 128: 108.73, 256: 98.79},
+    (2, 4, 2, 2): {32: 140.68, 64: 138.89, 128: 124.05, 256: 117.65},
+    (4, 2, 1, 1): {16: 174.07, 32: 171.99, 64: 168.66, 128: 162.15, 256: 153.03},
+    (4, 2, 1, 2): {16: 188.97, 32: 187.29, 64: 185.35, 128: 183.49, 256: 181.97},
+    (2, 2, 4, 1): {16: 153.99, 32: 137.78, 64: 133.72, 128: 121.44},
+    (2, 2, 4, 2): {32: 143.15, 64: 135.33, 128: 126.91},
+    (2, 4, 1, 1): {32: 163.1, 64: 153.42, 128: 144.44, 256: 131.53},
+}
+
+
+def test_fujii_rows_are_the_a100_table_converted_by_the_forks_count():
+    """Fujii's A100 sweep: every measured cell once, as printed (TFLOP/s per GPU, ``tflops_kind: other``: not
+    compared as a rate); tokens/s per GPU is that over the fork's ``num_floating_point_operations`` per token for
+    Llama-3.1-8B at 8,192 (full s x s attention, SwiGLU's 3/2, the output layer only); DP = GPUs / (TP x CP x PP),
+    the script's global batch 1,024, no recompute, sequence parallel, the script's overlaps (TP's off); on the ABCI
+    cluster file; family fujii-4d, read by no fit."""
+    from costmodel import fitted
+    assert not any("fujii-4d" in c.families for c in fitted.FITTED)
+    rows, cases = _records_and_cases("fujii4d-")
+    h, f, L, a, g, v, s = 4096, 14336, 32, 32, 8, 128256, 8192
+    per_token = 12 * L * h * h * ((1 + g / a + s / h) + 1.5 * f / h + v / (2 * L * h))
+    assert per_token == 57_912_852_480
+    got = {}
+    for c in rows.values():
+        p, rep = c["parallel"], c["reported"]
+        assert c["fit"] is False and c["global_batch"] == 1024 and c["framework"] == "megatron"
+        assert p["dp"] * p["tp"] * p["cp"] * p["pp"] == c["num_gpus"] and p["recompute"] == "none" and p["sp"]
+        assert rep["tflops_kind"] == "other"
+        assert rep["tokens_per_s_per_gpu"] == pytest.approx(rep["tflops_per_gpu"] * 1e12 / per_token, abs=0.05)
+        got.setdefault((p["tp"], p["cp"], p["pp"], p["micro_batch"]), {})[c["num_gpus"]] = rep["tflops_per_gpu"]
+    assert got == FUJII_A100 and len(rows) == 56
+    for c in cases.values():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "fujii-4d" and c.catalog_hardware and not c.fitted_on
+        assert cluster.inter_node.bandwidth_bytes_per_s == 12.5e9 and cluster.groups[0].gpu.name == "A100-SXM4-40GB"
+        assert model.kv_heads == 8 and not model.tied_embeddings and wl.seq_len == 8192
+        assert prof.overlap_grad_reduce and prof.overlap_param_gather and not prof.tp_comm_overlap
+        assert not prof.grads_bf16

@@ -33,6 +33,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("fp8-lm", r"2310\.18313|fp8-lm|ms-amp"),     # Microsoft's FP8-LM Table 5 baselines (before megatron-lm)
     ("megatron-llama", r"megatron-llama"),          # Alibaba's Megatron-LM fork's README (before megatron-lm)
     ("skywork", r"2310\.19341|skywork"),            # Kunlun's Skywork-13B layout table (Megatron-LM; before megatron-lm)
+    ("fujii-4d", r"okoge-kaz/megatron-lm|2411\.06465"),  # Fujii's Megatron-LM 4D sweep in his fork (before megatron-lm)
     ("glm-130b", r"2210\.02414|thudm/glm-130b"),    # Tsinghua's GLM-130B (DeepSpeed pipeline + Megatron TP)
     ("internlm", r"internlm/intern(lm|evo)"),      # InternLM's training-performance tables (before flashattention)
     ("flagperf", r"flagopen/flagperf"),             # BAAI's FlagPerf benchmark READMEs (PaddlePaddle runs)
