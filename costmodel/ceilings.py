@@ -38,7 +38,8 @@ PyTorch's ring attention (``torch_cp_flag``). Dense runs whose context paralleli
 run priced the same way) ran slower than predicted, within each torchtitan series by more as the ring
 grows, while Transformer Engine's ring (Megatron, NeMo, MLPerf) is predicted about as well as the rest
 (``planner validate --cross``, table "By context parallelism": 2% median, 12% largest over its 26
-runs that are not thin steps, at stop 29). The model prices the ring's exchanges, merges and
+runs that are not thin steps, at stop 29; at stop 42, with Fujii's A100 sweep, 6.7% median over 73 runs, most of
+them too fast, so it has a band of its own, ``train-cp``). The model prices the ring's exchanges, merges and
 per-step blocks (``costmodel.attention``), and what it still misses was not measured here. Such a
 prediction takes the ``train-torch-cp`` band (its runs' own out-of-source residuals, on whatever
 hardware they ran) and a warning; it changes no prediction.
@@ -117,8 +118,8 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
             f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
             if seen else "no published run with it is on file")
     return (f"context parallel {cp} runs PyTorch's ring attention: {said}; expect a slower step than predicted. "
-            "Transformer Engine's ring (--target megatron) was predicted far closer on its published runs "
-            "(docs/validation.md, table 'By context parallelism')")
+            "Transformer Engine's ring (--target megatron) was predicted closer on its published runs, with a band "
+            "of its own, train-cp (docs/validation.md, table 'By context parallelism')")
 
 
 def architecture(gpu_name: str) -> str | None:

@@ -154,6 +154,14 @@ def test_plans_inside_the_band_are_ties():
     line = tie_line([plan(10.0), cp_plan])
     assert line and f"+/-{ring * 100:.0f}%" in line and line.startswith("plan 2 is within")
     assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band)), cp_plan]).startswith("plan 3 is within")
+    # and one on Transformer Engine's ring (megatron, cp 2) within the train-cp band
+    te = relative_band("train-cp")
+    between = 10.0 * (1 + (band + te) / 2)                 # outside the dense band, inside train-cp's
+    te_plan = plan(between)
+    te_plan.parallel, te_plan.target = cp, "megatron"
+    assert band < te and tie_line([plan(10.0), plan(between)]) is None
+    line = tie_line([plan(10.0), te_plan])
+    assert line and f"+/-{te * 100:.0f}%" in line and line.startswith("plan 2 is within")
 
 
 @pytest.mark.solver
@@ -179,8 +187,10 @@ def test_thin_step_takes_its_own_band_and_a_warning(capsys):
                  "megatron", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     u, est = out["uncertainty"], out["estimate"]
-    thin, dense = band_record("train-thin"), band_record("train-dense")
-    assert u["kind"] == "train-thin" and u["band"] == thin.band and u["tie_band"] == dense.band
+    thin, dense, te = band_record("train-thin"), band_record("train-dense"), band_record("train-cp")
+    # thin is the problem's regime (every plan shares it): ties are judged with the layout's own band, here
+    # Transformer Engine's ring (cp 4: train-cp)
+    assert u["kind"] == "train-thin" and u["band"] == thin.band and u["tie_band"] == max(dense.band, te.band)
     assert u["ideal_step_s"] == pytest.approx(est["mfu"] * est["step_time_s"]) and u["ideal_step_s"] < ceilings.THIN_STEP_S
     lo, hi = u["step_time_s_range"]
     st = est["step_time_s"]
@@ -218,7 +228,8 @@ def test_ideal_step_is_the_problems_flops_over_peak():
 
 def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
     """Context parallelism on PyTorch's ring attention (torchtitan; the generic target) takes the
-    train-torch-cp band and a warning; Transformer Engine's ring (Megatron) and no CP do not."""
+    train-torch-cp band and a warning; Transformer Engine's ring (Megatron) takes the train-cp band and no
+    warning; no CP takes the dense band."""
     from costmodel.attention import torch_ring
     from costmodel.uncertainty import band_record
     from planner.cli import main
@@ -239,8 +250,11 @@ def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
         head = credibility_lines(u)[0]
         assert f"-{dense.band * 100:.0f}%/+{ring.band * 100:.0f}% (train-torch-cp" in head
         assert u["torch_cp_flag"] and "context parallel 4" in u["torch_cp_flag"] and f"{ring.n} published" in u["torch_cp_flag"]
+    te = band_record("train-cp")
     u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", "--target", "megatron")
-    assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None
+    assert u["kind"] == "train-cp" and u["band"] == te.band and u["tie_band"] == te.band and u["torch_cp_flag"] is None
+    lo, hi = u["step_time_s_range"]
+    assert lo == pytest.approx(hi / (1 + te.band) * (1 - dense.band))
     u = uncertainty("--global-batch", "8", "--dp", "8", "--target", "torchtitan")
     assert u["kind"] == "train-dense" and u["torch_cp_flag"] is None
     assert torch_ring("sdpa", 2) and torch_ring("flex", 8) and not torch_ring("te", 4) and not torch_ring("sdpa", 1)
@@ -258,7 +272,11 @@ def test_torch_ring_band_rows_are_the_torch_cp_runs():
     got = training_residuals(res)
     assert sorted(got["train-torch-cp"]) == want and len(want) >= 6
     dense = [r for r in headline_rows(res["rows"]) if not thin_case(r.case)]
-    assert len(got["train-dense"]) == len(dense) - sum(r.error in want for r in dense)
+    # train-cp: the headline's context-parallel runs on any other ring (Transformer Engine's), counted the slow way
+    te = sorted(r.error for r in dense if not r.case.moe and r.case.inputs[3].cp > 1
+                and case_attention(r.case) not in TORCH_CP_IMPLEMENTATIONS)
+    assert sorted(got["train-cp"]) == te and len(te) >= 30
+    assert len(got["train-dense"]) == len(dense) - sum(r.error in want for r in dense) - len(te)
 
 
 def test_plans_faster_than_the_ceiling_are_named():

@@ -184,8 +184,10 @@ def uncertainty_table() -> str:
             "prediction's range runs from the dense band below to the thin band above, with a warning. "
             "`train-torch-cp` is dense training whose attention runs PyTorch's ring attention under context "
             "parallelism (torchtitan, the generic target; `costmodel.attention.torch_ring`; table \"By context "
-            "parallelism\"), likewise all slower than predicted, on whatever machine they ran; Transformer "
-            "Engine's ring (Megatron) keeps the dense band. Where both regimes apply the wider band is shown:\n\n"
+            "parallelism\"), likewise all slower than predicted, on whatever machine they ran. `train-cp` is "
+            "context parallelism on Transformer Engine's ring (Megatron, NeMo), whose runs spread wider than the "
+            "dense ones and mostly on the slow side. Where more than one regime applies the widest band is "
+            "shown:\n\n"
             + _table(["kind", "band", "rows", "signed range", "from"], rows, {1, 2, 3}))
 
 
@@ -322,7 +324,7 @@ def validation_headline() -> str:
     ring attention, the ``train-torch-cp`` band)."""
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
-    thin, ring = band_record("train-thin"), band_record("train-torch-cp")
+    thin, ring, te = band_record("train-thin"), band_record("train-torch-cp"), band_record("train-cp")
     lo, hi = thin.signed_range() or (-thin.band, thin.band)
     cp_lo, cp_hi = ring.signed_range() or (-ring.band, ring.band)
     return (validation_cross().split("\n\n")[0] + "\n\n"
@@ -331,7 +333,8 @@ def validation_headline() -> str:
             f"from {lo * 100:+.0f}% to {hi * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
             "[docs/cost-model.md](docs/cost-model.md#uncertainty)). So does context parallelism on PyTorch's ring "
             f"attention (torchtitan): {cp_lo * 100:+.0f}% to {cp_hi * 100:+.0f}% on its {ring.n} published runs "
-            "(`train-torch-cp`).\n")
+            f"(`train-torch-cp`); on Transformer Engine's ring (Megatron) it is ±{te.band * 100:.0f}% over "
+            f"{te.n} (`train-cp`).\n")
 
 
 def device_h200() -> str:

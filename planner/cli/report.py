@@ -142,12 +142,14 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     ``mfu_causal``) with no measured profile,
     one when the step is thin (``costmodel.ceilings.is_thin``) and one when ``par`` runs PyTorch's
     ring attention under ``framework`` (``costmodel.attention.torch_ring``). A dense model in such
-    a regime takes that regime's band (``train-thin``, ``train-torch-cp``; the wider where both
-    apply) for its range. ``tie_band`` is the band two plans are judged ties with
+    a regime takes that regime's band (``train-thin``, ``train-torch-cp``, or ``train-cp`` for context
+    parallelism on another ring, Transformer Engine's; the widest where more than one applies) for its
+    range. ``tie_band`` is the band two plans are judged ties with
     (``planner.cli.result.tie_line``: the wider of the pair's): the kind's own band in the thin
     regime, which every plan of one problem shares (its ideal step is the problem's), so its
-    systematic error moves them together; the torch-ring band for a plan on PyTorch's ring, a
-    regime of that plan's layout alone, whose error a plan without it does not share. A regime's
+    systematic error moves them together; the torch-ring band for a plan on PyTorch's ring and the
+    ``train-cp`` band for one on another ring, regimes of that plan's layout alone, whose error a plan
+    without them does not share. A regime's
     range runs from the kind's own band below (the published runs in either regime were all slower
     than predicted, not faster) to the regime's band above."""
     from costmodel.attention import torch_ring
@@ -158,7 +160,9 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     base = "train-moe" if model.is_moe else "train-dense"
     ideal = ideal_step_s(mfu, step_time_s)
     ring = par is not None and torch_ring(attention_impl(framework_profile(framework), par, model.family), par.cp)
-    regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring)) if on]
+    other_cp = par is not None and par.cp > 1 and not ring          # Transformer Engine's ring (train-cp)
+    regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring),
+                                                       ("train-cp", other_cp)) if on]
     kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
@@ -169,7 +173,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     flag = mfu_flag(mfu, causal, gpu, dtype, measured, step_time_s)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     own = band_record(base).band
-    tie = max(own, seen_cp.band) if ring and not model.is_moe else own
+    layout_band = seen_cp.band if ring else band_record("train-cp").band if other_cp else 0.0
+    tie = own if model.is_moe else max(own, layout_band)
     return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, own)),
                                                               step_time_s * (1 + band)],
             "tie_band": tie, "ideal_step_s": ideal,

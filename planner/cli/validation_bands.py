@@ -5,7 +5,9 @@ predicted with constants refitted without its own recipe family; ``train-moe``: 
 runs that chose no MoE constant (split ``moe-fit`` left out); ``train-thin``: the dense runs on a thin
 step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out; ``train-torch-cp``: the
 dense runs on PyTorch's ring attention (``validation_cross.torch_cp_case``), on every machine, which
-``train-dense`` leaves out too. The band is
+``train-dense`` leaves out too; ``train-cp``: the dense runs on catalog hardware under context parallelism on
+any other ring (``validation_cross.cp_case``: Transformer Engine's), which ``train-dense`` leaves out as well.
+The band is
 ``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
 ``planner validate --cross --write-bands`` rewrites the training kinds and keeps the serving kinds
 as they are (``planner.cli.uncertainty_bands.write_training_bands``);
@@ -18,7 +20,8 @@ from functools import lru_cache
 
 HOW = {
     "train-dense": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
-                   "--cross` (but the thin steps, train-thin, and PyTorch's ring attention, train-torch-cp), each "
+                   "--cross` (but the thin steps, train-thin, PyTorch's ring attention, train-torch-cp, and the other "
+                   "context-parallel runs, train-cp), each "
                    "predicted with every fitted constant refitted without its own recipe family",
     "train-thin": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate "
                   "--cross` whose ideal step (model FLOPs per GPU per step at peak) is under "
@@ -28,6 +31,10 @@ HOW = {
                       "attention runs PyTorch's ring attention under context parallelism (costmodel.attention."
                       "torch_ring), thin steps apart, on the catalog cluster and on other machines alike, each "
                       "predicted with every fitted constant refitted without its own recipe family",
+    "train-cp": "OUT OF SOURCE: tokens/s per GPU of the dense runs on catalog hardware in `planner validate --cross` "
+                "under context parallelism on a ring other than PyTorch's (validation_cross.cp_case: Transformer "
+                "Engine's, Megatron and NeMo), thin steps apart, each predicted with every fitted constant refitted "
+                "without its own recipe family",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
                  "time of costmodel/moe.py, are left out)",
@@ -40,6 +47,8 @@ SOURCE = {
                   "calibration/published_runs*.yaml)",
     "train-torch-cp": "docs/validation.md (planner validate --cross, table 'By context parallelism'; "
                       "calibration/published_runs*.yaml)",
+    "train-cp": "docs/validation.md (planner validate --cross, table 'By context parallelism'; "
+                "calibration/published_runs*.yaml)",
 }
 
 
@@ -51,15 +60,16 @@ def _cross() -> dict:
 
 def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
-    from planner.cli.validation_cross import headline_rows, thin_case, torch_cp_case
+    from planner.cli.validation_cross import cp_case, headline_rows, thin_case, torch_cp_case
     res = res if res is not None else _cross()
-    split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": []}
+    split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": [], "train-cp": []}
     headline = set(map(id, headline_rows(res["rows"])))
     for r in res["rows"]:
         if torch_cp_case(r.case):                  # every machine
             split["train-torch-cp"].append(r.error)
         elif id(r) in headline:                    # dense, catalog hardware
-            split["train-thin" if thin_case(r.case) else "train-dense"].append(r.error)
+            split["train-thin" if thin_case(r.case) else "train-cp" if cp_case(r.case) else "train-dense"].append(
+                r.error)
     return {**split,
             "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
                           and r.case.split != "moe-fit"]}
