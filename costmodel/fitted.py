@@ -118,7 +118,7 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
 
 
 # the families whose FP8 runs the two FP8 constants are fitted on
-FP8_FAMILIES = ("aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan")
+FP8_FAMILIES = ("accelerate", "aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan")
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
