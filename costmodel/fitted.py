@@ -118,7 +118,8 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
 
 
 # the families whose FP8 runs the two FP8 constants are fitted on
-FP8_FAMILIES = ("accelerate", "aws-torchtitan", "fp8-lm", "gpu-recipes", "mlperf", "nemo-24", "olmo-core", "pytorch-float8", "torchtitan")
+FP8_FAMILIES = ("accelerate", "aws-torchtitan", "fp8-lm", "gpu-recipes", "lightning-thunder", "mlperf", "nemo-24",
+                "olmo-core", "pytorch-float8", "torchtitan")
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
@@ -142,7 +143,7 @@ FITTED: tuple[FittedConstant, ...] = (
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     FittedConstant(
         name="pytorch.sm90_factor", owner="costmodel/frameworks.py PYTORCH_SM90_FACTOR",
-        families=("ibm-fsdp", "olmo-core", "smollm"), prior=1.0,
+        families=("ibm-fsdp", "lightning-thunder", "olmo-core", "smollm"), prior=1.0,
         prior_why="no loss beyond the Megatron-fitted curve (frameworks.py comment); stated before the fit ran",
         rows="bf16/fp16 runs of generic-framework PyTorch-native trainers (PyTorch FSDP; nanotron) on sm_90+ "
              "catalog hardware",

@@ -505,3 +505,33 @@ def test_fujii_rows_are_the_a100_table_converted_by_the_forks_count():
         assert model.kv_heads == 8 and not model.tied_embeddings and wl.seq_len == 8192
         assert prof.overlap_grad_reduce and prof.overlap_param_gather and not prof.tp_comm_overlap
         assert not prof.grads_bf16
+
+
+def test_thunder_rows_are_the_prs_tables_priced_as_the_benchmark_ran_them():
+    """Lightning-Thunder's litgpt benchmark rows (PRs #940, #997, #1528): the five tokens/s per GPU as printed, family
+    lightning-thunder; PyTorch FSDP2 (its copies) with reshard_after_forward False (ZeRO-2), gradients reduced in bf16,
+    FlashAttention-2, compiled where the row says torch.compile; one micro-batch per step (global batch = micro-batch
+    x 8), no recompute; float8 rows tensorwise with the weights all-gathered in float8. PyTorch-native on H100: read by
+    the sm_90 factor's fit (and the float8 rows by the FP8 fit)."""
+    from costmodel import fitted
+    rows, cases = _records_and_cases("thunder-", {
+        "thunder-llama2-7b-h100-8gpu-fsdp2-zero2-compile-bf16": 11855.92,
+        "thunder-llama2-7b-h100-8gpu-fsdp2-zero2-eager-bf16": 9325.13,
+        "thunder-llama2-7b-h100-8gpu-fsdp2-zero2-compile-float8-mb1": 14640.35,
+        "thunder-llama2-7b-h100-8gpu-fsdp2-zero2-compile-float8-mb2": 17993.14,
+        "thunder-llama3-8b-h100-8gpu-fsdp2-zero2-compile-float8": 12404.18})
+    assert "lightning-thunder" in fitted.BY_NAME["pytorch.sm90_factor"].families
+    assert "lightning-thunder" in fitted.FP8_FAMILIES
+    for name, c in cases.items():
+        model, cluster, wl, par, prof = c.inputs
+        rec = rows[name]
+        assert c.family == "lightning-thunder" and c.framework == "generic" and c.catalog_hardware and c.fitted_on
+        assert prof.pytorch_native and prof.fsdp2_copies and prof.grads_bf16 and prof.attention == "flash-attn"
+        assert par.zero == 2 and par.dp == 8 and par.recompute == "none"
+        assert rec["global_batch"] == 8 * par.micro_batch and par.micro_batch == (2 if name.endswith("mb2") else 1)
+        assert ("compile" in name) == ("+compile" in prof.name), prof.name
+        assert wl.seq_len == (8192 if "llama3" in name else 4096)
+        if "float8" in name:
+            assert wl.dtype == "fp8" and rec["fp8_recipe"] == "tensorwise" and rec["fp8_param_gather"] is True
+        else:
+            assert wl.dtype == "bf16"

@@ -45,6 +45,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
     ("nemo-24", r"nemo\b.*24\.0\d|nvidia/nemo|nemo performance summary"),
+    ("lightning-thunder", r"lightning-ai/lightning-thunder"),  # Thunder's litgpt benchmark PRs (PyTorch FSDP2)
     ("aws-torchtitan", r"amazon sagemaker|sagemaker-distributed-training-workshop"),  # AWS and Meta's torchtitan runs
     ("pytorch-float8", r"training-using-float8-fsdp2"),  # IBM and Meta's float8 + FSDP2 post (torchtitan runs)
     ("torchtitan", r"torchtitan"),
