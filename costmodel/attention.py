@@ -410,6 +410,14 @@ def torch_ring(attention: str, cp: int) -> bool:
     return cp > 1 and attention in TORCH_CP_IMPLEMENTATIONS
 
 
+def library_ring(attention: str, cp: int) -> bool:
+    """Whether ``attention`` under context parallelism ``cp`` runs a ring other than PyTorch's (Transformer
+    Engine's, under Megatron and NeMo): the one rule for the ``train-cp`` uncertainty band
+    (``planner.cli.report.credibility``) and for the validation runs that make it
+    (``planner.cli.validation_cross.cp_case``)."""
+    return cp > 1 and not torch_ring(attention, cp)
+
+
 # PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
 # forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
 # ways -- these are plain binary ops, not the norm backward the eager backward fraction measures

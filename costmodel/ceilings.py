@@ -55,11 +55,12 @@ BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
                                  "(Hagemann et al., Aleph Alpha, arXiv 2311.05610, 2023), 2,469 tokens/s per GPU; "
                                  "67.3% by the full count, 70.5% by the paper's own (both 128k embedding matrices "
                                  "counted)"),
-    # since stop 41 (JAX-Toolbox's row recorded); before it, Megatron-LM README's GPT 16B on 192 H100 at 47.1%
-    ("Hopper", "16-bit"): (0.4924, "jaxtoolbox-maxtext-llama2-7b-h100-8gpu: Llama-2-7B at 4k tokens on one DGX H100, "
-                                   "MaxText (JAX/XLA) with FSDP over the 8 GPUs, two sequences per GPU (NVIDIA "
-                                   "JAX-Toolbox's MaxText README, 2024-05), 11,362 tokens/s per GPU; 52.9% by the full "
-                                   "count"),
+    # since stop 42 (Lightning-Thunder's rows recorded); stop 41: JAX-Toolbox's MaxText Llama-2-7B on one DGX H100
+    # at 49.2%; before it, Megatron-LM README's GPT 16B on 192 H100 at 47.1%
+    ("Hopper", "16-bit"): (0.5138, "thunder-llama2-7b-h100-8gpu-fsdp2-zero2-compile-bf16: Llama-2-7B at 4k tokens on 8 "
+                                   "H100, PyTorch FSDP2 (no resharding after forward) with torch.compile, one sequence "
+                                   "per GPU, random tokens (Lightning-Thunder's litgpt benchmark, pull request #940, "
+                                   "2024-08), 11,856 tokens/s per GPU; 55.2% by the full count"),
     ("Hopper", "fp8"): (0.4785, "mlperf41-gpt3-175b-h100-256gpu-fp8: GPT-3 175B at 2k tokens on 256 H100 (MLPerf "
                                 "Training v4.1, NVIDIA), its logged step time; 48.5% of the FP8 peak by the full count"),
     ("Blackwell", "16-bit"): (0.4786, "gpurec-a4-qwen2.5-32b-b200-16gpu-bf16: a Qwen2.5-shaped 32B at 4k tokens on 16 B200 "

@@ -57,8 +57,8 @@ def test_flag_above_the_ceiling_unless_measured():
     # judged by the causal count alone: a full-count MFU above the ceiling is no flag when the causal one is below
     assert ceilings.mfu_flag(a100 + 0.05, a100 - 0.01, "A100-SXM4-80GB", "bf16", measured=False) is None
     assert ceilings.mfu_flag(0.95, 0.9, "A100-SXM4-80GB", "bf16", measured=True) is None
-    assert ceilings.mfu_flag(0.53, 0.50, "H200-SXM-141GB", "bf16", measured=False)        # Hopper: 49.2%
-    assert ceilings.mfu_flag(0.51, 0.48, "H100-SXM5-80GB", "bf16", measured=False) is None
+    assert ceilings.mfu_flag(0.55, 0.52, "H200-SXM-141GB", "bf16", measured=False)        # Hopper: 51.4%
+    assert ceilings.mfu_flag(0.53, 0.51, "H100-SXM5-80GB", "bf16", measured=False) is None
     assert ceilings.mfu_flag(0.5, 0.47, "H100-SXM5-80GB", "fp8", measured=False) is None  # FP8 peak basis: 47.9%
     assert ceilings.mfu_flag(0.5, 0.49, "H100-SXM5-80GB", "fp8", measured=False)
     assert ceilings.mfu_flag(0.45, 0.44, "GB200-186GB", "fp8", measured=False)           # Blackwell FP8: 42.7%
@@ -101,7 +101,8 @@ def test_long_context_is_not_flagged_for_its_attention_count(capsys):
 
 @pytest.mark.parametrize("cluster", ["dgx-a100-80gb", "dgx-h100"])
 def test_estimate_json_carries_band_and_flag(capsys, cluster):
-    """A100: 59.5% by the causal count, under its 65.4%; H100: 50.1%, above Hopper's 49.2% (flagged)."""
+    """A100: 59.5% by the causal count, under its 65.4%; H100: 50.1%, under Hopper's 51.4% (Lightning-Thunder's
+    compiled FSDP2 run, since stop 42; flagged above the 49.2% before it)."""
     from planner.cli import main
     args = ["estimate", "--model", "llama-3-8b", "--cluster", cluster, "--gpus", "64", "--global-batch", "64",
             "--seq-len", "8192", "--dp", "64", "--zero", "3", "--json"]
@@ -122,7 +123,7 @@ def test_estimate_json_carries_band_and_flag(capsys, cluster):
         assert fmt_seconds(u["ceiling_step_s"]) in u["mfu_flag"]
     else:
         assert u["ceiling_step_s"] is None
-    assert bool(u["mfu_flag"]) is (cluster == "dgx-h100")
+    assert not u["mfu_flag"]
     check_training_uncertainty(u, out["estimate"])
 
 

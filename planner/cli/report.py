@@ -152,15 +152,16 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     without them does not share. A regime's
     range runs from the kind's own band below (the published runs in either regime were all slower
     than predicted, not faster) to the regime's band above."""
-    from costmodel.attention import torch_ring
+    from costmodel.attention import library_ring, torch_ring
     from costmodel.ceilings import (causal_mfu, ceiling_step_s, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag,
                                    torch_cp_flag)
     from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
     ideal = ideal_step_s(mfu, step_time_s)
-    ring = par is not None and torch_ring(attention_impl(framework_profile(framework), par, model.family), par.cp)
-    other_cp = par is not None and par.cp > 1 and not ring          # Transformer Engine's ring (train-cp)
+    att = attention_impl(framework_profile(framework), par, model.family) if par is not None else ""
+    ring = par is not None and torch_ring(att, par.cp)
+    other_cp = par is not None and library_ring(att, par.cp)        # Transformer Engine's ring (train-cp)
     regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring),
                                                        ("train-cp", other_cp)) if on]
     kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base

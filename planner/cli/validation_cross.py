@@ -576,9 +576,8 @@ def cp_case(case: CrossCase) -> bool:
     """Whether a dense validation case runs context parallelism on a ring other than PyTorch's (Transformer
     Engine's) and is not a thin step: on catalog hardware its rows make the ``train-cp`` band
     (``validation_bands``), as ``torch_cp_case``'s make ``train-torch-cp``."""
-    from costmodel.attention import torch_ring
-    cp = case.inputs[3].cp
-    return not case.moe and cp > 1 and not torch_ring(case_attention(case), cp) and not thin_case(case)
+    from costmodel.attention import library_ring
+    return not case.moe and library_ring(case_attention(case), case.inputs[3].cp) and not thin_case(case)
 
 
 def cp_group(case: CrossCase) -> str:
