@@ -13,9 +13,10 @@ CASES = [c for c, _split in validation.all_cases()]
 BF16_GRADS = [c for c in CASES if (c.get("profile") or {}).get("grads_bf16")]
 # the settings that put a run's gradients in bf16: Megatron-core's DDP / NeMo's precision plugin, Apex's
 # distributed Adam (NeMo 1.x: its YAML key, or the launcher's Hydra override of it), InternLM's HybridZeroOptimizer
-# (its reduce in the parameters' dtype); a record may claim bf16 gradients only by quoting one of them
+# (its reduce in the parameters' dtype), FSDP2's MixedPrecisionPolicy (Lightning-Thunder's benchmark); a record may
+# claim bf16 gradients only by quoting one of them
 SETTINGS = ("grad_reduce_in_fp32=False", "grad_sync_dtype: bf16", "optim.grad_sync_dtype=bf16",
-            "reduce_tensor(tensor=flat, dtype=self.dtype")
+            "reduce_tensor(tensor=flat, dtype=self.dtype", "reduce_dtype=torch.bfloat16")
 
 
 def test_the_mlperf_runs_that_set_it_are_marked():
