@@ -420,18 +420,31 @@ def library_ring(attention: str, cp: int) -> bool:
 
 # PyTorch's merge of the ring's partial results runs as eager elementwise ops: priced at the eager
 # forward fraction of HBM bandwidth (costmodel.compute.MEMORY_BOUND_FRACTION["eager"][0]) both
-# ways -- these are plain binary ops, not the norm backward the eager backward fraction measures
+# ways -- these are plain binary ops, not the norm backward the eager backward fraction measures;
+# Transformer Engine's merges (one fused correction kernel, single adds and copies) at the same fraction
 RING_MERGE_KIND = "eager"
 
 
 def ring_merge_bytes(attention: str, tokens: float, q_width: float, kv_width: float,
-                     cp: int) -> tuple[float, float]:
+                     cp: int, fused: bool = False) -> tuple[float, float]:
     """(forward, backward) HBM bytes of one layer's ring-attention bookkeeping on a rank holding
     ``tokens`` queries of ``q_width`` values (heads x head dim) and keys/values of ``kv_width``
-    each, over ``cp`` ring steps; 0 without CP, and 0 for Transformer Engine's ring, whose
-    correction kernels are fused and not counted here (not measured; see the session note).
+    each, over ``cp`` ring steps; 0 without CP.
 
-    Counted from PyTorch's ``_templated_ring_attention`` and its backward
+    Transformer Engine's ring (``library_ring``: ``AttnFuncWithCPAndKVP2P``, TE v1.9
+    ``transformer_engine/pytorch/attention.py``; v2.4 ``.../dot_product_attention/context_parallel.py``
+    does the same), counted in BF16 on the busiest rank (the last, whose every step is a full block):
+    forward, K and V concatenated into the first send buffer (``torch.cat``: 2 x 4 bytes per K/V
+    value), the output zeroed (2 bytes per output value) and each step's partial output merged into
+    it (``flash_attn_fwd_out_correction``, one fused kernel: ``out.add_(out_per_step * exp(lse_step -
+    lse))``, read 2 + 2, write 2: 6 bytes per output value per step); backward, K and V copied into the
+    first buffer again (8 bytes per K/V value) and, each step, the step's dQ added into dQ (6 bytes
+    per Q value) and its dK, dV into the buffer that travels the ring (``dkv.add_(dkv_)``: 12 bytes per
+    K/V value), after concatenating them (``torch.cat((dk_, dv_))``: 8 more) where the step ran
+    cuDNN's fused attention (``fused``; FlashAttention writes them into one buffer). The softmax
+    statistics' corrections are per row, not per value: left out.
+
+    PyTorch's ring, counted from PyTorch's ``_templated_ring_attention`` and its backward
     (``torch/distributed/tensor/experimental/_attention.py``), with ``convert_to_f32`` on (its
     default), on the busiest rank of each step (the ring waits for it): forward, each of the
     ``cp - 1`` steps after the first copies K and V into the send buffer (``torch.cat``: 2 x 4
@@ -443,9 +456,11 @@ def ring_merge_bytes(attention: str, tokens: float, q_width: float, kv_width: fl
     the FP32 buffers that travel the ring (``_partial_update``'s chunk-and-concatenate on the
     busiest rank: 26 bytes per K/V value) and copies them into the send buffer (16 bytes per K/V
     value)."""
-    if not torch_ring(attention, cp):
+    if cp <= 1:
         return 0.0, 0.0
     q, kv = tokens * q_width, tokens * kv_width
+    if not torch_ring(attention, cp):
+        return 8.0 * kv + 2.0 * q + cp * 6.0 * q, 8.0 * kv + cp * (6.0 * q + (20.0 if fused else 12.0) * kv)
     fwd = (cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q
     bwd = cp * (10.0 * q + 50.0 * kv)
     return fwd, bwd

@@ -345,7 +345,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
         q_width = model.heads * hd / t
         kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
-        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp)
+        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp, fused=kernel == "cudnn")
         if merge_f or merge_b:
             frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
             attn_s += memory_time_s(gpu, merge_f) * frac

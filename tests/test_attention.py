@@ -119,9 +119,9 @@ def test_torch_cp_exposed_exchange_by_hand():
 def test_layer_adds_torch_cp_exchange_by_hand():
     """llama 3.1 405B's layer at TP 8, CP 8 across hosts, 262144 tokens (torchtitan's 2024-12
     4D run): the attention time of PyTorch's CP (sdpa-torchtitan, FA2) less that of the same
-    FA2 ring without PyTorch's bookkeeping (flash-attn) is the ring's merges plus the exposed
-    exchange derived here: K and V passed at the query width (repeat_kv: 16 heads x 128 per TP
-    rank), 32768 tokens per rank, BF16."""
+    FA2 ring with a library's bookkeeping (flash-attn: Transformer Engine's merges, grouped K/V) is
+    PyTorch's merges less the library's plus the exposed exchange derived here: K and V passed at the
+    query width (repeat_kv: 16 heads x 128 per TP rank), 32768 tokens per rank, BF16."""
     from costmodel.attention import block_s, ring_merge_bytes
     from costmodel.comm import Network, launched
     from costmodel.compute import MEMORY_BOUND_FRACTION, memory_time_s
@@ -148,6 +148,10 @@ def test_layer_adds_torch_cp_exchange_by_hand():
     gather = launched(net.all_gather(cp * kv, cp_lay))
     hop = launched(net.p2p(2 * kv, True))
     merge_f, merge_b = ring_merge_bytes("sdpa-torchtitan", T, width, width, cp)
+    # the library ring's own: K/V at the grouped width (8 KV heads over TP 8: one of 128), FA2 (not fused)
+    lib_f, lib_b = ring_merge_bytes("flash-attn", T, width, 128, cp, fused=False)
+    assert 0 < lib_f < merge_f and 0 < lib_b < merge_b
+    merge_f, merge_b = merge_f - lib_f, merge_b - lib_b
     frac = 1.0 / MEMORY_BOUND_FRACTION["eager"][0]
     want_f = memory_time_s(cl.gpu, merge_f) * frac + max(0.0, gather - f0)
     assert gather > f0                                     # across hosts the gather outlasts step 0
@@ -394,3 +398,46 @@ def test_flash_attn_1_is_the_fa1_kernel_everywhere():
     fa1 = layer_cost(*args, attention="flash-attn-1")
     fa2 = layer_cost(*args, attention="flash-attn")
     assert fa1.attn_fwd_s > 1.8 * fa2.attn_fwd_s and fa1.gemm_fwd_s == fa2.gemm_fwd_s
+
+
+def test_transformer_engine_ring_merges_by_hand():
+    """Transformer Engine's ring (AttnFuncWithCPAndKVP2P, TE v1.9; v2.4 alike) on its busiest rank, BF16:
+    forward, the K/V concatenation (8 bytes per K/V value), the output zeroed (2 per output value) and one fused
+    correction per step (6); backward, the K/V copy (8), and per step dQ added (6) and dK/dV added into the
+    ring's buffer (12), plus their concatenation after cuDNN's fused kernel (8). Nothing without CP; PyTorch's
+    ring moves more."""
+    from costmodel.attention import library_ring, ring_merge_bytes
+    T, qw, kvw, cp = 2048.0, 2048.0, 512.0, 4
+    q, kv = T * qw, T * kvw
+    assert ring_merge_bytes("te", T, qw, kvw, 1) == (0.0, 0.0)
+    assert ring_merge_bytes("te", T, qw, kvw, cp) == (8 * kv + 2 * q + 4 * 6 * q, 8 * kv + 4 * (6 * q + 12 * kv))
+    assert ring_merge_bytes("te", T, qw, kvw, cp, fused=True)[1] == 8 * kv + 4 * (6 * q + 20 * kv)
+    torch_f, torch_b = ring_merge_bytes("sdpa", T, qw, kvw, cp)
+    te_f, te_b = ring_merge_bytes("te", T, qw, kvw, cp, fused=True)
+    assert te_f < torch_f and te_b < torch_b
+    assert library_ring("te", 2) and not library_ring("te", 1) and not library_ring("sdpa", 2)
+
+
+def test_a_transformer_engine_cp_layer_pays_its_merges():
+    """Llama 3.1 8B at 8,192 tokens, TP 2, CP 4 on a DGX H100 under Megatron (TE on cuDNN): the layer's
+    attention forward is the kernel's ring time plus the merges' bytes at the eager fraction of HBM."""
+    from costmodel.attention import attention_fwd_bwd_s, ring_merge_bytes
+    from costmodel.compute import MEMORY_BOUND_FRACTION, memory_time_s
+    m = get_model("llama-3.1-8b")
+    cl = load_cluster("dgx-h100").with_gpus(8)
+    s, cp, tp = 8192, 4, 2
+    wl = Workload(global_batch=1, seq_len=s)
+    order = ("tp", "cp", "dp", "pp")
+    par = {"tp": tp, "cp": cp, "dp": 1, "pp": 1}
+    tp_lay = group_layout(par, order, "tp", 8)
+    cp_lay = group_layout(par, order, "cp", 8)
+    intra = cl.groups[0].intra_node
+    lc = layer_cost(m, False, wl, tp, cp, 1, True, 1, cl.gpu, cl, intra, tp_lay, tp_lay, cp_lay, attention="te")
+    T = s / cp
+    qw, kvw = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
+    flops = 4 * T * s * (m.heads * m.head_dim / tp) / 2
+    pairs = m.heads / tp
+    f0, _b0 = attention_fwd_bwd_s("cudnn", cl.gpu, cl.gpu.peak("bf16"), flops, m.head_dim, s, cp, pairs)
+    mf, _mb = ring_merge_bytes("te", T, qw, kvw, cp, fused=True)
+    want = f0 + memory_time_s(cl.gpu, mf) / MEMORY_BOUND_FRACTION["eager"][0]
+    assert lc.attn_fwd_s == pytest.approx(want, rel=1e-9)
