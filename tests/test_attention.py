@@ -116,6 +116,19 @@ def test_torch_cp_exposed_exchange_by_hand():
     assert torch_cp_exposed_s(0.010, 0.003, 0.026, 0.066) == (0.0, 0.003)
 
 
+def _cp_layer_args(name: str, gpus: int, batch: int, s: int, cp: int, tp: int, pp: int):
+    """A dense layer's ``layer_cost`` arguments on DGX H100s under TP ``tp`` and CP ``cp`` (mesh tp, cp, dp, pp;
+    one micro-batch of ``batch`` sequences of ``s`` tokens): the model, the cluster and the arguments."""
+    m = get_model(name)
+    cl = load_cluster("dgx-h100").with_gpus(gpus)
+    wl = Workload(global_batch=batch, seq_len=s)
+    order = ("tp", "cp", "dp", "pp")
+    par = {"tp": tp, "cp": cp, "dp": 1, "pp": pp}
+    tp_lay = group_layout(par, order, "tp", 8)
+    cp_lay = group_layout(par, order, "cp", 8)
+    return m, cl, (m, False, wl, tp, cp, 1, True, 1, cl.gpu, cl, cl.groups[0].intra_node, tp_lay, tp_lay, cp_lay)
+
+
 def test_layer_adds_torch_cp_exchange_by_hand():
     """llama 3.1 405B's layer at TP 8, CP 8 across hosts, 262144 tokens (torchtitan's 2024-12
     4D run): the attention time of PyTorch's CP (sdpa-torchtitan, FA2) less that of the same
@@ -125,17 +138,11 @@ def test_layer_adds_torch_cp_exchange_by_hand():
     from costmodel.attention import block_s, ring_merge_bytes
     from costmodel.comm import Network, launched
     from costmodel.compute import MEMORY_BOUND_FRACTION, memory_time_s
-    m = get_model("llama-3.1-405b")
-    cl = load_cluster("dgx-h100").with_gpus(512)
     s, cp, tp = 262144, 8, 8
-    wl = Workload(global_batch=8, seq_len=s)
-    order = ("tp", "cp", "dp", "pp")
-    par = {"tp": tp, "cp": cp, "dp": 1, "pp": 8}
-    tp_lay = group_layout(par, order, "tp", 8)
-    cp_lay = group_layout(par, order, "cp", 8)
+    m, cl, args = _cp_layer_args("llama-3.1-405b", 512, 8, s, cp, tp, 8)
+    cp_lay = args[-1]
     assert cp_lay.crosses_nodes
     intra = cl.groups[0].intra_node
-    args = (m, False, wl, tp, cp, 1, True, 1, cl.gpu, cl, intra, tp_lay, tp_lay, cp_lay)
     torch_cp = layer_cost(*args, attention="sdpa-torchtitan")
     plain = layer_cost(*args, attention="flash-attn")
     T = s / cp
@@ -423,16 +430,9 @@ def test_a_transformer_engine_cp_layer_pays_its_merges():
     attention forward is the kernel's ring time plus the merges' bytes at the eager fraction of HBM."""
     from costmodel.attention import attention_fwd_bwd_s, ring_merge_bytes
     from costmodel.compute import MEMORY_BOUND_FRACTION, memory_time_s
-    m = get_model("llama-3.1-8b")
-    cl = load_cluster("dgx-h100").with_gpus(8)
     s, cp, tp = 8192, 4, 2
-    wl = Workload(global_batch=1, seq_len=s)
-    order = ("tp", "cp", "dp", "pp")
-    par = {"tp": tp, "cp": cp, "dp": 1, "pp": 1}
-    tp_lay = group_layout(par, order, "tp", 8)
-    cp_lay = group_layout(par, order, "cp", 8)
-    intra = cl.groups[0].intra_node
-    lc = layer_cost(m, False, wl, tp, cp, 1, True, 1, cl.gpu, cl, intra, tp_lay, tp_lay, cp_lay, attention="te")
+    m, cl, args = _cp_layer_args("llama-3.1-8b", 8, 1, s, cp, tp, 1)
+    lc = layer_cost(*args, attention="te")
     T = s / cp
     qw, kvw = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
     flops = 4 * T * s * (m.heads * m.head_dim / tp) / 2
