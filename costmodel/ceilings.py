@@ -38,7 +38,7 @@ PyTorch's ring attention (``torch_cp_flag``). Dense runs whose context paralleli
 run priced the same way) ran slower than predicted, within each torchtitan series by more as the ring
 grows, while Transformer Engine's ring (Megatron, NeMo, MLPerf) is predicted about as well as the rest
 (``planner validate --cross``, table "By context parallelism": 2% median, 12% largest over its 26
-runs that are not thin steps, at stop 29; at stop 42, with Fujii's A100 sweep, 6.7% median over 73 runs, most of
+runs that are not thin steps, at stop 29; at stop 42, with Fujii's A100 sweep, 5.6% median over 77 runs, most of
 them too fast, so it has a band of its own, ``train-cp``). The model prices the ring's exchanges, merges and
 per-step blocks (``costmodel.attention``), and what it still misses was not measured here. Such a
 prediction takes the ``train-torch-cp`` band (its runs' own out-of-source residuals, on whatever
