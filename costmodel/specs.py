@@ -445,6 +445,23 @@ class GpuSpec:
                         f"known: {', '.join(sorted(self.peak_flops_per_s))}")
 
 
+# The fraction of a RoCE fabric's line rate that large collectives reach when flows are spread by static
+# ECMP hashing and nothing mitigates the collisions (no adaptive routing, one queue pair per connection):
+# 0.70. Sources (read by a helper of stop 41, /work/research/roce_scale.md, outside the repository): Baidu's
+# AIPod note (2024-07-03, "彻底解决网络哈希冲突"), ECMP hash collisions cut a 100 Gb/s link to about 70 Gb/s
+# (A800, 8 rails; rising to about 95% with more queue pairs, ToR affinity and dynamic load balancing);
+# NVIDIA's "just 60% data throughput" for standard Ethernet (vendor claim); Meta's production RoCE
+# (SIGCOMM'24), up to 40% better all-reduce with enhanced ECMP and queue-pair scaling than with plain ECMP.
+# The range they give for 32-128 nodes is 60-75%; Baidu's 70% is the one measured per-link figure, and is
+# taken. InfiniBand with adaptive routing reaches 92-96% (NVIDIA maintainers: 192 of 200 GB/s on a DGX A100,
+# 46-49 of 50 GB/s per NDR NIC), whose 0.9 the catalog's links keep. Not node-count dependent: no source gives
+# a curve, and a job inside one leaf switch sees no ECMP at all, which this overprices. Set, with the source,
+# in the calibration cluster files of fabrics published as RoCE or RDMA over Ethernet
+# (``tests/test_cluster_files.py`` holds them to it); chosen in stop 43 after seeing that the three families
+# on such fabrics (internlm, megatron-llama, skywork) were all predicted too fast at 256-1,024 GPUs.
+ROCE_ECMP_EFFICIENCY = 0.70
+
+
 # The catalog's inter-node links that are RDMA fabrics, by name prefix: InfiniBand (ib-*), ConnectX-7/8
 # NICs (cx7-*, cx8-*: InfiniBand or RoCE) and RoCE (roce-*). Ethernet without RDMA (eth-*) is not.
 RDMA_LINK_PREFIXES = ("ib-", "cx7", "cx8", "roce")
