@@ -61,3 +61,14 @@ def test_readme_is_short_and_links_every_page():
     tour = re.search(r"<!-- tour:begin -->.*<!-- tour:end -->", text, re.S)
     outside = text.replace(tour.group(0), "") if tour else text
     assert len(outside.splitlines()) <= 150, len(outside.splitlines())
+
+
+def test_the_fsdp_stand_ins_rule_prices_its_families_better_than_any_target_does():
+    """docs/targets.md's claim, recomputed: the rule the FSDP stand-ins use is closer on the ibm-fsdp and
+    olmo-core runs than torchtitan's, Accelerate's or the generic profile, and generic's Megatron-grade
+    kernels are too fast on every H100 run (in-sample figures: the sm_90 factor was fitted on these runs)."""
+    r = D.fsdp_rule_comparison()
+    assert r["n"] >= 28
+    med = r["median"]
+    assert med["rule"] < min(med["torchtitan"], med["accelerate"], med["generic"])
+    assert r["h100"]["generic"][0] > 0

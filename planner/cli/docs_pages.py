@@ -337,6 +337,66 @@ def validation_headline() -> str:
             f"{te.n} (`train-cp`).\n")
 
 
+FSDP_RULE_FAMILIES = ("ibm-fsdp", "olmo-core")
+
+
+def fsdp_rule_comparison() -> dict:
+    """How the PyTorch FSDP stand-ins' rule (``costmodel.frameworks.as_pytorch_fsdp``, the profile
+    ``planner.cli.validation.case_inputs`` gives the runs of PyTorch FSDP trainers) and three targets'
+    profiles price the published runs of families ``FSDP_RULE_FAMILIES`` (dense, catalog hardware): the
+    shipped constants, every profile given the run's compile switch and attention kernel. Returns the run
+    count, each way's median absolute error, each way's signed range on the H100 runs, and the families'
+    out-of-source medians from docs/validation.md."""
+    import dataclasses
+    import statistics
+
+    from costmodel.frameworks import FRAMEWORKS
+    from costmodel.training import estimate
+    from planner.cli.validation import all_cases, case_inputs, ran_compile
+    from planner.cli.validation_cross import load_cases
+
+    cases = [c for c in load_cases()[0]
+             if c.family in FSDP_RULE_FAMILIES and not c.moe and c.catalog_hardware]
+    raw = {c["name"]: c for c, _ in all_cases()}
+    ways = ("rule", "torchtitan", "accelerate", "generic")
+    errs: dict[str, list[tuple[str, float]]] = {w: [] for w in ways}
+    for c in cases:
+        model, cluster, wl, par, rule, _ = case_inputs(raw[c.name])
+        for w in ways:
+            prof = rule
+            if w != "rule":
+                prof = dataclasses.replace(FRAMEWORKS[w], attention=rule.attention)
+                if ran_compile(raw[c.name].get("execution")):
+                    prof = prof.with_switches(compile=True)
+            est = estimate(model, cluster, wl, par, stages=c.stages, framework=prof)
+            errs[w].append((c.gen, est.tokens_per_s_per_gpu / c.published - 1.0))
+    page = (ROOT / "docs" / "validation.md").read_text()
+    oos = {}
+    for fam in FSDP_RULE_FAMILIES:
+        m = re.search(rf"^\| {re.escape(fam)} \| \d+ \| ([\d.]+%) \|", page, re.M)
+        oos[fam] = m.group(1) if m else "?"
+    return dict(n=len(cases), median={w: statistics.median(abs(e) for _, e in v) for w, v in errs.items()},
+                h100={w: (min(e for g, e in v if g == "H100"), max(e for g, e in v if g == "H100"),
+                          sum(1 for g, _ in v if g == "H100")) for w, v in errs.items()},
+                out_of_source=oos)
+
+
+def fsdp_rule_figures() -> str:
+    """docs/targets.md's figures for the PyTorch FSDP stand-ins' rule (``fsdp_rule_comparison``)."""
+    r = fsdp_rule_comparison()
+    med, h = r["median"], r["h100"]
+    fams = " and ".join(f"`{f}`" for f in FSDP_RULE_FAMILIES)
+    oos = " and ".join(r["out_of_source"][f] for f in FSDP_RULE_FAMILIES)
+    return (f"The same rule prices the {fams} families of the validation ({r['n']} runs; out of source, medians "
+            f"{oos}: `docs/validation.md`). Over the {r['n']} runs (shipped constants, each profile given the run's "
+            f"compile switch and attention kernel) it is {med['rule'] * 100:.1f}% off at the median, against "
+            f"{med['torchtitan'] * 100:.1f}% for `torchtitan`, {med['accelerate'] * 100:.1f}% for `accelerate` and "
+            f"{med['generic'] * 100:.1f}% for `generic`, which is {h['generic'][0] * 100:+.1f}% to "
+            f"{h['generic'][1] * 100:+.1f}% off on the {h['generic'][2]} H100 runs (the rule: "
+            f"{h['rule'][0] * 100:+.1f}% to {h['rule'][1] * 100:+.1f}%). These are in-sample: the sm_90 factor "
+            "was fitted on these runs.\n")
+
+
 def device_h200() -> str:
     """The H200's measured launches against the runtime's price (``planner.cli.device_results``)."""
     from planner.cli.device_results import markdown
@@ -357,7 +417,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "quickstart-figures": quickstart_figures, "docs-index": docs_index, "serving-flags": serving_flags,
     "failure-flags": failure_flags, "validation-cross": validation_cross,
     "validation-headline": validation_headline, "device-h200": device_h200,
-    "device-h200-attention": device_h200_attention,
+    "device-h200-attention": device_h200_attention, "fsdp-rule-figures": fsdp_rule_figures,
 }
 
 
