@@ -123,14 +123,15 @@ FP8_FAMILIES = ("accelerate", "aws-torchtitan", "fp8-lm", "gpu-recipes", "lightn
 
 FITTED: tuple[FittedConstant, ...] = (
     *_gpu("A100", "dgx-a100-40gb (dgx-a100-80gb extends it)", ("megatron-papers",),
-          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-llama", "megatron-papers",
-           "opt", "skywork", "tinyllama", "zero-bubble"),
+          ("aleph-alpha", "bloomberggpt", "flashattention", "ibm-fsdp", "internlm", "megatron-kwai", "megatron-llama",
+           "megatron-papers", "opt", "skywork", "tinyllama", "zero-bubble"),
           "set at the skeleton commit on Megatron-LM's SC'21 and Korthikanti runs; refitted on every "
-          "GPU_CURVE_ROWS row since stop 33 (since stop 41 also Skywork's A800 rows: the A100 die)"),
+          "GPU_CURVE_ROWS row since stop 33 (since stop 41 also Skywork's A800 rows: the A100 die; since stop 43 "
+          "Megatron-Kwai's stock Megatron-LM run on four A800)"),
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
-          ("fp8-lm", "gpu-recipes", "llama3", "megatron-readme"),
+          ("fp8-lm", "gpu-recipes", "llama3", "megatron-kwai", "megatron-readme"),
           "set at the skeleton commit; the README calls the H100 constants the least tested; refitted on every "
-          "GPU_CURVE_ROWS row since stop 33"),
+          "GPU_CURVE_ROWS row since stop 33 (since stop 43 also Megatron-Kwai's stock Megatron-LM run on four H800)"),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
         families=FP8_FAMILIES, prior=0.80,

@@ -446,7 +446,9 @@ class GpuSpec:
 
 
 # The fraction of a RoCE fabric's line rate that large collectives reach when flows are spread by static
-# ECMP hashing and nothing mitigates the collisions (no adaptive routing, one queue pair per connection):
+# ECMP hashing and nothing mitigates the collisions (no adaptive routing, one queue pair per connection,
+# NCCL's default NCCL_IB_QPS_PER_CONNECTION=1; a fabric whose files spread each connection over several queue
+# pairs, as Megatron-Kwai's set 8, keeps the catalog's value):
 # 0.70. Sources (read by a helper of stop 41, /work/research/roce_scale.md, outside the repository): Baidu's
 # AIPod note (2024-07-03, "彻底解决网络哈希冲突"), ECMP hash collisions cut a 100 Gb/s link to about 70 Gb/s
 # (A800, 8 rails; rising to about 95% with more queue pairs, ToR affinity and dynamic load balancing);
