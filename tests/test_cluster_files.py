@@ -4,6 +4,7 @@ InfiniBand one at the catalog's InfiniBand efficiency; files whose fabric is not
 catalog's value and say so in their comments."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import yaml
 
 from costmodel.files.clusters import load_cluster
 from costmodel.specs import ROCE_ECMP_EFFICIENCY
+from costmodel.training import estimate
+from planner.cli import validation
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "calibration" / "clusters"
 FILES = sorted(CLUSTERS.glob("*.yaml"))
@@ -51,14 +54,9 @@ def test_a_roce_fabric_is_priced_at_ecmp_efficiency_and_infiniband_at_the_catalo
 def test_ecmp_costs_a_roce_cluster_its_data_parallel_time():
     """The same InternLM run on its RoCE cluster and on the cluster with InfiniBand's efficiency: the compute
     is the same, the exposed data-parallel time grows, and the step by less than the bandwidth ratio."""
-    import dataclasses
-
-    from planner.cli import validation
-
     case = next(c for c, _ in validation.all_cases() if c["name"] == "internlm-7b-a100-1024gpu-mb2-m1-nockpt")
     model, cluster, wl, par, prof, _ = validation.case_inputs(case)
     ib = dataclasses.replace(cluster, inter_node=dataclasses.replace(cluster.inter_node, efficiency=0.9))
-    from costmodel.training import estimate
     roce_est = estimate(model, cluster, wl, par, framework=prof)
     ib_est = estimate(model, ib, wl, par, framework=prof)
     assert roce_est.time["compute_s"] == pytest.approx(ib_est.time["compute_s"])

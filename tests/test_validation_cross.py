@@ -293,7 +293,7 @@ def test_runs_priced_over_capacity_are_the_plain_estimates_that_do_not_fit(res):
 
 def test_unfitted_records_are_in_the_headline_and_read_by_no_fit(res):
     """A record with ``fit: false`` (FlagPerf's PaddlePaddle runs, the JAX runs of MaxText and JAX-Toolbox, Fujii's
-    Megatron-LM sweep whose unit and batch its file does not state) is a
+    Megatron-LM sweep whose unit and batch its file does not state, Megatron-Kwai's fork and its 256-GPU stock run) is a
     dense catalog-hardware row of the headline, no fold's refit reads it, and the page says how many there are and
     from which families."""
     unfitted = [r for r in res["rows"] if not r.case.moe and r.case.catalog_hardware and not r.case.fitted_on]
