@@ -131,7 +131,7 @@ FITTED: tuple[FittedConstant, ...] = (
     *_gpu("H100", "dgx-h100 (dgx-h200 and dgx-h800 extend it)", ("megatron-readme",),
           ("fp8-lm", "gpu-recipes", "llama3", "megatron-kwai", "megatron-readme"),
           "set at the skeleton commit; the README calls the H100 constants the least tested; refitted on every "
-          "GPU_CURVE_ROWS row since stop 33 (since stop 43 also Megatron-Kwai's stock Megatron-LM run on four H800)"),
+          "GPU_CURVE_ROWS row since stop 33 (since stop 43 also Megatron-Kwai's stock Megatron-LM runs on 4 and 256 H800)"),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
         families=FP8_FAMILIES, prior=0.80,
