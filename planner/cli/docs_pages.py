@@ -352,21 +352,19 @@ def fsdp_rule_comparison() -> dict:
 
     from costmodel.frameworks import FRAMEWORKS
     from costmodel.training import estimate
-    from planner.cli.validation import all_cases, case_inputs, ran_compile
-    from planner.cli.validation_cross import load_cases
+    from planner.cli.validation_cross import compiled_profile, load_cases
 
     cases = [c for c in load_cases()[0]
              if c.family in FSDP_RULE_FAMILIES and not c.moe and c.catalog_hardware]
-    raw = {c["name"]: c for c, _ in all_cases()}
     ways = ("rule", "torchtitan", "accelerate", "generic")
     errs: dict[str, list[tuple[str, float]]] = {w: [] for w in ways}
     for c in cases:
-        model, cluster, wl, par, rule, _ = case_inputs(raw[c.name])
+        model, cluster, wl, par, rule = c.inputs
         for w in ways:
             prof = rule
             if w != "rule":
                 prof = dataclasses.replace(FRAMEWORKS[w], attention=rule.attention)
-                if ran_compile(raw[c.name].get("execution")):
+                if compiled_profile(rule):
                     prof = prof.with_switches(compile=True)
             est = estimate(model, cluster, wl, par, stages=c.stages, framework=prof)
             errs[w].append((c.gen, est.tokens_per_s_per_gpu / c.published - 1.0))

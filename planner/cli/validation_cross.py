@@ -286,6 +286,12 @@ def module_constants(values: dict[str, float]) -> Iterator[None]:
 CURVE_OF = {"H200": "H100", "H800": "H100", "A800": "A100"}
 
 
+def compiled_profile(prof: Any) -> bool:
+    """Whether a case's profile prices a compiled run (``validation.case_inputs`` gave it the switch:
+    ``FrameworkProfile.with_switches`` names it ``base+compile``)."""
+    return "compile" in prof.name.split("+")[1:]
+
+
 def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
     model, cluster, wl, par, prof = case.inputs
     gen = CURVE_OF.get(case.gen, case.gen)
@@ -297,8 +303,7 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
     k = values.get(f"framework.{case.framework}.kernel_efficiency")
     if k is not None:
         # a compiled run keeps its switch over the refitted value (validation.case_inputs)
-        compiled = "compile" in prof.name.split("+")[1:]
-        prof = dataclasses.replace(prof, kernel_efficiency=k * (COMPILE_KERNEL_FACTOR if compiled else 1.0))
+        prof = dataclasses.replace(prof, kernel_efficiency=k * (COMPILE_KERNEL_FACTOR if compiled_profile(prof) else 1.0))
     return model, cluster, wl, par, prof
 
 
