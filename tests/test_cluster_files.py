@@ -39,16 +39,27 @@ def test_the_ethernet_rdma_fabrics_on_file_are_found():
     assert {p.name for p in FILES if _fabric(p) == "roce-spread"} == {"kwai-h800-8x100g.yaml"}
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in FILES if _fabric(p) != "other"], ids=lambda p: p.stem)
 def test_a_roce_fabric_is_priced_at_ecmp_efficiency_and_infiniband_at_the_catalogs(path: Path):
     cluster = load_cluster(str(path))
     base = load_cluster(yaml.safe_load(path.read_text())["extends"])
-    kind = _fabric(path)
-    if kind == "roce":
+    if _fabric(path) == "roce":
         assert cluster.inter_node.efficiency == ROCE_ECMP_EFFICIENCY
         assert "ROCE_ECMP_EFFICIENCY" in path.read_text()      # the file names where its value comes from
-    elif kind in ("ib", "roce-spread"):
+    else:
         assert cluster.inter_node.efficiency == base.inter_node.efficiency == pytest.approx(0.9)
+
+
+def test_a_fabric_of_another_kind_keeps_the_catalogs_efficiency_or_names_its_measurement():
+    """EFA, GPUDirect-TCPX/TCPXO and the IBM clusters' unnamed fabric: a file that moves the efficiency off its
+    base's says what measured it (p4d's nccl-tests figure, tests/test_cluster_p4d.py)."""
+    others = [p for p in FILES if _fabric(p) == "other"]
+    assert others
+    for path in others:
+        cluster = load_cluster(str(path))
+        base = load_cluster(yaml.safe_load(path.read_text())["extends"])
+        if cluster.inter_node.efficiency != base.inter_node.efficiency:
+            assert "nccl" in path.read_text().lower(), path.name
 
 
 def test_ecmp_costs_a_roce_cluster_its_data_parallel_time():
