@@ -22,6 +22,12 @@ inter-node structure for the two tiers). For ``S`` bytes per rank, ``m = n / k``
 * point-to-point: S / B + latency; inside one NVLink domain ``B`` is also capped by the channels
   NCCL gives one send/recv (``nvlink_p2p_channels``, below).
 
+Direct meshes (``LinkSpec.mesh_peers``). Without an NVSwitch (an HGX 4-GPU board: each GPU's 18
+NVLink 4 links go 6 to each of its 3 peers) a pair of GPUs shares only its own links: the intra
+tier's ``B_intra`` for a group of ``k`` members of the domain is ``min(k - 1, N) / N`` of the
+link's rate (``LinkSpec.mesh_share``): a third for a pair (TP 2, one send/recv), all of it for a
+ring over the four GPUs, whose channels NCCL lays over distinct links.
+
 Tiers at once (``PIPELINED_TIERS``). NCCL pipelines a collective across domains: its ring (or
 tree) moves each chunk over NVLink and over the network at the same time, so the transfer takes
 the slower tier's time, not the sum of both (the sum, which this module priced until stop 40,
@@ -309,6 +315,7 @@ class Network:
             self.inter = dataclasses.replace(self.inter, latency_s=0.0)
         # per-call constants, read once (collective times are asked for millions of times)
         self._intra_bw, self._inter_bw = self.intra.effective_bytes_per_s, self.inter.effective_bytes_per_s
+        self._mesh = self.intra.mesh_peers    # a direct mesh inside the domain (LinkSpec.mesh_peers)
         self._intra_lat, self._inter_lat = self.intra.latency_s, self.inter.latency_s
         # a measured network tier holds its own steps
         inter_measured = "inter" in tiers
@@ -328,7 +335,12 @@ class Network:
             bw = _measured_busbw(self.cluster, tier, op, n, size)
             if bw:
                 return bw
-        return self._intra_bw if tier == "intra" else self._inter_bw
+        return self._intra_bw_for(n) if tier == "intra" else self._inter_bw
+
+    def _intra_bw_for(self, k: int) -> float:
+        """The intra tier's effective rate for a collective among ``k`` GPUs of one domain: the
+        link's, times its ``mesh_share`` on a direct mesh (``LinkSpec.mesh_peers``)."""
+        return self._intra_bw * self.intra.mesh_share(k) if self._mesh else self._intra_bw
 
     def _coefficients(self, lay: GroupLayout, factor: int) -> tuple:
         """The constants of a two-tier collective on ``lay`` (``factor`` 2 for all-reduce, 1 for
@@ -400,9 +412,9 @@ class Network:
         lat_b -= self._small_part(small, size)
         # the tiers run at once (PIPELINED_TIERS): the slower one's transfer, both tiers' latencies
         if intra and inter:
-            return max(a * size / self._intra_bw, b * (size / nics) / self._inter_bw) + lat_a + lat_b
+            return max(a * size / self._intra_bw_for(lay[1]), b * (size / nics) / self._inter_bw) + lat_a + lat_b
         if intra:
-            return a * size / self._intra_bw + lat_a
+            return a * size / self._intra_bw_for(lay[1]) + lat_a
         return b * (size / nics) / self._inter_bw + lat_b
 
     def all_reduce_fn(self, lay: GroupLayout) -> Callable[[float], float]:
@@ -427,7 +439,7 @@ class Network:
             # the terms of all_reduce / all_gather with the layout's constants bound; one tier's
             # time is t = 0.0 + term there, which is exactly the term
             intra, a, lat_a, nics, inter, b, lat_b, small = self._coefficients(lay, factor)
-            bw_a, bw_b = self._intra_bw, self._inter_bw
+            bw_a, bw_b = self._intra_bw_for(lay[1]), self._inter_bw
             part = self._small_part
             if intra and inter:
                 lat = lat_a + lat_b
@@ -498,7 +510,7 @@ class Network:
         measured = _measured_busbw(self.cluster, "intra", "send_recv", 2, size) if self._measured else None
         if measured:
             return size / measured + self._intra_lat
-        bw = self._intra_bw
+        bw = self._intra_bw_for(2)
         if ranks and self._p2p_channel_bw:
             bw = min(bw, nvlink_p2p_channels(size, ranks) * self._p2p_channel_bw)
         return size / bw + self._intra_lat

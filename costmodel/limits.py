@@ -76,7 +76,7 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "dtensor_tp_layer_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN)}.items()},
     **{("LinkSpec", k): v for k, v in {
         "bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS), "latency_s": (0, MAX_LATENCY_S, _NN),
-        "efficiency": (0, 1, _POS)}.items()},
+        "efficiency": (0, 1, _POS), "mesh_peers": (0, MAX_GPUS_PER_NODE, _NN)}.items()},
     ("NodeGroup", "gpus_per_node"): (1, MAX_GPUS_PER_NODE, _NN),
     ("NodeGroup", "nodes"): (1, MAX_NODES, _NN),
     ("NodeGroup", "nvlink_domain"): (0, MAX_GPUS_PER_NODE, _NN),

@@ -480,6 +480,11 @@ class LinkSpec:
     # fraction of the link a well-tuned collective reaches at large messages
     # (NCCL bus bandwidth / link bandwidth)
     efficiency: float = 0.8
+    # 0: a switched link (NVSwitch, a network): a GPU reaches any peer at the full rate. N > 0: a
+    # direct mesh of N peers with no switch (an HGX 4-GPU board: 3 peers, 6 NVLink 4 links each),
+    # where ``bandwidth_bytes_per_s`` is the GPU's total over its N links, each pair sharing 1/N
+    # of it: ``mesh_share`` says what a group uses
+    mesh_peers: int = 0
 
     def __post_init__(self) -> None:
         check_types(self, f"link {describe(self.name)}", SpecError)
@@ -491,6 +496,16 @@ class LinkSpec:
     @property
     def effective_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    def mesh_share(self, members: int) -> float:
+        """The fraction of the link's rate a collective among ``members`` GPUs on it moves at: 1
+        on a switched link; on a direct mesh of ``mesh_peers`` peers, each member sends to its
+        ``members - 1`` peers over as many links, so ``min(members - 1, mesh_peers) / mesh_peers``
+        (NCCL lays its rings over distinct links: a ring's send to one neighbour, one pair's link,
+        is ``1 / mesh_peers``; channels laid over the other links of a 4-GPU mesh reach them all)."""
+        if not self.mesh_peers or members <= 1:
+            return 1.0
+        return min(members - 1, self.mesh_peers) / self.mesh_peers
 
     @property
     def rdma(self) -> bool:

@@ -28,7 +28,9 @@ def test_cluster_files_state_only_what_the_catalog_lacks(case):
     """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
     with the same GPU, and differs from it in the network the source states (else the catalog name
     would do). The same GPU may carry its own name where its die and curve are the catalog one's
-    (the A800: the A100 with NVLink cut, ``validation_cross.CURVE_OF``)."""
+    (the A800: the A100 with NVLink cut, ``validation_cross.CURVE_OF``). A machine reported apart
+    (``validation.hardware_matches`` false: another part of the same die, as TSUBAME 4.0's H100 SXM5
+    94GB HBM2e) may also restate the part's memory and bandwidth, never its peaks or its curve."""
     import dataclasses
 
     from planner.cli.validation_cross import CURVE_OF
@@ -39,8 +41,11 @@ def test_cluster_files_state_only_what_the_catalog_lacks(case):
     mine, cat = validation.case_cluster(case), load_cluster(parent)
     gpu, cat_gpu = mine.groups[0].gpu, cat.groups[0].gpu
     if gpu.name != cat_gpu.name:
-        assert CURVE_OF[generation(gpu.name)] == generation(cat_gpu.name)
+        assert CURVE_OF.get(generation(gpu.name), generation(gpu.name)) == generation(cat_gpu.name)
         gpu = dataclasses.replace(gpu, name=cat_gpu.name)
+    if not validation.hardware_matches(case):
+        gpu = dataclasses.replace(gpu, memory_bytes=cat_gpu.memory_bytes,
+                                  hbm_bandwidth_bytes_per_s=cat_gpu.hbm_bandwidth_bytes_per_s)
     assert gpu == cat_gpu
     assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s
     assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
@@ -485,7 +490,7 @@ def test_fujii_rows_are_the_a100_table_converted_by_the_forks_count():
     cluster file; family fujii-4d, read by no fit."""
     from costmodel import fitted
     assert not any("fujii-4d" in c.families for c in fitted.FITTED)
-    rows, cases = _records_and_cases("fujii4d-")
+    rows, cases = _records_and_cases("fujii4d-llama3.1-8b-a100-")
     h, f, L, a, g, v, s = 4096, 14336, 32, 32, 8, 128256, 8192
     per_token = 12 * L * h * h * ((1 + g / a + s / h) + 1.5 * f / h + v / (2 * L * h))
     assert per_token == 57_912_852_480
@@ -505,6 +510,51 @@ def test_fujii_rows_are_the_a100_table_converted_by_the_forks_count():
         assert model.kv_heads == 8 and not model.tied_embeddings and wl.seq_len == 8192
         assert prof.overlap_grad_reduce and prof.overlap_param_gather and not prof.tp_comm_overlap
         assert not prof.grads_bf16
+
+
+def test_fujii_h100_rows_are_the_tables_converted_and_reported_apart():
+    """Fujii's H100 tables (TSUBAME 4.0): every measured cell of both sequence lengths once, but the eight whose
+    value appears twice in the same table (four pairs, dropped by the rule written before pricing); tokens/s per
+    GPU over the fork's count at that sequence; on the TSUBAME cluster file (4 GPUs per node, HBM2e at 2.4 TB/s,
+    the NVLink mesh, 4 x NDR200); flash-attn, as TE 1.9 ran under PyTorch 2.3's cuDNN; reported apart from the
+    headline (other hardware) and read by no fit."""
+    import collections
+    import re
+    import subprocess
+
+    rows, cases = _records_and_cases("fujii4d-llama3.1-8b-h100-94gb-")
+    assert len(rows) == 104
+
+    def per_token(s: int) -> float:
+        h, f, L, a, g, v = 4096, 14336, 32, 32, 8, 128256
+        return 12 * L * h * h * ((1 + g / a + s / h) + 1.5 * f / h + v / (2 * L * h))
+    assert (per_token(8192), per_token(16384)) == (57_912_852_480, 70_797_754_368)
+    cells = collections.Counter()
+    for c in rows.values():
+        p, rep, s = c["parallel"], c["reported"], c["model"]["seq_len"]
+        assert c["fit"] is False and c["global_batch"] == 1024 and c["framework"] == "megatron"
+        assert p["dp"] * p["tp"] * p["cp"] * p["pp"] == c["num_gpus"] and p["recompute"] == "none"
+        assert rep["tokens_per_s_per_gpu"] == pytest.approx(rep["tflops_per_gpu"] * 1e12 / per_token(s), abs=0.05)
+        assert c["profile"]["attention"] == "flash-attn" and not validation.hardware_matches(c)
+        cells[(s, rep["tflops_per_gpu"])] += 1
+    assert max(cells.values()) == 1
+    for dup in (365.75, 436.77, 295.71, 299.95):
+        assert (16384, dup) not in cells
+    for c in cases.values():
+        model, cluster, wl, par, prof = c.inputs
+        assert c.family == "fujii-4d" and not c.catalog_hardware and not c.fitted_on
+        g = cluster.groups[0]
+        assert g.gpus_per_node == 4 and g.gpu.hbm_bandwidth_bytes_per_s == 2396e9 and g.intra_node.mesh_peers == 3
+        assert cluster.inter_node.bandwidth_bytes_per_s == 25e9
+    # where the mirror is on this machine, the cells are the file's
+    repo = Path("/work/.mirror/okoge-kaz+Megatron-LM/repo")
+    if repo.exists():
+        text = subprocess.run(["git", f"--git-dir={repo}", "show",
+                               "e4e8c2184f64906e46442ce3ad2b64df9670d1ee:scripts/abci/Llama-3.1-8B/4d_parallelism.md"],
+                              capture_output=True, text=True, check=True).stdout
+        h100 = text[text.index("## H100"):]
+        found = len(re.findall(r"\|\s*\d+(?:\.\d+)?\s*(?=\|)", h100))
+        assert found == 112
 
 
 def test_thunder_rows_are_the_prs_tables_priced_as_the_benchmark_ran_them():

@@ -51,7 +51,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
              "reserved_gib", "price_per_hour", "layer_overhead_us", "fsdp2_block_us", "dtensor_param_step_us",
              "dtensor_tp_layer_us", "serving_matmul_efficiency", "attention_table"}
-_LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency"}
+_LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency", "mesh_peers"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
 _TOP_KEYS = _GROUP_KEYS | {"groups", "storage", "reliability"}
@@ -229,7 +229,8 @@ def link_from_dict(d: Mapping, where: str) -> LinkSpec:
     _unknown(d, _LINK_KEYS, where)
     return LinkSpec(name=_str(d, "name", where, "link"), bandwidth_bytes_per_s=_num(d, "gb_per_s", where, above=0) * GB,
                     latency_s=_num(d, "latency_us", where, 5.0, at_least=0) * US,
-                    efficiency=_num(d, "efficiency", where, 0.8, above=0, at_most=1))
+                    efficiency=_num(d, "efficiency", where, 0.8, above=0, at_most=1),
+                    mesh_peers=_int(d, "mesh_peers", where) if d.get("mesh_peers", 0) != 0 else 0)
 
 
 def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
@@ -413,7 +414,8 @@ def gpu_to_dict(g: GpuSpec) -> dict:
 
 def link_to_dict(link: LinkSpec) -> dict:
     return {"name": link.name, "gb_per_s": _r(link.bandwidth_bytes_per_s / GB),
-            "latency_us": _r(link.latency_s / US), "efficiency": link.efficiency}
+            "latency_us": _r(link.latency_s / US), "efficiency": link.efficiency,
+            **({"mesh_peers": link.mesh_peers} if link.mesh_peers else {})}
 
 
 def _domain(g: NodeGroup) -> dict:

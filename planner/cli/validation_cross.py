@@ -678,8 +678,9 @@ def markdown(res: dict) -> str:
         out += [line + ".", ""]
     if other:
         med, big = _stats(other)
-        out += [f"Runs on machines other than the catalog cluster they name (not fitted; predicted on the catalog "
-                f"cluster): median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(other)} runs.", ""]
+        out += [f"Runs on machines other than the catalog's (not fitted; predicted on the catalog cluster they name, "
+                f"or on the cluster file that describes their machine): median {med * 100:.1f}%, largest "
+                f"{big * 100:.1f}% over {len(other)} runs.", ""]
     unfitted = [r for r in head if not r.case.fitted_on]
     if unfitted:
         # records with ``fit: false`` (validation.all_cases: split more-unfitted): in the headline, read by no fit
