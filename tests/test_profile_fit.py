@@ -2,6 +2,8 @@
 group shapes, and measurements -> a cluster file that loads and round-trips (no processes)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -175,3 +177,44 @@ def test_graph_timing_falls_back_where_it_cannot_capture():
     a = torch.randn(64, 64)
     assert bm.time_graphed(lambda: a @ a, torch.device("cpu"), 0.01) is None
     assert bm.GRAPH_BELOW_S > 9.65e-6       # above the H200's measured eager launch floor
+
+
+def _hgx_4gpu_calls() -> dict:
+    """Synthetic (not a recording): the DGX H100 recording cut to 4 GPUs whose 18 NVLinks go straight to
+    the other three, 6 to each (an HGX H100 4-GPU board, no NVSwitch); the remote end of each link is
+    given by the peer's PCI bus id, as NVML reports it."""
+    calls = json.loads((DATA / "dgx_h100.json").read_text())["calls"]
+    calls = dict(calls)
+    calls["nvmlDeviceGetCount"] = {"": 4}
+    calls["nvmlDeviceGetNvLinkRemoteDeviceType"] = {"*,0-17": 0}     # NVML_NVLINK_DEVICE_TYPE_GPU
+    bus = [calls["nvmlDeviceGetPciInfo"][str(i)]["busId"] for i in range(4)]
+    remote = {}
+    for i in range(4):
+        for n, j in enumerate(j for j in range(4) if j != i):
+            remote[f"{i},{6 * n}-{6 * n + 5}"] = {"busId": bus[j]}
+    calls["nvmlDeviceGetNvLinkRemotePciInfo"] = remote
+    return calls
+
+
+def test_a_direct_nvlink_mesh_is_found_and_written(tmp_path):
+    """A 4-GPU board without NVSwitch: the probe sees 6 links to each of 3 peers, the profile writes the
+    intra-node link as a mesh of 3 peers at the GPU's 18 links (450 GB/s), and the planner then prices a
+    pair of its GPUs at a third of the rate (costmodel.comm's direct meshes)."""
+    from costmodel.comm import GroupLayout, Network
+    from profiles.probe import nvlink_mesh_peers
+    pr = probe(ReplayNVML({"calls": _hgx_4gpu_calls()}), host="hgx4")
+    assert [g.nvlink_peers for g in pr.gpus][0] == {1: 6, 2: 6, 3: 6}
+    assert nvlink_mesh_peers(pr.gpus) == 3
+    assert nvlink_mesh_peers(probe(ReplayNVML.from_file(DATA / "dgx_h100.json"), host="dgx").gpus) == 0  # NVSwitch
+    res = _result("cuda", nodes=1, gpn=4, best_tflops=700.0, intra_bw=360 * GB, inter_bw=45 * GB)
+    prof = analyze(pr, res, name="hgx4", quick=True, started=time.time(), method="test")
+    intra = prof.cluster["intra_node"]
+    assert intra["mesh_peers"] == 3 and intra["gb_per_s"] == 450
+    assert intra["efficiency"] == pytest.approx(0.8, rel=1e-3)        # the four-GPU ring's measured 360 of 450
+    assert "mesh of 3 peers" in prof.cluster["provenance"]["links"]["intra_node"]
+    spec = load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"])
+    assert spec.intra_node.mesh_peers == 3
+    net = Network(dataclasses.replace(spec, collective_table=()))     # the link's rule, not the table
+    size = 64e6
+    pair = net.all_gather(size, GroupLayout(2, 2)) - net.intra.latency_s
+    assert pair == pytest.approx(0.5 * size / (360e9 / 3))
