@@ -109,17 +109,15 @@ class GpuInfo:
 
 def nvlink_mesh_peers(gpus: "list[GpuInfo]") -> int:
     """The peers of a direct NVLink mesh (``LinkSpec.mesh_peers``): N when every GPU's NVLinks go
-    straight to N >= 2 of the other GPUs, the same number of links to each, and none to a switch
-    (an HGX 4-GPU board: 6 links to each of 3 peers); 0 otherwise (NVSwitch boards, bridged pairs,
-    PCIe cards, or a topology that is not one regular mesh)."""
-    if len(gpus) < 3:
+    straight to all N >= 2 other GPUs of the host, the same number of links to each, and none to a
+    switch (an HGX 4-GPU board: 6 links to each of 3 peers); 0 otherwise (NVSwitch boards, bridged
+    pairs, PCIe cards, or a partial mesh such as a hybrid cube, where some pairs have no NVLink and
+    one figure per GPU cannot say which)."""
+    n = len(gpus) - 1
+    if n < 2 or any(g.nvlink_switch_links or set(g.nvlink_peers) != set(range(n + 1)) - {i}
+                    for i, g in enumerate(gpus)):
         return 0
-    peers = {len(g.nvlink_peers) for g in gpus}
-    links = {n for g in gpus for n in g.nvlink_peers.values()}
-    if len(peers) != 1 or len(links) != 1 or any(g.nvlink_switch_links for g in gpus):
-        return 0
-    n = peers.pop()
-    return n if n >= 2 else 0
+    return n if len({k for g in gpus for k in g.nvlink_peers.values()}) == 1 else 0
 
 
 @dataclass

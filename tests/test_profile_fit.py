@@ -218,3 +218,18 @@ def test_a_direct_nvlink_mesh_is_found_and_written(tmp_path):
     size = 64e6
     pair = net.all_gather(size, GroupLayout(2, 2)) - net.intra.latency_s
     assert pair == pytest.approx(0.5 * size / (360e9 / 3))
+
+
+def test_a_partial_or_uneven_nvlink_mesh_is_not_written_as_one():
+    """Where some pairs of GPUs have no NVLink, or pairs have different link counts, one figure per GPU
+    cannot describe the node: no mesh is written (the datasheet's link stays)."""
+    from profiles.probe import GpuInfo, nvlink_mesh_peers
+    full = [GpuInfo(index=i, name="H100", nvlink_peers={j: 6 for j in range(4) if j != i}) for i in range(4)]
+    assert nvlink_mesh_peers(full) == 3
+    ring = [GpuInfo(index=i, name="H100", nvlink_peers={(i + 1) % 4: 9, (i - 1) % 4: 9}) for i in range(4)]
+    assert nvlink_mesh_peers(ring) == 0                      # 0 and 2 are not linked
+    uneven = [GpuInfo(index=i, name="H100", nvlink_peers={j: 6 if (i + j) % 2 else 4 for j in range(4) if j != i})
+              for i in range(4)]
+    assert nvlink_mesh_peers(uneven) == 0
+    pair = [GpuInfo(index=i, name="A100", nvlink_peers={1 - i: 12}) for i in range(2)]
+    assert nvlink_mesh_peers(pair) == 0                      # a bridged pair: one peer, nothing to split
