@@ -59,6 +59,10 @@ def test_the_cluster_file_round_trips_and_bad_values_are_refused(tmp_path):
     out = tmp_path / "c.yaml"
     out.write_text(yaml.safe_dump(d))
     assert load_cluster(str(out)).groups[0].intra_node.mesh_peers == 3
+    f = tmp_path / "wide.yaml"
+    f.write_text("extends: dgx-h100\ngpus_per_node: 4\nintra_node: {name: mesh, gb_per_s: 450, mesh_peers: 7}\n")
+    with pytest.raises(SpecError, match="mesh_peers 7 needs at least 8 GPUs linked together, but the NVLink domain has 4"):
+        load_cluster(str(f))
     for bad in (2.5, -1, "three"):
         f = tmp_path / "bad.yaml"
         f.write_text(f"extends: dgx-h100\nintra_node: {{name: mesh, gb_per_s: 450, mesh_peers: {bad!r}}}\n"
@@ -66,3 +70,20 @@ def test_the_cluster_file_round_trips_and_bad_values_are_refused(tmp_path):
                      f"extends: dgx-h100\nintra_node: {{name: mesh, gb_per_s: 450, mesh_peers: {bad}}}\n")
         with pytest.raises(SpecError, match="mesh_peers"):
             load_cluster(str(f))
+
+
+def test_a_mesh_on_the_network_is_refused_with_a_hint(tmp_path):
+    """``mesh_peers`` describes a node's GPU links; written on the network it would be ignored, so it is
+    refused: by the loader, and by the command with exit code 2 and no traceback."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "bad.yaml"
+    f.write_text("extends: dgx-h100\ninter_node: {name: ib, gb_per_s: 50, mesh_peers: 3}\n")
+    with pytest.raises(SpecError, match="inter_node: mesh_peers=3 .*move it to intra_node"):
+        load_cluster(str(f))
+    res = subprocess.run([sys.executable, "-m", "planner", "estimate", "--model", "llama-3-8b", "--cluster",
+                          str(f), "--gpus", "8", "--global-batch", "64", "--seq-len", "2048", "--tp", "2"],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert res.returncode == 2, res.stderr
+    assert "move it to intra_node" in res.stderr and "Traceback" not in res.stderr

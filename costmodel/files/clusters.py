@@ -243,9 +243,13 @@ def _group_from_dict(d: Mapping, name: str, where: str) -> NodeGroup:
     if domain % gpn:
         raise SpecError(f"{where}: 'nvlink_domain' {domain} must be a whole number of hosts of 'gpus_per_node' {gpn} "
                         f"(GB200 NVL72: nvlink_domain 72, gpus_per_node 4)")
+    intra = link_from_dict(d["intra_node"], f"{where}.intra_node")
+    if intra.mesh_peers >= domain:
+        raise SpecError(f"{where}.intra_node: mesh_peers {intra.mesh_peers} needs at least {intra.mesh_peers + 1} GPUs "
+                        f"linked together, but the NVLink domain has {domain} (gpus_per_node, nvlink_domain); an HGX "
+                        "4-GPU board is mesh_peers 3")
     return NodeGroup(name=name, gpu=gpu_from_dict(d["gpu"], f"{where}.gpu"),
-                     gpus_per_node=gpn, nodes=_int(d, "nodes", where, 1),
-                     intra_node=link_from_dict(d["intra_node"], f"{where}.intra_node"), nvlink_domain=domain)
+                     gpus_per_node=gpn, nodes=_int(d, "nodes", where, 1), intra_node=intra, nvlink_domain=domain)
 
 
 _COLLECTIVE_KEYS = {"tier", "op", "group_size", "bytes", "busbw_gb_per_s"}
@@ -321,6 +325,9 @@ def cluster_from_dict(data: Mapping, where: str = "cluster", base_dir: Path | No
         inter = data.get("inter_node")
         if inter is None:
             raise SpecError(f"{where}: missing 'inter_node'")
+    if isinstance(inter, Mapping) and inter.get("mesh_peers", 0) not in (0, None):
+        raise SpecError(f"{where}.inter_node: mesh_peers={inter['mesh_peers']!r} describes how a node's GPUs are "
+                        "linked to each other; the network between nodes has none (move it to intra_node)")
     return ClusterSpec(name=name, groups=tuple(groups), inter_node=link_from_dict(inter, f"{where}.inter_node"),
                        source=_str(data, "source", where, "datasheet"), **_measured(data, where),
                        **_storage_and_reliability(data, where))
