@@ -586,14 +586,18 @@ def cp_case(case: CrossCase) -> bool:
 
 
 def cp_group(case: CrossCase) -> str:
-    """A run's group by its context parallelism: none, PyTorch's ring, or the kernel library's own."""
+    """A run's group by its context parallelism: none, PyTorch's ring, or the kernel library's own. Megatron's
+    ring is Transformer Engine's whatever kernel its steps run (TE 1.x under Megatron falls back to flash-attn
+    where cuDNN cannot take the heads: the Kwai and TSUBAME rows), so its runs say so, kernel apart."""
     from costmodel.attention import torch_ring
     cp, att = case.inputs[3].cp, case_attention(case)
     if cp <= 1:
         return "no context parallel"
     if torch_ring(att, cp):
         return "PyTorch's ring (torch CP)"
-    return "Transformer Engine's ring" if att == "te" else f"{att} ring"
+    if att == "te":
+        return "Transformer Engine's ring"
+    return f"Transformer Engine's ring, {att} kernel" if case.framework == "megatron" else f"{att} ring"
 
 
 def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
