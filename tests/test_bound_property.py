@@ -71,6 +71,9 @@ def _cluster(memory_gib: float, shape: dict):
             "inter_node": {"name": "ib", "gb_per_s": 25}})
     d = node(shape["base"], memory_gib, shape["gpn"])
     d["nodes"] = shape["nodes"]
+    if shape.get("mesh"):
+        # a direct NVLink mesh (an HGX 4-GPU board): a pair moves at a third of the GPU's links
+        d["intra_node"] = {"name": "nvlink-mesh", "gb_per_s": 450, "mesh_peers": shape["gpn"] - 1}
     return cluster_from_dict(d, "small")
 
 
@@ -136,6 +139,9 @@ def _instance(seed: int):
                             else [0.5, 0.1, 0.4])[0]
     if target is not None and not T.get(target).heterogeneous:
         shape["mixed"] = False        # it launches one kind of node: solve_target solves each group alone
+    # a third of the 4-GPU nodes are direct meshes (LinkSpec.mesh_peers), chosen by the seed so that the
+    # random draws above, and so every other instance, stay as they were
+    shape["mesh"] = not shape["mixed"] and shape["gpn"] == 4 and seed % 3 == 0
     cluster = _cluster(80.0, shape)
     fixed = _fixed(rng, model, cluster.total_gpus)
     try:
@@ -191,6 +197,8 @@ def _check(prob: Problem, members: list, picked: list[int], st: Stats, seed: int
             st.cover("cp>1")
         if par.ep > 1:
             st.cover("moe ep>1")
+        if any(g.intra_node.mesh_peers for g in prob.cluster.groups):
+            st.cover("mesh node")
         lb = bounds.lower_bound(prob, cand)
         st.checks += 1
         if opt is None:
@@ -282,7 +290,7 @@ def test_every_bound_is_at_most_the_true_optimum():
     assert st.instances >= 500
     assert st.tight * 3 >= st.instances, (st.tight, st.instances)
     assert st.feasible >= st.candidates // 3, (st.feasible, st.candidates)
-    for key in ("pp1", "pp2", "zero1", "zero2", "zero3", "cp>1", "moe ep>1", "target generic",
+    for key in ("pp1", "pp2", "zero1", "zero2", "zero3", "cp>1", "moe ep>1", "mesh node", "target generic",
                 *(f"target {t}" for t in T.TRAIN_TARGETS), "policy-only recompute"):
         assert st.covered.get(key, 0) >= 20, (key, st.covered)
     # DeepSpeed's partition_method splits and torchtitan's per-op SAC are in the space drawn
