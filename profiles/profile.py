@@ -606,23 +606,20 @@ def _link(fit: bc.AlphaBeta | None, sheet: dict | None, kind: str, device_type: 
     bw = fit.bandwidth_bytes_per_s / GB
     lat = fit.alpha_s / US
     name = f"{sheet['name'] if sheet else kind} (measured)"
-    mesh = {"mesh_peers": sheet["mesh_peers"]} if sheet and sheet.get("mesh_peers") else {}
     if device_type == "cuda" and sheet and bw < sheet["gb_per_s"]:
         return {"name": name, "gb_per_s": sheet["gb_per_s"], "latency_us": _r(lat),
-                "efficiency": _r(max(0.01, bw / sheet["gb_per_s"])), **mesh}, "measured"
-    return {"name": name, "gb_per_s": _r(bw), "latency_us": _r(lat), "efficiency": 1.0, **mesh}, "measured"
+                "efficiency": _r(max(0.01, bw / sheet["gb_per_s"]))}, "measured"
+    return {"name": name, "gb_per_s": _r(bw), "latency_us": _r(lat), "efficiency": 1.0}, "measured"
 
 
-def _mesh_sheet(sheet: dict | None, gpus: list) -> dict | None:
-    """The datasheet's intra-node link, made a direct mesh where the probe found one
-    (``probe.nvlink_mesh_peers``): the GPU's NVLinks at their datasheet rate, split over its peers.
-    A node of 4 H100s on an HGX 4-GPU board matches the DGX H100 datasheet, whose NVSwitch would
-    otherwise give a pair of them the whole 450 GB/s where its 6 links carry 150."""
-    peers = nvlink_mesh_peers(gpus)
+def _mesh_sheet(sheet: dict | None, gpus: list, peers: int) -> dict | None:
+    """The datasheet's intra-node link on a direct mesh of ``peers`` (``probe.nvlink_mesh_peers``):
+    the GPU's NVLinks at their datasheet rate. A node of 4 H100s on an HGX 4-GPU board matches the
+    DGX H100 datasheet, whose NVSwitch link is named for the switch; the rate is the same 18 links."""
     if not peers or not sheet:
         return sheet
     rate = min(g.nvlink_gb_per_s for g in gpus)
-    return {**sheet, "name": f"nvlink-mesh-{peers}-peers", "gb_per_s": _r(rate), "mesh_peers": peers}
+    return {**sheet, "name": f"nvlink-mesh-{peers}-peers", "gb_per_s": _r(rate)}
 
 
 def _attention_summary(rows: list[list]) -> dict:
@@ -697,9 +694,13 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     rows = result["collectives"]
     fits = bc.fit_alpha_beta(rows) if rows else []
     f_intra, f_inter = bc.tier_fit(fits, "intra", rows), bc.tier_fit(fits, "inter", rows)
-    intra, intra_src = _link(f_intra, _mesh_sheet((sheet or {}).get("intra_node"), gpus), "intra", device_type)
-    if intra.get("mesh_peers"):
-        intra_src += f"; a direct NVLink mesh of {intra['mesh_peers']} peers per GPU (NVML's link peers)"
+    # a direct NVLink mesh (an HGX 4-GPU board): a pair of its GPUs moves at 1/peers of the link, whether
+    # the link's rate is the datasheet's or, for a GPU the catalog lacks, the measured one
+    peers = nvlink_mesh_peers(gpus)
+    intra, intra_src = _link(f_intra, _mesh_sheet((sheet or {}).get("intra_node"), gpus, peers), "intra", device_type)
+    if peers:
+        intra["mesh_peers"] = peers
+        intra_src += f"; a direct NVLink mesh of {peers} peers per GPU (NVML's link peers)"
     inter, inter_src = _link(f_inter, (sheet or {}).get("inter_node"), "inter", device_type)
     overlap = result.get("overlap")
     hosts = sorted({r["host"] for r in ranks})

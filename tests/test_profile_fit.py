@@ -218,6 +218,13 @@ def test_a_direct_nvlink_mesh_is_found_and_written(tmp_path):
     size = 64e6
     pair = net.all_gather(size, GroupLayout(2, 2)) - net.intra.latency_s
     assert pair == pytest.approx(0.5 * size / (360e9 / 3))
+    # a GPU the catalog lacks (no datasheet): the measured rate is the link's, and the mesh is still written
+    calls = _hgx_4gpu_calls()
+    calls["nvmlDeviceGetName"] = {"*": "NVIDIA Unlisted Accelerator"}
+    two = _result("cuda", nodes=2, gpn=4, best_tflops=700.0, intra_bw=360 * GB, inter_bw=45 * GB)
+    bare = analyze(probe(ReplayNVML({"calls": calls}), host="hgx4"), two, name="hgx4", quick=True,
+                   started=time.time(), method="test").cluster["intra_node"]
+    assert bare["mesh_peers"] == 3 and bare["gb_per_s"] == pytest.approx(360) and bare["efficiency"] == 1.0
 
 
 def test_a_partial_or_uneven_nvlink_mesh_is_not_written_as_one():
