@@ -701,7 +701,22 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     if peers:
         intra["mesh_peers"] = peers
         intra_src += f"; a direct NVLink mesh of {peers} peers per GPU (NVML's link peers)"
-    inter, inter_src = _link(f_inter, (sheet or {}).get("inter_node"), "inter", device_type)
+    inter_sheet = (sheet or {}).get("inter_node")
+    no_network = f_inter is None and inter_sheet is None
+    if no_network:
+        # one node of a GPU the catalog has no datasheet for: nothing says what its network is. No plan on
+        # this one-node file crosses it; a file that is later given more nodes prices the network at the
+        # GPU's own PCIe link, the most any NIC behind it can carry (an upper bound, so named)
+        pcie = min((g.pcie_gb_per_s or 0.0) for g in gpus) if gpus else 0.0
+        if pcie <= 0:
+            raise RankFailed(f"one node of {gpus[0].name if gpus else 'an unknown device'} was measured, the catalog "
+                             "has no datasheet for it and NVML gives no PCIe link: nothing bounds its network; "
+                             "profile two nodes (the network is then measured)")
+        inter_sheet = {"name": "unmeasured (one node): the GPU's PCIe link, an upper bound on its NIC",
+                       "gb_per_s": _r(pcie)}
+    inter, inter_src = _link(f_inter, inter_sheet, "inter", device_type)
+    if no_network:
+        inter_src = "not measured (one node) and no datasheet: the GPU's PCIe link as an upper bound"
     overlap = result.get("overlap")
     hosts = sorted({r["host"] for r in ranks})
     cname = name or (f"measured-{hosts[0]}" if len(hosts) == 1 else f"measured-{hosts[0]}-x{nodes}")
@@ -744,7 +759,8 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
         "device": result["device_type"], "matmul_dtype": primary,
         "matmul_peak": "datasheet" if gpu_datasheet_known else "measured best (no datasheet peak for this device)",
         "hbm": "measured copy bandwidth of the largest buffer (read + write)",
-        "links": {"intra_node": intra_src, "inter_node": inter_src if nodes > 1 else "datasheet (single node)"},
+        "links": {"intra_node": intra_src,
+                  "inter_node": inter_src if nodes > 1 or no_network else "datasheet (single node)"},
         "fits": {f"{f.tier}/{f.group}/{f.op}": {"group_size": f.group_size, "alpha_us": _r(f.alpha_s / US),
                                                 "busbw_gb_per_s": _r(f.bandwidth_bytes_per_s / GB),
                                                 "rms_rel_error": _r(f.rms_rel_error, 3)} for f in fits},

@@ -240,3 +240,24 @@ def test_a_partial_or_uneven_nvlink_mesh_is_not_written_as_one():
     assert nvlink_mesh_peers(uneven) == 0
     pair = [GpuInfo(index=i, name="A100", nvlink_peers={1 - i: 12}) for i in range(2)]
     assert nvlink_mesh_peers(pair) == 0                      # a bridged pair: one peer, nothing to split
+
+
+def test_one_node_of_a_gpu_outside_the_catalog_is_written_with_its_network_bounded(tmp_path):
+    """One node of a GPU the catalog has no datasheet for: the network was neither measured nor has a datasheet.
+    Until stop 44 this raised an internal error and wrote nothing. The file is now written, its network the GPU's
+    own PCIe link (an upper bound on any NIC behind it), named and explained as such; with no PCIe figure either,
+    the profile says what to do instead of failing inside."""
+    from profiles.profile import RankFailed
+    calls = json.loads((DATA / "dgx_h100.json").read_text())["calls"]
+    calls["nvmlDeviceGetName"] = {"*": "NVIDIA Unlisted Accelerator"}
+    pr = probe(ReplayNVML({"calls": calls}), host="box")
+    res = _result("cuda", nodes=1, gpn=8, best_tflops=700.0, intra_bw=360 * GB, inter_bw=45 * GB)
+    prof = analyze(pr, res, name="box", quick=True, started=time.time(), method="test")
+    inter = prof.cluster["inter_node"]
+    assert inter["gb_per_s"] == pytest.approx(pr.gpus[0].pcie_gb_per_s, rel=1e-3) and "upper bound" in inter["name"]
+    assert "PCIe link as an upper bound" in prof.cluster["provenance"]["links"]["inter_node"]
+    assert load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"]).total_gpus == 8
+    for g in pr.gpus:
+        g.pcie_gen_max = None
+    with pytest.raises(RankFailed, match="profile two nodes"):
+        analyze(pr, res, name="box", quick=True, started=time.time(), method="test")
