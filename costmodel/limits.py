@@ -38,6 +38,7 @@ MAX_BANDWIDTH = 1e15               # 1 PB/s per accelerator or link
 MAX_LATENCY_S = 1.0                # one hop of a link
 MAX_LAYER_OVERHEAD_S = 1.0         # host time per layer per micro-batch
 MAX_PRICE = 1e6                    # USD per accelerator-hour
+MAX_POWER_W = 1e5                  # watts per accelerator (board power, a power limit)
 MAX_HALF_SIZE = 1e6                # GEMM size at half efficiency
 MAX_MESSAGE_BYTES = float(1 << 50)
 MAX_SOFTCAP = 1e4                  # a logit soft-cap (Gemma 2: 50 and 30)
@@ -73,7 +74,8 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "reserved_bytes": (0, MAX_MEMORY_BYTES, _NN), "price_per_hour": (0, MAX_PRICE, _NN),
         "layer_overhead_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "fsdp2_block_s": (0, MAX_LAYER_OVERHEAD_S, _NN),
         "dtensor_param_step_s": (0, MAX_LAYER_OVERHEAD_S, _NN),
-        "dtensor_tp_layer_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN)}.items()},
+        "dtensor_tp_layer_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN),
+        "tdp_w": (0, MAX_POWER_W, _NN), "power_limit_w": (0, MAX_POWER_W, _NN)}.items()},
     **{("LinkSpec", k): v for k, v in {
         "bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS), "latency_s": (0, MAX_LATENCY_S, _NN),
         "efficiency": (0, 1, _POS), "mesh_peers": (0, MAX_GPUS_PER_NODE, _NN)}.items()},

@@ -406,6 +406,14 @@ class GpuSpec:
     # (costmodel/VALIDATION_INFERENCE.md) were validated on the curve before the session-20 training
     # refit; the catalog keeps that curve for serving until serving is revalidated on the new one.
     serving_matmul_efficiency: float = 0.0
+    # The board power the datasheet rates the part at (W; 0: unknown), and the power limit its GPUs
+    # run at where a cluster file or a profile says it is set lower (W; 0: the default, the rated
+    # power). Under a lower limit a GPU sustains lower clocks in dense math than the datasheet peaks
+    # assume. The cost model does not price that (no measured curve of throughput against the power
+    # limit is on file): a prediction on such GPUs, with no measured profile behind it, carries a
+    # warning instead (``costmodel.ceilings.power_flag``).
+    tdp_w: float = 0.0
+    power_limit_w: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, f"gpu {describe(self.name)}", SpecError)

@@ -724,9 +724,14 @@ def analyze(pr: ProbeResult, result: dict, *, name: str | None, quick: bool, sta
     gpu = {"name": gpu_name, "memory_gib": _r(mem_gib), "tflops": tflops,
            "hbm_gb_per_s": _r(copy_bw / GB) if copy_bw else sheet_gpu.get("hbm_gb_per_s", 10.0),
            "matmul_efficiency": _r(e_max), "matmul_half_size": _r(half)}
-    for k in ("reserved_gib", "price_per_hour"):
+    for k in ("reserved_gib", "price_per_hour", "tdp_w"):
         if k in sheet_gpu:
             gpu[k] = sheet_gpu[k]
+    # a power limit below the part's rated power (NVML's enforced limit): written so the file says what its
+    # measured curves were measured at (costmodel.specs.GpuSpec.power_limit_w)
+    limits = [g.power_limit_w for g in gpus if g.power_limit_w]
+    if limits and sheet_gpu.get("tdp_w") and min(limits) < sheet_gpu["tdp_w"]:
+        gpu["power_limit_w"] = _r(min(limits))
     layer = result.get("layer")
     if layer and device_type == "cpu":
         gpu["layer_overhead_us"] = _r(layer["overhead_s"] / US)

@@ -23,14 +23,19 @@ def test_case_names_are_unique_across_files():
     assert set(dup) <= {"mlm-moe-mixtral-8x7b-h100-64gpu"}, dup
 
 
-@pytest.mark.parametrize("case", [c for c in MORE if str(c["cluster"]).endswith(".yaml")], ids=lambda c: c["name"])
+ON_FILES = [c for c, _split in validation.all_cases() if str(c["cluster"]).endswith(".yaml")]
+
+
+@pytest.mark.parametrize("case", ON_FILES, ids=lambda c: c["name"])
 def test_cluster_files_state_only_what_the_catalog_lacks(case):
     """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
     with the same GPU, and differs from it in the network the source states (else the catalog name
     would do). The same GPU may carry its own name where its die and curve are the catalog one's
     (the A800: the A100 with NVLink cut, ``validation_cross.CURVE_OF``). A machine reported apart
     (``validation.hardware_matches`` false: another part of the same die, as TSUBAME 4.0's H100 SXM5
-    94GB HBM2e) may also restate the part's memory and bandwidth, never its peaks or its curve."""
+    94GB HBM2e and Meta's Grand Teton H100s) may also restate the part's memory and bandwidth and the
+    power limit it runs at, never its peaks or its curve; such a file differs from the catalog in the
+    network or in the part."""
     import dataclasses
 
     from planner.cli.validation_cross import CURVE_OF
@@ -43,11 +48,14 @@ def test_cluster_files_state_only_what_the_catalog_lacks(case):
     if gpu.name != cat_gpu.name:
         assert CURVE_OF.get(generation(gpu.name), generation(gpu.name)) == generation(cat_gpu.name)
         gpu = dataclasses.replace(gpu, name=cat_gpu.name)
+    part_differs = False
     if not validation.hardware_matches(case):
-        gpu = dataclasses.replace(gpu, memory_bytes=cat_gpu.memory_bytes,
-                                  hbm_bandwidth_bytes_per_s=cat_gpu.hbm_bandwidth_bytes_per_s)
+        restated = dataclasses.replace(gpu, memory_bytes=cat_gpu.memory_bytes, power_limit_w=cat_gpu.power_limit_w,
+                                       hbm_bandwidth_bytes_per_s=cat_gpu.hbm_bandwidth_bytes_per_s)
+        part_differs = restated != gpu
+        gpu = restated
     assert gpu == cat_gpu
-    assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s
+    assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s or part_differs
     assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
 
 

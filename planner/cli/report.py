@@ -140,8 +140,9 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     (``costmodel.uncertainty``), the step-time range it gives, a flag when the predicted MFU is
     above the best ever published for that GPU (``costmodel.ceilings``, both by its causal count,
     ``mfu_causal``) with no measured profile,
-    one when the step is thin (``costmodel.ceilings.is_thin``) and one when ``par`` runs PyTorch's
-    ring attention under ``framework`` (``costmodel.attention.torch_ring``). A dense model in such
+    one when the step is thin (``costmodel.ceilings.is_thin``), one when ``par`` runs PyTorch's
+    ring attention under ``framework`` (``costmodel.attention.torch_ring``) and one when the GPUs run
+    below their rated power with no measured profile (``costmodel.ceilings.power_flag``). A dense model in such
     a regime takes that regime's band (``train-thin``, ``train-torch-cp``, or ``train-cp`` for context
     parallelism on another ring, Transformer Engine's; the widest where more than one applies) for its
     range. ``tie_band`` is the band two plans are judged ties with
@@ -153,8 +154,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     range runs from the kind's own band below (the published runs in either regime were all slower
     than predicted, not faster) to the regime's band above."""
     from costmodel.attention import library_ring, torch_ring
-    from costmodel.ceilings import (causal_mfu, ceiling_step_s, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, thin_flag,
-                                   torch_cp_flag)
+    from costmodel.ceilings import (causal_mfu, ceiling_step_s, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, power_flag,
+                                   thin_flag, torch_cp_flag)
     from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
@@ -183,7 +184,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
             "mfu_causal": causal, "measured_profile": measured, "mfu_flag": flag,
             "ceiling_step_s": ceiling_step_s(step_time_s, causal, ceil[0]) if flag and ceil else None,
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
-            "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None}
+            "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None,
+            "power_flag": power_flag(cluster.groups[0].gpu, measured)}
 
 
 def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
@@ -205,8 +207,8 @@ def credibility_lines(cred: dict[str, Any]) -> list[str]:
     sign = "+/-" if abs(below - cred["band"]) < 1e-9 else f"-{below * 100:.0f}%/+"
     out = [f"uncertainty: {sign}{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
            f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
-    for key in ("mfu_flag", "thin_flag", "torch_cp_flag"):
-        if cred[key]:
+    for key in ("mfu_flag", "thin_flag", "torch_cp_flag", "power_flag"):
+        if cred.get(key):
             out.append(f"[yellow]warning:[/yellow] {cred[key]}")
     return out
 

@@ -1,0 +1,120 @@
+"""GPUs run below their rated power: ``GpuSpec.tdp_w`` (the catalog's datasheet figure) and
+``GpuSpec.power_limit_w`` (a cluster file's or a profile's), and the warning a prediction on such GPUs
+carries (``costmodel.ceilings.power_flag``). The limit is not priced (no curve of throughput against it
+is on file): the prediction is the same with or without it, and says so."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.ceilings import power_flag
+from costmodel.files.clusters import CATALOG_FILE, cluster_from_dict, cluster_to_dict, load_cluster
+from costmodel.specs import SpecError
+from planner.cli.report import credibility
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAND_TETON = ROOT / "calibration" / "clusters" / "meta-grandteton-h100-96gb-hbm2e.yaml"
+DATA = Path(__file__).parent / "data" / "nvml"
+
+
+def test_every_catalog_gpu_states_its_rated_power():
+    """Each catalog part but the CPU test rig carries the board power its datasheet rates it at, the
+    figure of the reference notes the catalog's comment cites."""
+    names = [n for n in yaml.safe_load(CATALOG_FILE.read_text()) if n != "cpu"]
+    rated = {n: load_cluster(n).groups[0].gpu.tdp_w for n in names}
+    assert all(w > 0 for w in rated.values()), rated
+    assert rated["dgx-h100"] == rated["dgx-h200"] == rated["dgx-h800"] == 700
+    assert (rated["dgx-b200"], rated["dgx-b300"], rated["gb200-nvl72"], rated["gb300-nvl72"]) == (1000, 1100, 1200, 1400)
+    assert load_cluster("cpu").groups[0].gpu.tdp_w == 0
+
+
+def _capped(limit: float, base: str = "dgx-h100"):
+    spec = load_cluster(base)
+    gpu = dataclasses.replace(spec.groups[0].gpu, power_limit_w=limit)
+    return dataclasses.replace(spec, groups=(dataclasses.replace(spec.groups[0], gpu=gpu),))
+
+
+def test_the_flag_fires_only_below_the_rated_power_and_without_a_measured_profile():
+    gpu = load_cluster("dgx-h100").groups[0].gpu
+    assert power_flag(gpu, measured=False) is None                                   # no limit given
+    assert power_flag(dataclasses.replace(gpu, power_limit_w=700), measured=False) is None   # at the rated power
+    said = power_flag(dataclasses.replace(gpu, power_limit_w=500), measured=False)
+    assert said and "500 W" in said and "700 W" in said and "planner profile" in said
+    assert power_flag(dataclasses.replace(gpu, power_limit_w=500), measured=True) is None    # measured at the limit
+    # a part whose rated power is unknown (a GPU outside the catalog): nothing to compare with
+    assert power_flag(dataclasses.replace(gpu, tdp_w=0, power_limit_w=500), measured=False) is None
+
+
+def test_a_capped_cluster_is_priced_the_same_and_flagged():
+    """Not priced: the estimate is the rated part's to the last bit; the credibility says so."""
+    from costmodel.catalog import get_model
+    from costmodel.specs import ParallelConfig, Workload
+    from costmodel.training import estimate
+    model = get_model("llama-3-8b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, grad_accum=4, zero=1)
+    free, capped = _capped(0.0), _capped(500.0)
+    free = dataclasses.replace(free, groups=(dataclasses.replace(free.groups[0], nodes=2),))
+    capped = dataclasses.replace(capped, groups=(dataclasses.replace(capped.groups[0], nodes=2),))
+    a, b = estimate(model, free, wl, par), estimate(model, capped, wl, par)
+    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    ca = credibility(model, free, wl, a.step_time_s, a.mfu, par=par)
+    cb = credibility(model, capped, wl, b.step_time_s, b.mfu, par=par)
+    assert ca["power_flag"] is None and "500 W" in cb["power_flag"]
+    assert ca["step_time_s_range"] == cb["step_time_s_range"]
+
+
+def test_the_fields_round_trip_and_bad_values_are_refused():
+    spec = load_cluster(str(GRAND_TETON))
+    gpu = spec.groups[0].gpu
+    assert (gpu.tdp_w, gpu.power_limit_w) == (700, 500)        # the rated part's, from the catalog it extends
+    assert cluster_from_dict(cluster_to_dict(spec)) == spec
+    base = yaml.safe_load(GRAND_TETON.read_text())
+    for bad in (-1, "500W", float("nan")):
+        d = dict(base, gpu=dict(base["gpu"], power_limit_w=bad))
+        with pytest.raises(SpecError, match="power_limit_w"):
+            cluster_from_dict(d)
+
+
+def test_the_grand_teton_file_warns_through_the_command(tmp_path):
+    """The file of torchtitan's published hosts (500 W): `planner plan` prints the warning and puts it in
+    its JSON; the catalog H100 the file extends gets neither."""
+    planner = str(Path(sys.executable).with_name("planner"))
+    args = ["--model", "llama-3-8b", "--gpus", "16", "--global-batch", "32", "--seq-len", "4096",
+            "--target", "torchtitan", "--max-time", "20"]
+    capped = subprocess.run([planner, "plan", "--cluster", str(GRAND_TETON), *args], capture_output=True, text=True)
+    assert capped.returncode == 0, capped.stderr
+    assert "500 W power limit" in capped.stdout
+    out = subprocess.run([planner, "plan", "--cluster", str(GRAND_TETON), *args, "--json"], capture_output=True,
+                         text=True)
+    assert "500 W" in json.loads(out.stdout)["plans"][0]["uncertainty"]["power_flag"]
+    rated = subprocess.run([planner, "plan", "--cluster", "dgx-h100", *args], capture_output=True, text=True)
+    assert rated.returncode == 0 and "power limit" not in rated.stdout
+
+
+def test_a_profile_writes_a_power_limit_below_the_rated_power(tmp_path):
+    """NVML's enforced limit below the catalog part's rated power is written into the measured file
+    (with the rated power); at the rated power only the rated power is."""
+    from profiles.probe import ReplayNVML, probe
+    from profiles.profile import analyze, write_outputs
+    from test_profile_fit import _result
+    from costmodel.units import GB
+    calls = dict(json.loads((DATA / "dgx_h100.json").read_text())["calls"])
+    res = _result("cuda", nodes=2, gpn=8, best_tflops=700.0, intra_bw=360 * GB, inter_bw=45 * GB)
+    rated = analyze(probe(ReplayNVML({"calls": calls}), host="dgx"), res, name="h100", quick=True,
+                    started=time.time(), method="test").cluster["gpu"]
+    assert rated["tdp_w"] == 700 and "power_limit_w" not in rated
+    calls["nvmlDeviceGetPowerManagementLimit"] = {"*": 500000}        # milliwatts, as NVML answers
+    prof = analyze(probe(ReplayNVML({"calls": calls}), host="dgx"), res, name="h100-500w", quick=True,
+                   started=time.time(), method="test")
+    assert prof.cluster["gpu"]["power_limit_w"] == 500
+    spec = load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"])
+    assert spec.groups[0].gpu.power_limit_w == 500
+    assert power_flag(spec.groups[0].gpu, measured=spec.source != "datasheet") is None   # measured at the limit
