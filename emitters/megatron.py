@@ -477,6 +477,10 @@ def emit(plan: Plan) -> dict[str, str]:
         env += "export CUDA_DEVICE_MAX_CONNECTIONS=32  # EP all-to-all overlap: needs more than one connection\n"
     elif (p.tp > 1 or p.cp > 1) and not fsdp:
         env += "export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP communication overlap (not with Megatron-FSDP)\n"
+    elif fsdp:
+        # Megatron-FSDP refuses to start with CUDA_DEVICE_MAX_CONNECTIONS=1 (megatron/training/arguments.py:
+        # "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."), which TP recipes often leave exported
+        env += "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs it unset or above 1\n"
     m = plan.model
     pad = padded_vocab(m.vocab, p.tp)
     usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"

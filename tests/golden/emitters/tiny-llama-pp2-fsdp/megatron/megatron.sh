@@ -35,6 +35,7 @@ fi
 need CHECKPOINT_DIR 'the folder the run'"'"'s checkpoints go to, on storage every node sees (Megatron saves there (--save) and resumes from it (--load))'
 WARMUP_ITERS="${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 < 732422 ? (TRAIN_ITERS / 10 > 0 ? TRAIN_ITERS / 10 : 1) : 732422 ))}"  # 375M tokens = 732422 steps, or a tenth of the run (at least 1: DeepSpeed refuses 0)
 [[ "$WARMUP_ITERS" =~ ^[0-9]+$ ]] && [ "$WARMUP_ITERS" -lt "$TRAIN_ITERS" ] || stop "WARMUP_ITERS must be an integer below TRAIN_ITERS ($TRAIN_ITERS), got $WARMUP_ITERS"
+unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs it unset or above 1
 DISTRIBUTED_ARGS=(
   --nproc-per-node 4
   --nnodes 1
