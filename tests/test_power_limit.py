@@ -43,13 +43,17 @@ def _capped(limit: float, base: str = "dgx-h100"):
 
 def test_the_flag_fires_only_below_the_rated_power_and_without_a_measured_profile():
     gpu = load_cluster("dgx-h100").groups[0].gpu
-    assert power_flag(gpu, measured=False) is None                                   # no limit given
-    assert power_flag(dataclasses.replace(gpu, power_limit_w=700), measured=False) is None   # at the rated power
-    said = power_flag(dataclasses.replace(gpu, power_limit_w=500), measured=False)
-    assert said and "500 W" in said and "700 W" in said and "planner profile" in said
-    assert power_flag(dataclasses.replace(gpu, power_limit_w=500), measured=True) is None    # measured at the limit
+    capped = dataclasses.replace(gpu, power_limit_w=500)
+    assert power_flag([gpu], measured=False) is None                                   # no limit given
+    assert power_flag([dataclasses.replace(gpu, power_limit_w=700)], measured=False) is None   # at the rated power
+    said = power_flag([capped], measured=False)
+    assert said and "500 W" in said and "700 W" in said and "planner profile" in said and gpu.name in said
+    assert power_flag([capped], measured=True) is None                                 # measured at the limit
     # a part whose rated power is unknown (a GPU outside the catalog): nothing to compare with
-    assert power_flag(dataclasses.replace(gpu, tdp_w=0, power_limit_w=500), measured=False) is None
+    assert power_flag([dataclasses.replace(gpu, tdp_w=0, power_limit_w=500)], measured=False) is None
+    # a mixed cluster: a capped group anywhere is flagged, named by its part
+    a100 = load_cluster("dgx-a100-80gb").groups[0].gpu
+    assert power_flag([a100, capped], measured=False) == said
 
 
 def test_a_capped_cluster_is_priced_the_same_and_flagged():
@@ -117,4 +121,4 @@ def test_a_profile_writes_a_power_limit_below_the_rated_power(tmp_path):
     assert prof.cluster["gpu"]["power_limit_w"] == 500
     spec = load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"])
     assert spec.groups[0].gpu.power_limit_w == 500
-    assert power_flag(spec.groups[0].gpu, measured=spec.source != "datasheet") is None   # measured at the limit
+    assert power_flag([spec.groups[0].gpu], measured=spec.source != "datasheet") is None   # measured at the limit

@@ -185,7 +185,7 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
             "ceiling_step_s": ceiling_step_s(step_time_s, causal, ceil[0]) if flag and ceil else None,
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
             "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None,
-            "power_flag": power_flag(cluster.groups[0].gpu, measured)}
+            "power_flag": power_flag([g.gpu for g in cluster.groups], measured)}
 
 
 def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
