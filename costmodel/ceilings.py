@@ -123,20 +123,21 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
             "of its own, train-cp (docs/validation.md, table 'By context parallelism')")
 
 
-def power_flag(gpus, measured: bool) -> str | None:
+def power_flag(gpus, measured: bool, expect: str = "a slower step") -> str | None:
     """A one-line warning when GPUs of the cluster (``gpus``: each node group's ``GpuSpec``) run at a
     power limit below the board power their part is rated at (``GpuSpec.power_limit_w`` <
     ``GpuSpec.tdp_w``) and no measured profile backs the prediction; else None. The peaks and GEMM
     curves the prediction rests on are the rated part's; a capped GPU sustains lower clocks in dense
     math, by an amount no curve on file gives, so the prediction is not scaled, only flagged. A
     measured profile (``planner profile`` on the capped GPUs) measures its GEMMs at the limit they run
-    at, so it is not flagged."""
+    at, so it is not flagged. ``expect``: what to expect instead, in the caller's terms (serving: lower
+    throughput and longer latencies)."""
     gpu = next((g for g in gpus if 0 < g.power_limit_w < g.tdp_w), None)
     if measured or gpu is None:
         return None
     return (f"the {gpu.name} GPUs run at a {gpu.power_limit_w:g} W power limit, below the {gpu.tdp_w:g} W their part "
             "is rated at: the prediction assumes the rated part's clocks (the power limit is not priced: no measured curve of "
-            "throughput against it is on file), so expect a slower step than predicted; measure the GPUs at their "
+            f"throughput against it is on file), so expect {expect} than predicted; measure the GPUs at their "
             "limit with `planner profile` to price them")
 
 

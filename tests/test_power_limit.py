@@ -122,3 +122,19 @@ def test_a_profile_writes_a_power_limit_below_the_rated_power(tmp_path):
     spec = load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"])
     assert spec.groups[0].gpu.power_limit_w == 500
     assert power_flag([spec.groups[0].gpu], measured=spec.source != "datasheet") is None   # measured at the limit
+
+
+def test_a_serving_plan_on_capped_gpus_carries_the_warning():
+    """Serving's plans (`planner plan --mode infer`) say the same, in serving's terms, in the human output and in
+    each plan's JSON (`serving.power_flag`); null on the rated part."""
+    from cli_harness import run
+    args = ["plan", "--mode", "infer", "--model", "llama-3-8b", "--gpus", "8", "--prompt-len", "1024",
+            "--output-len", "256", "--tpot-slo-ms", "50", "--max-time", "20"]
+    capped = run([*args, "--cluster", str(GRAND_TETON)], timeout_s=120)
+    assert capped.code == 0, capped.where()
+    assert "warning: the H100-SXM5-96GB-HBM2e GPUs run at a 500 W power limit" in capped.out
+    assert "lower throughput and longer latencies" in capped.out
+    js = run([*args, "--cluster", str(GRAND_TETON), "--json"], timeout_s=120).json()
+    assert "500 W" in js["plans"][0]["serving"]["power_flag"]
+    rated = run([*args, "--cluster", "dgx-h100", "--json"], timeout_s=120).json()
+    assert rated["plans"][0]["serving"]["power_flag"] is None

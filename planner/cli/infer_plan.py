@@ -246,6 +246,15 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, wl: Workload, c: Candidate
                 serving=dict(serving or {}))
 
 
+def serving_power_flag(plan) -> str | None:
+    """``costmodel.ceilings.power_flag`` for a serving plan: its GPUs below their rated power, no
+    measured profile behind the prediction."""
+    from costmodel.ceilings import power_flag
+    c = plan.cluster
+    return power_flag([g.gpu for g in c.groups], c.source != "datasheet" or bool(c.matmul_table),
+                      expect="lower throughput and longer latencies")
+
+
 def plan_json(plan) -> dict[str, Any]:
     from planner.cli.report import parallel_json
     w = plan.workload
@@ -257,7 +266,7 @@ def plan_json(plan) -> dict[str, Any]:
                        "prompt_len": w.prompt_len, "output_len": w.output_len, "dtype": w.dtype,
                        "kv_dtype": w.kv_dtype,
                        **{k: v for k, v in srv.items() if k not in ("pareto", "comparison")},
-                       "goals": goal_slack(plan)}}
+                       "goals": goal_slack(plan), "power_flag": serving_power_flag(plan)}}
     if plan.target:
         out["target"] = plan.target
     return out
@@ -430,6 +439,9 @@ def slack_text(plan) -> str:
         src = ((plan.serving or {}).get("slo") or {}).get("margin", {}).get("source", "")
         if src.startswith("auto"):
             lines.append("margins: the cost model's validated serving error (--slo-margin F to change, 0 for none)")
+    warn = serving_power_flag(plan)
+    if warn:
+        lines.append(f"warning: {warn}")
     return "".join(line + "\n" for line in lines)
 
 
