@@ -285,11 +285,13 @@ def _blocks(prof: Any, plots: bool) -> list[tuple]:
     B.append(_h(2, "Machine"))
     if pr.gpus:
         B.append(_p(pr.summary()))
-        B.append(_table(["GPU", "name", "memory GiB (free)", "PCIe max (now)", "NVLink", "NUMA", "CPU affinity"],
+        B.append(_table(["GPU", "name", "memory GiB (free)", "PCIe max (now)", "NVLink", "power limit", "NUMA",
+                         "CPU affinity"],
                         [[g.index, g.name, f"{g.memory_total_bytes / GIB:.1f} ({g.memory_free_bytes / GIB:.1f})",
                           f"gen{g.pcie_gen_max} x{g.pcie_width_max} (gen{g.pcie_gen_current} x{g.pcie_width_current})",
                           (f"{g.nvlink_links} links, {g.nvlink_gb_per_s:.0f} GB/s"
                            + (" via NVSwitch" if g.nvlink_switch_links else "")) if g.nvlink_links else "none",
+                          f"{g.power_limit_w:g} W" if g.power_limit_w else "-",
                           _fmt(g.numa_node), g.cpu_affinity or "-"] for g in pr.gpus]))
     else:
         B.append(_p(f"{pr.host}: {pr.cpu_count} CPUs ({pr.cpu_model or 'unknown model'}), "

@@ -119,8 +119,10 @@ def test_a_profile_writes_a_power_limit_below_the_rated_power(tmp_path):
     prof = analyze(probe(ReplayNVML({"calls": calls}), host="dgx"), res, name="h100-500w", quick=True,
                    started=time.time(), method="test")
     assert prof.cluster["gpu"]["power_limit_w"] == 500
-    spec = load_cluster(write_outputs(prof, tmp_path, report=False)["cluster_file"])
+    spec = load_cluster(write_outputs(prof, tmp_path, report=True)["cluster_file"])
     assert spec.groups[0].gpu.power_limit_w == 500
+    md = (tmp_path / "report.md").read_text()                # the report's machine table shows it per GPU
+    assert "| power limit |" in md and md.count("| 500 W |") == 8     # the probed host's 8 GPUs
     assert power_flag([spec.groups[0].gpu], measured=spec.source != "datasheet") is None   # measured at the limit
 
 
