@@ -622,6 +622,13 @@ class ClusterSpec:
         return len({g.gpu.name for g in self.groups}) > 1 or len(self.groups) > 1
 
     @property
+    def measured_profile(self) -> bool:
+        """Whether measurements of the user's own hardware back this cluster (a `planner profile`
+        or `planner calibrate` file, or a measured GEMM table), not only datasheets: the warnings
+        that say the model is unsure of the hardware (the MFU ceiling, the power limit) do not fire."""
+        return self.source != "datasheet" or bool(self.matmul_table)
+
+    @property
     def main(self) -> NodeGroup:
         return self.groups[0]
 

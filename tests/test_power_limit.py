@@ -35,10 +35,10 @@ def test_every_catalog_gpu_states_its_rated_power():
     assert load_cluster("cpu").groups[0].gpu.tdp_w == 0
 
 
-def _capped(limit: float, base: str = "dgx-h100"):
+def _capped(limit: float, nodes: int = 1, base: str = "dgx-h100"):
     spec = load_cluster(base)
     gpu = dataclasses.replace(spec.groups[0].gpu, power_limit_w=limit)
-    return dataclasses.replace(spec, groups=(dataclasses.replace(spec.groups[0], gpu=gpu),))
+    return dataclasses.replace(spec, groups=(dataclasses.replace(spec.groups[0], gpu=gpu, nodes=nodes),))
 
 
 def test_the_flag_fires_only_below_the_rated_power_and_without_a_measured_profile():
@@ -64,15 +64,17 @@ def test_a_capped_cluster_is_priced_the_same_and_flagged():
     model = get_model("llama-3-8b")
     wl = Workload(global_batch=64, seq_len=4096)
     par = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, grad_accum=4, zero=1)
-    free, capped = _capped(0.0), _capped(500.0)
-    free = dataclasses.replace(free, groups=(dataclasses.replace(free.groups[0], nodes=2),))
-    capped = dataclasses.replace(capped, groups=(dataclasses.replace(capped.groups[0], nodes=2),))
+    free, capped = _capped(0.0, nodes=2), _capped(500.0, nodes=2)
     a, b = estimate(model, free, wl, par), estimate(model, capped, wl, par)
     assert a.step_time_s == b.step_time_s and a.memory == b.memory
     ca = credibility(model, free, wl, a.step_time_s, a.mfu, par=par)
     cb = credibility(model, capped, wl, b.step_time_s, b.mfu, par=par)
     assert ca["power_flag"] is None and "500 W" in cb["power_flag"]
     assert ca["step_time_s_range"] == cb["step_time_s_range"]
+    # the same capped cluster once measured (a profile's GEMM table): no warning
+    measured = dataclasses.replace(capped, matmul_table=((4096.0, 0.7), (8192.0, 0.75)))
+    assert measured.measured_profile
+    assert credibility(model, measured, wl, b.step_time_s, b.mfu, par=par)["power_flag"] is None
 
 
 def test_the_fields_round_trip_and_bad_values_are_refused():
@@ -123,7 +125,7 @@ def test_a_profile_writes_a_power_limit_below_the_rated_power(tmp_path):
     assert spec.groups[0].gpu.power_limit_w == 500
     md = (tmp_path / "report.md").read_text()                # the report's machine table shows it per GPU
     assert "| power limit |" in md and md.count("| 500 W |") == 8     # the probed host's 8 GPUs
-    assert power_flag([spec.groups[0].gpu], measured=spec.source != "datasheet") is None   # measured at the limit
+    assert spec.measured_profile and power_flag([spec.groups[0].gpu], spec.measured_profile) is None   # at the limit
 
 
 def test_a_serving_plan_on_capped_gpus_carries_the_warning():

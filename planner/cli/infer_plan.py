@@ -250,8 +250,7 @@ def serving_power_flag(plan) -> str | None:
     """``costmodel.ceilings.power_flag`` for a serving plan: its GPUs below their rated power, no
     measured profile behind the prediction."""
     from costmodel.ceilings import power_flag
-    c = plan.cluster
-    return power_flag([g.gpu for g in c.groups], c.source != "datasheet" or bool(c.matmul_table),
+    return power_flag([g.gpu for g in plan.cluster.groups], plan.cluster.measured_profile,
                       expect="lower throughput and longer latencies")
 
 

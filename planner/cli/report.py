@@ -168,7 +168,7 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
-    measured = cluster.source != "datasheet" or bool(cluster.matmul_table)
+    measured = cluster.measured_profile
     dtype = workload.dtype
     ceil = mfu_ceiling(gpu, dtype)
     causal = causal_mfu(mfu, model, workload.seq_len)
