@@ -97,6 +97,9 @@ class LayerTerms(NamedTuple):
     act_selective_bytes: float   # stored under selective recompute
     act_bytes: float             # stored without recompute
     act_input_bytes: float       # stored under full recompute (the layer input)
+    # what the EP overlap hides of this layer's all-to-alls, forward and backward (0 without it): what a
+    # pass the schedule leaves unpaired exposes again (``ep_unpaired_chunks``)
+    ep_hidden_s: float = 0.0
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
@@ -159,7 +162,7 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     tp_fwd += lc.etp_fwd_s
     tp_bwd += lc.etp_fwd_s
     return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd,
-                      ep_comm_s=ep_fwd + ep_bwd,
+                      ep_comm_s=ep_fwd + ep_bwd, ep_hidden_s=max(0.0, 2 * lc.ep_fwd_s - ep_fwd - ep_bwd),
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,
@@ -1007,6 +1010,38 @@ def interleaved_fill_hops(p: int, v: int) -> float:
     if p < 2 or v < 2:
         return 0.0
     return 2 * p * (v - 1) + (2 * p - 4) * (1 - 1 / v)
+
+
+def ep_unpaired_chunks(p: int, v: int, m: int) -> int:
+    """Model chunks whose forward, and as many whose backward, Megatron's EP overlap runs unpaired on
+    the first pipeline stage in one step (``--overlap-moe-expert-parallel-comm``): its combined 1F1B
+    step hides one micro-batch's all-to-alls behind another's compute only where a forward and a
+    backward run together, so the warm-up's forwards and the cool-down's backwards run alone, their
+    all-to-alls exposed. Megatron-Core at d98e8a64, ``pipeline_parallel/schedules.py``
+    ``get_pp_rank_microbatches``: with virtual stages (which the overlap needs when PP > 1,
+    ``transformer_config.py`` __post_init__) rank r warms up with ``(p - r - 1) * 2 + (v - 1) *
+    microbatch_group_size_per_vp_stage`` chunks (the group size defaults to p) and "one extra
+    micro-batch forward step before the 1f1b stages" under the overlap; rank 0, the first stage, has
+    the most, and both its warm-up and its cool-down lie on the step's critical path. Without pipeline
+    parallelism (``combined_1f1b_schedule_for_no_pipelining``) the first forward and the last backward
+    run alone: 1. At most every chunk of the step (``m * v``)."""
+    if p <= 1:
+        return min(1, m)
+    if v <= 1:      # no combined 1F1B without virtual stages (Megatron refuses the overlap there)
+        return 0
+    return min(m * v, (p - 1) * 2 + (v - 1) * p + 1)
+
+
+def ep_unpaired_s(p: int, v: int, m: int, moe_layers: int, ep_hidden_s: float) -> float:
+    """Once per step: the EP all-to-all time the overlap hides per MoE layer (``LayerTerms.ep_hidden_s``,
+    forward and backward) exposed again for the unpaired chunks (``ep_unpaired_chunks``), each
+    holding the model's average share of MoE layers, ``moe_layers / (p v)``. The one rule for
+    ``estimate`` and the solver's tables (``planner.search.problem``), which add it to the pipeline's
+    fill. 0 without the overlap."""
+    if ep_hidden_s <= 0.0 or moe_layers <= 0:
+        return 0.0
+    vv = max(1, v)
+    return ep_unpaired_chunks(p, vv, m) * moe_layers / (p * vv) * ep_hidden_s
 
 
 def pipeline_step(m, v, t_max, t_sum, dp_exposed_s, optimizer_s, fill_s=0):

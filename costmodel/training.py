@@ -24,13 +24,13 @@ from .stage_cache import kind_cost as cost_of_kind
 from .stage_terms import (LayerSums, LayerTerms, StageCost, StageMesh, StageModel, ZeroSharding, exposed_dp_time,
                           fewest_full_recompute_layers, fp8_recipe_of, head_compute_s, inflight_microbatches,
                           layer_sums, layer_terms, overlapped, pipeline_step, pipeline_step_time, stage_crosses,
-                          hand_off_s, interleaved_fill_hops)
+                          hand_off_s, interleaved_fill_hops, ep_unpaired_s)
 
 # the names other modules take from here (the rules and caches live in the two modules above)
 __all__ = ["Estimate", "LayerSums", "LayerTerms", "PeakInputs", "StageCost", "StageEstimate", "StageKind", "StageMesh",
            "StageModel", "ZeroSharding", "estimate", "exposed_dp_time", "head_compute_s",
            "fewest_full_recompute_layers", "fp8_recipe_of", "hand_off_s", "inflight_microbatches",
-           "interleaved_fill_hops", "layer_sums", "layer_terms",
+           "interleaved_fill_hops", "ep_unpaired_s", "layer_sums", "layer_terms",
            "overlapped", "pipeline_step", "pipeline_step_time", "stage_compute_time", "stage_crosses", "stage_groups",
            "stage_model"]
 
@@ -231,7 +231,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     kind_cost: list[StageCost] = []
     kind_mem: list[PeakInputs] = []
     kind_time, kind_hf, kind_peak = [], [], []      # time per micro-batch, hardware FLOPs, peak FLOP/s
-    dp_exposed = opt_s = hop_s = 0.0
+    dp_exposed = opt_s = hop_s = ep_hidden = 0.0
     # each stage's peak (memory.stage_peak_bytes: stage_memory's sum, from the kind's summed
     # states); whether all fit; the stage nearest its capacity (the first of equals). Where the
     # micro-batches in flight never grow along the pipeline and no kind's activations per
@@ -257,6 +257,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             opt_s = c.optimizer_s
         if v > 1:
             hop_s = max(hop_s, hand_off_s(c.pp_comm_s, first, last))
+        mt = sm.mesh.moe_terms
+        if mt is not None and mt.ep_hidden_s > ep_hidden:
+            ep_hidden = mt.ep_hidden_s
         kind_cost.append(c)
         act_per, act_fixed, buffers = c.act_per_microbatch_bytes, c.act_fixed_bytes, c.buffers_bytes
         reserved, cap = sm.reserved_bytes, sm.capacity_bytes
@@ -281,7 +284,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
             if ratio > fullest_ratio:
                 fullest, fullest_ratio = i, ratio
     times = per_stage_of(kind_time)
-    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s, interleaved_fill_hops(p, v) * hop_s)
+    # the fill: the interleaved schedule's extra hand-offs, and the EP all-to-alls the overlap leaves
+    # unpaired in the warm-up and cool-down (stage_terms.ep_unpaired_s)
+    fill_s = interleaved_fill_hops(p, v) * hop_s + ep_unpaired_s(p, v, m, model.moe_layers, ep_hidden)
+    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s, fill_s)
     j = times.index(max(times))
     b = kind_cost[ids[j]]
     time = {"compute_s": m * b.compute_s, "recompute_s": m * b.recompute_s, "tp_comm_s": m * b.tp_comm_s,

@@ -25,8 +25,8 @@ from costmodel.frameworks import framework_profile
 from costmodel.layers import model_flops_per_token
 from costmodel.specs import ParallelConfig, StageSpec, SpecError, Workload, default_stages, validate
 from costmodel.stage_cache import _Shared
-from costmodel.stage_terms import (StageModel, inflight_microbatches, interleaved_fill_hops, pipeline_step_time,
-                                   stage_crosses)
+from costmodel.stage_terms import (StageModel, ep_unpaired_s, inflight_microbatches, interleaved_fill_hops,
+                                   pipeline_step_time, stage_crosses)
 from costmodel.training import estimate, stage_groups
 from planner.search.space import enumerate_candidates
 from costmodel.files.clusters import load_cluster
@@ -43,6 +43,7 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
     groups = stage_groups(cluster, par, stages)
     p, m, v = par.pp, par.grad_accum, par.vpp
     rows = []
+    ep_hidden = 0.0         # what the EP overlap hides per MoE layer, the most of any stage's mesh
     for i, st in enumerate(stages):
         sh = _Shared(model, cluster, workload, framework_profile("generic"))      # empty caches
         grp = cluster.group(groups[i])
@@ -52,13 +53,17 @@ def reference_estimate(model, cluster, workload, par, stages=None, order=None) -
         c = sm.cost(st.num_layers - n_moe, n_moe, r)
         mem = sm.memory(c, inflight_microbatches(par, i))
         rows.append((st, groups[i], r, c, mem, sm.capacity_bytes, sm.dp_exposed(c, i), grp.gpu.peak(workload.dtype)))
+        if sm.mesh.moe_terms is not None:
+            ep_hidden = max(ep_hidden, sm.mesh.moe_terms.ep_hidden_s)
     times = tuple(c.time_s for _, _, _, c, *_ in rows)
     dp_exposed = max(row[6] for row in rows)
     opt_s = max(row[3].optimizer_s for row in rows)
     # the interleaved fill's extra hand-offs, each the slowest stage's one hand-off (an end stage's
     # pp_comm_s holds one, a middle stage's two)
     hop = max(row[3].pp_comm_s / (1 if i in (0, p - 1) else 2) for i, row in enumerate(rows)) if v > 1 else 0.0
-    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s, interleaved_fill_hops(p, v) * hop)
+    # and the EP all-to-alls the overlap leaves unpaired in the warm-up and cool-down (ep_unpaired_s)
+    fill = interleaved_fill_hops(p, v) * hop + ep_unpaired_s(p, v, m, model.moe_layers, ep_hidden)
+    step, bubble = pipeline_step_time(m, v, times, dp_exposed, opt_s, fill)
     j = times.index(max(times))
     b = rows[j][3]
     per_stage = par.tp * par.dp * par.cp
@@ -137,6 +142,8 @@ def test_estimate_matches_stage_by_stage_reference(name, cluster_name, gpus, wl)
             par = dataclasses.replace(par, schedule="gpipe")
         elif pick < 0.55:
             par = dataclasses.replace(par, overlap_dp_comm=False, zero=0, dp_shard=0)
+        elif pick < 0.7 and par.ep > 1:
+            par = dataclasses.replace(par, ep_overlap=True)      # the unpaired chunks' all-to-alls (ep_unpaired_s)
         stages = None
         if len(cluster.groups) > 1 or rng.random() < 0.3:
             # an explicit, possibly uneven split with per-stage recompute and node groups

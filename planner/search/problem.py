@@ -14,7 +14,7 @@ from typing import Any
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelConfig, StageSpec, Workload
 from costmodel.memory import activations_in_flight, stage_peak_bytes
 from costmodel.training import (Estimate, StageCost, fewest_full_recompute_layers, hand_off_s, inflight_microbatches,
-                                interleaved_fill_hops, pipeline_step, stage_crosses, stage_model)
+                                interleaved_fill_hops, ep_unpaired_s, pipeline_step, stage_crosses, stage_model)
 from costmodel.units import KIB, NS_PER_S
 from planner.search.space import Candidate
 
@@ -161,6 +161,7 @@ class Problem:
 
         t, e, o, mem, rr = shape.t, shape.e, shape.o, shape.mem, shape.r
         hop = 0.0                              # the slowest hand-off of any placement (estimate's rule)
+        ep_hidden = 0.0                        # what the EP overlap hides per MoE layer (estimate's rule)
         for g in self.groups(cand):
             rows_by_pos: dict[tuple[bool, bool, int], list] = {}
             for i, b in ((i, b) for i in range(p) for b in shape.buckets()):
@@ -186,6 +187,9 @@ class Problem:
                 sm, rows = rows_by_pos[pos]
                 if par.vpp > 1 and rows:           # the hand-off as this position's cost holds it
                     hop = max(hop, hand_off_s(rows[0][1].pp_comm_s, i == 0, i == p - 1))
+                mt = sm.mesh.moe_terms
+                if mt is not None and mt.ep_hidden_s > ep_hidden:
+                    ep_hidden = mt.ep_hidden_s
                 inflight = inflight_microbatches(par, i)
                 cap, reserved = sm.capacity_bytes, sm.reserved_bytes
                 key = (i, g, b)
@@ -215,7 +219,8 @@ class Problem:
                 for lst in (tl, el, ol, ml, rl):
                     lst.extend([None] * pad)
                 t[key], e[key], o[key], mem[key], rr[key] = tl, el, ol, ml, rl
-        shape.fill = int(round(interleaved_fill_hops(p, par.vpp) * hop * NS))
+        shape.fill = int(round((interleaved_fill_hops(p, par.vpp) * hop
+                                + ep_unpaired_s(p, par.vpp, par.grad_accum, model.moe_layers, ep_hidden)) * NS))
         return shape
 
 
