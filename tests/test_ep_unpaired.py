@@ -5,7 +5,6 @@ Megatron-Core's own warm-up rule walked rank by rank, the step against the same 
 term, and the solver's tables against the estimate."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
