@@ -92,7 +92,7 @@ def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float,
     flops = 2.0 * m * n * k * count
     eb = _elem_bytes(dtype)
     shape = gemm_shape_factor(gpu.name, m, n, k, eb, train) if waves else alignment_factor(n, k, eb)
-    return flops / (gpu.peak(dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
+    return flops / (gpu.rate(dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
 
 
 def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
@@ -134,4 +134,4 @@ def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: floa
     g = (m * n * k) ** (1.0 / 3.0)
     shape = gemm_shape_factor(gpu.name, m, n, k, 1, True)
     eff = _fp8_gemm_efficiency(gpu, _size_efficiency(gpu, cluster, m, n, k, shape), g)
-    return 2.0 * m * n * k * count / (gpu.peak("fp8") * eff)
+    return 2.0 * m * n * k * count / (gpu.rate("fp8") * eff)

@@ -132,6 +132,18 @@ FITTED: tuple[FittedConstant, ...] = (
           ("fp8-lm", "gpu-recipes", "llama3", "megatron-kwai", "megatron-readme"),
           "set at the skeleton commit; the README calls the H100 constants the least tested; refitted on every "
           "GPU_CURVE_ROWS row since stop 33 (since stop 43 also Megatron-Kwai's stock Megatron-LM runs on 4 and 256 H800)"),
+    # chosen once (stop 46) on the one same-config pair of GB200 and GB300 runs the model prices: MLPerf v5.1's
+    # Llama 3.1 8B on 72 GPUs, NVIDIA's Tyche and Theia systems with byte-identical configs (the catalog's
+    # gb300-nvl72 comment has the figures); not refitted (one pair, no grid to scan), and at its prior -- GB300
+    # priced as GB200, the catalog's statement until stop 46 -- whenever the mlperf family is left out
+    FittedConstant(
+        name="gpu.GB300.clock_factor", owner="profiles/catalog/clusters.yaml gb300-nvl72 gpu",
+        families=("mlperf",), prior=1.0,
+        prior_why="GpuSpec's default: the part at its datasheet peaks as its generation's curve prices them (GB300 "
+                  "as GB200), the catalog's statement until stop 46",
+        rows="not refitted: chosen once on MLPerf v5.1's same-config Llama 3.1 8B pair on 72 GB200 and 72 GB300 "
+             "(the model's step ratio set to the published 1.162); falls back to the prior when its family is left out",
+        grid=()),
     FittedConstant(
         name="fp8.gemm_efficiency", owner="costmodel/fp8.py FP8_GEMM_EFFICIENCY",
         families=FP8_FAMILIES, prior=0.80,

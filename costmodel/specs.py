@@ -414,6 +414,12 @@ class GpuSpec:
     # warning instead (``costmodel.ceilings.power_flag``).
     tdp_w: float = 0.0
     power_limit_w: float = 0.0
+    # The part's sustained tensor-core rate against the datasheet peaks (``peak_flops_per_s``) as its
+    # generation's curve (``matmul_efficiency``) prices them: 1.0 for every part but one whose same-settings
+    # runs show it faster than a sibling with equal peaks (GB300, whose 1,400 W hold a higher clock than
+    # GB200's 1,200 W: the catalog's gb300-nvl72 says with which source). It scales the time of compute-bound
+    # work (GEMMs, attention: ``rate``), not the peaks MFU is counted on, nor HBM-bound work.
+    clock_factor: float = 1.0
 
     def __post_init__(self) -> None:
         check_types(self, f"gpu {describe(self.name)}", SpecError)
@@ -440,6 +446,11 @@ class GpuSpec:
         check_ranges(self, f"gpu {self.name!r}", SpecError)
         if self.attention_table:
             _check_attention_table(self)
+
+    def rate(self, dtype: str) -> float:
+        """The rate compute-bound work runs at before its efficiency: the datasheet peak times the part's
+        sustained ``clock_factor``. Time is priced on it; MFU is counted on ``peak``."""
+        return self.peak(dtype) * self.clock_factor
 
     def peak(self, dtype: str) -> float:
         key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)

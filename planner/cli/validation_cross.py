@@ -260,6 +260,7 @@ def shipped_values() -> dict[str, float]:
         g = load_cluster(name).groups[0].gpu
         out[f"gpu.{gen}.matmul_efficiency"] = g.matmul_efficiency
         out[f"gpu.{gen}.matmul_half_size"] = g.matmul_half_size
+    out["gpu.GB300.clock_factor"] = load_cluster("gb300-nvl72").groups[0].gpu.clock_factor
     for fw in ("torchtitan", "deepspeed", "accelerate"):
         out[f"framework.{fw}.kernel_efficiency"] = FRAMEWORKS[fw].kernel_efficiency
     missing = {c.name for c in fitted.FITTED} ^ set(out)
@@ -299,6 +300,10 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
     if e is not None and not cluster.matmul_table:
         groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, matmul_efficiency=e, matmul_half_size=h))
                        for g in cluster.groups)
+        cluster = dataclasses.replace(cluster, groups=groups)
+    f = values.get(f"gpu.{case.gen}.clock_factor")
+    if f is not None and not cluster.matmul_table:
+        groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, clock_factor=f)) for g in cluster.groups)
         cluster = dataclasses.replace(cluster, groups=groups)
     k = values.get(f"framework.{case.framework}.kernel_efficiency")
     if k is not None:
