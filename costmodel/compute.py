@@ -92,7 +92,15 @@ def gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str, m: float,
     flops = 2.0 * m * n * k * count
     eb = _elem_bytes(dtype)
     shape = gemm_shape_factor(gpu.name, m, n, k, eb, train) if waves else alignment_factor(n, k, eb)
-    return flops / (gpu.rate(dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
+    return flops / (gemm_rate(gpu, cluster, dtype) * _size_efficiency(gpu, cluster, m, n, k, shape))
+
+
+def gemm_rate(gpu: GpuSpec, cluster: ClusterSpec | None, dtype: str) -> float:
+    """The rate a GEMM's efficiency multiplies: the part's sustained rate (``GpuSpec.rate``: the datasheet
+    peak times its ``clock_factor``) on the curve, the datasheet peak itself where a measured table
+    (``ClusterSpec.matmul_table``, fractions of that peak) prices the GEMM: the measurement already holds the
+    part's clock."""
+    return gpu.peak(dtype) if cluster is not None and cluster.matmul_table else gpu.rate(dtype)
 
 
 def memory_time_s(gpu: GpuSpec, n_bytes: float) -> float:
@@ -134,4 +142,4 @@ def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: floa
     g = (m * n * k) ** (1.0 / 3.0)
     shape = gemm_shape_factor(gpu.name, m, n, k, 1, True)
     eff = _fp8_gemm_efficiency(gpu, _size_efficiency(gpu, cluster, m, n, k, shape), g)
-    return 2.0 * m * n * k * count / (gpu.rate("fp8") * eff)
+    return 2.0 * m * n * k * count / (gemm_rate(gpu, cluster, "fp8") * eff)

@@ -455,7 +455,7 @@ class _Serving:
             per_head = 2 * m.head_dim
         flops = 2 * seqs * s * (past + s * 0.5) * heads * per_head       # causal: half the s x s
         kernel = kernel_for("varlen", self.gpu)
-        peak = self.gpu.rate(self.cdt)
+        peak = self.gpu.attention_rate(self.cdt)
         causal = 2 * seqs * s * s * 0.5 * heads * per_head
         comp = block_s(kernel, self.gpu, peak, causal, m.head_dim, s, True)[0]
         if past > 0:
@@ -475,7 +475,7 @@ class _Serving:
             per_head = 4 * m.head_dim
         flops = seqs * ctx * heads * per_head
         eff = self.gpu.matmul_efficiency * FLASH_ATTENTION_EFFICIENCY
-        comp = flops / (self.gpu.rate(self.cdt) * eff)
+        comp = flops / (self.gpu.attention_rate(self.cdt) * eff)
         mem = seqs * ctx * self.kv_layer / self.hbm                      # every sequence's cache read
         out.attn_compute += comp
         out.kv += mem

@@ -341,7 +341,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # backward takes beyond the "twice the forward" the layer's compute counts is added apart
         # batch x heads on this rank: the kernels' grid (costmodel.attention.grid_factor)
         pairs = b * model.heads / t
-        attn_s, attn_bwd_s = attention_fwd_bwd_s(kernel, gpu, gpu.rate(dt), attn_hw_flops, hd, s, cp, pairs)
+        attn_s, attn_bwd_s = attention_fwd_bwd_s(kernel, gpu, gpu.attention_rate(dt), attn_hw_flops, hd, s, cp, pairs)
         # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
         q_width = model.heads * hd / t
         kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
@@ -356,7 +356,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             kv_passed_bytes = T * 2 * kv_w * a_bytes
             torch_gather_s = launched(net.all_gather(cp * kv_passed_bytes, cp_lay))
             dkv_s = launched(net.p2p(DKV_BYTES_PER_KV_BYTE * kv_passed_bytes, cp_lay.crosses_nodes, cp))
-            step0_f, step0_b = torch_cp_step0_s(kernel, gpu, gpu.rate(dt), attn_hw_flops, hd, s, cp, pairs)
+            step0_f, step0_b = torch_cp_step0_s(kernel, gpu, gpu.attention_rate(dt), attn_hw_flops, hd, s, cp, pairs)
             exp_f, exp_b = torch_cp_exposed_s(torch_gather_s, dkv_s, step0_f, step0_b)
             attn_s += exp_f
             attn_bwd_s += exp_b
@@ -367,7 +367,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         attn_eff = matmul_efficiency(gpu, cluster, T, s * causal, hd)
         if flash:
             attn_eff *= FLASH_ATTENTION_EFFICIENCY
-        attn_s = attn_hw_flops / (gpu.rate(dt) * attn_eff * kernel_efficiency)
+        attn_s = attn_hw_flops / (gpu.attention_rate(dt) * attn_eff * kernel_efficiency)
 
     # ---- activations (bytes per token stored for backward) -----------------------------
     heads_local = model.heads / t

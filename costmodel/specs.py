@@ -449,8 +449,15 @@ class GpuSpec:
 
     def rate(self, dtype: str) -> float:
         """The rate compute-bound work runs at before its efficiency: the datasheet peak times the part's
-        sustained ``clock_factor``. Time is priced on it; MFU is counted on ``peak``."""
+        sustained ``clock_factor``. Time is priced on it; MFU is counted on ``peak``; a measured table
+        (fractions of the peak, the part's clock in them) is priced on ``peak`` (``attention_rate``,
+        ``compute.gemm_rate``)."""
         return self.peak(dtype) * self.clock_factor
+
+    def attention_rate(self, dtype: str) -> float:
+        """The rate fused attention's efficiency multiplies: ``rate``, or the datasheet peak where this GPU
+        carries measured attention rows (``attention_table``, fractions of the peak)."""
+        return self.peak(dtype) if self.attention_table else self.rate(dtype)
 
     def peak(self, dtype: str) -> float:
         key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)

@@ -96,3 +96,18 @@ def test_the_flop_bound_reads_the_rate():
             1.204 * flop_bound(sol, cluster, wl, 8), rel=1e-9)
         checked += 1
     assert checked
+
+
+def test_a_measured_table_holds_the_clock_and_is_not_scaled_again():
+    """A measured GEMM table (fractions of the datasheet peak) or measured attention rows already hold the
+    part's sustained clock: the factor does not multiply them again."""
+    gb300 = load_cluster("gb300-nvl72")
+    measured = dataclasses.replace(gb300, matmul_table=((256.0, 0.30), (1024.0, 0.55), (4096.0, 0.70)))
+    plain = _with_factor(measured, 1.0)
+    g_fast, g_plain = measured.groups[0].gpu, plain.groups[0].gpu
+    for m, n, k in ((8192, 8192, 8192), (1024, 4096, 4096)):
+        assert gemm_time_s(g_fast, measured, "bf16", m, n, k) == pytest.approx(gemm_time_s(g_plain, plain, "bf16", m, n, k))
+        assert fp8_gemm_time_s(g_fast, measured, m, n, k) == pytest.approx(fp8_gemm_time_s(g_plain, plain, m, n, k))
+    rows = dataclasses.replace(g_fast, attention_table=(("cudnn", "fwd", "causal", 128.0, 4096.0, 0.5),))
+    assert rows.attention_rate("bf16") == rows.peak("bf16")
+    assert g_fast.attention_rate("bf16") == pytest.approx(1.204 * g_fast.peak("bf16"))
