@@ -72,13 +72,13 @@ def _gpu(gen: str, catalog: str, families: tuple[str, ...], curve_families: tupl
     ``families`` and not refitted."""
     rows = f"bf16/fp16 runs on {gen} " + GPU_CURVE_ROWS
     return (
-        FittedConstant(name=f"gpu.{gen}.matmul_efficiency", owner=f"profiles/catalog/clusters.yaml {catalog} gpu",
+        FittedConstant(name=f"gpu.{gen}.matmul_efficiency", owner=f"costmodel/files/catalog/clusters.yaml {catalog} gpu",
                        families=curve_families, prior=0.70, prior_why=_GPU_PRIOR_WHY, rows=rows, grid=_EFF_GRID,
                        group=f"gpu.{gen}", note=note),
         # not refitted: end-to-end runs do not pin it down (their GEMMs are all large; a scan of
         # 60..400 with either a median or a mean-log objective ran to an edge of the grid, trading
         # against the efficiency); it keeps its value unless its family is out, then its prior
-        FittedConstant(name=f"gpu.{gen}.matmul_half_size", owner=f"profiles/catalog/clusters.yaml {catalog} gpu",
+        FittedConstant(name=f"gpu.{gen}.matmul_half_size", owner=f"costmodel/files/catalog/clusters.yaml {catalog} gpu",
                        families=families, prior=160.0, prior_why=_GPU_PRIOR_WHY,
                        rows="not refitted on training runs (not identifiable from them); falls back to the "
                             "prior only when its family is left out", grid=(), group=f"gpu.{gen}", note=note),
@@ -137,7 +137,7 @@ FITTED: tuple[FittedConstant, ...] = (
     # gb300-nvl72 comment has the figures); not refitted (one pair, no grid to scan), and at its prior -- GB300
     # priced as GB200, the catalog's statement until stop 46 -- whenever the mlperf family is left out
     FittedConstant(
-        name="gpu.GB300.clock_factor", owner="profiles/catalog/clusters.yaml gb300-nvl72 gpu",
+        name="gpu.GB300.clock_factor", owner="costmodel/files/catalog/clusters.yaml gb300-nvl72 gpu",
         families=("mlperf",), prior=1.0,
         prior_why="GpuSpec's default: the part at its datasheet peaks as its generation's curve prices them (GB300 "
                   "as GB200), the catalog's statement until stop 46",
