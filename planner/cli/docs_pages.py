@@ -319,14 +319,16 @@ def validation_cross() -> str:
 
 
 def validation_headline() -> str:
-    """The out-of-source headline line alone, for the README, and the sentence of the two regimes
+    """The out-of-source headline line alone, for the README, the sentence of the two regimes
     with their own bands (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band; PyTorch's
-    ring attention, the ``train-torch-cp`` band)."""
+    ring attention, the ``train-torch-cp`` band), and MoE's, validated apart (the ``train-moe`` band)."""
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
     thin, ring, te = band_record("train-thin"), band_record("train-torch-cp"), band_record("train-cp")
+    moe = band_record("train-moe")
     lo, hi = thin.signed_range() or (-thin.band, thin.band)
     cp_lo, cp_hi = ring.signed_range() or (-ring.band, ring.band)
+    moe_lo, moe_hi = moe.signed_range() or (-moe.band, moe.band)
     return (validation_cross().split("\n\n")[0] + "\n\n"
             f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
             f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
@@ -334,7 +336,9 @@ def validation_headline() -> str:
             "[docs/cost-model.md](docs/cost-model.md#uncertainty)). So does context parallelism on PyTorch's ring "
             f"attention (torchtitan): {cp_lo * 100:+.0f}% to {cp_hi * 100:+.0f}% on its {ring.n} published runs "
             f"(`train-torch-cp`); on Transformer Engine's ring (Megatron) it is ±{te.band * 100:.0f}% over "
-            f"{te.n} (`train-cp`).\n")
+            f"{te.n} (`train-cp`). Mixture-of-experts runs are validated apart: on the {moe.n} published runs that "
+            f"chose no MoE constant the error ran from {moe_lo * 100:+.0f}% to {moe_hi * 100:+.0f}%, a band of "
+            f"±{moe.band * 100:.0f}% (`train-moe`, [docs/validation.md](docs/validation.md)).\n")
 
 
 FSDP_RULE_FAMILIES = ("ibm-fsdp", "olmo-core")
