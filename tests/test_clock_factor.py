@@ -111,3 +111,23 @@ def test_a_measured_table_holds_the_clock_and_is_not_scaled_again():
     rows = dataclasses.replace(g_fast, attention_table=(("cudnn", "fwd", "causal", 128.0, 4096.0, 0.5),))
     assert rows.attention_rate("bf16") == rows.peak("bf16")
     assert g_fast.attention_rate("bf16") == pytest.approx(1.204 * g_fast.peak("bf16"))
+
+
+def test_the_flop_bound_holds_under_a_measured_table_too():
+    """Under a measured GEMM table the GEMMs price at the peak and attention (no measured rows) at the rate:
+    the bound takes the rate, the faster of the two, and stays below every plan's step."""
+    from planner.search.problem import Solution
+    from planner.search.replan import flop_bound
+    from planner.search.space import enumerate_candidates
+    model = get_model("llama-3-8b")
+    wl = Workload(global_batch=64, seq_len=8192, dtype="bf16")
+    cluster = dataclasses.replace(load_cluster("gb300-nvl72").with_gpus(8),
+                                  matmul_table=((256.0, 0.40), (1024.0, 0.80), (4096.0, 0.95)))
+    checked = 0
+    for cand in enumerate_candidates(model, cluster, wl, {}, 8)[:20]:
+        est = estimate(model, cluster, wl, cand.par, order=cand.order)
+        if est.fits:
+            sol = Solution(cand=cand, objective=est.step_time_s, stages=(), estimate=est)
+            assert flop_bound(sol, cluster, wl, 8) <= est.step_time_s
+            checked += 1
+    assert checked

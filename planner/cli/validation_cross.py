@@ -302,7 +302,7 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
                        for g in cluster.groups)
         cluster = dataclasses.replace(cluster, groups=groups)
     f = values.get(f"gpu.{case.gen}.clock_factor")
-    if f is not None and not cluster.matmul_table:
+    if f is not None:       # a measured table would price at the peak anyway (compute.gemm_rate)
         groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, clock_factor=f)) for g in cluster.groups)
         cluster = dataclasses.replace(cluster, groups=groups)
     k = values.get(f"framework.{case.framework}.kernel_efficiency")

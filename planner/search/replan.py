@@ -45,7 +45,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.compute import gemm_rate
 from costmodel.specs import ClusterSpec, SpecError, Workload
 from planner.plan.errors import InfeasibleError, SolverStopped, UsageError
 from planner.plan.planfile import Plan
@@ -149,14 +148,14 @@ def sized(cluster: ClusterSpec, world: int) -> ClusterSpec:
 def flop_bound(solution: Solution, cluster: ClusterSpec, workload: Workload, world: int) -> float:
     """A lower bound on any plan's step time on ``world`` GPUs: the model FLOPs of one step at
     the cost model's best GEMM efficiency (``costmodel.compute``: ``eff <= matmul_efficiency``,
-    or the best row of a measured table; flash attention runs below it) of the rate GEMMs run at
-    (``compute.gemm_rate``: the part's sustained rate on the curve, the peak under a measured table) on
-    every GPU."""
+    or the best row of a measured table; flash attention runs below it) of the fastest rate any term
+    is priced at (``GpuSpec.rate``: the part's sustained rate; a measured table prices at the peak, which
+    is no faster, so the bound holds under one too) on every GPU."""
     est = solution.estimate
     model_flops = est.model_tflops_per_gpu * 1e12 * est.gpus * est.step_time_s
     gpu = cluster.gpu
     e_max = max([gpu.matmul_efficiency] + [e for _, e in cluster.matmul_table])
-    return model_flops * (1 - 1e-6) / (world * gemm_rate(gpu, cluster, workload.dtype) * min(1.0, e_max))
+    return model_flops * (1 - 1e-6) / (world * gpu.rate(workload.dtype) * min(1.0, e_max))
 
 
 # --------------------------------------------------------------------------------------
