@@ -49,12 +49,12 @@ from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
-from .fp8 import Fp8Recipe
+from .fp8 import Fp8Recipe, is_blackwell
 from .host import layer_floor_s
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
-                  expert_gemm_host_floor_s, grouped_gemm_factor, host_excess_s, host_sync_s, layer_host_s,
-                  load_factor, permute_time_s, router_time_s)
+                  expert_gemm_host_floor_s, fused_mlp_elementwise, grouped_gemm_factor, host_excess_s, host_sync_s,
+                  layer_host_s, load_factor, permute_time_s, router_time_s)
 from .scale import straggler_factor
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
@@ -292,6 +292,17 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # GELU: fc1 out, fc2 in; SwiGLU: w1, w3 out, product (the fc2 / w2 input: a linear input)
         mlp_act += ((mats - 1) * a_bytes + lin_b) * model.ffn_hidden / t
 
+    # Transformer Engine's fused grouped MLP (costmodel.moe.fused_mlp_elementwise): where it runs (MXFP8 on
+    # Blackwell, a SwiGLU MLP), what it removes from the routed experts' elementwise traffic and casts
+    fused_mlp = (moe and ex.fused_grouped_mlp and fp8 is not None and fp8.name == "mxfp8" and is_blackwell(gpu)
+                 and mats == 3)
+    fused_ew_bytes = fused_cast_f = fused_cast_b = 0.0
+    if fused_mlp:
+        fe_local = model.expert_ffn_hidden / et
+        fused_ew_bytes, fused_cast_f, fused_cast_b = fused_mlp_elementwise(
+            tokens_per_expert * model.num_experts / ep, fe_local, ((mats - 1) * a_bytes + lin_b) * fe_local,
+            ELEMENTWISE_TRAFFIC_PER_STORED_BYTE, (mats - 1) * fe_local)
+
     def _time(m: float, n: float, kk: float, c: float, mx: Matrix, fp8_gemm: bool) -> float:
         if mx.role == "expert":
             # one grouped GEMM over the local experts: the dense curve at the whole problem's
@@ -315,6 +326,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # each GEMM's casts, forward and backward (``Fp8Recipe.cast_bytes``), in forward units (the
         # layer counts its backward twice: a third of the total)
         cast_bytes = sum(fp8.cast_bytes(m, n, kk) * c for m, n, kk, c in lin)
+        if fused_mlp:
+            # the fused grouped MLP quantizes FC2's input and FC1's output gradient in the GEMMs'
+            # epilogues (costmodel.moe.fused_mlp_elementwise)
+            cast_bytes -= (fused_cast_f + fused_cast_b) * fp8.cast_bytes_per_value()
         quant_s = memory_time_s(gpu, cast_bytes / 3.0) * mem_factor
     # the routed experts' part of it (costmodel.moe.ep_backward_window_s)
     expert_gemm_s = sum(_time(m, n, kk, c, mx, fp8 is not None) for (m, n, kk, c), mx in zip(gemms, matrices)
@@ -423,7 +438,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             # traffic, in forward units (``score_traffic_bytes``), replaces that rule's share for them
             ew_bytes += T * (heads_local * s * score_traffic_bytes(a_bytes, model.dropout)
                              - ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * scores)
-        ew_s = memory_time_s(gpu, ew_bytes) * mem_factor + moe_ew_s + quant_s
+        ew_s = memory_time_s(gpu, ew_bytes - fused_ew_bytes) * mem_factor + moe_ew_s + quant_s
     # a host-bound device's fixed cost per layer (GpuSpec.layer_overhead_s: forward + backward,
     # backward counted as twice the forward like the compute)
     # the slowest of the job's ranks sets the pace (costmodel.scale); CPU devices (a measured

@@ -307,6 +307,8 @@ class MoeExecution:
     #                                  all-to-alls overlap compute: Megatron --delay-wgrad-compute (its emitter
     #                                  writes it with the overlap), DualPipe's split backward
     #                                  (``ep_backward_window_s``)
+    fused_grouped_mlp: bool = False  # Transformer Engine's fused grouped MLP (``fused_mlp_elementwise``): the
+    #                                  routed experts' SwiGLU and its MXFP8 casts in the GEMMs' epilogues
 
     @property
     def dropless(self) -> bool:
@@ -319,6 +321,34 @@ class MoeExecution:
 
 
 DEFAULT_EXECUTION = MoeExecution()
+
+
+# ---- the fused grouped MLP ------------------------------------------------------------------------
+# Transformer Engine's fused grouped MLP for MXFP8 on SM100+ (TransformerEngine PR #2622, Jan 2026, "an
+# experimental fused operation for a grouped MLP block, using a CuTe DSL kernel that computes an MXFP8
+# grouped GEMM and SwiGLU"; PR #2769, Mar 2026, "GEMM + Swiglu fused Grouped MLP for MXFP8", whose
+# ``ops/fused/backward_grouped_mlp.py`` runs FC2's data gradient with the SwiGLU backward in its epilogue and
+# writes FP8). Megatron-Core selects it with ``use_transformer_engine_op_fuser`` and ``moe_mlp_glu_interleave_size``
+# 32 under ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`` (NVIDIA-NeMo/RL PR #4194 names the three; Megatron-LM's
+# examples/moe_recipes at 9c5258f109 set them in their full-CUDA-graph Qwen3 rows only). The same op in cuDNN,
+# as torchtitan PR #4257 counts its launches: forward FC1 + SwiGLU + the quantization of the hidden
+# activation, then FC2; backward FC2's data gradient + the SwiGLU backward + its quantization, FC1's data
+# gradient, and the two weight gradients. So the fusion removes, per routed token copy: the SwiGLU's own
+# forward and backward passes (what the layer's elementwise rule charges for the expert intermediates it
+# stores, ``layers.ELEMENTWISE_TRAFFIC_PER_STORED_BYTE`` per stored byte), and two of the expert GEMMs' MXFP8
+# casts: FC2's input forward and FC1's output gradient backward. The stored activations are unchanged (FC1's
+# epilogue still writes the pre-activation for the backward), as are the casts of FC1's input and FC2's
+# output gradient. It runs only where TE selects it: MXFP8 on Blackwell; elsewhere the flag prices nothing.
+
+
+def fused_mlp_elementwise(m: float, fe: float, stored_bytes_per_copy: float, elementwise_per_stored: float,
+                          fc1_out: float) -> tuple[float, float, float]:
+    """What the fused grouped MLP removes for ``m`` routed token copies on a rank, each with expert
+    intermediate width ``fe`` (FC2's input) and ``fc1_out`` FC1 outputs (SwiGLU: 2 x ``fe``): (elementwise
+    bytes, forward cast values, backward cast values), the bytes at the layer's elementwise rule
+    (``elementwise_per_stored`` per stored byte, ``stored_bytes_per_copy`` of intermediates stored per copy),
+    the cast values as ``fp8.Fp8Recipe.gemm_cast_values`` counts them (FC2's input, FC1's output gradient)."""
+    return elementwise_per_stored * m * stored_bytes_per_copy, m * fe, m * fc1_out
 
 
 # ---- what the EP overlap hides the backward all-to-alls behind --------------------------------------

@@ -348,3 +348,46 @@ def test_small_expert_checks_are_priced_through_a_target():
     cases = yaml.safe_load(chk.SOURCES.read_text())["check_cases"]
     assert [r.case for r in rows] == [c["name"] for c in cases]
     assert all(r.split == "check" and r.predicted > 0 for r in rows)
+
+
+def _fused_layer(fused: bool, cluster: str = "dgx-b200", recipe: str = "mxfp8"):
+    from costmodel import fp8 as fp8m
+    m = get_model("qwen3-30b-a3b")
+    cl = load_cluster(cluster).with_gpus(8)
+    g = cl.groups[0]
+    wl = Workload(global_batch=64, seq_len=4096, dtype="fp8")
+    rec = fp8m.resolve(recipe, "megatron", g.gpu)
+    ex = moe.MoeExecution(forced_balance=True, fused_grouped_mlp=fused)
+    lc = layer_cost(m, True, wl, 1, 1, 8, False, 1, g.gpu, cl, g.intra_node, ONE, GroupLayout(8, 8), ONE,
+                    1.0, rec, 0, None, ex)
+    return lc, m, g.gpu, rec
+
+
+def test_fused_grouped_mlp_removes_the_swiglu_passes_and_two_casts_by_hand():
+    from costmodel.compute import memory_bound_factor, memory_time_s
+    from costmodel.layers import ELEMENTWISE_TRAFFIC_PER_STORED_BYTE
+    plain, m, gpu, rec = _fused_layer(False)
+    fused, *_ = _fused_layer(True)
+    # by hand: 4,096 tokens x top-8 routed copies on the rank (forced balance, EP8 over 8 ranks), each
+    # storing its two FC1 outputs (BF16) and FC2's FP8 input at the expert width 768
+    copies = 4096 * m.top_k
+    fe = m.expert_ffn_hidden
+    ew = ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * copies * (2 * 2 + rec.saved_input_bytes) * fe
+    casts = (copies * fe + copies * 2 * fe) * rec.cast_bytes_per_value() / 3.0
+    want = (memory_time_s(gpu, ew) + memory_time_s(gpu, casts)) * memory_bound_factor("fused")
+    assert plain.elementwise_fwd_s - fused.elementwise_fwd_s == pytest.approx(want, rel=1e-9)
+    # the layer's time is the slowest of the 8 ranks' (costmodel.scale)
+    from costmodel.scale import straggler_factor
+    assert plain.fwd_s - fused.fwd_s == pytest.approx(want * straggler_factor(8), rel=1e-9)
+    # the GEMMs, the FLOPs and the stored activations do not change
+    assert (fused.gemm_fwd_s, fused.model_flops_fwd, fused.act_bytes) == (plain.gemm_fwd_s, plain.model_flops_fwd,
+                                                                          plain.act_bytes)
+
+
+def test_fused_grouped_mlp_runs_only_in_mxfp8_on_blackwell():
+    # Transformer Engine selects the CuTe DSL op for MXFP8 on SM100+ only: elsewhere the flag prices nothing
+    for cluster, recipe in (("dgx-h100", "delayed"), ("dgx-b200", "current")):
+        plain, *_ = _fused_layer(False, cluster, recipe)
+        fused, *_ = _fused_layer(True, cluster, recipe)
+        assert fused.fwd_s == plain.fwd_s
+    assert not FRAMEWORKS["megatron"].moe.fused_grouped_mlp      # the emitted file does not set it
