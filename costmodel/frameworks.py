@@ -209,15 +209,21 @@ class FrameworkProfile:
         return dataclasses.replace(self, memory_headroom_fraction=fraction)
 
     def with_switches(self, *, compile: bool = False, async_tp: bool = False,
-                      grads_bf16: bool = False, adam_moments_bf16: bool = False) -> "FrameworkProfile":
+                      grads_bf16: bool = False, adam_moments_bf16: bool = False,
+                      fused_grouped_mlp: bool = False) -> "FrameworkProfile":
         """This profile with a plan's framework settings (``planner.plan.targets.SWITCHES``) priced:
         ``compile`` multiplies the kernel efficiency by ``COMPILE_KERNEL_FACTOR``; ``async_tp``
         overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``); ``grads_bf16``
         keeps and reduces the gradients in BF16 (Megatron's ``--grad-reduce-in-bf16``: 2 bytes per
         parameter in the gradient buffer and on the wire instead of 4); ``adam_moments_bf16`` keeps
         Adam's two moments in BF16 (Megatron's precision-aware optimizer,
-        ``memory.adam_state_bytes_bf16_moments``)."""
+        ``memory.adam_state_bytes_bf16_moments``); ``fused_grouped_mlp`` runs the routed experts as
+        Transformer Engine's fused grouped MLP (``costmodel.moe.fused_mlp_elementwise``), whose grouped
+        kernels replace TE's GEMM call per expert (``MoeExecution.per_expert_gemms``)."""
         out = self
+        if fused_grouped_mlp:
+            out = dataclasses.replace(out, moe=dataclasses.replace(out.moe, fused_grouped_mlp=True, per_expert_gemms=False),
+                                      name=f"{out.name}+fused_grouped_mlp")
         if grads_bf16:
             out = dataclasses.replace(out, grads_bf16=True, name=f"{out.name}+grads_bf16")
         if adam_moments_bf16:

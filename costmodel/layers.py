@@ -293,9 +293,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += ((mats - 1) * a_bytes + lin_b) * model.ffn_hidden / t
 
     # Transformer Engine's fused grouped MLP (costmodel.moe.fused_mlp_elementwise): where it runs (MXFP8 on
-    # Blackwell, a SwiGLU MLP), what it removes from the routed experts' elementwise traffic and casts
+    # Blackwell, a SwiGLU MLP, whole experts: Megatron-Core's GroupedMLP takes the fused path only with expert
+    # TP 1), what it removes from the routed experts' elementwise traffic and casts
     fused_mlp = (moe and ex.fused_grouped_mlp and fp8 is not None and fp8.name == "mxfp8" and is_blackwell(gpu)
-                 and mats == 3)
+                 and mats == 3 and et == 1)
     fused_ew_bytes = fused_cast_f = fused_cast_b = 0.0
     if fused_mlp:
         fe_local = model.expert_ffn_hidden / et

@@ -17,7 +17,7 @@ from costmodel.frameworks import framework_profile, tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
-from planner.plan.targets import default_fp8_recipe
+from planner.plan.targets import FUSED_MLP_INTERLEAVE, default_fp8_recipe, fused_mlp_problem
 
 TARGET = "megatron"
 MODE = "train"
@@ -125,6 +125,14 @@ def moe_args(plan: Plan) -> list:
     else:
         a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
     a.append("--moe-grouped-gemm")
+    if (plan.framework or {}).get("fused_grouped_mlp"):
+        # the plan's framework setting (planner.plan.targets.SWITCHES), priced as TE's fused grouped MLP
+        # (costmodel.moe.fused_mlp_elementwise; one grouped kernel per matrix, not a GEMM per expert);
+        # Megatron-Core asserts where its fused path cannot run, so the file refuses those plans first
+        why = fused_mlp_problem(TARGET, m, plan.workload, plan.cluster.groups[0].gpu, p)
+        if why:
+            raise CannotExpress(TARGET, "framework.fused_grouped_mlp", why)
+        a += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size", FUSED_MLP_INTERLEAVE]
     if p.ep_overlap:
         a.append("--overlap-moe-expert-parallel-comm")
         if _delay_wgrad():
@@ -176,6 +184,12 @@ def moe_notes(plan: Plan) -> list[str]:
         # and TE >= 2.8 with --overlap-grad-reduce (2.7 without gradient-accumulation fusion)
         notes.append("--delay-wgrad-compute (the EP overlap's backward all-to-alls beside the experts' weight "
                      "gradients, as priced) needs Transformer Engine >= 2.8 with --overlap-grad-reduce")
+    if (plan.framework or {}).get("fused_grouped_mlp"):
+        notes.append("framework.fused_grouped_mlp: Transformer Engine's fused grouped MLP (priced: the experts' SwiGLU "
+                     "and MXFP8 casts in the grouped GEMMs' epilogues) needs TE 2.14 or later with cuDNN frontend's "
+                     "CuTe DSL kernels (nvidia-cudnn-frontend[cutedsl]); Megatron-Core stores the experts' FC1 rows "
+                     f"gate and up interleaved in blocks of {FUSED_MLP_INTERLEAVE} (--moe-mlp-glu-interleave-size): a "
+                     "checkpoint written without it needs its FC1 rows reordered")
     if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
         return notes
     inter = c.inter_node
@@ -481,6 +495,10 @@ def emit(plan: Plan) -> dict[str, str]:
         # Megatron-FSDP refuses to start with CUDA_DEVICE_MAX_CONNECTIONS=1 (megatron/training/arguments.py:
         # "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."), which TP recipes often leave exported
         env += "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs it unset or above 1\n"
+    if (plan.framework or {}).get("fused_grouped_mlp") and plan.model.is_moe:
+        # Megatron-Core's GroupedMLP takes TE's CuTe DSL kernel only with this set (moe/experts.py
+        # _is_fused_impl_supported, core_v0.19.0)
+        env += "export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1  # TE's fused grouped MLP (framework.fused_grouped_mlp)\n"
     m = plan.model
     pad = padded_vocab(m.vocab, p.tp)
     usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"

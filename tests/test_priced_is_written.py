@@ -302,6 +302,14 @@ MEGATRON_KERNEL = {"auto": "flash", "fused": "flash", "flash": "flash", "unfused
 MEGATRON_ATTENTION = {"auto": "te", "unfused": "te"}
 
 
+def _fused_mlp(a, text: str) -> bool:
+    """Whether the file runs Transformer Engine's fused grouped MLP: Megatron-Core's GroupedMLP takes it with
+    the op fuser and the CuTe DSL switch exported (moe/experts.py ``_is_fused_impl_supported``, core_v0.19.0)."""
+    fused = bool(a.use_transformer_engine_op_fuser) and "export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in text
+    assert not fused or a.moe_mlp_glu_interleave_size == 32, "the CuTe DSL kernel's interleaved GLU rows"
+    return fused
+
+
 def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     a, world, out = megatron_as_parsed(plan, tmp)
     text = (out / "megatron.sh").read_text()
@@ -352,7 +360,10 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
                                              # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
-                                             per_expert_gemms=a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm,
+                                             # or TE's fused grouped MLP (the op fuser with its CuTe DSL switch)
+                                             per_expert_gemms=(a.moe_grouped_gemm and not a.moe_use_legacy_grouped_gemm
+                                                               and not _fused_mlp(a, text)),
+                                             fused_grouped_mlp=_fused_mlp(a, text),
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0,
                                              deepep_sms=a.moe_deepep_num_sms if flex else MoeExecution().deepep_sms,

@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
     target = args.target
     from planner.cli.target_notes import framework_settings
-    switches = framework_settings([x for x in (args.framework_setting or '').split(',') if x], target, fixed)
+    switches = framework_settings([x for x in (args.framework_setting or '').split(',') if x], target, fixed,
+                                  (model, wl, cluster.groups[0].gpu))
     extra = {"framework": T.profile_for(target, switches)} if switches else {}
     res, used = solve_target(model, cluster, wl, fixed, None if target == T.GENERIC else target,
                              objective=args.objective, price_per_gpu_hour=args.price_per_gpu_hour, top=args.top,

@@ -86,10 +86,12 @@ def plan_command(plan: Any, target: str, plan_path: str | None = None) -> str:
     return " ".join(shlex.quote(a) if not a.startswith("<") else a for a in args)
 
 
-def framework_settings(items: list[str], target: str, fixed: dict) -> dict:
+def framework_settings(items: list[str], target: str, fixed: dict, problem: tuple | None = None) -> dict:
     """``--framework-setting KEY=VALUE`` options as the plan's ``framework:`` section, each checked
     against the target's settings (``planner.plan.targets.SWITCHES``): ``UsageError`` naming the
-    setting, its value and what the target takes."""
+    setting, its value and what the target takes. ``problem`` (model, workload, GPU) checks the
+    settings a problem cannot run (``targets.fused_mlp_problem``); ``fused_grouped_mlp`` then fixes
+    ``fixed["etp"]`` at 1 (whole experts: what Megatron's fused path needs) unless it is fixed."""
     if not items:
         return {}
     known = T.switches_for(target)
@@ -113,4 +115,13 @@ def framework_settings(items: list[str], target: str, fixed: dict) -> dict:
     if out.get("async_tp") and not (out.get("compile") and fixed.get("tp", 1) > 1):
         raise UsageError(f"--framework-setting async_tp=true: torchtitan's async TP needs compile=true and a fixed "
                          f"--tp above 1 (got compile={out.get('compile', False)}, tp={fixed.get('tp', 'free')})")
+    if out.get("fused_grouped_mlp") and problem is not None:
+        model, wl, gpu = problem
+        if "etp" in fixed and fixed["etp"] != 1:
+            raise UsageError(f"--framework-setting fused_grouped_mlp=true with --etp {fixed['etp']}: Megatron's fused "
+                             "grouped MLP needs whole experts on each rank (--etp 1)")
+        why = T.fused_mlp_problem(target, model, wl, gpu)
+        if why:
+            raise UsageError(f"--framework-setting fused_grouped_mlp=true: {why}")
+        fixed["etp"] = 1
     return out

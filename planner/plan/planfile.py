@@ -172,7 +172,7 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
                             f"{describe(switches)}")
         if switches and target:
             from planner.plan.targets import switch_problems
-            bad = switch_problems(str(target), par, switches)
+            bad = switch_problems(str(target), par, switches, model, workload, cluster.groups[0].gpu)
             if bad:
                 raise PlanError(f"{where}: " + "; ".join(bad))
         return Plan(model=model, cluster=cluster, workload=workload, parallel=par, stages=tuple(stages),

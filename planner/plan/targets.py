@@ -1216,6 +1216,12 @@ def default_fp8_recipe(target: str | None, gpu) -> str:
 # Framework settings a plan carries (the plan file's ``framework:`` section)
 # --------------------------------------------------------------------------------------
 
+# Megatron-LM's examples/moe_recipes (9c5258f109) pair the fused grouped MLP with GLU rows interleaved in
+# blocks of 32 (moe_mlp_glu_interleave_size), the layout TE's CuTe DSL kernel reads (NVIDIA-NeMo/RL PR #4194:
+# "32 for the CuTeDSL fusion"); the experts' FC1 weights are stored so, gate and up alternating.
+FUSED_MLP_INTERLEAVE = 32
+
+
 # target -> setting -> (type, what it is and its source). Each is priced (``profile_for``) and
 # written by the target's emitter; a plan without the section runs every one at its default.
 SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
@@ -1233,6 +1239,12 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
                                     "bf16 --exp-avg-sq-dtype bf16 (Megatron-LM megatron/training/arguments.py; NeMo "
                                     "24.07's optim.dtype: bf16); the distributed optimizer, BF16 or FP8 delayed "
                                     "training"),
+        "fused_grouped_mlp": (bool, "the routed experts as Transformer Engine's fused grouped MLP (SwiGLU and MXFP8 "
+                                    "casts in the grouped GEMMs' epilogues): --use-transformer-engine-op-fuser "
+                                    f"--moe-mlp-glu-interleave-size {FUSED_MLP_INTERLEAVE} and "
+                                    "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (Megatron-Core core_v0.19.0 TransformerConfig, "
+                                    "moe/experts.py GroupedMLP._is_fused_impl_supported; TE 2.14 or later with cuDNN "
+                                    "frontend's CuTe DSL kernels); a SwiGLU MoE in MXFP8 on Blackwell, expert TP 1"),
     },
     "deepspeed": {
         "partition_method": (str, "PipelineModule(partition_method=...): " + ", ".join(DS_METHODS)
@@ -1245,9 +1257,32 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
 }
 
 
-def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any]) -> list[str]:
+def fused_mlp_problem(target: str, model: ModelSpec, wl: Workload, gpu, par: ParallelConfig | None = None) -> str:
+    """Why ``framework.fused_grouped_mlp`` cannot run this problem ("" where it can), as the condition and
+    the rule: Megatron-Core's GroupedMLP takes Transformer Engine's fused path (``moe/experts.py``,
+    ``_is_fused_impl_supported``) for routed SwiGLU experts whole on each rank (expert TP 1), and TE's CuTe
+    DSL kernel is MXFP8 on SM100+ (``costmodel.moe.fused_mlp_elementwise``); elsewhere Megatron asserts or
+    runs unfused ops."""
+    from costmodel.fp8 import is_blackwell
+    if not model.is_moe or model.mlp != "swiglu":
+        return (f"{model.name} has no routed SwiGLU experts{'' if model.is_moe else ' (a dense model)'}; "
+                "drop the setting")
+    recipe = (wl.fp8_recipe or default_fp8_recipe(target, gpu)) if wl.dtype == "fp8" else ""
+    if recipe != "mxfp8" or not is_blackwell(gpu):
+        return (f"dtype {wl.dtype}{f' ({recipe})' if recipe else ''} on {gpu.name}: Transformer Engine's fused "
+                "grouped MLP is MXFP8 on Blackwell (--dtype fp8 --fp8-recipe mxfp8 on B200, B300, GB200 or GB300); "
+                "drop the setting")
+    et = (par.etp or par.tp) if par is not None else 1
+    if et != 1:
+        return f"expert TP {et}: Megatron's fused grouped MLP needs whole experts on each rank (plan --etp 1)"
+    return ""
+
+
+def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any], model: ModelSpec | None = None,
+                    wl: Workload | None = None, gpu=None) -> list[str]:
     """What is wrong with a plan's framework settings for ``target``: unknown keys, wrong types,
-    settings that need another (async TP needs compile and tp > 1)."""
+    settings that need another (async TP needs compile and tp > 1), and, given the problem
+    (``model``, ``wl``, ``gpu``), settings it cannot run (``fused_mlp_problem``)."""
     known = SWITCHES.get(TRAIN[target].runs if target in TRAIN else target, {})
     out = []
     for k, v in switches.items():
@@ -1259,6 +1294,11 @@ def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any
     if switches.get("async_tp") and not (switches.get("compile") and par.tp > 1):
         out.append(f"framework.async_tp with compile={bool(switches.get('compile'))}, tp={par.tp}: torchtitan's async "
                    "TP needs torch.compile and tp > 1; set compile: true or drop async_tp")
+    if switches.get("fused_grouped_mlp") is True and model is not None and wl is not None and gpu is not None:
+        why = fused_mlp_problem(target, model, wl, gpu, par)
+        if why:
+            out.append(f"framework.fused_grouped_mlp with {why}" if why.startswith(("dtype", "expert"))
+                       else f"framework.fused_grouped_mlp: {why}")
     return [f"{target}: {m}" for m in out]
 
 
@@ -1269,10 +1309,12 @@ def profile_for(target: str, switches: Mapping[str, Any] | None = None):
     from costmodel.frameworks import framework_profile
     prof = stand_in_profile(target) or framework_profile(framework_of(target))
     sw = switches or {}
-    if sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16") or sw.get("adam_moments_bf16"):
+    if (sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16") or sw.get("adam_moments_bf16")
+            or sw.get("fused_grouped_mlp")):
         prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")),
                                   grads_bf16=bool(sw.get("grads_bf16")),
-                                  adam_moments_bf16=bool(sw.get("adam_moments_bf16")))
+                                  adam_moments_bf16=bool(sw.get("adam_moments_bf16")),
+                                  fused_grouped_mlp=bool(sw.get("fused_grouped_mlp")))
     return prof
 
 
@@ -1688,7 +1730,8 @@ def problems(target: str, plan: Any) -> list[str]:
     out = (config_problems(target, plan.model, plan.workload, plan.parallel, plan.mesh_order, plan_check=True)
            + stage_problems(target, plan.model, plan.parallel, plan.stages, len(plan.cluster.groups),
                             getattr(plan, "framework", None))
-           + switch_problems(target, plan.parallel, getattr(plan, "framework", None) or {}))
+           + switch_problems(target, plan.parallel, getattr(plan, "framework", None) or {}, plan.model, plan.workload,
+                             plan.cluster.groups[0].gpu))
     par = plan.parallel
     if not out and TRAIN[target].zero1_as_zero0 and par.zero == 1 and par.dp > 1:
         out += _zero1_as_zero0(target, plan)
