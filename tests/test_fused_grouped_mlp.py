@@ -12,7 +12,7 @@ from costmodel.training import estimate
 from planner.cli import main
 from planner.cli.explain import plan_estimate
 from planner.plan.planfile import PlanError, dump_plan, read_plan
-from tests.test_priced_is_written import megatron_as_written
+from test_priced_is_written import megatron_as_written
 
 # Qwen3-30B-A3B on 16 GB200 in MXFP8, the layout fixed (the Megatron-LM recipe's: EP16, micro-batch 4)
 PROBLEM = ["--model", "qwen3-30b-a3b", "--cluster", "gb200-nvl72", "--gpus", "16", "--global-batch", "256",
