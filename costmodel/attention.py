@@ -345,6 +345,83 @@ def grid_factor(gpu: GpuSpec, pairs: float, head_dim: float, seq_len: float) -> 
     return min(1.0, _waves(math.ceil(pairs) * tiles, sms) / _waves(math.ceil(bench), sms))
 
 
+# ---- FP8 attention ------------------------------------------------------------------------------
+# Transformer Engine's FP8 dot-product attention (Megatron's --fp8-dot-product-attention, MLPerf's
+# FP8_DPA) runs cuDNN's FP8 fused attention. Its speed over cuDNN's BF16 kernel, from NVIDIA/cudnn-frontend's
+# own training benchmark (``benchmark/sdpa_benchmark_training/results`` at 3929da2), the same runs as the
+# Blackwell BF16 curves above: GB200 and GB300 (cuDNN 9.22.0, 2026-04-24) at head dim 192/128 (DeepSeek-V3:
+# 128 heads, ``dsv3_*.csv``) and 128 (Llama 3.1: 64 query / 8 KV heads, ``llama3.1_*.csv``); H200 (cuDNN
+# 9.19.1, ``h200_919_only_cudnn/llama3.1_*.csv``) at 128, per-tensor FP8 only (MXFP8 is Blackwell's). Ratio of
+# TFLOP/s, FP8 over BF16, non-deterministic backward, at sequences ``FP8_ATTENTION_SEQS``, by architecture
+# (Blackwell Ultra apart: its BF16 kernel is already ``ULTRA_OF_BLACKWELL`` faster), scaling ("fp8": per-tensor
+# current or delayed scaling; "mxfp8"), head dim, causal mask and direction. The gain depends on all of them:
+# 1.2-1.8x forward; the backward from 0.64x (H200, causal, 32k: FP8 is slower) to 2.06x.
+FP8_ATTENTION_SEQS = (2048, 4096, 8192, 16384, 32768)
+FP8_ATTENTION_OF_BF16: dict[tuple[str, str, int, bool, str], tuple[float, ...]] = {
+    ("blackwell", "fp8", 192, True, "fwd"): (1.548, 1.49, 1.512, 1.482, 1.404),
+    ("blackwell", "fp8", 192, True, "bwd"): (1.551, 1.601, 1.642, 1.735, 1.726),
+    ("blackwell", "fp8", 192, False, "fwd"): (1.458, 1.511, 1.468, 1.429, 1.477),
+    ("blackwell", "fp8", 192, False, "bwd"): (1.724, 1.763, 1.886, 1.828, 1.779),
+    ("blackwell", "mxfp8", 192, True, "fwd"): (1.432, 1.369, 1.4, 1.403, 1.336),
+    ("blackwell", "mxfp8", 192, True, "bwd"): (1.238, 1.29, 1.252, 1.369, 1.424),
+    ("blackwell", "mxfp8", 192, False, "fwd"): (1.353, 1.39, 1.369, 1.375, 1.365),
+    ("blackwell", "mxfp8", 192, False, "bwd"): (1.435, 1.426, 1.493, 1.506, 1.437),
+    ("blackwell", "fp8", 128, True, "fwd"): (1.294, 1.282, 1.301, 1.261, 1.355),
+    ("blackwell", "fp8", 128, True, "bwd"): (0.939, 1.026, 1.092, 1.229, 1.376),
+    ("blackwell", "fp8", 128, False, "fwd"): (1.313, 1.309, 1.265, 1.334, 1.36),
+    ("blackwell", "fp8", 128, False, "bwd"): (1.08, 1.168, 1.262, 1.336, 1.446),
+    ("blackwell", "mxfp8", 128, True, "fwd"): (1.212, 1.197, 1.208, 1.17, 1.261),
+    ("blackwell", "mxfp8", 128, True, "bwd"): (0.842, 0.918, 0.966, 1.081, 1.162),
+    ("blackwell", "mxfp8", 128, False, "fwd"): (1.224, 1.216, 1.174, 1.239, 1.267),
+    ("blackwell", "mxfp8", 128, False, "bwd"): (0.951, 0.996, 1.065, 1.131, 1.173),
+    ("ultra", "fp8", 192, True, "fwd"): (1.782, 1.753, 1.714, 1.68, 1.69),
+    ("ultra", "fp8", 192, True, "bwd"): (1.653, 1.734, 1.789, 1.889, 1.867),
+    ("ultra", "fp8", 192, False, "fwd"): (1.728, 1.706, 1.682, 1.692, 1.754),
+    ("ultra", "fp8", 192, False, "bwd"): (1.879, 1.899, 1.929, 2.057, 1.979),
+    ("ultra", "mxfp8", 192, True, "fwd"): (1.61, 1.583, 1.55, 1.524, 1.486),
+    ("ultra", "mxfp8", 192, True, "bwd"): (1.267, 1.332, 1.379, 1.416, 1.445),
+    ("ultra", "mxfp8", 192, False, "fwd"): (1.558, 1.557, 1.538, 1.534, 1.598),
+    ("ultra", "mxfp8", 192, False, "bwd"): (1.491, 1.516, 1.558, 1.6, 1.563),
+    ("ultra", "fp8", 128, True, "fwd"): (1.423, 1.487, 1.561, 1.595, 1.591),
+    ("ultra", "fp8", 128, True, "bwd"): (0.976, 1.119, 1.241, 1.35, 1.428),
+    ("ultra", "fp8", 128, False, "fwd"): (1.511, 1.573, 1.567, 1.58, 1.661),
+    ("ultra", "fp8", 128, False, "bwd"): (1.146, 1.287, 1.379, 1.417, 1.526),
+    ("ultra", "mxfp8", 128, True, "fwd"): (1.275, 1.334, 1.385, 1.424, 1.426),
+    ("ultra", "mxfp8", 128, True, "bwd"): (0.839, 0.916, 0.978, 1.037, 1.067),
+    ("ultra", "mxfp8", 128, False, "fwd"): (1.353, 1.417, 1.423, 1.434, 1.533),
+    ("ultra", "mxfp8", 128, False, "bwd"): (0.96, 1.028, 1.069, 1.1, 1.159),
+    ("hopper", "fp8", 128, True, "fwd"): (1.442, 1.445, 1.497, 1.501, 1.515),
+    ("hopper", "fp8", 128, True, "bwd"): (1.062, 0.994, 0.795, 0.646, 0.637),
+    ("hopper", "fp8", 128, False, "fwd"): (1.374, 1.45, 1.48, 1.503, 1.532),
+    ("hopper", "fp8", 128, False, "bwd"): (1.054, 1.075, 1.071, 1.077, 1.178),
+}
+
+
+def fp8_attention_factor(gpu: GpuSpec, scaling: str, head_dim: float, seq_len: float, causal: bool,
+                         direction: str) -> float:
+    """How much faster cuDNN's FP8 attention runs than its BF16 kernel on ``gpu`` (``FP8_ATTENTION_OF_BF16``),
+    ``scaling`` "mxfp8" or "fp8" (per-tensor), interpolated in log2 of the sequence and of the head dim
+    between the measured ones, flat beyond them; 1.0 where nothing was measured (no FP8 attention kernel:
+    Ampere and older)."""
+    arch = architecture(gpu)
+    if arch == "blackwell" and is_blackwell_ultra(gpu):
+        arch = "ultra"
+    dims = sorted(hd for (a, sc, hd, c, d) in FP8_ATTENTION_OF_BF16 if (a, sc, c, d) == (arch, scaling, causal, direction))
+    if not dims:
+        return 1.0
+    ls = math.log2(max(seq_len, 1.0))
+    seqs = [math.log2(s) for s in FP8_ATTENTION_SEQS]
+    per_dim = [(math.log2(hd), _interp(list(zip(seqs, FP8_ATTENTION_OF_BF16[(arch, scaling, hd, causal, direction)])), ls))
+               for hd in dims]
+    return _interp(per_dim, math.log2(max(head_dim, 1.0)))
+
+
+def fp8_kernel(kernel: str, scaling: str) -> str:
+    """The kernel name of FP8 attention over ``kernel`` (cuDNN's only: Transformer Engine's fused attention),
+    ``scaling`` "mxfp8" or "fp8"; ``kernel`` unchanged for any other."""
+    return f"{kernel}+{scaling}" if kernel == "cudnn" else kernel
+
+
 def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,
              seq_len: float, causal: bool, pairs: float = 0.0) -> tuple[float, float]:
     """(forward, backward) time of one fused-attention block doing ``fwd_flops`` in its forward
@@ -354,6 +431,12 @@ def block_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head
     heads on this rank, for the grid's fill (``grid_factor``; 0: not priced)."""
     if fwd_flops <= 0:
         return 0.0, 0.0
+    if "+" in kernel:
+        # FP8 attention: cuDNN's BF16 block at its measured FP8 speed-up per direction (fp8_attention_factor)
+        base, scaling = kernel.split("+", 1)
+        f, b = block_s(base, gpu, peak_flops, fwd_flops, head_dim, seq_len, causal, pairs)
+        return (f / fp8_attention_factor(gpu, scaling, head_dim, seq_len, causal, "fwd"),
+                b / fp8_attention_factor(gpu, scaling, head_dim, seq_len, causal, "bwd"))
     if pairs > 0:
         g = grid_factor(gpu, pairs, head_dim, seq_len)
         if g < 1.0:

@@ -119,6 +119,10 @@ class FrameworkProfile:
     # (costmodel.attention.kernel_for picks the kernel per GPU): "te", "flex", "sdpa",
     # "sdpa-torchtitan", "flash-attn", "flash-attn-1" (a published run's FA1); "" keeps the GEMM-curve rule
     attention: str = ""
+    # Transformer Engine's FP8 dot-product attention (Megatron's --fp8-dot-product-attention) under an FP8
+    # recipe: cuDNN's FP8 kernel at its measured speed over BF16 (costmodel.attention.fp8_attention_factor);
+    # set by records whose runs turned it on (``profile:``), never by a target's file
+    fp8_attention: bool = False
     calibrated: bool = False          # fitted on that framework's own published runs
     # a PyTorch-native stack (PyTorch's own kernels, SDPA attention, no Transformer Engine): on sm_90+
     # GPUs its kernel efficiency is multiplied by PYTORCH_SM90_FACTOR (``kernel_efficiency_on``)

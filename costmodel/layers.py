@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_SDPA_RING_IMPLEMENTATIONS, attention_fwd_bwd_s, kernel_for,
-                        kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
+from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_SDPA_RING_IMPLEMENTATIONS, attention_fwd_bwd_s, fp8_kernel,
+                        kernel_for, kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
 from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
@@ -219,7 +219,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
                ep_lay: GroupLayout, cp_lay: GroupLayout, kernel_efficiency: float = 1.0,
                fp8: Fp8Recipe | None = None, etp: int = 0, etp_lay: GroupLayout | None = None,
                moe_exec: MoeExecution | None = None, elementwise: str = "fused", attention: str = "",
-               launch: str = "", autocast: str = "", host_op_s: float = 0.0) -> LayerCost:
+               launch: str = "", autocast: str = "", host_op_s: float = 0.0, fp8_attention: bool = False) -> LayerCost:
     """Memoized: the solver asks for the same few layer shapes many thousands of times.
     ``kernel_efficiency``: the framework's GEMM and attention speed relative to the cluster's
     efficiency curve (``costmodel.frameworks``); ``fp8``: the FP8 recipe of an fp8 workload;
@@ -230,7 +230,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     ``launch``: how its host issues a dense layer's kernels (``costmodel.host``: the layer's time is
     at least the host's issue time; "" for none); ``autocast``: the layer runs the runtime's eager ops
     under autocast, its residual stream in "fp32" (fp32 parameters, no FSDP mixed precision) or in the
-    compute dtype ("16-bit"); ``autocast_eager_bytes`` prices its memory-bound ops ("" for none)."""
+    compute dtype ("16-bit"); ``autocast_eager_bytes`` prices its memory-bound ops ("" for none);
+    ``fp8_attention``: cuDNN's FP8 attention under the FP8 recipe (``attention.fp8_attention_factor``)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
     dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
@@ -349,6 +350,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     attn_hw_flops = attn_model_flops * causal
     hd = model.head_dim
     kernel = kernel_for(attention, gpu) if flash else ""
+    if fp8_attention and fp8 is not None:
+        # Transformer Engine's FP8 dot-product attention: cuDNN's FP8 kernel, MXFP8 or per-tensor scaled as the
+        # recipe is (costmodel.attention.fp8_attention_factor); other kernels have none
+        kernel = fp8_kernel(kernel, "mxfp8" if fp8.name == "mxfp8" else "fp8")
     attn_bwd_extra_s = 0.0
     torch_cp_overlap_s = -1.0       # PyTorch's all-gather K/V exchange, when it runs (below)
     if kernel:
@@ -361,7 +366,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
         q_width = model.heads * hd / t
         kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
-        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp, fused=kernel == "cudnn")
+        merge_f, merge_b = ring_merge_bytes(attention, T, q_width, kv_w, cp, fused=kernel.startswith("cudnn"))
         if merge_f or merge_b:
             frac = 1.0 / MEMORY_BOUND_FRACTION[RING_MERGE_KIND][0]
             attn_s += memory_time_s(gpu, merge_f) * frac

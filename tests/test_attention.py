@@ -441,3 +441,51 @@ def test_a_transformer_engine_cp_layer_pays_its_merges():
     mf, _mb = ring_merge_bytes("te", T, qw, kvw, cp, fused=True)
     want = f0 + memory_time_s(cl.gpu, mf) / MEMORY_BOUND_FRACTION["eager"][0]
     assert lc.attn_fwd_s == pytest.approx(want, rel=1e-9)
+
+
+def test_fp8_attention_is_the_measured_ratio_over_bf16():
+    """cuDNN's FP8 attention (Transformer Engine's FP8 dot-product attention) runs at cudnn-frontend's measured
+    FP8 / BF16 ratio: at a measured point exactly, interpolated between, and not at all where no FP8 kernel was
+    measured (Ampere)."""
+    from costmodel.attention import FP8_ATTENTION_OF_BF16, FP8_ATTENTION_SEQS, fp8_attention_factor, fp8_kernel
+    gb200 = load_cluster("gb200-nvl72").gpu
+    gb300 = load_cluster("gb300-nvl72").gpu
+    # GB200, DeepSeek-V3's head dim 192, MXFP8, causal, at 4,096: cudnn-frontend's dsv3 CSV (2026-04-24) gives
+    # 1.369 forward and 1.290 backward
+    assert fp8_attention_factor(gb200, "mxfp8", 192, 4096, True, "fwd") == 1.369
+    assert fp8_attention_factor(gb200, "mxfp8", 192, 4096, True, "bwd") == 1.290
+    # between measured sequences and head dims: between the neighbours
+    mid = fp8_attention_factor(gb200, "fp8", 160, 6000, False, "bwd")
+    lo = min(FP8_ATTENTION_OF_BF16[("blackwell", "fp8", hd, False, "bwd")][i] for hd in (128, 192) for i in (1, 2))
+    hi = max(FP8_ATTENTION_OF_BF16[("blackwell", "fp8", hd, False, "bwd")][i] for hd in (128, 192) for i in (1, 2))
+    assert lo < mid < hi
+    # GB300 has its own table (its BF16 kernel is already faster); Hopper per-tensor only; Ampere none
+    assert fp8_attention_factor(gb300, "mxfp8", 192, 4096, True, "fwd") == 1.583
+    assert fp8_attention_factor(H100, "fp8", 128, FP8_ATTENTION_SEQS[-1], True, "bwd") == 0.637    # slower
+    assert fp8_attention_factor(H100, "mxfp8", 128, 4096, True, "fwd") == 1.0
+    assert fp8_attention_factor(A100, "fp8", 128, 4096, True, "fwd") == 1.0
+    # the FP8 block is the BF16 block divided by the ratio, per direction; only cuDNN has an FP8 variant
+    f, b = block_s("cudnn", gb200, 2.5e15, 1e12, 192, 4096, True)
+    f8, b8 = block_s(fp8_kernel("cudnn", "mxfp8"), gb200, 2.5e15, 1e12, 192, 4096, True)
+    assert (f / f8, b / b8) == pytest.approx((1.369, 1.290), rel=1e-12)
+    assert fp8_kernel("fa2", "fp8") == "fa2"
+
+
+def test_fp8_attention_reaches_the_layer_only_under_fp8():
+    from costmodel import fp8 as fp8m
+    m = get_model("deepseek-v3")
+    cl = load_cluster("gb200-nvl72").with_gpus(8)
+    g = cl.groups[0]
+    one = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    rec = fp8m.resolve("mxfp8", "megatron", g.gpu)
+    wl8 = Workload(global_batch=8, seq_len=4096, dtype="fp8")
+
+    def lc(wl, recipe, on):
+        return layer_cost(m, False, wl, 1, 1, 1, False, 1, g.gpu, cl, g.intra_node, one, one, one, 1.0, recipe,
+                          attention="te", fp8_attention=on)
+    plain, fast = lc(wl8, rec, False), lc(wl8, rec, True)
+    assert fast.attn_fwd_s == pytest.approx(plain.attn_fwd_s / 1.369, rel=1e-9)
+    assert fast.fwd_s < plain.fwd_s and fast.gemm_fwd_s == plain.gemm_fwd_s
+    # a BF16 workload has no FP8 recipe: the switch prices nothing
+    wl16 = Workload(global_batch=8, seq_len=4096, dtype="bf16")
+    assert lc(wl16, None, True).fwd_s == lc(wl16, None, False).fwd_s
