@@ -309,3 +309,15 @@ def test_unfitted_records_are_in_the_headline_and_read_by_no_fit(res):
         "kwai-origin-megatron-llama-7b-h800-4gpu-pp4-full", "kwai-origin-megatron-llama-7b-a800-4gpu-pp4-full",
         "kwai-origin-megatron-llama-175b-h800-256gpu-tp2-cp2-pp16-full"}
     assert f"Of the headline's runs, {len(unfitted)} are reported and read by no fit" in vc.markdown(res)
+
+
+def test_a_catalog_model_takes_only_the_overrides_a_record_may_set():
+    """A record's ``model: {catalog: ...}`` may set the run's router, vocabulary and MTP layers over the catalog's;
+    any other key is refused with its name, not silently dropped (a run without DeepSeek-V3's MTP module was once
+    priced with it because its ``mtp_layers: 0`` was ignored)."""
+    from costmodel.specs import SpecError
+    from planner.cli.validation import _model
+    assert _model({"catalog": "deepseek-v3", "seq_len": 4096, "mtp_layers": 0}, "r").mtp_layers == 0
+    assert _model({"catalog": "deepseek-v3", "seq_len": 4096}, "r").mtp_layers == 1
+    with pytest.raises(SpecError, match="layers cannot be set over the catalog's 'deepseek-v3'"):
+        _model({"catalog": "deepseek-v3", "seq_len": 4096, "layers": 30}, "r")

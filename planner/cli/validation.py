@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.specs import ModelSpec, ParallelConfig, Workload, stages_from_counts
+from costmodel.specs import ModelSpec, ParallelConfig, SpecError, Workload, stages_from_counts
 from costmodel.memory import model_state_bytes
 from costmodel.frameworks import FRAMEWORKS, as_pytorch_fsdp
 from costmodel.layers import causal_attention_flops_per_token
@@ -79,9 +79,15 @@ class Row:
 def _model(d: dict, name: str) -> ModelSpec:
     if "catalog" in d:
         from costmodel.catalog import get_model
-        # the run's own router settings (the launch file's --moe-aux-loss-coeff) and vocabulary (a run
-        # that trained the catalog's layers with another tokenizer) over the catalog's
-        over = {k: d[k] for k in ("router_aux_coeff", "router_balance", "vocab") if k in d}
+        # the run's own router settings (the launch file's --moe-aux-loss-coeff), vocabulary (a run
+        # that trained the catalog's layers with another tokenizer) and multi-token prediction layers (a
+        # run without DeepSeek-V3's MTP module) over the catalog's; any other key is refused, not ignored
+        allowed = ("router_aux_coeff", "router_balance", "vocab", "mtp_layers")
+        unknown = sorted(set(d) - {"catalog", "seq_len", *allowed})
+        if unknown:
+            raise SpecError(f"{name}: model: {', '.join(unknown)} cannot be set over the catalog's "
+                            f"{d['catalog']!r} (a record may set {', '.join(allowed)})")
+        over = {k: d[k] for k in allowed if k in d}
         return dataclasses.replace(get_model(d["catalog"]), **over) if over else get_model(d["catalog"])
     fam = d.get("family", "gpt")
     base: dict[str, Any] = dict(name=name, layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
@@ -417,7 +423,6 @@ def all_cases(include_holdout: bool = True) -> list[tuple[dict, str]]:
 
 
 def all_rows(include_holdout: bool = True) -> list[Row]:
-    from costmodel.specs import SpecError
     with open(CALIBRATION) as f:
         cal = yaml.safe_load(f)
     rows: list[Row] = []
