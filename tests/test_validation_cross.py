@@ -321,3 +321,16 @@ def test_a_catalog_model_takes_only_the_overrides_a_record_may_set():
     assert _model({"catalog": "deepseek-v3", "seq_len": 4096}, "r").mtp_layers == 1
     with pytest.raises(SpecError, match="layers cannot be set over the catalog's 'deepseek-v3'"):
         _model({"catalog": "deepseek-v3", "seq_len": 4096, "layers": 30}, "r")
+
+
+def test_an_inline_model_states_its_experts_and_nothing_unknown():
+    """A record's inline model may state a mixture of experts (once silently priced dense: ``num_experts`` was
+    dropped); a key the model does not take is refused with its name."""
+    from costmodel.specs import SpecError
+    from planner.cli.validation import _model
+    d = {"family": "mixtral", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+         "vocab": 32000, "num_experts": 8, "top_k": 2, "seq_len": 4096}
+    m = _model(d, "r")
+    assert m.is_moe and (m.num_experts, m.top_k, m.expert_ffn_hidden) == (8, 2, 14336)
+    with pytest.raises(SpecError, match="r: model: num_expert is not a field"):
+        _model({**d, "num_expert": 8}, "r")

@@ -104,6 +104,16 @@ def _model(d: dict, name: str) -> ModelSpec:
     # what the record says of the block over its family's defaults (GLM-130B: a Llama-family block with LayerNorm,
     # biases, dropout and tied embeddings; SmolLM3: a Llama with tied embeddings)
     base.update({k: d[k] for k in MODEL_OVERRIDES if k in d})
+    # a mixture of experts stated inline: its routed experts (expert width the FFN's unless stated), shared
+    # experts and router
+    base.update({k: d[k] for k in MOE_FIELDS if k in d})
+    if d.get("num_experts") and "expert_ffn_hidden" not in d:
+        base["expert_ffn_hidden"] = base["ffn_hidden"]
+    unknown = sorted(set(d) - {"family", "layers", "hidden", "heads", "ffn_hidden", "vocab", "kv_heads",
+                                *MODEL_OVERRIDES, *MOE_FIELDS, *MODEL_NOTES})
+    if unknown:
+        raise SpecError(f"{name}: model: {', '.join(unknown)} is not a field a record's model may state "
+                        f"(it may state {', '.join(MODEL_OVERRIDES + MOE_FIELDS)} over its family's defaults)")
     return ModelSpec(**base)
 
 
@@ -111,6 +121,12 @@ def _model(d: dict, name: str) -> ModelSpec:
 # BLOOM records name ALiBi, which their family prices as learned positions and the megatron-deepspeed target, which
 # prices their runs, refuses; its cost beside learned positions is nil (a bias added inside the fused softmax)
 MODEL_OVERRIDES = ("mlp", "norm", "bias", "dropout", "tied_embeddings")
+# a mixture of experts' fields a record may state inline (``ModelSpec``'s names)
+MOE_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden",
+              "router_aux_coeff", "qkv_bias")
+# keys a record's model carries for the reader, never priced: the sequence (the workload's), a description of
+# the block, and the BLOOM records' ALiBi positions (above)
+MODEL_NOTES = ("seq_len", "variant", "positions")
 
 
 # what a case's hardware note says when its machines are not the catalog cluster it names: lower
