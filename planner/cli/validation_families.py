@@ -44,6 +44,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("gpu-recipes", r"ai-hypercomputer/gpu-recipes"),  # Google Cloud's own NeMo 1.0 logs (A4, A3 Mega, A3 Ultra)
     ("megatron-papers", r"narayanan|korthikanti"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
+    ("moe-folding", r"2504\.14960"),               # NVIDIA's MoE Parallel Folding paper (Megatron-Core; before megatron-lm)
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
     ("nemo-24", r"nemo\b.*24\.0\d|nvidia/nemo|nemo performance summary"),
     ("lightning-thunder", r"lightning-ai/lightning-thunder"),  # Thunder's litgpt benchmark PRs (PyTorch FSDP2)
