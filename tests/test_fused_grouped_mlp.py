@@ -87,3 +87,19 @@ def test_estimate_reports_the_switch_on_a_dense_model_as_a_problem(capsys):
     out = capsys.readouterr()
     assert "has no routed SwiGLU experts" in out.out + out.err
     json.loads(out.out)
+
+
+def test_plan_names_the_setting_where_it_would_run_and_was_not_asked(tmp_path, capsys):
+    """Without the setting, a plan it could run says so, with the price it would have; with it, or where it
+    cannot run (H100), nothing is said."""
+    plain = _plan(tmp_path, [], "plain.yaml")
+    err = capsys.readouterr().err
+    fused = plan_estimate(plain.replace(framework={"fused_grouped_mlp": True})).step_time_s
+    assert f"--framework-setting fused_grouped_mlp=true (Transformer Engine's fused grouped MLP) prices this plan " \
+           f"at {fused:.3f} s a step" in err
+    _plan(tmp_path, SWITCH, "fused.yaml")
+    assert "prices this plan" not in capsys.readouterr().err
+    h100 = ["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "256",
+            "--seq-len", "4096", "--dtype", "fp8", "--target", "megatron", "--max-time", "20"]
+    assert main(["plan", *h100, "--out", str(tmp_path / "h100.yaml")]) == 0
+    assert "fused_grouped_mlp" not in capsys.readouterr().err

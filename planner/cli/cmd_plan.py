@@ -145,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
     used = cast("ClusterSpec", used)
     plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target,
                               switches=switches)
+    from planner.cli.target_notes import fused_mlp_hint
+    hint = fused_mlp_hint(target, switches, plans[0]) if plans else ""
+    if hint:
+        print(hint, file=sys.stderr)
     if target == T.GENERIC:
         print(f"planner plan: --target {T.GENERIC} searches every layout the cost model knows; no framework runs "
               "all of them (a bound, not a plan to launch: `planner emit` checks the target's table)",

@@ -125,3 +125,22 @@ def framework_settings(items: list[str], target: str, fixed: dict, problem: tupl
             raise UsageError(f"--framework-setting fused_grouped_mlp=true: {why}")
         fixed["etp"] = 1
     return out
+
+
+def fused_mlp_hint(target: str, switches: dict, plan: Any) -> str:
+    """A line for ``planner plan`` where Megatron's ``framework.fused_grouped_mlp`` (Transformer Engine's fused
+    grouped MLP: ``targets.SWITCHES``) could run the best plan and was not asked for: the plan priced with it, and
+    why it is off by default; "" where it cannot run the plan or gains under half a percent."""
+    if T.framework_of(target) != "megatron" or (switches or {}).get("fused_grouped_mlp") or not plan.model.is_moe:
+        return ""
+    if T.fused_mlp_problem(target, plan.model, plan.workload, plan.cluster.groups[0].gpu, plan.parallel):
+        return ""
+    from planner.cli.explain import plan_estimate
+    now = plan_estimate(plan).step_time_s
+    fused = plan_estimate(plan.replace(framework=dict(plan.framework or {}, fused_grouped_mlp=True))).step_time_s
+    if fused > 0.995 * now:
+        return ""
+    return (f"planner plan: --framework-setting fused_grouped_mlp=true (Transformer Engine's fused grouped MLP) "
+            f"prices this plan at {fused:.3f} s a step, {1 - fused / now:.1%} faster; it is off by default: it needs "
+            f"TE 2.14+ with cuDNN frontend's CuTe DSL kernels and stores the experts' FC1 rows interleaved "
+            f"(docs/targets.md)")
