@@ -136,7 +136,8 @@ def fused_mlp_hint(target: str, switches: dict, plan: Any) -> str:
     if T.fused_mlp_problem(target, plan.model, plan.workload, plan.cluster.groups[0].gpu, plan.parallel):
         return ""
     from planner.cli.explain import plan_estimate
-    now = plan_estimate(plan).step_time_s
+    # the plan's own price is the one the solver wrote into it; only the fused one is priced again
+    now = plan.estimate.get("step_time_s") or plan_estimate(plan).step_time_s
     fused = plan_estimate(plan.replace(framework=dict(plan.framework or {}, fused_grouped_mlp=True))).step_time_s
     if fused > 0.995 * now:
         return ""

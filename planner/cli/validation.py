@@ -120,10 +120,10 @@ def _model(d: dict, name: str) -> ModelSpec:
 # the block settings a record's ``model`` may state over its family's defaults (``_model``). Not the positions: the
 # BLOOM records name ALiBi, which their family prices as learned positions and the megatron-deepspeed target, which
 # prices their runs, refuses; its cost beside learned positions is nil (a bias added inside the fused softmax)
-MODEL_OVERRIDES = ("mlp", "norm", "bias", "dropout", "tied_embeddings")
+MODEL_OVERRIDES = ("mlp", "norm", "bias", "qkv_bias", "dropout", "tied_embeddings")
 # a mixture of experts' fields a record may state inline (``ModelSpec``'s names)
 MOE_FIELDS = ("num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden",
-              "router_aux_coeff", "qkv_bias")
+              "router_aux_coeff")
 # keys a record's model carries for the reader, never priced: the sequence (the workload's), a description of
 # the block, and the BLOOM records' ALiBi positions (above)
 MODEL_NOTES = ("seq_len", "variant", "positions")

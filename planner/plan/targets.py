@@ -1297,8 +1297,7 @@ def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any
     if switches.get("fused_grouped_mlp") is True and model is not None and wl is not None and gpu is not None:
         why = fused_mlp_problem(target, model, wl, gpu, par)
         if why:
-            out.append(f"framework.fused_grouped_mlp with {why}" if why.startswith(("dtype", "expert"))
-                       else f"framework.fused_grouped_mlp: {why}")
+            out.append(f"framework.fused_grouped_mlp: {why}")
     return [f"{target}: {m}" for m in out]
 
 
