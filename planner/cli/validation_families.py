@@ -43,6 +43,8 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("maxtext", r"maxtext"),                         # MaxText's A3 table and gpu-recipes' MaxText logs (before gpu-recipes)
     ("gpu-recipes", r"ai-hypercomputer/gpu-recipes"),  # Google Cloud's own NeMo 1.0 logs (A4, A3 Mega, A3 Ultra)
     ("megatron-papers", r"narayanan|korthikanti"),
+    # NVIDIA's Megatron Core MoE report (its configs are the ModelZoo's; before megatron-moe-modelzoo)
+    ("mcore-moe-report", r"2603\.07685"),
     ("megatron-moe-modelzoo", r"megatron-moe-modelzoo"),
     ("moe-folding", r"2504\.14960"),               # NVIDIA's MoE Parallel Folding paper (Megatron-Core; before megatron-lm)
     ("megatron-readme", r"megatron-lm"),            # the README's 2024 scaling tables, the MoE README
@@ -50,6 +52,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("lightning-thunder", r"lightning-ai/lightning-thunder"),  # Thunder's litgpt benchmark PRs (PyTorch FSDP2)
     ("aws-torchtitan", r"amazon sagemaker|sagemaker-distributed-training-workshop"),  # AWS and Meta's torchtitan runs
     ("pytorch-float8", r"training-using-float8-fsdp2"),  # IBM and Meta's float8 + FSDP2 post (torchtitan runs)
+    ("torchtitan-prs", r"torchtitan pr #"),          # figures in torchtitan's pull requests (before torchtitan)
     ("torchtitan", r"torchtitan"),
     ("bigscience", r"bigscience"),
     ("mt-nlg", r"megatron-turing|mt-nlg|2201\.11990"),
