@@ -214,6 +214,9 @@ def _settings(plan: Plan) -> dict:
     require_order(plan, TARGET, ("pp", "dp", "cp", "tp"),
                   note=" (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)")
     require(p.ep == 1 or plan.model.is_moe, TARGET, f"ep={p.ep}", "the model is dense")
+    require(p.ep == 1 or p.tp == 1 or p.etp == 1, TARGET, f"ep={p.ep} with tp={p.tp} and etp={p.etp}",
+            "torchtitan has no expert tensor parallel: with TP its expert parallel spans the TP ranks and keeps "
+            "every expert whole (parallel_dims.py efsdp = dp_shard*cp*tp/ep)", "plan etp=1")
     require(p.tp == 1 or p.sp, TARGET, "tensor parallel without sequence parallel",
             "torchtitan always applies sequence parallel (SequenceParallel norms) with TP",
             "plan sp=true")

@@ -52,6 +52,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("lightning-thunder", r"lightning-ai/lightning-thunder"),  # Thunder's litgpt benchmark PRs (PyTorch FSDP2)
     ("aws-torchtitan", r"amazon sagemaker|sagemaker-distributed-training-workshop"),  # AWS and Meta's torchtitan runs
     ("pytorch-float8", r"training-using-float8-fsdp2"),  # IBM and Meta's float8 + FSDP2 post (torchtitan runs)
+    ("nebius-torchtitan", r"nebius/ml-cookbook"), # PyTorch and Nebius's DeepSeek-V3 post (torchtitan MoE; before torchtitan)
     ("torchtitan-prs", r"torchtitan pr #"),          # figures in torchtitan's pull requests (before torchtitan)
     ("torchtitan", r"torchtitan"),
     ("bigscience", r"bigscience"),

@@ -227,8 +227,13 @@ def titan_mtp_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order
 
 def _titan_ep(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     """torchtitan's expert mesh: efsdp = dp_shard * cp * tp / ep (parallel_dims.py), so ep divides
-    the sharded data-parallel ranks (tp is 1 here: expert TP is refused by the table)."""
+    the sharded data-parallel ranks times the TP ranks; with TP it keeps every expert whole (no expert
+    TP: etp 1, the cost model's folded layout)."""
     shard = (par.dp_shard if par.zero >= 2 else 1) * par.cp * par.tp
+    if par.ep > 1 and par.tp > 1 and par.etp != 1:
+        return (f"ep={par.ep} with tp={par.tp} and etp={par.etp}: torchtitan has no expert tensor parallel; with TP "
+                "its expert parallel takes the TP ranks too and keeps every expert whole (parallel_dims.py efsdp); "
+                "plan --etp 1")
     if par.ep > 1 and shard % par.ep:
         return (f"ep={par.ep}: torchtitan borrows expert parallel ranks from dp_shard*cp*tp = {shard} (FSDP "
                 "shards, parallel_dims.py efsdp); plan an --ep that divides it, with --zero 2 or 3")
@@ -511,7 +516,7 @@ MEGATRON = TrainTarget(
 TORCHTITAN = TrainTarget(
     name="torchtitan", summary="torchtitan (FSDP2, DTensor TP, torch pipelining, CP)", runs="torchtitan",
     zero=frozenset({0, 2, 3}), zero_pp=frozenset({2, 3}), hsdp=frozenset({2, 3}),
-    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False,
+    cp=True, cp_seq=_titan_cp, cp_seq_text="2*cp*tp", ep=True, expert_tp=False, expert_fold=True,
     vpp=True, vpp_split="any", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=False, recompute_per_stage=False,
     sp="with_tp", schedules=frozenset({"1f1b", "gpipe", "interleaved"}), microbatches="torch",
@@ -525,10 +530,10 @@ TORCHTITAN = TrainTarget(
         "cp": f"{TORCHTITAN_SRC}: context_parallel_degree; emitters/torchtitan.py: seq_len % (tp*2*cp)",
         "ep": "pytorch/torchtitan v0.3.0 torchtitan/distributed/parallel_dims.py: expert_parallel_degree, "
               "efsdp = dp_shard*cp*tp/ep; MoE models deepseek_v3, qwen3, gpt_oss (torchtitan/models/)",
-        "expert_tp": f"{TORCHTITAN_SRC}: expert TP deprecated (c4b409af2); tp > 1 with ep > 1 puts whole experts on "
-                     "tp ranks, which the cost model (experts split like tp) does not price yet",
-        "expert_fold": "not planned: its EP with TP puts whole experts on tp x dp_shard x cp ranks, priced "
-                       "with etp = tp (docs/notes/stop-19/moe.md)",
+        "expert_tp": f"{TORCHTITAN_SRC}: expert TP deprecated (c4b409af2): no experts split over TP",
+        "expert_fold": "torchtitan/distributed/parallel_dims.py build_mesh: the sparse mesh pp, dp_replicate, efsdp, ep "
+                       "with efsdp = dp_shard*cp*tp/ep, so EP with TP spans the TP ranks and keeps every expert whole: "
+                       "the cost model's folded layout with etp 1 (stop 48; the expert mesh rule below)",
         "moe_dispatchers": "its own all-to-all (priced as alltoall); emitters/torchtitan.py writes no dispatcher choice",
         "ep_overlap": "not planned: emitters/torchtitan.py writes no expert-parallel overlap",
         "vpp": f"{TORCHTITAN_SRC}: Interleaved1F1B and other multi-stage schedules, >= 2 stages per rank",
@@ -1409,9 +1414,11 @@ CAPS: tuple[Cap, ...] = (
                   f"{a.t.cp_seq_text} = {a.t.cp_seq(a.par)}; plan another --cp or --seq-len"),
     Cap("ep", lambda a: a.par.ep > 1 and not a.t.ep,
         lambda a: f"ep={a.par.ep}: the {a.name} target has no expert parallelism; plan --ep 1"),
-    Cap("expert_tp", lambda a: a.par.ep > 1 and a.t.ep and a.par.tp > 1 and not a.t.expert_tp,
+    Cap("expert_tp", lambda a: (a.par.ep > 1 and a.t.ep and a.par.tp > 1 and not a.t.expert_tp
+                                and not (a.par.folded and a.t.expert_fold)),
         lambda a: f"ep={a.par.ep} with tp={a.par.tp}: {a.name}'s expert parallel takes no tensor parallel experts "
-                  "(expert TP must be 1); plan --tp 1 or --ep 1"),
+                  "(expert TP must be 1)" + ("; plan --etp 1 (whole experts over the TP ranks too)"
+                                             if a.t.expert_fold else "; plan --tp 1 or --ep 1")),
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),

@@ -250,7 +250,7 @@ def _choice_lists(model, workload, fixed, tp, cp, pp, dp, target) -> _Choices | 
     experts = ([(e, et) for et in etps for e in eps if et == tp and (dp * cp) % e == 0]
                + [(e, et) for et in etps for e in eps if et != tp and e > 1 and (tp * cp * dp) % (e * et) == 0])
     if wide:      # what the target's table refuses outright is not enumerated (the table checks the rest)
-        experts = [(e, et) for e, et in experts if tg.ep_ok(target, tp, e)]
+        experts = [(e, et) for e, et in experts if tg.ep_ok(target, tp, e, et)]
     zeros = _choices(fixed, "zero", tg.zero_choices(target, dp, cp, pp) if wide else [1, 2, 3] if dp > 1 else [1])
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])

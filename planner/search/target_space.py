@@ -45,12 +45,16 @@ def folds_experts(target: str | None) -> bool:
     return widened(target) and T.get(target).expert_fold
 
 
-def ep_ok(target: str, tp: int, ep: int) -> bool:
-    """Whether the target may run expert parallel ``ep`` next to tensor parallel ``tp`` at all."""
+def ep_ok(target: str, tp: int, ep: int, etp: int | None = None) -> bool:
+    """Whether the target may run expert parallel ``ep`` next to tensor parallel ``tp`` at all, with
+    expert TP ``etp`` (default ``tp``): experts split over TP (``TrainTarget.expert_tp``), or folded
+    (``etp != tp``) where the target folds (``TrainTarget.expert_fold``; its table checks which etp)."""
     if ep == 1:
         return True
     t = T.get(target)
-    return any(sub.ep and (tp == 1 or sub.expert_tp) for sub in [s for _, _, s in t.variants] or [t])
+    folded = etp is not None and etp != tp
+    return any(sub.ep and (tp == 1 or sub.expert_tp or (folded and sub.expert_fold))
+               for sub in [s for _, _, s in t.variants] or [t])
 
 
 def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: int, fixed: dict,

@@ -1,0 +1,71 @@
+"""torchtitan's expert parallel with tensor parallel: whole experts over the TP ranks (etp 1).
+
+torchtitan has no expert tensor parallel. Its expert mesh (``torchtitan/distributed/parallel_dims.py``
+``build_mesh``: the sparse mesh ``pp, dp_replicate, efsdp, ep`` with ``efsdp = dp_shard*cp*tp/ep``) takes the
+expert-parallel ranks from dp_shard x cp x tp, so EP next to TP keeps each expert whole and routes the
+sequence-parallel tokens of every TP rank: the cost model's folded layout with etp 1. The table, the search and
+the emitter accept that layout and refuse experts split over TP.
+"""
+from __future__ import annotations
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.files.clusters import load_cluster
+from costmodel.specs import ParallelConfig, Workload, stages_from_counts
+from emitters.base import CannotExpress
+from emitters import torchtitan as titan
+from planner.plan import targets as T
+from planner.plan.planfile import Plan
+from planner.search import target_space as tg
+from planner.search.space import enumerate_candidates
+
+MODEL = "qwen3-30b-a3b"
+WL = Workload(global_batch=64, seq_len=4096)
+
+
+def _par(**kw) -> ParallelConfig:
+    base = dict(tp=2, dp=8, ep=8, etp=1, zero=3, sp=True, micro_batch=1, grad_accum=8)
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def _plan(par: ParallelConfig) -> Plan:
+    m = get_model(MODEL)
+    return Plan(model=m, cluster=load_cluster("dgx-h100").with_gpus(16), workload=WL, parallel=par,
+                stages=stages_from_counts([m.layers]), target="torchtitan")
+
+
+def test_the_table_takes_whole_experts_over_tp_and_refuses_split_ones():
+    m = get_model(MODEL)
+    assert T.config_problems("torchtitan", m, WL, _par(), ("pp", "dp", "cp", "tp")) == []
+    split = T.config_problems("torchtitan", m, WL, _par(etp=2), ("pp", "dp", "cp", "tp"))
+    assert split and all("etp 1" in p or "--etp 1" in p for p in split), split
+    # Megatron runs both
+    assert T.config_problems("megatron", m, WL, _par(etp=2, zero=1), ("pp", "dp", "cp", "tp")) == []
+    assert T.config_problems("megatron", m, WL, _par(zero=1), ("pp", "dp", "cp", "tp")) == []
+
+
+def test_ep_ok_by_expert_tp():
+    assert tg.ep_ok("torchtitan", 2, 8, 1)
+    assert not tg.ep_ok("torchtitan", 2, 8, 2) and not tg.ep_ok("torchtitan", 2, 8)
+    assert tg.ep_ok("torchtitan", 1, 8)
+    assert tg.ep_ok("megatron", 2, 8) and tg.ep_ok("megatron", 2, 8, 1)
+
+
+def test_the_search_offers_torchtitan_folded_experts_only():
+    m, c = get_model(MODEL), load_cluster("dgx-h100").with_gpus(16)
+    cands = enumerate_candidates(m, c, WL, {}, 16, target="torchtitan")
+    with_tp = [x.par for x in cands if x.par.ep > 1 and x.par.tp > 1]
+    assert with_tp, "no EP-with-TP candidate for torchtitan"
+    assert all(p.etp == 1 for p in with_tp)
+    for x in cands:
+        assert T.config_problems("torchtitan", m, WL, x.par, x.order) == [], x.par
+
+
+def test_the_emitter_writes_the_degrees_and_refuses_expert_tp():
+    text = titan.config(_plan(_par()))
+    assert "tensor_parallel_degree=2," in text and "expert_parallel_degree=8," in text, text[:2000]
+    assert "data_parallel_shard_degree=8," in text      # efsdp = 8 * 1 * 2 / 8 = 2 in torchtitan's mesh
+    with pytest.raises(CannotExpress, match="etp=1"):
+        titan.config(_plan(_par(etp=2)))
