@@ -279,6 +279,18 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
                      MEGATRON_AMAX_HISTORY if name == "delayed" else 0, param_gather, param_gather, True)
 
 
+def torchao_mxfp8_experts() -> Fp8Recipe:
+    """torchao's dynamic MXFP8 on the routed experts' grouped GEMMs of a BF16 model (torchtitan 0.3.0
+    ``components/quantization/mx.py`` ``MXFP8GroupedExpertsConverter``: the experts' ``_grouped_mm`` calls
+    ``torchao.prototype.moe_training`` ``_quantize_then_scaled_grouped_mm`` with the ``mxfp8_rceil``
+    recipe). Like torchao's Float8Linear it caches no FP8 weight: every operand is quantized where a
+    GEMM uses it (forward the tokens and the weight, backward the output gradient, the weight again
+    and the saved tokens again: ``Fp8Recipe.gemm_cast_values``), with a 1-byte scale per 32 values.
+    Its saved inputs are taken as BF16, as Float8Linear saves them (an assumption: the autograd
+    function's saved tensors were not read). Blackwell only (the converter refuses below SM100)."""
+    return Fp8Recipe("mxfp8", 2, 0, 1.0 / 32, 2.0, 0, False, False, False)
+
+
 def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float) -> float:
     """Fraction of the FP8 peak a GEMM of geometric-mean size ``g`` reaches, from the BF16
     curve's value there (see ``FP8_GEMM_EFFICIENCY``)."""

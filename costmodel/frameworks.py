@@ -214,7 +214,7 @@ class FrameworkProfile:
 
     def with_switches(self, *, compile: bool = False, async_tp: bool = False,
                       grads_bf16: bool = False, adam_moments_bf16: bool = False,
-                      fused_grouped_mlp: bool = False) -> "FrameworkProfile":
+                      fused_grouped_mlp: bool = False, mxfp8_experts: bool = False) -> "FrameworkProfile":
         """This profile with a plan's framework settings (``planner.plan.targets.SWITCHES``) priced:
         ``compile`` multiplies the kernel efficiency by ``COMPILE_KERNEL_FACTOR``; ``async_tp``
         overlaps TP's collectives with the GEMMs beside them (``tp_comm_overlap``); ``grads_bf16``
@@ -223,8 +223,13 @@ class FrameworkProfile:
         Adam's two moments in BF16 (Megatron's precision-aware optimizer,
         ``memory.adam_state_bytes_bf16_moments``); ``fused_grouped_mlp`` runs the routed experts as
         Transformer Engine's fused grouped MLP (``costmodel.moe.fused_mlp_elementwise``), whose grouped
-        kernels replace TE's GEMM call per expert (``MoeExecution.per_expert_gemms``)."""
+        kernels replace TE's GEMM call per expert (``MoeExecution.per_expert_gemms``); ``mxfp8_experts`` runs
+        the routed experts' grouped GEMMs of a BF16 model in torchao's dynamic MXFP8 (torchtitan's
+        ``MXFP8GroupedExpertsConverter``; ``MoeExecution.fp8_experts``, ``fp8.torchao_mxfp8_experts``)."""
         out = self
+        if mxfp8_experts:
+            out = dataclasses.replace(out, moe=dataclasses.replace(out.moe, fp8_experts="mxfp8"),
+                                      name=f"{out.name}+mxfp8_experts")
         if fused_grouped_mlp:
             out = dataclasses.replace(out, moe=dataclasses.replace(out.moe, fused_grouped_mlp=True, per_expert_gemms=False),
                                       name=f"{out.name}+fused_grouped_mlp")

@@ -49,7 +49,7 @@ from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
 from .fp8 import COMPUTE_DTYPE as FP8_COMPUTE_DTYPE
-from .fp8 import Fp8Recipe, is_blackwell
+from .fp8 import Fp8Recipe, is_blackwell, torchao_mxfp8_experts
 from .host import layer_floor_s
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
@@ -305,6 +305,12 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             tokens_per_expert * model.num_experts / ep, fe_local, ((mats - 1) * a_bytes + lin_b) * fe_local,
             ELEMENTWISE_TRAFFIC_PER_STORED_BYTE, (mats - 1) * fe_local)
 
+    # torchao's MXFP8 grouped GEMMs on the routed experts of a BF16 model (MoeExecution.fp8_experts,
+    # costmodel.fp8.torchao_mxfp8_experts): the experts' GEMMs at the FP8 curve, their casts per use; every
+    # other linear, the saved inputs and the collectives stay BF16; Blackwell only, else nothing is priced
+    efp8 = (torchao_mxfp8_experts() if moe and fp8 is None and ex.fp8_experts == "mxfp8" and is_blackwell(gpu)
+            else None)
+
     def _time(m: float, n: float, kk: float, c: float, mx: Matrix, fp8_gemm: bool) -> float:
         if mx.role == "expert":
             # one grouped GEMM over the local experts: the dense curve at the whole problem's
@@ -319,8 +325,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         return gemm_time_s(gpu, cluster, dt, m, n, kk, c, train=True)
 
     if fp8 is None:
-        gemm_s = sum(_time(m, n, kk, c, mx, False) for (m, n, kk, c), mx in zip(gemms, matrices))
+        gemm_s = sum(_time(m, n, kk, c, mx, efp8 is not None and mx.role == "expert")
+                     for (m, n, kk, c), mx in zip(gemms, matrices))
         quant_s = 0.0
+        if efp8 is not None:
+            # the experts' casts, forward and backward, in forward units (a third of the total, as below)
+            expert_casts = sum(efp8.cast_bytes(m, n, kk) * c for (m, n, kk, c), mx in zip(gemms, matrices)
+                               if mx.role == "expert")
+            quant_s = memory_time_s(gpu, expert_casts / 3.0) * mem_factor
     else:
         # the router is a plain (BF16) linear in Megatron and torchtitan alike
         lin = [g for g, mx in zip(gemms, matrices) if mx.role != "router"]
@@ -334,8 +346,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             cast_bytes -= (fused_cast_f + fused_cast_b) * fp8.cast_bytes_per_value()
         quant_s = memory_time_s(gpu, cast_bytes / 3.0) * mem_factor
     # the routed experts' part of it (costmodel.moe.ep_backward_window_s)
-    expert_gemm_s = sum(_time(m, n, kk, c, mx, fp8 is not None) for (m, n, kk, c), mx in zip(gemms, matrices)
-                        if mx.role == "expert")
+    expert_gemm_s = sum(_time(m, n, kk, c, mx, fp8 is not None or efp8 is not None)
+                        for (m, n, kk, c), mx in zip(gemms, matrices) if mx.role == "expert")
     if kernel_efficiency != 1.0:
         gemm_s /= kernel_efficiency
         expert_gemm_s /= kernel_efficiency

@@ -309,6 +309,9 @@ class MoeExecution:
     #                                  (``ep_backward_window_s``)
     fused_grouped_mlp: bool = False  # Transformer Engine's fused grouped MLP (``fused_mlp_elementwise``): the
     #                                  routed experts' SwiGLU and its MXFP8 casts in the GEMMs' epilogues
+    fp8_experts: str = ""            # "mxfp8": a BF16 model whose routed experts' grouped GEMMs run torchao's
+    #                                  dynamic MXFP8 (torchtitan's MXFP8GroupedExpertsConverter; ``fp8.
+    #                                  torchao_mxfp8_experts``), Blackwell only; "": the workload's dtype
 
     @property
     def dropless(self) -> bool:
@@ -318,6 +321,9 @@ class MoeExecution:
     def __post_init__(self) -> None:
         if self.dispatcher not in DISPATCH_LINK_FRACTION:
             raise ValueError(f"moe dispatcher {self.dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
+        if self.fp8_experts not in ("", "mxfp8"):
+            raise ValueError(f"moe fp8_experts {self.fp8_experts!r}: only \"mxfp8\" (torchao's MXFP8 grouped GEMMs) "
+                             "or \"\"")
 
 
 DEFAULT_EXECUTION = MoeExecution()

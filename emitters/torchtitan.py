@@ -343,14 +343,24 @@ def config(plan: Plan) -> str:
         spec = f"model_registry({lit(fl)})"
     moe = moe_flavor(plan)
     mtp = plan.model.mtp_layers if moe else 0
+    kwargs = []
     if mtp:      # DeepSeek-V3's multi-token prediction, priced on the last stage (costmodel/stage_terms.py)
-        spec = f"model_registry({lit(fl)}, num_mtp_layers={lit(mtp)})"
+        kwargs.append(f"num_mtp_layers={lit(mtp)}")
+    if moe and sw.get("mxfp8_experts"):
+        # the routed experts' grouped GEMMs in torchao's dynamic MXFP8, the rest BF16 (framework.mxfp8_experts,
+        # priced by costmodel.fp8.torchao_mxfp8_experts); the converter's defaults: recipe mxfp8_rceil, groups
+        # padded to 32 tokens
+        conv = _call("MXFP8GroupedExpertsConverter.Config", [("model_compile_enabled", bool(sw.get("compile")))], 8)
+        kwargs.append(f"converters=[\n        {conv},\n    ]")
+    if kwargs:
+        spec = f"model_registry({lit(fl)}, {', '.join(kwargs)})"
     package = moe[0] if moe else "llama3"
     imports = [
         "from torchtitan.components.checkpointer import CheckpointManager",
         "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
         "from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)",
+        "from torchtitan.components.quantization import MXFP8GroupedExpertsConverter  # noqa: F401 (MXFP8 experts)",
         "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
         "checkpointing)",
@@ -428,7 +438,10 @@ def emit(plan: Plan) -> dict[str, str]:
                         if (plan.framework or {}).get("async_tp") else
                         "TP collectives are not overlapped (async TP needs torch.compile, not enabled here)")]
         + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
-            "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else []))
+            "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else [])
+        + (["MXFP8 experts: the routed experts' grouped GEMMs in torchao's dynamic MXFP8 (MXFP8GroupedExpertsConverter, "
+            "recipe mxfp8_rceil, token groups padded to 32), every other layer in bf16; needs torchao's MoE training "
+            "prototype and SM100+ (Blackwell) GPUs"] if (plan.framework or {}).get("mxfp8_experts") else []))
     usage += recipe(plan).comment("TRAIN_STEPS", "WARMUP_STEPS", init=False)
     body = needs_block("torchtitan.sh", needs(plan))
     body += warmup_shell(recipe(plan), "TRAIN_STEPS", "WARMUP_STEPS")

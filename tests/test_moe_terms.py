@@ -391,3 +391,38 @@ def test_fused_grouped_mlp_runs_only_in_mxfp8_on_blackwell():
         fused, *_ = _fused_layer(True, cluster, recipe)
         assert fused.fwd_s == plain.fwd_s
     assert not FRAMEWORKS["megatron"].moe.fused_grouped_mlp      # the emitted file does not set it
+
+
+def test_mxfp8_experts_of_a_bf16_model_by_hand():
+    """torchao's MXFP8 grouped GEMMs on the routed experts (``MoeExecution.fp8_experts``): the experts'
+    GEMMs at the FP8 curve and their casts per use (``fp8.torchao_mxfp8_experts``, counted here by hand);
+    every other GEMM, the stored activations and the FLOPs stay BF16's; only on Blackwell."""
+    from costmodel.compute import fp8_gemm_time_s, gemm_time_s, memory_bound_factor, memory_time_s
+    from costmodel.fp8 import torchao_mxfp8_experts
+    base = moe.MoeExecution(forced_balance=True)
+    plain = _qwen3_30b_layer(base)
+    mx = _qwen3_30b_layer(dataclasses.replace(base, fp8_experts="mxfp8"))
+    assert mx.act_bytes == plain.act_bytes and mx.model_flops_fwd == plain.model_flops_fwd
+    assert mx.expert_gemm_fwd_s < plain.expert_gemm_fwd_s
+    # the non-expert GEMMs are unchanged: the GEMM time falls by exactly the experts' change
+    assert mx.gemm_fwd_s - mx.expert_gemm_fwd_s == pytest.approx(plain.gemm_fwd_s - plain.expert_gemm_fwd_s)
+    # the casts by hand: tokens per local expert (EP 8, forced balance), per expert matrix (gate+up, down)
+    m = get_model("qwen3-30b-a3b")
+    cl = load_cluster("dgx-b200").with_gpus(8)
+    gpu = cl.groups[0].gpu
+    per_expert = 4096 * 8 * m.top_k / m.num_experts
+    local = m.num_experts / 8
+    r = torchao_mxfp8_experts()
+    h, fe = m.hidden, m.expert_ffn_hidden
+    casts = local * (r.cast_bytes(per_expert, 2 * fe, h) + r.cast_bytes(per_expert, h, fe))
+    assert mx.elementwise_fwd_s - plain.elementwise_fwd_s == pytest.approx(
+        memory_time_s(gpu, casts / 3.0) * memory_bound_factor("fused"), rel=1e-9)
+    # one expert matrix by hand at the FP8 curve against BF16's (the grouped kernel's factor alike on both)
+    f8 = fp8_gemm_time_s(gpu, cl, per_expert * local, fe, h)
+    b16 = gemm_time_s(gpu, cl, "bf16", per_expert * local, fe, h, train=True)
+    assert f8 < b16
+    # Hopper: the converter refuses below SM100, so nothing is priced
+    h100 = moe.MoeExecution(forced_balance=True, fp8_experts="mxfp8")
+    assert _qwen3_30b_layer(h100, cluster="dgx-h100") == _qwen3_30b_layer(base, cluster="dgx-h100")
+    with pytest.raises(ValueError, match="fp8_experts"):
+        moe.MoeExecution(fp8_experts="fp8")

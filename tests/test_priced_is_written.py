@@ -110,6 +110,12 @@ MOE_PLANS = {
                                                              recompute="full"), {}),
     "gpt-oss-20b-fsdp8-ep8": ("gpt-oss-20b", 8, dict(dp=8, ep=8, zero=3, grad_accum=2, recompute="selective"),
                               {"compile": True}),
+    # EP next to TP: whole experts over the TP ranks (torchtitan's efsdp mesh; the folded layout, etp 1)
+    "qwen3-30b-a3b-tp2-fsdp8-ep8": ("qwen3-30b-a3b", 16, dict(tp=2, sp=True, dp=8, ep=8, etp=1, zero=3,
+                                                             grad_accum=2), {}),
+    # framework.mxfp8_experts: the routed experts' grouped GEMMs in torchao's MXFP8 (on B200: SM100)
+    "qwen3-30b-a3b-fsdp16-ep8-mxfp8-experts": ("qwen3-30b-a3b", 16, dict(dp=16, ep=8, zero=3, grad_accum=2),
+                                               {"mxfp8_experts": True, "compile": True}),
 }
 
 
@@ -132,7 +138,8 @@ def uneven_vpp_plan(which: str) -> Plan:
 def moe_plan(which: str) -> Plan:
     model, gpus, par, switches = MOE_PLANS[which]
     dp, accum = par["dp"], par["grad_accum"]
-    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
+    cluster = "dgx-b200" if switches.get("mxfp8_experts") else "dgx-h100"
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster=cluster, micro_batch=1, **par)
     return plan.replace(target="torchtitan", framework=switches)
 
 
@@ -505,6 +512,14 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
         assert "fp8" in plan.cluster.groups[0].gpu.peak_flops_per_s
         monkeypatch.setattr(f8, "has_cuda_capability", lambda *a: True)
 
+    if (plan.framework or {}).get("mxfp8_experts"):
+        targets_package("torchao", "torchao 0.18.0")
+        import torchtitan.components.quantization.mx as mx
+        # MXFP8GroupedExpertsConverter asks the GPU for SM100 while the job is built; the plan's GPU is Blackwell
+        from costmodel.fp8 import is_blackwell
+        assert is_blackwell(plan.cluster.groups[0].gpu)
+        monkeypatch.setattr(mx, "has_cuda_capability", lambda *a: True)
+
     from emitters import torchtitan as tt
     out = write(plan, "torchtitan", tmp / "out")
     assets = tmp / "tokenizer"
@@ -556,7 +571,8 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             pipelining_defers_fsdp_sync=True,
                             hsdp_all_reduce_each_micro_batch=True,    # its train loop never holds FSDP2's sync
                             fsdp_reshards_under_pp=pa.fsdp_reshard_after_forward == "always",
-                            dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable))
+                            dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable),
+                                                                     mxfp8_experts=torchtitan_mxfp8_experts(job))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
@@ -565,11 +581,29 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
                              dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather,
                              attention_kernel=h["attention_kernel"])
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=pa.expert_parallel_degree, zero=zero,
+    ep = pa.expert_parallel_degree
+    # torchtitan keeps every expert whole: with TP its EP spans the TP ranks (parallel_dims.py efsdp), etp 1
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=1 if ep > 1 else tp, zero=zero,
                          dp_shard=shard if fsdp else dp,
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
+
+
+def torchtitan_mxfp8_experts(job) -> bool:
+    """Whether the job's routed experts run torchao's MXFP8 grouped GEMMs (the converter swapped every
+    ``GroupedExperts`` config for its MXFP8 subclass) and nothing else in the model is quantized."""
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.common.moe import GroupedExperts
+    experts = [c for _, c, _, _ in job.model_spec.model.traverse(GroupedExperts.Config)]
+    # the converter's subclass (mx.py ``_get_mxfp8_grouped_experts_cls``) names itself MXFP8<parent>; its Config's
+    # qualified name carries that class's name
+    mx = [c for c in experts if "MXFP8" in type(c).__qualname__]
+    assert not mx or len(mx) == len(experts), "some experts converted, some not"
+    assert not any(("Float8" in type(c).__qualname__ or "MXFP8" in type(c).__qualname__) for _, c, _, _ in
+                   job.model_spec.model.traverse(Linear.Config)), "a linear quantized beside the experts"
+    assert all(c.recipe_name == "mxfp8_rceil" for c in mx)
+    return bool(mx)
 
 
 def torchtitan_attention(job) -> str:

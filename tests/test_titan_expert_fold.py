@@ -69,3 +69,28 @@ def test_the_emitter_writes_the_degrees_and_refuses_expert_tp():
     assert "data_parallel_shard_degree=8," in text      # efsdp = 8 * 1 * 2 / 8 = 2 in torchtitan's mesh
     with pytest.raises(CannotExpress, match="etp=1"):
         titan.config(_plan(_par(etp=2)))
+
+
+def test_mxfp8_experts_setting_runs_where_the_converter_does():
+    """``framework.mxfp8_experts``: torchtitan's MXFP8GroupedExpertsConverter quantizes the routed experts of
+    a BF16 model on Blackwell; a dense model, an FP8 workload or a Hopper GPU is refused with the reason, and
+    the price takes the experts' MXFP8 (``MoeExecution.fp8_experts``)."""
+    from planner.cli.target_notes import framework_settings
+    from planner.plan.errors import UsageError
+    moe_m, dense = get_model(MODEL), get_model("llama-3-8b")
+    b200 = load_cluster("dgx-b200").groups[0].gpu
+    h100 = load_cluster("dgx-h100").groups[0].gpu
+    assert T.mxfp8_experts_problem(moe_m, WL, b200) == ""
+    assert "dense" in T.mxfp8_experts_problem(dense, WL, b200)
+    import dataclasses
+    assert "--dtype bf16" in T.mxfp8_experts_problem(moe_m, dataclasses.replace(WL, dtype="fp8"), b200)
+    assert "Blackwell" in T.mxfp8_experts_problem(moe_m, WL, h100)
+    probs = T.switch_problems("torchtitan", _par(tp=1, etp=1), {"mxfp8_experts": True}, moe_m, WL, h100)
+    assert probs and "framework.mxfp8_experts" in probs[0]
+    with pytest.raises(UsageError, match="mxfp8_experts=true"):
+        framework_settings(["mxfp8_experts=true"], "torchtitan", {}, (moe_m, WL, h100))
+    assert framework_settings(["mxfp8_experts=true"], "torchtitan", {}, (moe_m, WL, b200)) == {"mxfp8_experts": True}
+    assert T.profile_for("torchtitan", {"mxfp8_experts": True}).moe.fp8_experts == "mxfp8"
+    assert T.profile_for("torchtitan", {}).moe.fp8_experts == ""
+    with pytest.raises(UsageError):
+        framework_settings(["mxfp8_experts=true"], "megatron", {}, (moe_m, WL, b200))

@@ -124,6 +124,10 @@ def framework_settings(items: list[str], target: str, fixed: dict, problem: tupl
         if why:
             raise UsageError(f"--framework-setting fused_grouped_mlp=true: {why}")
         fixed["etp"] = 1
+    if out.get("mxfp8_experts") and problem is not None:
+        why = T.mxfp8_experts_problem(*problem)
+        if why:
+            raise UsageError(f"--framework-setting mxfp8_experts=true: {why}")
     return out
 
 

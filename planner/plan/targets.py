@@ -1235,6 +1235,9 @@ SWITCHES: dict[str, dict[str, tuple[type, str]]] = {
                           "(torchtitan/config/configs.py)"),
         "async_tp": (bool, "async tensor parallel: CompileConfig.enable_async_tensor_parallel; needs compile "
                            "(torchtitan/config/configs.py CompileConfig.__post_init__) and tp > 1"),
+        "mxfp8_experts": (bool, "the routed experts' grouped GEMMs in torchao's dynamic MXFP8, every other layer in "
+                                "BF16: the MXFP8GroupedExpertsConverter (torchtitan/components/quantization/mx.py, "
+                                "recipe mxfp8_rceil); a BF16 mixture of experts on Blackwell (SM100+)"),
     },
     "megatron": {
         "grads_bf16": (bool, "gradients accumulated and reduced in BF16: --grad-reduce-in-bf16 (Megatron-LM "
@@ -1283,6 +1286,22 @@ def fused_mlp_problem(target: str, model: ModelSpec, wl: Workload, gpu, par: Par
     return ""
 
 
+def mxfp8_experts_problem(model: ModelSpec, wl: Workload, gpu) -> str:
+    """Why torchtitan's ``framework.mxfp8_experts`` cannot run this problem ("" where it can): the converter
+    quantizes the routed experts of a BF16 model (``components/quantization/mx.py``
+    ``MXFP8GroupedExpertsConverter``: it swaps ``GroupedExperts``) and refuses below SM100."""
+    from costmodel.fp8 import is_blackwell
+    if not model.is_moe:
+        return f"{model.name} is a dense model: the converter quantizes routed experts only; drop the setting"
+    if wl.dtype not in ("bf16", "bfloat16"):
+        return (f"dtype {wl.dtype}: the experts' MXFP8 runs in a BF16 model (every other layer stays BF16); "
+                "plan --dtype bf16")
+    if not is_blackwell(gpu):
+        return (f"{gpu.name}: MXFP8 needs Blackwell tensor cores (the converter refuses below SM100); drop the "
+                "setting or plan B200, B300, GB200 or GB300")
+    return ""
+
+
 def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any], model: ModelSpec | None = None,
                     wl: Workload | None = None, gpu=None) -> list[str]:
     """What is wrong with a plan's framework settings for ``target``: unknown keys, wrong types,
@@ -1303,6 +1322,10 @@ def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any
         why = fused_mlp_problem(target, model, wl, gpu, par)
         if why:
             out.append(f"framework.fused_grouped_mlp: {why}")
+    if switches.get("mxfp8_experts") is True and model is not None and wl is not None and gpu is not None:
+        why = mxfp8_experts_problem(model, wl, gpu)
+        if why:
+            out.append(f"framework.mxfp8_experts: {why}")
     return [f"{target}: {m}" for m in out]
 
 
@@ -1314,11 +1337,12 @@ def profile_for(target: str, switches: Mapping[str, Any] | None = None):
     prof = stand_in_profile(target) or framework_profile(framework_of(target))
     sw = switches or {}
     if (sw.get("compile") or sw.get("async_tp") or sw.get("grads_bf16") or sw.get("adam_moments_bf16")
-            or sw.get("fused_grouped_mlp")):
+            or sw.get("fused_grouped_mlp") or sw.get("mxfp8_experts")):
         prof = prof.with_switches(compile=bool(sw.get("compile")), async_tp=bool(sw.get("async_tp")),
                                   grads_bf16=bool(sw.get("grads_bf16")),
                                   adam_moments_bf16=bool(sw.get("adam_moments_bf16")),
-                                  fused_grouped_mlp=bool(sw.get("fused_grouped_mlp")))
+                                  fused_grouped_mlp=bool(sw.get("fused_grouped_mlp")),
+                                  mxfp8_experts=bool(sw.get("mxfp8_experts")))
     return prof
 
 
