@@ -600,8 +600,8 @@ def torchtitan_mxfp8_experts(job) -> bool:
     # qualified name carries that class's name
     mx = [c for c in experts if "MXFP8" in type(c).__qualname__]
     assert not mx or len(mx) == len(experts), "some experts converted, some not"
-    assert not any(("Float8" in type(c).__qualname__ or "MXFP8" in type(c).__qualname__) for _, c, _, _ in
-                   job.model_spec.model.traverse(Linear.Config)), "a linear quantized beside the experts"
+    assert not mx or not any(("Float8" in type(c).__qualname__ or "MXFP8" in type(c).__qualname__) for _, c, _, _ in
+                             job.model_spec.model.traverse(Linear.Config)), "a linear quantized beside the experts"
     assert all(c.recipe_name == "mxfp8_rceil" for c in mx)
     return bool(mx)
 
