@@ -230,7 +230,7 @@ def _titan_ep(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple)
     the sharded data-parallel ranks times the TP ranks; with TP it keeps every expert whole (no expert
     TP: etp 1, the cost model's folded layout)."""
     shard = (par.dp_shard if par.zero >= 2 else 1) * par.cp * par.tp
-    if par.ep > 1 and par.tp > 1 and par.etp != 1:
+    if par.ep > 1 and par.folded and par.etp != 1:      # etp = tp is the table's expert_tp rule
         return (f"ep={par.ep} with tp={par.tp} and etp={par.etp}: torchtitan has no expert tensor parallel; with TP "
                 "its expert parallel takes the TP ranks too and keeps every expert whole (parallel_dims.py efsdp); "
                 "plan --etp 1")

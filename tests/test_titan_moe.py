@@ -1,4 +1,5 @@
-"""torchtitan's expert parallel with tensor parallel: whole experts over the TP ranks (etp 1).
+"""torchtitan's mixture-of-experts layouts and settings: expert parallel next to tensor parallel (whole
+experts over the TP ranks, etp 1), and ``framework.mxfp8_experts`` (the routed experts in torchao's MXFP8).
 
 torchtitan has no expert tensor parallel. Its expert mesh (``torchtitan/distributed/parallel_dims.py``
 ``build_mesh``: the sparse mesh ``pp, dp_replicate, efsdp, ep`` with ``efsdp = dp_shard*cp*tp/ep``) takes the
@@ -40,7 +41,10 @@ def test_the_table_takes_whole_experts_over_tp_and_refuses_split_ones():
     m = get_model(MODEL)
     assert T.config_problems("torchtitan", m, WL, _par(), ("pp", "dp", "cp", "tp")) == []
     split = T.config_problems("torchtitan", m, WL, _par(etp=2), ("pp", "dp", "cp", "tp"))
-    assert split and all("etp 1" in p or "--etp 1" in p for p in split), split
+    assert len(split) == 1 and "--etp 1" in split[0], split
+    # folded but expert TP above 1 (tp 4, etp 2): torchtitan has no expert TP either
+    part = T.config_problems("torchtitan", m, WL, _par(tp=4, dp=4, etp=2), ("pp", "dp", "cp", "tp"))
+    assert len(part) == 1 and "--etp 1" in part[0], part
     # Megatron runs both
     assert T.config_problems("megatron", m, WL, _par(etp=2, zero=1), ("pp", "dp", "cp", "tp")) == []
     assert T.config_problems("megatron", m, WL, _par(zero=1), ("pp", "dp", "cp", "tp")) == []
