@@ -285,9 +285,12 @@ def torchao_mxfp8_experts() -> Fp8Recipe:
     ``torchao.prototype.moe_training`` ``_quantize_then_scaled_grouped_mm`` with the ``mxfp8_rceil``
     recipe). Like torchao's Float8Linear it caches no FP8 weight: every operand is quantized where a
     GEMM uses it (forward the tokens and the weight, backward the output gradient, the weight again
-    and the saved tokens again: ``Fp8Recipe.gemm_cast_values``), with a 1-byte scale per 32 values.
-    Its saved inputs are taken as BF16, as Float8Linear saves them (an assumption: the autograd
-    function's saved tensors were not read). Blackwell only (the converter refuses below SM100)."""
+    and the saved tokens again: ``Fp8Recipe.gemm_cast_values``), with a 1-byte scale per 32 values,
+    and it saves the BF16 tokens and weight for backward (torchao 0.18.0
+    ``prototype/moe_training/mxfp8_grouped_mm.py`` ``_MXFP8GroupedMM``: ``save_for_backward(padded_input_act,
+    weight_t, ...)``; ``_compute_fwd``, ``_compute_dgrad`` and ``_compute_wgrad`` each quantize their operands).
+    Its copies padding each expert's token group to 32 rows are not priced. Blackwell only (the converter
+    refuses below SM100)."""
     return Fp8Recipe("mxfp8", 2, 0, 1.0 / 32, 2.0, 0, False, False, False)
 
 
