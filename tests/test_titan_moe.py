@@ -98,3 +98,25 @@ def test_mxfp8_experts_setting_runs_where_the_converter_does():
     assert T.profile_for("torchtitan", {}).moe.fp8_experts == ""
     with pytest.raises(UsageError):
         framework_settings(["mxfp8_experts=true"], "megatron", {}, (moe_m, WL, b200))
+
+
+def test_plan_names_mxfp8_experts_where_it_would_gain(tmp_path, capsys):
+    """``planner plan --target torchtitan`` on DeepSeek-V3 (2,048-wide experts) on B200: the best plan without the
+    setting gains from it, so the command says so with that price; with the setting, or on H100, nothing is said."""
+    from planner.cli import main
+    from planner.cli.explain import plan_estimate
+    from planner.plan.planfile import read_plan
+    problem = ["--model", "deepseek-v3", "--gpus", "256", "--global-batch", "1024", "--seq-len", "4096",
+               "--target", "torchtitan", "--max-time", "30"]
+    out = tmp_path / "plain.yaml"
+    assert main(["plan", *problem, "--cluster", "dgx-b200", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    plain = read_plan(out)
+    on = plan_estimate(plain.replace(framework=dict(plain.framework or {}, mxfp8_experts=True))).step_time_s
+    assert on < plain.estimate["step_time_s"]
+    assert (f"--framework-setting mxfp8_experts=true (torchao's MXFP8 on the routed experts) prices this plan at "
+            f"{on:.3f} s a step") in err, err
+    assert main(["plan", *problem, "--cluster", "dgx-b200", "--framework-setting", "mxfp8_experts=true"]) == 0
+    assert "prices this plan" not in capsys.readouterr().err
+    assert main(["plan", *problem, "--cluster", "dgx-h100"]) == 0
+    assert "mxfp8_experts" not in capsys.readouterr().err

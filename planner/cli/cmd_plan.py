@@ -145,9 +145,8 @@ def run(args: argparse.Namespace) -> int:
     used = cast("ClusterSpec", used)
     plans = plans_from_result(res, model, used, wl, cluster_source=cluster_source_of(args.cluster), target=target,
                               switches=switches)
-    from planner.cli.target_notes import fused_mlp_hint
-    hint = fused_mlp_hint(target, switches, plans[0]) if plans else ""
-    if hint:
+    from planner.cli.target_notes import setting_hints
+    for hint in (setting_hints(target, switches, plans[0]) if plans else []):
         print(hint, file=sys.stderr)
     if target == T.GENERIC:
         print(f"planner plan: --target {T.GENERIC} searches every layout the cost model knows; no framework runs "

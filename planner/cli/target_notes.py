@@ -131,21 +131,45 @@ def framework_settings(items: list[str], target: str, fixed: dict, problem: tupl
     return out
 
 
-def fused_mlp_hint(target: str, switches: dict, plan: Any) -> str:
-    """A line for ``planner plan`` where Megatron's ``framework.fused_grouped_mlp`` (Transformer Engine's fused
-    grouped MLP: ``targets.SWITCHES``) could run the best plan and was not asked for: the plan priced with it, and
-    why it is off by default; "" where it cannot run the plan or gains under half a percent."""
-    if T.framework_of(target) != "megatron" or (switches or {}).get("fused_grouped_mlp") or not plan.model.is_moe:
-        return ""
-    if T.fused_mlp_problem(target, plan.model, plan.workload, plan.cluster.groups[0].gpu, plan.parallel):
-        return ""
-    from planner.cli.explain import plan_estimate
-    # the plan's own price is the one the solver wrote into it; only the fused one is priced again
-    now = plan.estimate.get("step_time_s") or plan_estimate(plan).step_time_s
-    fused = plan_estimate(plan.replace(framework=dict(plan.framework or {}, fused_grouped_mlp=True))).step_time_s
-    if fused > 0.995 * now:
-        return ""
-    return (f"planner plan: --framework-setting fused_grouped_mlp=true (Transformer Engine's fused grouped MLP) "
-            f"prices this plan at {fused:.3f} s a step, {1 - fused / now:.1%} faster; it is off by default: it needs "
-            f"TE 2.14+ with cuDNN frontend's CuTe DSL kernels and stores the experts' FC1 rows interleaved "
-            f"(docs/targets.md)")
+# The framework settings ``planner plan`` names where they could run the best plan and were not asked for:
+# (framework, setting) -> (what it is, why it is off by default). Each setting's own rule says where it runs
+# (``_setting_problem``).
+HINTED_SETTINGS: dict[tuple[str, str], tuple[str, str]] = {
+    ("megatron", "fused_grouped_mlp"): (
+        "Transformer Engine's fused grouped MLP",
+        "it needs TE 2.14+ with cuDNN frontend's CuTe DSL kernels and stores the experts' FC1 rows interleaved"),
+    ("torchtitan", "mxfp8_experts"): (
+        "torchao's MXFP8 on the routed experts",
+        "it needs torchao's MoE training prototype and changes the experts' numerics (MXFP8 GEMMs)"),
+}
+
+
+def _setting_problem(setting: str, target: str, plan: Any) -> str:
+    """Why ``setting`` cannot run ``plan`` ("" where it can): the setting's own rule in ``planner.plan.targets``."""
+    gpu = plan.cluster.groups[0].gpu
+    if setting == "fused_grouped_mlp":
+        return T.fused_mlp_problem(target, plan.model, plan.workload, gpu, plan.parallel)
+    return T.mxfp8_experts_problem(plan.model, plan.workload, gpu)
+
+
+def setting_hints(target: str, switches: dict, plan: Any) -> list[str]:
+    """Lines for ``planner plan`` where a setting of ``HINTED_SETTINGS`` (Megatron's ``fused_grouped_mlp``,
+    torchtitan's ``mxfp8_experts``) could run the best plan and was not asked for: the plan priced with it, and
+    why it is off by default; none where it cannot run the plan or gains under half a percent."""
+    out: list[str] = []
+    if not plan.model.is_moe:
+        return out
+    for (framework, setting), (what, why_off) in HINTED_SETTINGS.items():
+        if T.framework_of(target) != framework or (switches or {}).get(setting):
+            continue
+        if _setting_problem(setting, target, plan):
+            continue
+        from planner.cli.explain import plan_estimate
+        # the plan's own price is the one the solver wrote into it; only the variant is priced again
+        now = plan.estimate.get("step_time_s") or plan_estimate(plan).step_time_s
+        on = plan_estimate(plan.replace(framework=dict(plan.framework or {}, **{setting: True}))).step_time_s
+        if on > 0.995 * now:
+            continue
+        out.append(f"planner plan: --framework-setting {setting}=true ({what}) prices this plan at {on:.3f} s a step, "
+                   f"{1 - on / now:.1%} faster; it is off by default: {why_off} (docs/targets.md)")
+    return out
