@@ -90,7 +90,7 @@ def framework_settings(items: list[str], target: str, fixed: dict, problem: tupl
     """``--framework-setting KEY=VALUE`` options as the plan's ``framework:`` section, each checked
     against the target's settings (``planner.plan.targets.SWITCHES``): ``UsageError`` naming the
     setting, its value and what the target takes. ``problem`` (model, workload, GPU) checks the
-    settings a problem cannot run (``targets.fused_mlp_problem``); ``fused_grouped_mlp`` then fixes
+    settings a problem cannot run (``targets.setting_problem``); ``fused_grouped_mlp`` then fixes
     ``fixed["etp"]`` at 1 (whole experts: what Megatron's fused path needs) unless it is fixed."""
     if not items:
         return {}
@@ -116,24 +116,21 @@ def framework_settings(items: list[str], target: str, fixed: dict, problem: tupl
         raise UsageError(f"--framework-setting async_tp=true: torchtitan's async TP needs compile=true and a fixed "
                          f"--tp above 1 (got compile={out.get('compile', False)}, tp={fixed.get('tp', 'free')})")
     if out.get("fused_grouped_mlp") and problem is not None:
-        model, wl, gpu = problem
         if "etp" in fixed and fixed["etp"] != 1:
             raise UsageError(f"--framework-setting fused_grouped_mlp=true with --etp {fixed['etp']}: Megatron's fused "
                              "grouped MLP needs whole experts on each rank (--etp 1)")
-        why = T.fused_mlp_problem(target, model, wl, gpu)
-        if why:
-            raise UsageError(f"--framework-setting fused_grouped_mlp=true: {why}")
         fixed["etp"] = 1
-    if out.get("mxfp8_experts") and problem is not None:
-        why = T.mxfp8_experts_problem(*problem)
-        if why:
-            raise UsageError(f"--framework-setting mxfp8_experts=true: {why}")
+    if problem is not None:
+        for key, value in out.items():
+            why = T.setting_problem(key, target, *problem) if value is True else ""
+            if why:
+                raise UsageError(f"--framework-setting {key}=true: {why}")
     return out
 
 
 # The framework settings ``planner plan`` names where they could run the best plan and were not asked for:
-# (framework, setting) -> (what it is, why it is off by default). Each setting's own rule says where it runs
-# (``_setting_problem``).
+# (framework, setting) -> (what it is, why it is off by default). Where each runs is its rule in
+# ``targets.setting_problem``.
 HINTED_SETTINGS: dict[tuple[str, str], tuple[str, str]] = {
     ("megatron", "fused_grouped_mlp"): (
         "Transformer Engine's fused grouped MLP",
@@ -142,14 +139,6 @@ HINTED_SETTINGS: dict[tuple[str, str], tuple[str, str]] = {
         "torchao's MXFP8 on the routed experts",
         "it needs torchao's MoE training prototype and changes the experts' numerics (MXFP8 GEMMs)"),
 }
-
-
-def _setting_problem(setting: str, target: str, plan: Any) -> str:
-    """Why ``setting`` cannot run ``plan`` ("" where it can): the setting's own rule in ``planner.plan.targets``."""
-    gpu = plan.cluster.groups[0].gpu
-    if setting == "fused_grouped_mlp":
-        return T.fused_mlp_problem(target, plan.model, plan.workload, gpu, plan.parallel)
-    return T.mxfp8_experts_problem(plan.model, plan.workload, gpu)
 
 
 def setting_hints(target: str, switches: dict, plan: Any) -> list[str]:
@@ -162,7 +151,7 @@ def setting_hints(target: str, switches: dict, plan: Any) -> list[str]:
     for (framework, setting), (what, why_off) in HINTED_SETTINGS.items():
         if T.framework_of(target) != framework or (switches or {}).get(setting):
             continue
-        if _setting_problem(setting, target, plan):
+        if T.setting_problem(setting, target, plan.model, plan.workload, plan.cluster.groups[0].gpu, plan.parallel):
             continue
         from planner.cli.explain import plan_estimate
         # the plan's own price is the one the solver wrote into it; only the variant is priced again

@@ -1302,11 +1302,24 @@ def mxfp8_experts_problem(model: ModelSpec, wl: Workload, gpu) -> str:
     return ""
 
 
+def setting_problem(setting: str, target: str, model: ModelSpec, wl: Workload, gpu,
+                    par: ParallelConfig | None = None) -> str:
+    """Why a framework setting that only some problems run cannot run this one ("" where it can, or where the
+    setting has no such rule): Megatron's ``fused_grouped_mlp`` (``fused_mlp_problem``), torchtitan's
+    ``mxfp8_experts`` (``mxfp8_experts_problem``). The one place the plan reader, the command line and
+    ``planner plan``'s hints ask."""
+    if setting == "fused_grouped_mlp":
+        return fused_mlp_problem(target, model, wl, gpu, par)
+    if setting == "mxfp8_experts":
+        return mxfp8_experts_problem(model, wl, gpu)
+    return ""
+
+
 def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any], model: ModelSpec | None = None,
                     wl: Workload | None = None, gpu=None) -> list[str]:
     """What is wrong with a plan's framework settings for ``target``: unknown keys, wrong types,
     settings that need another (async TP needs compile and tp > 1), and, given the problem
-    (``model``, ``wl``, ``gpu``), settings it cannot run (``fused_mlp_problem``)."""
+    (``model``, ``wl``, ``gpu``), settings it cannot run (``setting_problem``)."""
     known = SWITCHES.get(TRAIN[target].runs if target in TRAIN else target, {})
     out = []
     for k, v in switches.items():
@@ -1318,14 +1331,11 @@ def switch_problems(target: str, par: ParallelConfig, switches: Mapping[str, Any
     if switches.get("async_tp") and not (switches.get("compile") and par.tp > 1):
         out.append(f"framework.async_tp with compile={bool(switches.get('compile'))}, tp={par.tp}: torchtitan's async "
                    "TP needs torch.compile and tp > 1; set compile: true or drop async_tp")
-    if switches.get("fused_grouped_mlp") is True and model is not None and wl is not None and gpu is not None:
-        why = fused_mlp_problem(target, model, wl, gpu, par)
-        if why:
-            out.append(f"framework.fused_grouped_mlp: {why}")
-    if switches.get("mxfp8_experts") is True and model is not None and wl is not None and gpu is not None:
-        why = mxfp8_experts_problem(model, wl, gpu)
-        if why:
-            out.append(f"framework.mxfp8_experts: {why}")
+    if model is not None and wl is not None and gpu is not None:
+        for k, v in switches.items():
+            why = setting_problem(k, target, model, wl, gpu, par) if v is True and k in known else ""
+            if why:
+                out.append(f"framework.{k}: {why}")
     return [f"{target}: {m}" for m in out]
 
 
