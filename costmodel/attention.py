@@ -57,7 +57,11 @@ Sources (TFLOP/s at s = 512 ... 16k, b * s = 16k tokens, hidden 2048):
   Ampere code on Hopper). Fitted by ``bench/fit_attention_curves.py --published fa1``; head dim 256
   clamped to 128 (FA1 stops at 128); Blackwell takes Hopper's fractions, as FA2 does.
 * FlexAttention: 90% of FA2 forward and 85% backward (PyTorch FlexAttention blog, Aug 2024, A100
-  causal): priced as FA2 times 3.5 / (1/0.9 + 2.5/0.85) = 0.864 on every architecture.
+  causal): priced as FA2 times 3.5 / (1/0.9 + 2.5/0.85) = 0.864 on every architecture. On
+  Blackwell that puts FA4 at 2.2x its forward and 2.0x its backward (sequence 8k, head dim 128),
+  inside what the PyTorch blog "FlexAttention + FlashAttention-4: Fast and Flexible" (2026) gives
+  its FA4 backend over the Triton one on GB200 (1.6-3.2x forward, 1.85-2.3x backward).
+  Its Triton template pads each head dimension to a power of two (``head_dim_padding``).
 
 Which kernel runs (``kernel_for``), from the framework profile's ``attention`` field
 (``costmodel.frameworks``), each checked against the code that makes the choice:
@@ -572,6 +576,34 @@ ATTENTION_IMPLEMENTATIONS = ("", "sdpa", "sdpa-torchtitan", "flex", "varlen", "f
 # and keeps the ring's pricing.
 TORCH_SDPA_RING_IMPLEMENTATIONS = ("sdpa", "sdpa-torchtitan")
 DKV_BYTES_PER_KV_BYTE = 2.0      # the gradients travel in FP32 (``convert_to_f32``), K and V in BF16
+
+
+# ---- head dimensions a kernel pads ------------------------------------------------------------
+# FlexAttention's Triton template tiles Q.K^T over ``QK_HEAD_DIM_ROUNDED`` and P.V over
+# ``V_HEAD_DIM_ROUNDED``, each ``next_power_of_two`` of the model's width (PyTorch
+# ``torch/_inductor/kernel/flex/common.py``, the kernel options; ``templates/flex_attention.py.jinja``
+# and ``flex_backwards.py.jinja`` load and accumulate ``[BLOCK, *_HEAD_DIM_ROUNDED]`` tiles, masking
+# the padding): the tensor cores do the padded work. The forward runs one GEMM of each width
+# (S = Q.K^T, O = P.V); the backward five, three over the query/key width (S again, dQ = dS.K,
+# dK = dS^T.Q) and two over the value width (dP = dO.V^T, dV = P^T.dO). DeepSeek-V3's MLA (192 and
+# 128) thus does 1.2x its forward work and 1.23x its backward; a 128-wide head none. The other kernels
+# priced here take the model's widths as they are (cuDNN, FA3 and FA4 at DeepSeek-V3's 192/128
+# among their supported shapes).
+PADDED_HEAD_DIM_KERNELS = ("flex",)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def head_dim_padding(kernel: str, qk_dim: int, v_dim: int) -> tuple[float, float]:
+    """(forward, backward) factor on an attention kernel's time for the head widths it pads: the
+    padded over the model's tensor-core work (module comment above); (1, 1) for a kernel that
+    does not pad or widths already powers of two."""
+    if kernel not in PADDED_HEAD_DIM_KERNELS or qk_dim <= 0 or v_dim <= 0:
+        return 1.0, 1.0
+    pq, pv = _next_power_of_two(qk_dim), _next_power_of_two(v_dim)
+    return (pq + pv) / (qk_dim + v_dim), (3 * pq + 2 * pv) / (3 * qk_dim + 2 * v_dim)
 
 
 def torch_cp_step0_s(kernel: str, gpu: GpuSpec, peak_flops: float, fwd_flops: float, head_dim: float,

@@ -44,7 +44,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from .attention import (DKV_BYTES_PER_KV_BYTE, RING_MERGE_KIND, TORCH_SDPA_RING_IMPLEMENTATIONS, attention_fwd_bwd_s, fp8_kernel,
-                        kernel_for, kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
+                        head_dim_padding, kernel_for, kv_width_passed, ring_merge_bytes, torch_cp_exposed_s, torch_cp_step0_s)
 from .comm import GroupLayout, Network, launched
 from .compute import (FLASH_ATTENTION_EFFICIENCY, MEMORY_BOUND_FRACTION, fp8_gemm_time_s, gemm_time_s, matmul_efficiency,
                       memory_bound_factor, memory_time_s)
@@ -375,6 +375,10 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         # batch x heads on this rank: the kernels' grid (costmodel.attention.grid_factor)
         pairs = b * model.heads / t
         attn_s, attn_bwd_s = attention_fwd_bwd_s(kernel, gpu, gpu.attention_rate(dt), attn_hw_flops, hd, s, cp, pairs)
+        # the head widths the kernel pads (FlexAttention's power-of-two tiles: MLA's 192)
+        pad_f, pad_b = head_dim_padding(kernel, model.qk_head_width, model.v_head_width)
+        attn_s *= pad_f
+        attn_bwd_s *= pad_b
         # the ring's own merges and buffer copies under CP (costmodel.attention.ring_merge_bytes)
         q_width = model.heads * hd / t
         kv_w = kv_width_passed(attention, q_width, kv_width_per_rank(model, t))
@@ -390,6 +394,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
             torch_gather_s = launched(net.all_gather(cp * kv_passed_bytes, cp_lay))
             dkv_s = launched(net.p2p(DKV_BYTES_PER_KV_BYTE * kv_passed_bytes, cp_lay.crosses_nodes, cp))
             step0_f, step0_b = torch_cp_step0_s(kernel, gpu, gpu.attention_rate(dt), attn_hw_flops, hd, s, cp, pairs)
+            step0_f, step0_b = step0_f * pad_f, step0_b * pad_b
             exp_f, exp_b = torch_cp_exposed_s(torch_gather_s, dkv_s, step0_f, step0_b)
             attn_s += exp_f
             attn_bwd_s += exp_b

@@ -269,6 +269,18 @@ class ModelSpec:
         return self.heads * self.head_dim
 
     @property
+    def qk_head_width(self) -> int:
+        """One head's query/key width (MLA: its no-position and rotary parts)."""
+        if self.attention == "mla":
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.head_dim
+
+    @property
+    def v_head_width(self) -> int:
+        """One head's value width."""
+        return self.v_head_dim if self.attention == "mla" else self.head_dim
+
+    @property
     def score_dim(self) -> int:
         """Per-token width of QK^T plus AV work: sum over heads of (qk dim + v dim) / 2."""
         if self.attention == "mla":

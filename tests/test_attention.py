@@ -489,3 +489,59 @@ def test_fp8_attention_reaches_the_layer_only_under_fp8():
     # a BF16 workload has no FP8 recipe: the switch prices nothing
     wl16 = Workload(global_batch=8, seq_len=4096, dtype="bf16")
     assert lc(wl16, None, True).fwd_s == lc(wl16, None, False).fwd_s
+
+
+def _torch_flex_rounded_widths(qk: int, v: int) -> tuple[int, int]:
+    """The widths FlexAttention's Triton template tiles, from PyTorch's own kernel options
+    (``torch/_inductor/kernel/flex/common.py`` ``set_head_dim_values``)."""
+    common = pytest.importorskip("torch._inductor.kernel.flex.common")
+
+    class _Sizes:
+        @staticmethod
+        def guard_int(n: int) -> int:
+            return int(n)
+
+    opts: dict = {}
+    common.set_head_dim_values(opts, qk, v, _Sizes())
+    return opts["QK_HEAD_DIM_ROUNDED"], opts["V_HEAD_DIM_ROUNDED"]
+
+
+@pytest.mark.parametrize("qk,v", [(192, 128), (128, 128), (96, 96), (80, 80), (256, 256), (64, 64)])
+def test_flex_pads_the_head_widths_torch_tiles(qk, v):
+    """FlexAttention's time scales by the padded over the model's tensor-core work: forward one
+    GEMM of each width, backward three of the query/key width and two of the value width, with the
+    widths PyTorch's template really tiles. Other kernels pad nothing."""
+    from costmodel.attention import head_dim_padding
+    pq, pv = _torch_flex_rounded_widths(qk, v)
+    fwd, bwd = head_dim_padding("flex", qk, v)
+    assert fwd == pytest.approx((pq + pv) / (qk + v))
+    assert bwd == pytest.approx((3 * pq + 2 * pv) / (3 * qk + 2 * v))
+    assert (fwd > 1) == (pq != qk or pv != v)
+    for kernel in ("fa2", "fa3", "fa4", "cudnn"):
+        assert head_dim_padding(kernel, qk, v) == (1.0, 1.0)
+
+
+def test_deepseek_v3_layer_under_flex_pays_the_padded_query_width():
+    """DeepSeek-V3's MLA (query/key 192, value 128) under FlexAttention: the attention core is
+    1.2x forward and 1.23x backward the same layer's unpadded price; under cuDNN it is not padded;
+    Llama's 128-wide heads are not padded either."""
+    from costmodel.attention import attention_fwd_bwd_s
+    m = get_model("deepseek-v3")
+    assert (m.qk_head_width, m.v_head_width) == (192, 128)
+    cl = load_cluster("dgx-b200").with_gpus(8)
+    wl = Workload(global_batch=8, seq_len=4096)
+    lay = group_layout({"tp": 1, "cp": 1, "dp": 8, "pp": 1}, ("tp", "cp", "dp", "pp"), "tp", 8)
+    args = (m, False, wl, 1, 1, 1, False, 1, cl.gpu, cl, cl.groups[0].intra_node, lay, lay, lay)
+    flex = layer_cost(*args, attention="flex")
+    flops = 4 * 4096 * 4096 * m.score_dim * 0.5          # one sequence, causal: the layer's count
+    f, b = attention_fwd_bwd_s("flex", cl.gpu, cl.gpu.attention_rate("bf16"), flops, m.head_dim, 4096, 1,
+                               m.heads)
+    assert flex.attn_fwd_s == pytest.approx(f * 1.2)
+    # the backward beyond twice the forward, at the layer's straggler factor over 8 GPUs
+    from costmodel.scale import straggler_factor
+    assert flex.attn_bwd_extra_s == pytest.approx((b * 1024 / 832 - 2 * f * 1.2) * straggler_factor(8))
+    cudnn = layer_cost(*args, attention="te")
+    cf, _ = attention_fwd_bwd_s("cudnn", cl.gpu, cl.gpu.attention_rate("bf16"), flops, m.head_dim, 4096, 1, m.heads)
+    assert cudnn.attn_fwd_s == pytest.approx(cf)
+    llama = get_model("llama-3.1-8b")
+    assert (llama.qk_head_width, llama.v_head_width) == (128, 128)
