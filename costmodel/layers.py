@@ -276,11 +276,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mlp_act += k * load * (lin_b * h * et / t + ((mats - 1) * a_bytes + lin_b) * fe / t)
         moe_extra_act = 4 * E   # fp32 router logits per token
         inter = cluster.inter_node
+        # an NVLink domain of several hosts (GB200 NVL72): the dispatchers' own measured rates there
+        mnnvl = cluster.nvlink_gpus > cluster.gpus_per_node
         for combine in (False, True):
             sent = dispatch_bytes(t_route, k, h, dispatch_value_bytes(a_bytes, ex, combine))
             if ep > 1:      # one collective each, with its launch cost (comm.launched)
                 ep_fwd_s += launched(dispatch_time_s(sent, k, ep_lay.n, ep_lay.k, intra, inter, ex,
-                                                     model.router_groups, model.router_topk_groups, load))
+                                                     model.router_groups, model.router_topk_groups, load,
+                                                     combine, mnnvl))
         if et > 1:
             # the received copies all-gathered over the ETP group, the outputs reduce-scattered back
             gathered = et * dispatch_bytes(t_route, k, h, a_bytes, load)

@@ -243,7 +243,62 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 #   table): the median, 51 of 50 = 1.02 (its count of bytes is not ours exactly: [REF §7] "DeepEP
 #   bandwidth definitions differ"; above 1 only by that).
 DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.62, "inter": 0.97}, "deepep": {"intra": 0.96, "inter": 1.02}}
-DISPATCHERS = tuple(DISPATCH_LINK_FRACTION)
+# * deepep over a multi-node NVLink domain (more than DeepEP's 8 NVLink peers: GB200 NVL72's trays of 4):
+#   the only published run is Megatron-LM's DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM at eb0783b6d3,
+#   docs/discussions/deepseek-v3-gb200-optimization, the DeepEP step: EP32 over MNNVL through DeepEP PR 218,
+#   24 SMs), "about 400 GB/s" dispatch and "about 190 GB/s" combine of NVLink 5's 900 per direction:
+#   0.44 and 0.21. Megatron-Core 0.16's own ``TransformerConfig.moe_flex_dispatcher_backend`` says only
+#   HybridEP supports the multi-node NVLink case, so the Megatron target does not plan it (planner/plan/targets.py).
+DEEPEP_NVL_PEERS = 8
+DEEPEP_MNNVL_FRACTION = (400.0 / 900.0, 190.0 / 900.0)        # (dispatch, combine)
+# * hybridep (HybridEP, DeepEP's hybrid-ep branch: Megatron's --moe-flex-dispatcher-backend hybridep with
+#   --moe-hybridep-num-sms, default 16): the same guide's HybridEP figure (top-8, one direction, GB/s, by the
+#   number of SMs -- "CUDA blocks" -- its kernels take), as (dispatch, combine) over the link it ran on:
+#   - "mnnvl": GB200 NVL36, EP36, NVLink 5 (900 GB/s);
+#   - "node": one DGX H100, EP8, NVLink 4 (450 GB/s): priced for any NVLink domain of one host;
+#   - "inter": four DGX H100, the bytes each NIC carries (the figure's "NIC-bus" bandwidth), 400 Gb/s
+#     ConnectX-7 (50 GB/s); it sends a token once per destination node, as DeepEP does.
+#   Between the SM counts measured, linear; beyond them, the nearest.
+HYBRIDEP_GB_PER_S = {
+    "mnnvl": (900.0, {4: (213.95, 185.44), 8: (422.78, 386.59), 16: (694.1, 617.62), 32: (714.66, 657.72)}),
+    "node": (450.0, {4: (177.76, 191.24), 8: (344.06, 358.93), 12: (349.29, 363.05), 16: (368.9, 368.87)}),
+    "inter": (50.0, {2: (24.4, 20.8), 4: (43.4, 42.7), 8: (44.2, 45.0)}),
+}
+HYBRIDEP_SMS = 16               # Megatron-Core 0.16 TransformerConfig.moe_hybridep_num_sms
+DISPATCHERS = tuple(DISPATCH_LINK_FRACTION) + ("hybridep",)
+
+
+def hybridep_fraction(tier: str, sms: int, combine: bool) -> float:
+    """HybridEP's share of the link's bandwidth on ``tier`` ("mnnvl", "node" or "inter") with its
+    kernels on ``sms`` SMs, dispatch or ``combine`` (``HYBRIDEP_GB_PER_S``)."""
+    link, table = HYBRIDEP_GB_PER_S[tier]
+    pts = sorted((n, gb[1 if combine else 0]) for n, gb in table.items())
+    if sms <= pts[0][0]:
+        return pts[0][1] / link
+    for (n0, g0), (n1, g1) in zip(pts, pts[1:]):
+        if sms <= n1:
+            return (g0 + (g1 - g0) * (sms - n0) / (n1 - n0)) / link
+    return pts[-1][1] / link
+
+
+def dispatch_link_fraction(execution: "MoeExecution", tier: str, combine: bool = False, mnnvl: bool = False,
+                           peers: int = 0) -> float:
+    """The fraction of the ``tier`` ("intra" or "inter") link's per-direction bandwidth the
+    execution's dispatcher reaches for a dispatch or its ``combine``: ``mnnvl`` when the NVLink
+    domain spans hosts (GB200 NVL72), ``peers`` the EP ranks inside it (the comments above)."""
+    d = execution.dispatcher
+    if d == "hybridep":
+        t = "inter" if tier == "inter" else ("mnnvl" if mnnvl else "node")
+        return hybridep_fraction(t, execution.hybridep_sms, combine)
+    if d == "deepep" and tier == "intra" and mnnvl and peers > DEEPEP_NVL_PEERS:
+        return DEEPEP_MNNVL_FRACTION[1 if combine else 0]
+    return DISPATCH_LINK_FRACTION[d][tier]
+
+
+def node_deduplicating(dispatcher: str) -> bool:
+    """Whether the dispatcher sends a token once per destination node and forwards it over NVLink
+    there (DeepEP's internode kernels, HybridEP's), rather than once per destination rank."""
+    return dispatcher in ("deepep", "hybridep")
 
 
 # ---- DeepEP's SMs while it overlaps compute ----------------------------------------------------------
@@ -303,6 +358,7 @@ class MoeExecution:
     #                                  without --moe-use-legacy-grouped-gemm); False: one grouped kernel
     layer_host_s: float = 0.0        # host time to issue one MoE layer fwd+bwd (eager); 0: not priced
     deepep_sms: int = DEEPEP_SMS     # Megatron --moe-deepep-num-sms: SMs DeepEP's kernels take while overlapped
+    hybridep_sms: int = HYBRIDEP_SMS  # Megatron --moe-hybridep-num-sms: SMs HybridEP's kernels take
     delay_wgrad: bool = True         # weight gradients scheduled apart from the input gradients where the EP
     #                                  all-to-alls overlap compute: Megatron --delay-wgrad-compute (its emitter
     #                                  writes it with the overlap), DualPipe's split backward
@@ -314,12 +370,18 @@ class MoeExecution:
     #                                  torchao_mxfp8_experts``), Blackwell only; "": the workload's dtype
 
     @property
+    def dispatcher_sms(self) -> int:
+        """The SMs the dispatcher's own kernels hold (DeepEP's or HybridEP's); 0 for NCCL's all-to-all,
+        which the cluster's generic overlap slowdown prices."""
+        return {"deepep": self.deepep_sms, "hybridep": self.hybridep_sms}.get(self.dispatcher, 0)
+
+    @property
     def dropless(self) -> bool:
         """No capacity factor: the per-layer token-count sync, nothing dropped."""
         return self.capacity_factor <= 0
 
     def __post_init__(self) -> None:
-        if self.dispatcher not in DISPATCH_LINK_FRACTION:
+        if self.dispatcher not in DISPATCHERS:
             raise ValueError(f"moe dispatcher {self.dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
         if self.fp8_experts not in ("", "mxfp8"):
             raise ValueError(f"moe fp8_experts {self.fp8_experts!r}: only \"mxfp8\" (torchao's MXFP8 grouped GEMMs) "
@@ -419,33 +481,34 @@ def node_limit(groups: int, topk_groups: int, nodes: int) -> int:
 
 
 def dispatch_time_s(sent_bytes: float, top_k: int, ep: int, ep_per_node: int, intra: "LinkSpec", inter: "LinkSpec",
-                    execution: MoeExecution, groups: int = 0, topk_groups: int = 0, load: float = 1.0) -> float:
-    """One dispatch (or combine) all-to-all among ``ep`` ranks, ``ep_per_node`` of them in each
-    NVLink domain, each rank sending ``sent_bytes`` (``dispatch_bytes`` at the mean share: its
-    ``top_k`` copies of every token). The share bound for the other ranks of its domain moves at
-    the dispatcher's NVLink fraction of ``intra``; across nodes the alltoall dispatcher sends
-    every copy bound for another node straight to its expert's rank, DeepEP one per destination
-    node to the GPU of the same local index, which forwards it over NVLink
-    (``remote_node_copies``, at most ``node_limit`` nodes). The busiest rank receives ``load``
-    times the mean (``load_factor``): on every tier it receives from directly, so not on DeepEP's
-    network tier, whose receiving GPU is set by the sender's index, not by the expert. The tiers
-    run at once and the slower sets the time, plus one latency of each tier used."""
+                    execution: MoeExecution, groups: int = 0, topk_groups: int = 0, load: float = 1.0,
+                    combine: bool = False, mnnvl: bool = False) -> float:
+    """One dispatch (or ``combine``) all-to-all among ``ep`` ranks, ``ep_per_node`` of them in each
+    NVLink domain (``mnnvl``: a domain of several hosts, GB200 NVL72), each rank sending
+    ``sent_bytes`` (``dispatch_bytes`` at the mean share: its ``top_k`` copies of every token). The
+    share bound for the other ranks of its domain moves at the dispatcher's NVLink fraction of
+    ``intra`` (``dispatch_link_fraction``); across nodes the alltoall dispatcher sends every copy
+    bound for another node straight to its expert's rank, DeepEP and HybridEP one per destination
+    node to the GPU of the same local index, which forwards it over NVLink (``remote_node_copies``,
+    at most ``node_limit`` nodes). The busiest rank receives ``load`` times the mean
+    (``load_factor``): on every tier it receives from directly, so not on the deduplicating
+    dispatchers' network tier, whose receiving GPU is set by the sender's index, not by the expert.
+    The tiers run at once and the slower sets the time, plus one latency of each tier used."""
     if ep <= 1 or sent_bytes <= 0:
         return 0.0
-    frac = DISPATCH_LINK_FRACTION[execution.dispatcher]
-    bw_intra = frac["intra"] * intra.bandwidth_bytes_per_s
     k_local = max(1, min(ep, ep_per_node))
+    bw_intra = dispatch_link_fraction(execution, "intra", combine, mnnvl, k_local) * intra.bandwidth_bytes_per_s
     nodes = max(1, ep // k_local)
     t_intra = (k_local - 1) / ep * sent_bytes * load / bw_intra if k_local > 1 else 0.0
     t_inter = 0.0
     if nodes > 1:
-        if execution.dispatcher == "deepep":
+        if node_deduplicating(execution.dispatcher):
             inter_bytes = sent_bytes / top_k * remote_node_copies(top_k, nodes, node_limit(groups, topk_groups, nodes))
             if k_local > 1:
                 t_intra = (k_local - 1) / k_local * sent_bytes * load / bw_intra
         else:
             inter_bytes = (ep - k_local) / ep * sent_bytes * load
-        t_inter = inter_bytes / (frac["inter"] * inter.bandwidth_bytes_per_s)
+        t_inter = inter_bytes / (dispatch_link_fraction(execution, "inter", combine) * inter.bandwidth_bytes_per_s)
     lat = (intra.latency_s if k_local > 1 else 0.0) + (inter.latency_s if nodes > 1 else 0.0)
     return max(t_intra, t_inter) + lat
 

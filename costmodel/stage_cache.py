@@ -172,7 +172,7 @@ class _Shared:
             tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
-            share = comm_sm_share(grp.gpu.name, ex.deepep_sms) if moe and ex.dispatcher == "deepep" else 0.0
+            share = comm_sm_share(grp.gpu.name, ex.dispatcher_sms) if moe and ex.dispatcher_sms else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
                                                       self.framework.selective_recompute, share, par.sp,
                                                       ex.delay_wgrad))

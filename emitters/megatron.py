@@ -118,10 +118,13 @@ def moe_args(plan: Plan) -> list:
     m, p = plan.model, plan.parallel
     # the plan's dispatcher and EP overlap (ParallelConfig.moe_dispatcher / ep_overlap, priced by
     # costmodel.stage_cache over the profile's; the target's table says what Megatron accepts)
-    if (p.moe_dispatcher or MOE_DISPATCHER) == "deepep":
-        # DeepEP's SMs, priced as compute lost while it overlaps (costmodel.moe.comm_sm_share)
-        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep",
-                   "--moe-deepep-num-sms", _deepep_sms()]
+    disp = p.moe_dispatcher or MOE_DISPATCHER
+    if disp in ("deepep", "hybridep"):
+        # the flex dispatcher's backend with its SMs, as priced (costmodel.moe: DeepEP's as compute lost
+        # while it overlaps, comm_sm_share; HybridEP's rate by its SMs, hybridep_fraction)
+        sms = "--moe-deepep-num-sms" if disp == "deepep" else "--moe-hybridep-num-sms"
+        a: list = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", disp, sms,
+                   _flex_sms(disp)]
     else:
         a = ["--moe-token-dispatcher-type", MOE_DISPATCHER]
     a.append("--moe-grouped-gemm")
@@ -167,9 +170,11 @@ def _delay_wgrad() -> bool:
     return framework_profile(TARGET).moe.delay_wgrad
 
 
-def _deepep_sms() -> int:
-    """DeepEP's SMs as Megatron's profile prices them (``MoeExecution.deepep_sms``)."""
-    return framework_profile(TARGET).moe.deepep_sms
+def _flex_sms(dispatcher: str) -> int:
+    """The flex backend's SMs as Megatron's profile prices them (``MoeExecution.deepep_sms`` or
+    ``hybridep_sms``)."""
+    ex = framework_profile(TARGET).moe
+    return ex.deepep_sms if dispatcher == "deepep" else ex.hybridep_sms
 
 
 def moe_notes(plan: Plan) -> list[str]:
@@ -190,15 +195,29 @@ def moe_notes(plan: Plan) -> list[str]:
                      "CuTe DSL kernels (nvidia-cudnn-frontend[cutedsl]); Megatron-Core stores the experts' FC1 rows "
                      f"gate and up interleaved in blocks of {FUSED_MLP_INTERLEAVE} (--moe-mlp-glu-interleave-size): a "
                      "checkpoint written without it needs its FC1 rows reordered")
-    if (p.moe_dispatcher or MOE_DISPATCHER) != "deepep":
+    disp = p.moe_dispatcher or MOE_DISPATCHER
+    if disp not in ("deepep", "hybridep"):
         return notes
     inter = c.inter_node
+    mnnvl = c.gpus_per_node < c.nvlink_gpus
+    if disp == "deepep" and mnnvl and p.ep > c.gpus_per_node:
+        # Megatron-Core 0.16 TransformerConfig.moe_flex_dispatcher_backend: "Currently only 'hybridep' backend
+        # supports the MNNVL case"
+        raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over a {c.nvlink_gpus}-GPU NVLink domain of "
+                            f"{c.gpus_per_node}-GPU hosts", "Megatron-Core 0.16 runs multi-node NVLink with its "
+                            "HybridEP backend only (TransformerConfig.moe_flex_dispatcher_backend)",
+                            "plan --moe-dispatcher hybridep on this cluster")
     if not inter.rdma and p.ep > c.nvlink_gpus:
-        raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
-                            f"DeepEP across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE) and the "
-                            f"inter-node link {inter.name!r} is not an RDMA fabric",
-                            "plan --moe-dispatcher alltoall on this cluster")
-    return notes + [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_deepep_sms()} SMs "
+        raise CannotExpress(TARGET, f"moe_dispatcher {disp} with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
+                            f"{'DeepEP' if disp == 'deepep' else 'HybridEP'} across nodes needs GPU-initiated RDMA "
+                            f"(NVSHMEM over InfiniBand or RoCE) and the inter-node link {inter.name!r} is not an RDMA "
+                            "fabric", "plan --moe-dispatcher alltoall on this cluster")
+    if disp == "hybridep":
+        return notes + [f"HybridEP (--moe-flex-dispatcher-backend hybridep) priced at its measured rate on "
+                        f"{_flex_sms(disp)} SMs (--moe-hybridep-num-sms; costmodel.moe.HYBRIDEP_GB_PER_S); across "
+                        f"nodes it needs GPU-initiated RDMA, priced on the inter-node link {inter.name} "
+                        f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]
+    return notes + [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_flex_sms(disp)} SMs "
             f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
             f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
             f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]

@@ -31,8 +31,8 @@ def test_defaults_stay_out_of_plan_files_and_bad_values_are_named():
     d = _par(moe_dispatcher="deepep", ep_overlap=True).to_dict()
     assert (d["moe_dispatcher"], d["ep_overlap"]) == ("deepep", True)
     assert ParallelConfig.from_dict(d) == _par(moe_dispatcher="deepep", ep_overlap=True)
-    with pytest.raises(SpecError, match="moe_dispatcher must be one of alltoall, deepep .* got 'hybridep'"):
-        _par(moe_dispatcher="hybridep")
+    with pytest.raises(SpecError, match="moe_dispatcher must be one of alltoall, deepep, hybridep .* got 'nccl'"):
+        _par(moe_dispatcher="nccl")
 
 
 def test_each_choice_is_priced():
@@ -362,3 +362,75 @@ def test_delay_wgrad_is_accepted_by_megatron_core_only_with_the_overlap():
     assert cfg.delay_wgrad_compute and cfg.overlap_moe_expert_parallel_comm
     with pytest.raises((AssertionError, ValueError), match="overlap_moe_expert_parallel_comm must be enabled"):
         dataclasses.replace(_transformer_config(tc, _par()), delay_wgrad_compute=True)
+
+
+# ---- HybridEP, and DeepEP over multi-node NVLink ---------------------------------------------------
+
+def test_hybridep_rate_is_the_published_figure_by_its_sms():
+    """HybridEP's share of the link is the guide's measured GB/s over the link it ran on, by SMs:
+    at a measured count exactly, between two linearly, beyond them the nearest."""
+    from costmodel.moe import hybridep_fraction
+    assert hybridep_fraction("mnnvl", 16, False) == pytest.approx(694.1 / 900)
+    assert hybridep_fraction("mnnvl", 32, True) == pytest.approx(657.72 / 900)
+    assert hybridep_fraction("mnnvl", 24, False) == pytest.approx((694.1 + 714.66) / 2 / 900)
+    assert hybridep_fraction("mnnvl", 64, False) == pytest.approx(714.66 / 900)
+    assert hybridep_fraction("node", 2, True) == pytest.approx(191.24 / 450)
+    assert hybridep_fraction("inter", 16, False) == pytest.approx(44.2 / 50)
+
+
+def test_dispatch_over_multi_node_nvlink_by_hand():
+    """One dispatch and one combine of EP 32 inside GB200 NVL72's NVLink domain, by hand from the
+    per-direction rates: HybridEP at its 16-SM figure, DeepEP at the 400/190 GB/s Megatron-LM's
+    GB200 guide measured past its 8 NVLink peers; DeepEP inside an 8-GPU host keeps its H800 rate."""
+    from costmodel.moe import MoeExecution, dispatch_time_s
+    gb = load_cluster("gb200-nvl72").with_gpus(72)
+    nvl = gb.intra_node
+    sent = 64e6
+    share = 31 / 32 * sent
+    for disp, (f_d, f_c) in (("hybridep", (694.1 / 900, 617.62 / 900)), ("deepep", (400 / 900, 190 / 900))):
+        ex = MoeExecution(dispatcher=disp)
+        d = dispatch_time_s(sent, 8, 32, 32, nvl, gb.inter_node, ex, combine=False, mnnvl=True)
+        c = dispatch_time_s(sent, 8, 32, 32, nvl, gb.inter_node, ex, combine=True, mnnvl=True)
+        assert d == pytest.approx(share / (f_d * nvl.bandwidth_bytes_per_s) + nvl.latency_s)
+        assert c == pytest.approx(share / (f_c * nvl.bandwidth_bytes_per_s) + nvl.latency_s)
+    h100 = H100_32.intra_node
+    dd = dispatch_time_s(sent, 8, 8, 8, h100, H100_32.inter_node, MoeExecution(dispatcher="deepep"), combine=True)
+    assert dd == pytest.approx(7 / 8 * sent / (0.96 * h100.bandwidth_bytes_per_s) + h100.latency_s)
+
+
+def test_search_offers_hybridep_over_multi_node_nvlink_and_deepep_where_it_runs():
+    """On GB200 NVL72 (hosts of 4 in a 72-GPU NVLink domain) Megatron's search offers HybridEP once
+    the EP group leaves a host, and never DeepEP (Megatron-Core 0.16 runs multi-node NVLink with
+    HybridEP only); on DGX H100 it offers DeepEP across nodes and not HybridEP, which the cost model
+    prices at or below DeepEP on every tier. Pinned, either is taken."""
+    from planner.search.space import enumerate_candidates
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    fixed = dict(tp=1, pp=1, micro_batch=1)
+    gb = _pairs(enumerate_candidates(q, load_cluster("gb200-nvl72").with_gpus(32), wl, fixed, 32, target="megatron"))
+    assert {(8, "hybridep", False), (16, "hybridep", True), (8, "", False)} <= gb
+    assert not any(d == "deepep" for _, d, _ in gb)
+    assert not any(d == "hybridep" and ep <= 4 for ep, d, _ in gb)
+    h = _pairs(enumerate_candidates(q, H100_32, wl, fixed, 32, target="megatron"))
+    assert not any(d == "hybridep" for _, d, _ in h) and any(d == "deepep" for _, d, _ in h)
+    pinned = _pairs(enumerate_candidates(q, H100_32, wl, dict(fixed, ep=16, moe_dispatcher="hybridep", ep_overlap=False),
+                                         32, target="megatron"))
+    assert pinned == {(16, "hybridep", False)}
+
+
+def test_megatron_writes_hybridep_and_refuses_deepep_over_multi_node_nvlink():
+    """The file writes HybridEP as the flex backend with its SMs and says how it is priced; a plan
+    that pins DeepEP across GB200's hosts is refused with Megatron-Core's reason and what to plan."""
+    from emitters.base import CannotExpress
+    from emitters.megatron import emit
+    from planner.plan.planfile import Plan
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    cl = load_cluster("gb200-nvl72").with_gpus(32)
+    par = ParallelConfig(tp=1, pp=1, dp=32, ep=16, micro_batch=1, grad_accum=2, moe_dispatcher="hybridep")
+    plan = Plan(model=q, cluster=cl, workload=wl, parallel=par, stages=default_stages(q.layers, 1), estimate={})
+    text = emit(plan)["megatron.sh"]
+    assert "--moe-flex-dispatcher-backend hybridep\n  --moe-hybridep-num-sms 16\n" in text
+    assert "--moe-deepep-num-sms" not in text and "HYBRIDEP_GB_PER_S" in text
+    with pytest.raises(CannotExpress, match="plan --moe-dispatcher hybridep"):
+        emit(dataclasses.replace(plan, parallel=dataclasses.replace(par, moe_dispatcher="deepep")))

@@ -154,13 +154,17 @@ def float8_plan(which: str) -> Plan:
 MOE_CHOICES = {"alltoall-overlap": dict(ep_overlap=True), "deepep": dict(moe_dispatcher="deepep"),
                "deepep-overlap": dict(moe_dispatcher="deepep", ep_overlap=True),
                "deepep-pp2-vpp2-overlap": dict(moe_dispatcher="deepep", ep_overlap=True, pp=2, dp=16, vpp=2,
-                                               schedule="interleaved", grad_accum=8)}
+                                               schedule="interleaved", grad_accum=8),
+               # HybridEP over GB200 NVL72's multi-node NVLink (EP 8 over two trays of 4)
+               "hybridep-gb200": dict(moe_dispatcher="hybridep", cluster="gb200-nvl72"),
+               "hybridep-gb200-overlap": dict(moe_dispatcher="hybridep", ep_overlap=True, cluster="gb200-nvl72")}
 
 
 def _moe_plan(choice: str) -> Plan:
     par = dict(tp=1, pp=1, dp=32, ep=8, zero=1, micro_batch=1, grad_accum=2)
     par.update(MOE_CHOICES[choice])
-    plan = make_plan("mixtral-8x7b", gpus=32, gb=par["dp"] * par["grad_accum"], seq=2048, cluster="dgx-h100", **par)
+    cluster = par.pop("cluster", "dgx-h100")
+    plan = make_plan("mixtral-8x7b", gpus=32, gb=par["dp"] * par["grad_accum"], seq=2048, cluster=cluster, **par)
     return plan.replace(target="megatron")
 
 
@@ -349,9 +353,13 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
     # overlap's price assumes it (costmodel.moe.ep_backward_window_s)
     assert a.delay_wgrad_compute == plan.parallel.ep_overlap
     flex = a.moe_token_dispatcher_type == "flex"
-    assert flex == (plan.parallel.moe_dispatcher == "deepep") and (not flex or a.moe_flex_dispatcher_backend == "deepep")
-    # DeepEP's SMs, priced as compute lost while it overlaps: written, never Megatron's default assumed
-    assert (a.moe_deepep_num_sms is not None) == flex
+    backend = a.moe_flex_dispatcher_backend if flex else ""
+    assert flex == (plan.parallel.moe_dispatcher in ("deepep", "hybridep"))
+    assert not flex or backend == plan.parallel.moe_dispatcher
+    # the backend's SMs (DeepEP's priced as compute lost while it overlaps, HybridEP's rate by them): written,
+    # never Megatron's default assumed
+    assert (a.moe_deepep_num_sms is not None) == (backend == "deepep")
+    assert (a.moe_hybridep_num_sms is not None) == (backend == "hybridep")
     h = header_assumptions(text)
     # Megatron's linear layers overlap the backward's column-parallel collectives without any flag
     assert "column-parallel input-gradient collectives" in engine_facts(text)
@@ -363,7 +371,7 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             attention=MEGATRON_ATTENTION[a.attention_backend], launch=h["launch"],
                             # no --ddp-bucket-size written: Megatron-Core's default bucket, which the header names
                             dp_bucket=h["dp_bucket"] if getattr(a, "ddp_bucket_size", None) is None else "torch",
-                            moe=MoeExecution(dispatcher="deepep" if flex else a.moe_token_dispatcher_type or "alltoall",
+                            moe=MoeExecution(dispatcher=backend or a.moe_token_dispatcher_type or "alltoall",
                                              permute_fusion=a.moe_permute_fusion, router_fusion=a.moe_router_fusion,
                                              capacity_factor=a.moe_expert_capacity_factor or 0.0,
                                              # TE's GroupedLinear (one GEMM per expert) unless the legacy kernel
@@ -373,7 +381,8 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              fused_grouped_mlp=_fused_mlp(a, text),
                                              # eager MoE layers: the host time of costmodel.moe, unless graphed
                                              layer_host_s=MEGATRON_LAYER_HOST_S if a.cuda_graph_impl == "none" else 0.0,
-                                             deepep_sms=a.moe_deepep_num_sms if flex else MoeExecution().deepep_sms,
+                                             deepep_sms=a.moe_deepep_num_sms or MoeExecution().deepep_sms,
+                                             hybridep_sms=a.moe_hybridep_num_sms or MoeExecution().hybridep_sms,
                                              # the EP overlap's backward beside the delayed weight gradients
                                              delay_wgrad=a.delay_wgrad_compute),
                             grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),

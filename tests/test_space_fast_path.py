@@ -94,7 +94,7 @@ def _slow_target_candidates(m, cl, wl, fixed, gpus, target):
         kept = tg.prune_dominated(found)
         if m.is_moe and any(par.ep > 1 for _, par in kept):
             kept = [(key, v) for key, par in kept
-                    for disp, over in tg.moe_exec_choices(target, m, par, shape.gpn, fixed, shape.rdma)
+                    for disp, over in tg.moe_exec_choices(target, m, par, shape.gpn, fixed, shape.rdma, shape.host)
                     for v in [par if (disp, over) == (par.moe_dispatcher, par.ep_overlap) else
                               dataclasses.replace(par, moe_dispatcher=disp, ep_overlap=over)]
                     if v is par or tg.runs(target, m, wl, v, key[-1])]

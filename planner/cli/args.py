@@ -62,7 +62,7 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=["none", "selective", "full"])
     g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
-    g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep"],
+    g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep", "hybridep"],
                    help="MoE token dispatcher (default: searched where the target writes several; else alltoall)")
     _bool_flag(g, "ep-overlap", "overlap the expert-parallel all-to-alls with compute (Megatron's "
                                 "--overlap-moe-expert-parallel-comm; default: searched where the target writes it)")

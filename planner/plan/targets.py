@@ -470,7 +470,8 @@ MEGATRON_SOURCES = {
                    "same world (world % (etp*ep*pp) == 0), 'MoE Parallel Folding' (arXiv 2504.14960)",
     "vpp": f"{MEGATRON_SRC}: --num-virtual-stages-per-pipeline-rank or the layout; PP > 1 (arguments.py ~1000)",
     "moe_dispatchers": "Megatron-Core 0.16 transformer_config.py: --moe-token-dispatcher-type alltoall, or flex with "
-                       "--moe-flex-dispatcher-backend deepep (not with --moe-pad-expert-input-to-capacity)",
+                       "--moe-flex-dispatcher-backend deepep or hybridep (not with --moe-pad-expert-input-to-capacity; "
+                       "multi-node NVLink with hybridep only: moe_flex_dispatcher_backend)",
     "ep_overlap": "Megatron-Core 0.16 transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm): EP > 1, "
                   "alltoall or flex dispatcher, no full recompute, VPP when PP > 1, bf16/fp16, at most 1 MTP layer "
                   "and then PP > 1",
@@ -503,7 +504,7 @@ MEGATRON = TrainTarget(
     name="megatron", summary="Megatron-LM / Megatron-Core pretrain_gpt.py", runs="megatron",
     zero=frozenset({0, 1, 2, 3}), zero_pp=frozenset({0, 1}), hsdp=frozenset({1}),
     cp=True, cp_seq=_megatron_cp, cp_seq_text="2*cp", ep=True, expert_tp=True, expert_fold=True,
-    moe_dispatchers=("alltoall", "deepep"), ep_overlap=True,
+    moe_dispatchers=("alltoall", "deepep", "hybridep"), ep_overlap=True,
     vpp=True, vpp_split="ends", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",

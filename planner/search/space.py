@@ -95,7 +95,7 @@ def candidate_kinds(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     n = 0
     for shape in shapes(model, cluster, workload, fixed, gpus, objective, worlds):
         for k in _kinds(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn,
-                        shape.stage_counts, target, None, shape.rdma):
+                        shape.stage_counts, target, None, shape.rdma, host=shape.host):
             k.start = n
             n += k.size
             out.append(k)
@@ -113,6 +113,7 @@ class Shape:
     gpn: int
     stage_counts: tuple[tuple[str, int], ...]
     rdma: bool = True        # the inter-node link is an RDMA fabric (costmodel.moe.deepep_fabric_problem)
+    host: int = 0            # GPUs per host: an NVLink domain of several (gpn > host) is multi-node NVLink
 
 
 def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: dict, gpus: int,
@@ -121,12 +122,13 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
     _check_fixed(model, workload, fixed, gpus)
     gpn = max(g.nvlink_gpus for g in cluster.groups)
     rdma = not deepep_fabric_problem(cluster.inter_node)
+    host = min(g.gpus_per_node for g in cluster.groups)
     out = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):
             stage_counts = _stage_counts(cluster, tp * dp * cp, pp)
             if stage_counts is not None:
-                out.append(Shape(tp, cp, pp, dp, gpn, stage_counts, rdma))
+                out.append(Shape(tp, cp, pp, dp, gpn, stage_counts, rdma, host))
     return out
 
 
@@ -139,7 +141,7 @@ def shape_candidates(model: ModelSpec, workload: Workload, fixed: dict, shape: S
     contiguous part of the shape's list). ``kept``: a dict the caller keeps for one search, in
     which each shape's rules and their verdicts are kept between its micro-batches."""
     return _inner(model, workload, fixed, shape.tp, shape.cp, shape.pp, shape.dp, shape.gpn, shape.stage_counts,
-                  target, micro_batch, shape.rdma, kept)
+                  target, micro_batch, shape.rdma, kept, shape.host)
 
 
 def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, shape: Shape,
@@ -297,20 +299,20 @@ def _stage_counts(cluster: ClusterSpec, per_stage: int, pp: int) -> tuple[tuple[
 
 
 def _inner(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
-           rdma: bool = True, kept: dict | None = None) -> list[Candidate]:
-    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma, kept)
-            for c in k.write_out()]
+           rdma: bool = True, kept: dict | None = None, host: int = 0) -> list[Candidate]:
+    return [c for k in _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target, only_mb, rdma, kept,
+                              host) for c in k.write_out()]
 
 
 def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=None, only_mb=None,
-           rdma: bool = True, kept: dict | None = None) -> list[Kind]:
+           rdma: bool = True, kept: dict | None = None, host: int = 0) -> list[Kind]:
     """One outer shape's configurations as ``Kind`` s, in the search's order."""
     ch = _choice_lists(model, workload, fixed, tp, cp, pp, dp, target)
     if ch is None:
         return []
     if ch.wide:
         return _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch, stage_counts,
-                             kept)
+                             kept, host)
     per_replica, mbs, experts, zeros, sps, bases = ch.per_replica, ch.mbs, ch.experts, ch.zeros, ch.sps, ch.bases
     orders = tuple(tuple(o) for o in ch.orders)
     plain = tuple((None,) for _ in orders)
@@ -491,7 +493,7 @@ def _with_pair(par: ParallelConfig, pair) -> ParallelConfig:
 
 
 def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, rdma, ch,
-                  stage_counts: tuple = (), kept: dict | None = None) -> list[Kind]:
+                  stage_counts: tuple = (), kept: dict | None = None, host: int = 0) -> list[Kind]:
     """The configurations a target runs on one outer shape, as ``Kind`` s in the search's order:
     the choices of ``_choice_lists`` (schedules the target's tables may run), each built with
     ``ParallelConfig``'s checks and asked of the target's table once per kind
@@ -547,7 +549,7 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
     kinds = _undominated(kinds)
     if model.is_moe and any(k.par.ep > 1 for k in kinds):
         for k in kinds:
-            k.pairs = _moe_pairs(target, model, rules, k, gpn, fixed, rdma)
+            k.pairs = _moe_pairs(target, model, rules, k, gpn, fixed, rdma, host)
     else:
         for k in kinds:
             k.pairs = tuple((None,) for _ in k.orders)
@@ -604,14 +606,14 @@ def _undominated(kinds: list[Kind]) -> list[Kind]:
     return out
 
 
-def _moe_pairs(target, model, rules, kind: Kind, gpn: int, fixed: dict, rdma: bool) -> tuple:
+def _moe_pairs(target, model, rules, kind: Kind, gpn: int, fixed: dict, rdma: bool, host: int = 0) -> tuple:
     """For each of the kind's mesh orders, the (dispatcher, EP overlap) pairs the target runs
     (``tg.moe_exec_choices``, in its order; None for the kind's own pair, kept as it is), each
     asked of the table (``rules``) once per kind."""
     from planner.search import target_space as tg
     par = kind.par
     per_order: list[list] = [[] for _ in kind.orders]
-    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed, rdma):
+    for disp, over in tg.moe_exec_choices(target, model, par, gpn, fixed, rdma, host):
         if (disp, over) == (par.moe_dispatcher, par.ep_overlap):
             for got in per_order:
                 got.append(None)

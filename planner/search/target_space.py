@@ -58,19 +58,26 @@ def ep_ok(target: str, tp: int, ep: int, etp: int | None = None) -> bool:
 
 
 def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: int, fixed: dict,
-                     rdma: bool = True) -> list[tuple[str, bool]]:
+                     rdma: bool = True, host: int = 0) -> list[tuple[str, bool]]:
     """(dispatcher, EP overlap) pairs to try for ``par`` (``ParallelConfig.moe_dispatcher`` /
     ``ep_overlap``): the plan's defaults only, unless the target's file can set them
     (``TrainTarget.moe_dispatchers`` / ``ep_overlap``) for an MoE model with expert parallelism.
     DeepEP is offered only where the EP group spans more than one NVLink domain (``gpn`` GPUs):
     inside one, Megatron's maintainers recommend the alltoall dispatcher (Megatron-LM#1456); and
     only over an RDMA fabric (``rdma``: ``costmodel.moe.deepep_fabric_problem`` of the cluster's
-    inter-node link). ``fixed`` (``--moe-dispatcher``, ``--ep-overlap``)
-    pins either. The table checks each pair (``runs``)."""
+    inter-node link), and not where the NVLink domain spans several hosts of ``host`` GPUs (GB200
+    NVL72): Megatron-Core 0.16 runs multi-node NVLink with HybridEP only
+    (``TransformerConfig.moe_flex_dispatcher_backend``). There HybridEP is offered once the EP
+    group leaves one host (NVIDIA's GB200 recipes run it); elsewhere it is not, as the cost model
+    prices DeepEP at or above it on every tier (``costmodel.moe.HYBRIDEP_GB_PER_S``). ``fixed``
+    (``--moe-dispatcher``, ``--ep-overlap``) pins either. The table checks each pair (``runs``)."""
     t = T.get(target)
     if not (model.is_moe and par.ep > 1):
         return [(fixed.get("moe_dispatcher", ""), fixed.get("ep_overlap", False))]
-    disp = [""] + [d for d in t.moe_dispatchers if d != "alltoall" and par.ep > gpn and rdma]
+    mnnvl = 0 < host < gpn
+    offered = {"deepep": par.ep > gpn and rdma and not mnnvl,
+               "hybridep": mnnvl and par.ep > host and (par.ep <= gpn or rdma)}
+    disp = [""] + [d for d in t.moe_dispatchers if offered.get(d, False)]
     over = [False, True] if t.ep_overlap else [False]
     if "moe_dispatcher" in fixed:
         disp = [fixed["moe_dispatcher"]]
