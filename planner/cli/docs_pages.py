@@ -237,7 +237,7 @@ def validation_by_framework() -> str:
 COMPACT_LEGEND = [
     ("`tp4 pp2 dp8`", "tensor-, pipeline- and data-parallel degrees (`--tp`, `--pp`, `--dp`)"),
     ("`cp2`, `ep8`", "context- and expert-parallel degrees, shown when above 1"),
-    ("`deepep`, `ep-overlap`", "the MoE token dispatcher when not alltoall (`--moe-dispatcher`), and the expert-"
+    ("`deepep`, `hybridep`, `ep-overlap`", "the MoE token dispatcher when not alltoall (`--moe-dispatcher`), and the expert-"
                                "parallel all-to-alls overlapped with compute (`--ep-overlap`)"),
     ("`z1`", "ZeRO stage 0-3 (`--zero`): 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + weights (FSDP)"),
     ("`z3/2`", "ZeRO-3 sharded over groups of 2 of the data-parallel ranks, replicated across groups (HSDP, "
