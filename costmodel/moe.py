@@ -344,6 +344,26 @@ def deepep_fabric_problem(inter: "LinkSpec") -> str:
             f"and the inter-node link {inter.name!r} is not an RDMA fabric (ib-*, cx7*, cx8*, roce*)")
 
 
+def dispatcher_fabric_problem(dispatcher: str, ep: int, nvlink_gpus: int, host: int, rdma: bool) -> tuple[str, str]:
+    """Why Megatron-Core cannot run ``dispatcher`` for an EP group of ``ep`` ranks on a cluster whose
+    NVLink domain holds ``nvlink_gpus`` GPUs in hosts of ``host`` (a domain of several hosts: multi-node
+    NVLink, GB200 NVL72) and whose inter-node link is (``rdma``) or is not an RDMA fabric, and what to
+    plan instead: ("", "") when it can. DeepEP and HybridEP leave the domain by GPU-initiated RDMA
+    (``deepep_fabric_problem``); Megatron-Core 0.16 runs multi-node NVLink with HybridEP only
+    (``TransformerConfig.moe_flex_dispatcher_backend``: "Currently only 'hybridep' backend supports the
+    MNNVL case"). The one rule for the search (``planner.search.target_space.moe_exec_choices``) and the
+    Megatron file (``emitters.megatron.moe_notes``)."""
+    if dispatcher == "deepep" and 0 < host < nvlink_gpus and ep > host:
+        return ("DeepEP does not support an NVLink domain of more than 8 GPUs (Megatron-LM's DeepSeek-V3 GB200 guide) "
+                "and Megatron-Core 0.16 runs multi-node NVLink with its HybridEP backend only "
+                "(TransformerConfig.moe_flex_dispatcher_backend)", "plan --moe-dispatcher hybridep on this cluster")
+    if dispatcher in ("deepep", "hybridep") and ep > nvlink_gpus and not rdma:
+        name = "DeepEP" if dispatcher == "deepep" else "HybridEP"
+        return (f"{name} across nodes needs GPU-initiated RDMA (NVSHMEM over InfiniBand or RoCE) and the inter-node "
+                "link is not an RDMA fabric", "plan --moe-dispatcher alltoall on this cluster")
+    return "", ""
+
+
 @dataclass(frozen=True)
 class MoeExecution:
     """How a framework runs MoE layers, as its launch file sets them."""

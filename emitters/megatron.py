@@ -14,6 +14,7 @@ from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, reco
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.frameworks import framework_profile, tp_overlap_of
+from costmodel.moe import dispatcher_fabric_problem
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
@@ -199,19 +200,10 @@ def moe_notes(plan: Plan) -> list[str]:
     if disp not in ("deepep", "hybridep"):
         return notes
     inter = c.inter_node
-    mnnvl = c.gpus_per_node < c.nvlink_gpus
-    if disp == "deepep" and mnnvl and p.ep > c.gpus_per_node:
-        # Megatron-Core 0.16 TransformerConfig.moe_flex_dispatcher_backend: "Currently only 'hybridep' backend
-        # supports the MNNVL case"
-        raise CannotExpress(TARGET, f"moe_dispatcher deepep with ep={p.ep} over a {c.nvlink_gpus}-GPU NVLink domain of "
-                            f"{c.gpus_per_node}-GPU hosts", "Megatron-Core 0.16 runs multi-node NVLink with its "
-                            "HybridEP backend only (TransformerConfig.moe_flex_dispatcher_backend)",
-                            "plan --moe-dispatcher hybridep on this cluster")
-    if not inter.rdma and p.ep > c.nvlink_gpus:
-        raise CannotExpress(TARGET, f"moe_dispatcher {disp} with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains",
-                            f"{'DeepEP' if disp == 'deepep' else 'HybridEP'} across nodes needs GPU-initiated RDMA "
-                            f"(NVSHMEM over InfiniBand or RoCE) and the inter-node link {inter.name!r} is not an RDMA "
-                            "fabric", "plan --moe-dispatcher alltoall on this cluster")
+    why, hint = dispatcher_fabric_problem(disp, p.ep, c.nvlink_gpus, c.gpus_per_node, inter.rdma)
+    if why:
+        raise CannotExpress(TARGET, f"moe_dispatcher {disp} with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains of "
+                            f"{c.gpus_per_node}-GPU hosts, inter-node link {inter.name!r}", why, hint)
     if disp == "hybridep":
         return notes + [f"HybridEP (--moe-flex-dispatcher-backend hybridep) priced at its measured rate on "
                         f"{_flex_sms(disp)} SMs (--moe-hybridep-num-sms; costmodel.moe.HYBRIDEP_GB_PER_S); across "

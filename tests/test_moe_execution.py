@@ -434,3 +434,25 @@ def test_megatron_writes_hybridep_and_refuses_deepep_over_multi_node_nvlink():
     assert "--moe-deepep-num-sms" not in text and "HYBRIDEP_GB_PER_S" in text
     with pytest.raises(CannotExpress, match="plan --moe-dispatcher hybridep"):
         emit(dataclasses.replace(plan, parallel=dataclasses.replace(par, moe_dispatcher="deepep")))
+
+
+def test_a_pinned_dispatcher_the_fabric_cannot_carry_is_refused_before_the_search():
+    """--moe-dispatcher deepep with --ep 16 on GB200 NVL72 (hosts of 4): exit 2 with DeepEP's and
+    Megatron-Core's reason and what to plan; with EP left free the search keeps DeepEP only inside a
+    host; HybridEP across nodes of an Ethernet cluster is refused like DeepEP."""
+    from planner.plan.errors import UsageError
+    from planner.search.space import enumerate_candidates
+    q = get_model("qwen3-30b-a3b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    gb = load_cluster("gb200-nvl72").with_gpus(32)
+    with pytest.raises(UsageError, match=r"--moe-dispatcher deepep with --ep 16 on gb200-nvl72 .*HybridEP backend only"
+                                         r".*plan --moe-dispatcher hybridep"):
+        enumerate_candidates(q, gb, wl, dict(tp=1, pp=1, micro_batch=1, ep=16, moe_dispatcher="deepep"), 32,
+                             target="megatron")
+    free = _pairs(enumerate_candidates(q, gb, wl, dict(tp=1, pp=1, micro_batch=1, moe_dispatcher="deepep"), 32,
+                                       target="megatron"))
+    assert free and {ep for ep, d, _ in free if ep > 1} == {2, 4} and {d for ep, d, _ in free if ep > 1} == {"deepep"}
+    eth = _ethernet(H100_32)
+    with pytest.raises(UsageError, match="HybridEP across nodes needs GPU-initiated RDMA"):
+        enumerate_candidates(q, eth, wl, dict(tp=1, pp=1, micro_batch=1, ep=16, moe_dispatcher="hybridep"), 32,
+                             target="megatron")

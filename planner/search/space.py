@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from costmodel.limits import MAX_LAYERS
-from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS, deepep_fabric_problem
+from costmodel.moe import DISPATCHERS as MOE_DISPATCHERS, deepep_fabric_problem, dispatcher_fabric_problem
 from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, tp_problems
 from planner.plan.errors import UsageError
 
@@ -123,6 +123,12 @@ def shapes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, fixed: di
     gpn = max(g.nvlink_gpus for g in cluster.groups)
     rdma = not deepep_fabric_problem(cluster.inter_node)
     host = min(g.gpus_per_node for g in cluster.groups)
+    if fixed.get("moe_dispatcher") and fixed.get("ep", 1) > 1:
+        why, hint = dispatcher_fabric_problem(fixed["moe_dispatcher"], fixed["ep"], gpn, host, rdma)
+        if why:
+            raise UsageError(f"--moe-dispatcher {fixed['moe_dispatcher']} with --ep {fixed['ep']} on {cluster.name} "
+                             f"({gpn}-GPU NVLink domains of {host}-GPU hosts, inter-node link "
+                             f"{cluster.inter_node.name}): {why}; {hint}")
     out = []
     for world in (world_sizes(cluster, gpus, objective) if worlds is None else worlds):
         for tp, cp, pp, dp in outer_shapes(model, workload, fixed, gpn, world):

@@ -19,6 +19,7 @@ import functools
 import inspect
 import operator
 
+from costmodel.moe import dispatcher_fabric_problem
 from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from planner.plan import targets as T
 
@@ -75,12 +76,13 @@ def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: in
     if not (model.is_moe and par.ep > 1):
         return [(fixed.get("moe_dispatcher", ""), fixed.get("ep_overlap", False))]
     mnnvl = 0 < host < gpn
-    offered = {"deepep": par.ep > gpn and rdma and not mnnvl,
-               "hybridep": mnnvl and par.ep > host and (par.ep <= gpn or rdma)}
+    offered = {"deepep": par.ep > gpn and not mnnvl, "hybridep": mnnvl and par.ep > host}
     disp = [""] + [d for d in t.moe_dispatchers if offered.get(d, False)]
     over = [False, True] if t.ep_overlap else [False]
     if "moe_dispatcher" in fixed:
         disp = [fixed["moe_dispatcher"]]
+    # none where the cluster's fabric cannot carry it (costmodel.moe.dispatcher_fabric_problem), pinned or not
+    disp = [d for d in disp if not dispatcher_fabric_problem(d, par.ep, gpn, host, rdma)[0]]
     if "ep_overlap" in fixed:
         over = [fixed["ep_overlap"]]
     return [(d, o) for d in disp for o in over]
