@@ -258,6 +258,10 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
     if name == "mxfp8" and not bw:
         raise SpecError(f"fp8 recipe mxfp8 needs Blackwell (SM100+) tensor cores; gpu {gpu.name!r} has none; use "
                         "delayed or current scaling")
+    if name == "mxfp8" and framework.split("+")[0] == "torchtitan":
+        # torchtitan's MXFP8 is torchao's MXFP8Linear (torchtitan 0.3.0 MXFP8LinearConverter), not Transformer
+        # Engine's: dynamic, casts per use, BF16 saved inputs (``torchao_mxfp8``)
+        return torchao_mxfp8()
     if name in ("tensorwise", "rowwise"):
         # torchao Float8Linear: dynamic scaling, casts per use, saves BF16 inputs; its FP8 FSDP
         # all-gather (tensorwise only) where the run's files turn it on (enable_fsdp_float8_all_gather,
@@ -279,6 +283,17 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
                      MEGATRON_AMAX_HISTORY if name == "delayed" else 0, param_gather, param_gather, True)
 
 
+def torchao_mxfp8() -> Fp8Recipe:
+    """torchao's dynamic MXFP8 on linear layers (torchtitan 0.3.0 ``components/quantization/mx.py``
+    ``MXFP8LinearConverter`` -> torchao 0.18.0 ``prototype/moe_training/mxfp8_linear.py`` ``MXFP8Linear``, whose
+    ``mx_mm`` saves the BF16 input and weight, ``save_for_backward(input_hp, weight_hp)``, and quantizes every
+    operand where a GEMM uses it: forward the input and the weight along K, backward the output gradient and
+    the weight for the input gradient, the output gradient and the input again, transposed, for the weight
+    gradient); a 1-byte scale per 32 values. The same recipe as its grouped-GEMM sibling
+    (``torchao_mxfp8_experts``)."""
+    return Fp8Recipe("mxfp8", 2, 0, 1.0 / 32, 2.0, 0, False, False, False)
+
+
 def torchao_mxfp8_experts() -> Fp8Recipe:
     """torchao's dynamic MXFP8 on the routed experts' grouped GEMMs of a BF16 model (torchtitan 0.3.0
     ``components/quantization/mx.py`` ``MXFP8GroupedExpertsConverter``: the experts' ``_grouped_mm`` calls
@@ -291,7 +306,7 @@ def torchao_mxfp8_experts() -> Fp8Recipe:
     weight_t, ...)``; ``_compute_fwd``, ``_compute_dgrad`` and ``_compute_wgrad`` each quantize their operands).
     Its copies padding each expert's token group to 32 rows are not priced. Blackwell only (the converter
     refuses below SM100)."""
-    return Fp8Recipe("mxfp8", 2, 0, 1.0 / 32, 2.0, 0, False, False, False)
+    return torchao_mxfp8()
 
 
 def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float) -> float:

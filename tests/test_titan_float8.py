@@ -130,3 +130,18 @@ def test_tensorwise_tp_all_gathers_fp8_and_rowwise_bf16():
     assert got["tensorwise"] == pytest.approx(2 * (launched(net.all_gather(act * 1, tp)) + rs), rel=1e-12)
     assert got["rowwise"] == pytest.approx(2 * (launched(net.all_gather(act * 2, tp)) + rs), rel=1e-12)
     assert got["tensorwise"] < got["rowwise"]
+
+
+def test_torchtitan_mxfp8_is_torchaos_not_transformer_engines():
+    """A torchtitan workload in MXFP8 is priced as torchao's MXFP8Linear (casts per use, BF16 saved
+    inputs, no cached FP8 weight), the recipe its grouped-GEMM sibling shares; Megatron's MXFP8 is
+    Transformer Engine's (one cached FP8 weight, FP8 saved inputs). Blackwell only, both."""
+    from costmodel.fp8 import resolve, torchao_mxfp8, torchao_mxfp8_experts
+    from costmodel.specs import SpecError
+    b200 = load_cluster("dgx-b200").gpu
+    titan, te = resolve("mxfp8", "torchtitan+compile", b200), resolve("mxfp8", "megatron", b200)
+    assert titan == torchao_mxfp8() == torchao_mxfp8_experts()
+    assert (titan.saved_input_bytes, titan.weight_copies) == (2.0, 0) and te.saved_input_bytes < 2 < te.weight_copies + 1
+    assert titan.cast_bytes(4096, 4096, 4096) > te.cast_bytes(4096, 4096, 4096)
+    with pytest.raises(SpecError, match="mxfp8 needs Blackwell"):
+        resolve("mxfp8", "torchtitan", load_cluster("dgx-h100").gpu)
