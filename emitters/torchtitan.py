@@ -66,6 +66,9 @@ STOCK_MAX_SEQ_LEN = 131072          # ComplexRoPE.Config max_seq_len of every st
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # Float8 plans: the modules torchao leaves in bf16 (Float8LinearConverter.Config.filter_fqns)
 FLOAT8_FILTER_FQNS = ("lm_head",)
+# MXFP8 plans: the modules MXFP8LinearConverter converts (Config.fqns, matched as substrings of each Linear's
+# FQN, "layers.0.feed_forward.w1"): every block linear, not the head
+MXFP8_FQNS = ("layers.",)
 
 
 def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -279,16 +282,17 @@ def float8_recipe(plan: Plan) -> str | None:
     ``Float8LinearConverter`` must take."""
     if plan.workload.dtype != "fp8":
         return None
-    from planner.plan.targets import TITAN_FP8_WRITTEN, titan_fp8_problem, titan_fp8_recipe
+    from planner.plan.targets import TITAN_FP8_WRITES, TITAN_FP8_WRITTEN, titan_fp8_problem, titan_fp8_recipe
     why = titan_fp8_problem(plan.model, plan.workload, plan.parallel, tuple(plan.mesh_order))
     if why:
         raise CannotExpress(TARGET, "this Float8 plan", why)
     rec = titan_fp8_recipe(plan.cluster, plan.workload)
-    require(rec.name == TITAN_FP8_WRITTEN and not rec.param_gather, TARGET, f"fp8 recipe {rec.name}"
+    require(rec.name in TITAN_FP8_WRITES and not rec.param_gather, TARGET, f"fp8 recipe {rec.name}"
             + (" with the FP8 FSDP all-gather" if rec.param_gather else ""),
             f"torchtitan {VERSION}'s Float8LinearConverter takes recipe_name rowwise or rowwise_with_gw_hp only "
-            "(components/quantization/float8.py); tensorwise scaling with enable_fsdp_float8_all_gather was "
-            "torchtitan <= 0.2's float8 section", f"plan --fp8-recipe {TITAN_FP8_WRITTEN}")
+            "(components/quantization/float8.py), and its MXFP8LinearConverter torchao's MXFP8 (Blackwell); tensorwise "
+            "scaling with enable_fsdp_float8_all_gather was torchtitan <= 0.2's float8 section",
+            f"plan --fp8-recipe {TITAN_FP8_WRITTEN}")
     return rec.name
 
 
@@ -332,7 +336,13 @@ def config(plan: Plan) -> str:
                                           ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
-    if s["float8"]:
+    if s["float8"] == "mxfp8":
+        # torchao MXFP8Linear on every block linear (the converter takes the FQNs it converts: every one under
+        # "layers."), the output head in bf16 as priced (costmodel.fp8.torchao_mxfp8)
+        conv = _call("MXFP8LinearConverter.Config", [
+            ("fqns", list(MXFP8_FQNS)), ("model_compile_enabled", bool(sw.get("compile")))], 8)
+        spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
+    elif s["float8"]:
         # torchao Float8Linear on every block linear; the output head stays bf16 (the cost model prices
         # the head in the compute dtype; torchtitan's own 405B Float8 job filters it the same way)
         conv = _call("Float8LinearConverter.Config", [
@@ -361,6 +371,7 @@ def config(plan: Plan) -> str:
         "from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig",
         "from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)",
         "from torchtitan.components.quantization import MXFP8GroupedExpertsConverter  # noqa: F401 (MXFP8 experts)",
+        "from torchtitan.components.quantization import MXFP8LinearConverter  # noqa: F401 (MXFP8 plans)",
         "from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no "
         "checkpointing)",
@@ -437,7 +448,10 @@ def emit(plan: Plan) -> dict[str, str]:
                          "micro-pipeline TP pass fuses a reduce-scatter only into the matmul that produces it)"
                         if (plan.framework or {}).get("async_tp") else
                         "TP collectives are not overlapped (async TP needs torch.compile, not enabled here)")]
-        + ([f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
+        + ([("MXFP8: torchao's MXFP8Linear (MXFP8LinearConverter, scales per 32 values) on every block linear "
+             "(head in bf16), casts per use, bf16 weights all-gathered in bf16; needs torchao and SM100+ (Blackwell) "
+             "GPUs") if fp8 == "mxfp8" else
+            f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
             "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else [])
         + (["MXFP8 experts: the routed experts' grouped GEMMs in torchao's dynamic MXFP8 (MXFP8GroupedExpertsConverter, "
             "recipe mxfp8_rceil, token groups padded to 32), every other layer in bf16; needs torchao's MoE training "

@@ -99,6 +99,9 @@ FLOAT8_PLANS = {
     "70b-tp8-fsdp8-asynctp": ("llama-3-70b", 64, dict(tp=8, sp=True, dp=8, zero=3, grad_accum=2, recompute="full"),
                               {"compile": True, "async_tp": True}),
     "70b-pp4-tp2-fsdp8": ("llama-3-70b", 64, dict(tp=2, sp=True, pp=4, dp=8, zero=2, grad_accum=8), {}),
+    # torchao's MXFP8Linear (MXFP8LinearConverter) on B200: FSDP with compile, and TP with SP
+    "8b-fsdp8-compile-mxfp8": ("llama-3.1-8b", 8, dict(dp=8, zero=3, grad_accum=2), {"compile": True}),
+    "70b-tp4-fsdp8-mxfp8": ("llama-3-70b", 32, dict(tp=4, sp=True, dp=8, zero=3, grad_accum=2, recompute="full"), {}),
 }
 
 
@@ -146,8 +149,10 @@ def moe_plan(which: str) -> Plan:
 def float8_plan(which: str) -> Plan:
     model, gpus, par, switches = FLOAT8_PLANS[which]
     dp, accum = par["dp"], par["grad_accum"]
-    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-h100", micro_batch=1, **par)
-    wl = dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="rowwise")
+    mx = which.endswith("-mxfp8")        # torchao's MXFP8Linear, on Blackwell
+    plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster="dgx-b200" if mx else "dgx-h100",
+                     micro_batch=1, **par)
+    wl = dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="mxfp8" if mx else "rowwise")
     return plan.replace(target="torchtitan", workload=wl, framework=switches)
 # the MoE execution choices a plan carries (ParallelConfig.moe_dispatcher / ep_overlap): each
 # written by the Megatron file and read back
@@ -497,6 +502,14 @@ def torchtitan_float8(job, model) -> tuple[str, str, bool]:
     from torchtitan.models.common.linear import Linear
     linears = [(fqn, c) for fqn, c, _, _ in job.model_spec.model.traverse(Linear.Config)]
     f8 = [(fqn, c) for fqn, c in linears if type(c).__qualname__.startswith("Float8Linear")]
+    mx = [(fqn, c) for fqn, c in linears if type(c).__qualname__.startswith("MXFP8Linear")]
+    if mx:
+        # torchao's MXFP8Linear (costmodel.fp8.torchao_mxfp8): every block linear and nothing else
+        assert not f8 and job.training.mixed_precision_param == "bfloat16"
+        assert {fqn for fqn, _ in mx} == {fqn for fqn, _ in linears if fqn.startswith("layers.")}, \
+            "MXFP8 must cover every block linear and nothing else (the cost model's FP8 GEMMs)"
+        assert len(mx) == 5 * model.layers
+        return "fp8", "mxfp8", False
     if not f8:
         return ("bf16" if job.training.mixed_precision_param == "bfloat16" else "fp32"), "", False
     assert job.training.mixed_precision_param == "bfloat16"
@@ -517,9 +530,15 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     if plan.workload.dtype == "fp8":
         targets_package("torchao", "torchao 0.18.0")
         import torchtitan.components.quantization.float8 as f8
-        # Float8LinearConverter asks the GPU for SM89+ while the job is built; the plan's GPU has it
+        import torchtitan.components.quantization.mx as mxq
+        # Float8LinearConverter asks the GPU for SM89+ while the job is built, MXFP8LinearConverter for SM100;
+        # the plan's GPU has it
         assert "fp8" in plan.cluster.groups[0].gpu.peak_flops_per_s
         monkeypatch.setattr(f8, "has_cuda_capability", lambda *a: True)
+        if plan.workload.fp8_recipe == "mxfp8":
+            from costmodel.fp8 import is_blackwell
+            assert is_blackwell(plan.cluster.groups[0].gpu)
+            monkeypatch.setattr(mxq, "has_cuda_capability", lambda *a: True)
 
     if (plan.framework or {}).get("mxfp8_experts"):
         targets_package("torchao", "torchao 0.18.0")

@@ -145,3 +145,25 @@ def test_torchtitan_mxfp8_is_torchaos_not_transformer_engines():
     assert titan.cast_bytes(4096, 4096, 4096) > te.cast_bytes(4096, 4096, 4096)
     with pytest.raises(SpecError, match="mxfp8 needs Blackwell"):
         resolve("mxfp8", "torchtitan", load_cluster("dgx-h100").gpu)
+
+
+def test_mxfp8_is_accepted_on_blackwell_priced_and_written():
+    """torchtitan's MXFP8 (--fp8-recipe mxfp8 on B200): accepted, priced as torchao's MXFP8Linear and
+    written as MXFP8LinearConverter over every block linear, the head in bf16; widths not multiples of
+    32 are refused (MX scales blocks of 32); on H100 the recipe is refused with torchtitan's own."""
+    from planner.plan.planfile import Plan
+    plan = fp8_plan("mxfp8")
+    plan = plan.replace(cluster=load_cluster("dgx-b200").with_gpus(8))
+    assert T.problems("torchtitan", plan) == []
+    files = get("torchtitan").emit(plan)
+    job = next(v for k, v in files.items() if k.endswith(".py"))
+    assert "MXFP8LinearConverter.Config(" in job and "fqns=['layers.']" in job and "Float8LinearConverter.Config(" not in job
+    assert "MXFP8: torchao's MXFP8Linear" in files["torchtitan.sh"]
+    odd = dataclasses.replace(get_model("llama-3-8b"), ffn_hidden=14352, name="odd")     # a multiple of 16, not 32
+    why = T.problems("torchtitan", Plan(model=odd, cluster=plan.cluster, workload=plan.workload,
+                                        parallel=plan.parallel, stages=plan.stages, target="torchtitan"))
+    assert any("ffn_hidden 14352" in w and "blocks of 32" in w for w in why)
+    from costmodel.fp8 import resolve
+    from costmodel.specs import SpecError
+    with pytest.raises(SpecError, match="use rowwise or tensorwise"):
+        resolve("mxfp8", "torchtitan", load_cluster("dgx-h100").gpu)

@@ -270,12 +270,17 @@ def _titan_bf16(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tupl
 # 2025-06, torchtitan <= 0.2) used tensorwise scaling (with the FP8 FSDP all-gather where their configs set it), or rowwise;
 # torchtitan 0.3.0's converter takes ``recipe_name`` rowwise (its default) or rowwise_with_gw_hp only,
 # so rowwise is what the emitter writes and what a torchtitan plan defaults to.
-TITAN_FP8_RECIPES = ("rowwise", "tensorwise")
+# On Blackwell torchtitan 0.3.0 also runs torchao's MXFP8Linear (``components/quantization/mx.py``
+# ``MXFP8LinearConverter``; costmodel/fp8.py ``torchao_mxfp8``): written as such.
+TITAN_FP8_RECIPES = ("rowwise", "tensorwise", "mxfp8")
 TITAN_FP8_WRITTEN = "rowwise"
+TITAN_FP8_WRITES = ("rowwise", "mxfp8")
 # torchao converts a Linear only when every dimension is a multiple of 16 (FP8 tensor cores;
 # torchtitan/components/quantization/utils.py module_filter_fn); the cost model runs every linear
-# GEMM of the blocks in FP8, so a model with another width is refused, not silently mixed
+# GEMM of the blocks in FP8, so a model with another width is refused, not silently mixed. MXFP8
+# scales blocks of 32 values along each operand's rows and columns (torchao ``MXTensor.to_mx``, block 32).
 FP8_DIM_MULTIPLE = 16
+MXFP8_DIM_MULTIPLE = 32
 
 
 def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
@@ -298,11 +303,15 @@ def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order
     if wl.fp8_param_gather and recipe != "tensorwise":
         return (f"--fp8-param-gather with fp8 recipe {recipe}: torchao all-gathers FP8 weights under FSDP only "
                 "with tensorwise scaling (enable_fsdp_float8_all_gather); drop --fp8-param-gather")
-    bad = [f"{k} {v}" for k, v in titan_fp8_linear_dims(model).items() if v % FP8_DIM_MULTIPLE]
+    mx = recipe == "mxfp8"
+    multiple = MXFP8_DIM_MULTIPLE if mx else FP8_DIM_MULTIPLE
+    bad = [f"{k} {v}" for k, v in titan_fp8_linear_dims(model).items() if v % multiple]
     if bad:
-        return (f"fp8 with {', '.join(bad)}: torchao converts a linear layer to Float8 only when its widths are "
-                f"multiples of {FP8_DIM_MULTIPLE} (module_filter_fn), the cost model prices every block linear in "
-                "FP8; plan --dtype bf16")
+        why = ("torchao's MXFP8 scales blocks of 32 values along each operand (MXTensor.to_mx)" if mx else
+               f"torchao converts a linear layer to Float8 only when its widths are multiples of {multiple} "
+               "(module_filter_fn)")
+        return (f"fp8 recipe {recipe} with {', '.join(bad)}: {why}, the cost model prices every block linear in "
+                f"FP8; plan --dtype bf16")
     return None
 
 
