@@ -11,6 +11,7 @@ from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 from torchtitan.components.quantization import Float8LinearConverter  # noqa: F401 (Float8 plans)
 from torchtitan.components.quantization import MXFP8GroupedExpertsConverter  # noqa: F401 (MXFP8 experts)
+from torchtitan.components.quantization import MXFP8LinearConverter  # noqa: F401 (MXFP8 plans)
 from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401 (None = no checkpointing)
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
