@@ -205,10 +205,11 @@ def moe_notes(plan: Plan) -> list[str]:
         raise CannotExpress(TARGET, f"moe_dispatcher {disp} with ep={p.ep} over {c.nvlink_gpus}-GPU NVLink domains of "
                             f"{c.gpus_per_node}-GPU hosts, inter-node link {inter.name!r}", why, hint)
     if disp == "hybridep":
+        where = (f"; across NVLink domains it needs GPU-initiated RDMA, priced on the inter-node link {inter.name} "
+                 f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)" if p.ep > c.nvlink_gpus else
+                 f"; the EP group stays inside one {c.nvlink_gpus}-GPU NVLink domain")
         return notes + [f"HybridEP (--moe-flex-dispatcher-backend hybridep) priced at its measured rate on "
-                        f"{_flex_sms(disp)} SMs (--moe-hybridep-num-sms; costmodel.moe.HYBRIDEP_GB_PER_S); across "
-                        f"nodes it needs GPU-initiated RDMA, priced on the inter-node link {inter.name} "
-                        f"({inter.bandwidth_bytes_per_s / 1e9:g} GB/s)"]
+                        f"{_flex_sms(disp)} SMs (--moe-hybridep-num-sms; costmodel.moe.HYBRIDEP_GB_PER_S){where}"]
     return notes + [f"DeepEP (--moe-flex-dispatcher-backend deepep) priced with its kernels on {_flex_sms(disp)} SMs "
             f"(--moe-deepep-num-sms) taken from the compute they overlap; across nodes it needs GPU-initiated RDMA "
             f"(NVSHMEM over InfiniBand or RoCE, DeepEP's README), priced on the inter-node link {inter.name} "
