@@ -432,8 +432,14 @@ def test_megatron_writes_hybridep_and_refuses_deepep_over_multi_node_nvlink():
     text = emit(plan)["megatron.sh"]
     assert "--moe-flex-dispatcher-backend hybridep\n  --moe-hybridep-num-sms 16\n" in text
     assert "--moe-deepep-num-sms" not in text and "HYBRIDEP_GB_PER_S" in text
+    deep = dataclasses.replace(plan, parallel=dataclasses.replace(par, moe_dispatcher="deepep"))
     with pytest.raises(CannotExpress, match="plan --moe-dispatcher hybridep"):
-        emit(dataclasses.replace(plan, parallel=dataclasses.replace(par, moe_dispatcher="deepep")))
+        emit(deep)
+    # planner estimate / emit's checks name it too (targets.problems)
+    from planner.plan import targets as T
+    assert T.problems("megatron", dataclasses.replace(plan, target="megatron")) == []
+    (why,) = T.problems("megatron", dataclasses.replace(deep, target="megatron"))
+    assert "moe_dispatcher deepep with ep=16 on gb200-nvl72" in why and "plan --moe-dispatcher hybridep" in why
 
 
 def test_a_pinned_dispatcher_the_fabric_cannot_carry_is_refused_before_the_search():

@@ -1783,6 +1783,16 @@ def problems(target: str, plan: Any) -> list[str]:
            + switch_problems(target, plan.parallel, getattr(plan, "framework", None) or {}, plan.model, plan.workload,
                              plan.cluster.groups[0].gpu))
     par = plan.parallel
+    if par.moe_dispatcher in ("deepep", "hybridep") and plan.model.is_moe and par.ep > 1:
+        # the fabric the dispatcher's kernels need (costmodel.moe.dispatcher_fabric_problem: the search's and the
+        # Megatron file's rule)
+        from costmodel.moe import deepep_fabric_problem, dispatcher_fabric_problem
+        c = plan.cluster
+        why, hint = dispatcher_fabric_problem(par.moe_dispatcher, par.ep, c.nvlink_gpus, c.gpus_per_node,
+                                              not deepep_fabric_problem(c.inter_node))
+        if why:
+            out.append(f"{target}: moe_dispatcher {par.moe_dispatcher} with ep={par.ep} on {c.name} ({c.nvlink_gpus}-GPU "
+                       f"NVLink domains of {c.gpus_per_node}-GPU hosts): {why}; {hint}")
     if not out and TRAIN[target].zero1_as_zero0 and par.zero == 1 and par.dp > 1:
         out += _zero1_as_zero0(target, plan)
     return out
