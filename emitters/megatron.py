@@ -14,11 +14,10 @@ from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, reco
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
 from costmodel.frameworks import framework_profile, tp_overlap_of
-from costmodel.moe import dispatcher_fabric_problem
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
-from planner.plan.targets import FUSED_MLP_INTERLEAVE, default_fp8_recipe, fused_mlp_problem
+from planner.plan.targets import FUSED_MLP_INTERLEAVE, default_fp8_recipe, dispatcher_fabric_problem, fused_mlp_problem
 
 TARGET = "megatron"
 MODE = "train"

@@ -26,6 +26,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from costmodel.moe import deepep_fabric_problem, dispatcher_fabric_problem
 from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, end_slots, kv_heads_shard
 
 # Primary sources: each framework's GitHub repository at the commit its code was read (the file
@@ -1786,7 +1787,6 @@ def problems(target: str, plan: Any) -> list[str]:
     if par.moe_dispatcher in ("deepep", "hybridep") and plan.model.is_moe and par.ep > 1:
         # the fabric the dispatcher's kernels need (costmodel.moe.dispatcher_fabric_problem: the search's and the
         # Megatron file's rule)
-        from costmodel.moe import deepep_fabric_problem, dispatcher_fabric_problem
         c = plan.cluster
         why, hint = dispatcher_fabric_problem(par.moe_dispatcher, par.ep, c.nvlink_gpus, c.gpus_per_node,
                                               not deepep_fabric_problem(c.inter_node))
