@@ -69,6 +69,9 @@ FLOAT8_FILTER_FQNS = ("lm_head",)
 # MXFP8 plans: the modules MXFP8LinearConverter converts (Config.fqns, matched as substrings of each Linear's
 # FQN, "layers.0.feed_forward.w1"): every block linear, not the head
 MXFP8_FQNS = ("layers.",)
+# ...and of a mixture of experts: every linear but the router's gate (layers.N.moe.router.gate stays bf16, as
+# priced): the attention's, and a dense layer's or the shared experts' FFN where the model has them
+MXFP8_MOE_FQNS = ("attention", "feed_forward", "shared_experts")
 
 
 def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -336,34 +339,33 @@ def config(plan: Plan) -> str:
                                           ("enable_async_tensor_parallel", bool(sw.get("async_tp")))], 8)
     fl = s["flavor"]
     custom = fl == CUSTOM_FLAVOR
+    moe = moe_flavor(plan)
+    compiled = bool(sw.get("compile"))
+    converters = []
     if s["float8"] == "mxfp8":
-        # torchao MXFP8Linear on every block linear (the converter takes the FQNs it converts: every one under
-        # "layers."), the output head in bf16 as priced (costmodel.fp8.torchao_mxfp8)
-        conv = _call("MXFP8LinearConverter.Config", [
-            ("fqns", list(MXFP8_FQNS)), ("model_compile_enabled", bool(sw.get("compile")))], 8)
-        spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
+        # torchao MXFP8Linear (the converter takes the FQNs it converts): every block linear of a dense model, every
+        # linear but the router's gate of a mixture of experts; the output head in bf16 as priced
+        # (costmodel.fp8.torchao_mxfp8)
+        converters.append(_call("MXFP8LinearConverter.Config", [
+            ("fqns", list(MXFP8_MOE_FQNS if moe else MXFP8_FQNS)), ("model_compile_enabled", compiled)], 8))
     elif s["float8"]:
         # torchao Float8Linear on every block linear; the output head stays bf16 (the cost model prices
         # the head in the compute dtype; torchtitan's own 405B Float8 job filters it the same way)
-        conv = _call("Float8LinearConverter.Config", [
+        converters.append(_call("Float8LinearConverter.Config", [
             ("recipe_name", s["float8"]), ("filter_fqns", list(FLOAT8_FILTER_FQNS)),
-            ("model_compile_enabled", bool(sw.get("compile")))], 8)
-        spec = f"model_registry({lit(fl)}, converters=[\n        {conv},\n    ])"
-    else:
-        spec = f"model_registry({lit(fl)})"
-    moe = moe_flavor(plan)
+            ("model_compile_enabled", compiled)], 8))
+    if moe and (sw.get("mxfp8_experts") or s["float8"] == "mxfp8"):
+        # the routed experts' grouped GEMMs in torchao's dynamic MXFP8: in a BF16 model (framework.mxfp8_experts,
+        # priced by costmodel.fp8.torchao_mxfp8_experts) or beside the MXFP8 linears (the workload's recipe); the
+        # converter's defaults: recipe mxfp8_rceil, groups padded to 32 tokens
+        converters.append(_call("MXFP8GroupedExpertsConverter.Config", [("model_compile_enabled", compiled)], 8))
     mtp = plan.model.mtp_layers if moe else 0
     kwargs = []
     if mtp:      # DeepSeek-V3's multi-token prediction, priced on the last stage (costmodel/stage_terms.py)
         kwargs.append(f"num_mtp_layers={lit(mtp)}")
-    if moe and sw.get("mxfp8_experts"):
-        # the routed experts' grouped GEMMs in torchao's dynamic MXFP8, the rest BF16 (framework.mxfp8_experts,
-        # priced by costmodel.fp8.torchao_mxfp8_experts); the converter's defaults: recipe mxfp8_rceil, groups
-        # padded to 32 tokens
-        conv = _call("MXFP8GroupedExpertsConverter.Config", [("model_compile_enabled", bool(sw.get("compile")))], 8)
-        kwargs.append(f"converters=[\n        {conv},\n    ]")
-    if kwargs:
-        spec = f"model_registry({lit(fl)}, {', '.join(kwargs)})"
+    if converters:
+        kwargs.append("converters=[\n" + "".join(f"        {c},\n" for c in converters) + "    ]")
+    spec = f"model_registry({lit(fl)}{''.join(', ' + k for k in kwargs)})"
     package = moe[0] if moe else "llama3"
     imports = [
         "from torchtitan.components.checkpointer import CheckpointManager",
@@ -449,7 +451,9 @@ def emit(plan: Plan) -> dict[str, str]:
                         if (plan.framework or {}).get("async_tp") else
                         "TP collectives are not overlapped (async TP needs torch.compile, not enabled here)")]
         + ([("MXFP8: torchao's MXFP8Linear (MXFP8LinearConverter, scales per 32 values) on every block linear "
-             "(head in bf16), casts per use, bf16 weights all-gathered in bf16; needs torchao and SM100+ (Blackwell) "
+             + ("but the router's gate, and the routed experts' grouped GEMMs (MXFP8GroupedExpertsConverter) "
+                if plan.model.is_moe else "")
+             + "(head in bf16), casts per use, bf16 weights all-gathered in bf16; needs torchao and SM100+ (Blackwell) "
              "GPUs") if fp8 == "mxfp8" else
             f"Float8: torchao {fp8} scaling on every block linear (head in bf16), casts per use, bf16 weights "
             "all-gathered in bf16; needs torchao and SM89+ (H100) GPUs"] if (fp8 := float8_recipe(plan)) else [])

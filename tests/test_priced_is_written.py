@@ -119,6 +119,10 @@ MOE_PLANS = {
     # framework.mxfp8_experts: the routed experts' grouped GEMMs in torchao's MXFP8 (on B200: SM100)
     "qwen3-30b-a3b-fsdp16-ep8-mxfp8-experts": ("qwen3-30b-a3b", 16, dict(dp=16, ep=8, zero=3, grad_accum=2),
                                                {"mxfp8_experts": True, "compile": True}),
+    # --dtype fp8 --fp8-recipe mxfp8: every linear but the router's gate and the experts in torchao's MXFP8 (B200)
+    "qwen3-30b-a3b-fsdp16-ep8-mxfp8": ("qwen3-30b-a3b", 16, dict(dp=16, ep=8, zero=3, grad_accum=2), {"compile": True}),
+    "gpt-oss-20b-fsdp8-ep8-mxfp8": ("gpt-oss-20b", 8, dict(dp=8, ep=8, zero=3, grad_accum=2, recompute="selective"),
+                                    {"compile": True}),
 }
 
 
@@ -141,8 +145,11 @@ def uneven_vpp_plan(which: str) -> Plan:
 def moe_plan(which: str) -> Plan:
     model, gpus, par, switches = MOE_PLANS[which]
     dp, accum = par["dp"], par["grad_accum"]
-    cluster = "dgx-b200" if switches.get("mxfp8_experts") else "dgx-h100"
+    mx = which.endswith("-mxfp8")         # the workload in torchao's MXFP8
+    cluster = "dgx-b200" if switches.get("mxfp8_experts") or mx else "dgx-h100"
     plan = make_plan(model, gpus=gpus, gb=dp * accum, seq=4096, cluster=cluster, micro_batch=1, **par)
+    if mx:
+        plan = plan.replace(workload=dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="mxfp8"))
     return plan.replace(target="torchtitan", framework=switches)
 
 
@@ -504,11 +511,16 @@ def torchtitan_float8(job, model) -> tuple[str, str, bool]:
     f8 = [(fqn, c) for fqn, c in linears if type(c).__qualname__.startswith("Float8Linear")]
     mx = [(fqn, c) for fqn, c in linears if type(c).__qualname__.startswith("MXFP8Linear")]
     if mx:
-        # torchao's MXFP8Linear (costmodel.fp8.torchao_mxfp8): every block linear and nothing else
+        # torchao's MXFP8Linear (costmodel.fp8.torchao_mxfp8): every block linear and nothing else; in a mixture
+        # of experts every one but the router's gate, which the cost model prices in bf16, and the routed experts'
+        # grouped GEMMs too (torchtitan_mxfp8_experts)
         assert not f8 and job.training.mixed_precision_param == "bfloat16"
-        assert {fqn for fqn, _ in mx} == {fqn for fqn, _ in linears if fqn.startswith("layers.")}, \
-            "MXFP8 must cover every block linear and nothing else (the cost model's FP8 GEMMs)"
-        assert len(mx) == 5 * model.layers
+        block = {fqn for fqn, _ in linears if fqn.startswith("layers.") and not fqn.endswith(".router.gate")}
+        assert {fqn for fqn, _ in mx} == block, "MXFP8 must cover every block linear but the router's gate"
+        if model.is_moe:
+            assert torchtitan_mxfp8_experts(job, beside_linears=True), "the experts must run MXFP8 with the linears"
+        else:
+            assert len(mx) == 5 * model.layers
         return "fp8", "mxfp8", False
     if not f8:
         return ("bf16" if job.training.mixed_precision_param == "bfloat16" else "fp32"), "", False
@@ -587,6 +599,7 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     h = header_assumptions(text)
     assert "FSDP2 prefetches" in engine_facts(text)
     async_tp = bool(job.compile.enable and job.compile.enable_async_tensor_parallel)
+    dtype, recipe, fp8_gather = torchtitan_float8(job, plan.model)
     prof = FrameworkProfile(name="torchtitan", tp_comm_overlap=async_tp, overlap_grad_reduce=True,
                             # enable_async_tensor_parallel is torch Inductor's micro-pipeline TP pass
                             tp_overlap_scope="async_tp",
@@ -600,12 +613,12 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             hsdp_all_reduce_each_micro_batch=True,    # its train loop never holds FSDP2's sync
                             fsdp_reshards_under_pp=pa.fsdp_reshard_after_forward == "always",
                             dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable),
-                                                                     mxfp8_experts=torchtitan_mxfp8_experts(job))
+                                                                     mxfp8_experts=dtype != "fp8"
+                                                                     and torchtitan_mxfp8_experts(job))
     import torch
     with torch.device("meta"):
         built = job.model_spec.model.build()
     assert torchtitan_params(built, plan.model) == plan.model.total_params()   # the model as priced
-    dtype, recipe, fp8_gather = torchtitan_float8(job, plan.model)
     wl = dataclasses.replace(plan.workload, global_batch=tr.global_batch_size, seq_len=tr.seq_len,
                              dtype=dtype, fp8_recipe=recipe, fp8_param_gather=fp8_gather,
                              attention_kernel=h["attention_kernel"])
@@ -618,9 +631,10 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
 
 
-def torchtitan_mxfp8_experts(job) -> bool:
+def torchtitan_mxfp8_experts(job, beside_linears: bool = False) -> bool:
     """Whether the job's routed experts run torchao's MXFP8 grouped GEMMs (the converter swapped every
-    ``GroupedExperts`` config for its MXFP8 subclass) and nothing else in the model is quantized."""
+    ``GroupedExperts`` config for its MXFP8 subclass) and, unless ``beside_linears`` (an MXFP8 workload),
+    nothing else in the model is quantized."""
     from torchtitan.models.common.linear import Linear
     from torchtitan.models.common.moe import GroupedExperts
     experts = [c for _, c, _, _ in job.model_spec.model.traverse(GroupedExperts.Config)]
@@ -628,8 +642,9 @@ def torchtitan_mxfp8_experts(job) -> bool:
     # qualified name carries that class's name
     mx = [c for c in experts if "MXFP8" in type(c).__qualname__]
     assert not mx or len(mx) == len(experts), "some experts converted, some not"
-    assert not mx or not any(("Float8" in type(c).__qualname__ or "MXFP8" in type(c).__qualname__) for _, c, _, _ in
-                             job.model_spec.model.traverse(Linear.Config)), "a linear quantized beside the experts"
+    assert beside_linears or not mx or not any(("Float8" in type(c).__qualname__ or "MXFP8" in type(c).__qualname__)
+                                               for _, c, _, _ in job.model_spec.model.traverse(Linear.Config)), \
+        "a linear quantized beside the experts"
     assert all(c.recipe_name == "mxfp8_rceil" for c in mx)
     return bool(mx)
 

@@ -120,3 +120,31 @@ def test_plan_names_mxfp8_experts_where_it_would_gain(tmp_path, capsys):
     assert "prices this plan" not in capsys.readouterr().err
     assert main(["plan", *problem, "--cluster", "dgx-h100"]) == 0
     assert "mxfp8_experts" not in capsys.readouterr().err
+
+
+def test_a_mixture_of_experts_in_mxfp8_is_planned_and_written_with_both_converters():
+    """--dtype fp8 --fp8-recipe mxfp8 on B200 for Qwen3-30B-A3B: accepted; the file converts every linear but
+    the router's gate (MXFP8LinearConverter over the attention, and a dense or shared FFN where there is one) and
+    the routed experts (MXFP8GroupedExpertsConverter); Float8 (rowwise) on a mixture of experts is refused with
+    the hint to MXFP8; MLA stays refused."""
+    import dataclasses
+    from emitters import get
+    from planner.plan import targets as T
+    from test_emit_support import make_plan
+    plan = make_plan("qwen3-30b-a3b", gpus=16, gb=32, seq=4096, cluster="dgx-b200", micro_batch=1, dp=16, ep=8,
+                     zero=3, grad_accum=2)
+    plan = plan.replace(target="torchtitan", framework={"compile": True},
+                        workload=dataclasses.replace(plan.workload, dtype="fp8", fp8_recipe="mxfp8"))
+    assert T.problems("torchtitan", plan) == []
+    files = get("torchtitan").emit(plan)
+    job = next(v for k, v in files.items() if k.endswith(".py"))
+    assert "MXFP8LinearConverter.Config(" in job and "fqns=['attention', 'feed_forward', 'shared_experts']" in job
+    assert "MXFP8GroupedExpertsConverter.Config(" in job
+    rowwise = plan.replace(workload=dataclasses.replace(plan.workload, fp8_recipe="rowwise"))
+    (why,) = T.problems("torchtitan", rowwise)
+    assert "--fp8-recipe mxfp8 on Blackwell" in why
+    dsv3 = make_plan("deepseek-v3", gpus=256, gb=256, seq=4096, cluster="dgx-b200", micro_batch=1, dp=256, ep=64,
+                     zero=3, grad_accum=1)
+    dsv3 = dsv3.replace(target="torchtitan", workload=dataclasses.replace(dsv3.workload, dtype="fp8",
+                                                                          fp8_recipe="mxfp8"))
+    assert any("MLA" in w for w in T.problems("torchtitan", dsv3))

@@ -285,19 +285,25 @@ MXFP8_DIM_MULTIPLE = 32
 
 
 def titan_fp8_linear_dims(model: ModelSpec) -> dict[str, int]:
-    """The widths of the block linears torchtitan's llama3 converts to Float8 (fused wqkv, wo, w1/w3, w2)."""
-    return {"hidden": model.hidden, "q heads x head_dim": model.heads * model.head_dim,
+    """The widths of the block linears torchtitan converts to Float8 (fused wqkv, wo, w1/w3, w2), and of a
+    mixture of experts' routed experts (their grouped GEMMs)."""
+    dims = {"hidden": model.hidden, "q heads x head_dim": model.heads * model.head_dim,
             "kv heads x head_dim": model.kv_heads * model.head_dim, "ffn_hidden": model.ffn_hidden}
+    if model.is_moe:
+        dims["expert_ffn_hidden"] = model.expert_ffn_hidden
+    return dims
 
 
 def titan_fp8_problem(model: ModelSpec, wl: Workload, par: ParallelConfig, order: tuple) -> str | None:
     if wl.dtype != "fp8":
         return None
-    if model.is_moe or model.attention == "mla":
-        return (f"fp8 with {model.name}: torchtitan's Float8 for experts (Float8GroupedExpertsConverter) and MLA "
-                "is not written by this emitter; plan --dtype bf16")
     from costmodel.fp8 import default_recipe
     recipe = wl.fp8_recipe or default_recipe("torchtitan", None)
+    if model.attention == "mla" or (model.is_moe and recipe != "mxfp8"):
+        return (f"fp8 with {model.name}: torchtitan's Float8 for experts (Float8GroupedExpertsConverter) and MLA "
+                "is not written by this emitter; plan --dtype bf16"
+                + ("" if model.attention == "mla" else ", or --fp8-recipe mxfp8 on Blackwell (torchao's MXFP8 on "
+                   "every linear but the router and the head, and on the experts' grouped GEMMs)"))
     if recipe not in TITAN_FP8_RECIPES:
         return (f"fp8 recipe {recipe}: torchtitan's Float8 is torchao's Float8Linear (recipes "
                 f"{', '.join(TITAN_FP8_RECIPES)}), not Transformer Engine's; plan --fp8-recipe {TITAN_FP8_WRITTEN}")
