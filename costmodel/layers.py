@@ -54,7 +54,7 @@ from .host import layer_floor_s
 from .matrices import Matrix, _mlp, kv_heads_per_rank, kv_width_per_rank, layer_matrices  # noqa: F401  (re-exported)
 from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time_s, dispatch_value_bytes,
                   expert_gemm_host_floor_s, fused_mlp_elementwise, grouped_gemm_factor, host_excess_s, host_sync_s,
-                  layer_host_s, load_factor, permute_time_s, router_time_s)
+                  layer_host_s, load_factor, multi_node_nvlink, permute_time_s, router_time_s)
 from .scale import straggler_factor
 from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
@@ -277,7 +277,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         moe_extra_act = 4 * E   # fp32 router logits per token
         inter = cluster.inter_node
         # an NVLink domain of several hosts (GB200 NVL72): the dispatchers' own measured rates there
-        mnnvl = cluster.nvlink_gpus > cluster.gpus_per_node
+        mnnvl = multi_node_nvlink(cluster.nvlink_gpus, cluster.gpus_per_node)
         for combine in (False, True):
             sent = dispatch_bytes(t_route, k, h, dispatch_value_bytes(a_bytes, ex, combine))
             if ep > 1:      # one collective each, with its launch cost (comm.launched)

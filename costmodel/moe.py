@@ -344,6 +344,13 @@ def deepep_fabric_problem(inter: "LinkSpec") -> str:
             f"and the inter-node link {inter.name!r} is not an RDMA fabric (ib-*, cx7*, cx8*, roce*)")
 
 
+def multi_node_nvlink(nvlink_gpus: int, host: int) -> bool:
+    """Whether an NVLink domain of ``nvlink_gpus`` GPUs spans several hosts of ``host`` GPUs (GB200 NVL72's
+    trays of 4): where the dispatchers run at their multi-node NVLink rates (``dispatch_link_fraction``) and
+    where Megatron-Core runs HybridEP only (``dispatcher_fabric_problem``). ``host`` 0: unknown, taken as no."""
+    return 0 < host < nvlink_gpus
+
+
 def dispatcher_fabric_problem(dispatcher: str, ep: int, nvlink_gpus: int, host: int, rdma: bool) -> tuple[str, str]:
     """Why Megatron-Core cannot run ``dispatcher`` for an EP group of ``ep`` ranks on a cluster whose
     NVLink domain holds ``nvlink_gpus`` GPUs in hosts of ``host`` (a domain of several hosts: multi-node
@@ -353,7 +360,7 @@ def dispatcher_fabric_problem(dispatcher: str, ep: int, nvlink_gpus: int, host: 
     (``TransformerConfig.moe_flex_dispatcher_backend``: "Currently only 'hybridep' backend supports the
     MNNVL case"). The one rule for the search (``planner.search.target_space.moe_exec_choices``) and the
     Megatron file (``emitters.megatron.moe_notes``)."""
-    if dispatcher == "deepep" and 0 < host < nvlink_gpus and ep > host:
+    if dispatcher == "deepep" and multi_node_nvlink(nvlink_gpus, host) and ep > host:
         return ("DeepEP does not support an NVLink domain of more than 8 GPUs (Megatron-LM's DeepSeek-V3 GB200 guide) "
                 "and Megatron-Core 0.16 runs multi-node NVLink with its HybridEP backend only "
                 "(TransformerConfig.moe_flex_dispatcher_backend)", "plan --moe-dispatcher hybridep on this cluster")

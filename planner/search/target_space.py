@@ -19,7 +19,7 @@ import functools
 import inspect
 import operator
 
-from costmodel.moe import dispatcher_fabric_problem
+from costmodel.moe import dispatcher_fabric_problem, multi_node_nvlink
 from costmodel.specs import ModelSpec, ParallelConfig, Workload
 from planner.plan import targets as T
 
@@ -75,7 +75,7 @@ def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: in
     t = T.get(target)
     if not (model.is_moe and par.ep > 1):
         return [(fixed.get("moe_dispatcher", ""), fixed.get("ep_overlap", False))]
-    mnnvl = 0 < host < gpn
+    mnnvl = multi_node_nvlink(gpn, host)
     offered = {"deepep": par.ep > gpn and not mnnvl, "hybridep": mnnvl and par.ep > host}
     disp = [""] + [d for d in t.moe_dispatchers if offered.get(d, False)]
     over = [False, True] if t.ep_overlap else [False]
