@@ -255,12 +255,12 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
     if name not in RECIPES:
         raise SpecError(f"workload: unknown fp8 recipe {name!r}; known: {', '.join(RECIPES)}")
     bw = is_blackwell(gpu)
+    titan = framework.split("+")[0] == "torchtitan"
     if name == "mxfp8" and not bw:
-        other = ("rowwise or tensorwise (torchao's Float8)" if framework.split("+")[0] == "torchtitan"
-                 else "delayed or current scaling")
+        other = "rowwise or tensorwise (torchao's Float8)" if titan else "delayed or current scaling"
         raise SpecError(f"fp8 recipe mxfp8 needs Blackwell (SM100+) tensor cores; gpu {gpu.name!r} has none; use "
                         f"{other}")
-    if name == "mxfp8" and framework.split("+")[0] == "torchtitan":
+    if name == "mxfp8" and titan:
         # torchtitan's MXFP8 is torchao's MXFP8Linear (torchtitan 0.3.0 MXFP8LinearConverter), not Transformer
         # Engine's: dynamic, casts per use, BF16 saved inputs (``torchao_mxfp8``)
         return torchao_mxfp8()

@@ -75,8 +75,8 @@ def moe_exec_choices(target: str, model: ModelSpec, par: ParallelConfig, gpn: in
     t = T.get(target)
     if not (model.is_moe and par.ep > 1):
         return [(fixed.get("moe_dispatcher", ""), fixed.get("ep_overlap", False))]
-    mnnvl = multi_node_nvlink(gpn, host)
-    offered = {"deepep": par.ep > gpn and not mnnvl, "hybridep": mnnvl and par.ep > host}
+    # where each flex backend is worth trying; where the fabric cannot carry it, the filter below drops it
+    offered = {"deepep": par.ep > gpn, "hybridep": multi_node_nvlink(gpn, host) and par.ep > host}
     disp = [""] + [d for d in t.moe_dispatchers if offered.get(d, False)]
     over = [False, True] if t.ep_overlap else [False]
     if "moe_dispatcher" in fixed:
