@@ -56,7 +56,7 @@ from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time
                   expert_gemm_host_floor_s, fused_mlp_elementwise, grouped_gemm_factor, host_excess_s, host_sync_s,
                   layer_host_s, load_factor, multi_node_nvlink, permute_time_s, router_time_s)
 from .scale import straggler_factor
-from .specs import ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
+from .specs import RECOMPUTE_MODULES, ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
 from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
@@ -211,6 +211,10 @@ class LayerCost:
     # of ``gemm_fwd_s``, the routed experts' GEMMs (what ``costmodel.moe.ep_backward_window_s`` takes
     # out of the backward all-to-alls' overlap when the weight gradients are not delayed)
     expert_gemm_fwd_s: float = 0.0
+    # Megatron-Core's selective recompute by module (``--recompute-modules``; ``module_recompute``):
+    # (module, bytes it no longer stores, extra backward time, extra FLOPs) for each module this
+    # layer has, in ``specs.RECOMPUTE_MODULES`` order
+    modules: tuple[tuple[str, float, float, float], ...] = ()
 
 
 @lru_cache(maxsize=65536)
@@ -519,6 +523,71 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         gpu_layer = 3 * fwd_s + attn_bwd_extra_s + 2 * (ep_fwd_s + etp_fwd_s + tp_fwd_s)
         fwd_s += host_excess_s(gpu_layer, layer_host_s(ex.layer_host_s, local, ex.per_expert_gemms)) / 3
 
+    # ---- Megatron-Core's selective recompute by module (module_recompute) -------------------
+    def _rerun(names: tuple[str, ...]) -> tuple[float, float]:
+        """The forward of the named matrices again: time (with FP8's casts, forward share) and FLOPs."""
+        t_s = fl = casts = 0.0
+        for (m, n, kk, c), mx in zip(gemms, matrices):
+            if mx.name not in names:
+                continue
+            low = (fp8 is not None and mx.role != "router") or (efp8 is not None and mx.role == "expert")
+            t_s += _time(m, n, kk, c, mx, low) / kernel_efficiency
+            fl += 2 * (m / load if mx.role == "expert" else m) * n * kk * c
+            rec = fp8 if fp8 is not None and mx.role != "router" else efp8 if low else None
+            if rec is not None:
+                casts += rec.cast_bytes(m, n, kk) * c / 3.0
+        return t_s + memory_time_s(gpu, casts) * mem_factor, fl
+
+    def _ew_again(traffic: float) -> float:
+        return memory_time_s(gpu, traffic) * mem_factor
+
+    low_in = fp8 is not None
+    cast_extra = (a_bytes + 1) if low_in else 0.0     # a BF16 read, an FP8 write: the linear's input cast again
+    rep_div = t if sp else 1
+    tp_block_s = tp_fwd_s / 2 if t > 1 else 0.0       # one block's TP collectives (attention, MLP)
+    mods: list[tuple[str, float, float, float]] = [
+        ("core_attn", act_bytes - act_core, (core_s if flash else sel_extra_s),
+         (core_flops if flash else sel_extra_flops))]
+    if moe:
+        # the routed experts' activation (SwiGLU or GELU) output, FC2's input, dropped and recomputed from
+        # FC1's output, which its backward keeps anyway (with FP8, FC2 saves the original input: cast again);
+        # Megatron-Core takes moe_act only with --moe-grouped-gemm, which the Megatron file writes for MoE
+        copies = T * model.top_k * load / t
+        saved = copies * lin_b * model.expert_ffn_hidden
+        again = _ew_again(copies * model.expert_ffn_hidden * (mats * a_bytes + cast_extra))
+        mods.append(("moe_act", saved, again * straggler, 0.0))
+    # norms that are modules of their own in Megatron-Core's Transformer Engine layer spec
+    # (gpt_layer_specs.py): MLA's input norm and an MoE layer's pre-MLP norm; the others are fused into
+    # the next linear (TELayerNormColumnParallelLinear), where "layernorm" drops nothing
+    norms = (1 if model.attention == "mla" else 0) + (1 if moe else 0)
+    if norms:
+        per = T * norms * h / rep_div
+        mods.append(("layernorm", per * lin_b, _ew_again(per * (2 * a_bytes + cast_extra)) * straggler, 0.0))
+    if model.attention == "mla":
+        # the up-projections' outputs (Q, K, V) dropped, the up-projections and RoPE run again
+        saved = T * a_bytes * (model.q_dim / t + 2 * kv_width)
+        g_s, g_fl = _rerun(("q_up", "kv_up"))
+        mods.append(("mla_up_proj", saved, (g_s + _ew_again(saved)) * straggler, g_fl))
+    if not moe:
+        # the dense MLP checkpointed (its input kept): its fused norm's output and its activations dropped
+        saved = T * (mlp_act + h * lin_b / rep_div)
+        g_s, g_fl = _rerun(("mlp_in", "mlp_out"))
+        mods.append(("mlp", saved, (g_s + _ew_again(ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * saved)) * straggler
+                     + tp_block_s, g_fl))
+    if moe:
+        # the whole MoE layer checkpointed: router, dispatch, experts and combine again
+        saved = T * (mlp_act + moe_extra_act)
+        g_s, g_fl = _rerun(("router", "expert_in", "expert_out", "shared_expert_in", "shared_expert_out"))
+        again = (g_s + moe_ew_s + _ew_again(ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * saved)) * straggler
+        mods.append(("moe", saved, again + ep_fwd_s + etp_fwd_s + (tp_block_s if model.shared_experts else 0.0),
+                     g_fl))
+    if moe and model.shared_experts:
+        fs = model.shared_expert_ffn_hidden * model.shared_experts
+        saved = T * ((mats - 1) * a_bytes + lin_b) * fs / t
+        g_s, g_fl = _rerun(("shared_expert_in", "shared_expert_out"))
+        mods.append(("shared_experts", saved, (g_s + _ew_again(ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * saved))
+                     * straggler + tp_block_s, g_fl))
+
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
@@ -528,7 +597,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params,
         act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,
-        core_attn_extra_flops=core_flops if flash else sel_extra_flops)
+        core_attn_extra_flops=core_flops if flash else sel_extra_flops,
+        modules=tuple(sorted(mods, key=lambda m: RECOMPUTE_MODULES.index(m[0]))))
 
 
 def core_attn_recompute(act_bytes: float, stats_bytes: float, attn_s: float,

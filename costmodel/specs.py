@@ -762,6 +762,11 @@ def _check_tables(c: "ClusterSpec") -> None:
 # --------------------------------------------------------------------------------------
 
 RECOMPUTE = ("none", "selective", "full")
+# Megatron-Core's selective recompute modules this project prices (``--recompute-modules``;
+# TransformerConfig.recompute_modules at NVIDIA/Megatron-LM d98e8a64, transformer_config.py ~560:
+# "core_attn", "mlp", "moe" and "shared_experts" checkpoint the module, "moe_act", "layernorm" and
+# "mla_up_proj" discard its output and recompute it before the backward; costmodel.layers.module_recompute)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
@@ -864,6 +869,11 @@ class ParallelConfig:
     # with another micro-batch's compute (Megatron's --overlap-moe-expert-parallel-comm)
     moe_dispatcher: str = ""
     ep_overlap: bool = False
+    # with recompute "selective": the modules Megatron-Core checkpoints (--recompute-modules, in
+    # RECOMPUTE_MODULES' order); () -> the framework's own selective recompute (Megatron's default
+    # core_attn, torchtitan's op-level SAC). Read only under "selective" (a search's candidates carry
+    # the target's set under every policy; ``to_dict`` writes it only where it is read)
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum"):
@@ -894,6 +904,8 @@ class ParallelConfig:
         if self.moe_dispatcher not in ("",) + MOE_DISPATCHERS:
             raise SpecError(f"parallel: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)} (or empty: the "
                             f"target's), got {describe(self.moe_dispatcher)}")
+        if type(self.recompute_modules) is not tuple:
+            object.__setattr__(self, "recompute_modules", recompute_module_set(self.recompute_modules))
         check_ranges(self, "parallel", SpecError)
 
     @property
@@ -937,12 +949,30 @@ class ParallelConfig:
         for k in ("moe_dispatcher", "ep_overlap"):
             if not out[k]:
                 del out[k]           # defaults: plan files of dense models (and alltoall MoE) unchanged
+        if self.recompute == "selective" and self.recompute_modules:
+            out["recompute_modules"] = list(self.recompute_modules)
+        else:
+            del out["recompute_modules"]     # read only under selective; plan files without it unchanged
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "parallel") -> "ParallelConfig":
         _check_keys(cls, data, where)
         return cls(**data)
+
+
+def recompute_module_set(modules: Any) -> tuple[str, ...]:
+    """``modules`` (a list or tuple of RECOMPUTE_MODULES names, a plan file's or a flag's) as the
+    tuple ``ParallelConfig.recompute_modules`` holds: each once, in RECOMPUTE_MODULES' order; a
+    SpecError naming what is unknown otherwise."""
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
+        raise SpecError(f"parallel: recompute_modules must be a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
+                        f"got {describe(modules)}")
+    bad = [m for m in modules if not isinstance(m, str) or m not in RECOMPUTE_MODULES]
+    if bad:
+        raise SpecError(f"parallel: recompute_modules: unknown module {describe(bad[0])}; Megatron-Core's modules "
+                        f"this project prices: {', '.join(RECOMPUTE_MODULES)}")
+    return tuple(m for m in RECOMPUTE_MODULES if m in modules)
 
 
 @dataclass(frozen=True, kw_only=True)

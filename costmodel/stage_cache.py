@@ -155,8 +155,11 @@ class _Shared:
             attention = attention_impl(self.framework, par, self.model.family)
         autocast = self.autocast_mode(par)
         fp8 = self.layer_fp8(par)
+        # what "selective" recompute runs: the plan's Megatron-Core modules, else the framework's own (the
+        # terms are read only under selective: a search's candidates carry the modules under every policy)
+        selective = par.recompute_modules or self.framework.selective_recompute
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast, fp8 is self.fp8)
+               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast, fp8 is self.fp8, selective)
         hit = self.layers.get(key)
         if hit is None:
             # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
@@ -174,7 +177,7 @@ class _Shared:
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
             share = comm_sm_share(grp.gpu.name, ex.dispatcher_sms) if moe and ex.dispatcher_sms else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
-                                                      self.framework.selective_recompute, share, par.sp,
+                                                      selective, share, par.sp,
                                                       ex.delay_wgrad))
         return hit
 
@@ -216,7 +219,7 @@ class _Shared:
         and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
         key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.etp, par.dp_shard, par.sp, par.micro_batch,
-               grp.name, par.moe_dispatcher, par.ep_overlap)
+               grp.name, par.moe_dispatcher, par.ep_overlap, par.recompute_modules)
         mesh = self.meshes.get(key)
         if mesh is not None:
             return mesh

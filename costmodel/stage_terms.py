@@ -103,7 +103,7 @@ class LayerTerms(NamedTuple):
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
-                selective: str = "op", ep_sm_share: float = 0.0, sp: bool = True,
+                selective: "str | tuple[str, ...]" = "op", ep_sm_share: float = 0.0, sp: bool = True,
                 delay_wgrad: bool = True) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
@@ -117,7 +117,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     the dispatcher's kernels hold a known share of the SMs (``ep_sm_share``: DeepEP,
     ``costmodel.moe.comm_sm_share``), by the compute lost on those SMs
     (``costmodel.moe.sm_share_overlap_s``). ``selective`` (``FrameworkProfile.selective_recompute``)
-    picks what selective recompute stores and reruns: op-level SAC, or Megatron's core_attn module.
+    picks what selective recompute stores and reruns: op-level SAC, Megatron's core_attn module, or a
+    tuple of Megatron-Core's modules (``ParallelConfig.recompute_modules``: ``LayerCost.modules``, summed).
     Without sequence parallelism (``sp`` False) the backward's TP traffic is the two all-reduces of
     the column-parallel linears' input gradients (Megatron's ``f`` operator; the row-parallel ``g``
     is the identity backward), so under ``backward`` all of it overlaps their weight-gradient GEMMs;
@@ -161,15 +162,23 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     # the MoE dispatcher's expert-TP gather is TP traffic no TP overlap covers (``costmodel.layers``)
     tp_fwd += lc.etp_fwd_s
     tp_bwd += lc.etp_fwd_s
+    if isinstance(selective, tuple):
+        # Megatron-Core's modules (ParallelConfig.recompute_modules; costmodel.layers: LayerCost.modules)
+        sel = [m for m in lc.modules if m[0] in selective]
+        chosen = {"selective_s": sum(m[2] for m in sel), "selective_flops": sum(m[3] for m in sel),
+                  "act_selective_bytes": max(0.0, lc.act_bytes - sum(m[1] for m in sel))}
+    elif selective == "core_attn":
+        chosen = {"selective_s": lc.core_attn_extra_s, "selective_flops": lc.core_attn_extra_flops,
+                  "act_selective_bytes": lc.act_core_attn_bytes}
+    else:
+        chosen = {"selective_s": lc.selective_extra_s, "selective_flops": lc.selective_extra_flops,
+                  "act_selective_bytes": lc.act_selective_bytes}
     return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd,
                       ep_comm_s=ep_fwd + ep_bwd, ep_hidden_s=max(0.0, 2 * lc.ep_fwd_s - ep_fwd - ep_bwd),
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,
-                      **({"selective_s": lc.core_attn_extra_s, "selective_flops": lc.core_attn_extra_flops,
-                          "act_selective_bytes": lc.act_core_attn_bytes} if selective == "core_attn" else
-                         {"selective_s": lc.selective_extra_s, "selective_flops": lc.selective_extra_flops,
-                          "act_selective_bytes": lc.act_selective_bytes}))
+                      **chosen)
 
 
 def head_compute_s(ends: EndsCost) -> float:

@@ -325,7 +325,8 @@ def _pipeline_split_args(plan: Plan) -> list:
     return out
 
 
-# Megatron's selective recompute as the megatron profile prices it (FrameworkProfile.selective_recompute)
+# Megatron's selective recompute as the megatron profile prices it where a plan names no modules
+# (FrameworkProfile.selective_recompute)
 RECOMPUTE_MODULES = ("core_attn",)
 
 
@@ -337,9 +338,10 @@ def _recompute_args(plan: Plan) -> list:
     if p.recompute == "selective":
         require(not any(per_stage), TARGET, f"selective recompute plus full recompute of {per_stage} layers",
                 "Megatron takes one recompute granularity", "re-plan with --recompute selective only")
-        # the module set the price assumes (costmodel.layers.core_attn_recompute), written although it
-        # is Megatron's default so that a changed default cannot change what runs
-        return ["--recompute-granularity", "selective", "--recompute-modules", *RECOMPUTE_MODULES]
+        # the module set the price assumes (the plan's recompute_modules, costmodel.layers' LayerCost.modules;
+        # else core_attn, costmodel.layers.core_attn_recompute), written even where it is Megatron's default
+        # so that a changed default cannot change what runs
+        return ["--recompute-granularity", "selective", "--recompute-modules", *(p.recompute_modules or RECOMPUTE_MODULES)]
     layers = stage_layers(plan)
     if per_stage == layers:
         # every layer: checkpoint each layer's input (uniform groups of one layer)

@@ -169,7 +169,10 @@ MOE_CHOICES = {"alltoall-overlap": dict(ep_overlap=True), "deepep": dict(moe_dis
                                                schedule="interleaved", grad_accum=8),
                # HybridEP over GB200 NVL72's multi-node NVLink (EP 8 over two trays of 4)
                "hybridep-gb200": dict(moe_dispatcher="hybridep", cluster="gb200-nvl72"),
-               "hybridep-gb200-overlap": dict(moe_dispatcher="hybridep", ep_overlap=True, cluster="gb200-nvl72")}
+               "hybridep-gb200-overlap": dict(moe_dispatcher="hybridep", ep_overlap=True, cluster="gb200-nvl72"),
+               # selective recompute by module (--recompute-modules; ParallelConfig.recompute_modules)
+               "recompute-moe-act-layernorm": dict(recompute="selective", recompute_modules=("moe_act", "layernorm")),
+               "recompute-moe": dict(recompute="selective", recompute_modules=("layernorm", "moe"))}
 
 
 def _moe_plan(choice: str) -> Plan:
@@ -398,9 +401,9 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                                              # the EP overlap's backward beside the delayed weight gradients
                                              delay_wgrad=a.delay_wgrad_compute),
                             grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),
-                            # Megatron's selective recompute is per module; core_attn is its default
-                            selective_recompute="core_attn" if (a.recompute_modules or ["core_attn"]) == ["core_attn"]
-                            else "unpriced module set")
+                            # Megatron's selective recompute is per module; core_attn is its default (the file's
+                            # other module sets are read into ParallelConfig.recompute_modules below)
+                            selective_recompute="core_attn")
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
                   kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,
@@ -430,7 +433,9 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                          grad_accum=a.global_batch_size // (a.micro_batch_size * dp), recompute=recompute,
                          recompute_layers=_recompute_layers(counts, per) if recompute == "full" else -1,
                          schedule="interleaved" if vpp > 1 else "1f1b",
-                         overlap_dp_comm=a.overlap_grad_reduce or dp * cp == 1)
+                         overlap_dp_comm=a.overlap_grad_reduce or dp * cp == 1,
+                         recompute_modules=tuple(a.recompute_modules or ())
+                         if recompute == "selective" and (a.recompute_modules or ["core_attn"]) != ["core_attn"] else ())
     return AsWritten(model, wl, par, _stages(counts, per if recompute == "full" else None), prof, world)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from costmodel.specs import MESH_AXES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload
+from costmodel.specs import MESH_AXES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, recompute_module_set
 from planner.plan.errors import UsageError
 from planner.plan.inputs import load_cluster_sized, load_model
 
@@ -60,6 +60,10 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP)")
     _bool_flag(g, "sp", "sequence parallel (with tp > 1)")
     g.add_argument("--recompute", choices=["none", "selective", "full"])
+    g.add_argument("--recompute-modules", type=_module_list, metavar="A,B",
+                   help="with --recompute selective on Megatron: the modules it recomputes (--recompute-modules: "
+                        f"{', '.join(RECOMPUTE_MODULES)}; default: the target's, moe_act,layernorm "
+                        "(+mla_up_proj) for a mixture of experts, else core_attn)")
     g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
     g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep", "hybridep"],
@@ -69,7 +73,17 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
 
 
 DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
-               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap")
+               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap", "recompute_modules")
+
+
+def _module_list(text: str) -> tuple[str, ...]:
+    """``--recompute-modules``: comma-separated names of RECOMPUTE_MODULES (argparse's error on others)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in RECOMPUTE_MODULES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not a module; give a comma-separated list of "
+                                         f"{', '.join(RECOMPUTE_MODULES)}")
+    return recompute_module_set(names)
 
 
 def fixed_degrees(args: argparse.Namespace) -> dict:

@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
             shard = T.default_dp_shard(target, dataclasses.asdict(par), cluster.groups[0].gpus_per_node)
             if shard is not None:
                 par = dataclasses.replace(par, dp_shard=shard)        # the target's own (MaxText: per host)
+        if par.recompute == "selective" and not par.recompute_modules:
+            # the target's own modules (Megatron's for a mixture of experts), as `planner plan` plans them
+            mods = T.selective_modules(target, model, wl, cluster.groups[0].gpu)
+            if mods:
+                par = dataclasses.replace(par, recompute_modules=mods)
         stages, order = None, mesh_order(args)
     from planner.cli.target_notes import estimate_target
     target, cannot, fw = estimate_target(args, model, cluster, wl, par, stages, order)

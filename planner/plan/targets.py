@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from costmodel.moe import deepep_fabric_problem, dispatcher_fabric_problem
-from costmodel.specs import MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, end_slots, kv_heads_shard
+from costmodel.specs import (MESH_AXES, ModelSpec, ParallelConfig, StageSpec, Workload, end_slots, kv_heads_shard,
+                             recompute_module_set)
 
 # Primary sources: each framework's GitHub repository at the commit its code was read (the file
 # and line follow in each row); the serving engines by repository and file, or the document
@@ -1222,6 +1223,55 @@ def titan_fp8_recipe(cluster, workload: Workload):
     return fp8_recipe_of(cluster, workload, "torchtitan")
 
 
+def selective_modules(target: str | None, model: ModelSpec, wl: Workload, gpu=None) -> tuple[str, ...]:
+    """The Megatron-Core modules a plan's selective recompute runs when the user names none
+    (``ParallelConfig.recompute_modules``, written as ``--recompute-modules``); () where the target
+    has no such choice (its own selective recompute: torchtitan's op-level SAC) or keeps Megatron's
+    default, core_attn (a dense model).
+
+    For a mixture of experts, the output-discarding modules NVIDIA's MoE recipes run (Megatron-LM
+    examples/moe_recipes, the Megatron-Core MoE report's Qwen3 and DeepSeek-V3 layouts): moe_act
+    and layernorm, and mla_up_proj with multi-latent attention. They drop the routed experts' FC2
+    input, the separate norms' outputs and MLA's Q, K and V for a re-run of elementwise kernels (and
+    the up-projections): a little time for much memory. core_attn is left out: with a fused
+    attention kernel it drops only the softmax statistics for a whole attention forward
+    (``costmodel.layers.core_attn_recompute``). Under delayed FP8 scaling Megatron-Core refuses moe_act
+    and layernorm (``TransformerConfig.__post_init__``), so they are left out there. The search
+    offers this one set under "selective" (with none and full beside it), not every subset."""
+    if target is None or target not in TRAIN or TRAIN[target].runs != "megatron" or not model.is_moe:
+        return ()
+    mods = []
+    recipe = wl.fp8_recipe or (default_fp8_recipe(target, gpu) if gpu is not None else "delayed")
+    if not (wl.dtype == "fp8" and recipe == "delayed"):
+        mods += ["moe_act", "layernorm"]
+    if model.attention == "mla":
+        mods.append("mla_up_proj")
+    return recompute_module_set(mods)
+
+
+def recompute_module_problem(model: ModelSpec, wl: Workload, par: ParallelConfig) -> str | None:
+    """Why Megatron-Core refuses ``par.recompute_modules`` for this model and workload
+    (``TransformerConfig.__post_init__`` at NVIDIA/Megatron-LM d98e8a64), with what to plan; None if it
+    takes them."""
+    mods = par.recompute_modules if par.recompute == "selective" else ()
+    listed = ",".join(mods)
+    keep = ",".join(m for m in mods if m not in ("moe_act", "moe", "shared_experts", "mla_up_proj")) or "core_attn"
+    moe_only = [m for m in mods if m in ("moe_act", "moe", "shared_experts")]
+    if moe_only and not model.is_moe:
+        return (f"recompute_modules {listed}: {', '.join(moe_only)} recompute parts of MoE layers and {model.name} has "
+                f"none; plan --recompute-modules {keep}")
+    if "shared_experts" in mods and not model.shared_experts:
+        return (f"recompute_modules {listed}: {model.name} has no shared experts; leave shared_experts out")
+    if "mla_up_proj" in mods and model.attention != "mla":
+        return (f"recompute_modules {listed}: mla_up_proj recomputes multi-latent attention's up-projections and "
+                f"{model.name} has {model.attention} attention; leave mla_up_proj out")
+    if wl.dtype == "fp8" and wl.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(mods):
+        return (f"recompute_modules {listed} with FP8 delayed scaling: Megatron-Core refuses "
+                "moe_act and layernorm recompute under delayed scaling; plan --fp8-recipe current (or mxfp8 on "
+                "Blackwell), or leave moe_act and layernorm out")
+    return None
+
+
 def default_fp8_recipe(target: str | None, gpu) -> str:
     """The FP8 recipe a plan for ``target`` records when the user names none: what the target's
     emitter writes (torchtitan: ``TITAN_FP8_WRITTEN``), else the cost model's default for the
@@ -1473,6 +1523,13 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
+    # selective recompute by module: Megatron-Core's --recompute-modules (costmodel.layers.module_recompute)
+    Cap("recompute", lambda a: a.par.recompute == "selective" and bool(a.par.recompute_modules)
+        and a.t.runs != "megatron",
+        lambda a: f"recompute_modules {','.join(a.par.recompute_modules)}: {a.name}'s selective recompute is its own "
+                  "(Megatron-Core's --recompute-modules is the Megatron target's); leave recompute_modules out"),
+    Cap("recompute", lambda a: a.t.runs == "megatron" and recompute_module_problem(a.model, a.wl, a.par) is not None,
+        lambda a: recompute_module_problem(a.model, a.wl, a.par) or ""),
     # how MoE layers run (costmodel.moe; Megatron-Core's TransformerConfig checks for the EP overlap)
     Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and not a.model.is_moe,
         lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.model.name} has no experts; leave it out"),

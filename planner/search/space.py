@@ -183,7 +183,7 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
             for sp in ch.sps:
                 for base in bases:
                     fields = dict(ep=ep, etp=etp, sp=sp, vpp=v, micro_batch=mb, grad_accum=ga, recompute=base,
-                                  schedule="interleaved" if v > 1 else "1f1b")
+                                  schedule="interleaved" if v > 1 else "1f1b", recompute_modules=ch.modules)
                     if base_par is None:
                         try:
                             par = base_par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=ch.zeros[0],
@@ -237,6 +237,9 @@ class _Choices:
     bases: list
     orders: tuple
     policies: Callable[[int], list]   # vpp -> the (recompute, recompute_layers) policies (a widened target)
+    # what the candidates' selective recompute runs (ParallelConfig.recompute_modules: the fixed set, else the
+    # target's, ``targets.selective_modules``), carried under every policy, read under selective only
+    modules: tuple = ()
 
 
 def _choice_lists(model, workload, fixed, tp, cp, pp, dp, target) -> _Choices | None:
@@ -263,8 +266,9 @@ def _choice_lists(model, workload, fixed, tp, cp, pp, dp, target) -> _Choices | 
     sps = _choices(fixed, "sp", tg.sp_choices(target, tp) if wide else [tp > 1])
     bases = ["full"] if fixed.get("recompute") == "full" else _choices(fixed, "recompute", ["none", "selective"])
     orders = ORDERS if pp > 1 and dp > 1 and "mesh_order" not in fixed else (fixed.get("mesh_order", ORDERS[0]),)
+    modules = fixed.get("recompute_modules") or tg.T.selective_modules(target, model, workload)
     return _Choices(wide, per_replica, mbs, experts, zeros, sps, bases, orders,
-                    lambda vpp: tg.recompute_choices(target, model, pp, vpp, fixed))
+                    lambda vpp: tg.recompute_choices(target, model, pp, vpp, fixed), modules)
 
 
 def _vpps(model, fixed, pp: int, ga: int) -> list[int]:
@@ -323,7 +327,7 @@ def _kinds(model, workload, fixed, tp, cp, pp, dp, gpn, stage_counts, target=Non
     orders = tuple(tuple(o) for o in ch.orders)
     plain = tuple((None,) for _ in orders)
     out = []
-    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+    moe_fixed = _carried(fixed, ch)
     for mb, ga in _micro_batches(mbs, per_replica, only_mb, fixed):
         vpps = _vpps(model, fixed, pp, ga)
         for ep, etp in experts:
@@ -355,6 +359,15 @@ def _micro_batches(mbs, per_replica: int, only_mb, fixed: dict):
         ga = per_replica // mb
         if "grad_accum" not in fixed or fixed["grad_accum"] == ga:
             yield mb, ga
+
+
+def _carried(fixed: dict, ch: _Choices) -> dict:
+    """The fields every candidate of a shape carries as given: the MoE execution fixed (dispatcher, EP
+    overlap) and the selective recompute's modules (``_Choices.modules``)."""
+    out = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+    if ch.modules:
+        out["recompute_modules"] = ch.modules
+    return out
 
 
 def _first_config(tp, pp, dp, cp, ep, etp, zero, dp_shard, sp, vpp, mb, ga, moe_fixed) -> ParallelConfig | None:
@@ -518,7 +531,7 @@ def _target_kinds(model, workload, fixed, tp, cp, pp, dp, gpn, target, only_mb, 
     orders = tuple(tuple(o) for o in ch.orders)
     # the MoE execution a plan carries (dispatcher, EP overlap): as fixed, else the defaults; a target
     # whose file sets them gets each accepted pair as its own candidate below (``tg.moe_exec_choices``)
-    moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+    moe_fixed = _carried(fixed, ch)
     split = (target, fixed, model)
     kinds: list[Kind] = []
     for mb, ga in _micro_batches(ch.mbs, per_replica, only_mb, fixed):
