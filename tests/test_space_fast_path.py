@@ -10,6 +10,7 @@ import pytest
 from costmodel.catalog import get_model
 from costmodel.files.clusters import load_cluster
 from costmodel.specs import ParallelConfig, SpecError, Workload
+from planner.plan import targets as T
 from planner.search import space
 
 
@@ -66,6 +67,11 @@ def _slow_target_candidates(m, cl, wl, fixed, gpus, target):
         if ch is None:
             continue
         moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+        # every candidate carries the selective recompute's modules (the target's set for a mixture of
+        # experts on Megatron: targets.selective_modules), read only under selective
+        mods = fixed.get("recompute_modules") or T.selective_modules(target, m, wl)
+        if mods:
+            moe_fixed["recompute_modules"] = mods
         found = []
         for mb in ch.mbs:
             ga = ch.per_replica // mb
