@@ -18,6 +18,8 @@ PARALLEL_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "sp", "vpp", "micro_batch
 def parallel_json(par: ParallelConfig) -> dict[str, Any]:
     d = {k: getattr(par, k) for k in PARALLEL_KEYS}
     d.update(dp_shard=par.dp_shard, schedule=par.schedule, recompute_layers=par.recompute_layers)
+    if par.recompute == "selective" and par.recompute_modules:
+        d["recompute_modules"] = list(par.recompute_modules)      # Megatron-Core's --recompute-modules
     return d
 
 
@@ -54,6 +56,8 @@ def describe_parallel(par: ParallelConfig) -> str:
     parts.append(f"mb={par.micro_batch}")
     parts.append(f"ga={par.grad_accum}")
     rc = par.recompute + (f"({par.recompute_layers}/stage)" if par.recompute == "full" and par.recompute_layers >= 0 else "")
+    if par.recompute == "selective" and par.recompute_modules:
+        rc += f"({','.join(par.recompute_modules)})"
     parts.append(f"recompute={rc}")
     return " ".join(parts)
 
