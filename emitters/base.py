@@ -59,7 +59,9 @@ def describe(plan: Plan) -> str:
                 f"{w.seq_len} tokens, {w.dtype}")
     head = f"{where}: tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} ep={p.ep}"
     if w.mode == "train":
-        return (head + f" zero={p.zero} sp={str(p.sp).lower()} vpp={p.vpp} recompute={p.recompute}; "
+        rc = p.recompute + (f"({','.join(p.recompute_modules)})" if p.recompute == "selective" and p.recompute_modules
+                            else "")
+        return (head + f" zero={p.zero} sp={str(p.sp).lower()} vpp={p.vpp} recompute={rc}; "
                 f"micro_batch={p.micro_batch} x grad_accum={p.grad_accum} x dp={p.dp} = "
                 f"global_batch={w.global_batch}, seq_len={w.seq_len}, {w.dtype}")
     return head + (f"; {w.global_batch} concurrent sequences per replica, prompt {w.prompt_len} + "

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from costmodel.specs import MESH_AXES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload, recompute_module_set
+from costmodel.specs import (MESH_AXES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload,
+                             recompute_module_set)
 from planner.plan.errors import UsageError
 from planner.plan.inputs import load_cluster_sized, load_model
 
