@@ -601,6 +601,14 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         modules=tuple(sorted(mods, key=lambda m: RECOMPUTE_MODULES.index(m[0]))))
 
 
+def recomputed_modules(selected: tuple[str, ...]) -> frozenset[str]:
+    """The modules of ``selected`` (``ParallelConfig.recompute_modules``) whose savings and re-runs add up:
+    "moe" checkpoints the whole MoE layer, so the "moe_act" and "shared_experts" inside it drop and re-run
+    nothing more (``LayerCost.modules`` prices each module alone)."""
+    names = frozenset(selected)
+    return names - {"moe_act", "shared_experts"} if "moe" in names else names
+
+
 def core_attn_recompute(act_bytes: float, stats_bytes: float, attn_s: float,
                         attn_hw_flops: float) -> tuple[float, float, float]:
     """(bytes stored, extra backward time, extra FLOPs) of one layer under Megatron's selective

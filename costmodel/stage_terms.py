@@ -45,7 +45,7 @@ from . import fp8 as fp8_recipes
 from .compute import memory_bound_factor
 from .fsdp import fsdp2_copy_bytes
 from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, framework_profile
-from .layers import EndsCost, LayerCost, autocast_cast_bytes, ends_params, grad_accum_add_bytes
+from .layers import EndsCost, LayerCost, autocast_cast_bytes, ends_params, grad_accum_add_bytes, recomputed_modules
 from .matrices import layer_matrices
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .moe import ep_backward_window_s, sm_share_overlap_s
@@ -164,7 +164,8 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     tp_bwd += lc.etp_fwd_s
     if isinstance(selective, tuple):
         # Megatron-Core's modules (ParallelConfig.recompute_modules; costmodel.layers: LayerCost.modules)
-        sel = [m for m in lc.modules if m[0] in selective]
+        names = recomputed_modules(selective)
+        sel = [m for m in lc.modules if m[0] in names]
         chosen = {"selective_s": sum(m[2] for m in sel), "selective_flops": sum(m[3] for m in sel),
                   "act_selective_bytes": max(0.0, lc.act_bytes - sum(m[1] for m in sel))}
     elif selective == "core_attn":

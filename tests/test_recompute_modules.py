@@ -172,3 +172,10 @@ def test_estimate_prices_the_targets_modules_and_refuses_an_unknown_one():
     assert json.loads(pinned.stdout)["parallel"]["recompute_modules"] == ["moe_act"]
     bad = _planner(*base, "--recompute-modules", "moe_act,attn")
     assert bad.returncode == 2 and "'attn' is not a module" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_moe_holds_moe_act_and_the_shared_experts():
+    # the whole MoE layer checkpointed: what moe_act and shared_experts would drop is already dropped
+    whole = _est("deepseek-v3", ("moe",), gpus=64, ep=64)
+    nested = _est("deepseek-v3", ("moe_act", "moe", "shared_experts"), gpus=64, ep=64)
+    assert _act(nested) == _act(whole) and nested.step_time_s == whole.step_time_s
