@@ -413,6 +413,48 @@ def device_h200_attention() -> str:
     return attention_markdown()
 
 
+# the reference layouts of docs/targets.md's table of Megatron-Core's recompute modules: NVIDIA's MoE recipes' own
+# (Megatron-LM examples/moe_recipes, the Megatron-Core MoE report: Qwen3-235B-A22B TP2 PP8 VPP4 EP32 on 256 H100,
+# DeepSeek-V3 TP1 PP8 VPP4 EP32 on 256 GB200, MXFP8)
+RECOMPUTE_MODULE_CASES = (
+    ("qwen3-235b-a22b", "dgx-h100", 256, "bf16", dict(tp=2, pp=8, vpp=4, dp=16, ep=32, etp=1, sp=True, grad_accum=128)),
+    ("deepseek-v3", "gb200-nvl72", 256, "fp8", dict(tp=1, pp=8, vpp=4, dp=32, ep=32, grad_accum=256)),
+)
+
+
+def recompute_module_table() -> str:
+    """docs/targets.md's table: what each Megatron-Core recompute module drops from the peak stage's memory and adds
+    to the step, alone, on the reference layouts (``RECOMPUTE_MODULE_CASES``; ``costmodel.layers`` LayerCost.modules)."""
+    import dataclasses
+
+    from costmodel.catalog import get_model
+    from costmodel.files.clusters import load_cluster
+    from costmodel.specs import RECOMPUTE_MODULES, ParallelConfig, Workload
+    from costmodel.training import estimate
+    from planner.plan import targets as T
+
+    rows = []
+    for model, cluster, gpus, dtype, par in RECOMPUTE_MODULE_CASES:
+        m, cl = get_model(model), load_cluster(cluster).with_gpus(gpus)
+        wl = Workload(global_batch=par["dp"] * par["grad_accum"], seq_len=4096, dtype=dtype,
+                      fp8_recipe="mxfp8" if dtype == "fp8" else "")
+        base = ParallelConfig(micro_batch=1, zero=1, schedule="interleaved", **par)
+        prof = T.profile_for("megatron", {})
+        none = estimate(m, cl, wl, base, framework=prof)
+        where = f"{m.name}, {gpus} x {cl.gpu.name}, {dtype}"
+        rows.append([where, "none", f"{none.peak_bytes / 2 ** 30:.1f}", f"{none.step_time_s:.2f}", "", ""])
+        for mod in RECOMPUTE_MODULES:
+            p = dataclasses.replace(base, recompute="selective", recompute_modules=(mod,))
+            if T.recompute_module_problem(m, wl, p):
+                continue
+            e = estimate(m, cl, wl, p, framework=prof)
+            rows.append(["", mod, f"{e.peak_bytes / 2 ** 30:.1f}", f"{e.step_time_s:.2f}",
+                         f"{(none.peak_bytes - e.peak_bytes) / 2 ** 30:.1f}",
+                         f"{(e.step_time_s / none.step_time_s - 1) * 100:+.1f}%"])
+    return _table(["layout (micro-batch 1, sequence 4096)", "module", "peak GiB", "step s", "GiB dropped",
+                   "step"], rows, right={2, 3, 4, 5})
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "commands-help": commands_help, "command-list": command_list, "catalog-clusters": catalog_clusters,
     "catalog-models": catalog_models, "cluster-keys": cluster_keys, "model-fields": model_fields,
@@ -422,6 +464,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "failure-flags": failure_flags, "validation-cross": validation_cross,
     "validation-headline": validation_headline, "device-h200": device_h200,
     "device-h200-attention": device_h200_attention, "fsdp-rule-figures": fsdp_rule_figures,
+    "recompute-modules": recompute_module_table,
 }
 
 
