@@ -215,6 +215,10 @@ class LayerCost:
     # (module, bytes it no longer stores, extra backward time, extra FLOPs) for each module this
     # layer has, in ``specs.RECOMPUTE_MODULES`` order
     modules: tuple[tuple[str, float, float, float], ...] = ()
+    # Megatron-Core's fine-grained activation offloading (``--offload-modules``; ``offload_bytes``):
+    # (module, bytes it no longer keeps on the GPU, bytes it moves each way over the host link) per module
+    # this layer has, in ``specs.OFFLOAD_MODULES`` order
+    offload: tuple[tuple[str, float, float], ...] = ()
 
 
 @lru_cache(maxsize=65536)
@@ -588,6 +592,9 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         mods.append(("shared_experts", saved, (g_s + _ew_again(ELEMENTWISE_TRAFFIC_PER_STORED_BYTE * saved))
                      * straggler + tp_block_s, g_fl))
 
+    # ---- Megatron-Core's fine-grained activation offloading (offload_bytes) -----------------------
+    offload = offload_bytes(model, T, t, et, load, lin_b, a_bytes, mats, fp8) if moe else ()
+
     model_flops_fwd = gemm_flops + attn_model_flops
     return LayerCost(
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
@@ -598,7 +605,27 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         params=params, expert_params=expert_params,
         act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,
         core_attn_extra_flops=core_flops if flash else sel_extra_flops,
-        modules=tuple(sorted(mods, key=lambda m: RECOMPUTE_MODULES.index(m[0]))))
+        modules=tuple(sorted(mods, key=lambda m: RECOMPUTE_MODULES.index(m[0]))), offload=offload)
+
+
+def offload_bytes(model: ModelSpec, T: float, t: int, et: int, load: float, lin_b: float, a_bytes: float, mats: int,
+                  fp8: Fp8Recipe | None) -> tuple[tuple[str, float, float], ...]:
+    """What Megatron-Core's fine-grained activation offloading takes off an MoE layer's GPU memory per
+    micro-batch, module by module: (module, bytes the GPU no longer keeps, bytes moved to the host and
+    back). Source: NVIDIA/Megatron-LM at d98e8a64 (a helper's reading, docs/notes/stop-50): each module
+    offloads what autograd saves inside its span, after its forward, on a copy stream of its own
+    (``fine_grained_activation_offload.py``), and reloads it for the backward one group ahead.
+    ``expert_fc1``: the routed copies' FC1 input (``layer_cost``'s stored routed input); under an FP8
+    recipe other than MXFP8 Megatron-Core makes FC1 save its BF16 input to offload it
+    (``set_save_original_input``, experts.py ~280), so the link moves BF16 where the GPU had kept FP8.
+    ``moe_act``: the activation's input, FC1's output ((mats - 1) x the expert FFN in the compute dtype),
+    which the activation's backward keeps (also what its recompute checkpoint keeps)."""
+    fe = model.expert_ffn_hidden
+    copies = T * model.top_k * load / t
+    fc1_kept = copies * lin_b * model.hidden * et
+    fc1_moved = copies * (a_bytes if fp8 is not None and fp8.name != "mxfp8" else lin_b) * model.hidden * et
+    act = copies * (mats - 1) * a_bytes * fe
+    return (("expert_fc1", fc1_kept, fc1_moved), ("moe_act", act, act))
 
 
 def recomputed_modules(selected: tuple[str, ...]) -> frozenset[str]:

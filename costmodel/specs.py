@@ -414,6 +414,12 @@ class GpuSpec:
     # kernel's rows are here, costmodel.attention prices that kernel on them instead of its
     # published curve. Empty: the published curves (every catalog GPU).
     attention_table: tuple[tuple[str, str, str, float, float, float], ...] = ()
+    # The GPU's link to its host's memory, per direction, achieved (a pinned cudaMemcpy; the slower
+    # direction), and the host memory one GPU's share of its node holds: what Megatron-Core's
+    # fine-grained activation offloading moves and fills (ParallelConfig.offload_modules;
+    # costmodel.layers offload_bytes). 0: not known, and offloading is refused on it.
+    host_link_bytes_per_s: float = 0.0
+    host_memory_bytes: float = 0.0
     # Serving's GEMM efficiency where it differs from training's (0: the same). Serving's figures
     # (costmodel/VALIDATION_INFERENCE.md) were validated on the curve before the session-20 training
     # refit; the catalog keeps that curve for serving until serving is revalidated on the new one.
@@ -767,6 +773,13 @@ RECOMPUTE = ("none", "selective", "full")
 # "core_attn", "mlp", "moe" and "shared_experts" checkpoint the module, "moe_act", "layernorm" and
 # "mla_up_proj" discard its output and recompute it before the backward; costmodel.layers.module_recompute)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# Megatron-Core's fine-grained activation offloading (--offload-modules; TransformerConfig.offload_modules at
+# d98e8a64): the modules this project prices, the routed experts' pair NVIDIA's MoE recipes offload
+# (costmodel.layers offload_bytes); its others (attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm,
+# fused_group_mlp) are refused by name
+OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+MEGATRON_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                            "fused_group_mlp")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
@@ -874,6 +887,9 @@ class ParallelConfig:
     # core_attn, torchtitan's op-level SAC). Read only under "selective" (a search's candidates carry
     # the target's set under every policy; ``to_dict`` writes it only where it is read)
     recompute_modules: tuple[str, ...] = ()
+    # Megatron-Core's fine-grained activation offloading: the modules whose saved inputs go to host
+    # memory in the forward and come back for the backward (--offload-modules; OFFLOAD_MODULES)
+    offload_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "grad_accum"):
@@ -906,6 +922,8 @@ class ParallelConfig:
                             f"target's), got {describe(self.moe_dispatcher)}")
         if type(self.recompute_modules) is not tuple:
             object.__setattr__(self, "recompute_modules", recompute_module_set(self.recompute_modules))
+        if type(self.offload_modules) is not tuple:
+            object.__setattr__(self, "offload_modules", offload_module_set(self.offload_modules))
         check_ranges(self, "parallel", SpecError)
 
     @property
@@ -953,12 +971,31 @@ class ParallelConfig:
             out["recompute_modules"] = list(self.recompute_modules)
         else:
             del out["recompute_modules"]     # read only under selective; plan files without it unchanged
+        if self.offload_modules:
+            out["offload_modules"] = list(self.offload_modules)
+        else:
+            del out["offload_modules"]
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "parallel") -> "ParallelConfig":
         _check_keys(cls, data, where)
         return cls(**data)
+
+
+def offload_module_set(modules: Any) -> tuple[str, ...]:
+    """``modules`` (a plan file's list or a flag's) as ``ParallelConfig.offload_modules``: each once, in
+    OFFLOAD_MODULES' order; a SpecError naming what is unknown or not priced otherwise."""
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
+        raise SpecError(f"parallel: offload_modules must be a list of module names ({', '.join(OFFLOAD_MODULES)}), "
+                        f"got {describe(modules)}")
+    for m in modules:
+        if not isinstance(m, str) or m not in OFFLOAD_MODULES:
+            known = ("Megatron-Core offloads it, but this project does not price it" if m in MEGATRON_OFFLOAD_MODULES
+                     else "not a module Megatron-Core offloads")
+            raise SpecError(f"parallel: offload_modules: {describe(m)}: {known}; the modules priced: "
+                            f"{', '.join(OFFLOAD_MODULES)}")
+    return tuple(m for m in OFFLOAD_MODULES if m in modules)
 
 
 def recompute_module_set(modules: Any) -> tuple[str, ...]:
@@ -1116,8 +1153,27 @@ def validate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, par: Pa
     if workload.seq_len > model.max_seq_len and model.positions == "learned":
         problems.append(f"seq_len {workload.seq_len} exceeds the learned positions of {model.name} "
                         f"({model.max_seq_len})")
+    problems += offload_problems(model, cluster, par)
     if problems:
         raise SpecError("impossible configuration: " + "; ".join(problems))
+
+
+def offload_problems(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> list[str]:
+    """Why ``par.offload_modules`` cannot be priced here: the modules offload an MoE layer's tensors, and the
+    host link's speed must be known (``GpuSpec.host_link_bytes_per_s``; the catalog's Hopper and Blackwell
+    systems state it)."""
+    if not par.offload_modules:
+        return []
+    mods = ",".join(par.offload_modules)
+    if not model.is_moe:
+        return [f"offload_modules {mods}: they offload MoE layers' inputs and {model.name} has no experts; "
+                "leave offload_modules out"]
+    unknown = sorted({g.gpu.name for g in cluster.groups if g.gpu.host_link_bytes_per_s <= 0})
+    if unknown:
+        return [f"offload_modules {mods}: no host-link speed for {', '.join(unknown)}; give host_link_gb_per_s (a "
+                "measured pinned copy, the slower direction) and host_memory_gib under the cluster file's gpu, or "
+                "leave offload_modules out"]
+    return []
 
 
 def default_stages(layers: int, pp: int, group: str = "") -> tuple[StageSpec, ...]:

@@ -159,7 +159,8 @@ class _Shared:
         # terms are read only under selective: a search's candidates carry the modules under every policy)
         selective = par.recompute_modules or self.framework.selective_recompute
         key = (moe, par.tp, par.cp, par.ep, par.etp, par.sp, par.micro_batch, grp.name, tp_lay, ep_lay, cp_lay,
-               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast, fp8 is self.fp8, selective)
+               etp_lay, par.moe_dispatcher, par.ep_overlap, attention, autocast, fp8 is self.fp8, selective,
+               par.offload_modules)
         hit = self.layers.get(key)
         if hit is None:
             # the plan's MoE execution (its dispatcher, its EP overlap) over the framework's
@@ -178,7 +179,8 @@ class _Shared:
             share = comm_sm_share(grp.gpu.name, ex.dispatcher_sms) if moe and ex.dispatcher_sms else 0.0
             hit = self.layers[key] = (lc, layer_terms(lc, self.slowdown, tp_overlap, ep_overlap,
                                                       selective, share, par.sp,
-                                                      ex.delay_wgrad))
+                                                      ex.delay_wgrad, par.offload_modules if moe else (),
+                                                      grp.gpu.host_link_bytes_per_s))
         return hit
 
     def layer_fp8(self, par: ParallelConfig):
@@ -219,7 +221,7 @@ class _Shared:
         and replica groups sit, with the collective-time functions ``StageModel.cost`` reduces
         gradients with; the layer and ends costs; per-layer parameter counts on a GPU."""
         key = (order, par.pp, par.dp, par.cp, par.tp, par.ep, par.etp, par.dp_shard, par.sp, par.micro_batch,
-               grp.name, par.moe_dispatcher, par.ep_overlap, par.recompute_modules)
+               grp.name, par.moe_dispatcher, par.ep_overlap, par.recompute_modules, par.offload_modules)
         mesh = self.meshes.get(key)
         if mesh is not None:
             return mesh

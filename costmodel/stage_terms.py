@@ -100,11 +100,46 @@ class LayerTerms(NamedTuple):
     # what the EP overlap hides of this layer's all-to-alls, forward and backward (0 without it): what a
     # pass the schedule leaves unpaired exposes again (``ep_unpaired_chunks``)
     ep_hidden_s: float = 0.0
+    # Megatron-Core's fine-grained activation offloading (``offload_terms``): the bytes a layer that is not
+    # fully recomputed no longer keeps on the GPU per micro-batch (its time waiting on the host link is in
+    # ``compute_s``)
+    offload_bytes: float = 0.0
+
+
+def offload_terms(lc: LayerCost, modules: tuple[str, ...], host_bytes_per_s: float,
+                  ep_overlap: bool = False) -> tuple[float, float]:
+    """(bytes a layer no longer keeps on the GPU, time its compute waits on the host link) per micro-batch under
+    Megatron-Core's fine-grained activation offloading of ``modules`` (``costmodel.layers.offload_bytes``), over a
+    link of ``host_bytes_per_s`` a direction (``GpuSpec.host_link_bytes_per_s``).
+
+    From NVIDIA/Megatron-LM at d98e8a64 (``fine_grained_activation_offload.py``, a helper's reading): each group's
+    copy to the host starts after its module's forward on a copy stream, and compute does not wait for it; the
+    link is full duplex, and in a pipeline's steady state a layer's forward comes once per forward and backward of a
+    layer (three forwards' time), so only copies longer than that fall behind, priced as the excess. In the backward a group is
+    reloaded when the backward finishes the group after it (in forward order) and waited for at its own backward,
+    so its reload overlaps only the backward in between: ``expert_fc1`` followed by ``moe_act`` has almost none
+    between them (priced exposed), while the last offloaded group of a layer overlaps the backward of the next
+    layer's attention, router and dispatch, taken as twice the layer's forward less its routed experts' GEMMs. Under
+    the EP overlap (``ep_overlap``: Megatron-Core's 1F1B all-to-all overlap runs each layer's backward beside another
+    micro-batch's layer forward) the reloads also overlap that forward. No published measurement of this cost was
+    found (PRs report 0.3-3%); the one run on file with offloading (NVIDIA's Qwen3-235B on 256 GB200, with the EP
+    overlap) came out 19% slow with the copies priced against the forward alone and without the EP overlap's
+    forward, 3.6% slow with both (as published): an estimate, checked on one run."""
+    sel = [o for o in lc.offload if o[0] in modules]
+    if not sel or host_bytes_per_s <= 0:
+        return 0.0, 0.0
+    kept = sum(o[1] for o in sel)
+    moved = [o[2] / host_bytes_per_s for o in sel]
+    exposed = max(0.0, sum(moved) - 3.0 * lc.fwd_s)
+    window = 2.0 * max(0.0, lc.fwd_s - lc.expert_gemm_fwd_s)
+    # all but the last group reload right before their own backward; the last one over the window
+    reload = sum(moved[:-1]) + max(0.0, moved[-1] - window)
+    return kept, exposed + (max(0.0, reload - lc.fwd_s) if ep_overlap else reload)
 
 
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
                 selective: "str | tuple[str, ...]" = "op", ep_sm_share: float = 0.0, sp: bool = True,
-                delay_wgrad: bool = True) -> LayerTerms:
+                delay_wgrad: bool = True, offload: tuple[str, ...] = (), host_bytes_per_s: float = 0.0) -> LayerTerms:
     """``LayerTerms`` of a layer cost; ``slowdown`` is the cluster's ``compute_comm_slowdown``
     (0 gives the terms without it, which bound them from below). ``tp_overlap`` is a
     ``frameworks.tp_overlap_mode`` (True means ``full``): ``full`` (the framework pipelines TP's
@@ -174,12 +209,13 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     else:
         chosen = {"selective_s": lc.selective_extra_s, "selective_flops": lc.selective_extra_flops,
                   "act_selective_bytes": lc.act_selective_bytes}
-    return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s, tp_comm_s=tp_fwd + tp_bwd,
+    off_bytes, off_s = offload_terms(lc, offload, host_bytes_per_s, ep_overlap)
+    return LayerTerms(compute_s=3 * lc.fwd_s + lc.attn_bwd_extra_s + off_s, tp_comm_s=tp_fwd + tp_bwd,
                       ep_comm_s=ep_fwd + ep_bwd, ep_hidden_s=max(0.0, 2 * lc.ep_fwd_s - ep_fwd - ep_bwd),
                       cp_comm_s=3 * cp_fwd, recompute_s=lc.fwd_s + tp_fwd + ep_fwd + cp_fwd,
                       model_flops=3 * lc.model_flops_fwd, hw_flops=3 * lc.hw_flops_fwd,
                       recompute_flops=lc.hw_flops_fwd, act_bytes=lc.act_bytes, act_input_bytes=lc.act_input_bytes,
-                      **chosen)
+                      offload_bytes=off_bytes, **chosen)
 
 
 def head_compute_s(ends: EndsCost) -> float:
@@ -237,6 +273,12 @@ def layer_sums(dense: LayerTerms, n_dense: float, r_dense: float, moe: LayerTerm
         act_stored += kr * lt.act_input_bytes
         if kr > 0:
             act_work = max(act_work, lt.act_bytes)     # one layer's activations while it recomputes
+        if lt.offload_bytes:
+            # offloaded activations leave the GPU (costmodel.stage_terms.offload_terms); a fully recomputed
+            # layer keeps only its input, and one layer's groups stay (Megatron-Core keeps the last group of
+            # each module on the GPU, and a reloaded group until its backward)
+            act_stored -= (k - kr) * lt.offload_bytes
+            act_work += lt.offload_bytes
     return comp, rec, tp, ep, cp, model_flops, hw_flops, act_stored, act_work
 
 

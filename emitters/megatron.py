@@ -142,6 +142,10 @@ def moe_args(plan: Plan) -> list:
             # the backward all-to-alls priced beside the experts' weight gradients too
             # (costmodel.moe.ep_backward_window_s); Megatron-Core accepts it only with the overlap
             a.append("--delay-wgrad-compute")
+    if p.offload_modules:
+        # Megatron-Core's fine-grained activation offloading of the priced modules (costmodel.stage_terms
+        # offload_terms; its NVTE_CPU_OFFLOAD_V1 export is in the file's environment)
+        a += ["--fine-grained-activation-offloading", "--offload-modules", *p.offload_modules]
     if MOE_PERMUTE_FUSION:
         a.append("--moe-permute-fusion")
     if MOE_ROUTER_FUSION:
@@ -195,6 +199,13 @@ def moe_notes(plan: Plan) -> list[str]:
                      "CuTe DSL kernels (nvidia-cudnn-frontend[cutedsl]); Megatron-Core stores the experts' FC1 rows "
                      f"gate and up interleaved in blocks of {FUSED_MLP_INTERLEAVE} (--moe-mlp-glu-interleave-size): a "
                      "checkpoint written without it needs its FC1 rows reordered")
+    if p.offload_modules:
+        gpu = c.groups[0].gpu
+        notes.append(f"--offload-modules {' '.join(p.offload_modules)}: priced over the host link at "
+                     f"{gpu.host_link_bytes_per_s / 1e9:g} GB/s a direction per GPU (the cluster's "
+                     f"host_link_gb_per_s), reloads hidden where the schedule leaves compute beside them; the host "
+                     f"memory they fill ({gpu.host_memory_bytes / 2 ** 30:g} GiB a GPU here) is not checked; Megatron-LM "
+                     "with offloading on binds each rank's CPU affinity at start, which needs cuda-python and pynvml installed")
     disp = p.moe_dispatcher or MOE_DISPATCHER
     if disp not in ("deepep", "hybridep"):
         return notes
@@ -512,6 +523,10 @@ def emit(plan: Plan) -> dict[str, str]:
         # Megatron-Core's GroupedMLP takes TE's CuTe DSL kernel only with this set (moe/experts.py
         # _is_fused_impl_supported, core_v0.19.0)
         env += "export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1  # TE's fused grouped MLP (framework.fused_grouped_mlp)\n"
+    if p.offload_modules:
+        # Megatron-LM refuses fine-grained activation offloading under Transformer Engine 2.10+ without it
+        # (megatron/training/arguments.py at d98e8a64: "to avoid offloading weights")
+        env += "export NVTE_CPU_OFFLOAD_V1=1  # fine-grained activation offloading (parallel.offload_modules)\n"
     m = plan.model
     pad = padded_vocab(m.vocab, p.tp)
     usage += [model_settings(plan) + (f"; Megatron pads the vocabulary to {pad} rows for tp={p.tp}"

@@ -296,6 +296,10 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--recompute-modules", nargs="*", choices=["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
                                                                "moe", "shared_experts"])
+    # TransformerConfig.fine_grained_activation_offloading / offload_modules (Megatron-LM at d98e8a64)
+    p.add_argument("--fine-grained-activation-offloading", action="store_true")
+    p.add_argument("--offload-modules", nargs="*", choices=["attn_norm", "qkv_linear", "core_attn", "attn_proj",
+                                                             "mlp_norm", "expert_fc1", "moe_act", "fused_group_mlp"])
     p.add_argument("--data-parallel-sharding-strategy", choices=["no_shard", "optim", "optim_grads",
                                                                  "optim_grads_params"])
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])

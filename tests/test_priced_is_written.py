@@ -172,7 +172,11 @@ MOE_CHOICES = {"alltoall-overlap": dict(ep_overlap=True), "deepep": dict(moe_dis
                "hybridep-gb200-overlap": dict(moe_dispatcher="hybridep", ep_overlap=True, cluster="gb200-nvl72"),
                # selective recompute by module (--recompute-modules; ParallelConfig.recompute_modules)
                "recompute-moe-act-layernorm": dict(recompute="selective", recompute_modules=("moe_act", "layernorm")),
-               "recompute-moe": dict(recompute="selective", recompute_modules=("layernorm", "moe"))}
+               "recompute-moe": dict(recompute="selective", recompute_modules=("layernorm", "moe")),
+               # fine-grained activation offloading (--offload-modules; ParallelConfig.offload_modules)
+               "offload-experts": dict(offload_modules=("expert_fc1", "moe_act")),
+               "offload-act-overlap-recompute": dict(offload_modules=("moe_act",), ep_overlap=True,
+                                                     recompute="selective", recompute_modules=("moe_act", "layernorm"))}
 
 
 def _moe_plan(choice: str) -> Plan:
@@ -435,7 +439,11 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                          schedule="interleaved" if vpp > 1 else "1f1b",
                          overlap_dp_comm=a.overlap_grad_reduce or dp * cp == 1,
                          recompute_modules=tuple(a.recompute_modules or ())
-                         if recompute == "selective" and (a.recompute_modules or ["core_attn"]) != ["core_attn"] else ())
+                         if recompute == "selective" and (a.recompute_modules or ["core_attn"]) != ["core_attn"] else (),
+                         offload_modules=tuple(a.offload_modules or ()) if a.fine_grained_activation_offloading else ())
+    if a.fine_grained_activation_offloading:
+        # Megatron-LM asserts without it under Transformer Engine 2.10+ (arguments.py at d98e8a64)
+        assert "export NVTE_CPU_OFFLOAD_V1=1" in text
     return AsWritten(model, wl, par, _stages(counts, per if recompute == "full" else None), prof, world)
 
 

@@ -51,7 +51,7 @@ CATALOG_FILE = Path(__file__).with_name("catalog") / "clusters.yaml"
 _GPU_KEYS = {"name", "memory_gib", "tflops", "hbm_gb_per_s", "matmul_efficiency", "matmul_half_size",
              "reserved_gib", "price_per_hour", "layer_overhead_us", "fsdp2_block_us", "dtensor_param_step_us",
              "dtensor_tp_layer_us", "serving_matmul_efficiency", "attention_table", "tdp_w", "power_limit_w",
-             "clock_factor"}
+             "clock_factor", "host_link_gb_per_s", "host_memory_gib"}
 _LINK_KEYS = {"name", "gb_per_s", "latency_us", "efficiency", "mesh_peers"}
 _GROUP_KEYS = {"name", "extends", "description", "gpu", "gpus_per_node", "nvlink_domain", "nodes", "intra_node",
                "inter_node", "measured", "source", "provenance"}
@@ -194,6 +194,8 @@ def gpu_from_dict(d: Mapping, where: str) -> GpuSpec:
         tdp_w=_num(d, "tdp_w", where, 0.0, at_least=0),
         power_limit_w=_num(d, "power_limit_w", where, 0.0, at_least=0),
         clock_factor=_num(d, "clock_factor", where, 1.0, above=0, at_most=2),
+        host_link_bytes_per_s=_num(d, "host_link_gb_per_s", where, 0.0, at_least=0) * GB,
+        host_memory_bytes=_num(d, "host_memory_gib", where, 0.0, at_least=0) * GIB,
     )
 
 
@@ -422,6 +424,8 @@ def gpu_to_dict(g: GpuSpec) -> dict:
             **({"tdp_w": _r(g.tdp_w)} if g.tdp_w else {}),
             **({"power_limit_w": _r(g.power_limit_w)} if g.power_limit_w else {}),
             **({"clock_factor": g.clock_factor} if g.clock_factor != 1.0 else {}),
+            **({"host_link_gb_per_s": _r(g.host_link_bytes_per_s / GB)} if g.host_link_bytes_per_s else {}),
+            **({"host_memory_gib": _r(g.host_memory_bytes / GIB)} if g.host_memory_bytes else {}),
             **({"attention_table": [[k, d, m, _r(hd), _r(s), _r(e)] for k, d, m, hd, s, e in g.attention_table]}
                if g.attention_table else {})}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from costmodel.specs import (MESH_AXES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig, SpecError, Workload,
-                             recompute_module_set)
+from costmodel.specs import (MESH_AXES, OFFLOAD_MODULES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig,
+                             SpecError, Workload, offload_module_set, recompute_module_set)
 from planner.plan.errors import UsageError
 from planner.plan.inputs import load_cluster_sized, load_model
 
@@ -65,6 +65,9 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
                    help="with --recompute selective on Megatron: the modules it recomputes (--recompute-modules: "
                         f"{', '.join(RECOMPUTE_MODULES)}; default: the target's, moe_act,layernorm "
                         "(+mla_up_proj) for a mixture of experts, else core_attn)")
+    g.add_argument("--offload-modules", type=_offload_list, metavar="A,B",
+                   help="Megatron's fine-grained activation offloading of these modules' saved inputs to host memory "
+                        f"(--offload-modules: {', '.join(OFFLOAD_MODULES)}; priced over the GPU's host link)")
     g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--mesh-order", help="mesh order outer->inner, e.g. pp,dp,cp,tp")
     g.add_argument("--moe-dispatcher", choices=["alltoall", "deepep", "hybridep"],
@@ -74,7 +77,19 @@ def add_degree_args(p: argparse.ArgumentParser) -> None:
 
 
 DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
-               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap", "recompute_modules")
+               "zero", "sp", "recompute", "schedule", "moe_dispatcher", "ep_overlap", "recompute_modules",
+               "offload_modules")
+
+
+def _offload_list(text: str) -> tuple[str, ...]:
+    """``--offload-modules``: comma-separated names of OFFLOAD_MODULES (argparse's error on others)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        if not names:
+            raise SpecError(f"give a comma-separated list of {', '.join(OFFLOAD_MODULES)}")
+        return offload_module_set(names)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("parallel: offload_modules: ")) from None
 
 
 def _module_list(text: str) -> tuple[str, ...]:

@@ -93,7 +93,8 @@ _FILE_OUTPUTS = {"plan": {"csv": "candidates.csv"}, "replan": {"out": "plan.yaml
 _PROBLEM = ("model", "cluster", "gpus", "global_batch", "seq_len", "dtype", "optimizer", "attention_kernel",
             "seed", "allow_long_context")
 _DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers",
-            "zero", "sp", "recompute", "schedule", "mesh_order", "moe_dispatcher", "ep_overlap", "recompute_modules")
+            "zero", "sp", "recompute", "schedule", "mesh_order", "moe_dispatcher", "ep_overlap", "recompute_modules",
+            "offload_modules")
 _SERVING = ("prompt_len", "output_len", "batch", "ttft_slo_ms", "tpot_slo_ms", "slo_margin", "kv_dtype", "max_batch",
             "request_rate", "batching", "disaggregation", "max_num_batched_tokens", "max_num_seqs",
             "gpu_memory_utilization", "pareto", "pareto_csv", "hf_id")

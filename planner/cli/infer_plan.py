@@ -31,7 +31,7 @@ from planner.search.target_serving import solve_serving_for
 
 SERVING_ORDER = MESH_AXES
 TRAINING_ONLY = ("cp", "vpp", "micro_batch", "grad_accum", "dp_shard", "recompute_layers", "zero", "sp",
-                 "recompute", "schedule", "moe_dispatcher", "ep_overlap", "recompute_modules")
+                 "recompute", "schedule", "moe_dispatcher", "ep_overlap", "recompute_modules", "offload_modules")
 ENGINES = ("vllm", "sglang", "tensorrt-llm")
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

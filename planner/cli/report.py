@@ -20,6 +20,8 @@ def parallel_json(par: ParallelConfig) -> dict[str, Any]:
     d.update(dp_shard=par.dp_shard, schedule=par.schedule, recompute_layers=par.recompute_layers)
     if par.recompute == "selective" and par.recompute_modules:
         d["recompute_modules"] = list(par.recompute_modules)      # Megatron-Core's --recompute-modules
+    if par.offload_modules:
+        d["offload_modules"] = list(par.offload_modules)          # Megatron-Core's --offload-modules
     return d
 
 
@@ -59,6 +61,8 @@ def describe_parallel(par: ParallelConfig) -> str:
     if par.recompute == "selective" and par.recompute_modules:
         rc += f"({','.join(par.recompute_modules)})"
     parts.append(f"recompute={rc}")
+    if par.offload_modules:
+        parts.append(f"offload={','.join(par.offload_modules)}")
     return " ".join(parts)
 
 

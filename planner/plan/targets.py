@@ -1350,6 +1350,10 @@ def fused_mlp_problem(target: str, model: ModelSpec, wl: Workload, gpu, par: Par
     et = (par.etp or par.tp) if par is not None else 1
     if et != 1:
         return f"expert TP {et}: Megatron's fused grouped MLP needs whole experts on each rank (plan --etp 1)"
+    if par is not None and par.offload_modules:
+        # moe/experts.py ~399: the fused path is not taken while expert_fc1 or moe_act is offloaded
+        return (f"offload_modules {','.join(par.offload_modules)}: Megatron-Core runs the experts unfused when it "
+                "offloads their inputs; drop the setting or leave offload_modules out")
     return ""
 
 
@@ -1530,6 +1534,15 @@ CAPS: tuple[Cap, ...] = (
                   "(Megatron-Core's --recompute-modules is the Megatron target's); leave recompute_modules out"),
     Cap("recompute", lambda a: a.t.runs == "megatron" and recompute_module_problem(a.model, a.wl, a.par) is not None,
         lambda a: recompute_module_problem(a.model, a.wl, a.par) or ""),
+    # fine-grained activation offloading: Megatron-Core's --offload-modules (costmodel.stage_terms.offload_terms)
+    Cap("recompute", lambda a: bool(a.par.offload_modules) and a.t.runs != "megatron",
+        lambda a: f"offload_modules {','.join(a.par.offload_modules)}: {a.name} has no fine-grained activation "
+                  "offloading (Megatron-Core's --offload-modules is the Megatron target's); leave offload_modules out"),
+    Cap("recompute", lambda a: bool(a.par.offload_modules) and a.par.recompute == "selective"
+        and "moe" in a.par.recompute_modules,
+        lambda a: f"offload_modules {','.join(a.par.offload_modules)} with recompute_modules moe: Megatron-Core "
+                  "refuses offloading the experts' tensors of an MoE layer it recomputes whole; leave moe out of "
+                  "--recompute-modules or leave offload_modules out"),
     # how MoE layers run (costmodel.moe; Megatron-Core's TransformerConfig checks for the EP overlap)
     Cap("moe_dispatchers", lambda a: bool(a.par.moe_dispatcher) and not a.model.is_moe,
         lambda a: f"moe_dispatcher {a.par.moe_dispatcher}: {a.model.name} has no experts; leave it out"),
