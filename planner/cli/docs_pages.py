@@ -18,7 +18,7 @@ import re
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 # the pages whose blocks this module writes (docs/validation.md is the validation work's own page,
@@ -416,7 +416,7 @@ def device_h200_attention() -> str:
 # the reference layouts of docs/targets.md's table of Megatron-Core's recompute modules: NVIDIA's MoE recipes' own
 # (Megatron-LM examples/moe_recipes, the Megatron-Core MoE report: Qwen3-235B-A22B TP2 PP8 VPP4 EP32 on 256 H100,
 # DeepSeek-V3 TP1 PP8 VPP4 EP32 on 256 GB200, MXFP8)
-RECOMPUTE_MODULE_CASES = (
+RECOMPUTE_MODULE_CASES: tuple[tuple[str, str, int, str, dict[str, Any]], ...] = (
     ("qwen3-235b-a22b", "dgx-h100", 256, "bf16", dict(tp=2, pp=8, vpp=4, dp=16, ep=32, etp=1, sp=True, grad_accum=128)),
     ("deepseek-v3", "gb200-nvl72", 256, "fp8", dict(tp=1, pp=8, vpp=4, dp=32, ep=32, grad_accum=256)),
 )
