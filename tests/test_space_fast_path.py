@@ -66,7 +66,7 @@ def _slow_target_candidates(m, cl, wl, fixed, gpus, target):
         ch = space._choice_lists(m, wl, fixed, tp, cp, pp, dp, target)
         if ch is None:
             continue
-        moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+        moe_fixed = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap", "offload_modules") if k in fixed}
         # every candidate carries the selective recompute's modules (the target's set for a mixture of
         # experts on Megatron: targets.selective_modules), read only under selective
         mods = fixed.get("recompute_modules") or T.selective_modules(target, m, wl)

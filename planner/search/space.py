@@ -183,7 +183,8 @@ def group_representatives(model: ModelSpec, workload: Workload, fixed: dict, sha
             for sp in ch.sps:
                 for base in bases:
                     fields = dict(ep=ep, etp=etp, sp=sp, vpp=v, micro_batch=mb, grad_accum=ga, recompute=base,
-                                  schedule="interleaved" if v > 1 else "1f1b", recompute_modules=ch.modules)
+                                  schedule="interleaved" if v > 1 else "1f1b", recompute_modules=ch.modules,
+                                  offload_modules=fixed.get("offload_modules", ()))
                     if base_par is None:
                         try:
                             par = base_par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero=ch.zeros[0],
@@ -363,8 +364,9 @@ def _micro_batches(mbs, per_replica: int, only_mb, fixed: dict):
 
 def _carried(fixed: dict, ch: _Choices) -> dict:
     """The fields every candidate of a shape carries as given: the MoE execution fixed (dispatcher, EP
-    overlap) and the selective recompute's modules (``_Choices.modules``)."""
-    out = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap") if k in fixed}
+    overlap), the activation offloading fixed (``--offload-modules``: the search does not choose it) and the
+    selective recompute's modules (``_Choices.modules``)."""
+    out = {k: fixed[k] for k in ("moe_dispatcher", "ep_overlap", "offload_modules") if k in fixed}
     if ch.modules:
         out["recompute_modules"] = ch.modules
     return out
