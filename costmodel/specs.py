@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, check_ranges, check_types, describe, num,
                      range_problem,
@@ -983,33 +983,29 @@ class ParallelConfig:
         return cls(**data)
 
 
-def offload_module_set(modules: Any) -> tuple[str, ...]:
-    """``modules`` (a plan file's list or a flag's) as ``ParallelConfig.offload_modules``: each once, in
-    OFFLOAD_MODULES' order; a SpecError naming what is unknown or not priced otherwise."""
+def _module_set(modules: Any, field: str, priced: tuple[str, ...], why_not: Callable[[Any], str]) -> tuple[str, ...]:
+    """``modules`` (a plan file's list or a flag's) as the tuple ``ParallelConfig.<field>`` holds: each once, in
+    ``priced``'s order (Megatron-Core's); a SpecError with ``why_not`` of the first name not in ``priced``."""
     if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
-        raise SpecError(f"parallel: offload_modules must be a list of module names ({', '.join(OFFLOAD_MODULES)}), "
+        raise SpecError(f"parallel: {field} must be a list of module names ({', '.join(priced)}), "
                         f"got {describe(modules)}")
     for m in modules:
-        if not isinstance(m, str) or m not in OFFLOAD_MODULES:
-            known = ("Megatron-Core offloads it, but this project does not price it" if m in MEGATRON_OFFLOAD_MODULES
-                     else "not a module Megatron-Core offloads")
-            raise SpecError(f"parallel: offload_modules: {describe(m)}: {known}; the modules priced: "
-                            f"{', '.join(OFFLOAD_MODULES)}")
-    return tuple(m for m in OFFLOAD_MODULES if m in modules)
+        if not isinstance(m, str) or m not in priced:
+            raise SpecError(f"parallel: {field}: {describe(m)}: {why_not(m)}; the modules priced: {', '.join(priced)}")
+    return tuple(m for m in priced if m in modules)
+
+
+def offload_module_set(modules: Any) -> tuple[str, ...]:
+    """``ParallelConfig.offload_modules`` from a list (``_module_set``): OFFLOAD_MODULES only."""
+    return _module_set(modules, "offload_modules", OFFLOAD_MODULES,
+                       lambda m: ("Megatron-Core offloads it, but this project does not price it"
+                                  if m in MEGATRON_OFFLOAD_MODULES else "not a module Megatron-Core offloads"))
 
 
 def recompute_module_set(modules: Any) -> tuple[str, ...]:
-    """``modules`` (a list or tuple of RECOMPUTE_MODULES names, a plan file's or a flag's) as the
-    tuple ``ParallelConfig.recompute_modules`` holds: each once, in RECOMPUTE_MODULES' order; a
-    SpecError naming what is unknown otherwise."""
-    if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
-        raise SpecError(f"parallel: recompute_modules must be a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
-                        f"got {describe(modules)}")
-    bad = [m for m in modules if not isinstance(m, str) or m not in RECOMPUTE_MODULES]
-    if bad:
-        raise SpecError(f"parallel: recompute_modules: unknown module {describe(bad[0])}; Megatron-Core's modules "
-                        f"this project prices: {', '.join(RECOMPUTE_MODULES)}")
-    return tuple(m for m in RECOMPUTE_MODULES if m in modules)
+    """``ParallelConfig.recompute_modules`` from a list (``_module_set``): RECOMPUTE_MODULES only."""
+    return _module_set(modules, "recompute_modules", RECOMPUTE_MODULES,
+                       lambda m: "not a module Megatron-Core recomputes (among those this project prices)")
 
 
 @dataclass(frozen=True, kw_only=True)

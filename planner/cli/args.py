@@ -4,6 +4,7 @@ default, ``plan`` solves for it."""
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 from costmodel.specs import (MESH_AXES, OFFLOAD_MODULES, RECOMPUTE_MODULES, ClusterSpec, ModelSpec, ParallelConfig,
                              SpecError, Workload, offload_module_set, recompute_module_set)
@@ -81,25 +82,20 @@ DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "grad_
                "offload_modules")
 
 
-def _offload_list(text: str) -> tuple[str, ...]:
-    """``--offload-modules``: comma-separated names of OFFLOAD_MODULES (argparse's error on others)."""
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    try:
-        if not names:
-            raise SpecError(f"give a comma-separated list of {', '.join(OFFLOAD_MODULES)}")
-        return offload_module_set(names)
-    except SpecError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("parallel: offload_modules: ")) from None
+def _modules_arg(parse: Callable[[list[str]], tuple[str, ...]], field: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type for a comma-separated module list (``--recompute-modules``, ``--offload-modules``) read by
+    ``parse`` (``costmodel.specs.recompute_module_set``, ``offload_module_set``): argparse's error on others."""
+    def read(text: str) -> tuple[str, ...]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        try:
+            return parse(names) if names else parse([text])
+        except SpecError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"parallel: {field}: ")) from None
+    return read
 
 
-def _module_list(text: str) -> tuple[str, ...]:
-    """``--recompute-modules``: comma-separated names of RECOMPUTE_MODULES (argparse's error on others)."""
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in RECOMPUTE_MODULES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not a module; give a comma-separated list of "
-                                         f"{', '.join(RECOMPUTE_MODULES)}")
-    return recompute_module_set(names)
+_module_list = _modules_arg(recompute_module_set, "recompute_modules")
+_offload_list = _modules_arg(offload_module_set, "offload_modules")
 
 
 def fixed_degrees(args: argparse.Namespace) -> dict:
