@@ -211,7 +211,7 @@ class LayerCost:
     # of ``gemm_fwd_s``, the routed experts' GEMMs (what ``costmodel.moe.ep_backward_window_s`` takes
     # out of the backward all-to-alls' overlap when the weight gradients are not delayed)
     expert_gemm_fwd_s: float = 0.0
-    # Megatron-Core's selective recompute by module (``--recompute-modules``; ``module_recompute``):
+    # Megatron-Core's selective recompute by module (``--recompute-modules``; priced in ``layer_cost``):
     # (module, bytes it no longer stores, extra backward time, extra FLOPs) for each module this
     # layer has, in ``specs.RECOMPUTE_MODULES`` order
     modules: tuple[tuple[str, float, float, float], ...] = ()
@@ -527,7 +527,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         gpu_layer = 3 * fwd_s + attn_bwd_extra_s + 2 * (ep_fwd_s + etp_fwd_s + tp_fwd_s)
         fwd_s += host_excess_s(gpu_layer, layer_host_s(ex.layer_host_s, local, ex.per_expert_gemms)) / 3
 
-    # ---- Megatron-Core's selective recompute by module (module_recompute) -------------------
+    # ---- Megatron-Core's selective recompute by module (LayerCost.modules) -------------------
     def _rerun(names: tuple[str, ...]) -> tuple[float, float]:
         """The forward of the named matrices again: time (with FP8's casts, forward share) and FLOPs."""
         t_s = fl = casts = 0.0
@@ -545,8 +545,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     def _ew_again(traffic: float) -> float:
         return memory_time_s(gpu, traffic) * mem_factor
 
-    low_in = fp8 is not None
-    cast_extra = (a_bytes + 1) if low_in else 0.0     # a BF16 read, an FP8 write: the linear's input cast again
+    cast_extra = (a_bytes + 1) if fp8 is not None else 0.0    # a BF16 read, an FP8 write: a linear's input cast again
     rep_div = t if sp else 1
     tp_block_s = tp_fwd_s / 2 if t > 1 else 0.0       # one block's TP collectives (attention, MLP)
     mods: list[tuple[str, float, float, float]] = [

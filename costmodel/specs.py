@@ -771,7 +771,7 @@ RECOMPUTE = ("none", "selective", "full")
 # Megatron-Core's selective recompute modules this project prices (``--recompute-modules``;
 # TransformerConfig.recompute_modules at NVIDIA/Megatron-LM d98e8a64, transformer_config.py ~560:
 # "core_attn", "mlp", "moe" and "shared_experts" checkpoint the module, "moe_act", "layernorm" and
-# "mla_up_proj" discard its output and recompute it before the backward; costmodel.layers.module_recompute)
+# "mla_up_proj" discard its output and recompute it before the backward; costmodel.layers LayerCost.modules)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 # Megatron-Core's fine-grained activation offloading (--offload-modules; TransformerConfig.offload_modules at
 # d98e8a64): the modules this project prices, the routed experts' pair NVIDIA's MoE recipes offload

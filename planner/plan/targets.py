@@ -1527,7 +1527,7 @@ CAPS: tuple[Cap, ...] = (
     Cap("expert_fold", lambda a: a.par.folded and a.model.is_moe and not a.t.expert_fold,
         lambda a: f"etp={a.par.etp} with tp={a.par.tp}: {a.name} runs routed experts with the attention's tensor "
                   f"parallel (no expert parallel folding); plan --etp {a.par.tp} (or leave it out)"),
-    # selective recompute by module: Megatron-Core's --recompute-modules (costmodel.layers.module_recompute)
+    # selective recompute by module: Megatron-Core's --recompute-modules (costmodel.layers LayerCost.modules)
     Cap("recompute", lambda a: a.par.recompute == "selective" and bool(a.par.recompute_modules)
         and a.t.runs != "megatron",
         lambda a: f"recompute_modules {','.join(a.par.recompute_modules)}: {a.name}'s selective recompute is its own "
