@@ -76,7 +76,8 @@ BOUNDS: dict[tuple[str, str], tuple[float, float, bool]] = {
         "dtensor_param_step_s": (0, MAX_LAYER_OVERHEAD_S, _NN),
         "dtensor_tp_layer_s": (0, MAX_LAYER_OVERHEAD_S, _NN), "serving_matmul_efficiency": (0, 1, _NN),
         "tdp_w": (0, MAX_POWER_W, _NN), "power_limit_w": (0, MAX_POWER_W, _NN),
-        "clock_factor": (0, 2, _POS)}.items()},
+        "clock_factor": (0, 2, _POS), "host_link_bytes_per_s": (0, MAX_BANDWIDTH, _NN),
+        "host_memory_bytes": (0, MAX_MEMORY_BYTES, _NN)}.items()},
     **{("LinkSpec", k): v for k, v in {
         "bandwidth_bytes_per_s": (0, MAX_BANDWIDTH, _POS), "latency_s": (0, MAX_LATENCY_S, _NN),
         "efficiency": (0, 1, _POS), "mesh_peers": (0, MAX_GPUS_PER_NODE, _NN)}.items()},

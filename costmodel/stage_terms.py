@@ -125,8 +125,10 @@ def offload_terms(lc: LayerCost, modules: tuple[str, ...], host_bytes_per_s: flo
     found (PRs report 0.3-3%); the one run on file with offloading (NVIDIA's Qwen3-235B on 256 GB200, with the EP
     overlap) came out 19% slow with the copies priced against the forward alone and without the EP overlap's
     forward, 3.6% slow with both (as published): an estimate, checked on one run."""
+    if not modules or host_bytes_per_s <= 0:
+        return 0.0, 0.0
     sel = [o for o in lc.offload if o[0] in modules]
-    if not sel or host_bytes_per_s <= 0:
+    if not sel:
         return 0.0, 0.0
     kept = sum(o[1] for o in sel)
     moved = [o[2] / host_bytes_per_s for o in sel]
