@@ -115,8 +115,9 @@ def offload_terms(lc: LayerCost, modules: tuple[str, ...], host_bytes_per_s: flo
     From NVIDIA/Megatron-LM at d98e8a64 (``fine_grained_activation_offload.py``, a helper's reading): each group's
     copy to the host starts after its module's forward on a copy stream, and compute does not wait for it; the
     link is full duplex, and in a pipeline's steady state a layer's forward comes once per forward and backward of a
-    layer (three forwards' time), so only copies longer than that fall behind, priced as the excess. In the backward a group is
-    reloaded when the backward finishes the group after it (in forward order) and waited for at its own backward,
+    layer (three forwards' time), so only copies longer than that fall behind, priced as the excess. In the backward
+    a group is reloaded when the backward finishes the group after it (in forward order) and waited for at its own
+    backward,
     so its reload overlaps only the backward in between: ``expert_fc1`` followed by ``moe_act`` has almost none
     between them (priced exposed), while the last offloaded group of a layer overlaps the backward of the next
     layer's attention, router and dispatch, taken as twice the layer's forward less its routed experts' GEMMs. Under
