@@ -920,9 +920,10 @@ class ParallelConfig:
         if self.moe_dispatcher not in ("",) + MOE_DISPATCHERS:
             raise SpecError(f"parallel: moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)} (or empty: the "
                             f"target's), got {describe(self.moe_dispatcher)}")
-        if type(self.recompute_modules) is not tuple:
+        # each list checked and put in Megatron-Core's order, a tuple too (the search's fast copies keep a checked one)
+        if self.recompute_modules != ():
             object.__setattr__(self, "recompute_modules", recompute_module_set(self.recompute_modules))
-        if type(self.offload_modules) is not tuple:
+        if self.offload_modules != ():
             object.__setattr__(self, "offload_modules", offload_module_set(self.offload_modules))
         check_ranges(self, "parallel", SpecError)
 

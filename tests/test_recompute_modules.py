@@ -179,3 +179,18 @@ def test_moe_holds_moe_act_and_the_shared_experts():
     whole = _est("deepseek-v3", ("moe",), gpus=64, ep=64)
     nested = _est("deepseek-v3", ("moe_act", "moe", "shared_experts"), gpus=64, ep=64)
     assert _act(nested) == _act(whole) and nested.step_time_s == whole.step_time_s
+
+
+def test_a_tuple_is_checked_and_ordered_too():
+    assert ParallelConfig(recompute="selective", recompute_modules=("layernorm", "moe_act", "layernorm")
+                          ).recompute_modules == ("moe_act", "layernorm")
+    with pytest.raises(SpecError, match="'attn': not a module"):
+        ParallelConfig(recompute="selective", recompute_modules=("attn",))
+
+
+def test_fp8_without_a_recipe_runs_megatrons_delayed_default():
+    # the Megatron file writes no --fp8-recipe then: Megatron-Core's default, delayed, refuses moe_act and layernorm
+    qwen = get_model("qwen3-30b-a3b")
+    unnamed = Workload(global_batch=8, seq_len=SEQ, dtype="fp8")
+    assert T.selective_modules("megatron", qwen, unnamed) == ()
+    assert any("delayed scaling" in x for x in _problems("megatron", "qwen3-30b-a3b", ("moe_act",), unnamed))

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                 par = dataclasses.replace(par, dp_shard=shard)        # the target's own (MaxText: per host)
         if par.recompute == "selective" and not par.recompute_modules:
             # the target's own modules (Megatron's for a mixture of experts), as `planner plan` plans them
-            mods = T.selective_modules(target, model, wl, cluster.groups[0].gpu)
+            mods = T.selective_modules(target, model, wl)
             if mods:
                 par = dataclasses.replace(par, recompute_modules=mods)
         stages, order = None, mesh_order(args)

@@ -1223,7 +1223,14 @@ def titan_fp8_recipe(cluster, workload: Workload):
     return fp8_recipe_of(cluster, workload, "torchtitan")
 
 
-def selective_modules(target: str | None, model: ModelSpec, wl: Workload, gpu=None) -> tuple[str, ...]:
+def elementwise_recompute_refused(wl: Workload) -> bool:
+    """Whether Megatron-Core refuses ``moe_act`` and ``layernorm`` recompute for this workload: under FP8's
+    delayed scaling (``TransformerConfig.__post_init__`` at NVIDIA/Megatron-LM d98e8a64), which is also what a
+    plan naming no recipe runs (the Megatron file then writes no ``--fp8-recipe``: Megatron's default)."""
+    return wl.dtype == "fp8" and wl.fp8_recipe in ("", "delayed")
+
+
+def selective_modules(target: str | None, model: ModelSpec, wl: Workload) -> tuple[str, ...]:
     """The Megatron-Core modules a plan's selective recompute runs when the user names none
     (``ParallelConfig.recompute_modules``, written as ``--recompute-modules``); () where the target
     has no such choice (its own selective recompute: torchtitan's op-level SAC) or keeps Megatron's
@@ -1236,14 +1243,11 @@ def selective_modules(target: str | None, model: ModelSpec, wl: Workload, gpu=No
     the up-projections): a little time for much memory. core_attn is left out: with a fused
     attention kernel it drops only the softmax statistics for a whole attention forward
     (``costmodel.layers.core_attn_recompute``). Under delayed FP8 scaling Megatron-Core refuses moe_act
-    and layernorm (``TransformerConfig.__post_init__``), so they are left out there. The search
+    and layernorm (``elementwise_recompute_refused``), so they are left out there. The search
     offers this one set under "selective" (with none and full beside it), not every subset."""
     if target is None or target not in TRAIN or TRAIN[target].runs != "megatron" or not model.is_moe:
         return ()
-    mods = []
-    recipe = wl.fp8_recipe or (default_fp8_recipe(target, gpu) if gpu is not None else "delayed")
-    if not (wl.dtype == "fp8" and recipe == "delayed"):
-        mods += ["moe_act", "layernorm"]
+    mods = [] if elementwise_recompute_refused(wl) else ["moe_act", "layernorm"]
     if model.attention == "mla":
         mods.append("mla_up_proj")
     return recompute_module_set(mods)
@@ -1265,7 +1269,7 @@ def recompute_module_problem(model: ModelSpec, wl: Workload, par: ParallelConfig
     if "mla_up_proj" in mods and model.attention != "mla":
         return (f"recompute_modules {listed}: mla_up_proj recomputes multi-latent attention's up-projections and "
                 f"{model.name} has {model.attention} attention; leave mla_up_proj out")
-    if wl.dtype == "fp8" and wl.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(mods):
+    if elementwise_recompute_refused(wl) and {"moe_act", "layernorm"} & set(mods):
         return (f"recompute_modules {listed} with FP8 delayed scaling: Megatron-Core refuses "
                 "moe_act and layernorm recompute under delayed scaling; plan --fp8-recipe current (or mxfp8 on "
                 "Blackwell), or leave moe_act and layernorm out")
