@@ -166,7 +166,8 @@ def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
     arch = architecture(gpu_name)
     if arch is None:
         return None
-    return BEST_MEASURED_MFU.get((arch, "fp8" if dtype == "fp8" else "16-bit"))
+    # NVFP4's MFU is counted on the FP4 peak: no run of it is on file as a ceiling, so none
+    return BEST_MEASURED_MFU.get((arch, {"fp8": "fp8", "nvfp4": "nvfp4"}.get(dtype, "16-bit")))
 
 
 def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: bool,

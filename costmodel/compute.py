@@ -133,13 +133,14 @@ def memory_bound_factor(kind: str, backward: bool = True) -> float:
 
 
 def fp8_gemm_time_s(gpu: GpuSpec, cluster: ClusterSpec | None, m: float, n: float, k: float,
-                    count: float = 1.0) -> float:
+                    count: float = 1.0, fmt: str = "fp8") -> float:
     """Time of ``count`` FP8 training GEMMs (a linear layer under an FP8 recipe) at the FP8 peak
-    and the FP8 efficiency curve (``costmodel.fp8.gemm_efficiency``: smaller GEMMs gain less).
+    and the FP8 efficiency curve (``costmodel.fp8.gemm_efficiency``: smaller GEMMs gain less);
+    ``fmt`` "fp4": NVFP4's, at the FP4 peak (``Fp8Recipe.gemm_format``).
     Serving's FP8 weights keep ``gemm_time_s`` (their GEMMs are memory-bound at decode)."""
     if m <= 0 or n <= 0 or k <= 0 or count <= 0:
         return 0.0
     g = (m * n * k) ** (1.0 / 3.0)
     shape = gemm_shape_factor(gpu.name, m, n, k, 1, True)
-    eff = _fp8_gemm_efficiency(gpu, _size_efficiency(gpu, cluster, m, n, k, shape), g)
-    return 2.0 * m * n * k * count / (gemm_rate(gpu, cluster, "fp8") * eff)
+    eff = _fp8_gemm_efficiency(gpu, _size_efficiency(gpu, cluster, m, n, k, shape), g, fmt)
+    return 2.0 * m * n * k * count / (gemm_rate(gpu, cluster, fmt) * eff)

@@ -131,9 +131,42 @@ def gemm_speedup_admissible(efficiency: float, half_size_factor: float, half_siz
 
 
 
+# NVFP4 (Transformer Engine's ``NVFP4BlockScaling``, Megatron-LM's ``--fp4-format e2m1 --fp4-recipe nvfp4``):
+# the linear layers' Fprop, Dgrad and Wgrad GEMMs in 4-bit E2M1 with one E4M3 scale per 16 values and one FP32
+# scale per tensor; attention, the embedding and the output layer stay BF16 (Megatron applies the recipe per
+# transformer layer; TE's recipe leaves attention unquantized). NVFP4 GEMMs are TN only, so each operand is
+# quantized into a rowwise and a columnwise copy; the forward keeps only the columnwise copy of a linear's input
+# for Wgrad (TE ``module/linear.py``). Quantizing is two passes, an amax pass then the quantize pass (TE
+# ``csrc/quantizer.cpp``; the per-tensor scale needs the amax first). Facts read at NVIDIA/TransformerEngine
+# d0067d0d and NVIDIA/Megatron-LM d98e8a64 (docs/notes/stop-50/research/nvfp4.md).
+#
+# Two constants, both from one kernel measurement (TransformerEngine d0067d0d,
+# ``docs/examples/gemm_profiling/gemm_profiling.rst``: the 12 GEMMs of a hidden 4096 / FFN 16384 layer at
+# M = 15,872 tokens on a B300 SXM6, per layer): pre-quantized (GEMMs alone) MXFP8 7.161 ms, NVFP4 3.764 ms;
+# autocast (the GEMMs and their quantization) MXFP8 8.984 ms, NVFP4 6.453 ms. Both were set from that table
+# alone, before any NVFP4 training run was priced with them; no NVFP4 run is fitted.
+# * FP4_RELATIVE_EFFICIENCY: the FP4 GEMM's fraction of the FP4 peak, relative to the FP8 curve's fraction of
+#   the FP8 peak at the same shape: the measured 1.90x over MXFP8 on B300, whose dense FP4 peak is 3x its FP8
+#   (13.5 and 4.5 PFLOP/s), is 1.90 / 3 = 0.63 of the FP8 curve. Taken as one property of Blackwell's FP4
+#   tensor cores: on B200 and GB200 (FP4 peak 2x FP8) it prices a layer's GEMMs at 1.27x MXFP8's. No B200
+#   or GB200 NVFP4 GEMM measurement was found to check that.
+# * NVFP4_CAST_SLOWDOWN: how much longer NVFP4's quantization takes than its bytes at MXFP8's achieved rate.
+#   The autocast-less-pre-quantized difference is 2.689 ms for NVFP4 and 1.823 ms for MXFP8 (1.475x), where
+#   the bytes this module prices per quantized value are 5.125 against 6.0625 (two BF16 reads and two copies
+#   each): 1.475 x 6.0625 / 5.125 = 1.745. TE names the cause: the random Hadamard transform of the Wgrad
+#   operands, stochastic rounding of the gradients, 2D weight scaling and the amax pass. The measurement ran
+#   TE's default recipe (all three on); a run that turns them off (MLPerf's "vanilla" 405B) casts faster,
+#   which this does not price.
+TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8 = 7.161 / 3.764        # pre-quantized, B300 (1.90)
+TE_B300_FP4_OVER_FP8_PEAK = 13500.0 / 4500.0             # dense datasheet peaks of the measurement's GPU
+FP4_RELATIVE_EFFICIENCY = TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8 / TE_B300_FP4_OVER_FP8_PEAK
+TE_QUANTIZE_MS = {"mxfp8": 8.984 - 7.161, "nvfp4": 6.453 - 3.764}   # autocast less pre-quantized, per layer
+NVFP4_BYTES = 0.5 + 1.0 / 16            # one E2M1 value and its share of an E4M3 scale per 16 values
+
+
 @dataclass(frozen=True)
 class Fp8Recipe:
-    """One FP8 training recipe as it runs on one GPU generation."""
+    """One low-precision training recipe (FP8, or NVFP4: ``nvfp4``) as it runs on one GPU generation."""
 
     name: str
     cast_reads: int               # reads of the BF16 tensor per quantization (1 delayed, 2 dynamic)
@@ -146,11 +179,16 @@ class Fp8Recipe:
     tp_gather_fp8: bool           # SP all-gathers move the FP8 input (Transformer Engine; torchao tensorwise TP)
     # torchao's rowwise (axiswise) scaling: the backward's extra cast and output rescales (``axiswise_bytes``)
     axiswise: bool = False
+    value_bytes: float = 1.0      # bytes of one quantized value (FP8 1, FP4 0.5), its scale apart
+    # the GEMMs' peak and curve: "fp8", or "fp4" (the FP4 peak at FP4_RELATIVE_EFFICIENCY of the FP8 curve)
+    gemm_format: str = "fp8"
+    # how much slower than its bytes at the memory-bound rate a quantization runs (NVFP4_CAST_SLOWDOWN)
+    cast_slowdown: float = 1.0
 
     @property
     def copy_bytes(self) -> float:
-        """Bytes of one FP8 copy per value, scales included."""
-        return 1.0 + self.scale_bytes
+        """Bytes of one quantized copy per value, scales included."""
+        return self.value_bytes + self.scale_bytes
 
     def weight_bytes_per_param(self) -> float:
         """Model-weight bytes per parameter besides the optimizer's FP32 master: the BF16
@@ -160,8 +198,9 @@ class Fp8Recipe:
 
     def cast_bytes_per_value(self) -> float:
         """HBM traffic of quantizing one BF16 value: ``cast_reads`` reads of 2 bytes, one FP8
-        write per copy the GEMMs need (the transpose on Hopper, both orientations in MXFP8)."""
-        return 2.0 * self.cast_reads + max(1, self.weight_copies) * self.copy_bytes
+        write per copy the GEMMs need (the transpose on Hopper, both orientations in MXFP8 and
+        NVFP4); NVFP4's priced as ``cast_slowdown`` times its bytes (``NVFP4_CAST_SLOWDOWN``)."""
+        return (2.0 * self.cast_reads + max(1, self.weight_copies) * self.copy_bytes) * self.cast_slowdown
 
     def gemm_cast_values(self, m: float, n: float, k: float) -> tuple[float, float]:
         """(forward, backward) values one FP8 linear GEMM of m x k by k x n quantizes, per pass.
@@ -245,9 +284,36 @@ def default_recipe(framework: str, gpu: GpuSpec | None) -> str:
     return "mxfp8" if gpu is not None and is_blackwell(gpu) else "delayed"
 
 
+def _raw_cast_bytes(cast_reads: int, copies: int, copy_bytes: float) -> float:
+    return 2.0 * cast_reads + copies * copy_bytes
+
+
+# NVFP4's quantization against MXFP8's per priced byte (the comment above TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8)
+NVFP4_CAST_SLOWDOWN = (TE_QUANTIZE_MS["nvfp4"] / TE_QUANTIZE_MS["mxfp8"]
+                       * _raw_cast_bytes(2, 2, 1.0 + 1.0 / 32) / _raw_cast_bytes(2, 2, NVFP4_BYTES))
+
+
+def nvfp4(gpu: GpuSpec) -> Fp8Recipe:
+    """Transformer Engine's NVFP4BlockScaling as Megatron-LM runs it (the comment above
+    ``TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8``): dynamic (an amax pass, then the quantize pass writing the
+    rowwise and columnwise copies), the two weight copies cached across a step's micro-batches, a
+    saved linear input of one columnwise FP4 copy, sequence-parallel all-gathers of the FP4 input
+    (TE's NVFP4 all-gather, after the global amax's all-reduce), the weights' data-parallel gather in
+    BF16. Refuses a GPU without FP4 training tensor cores (TE trains NVFP4 on SM 10.0 and 10.3:
+    B200, GB200, B300, GB300) with the reason."""
+    if "fp4" not in gpu.peak_flops_per_s or not is_blackwell(gpu):
+        raise SpecError(f"nvfp4 training needs Blackwell's FP4 tensor cores (B200, GB200, B300, GB300: Transformer "
+                        f"Engine trains NVFP4 on SM 10.0 and 10.3); gpu {gpu.name!r} has none (no fp4 peak in its "
+                        "datasheet); train in fp8 or bf16 instead")
+    return Fp8Recipe("nvfp4", 2, 2, 1.0 / 16, NVFP4_BYTES, 0, False, False, True, value_bytes=0.5,
+                     gemm_format="fp4", cast_slowdown=NVFP4_CAST_SLOWDOWN)
+
+
 def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = False) -> Fp8Recipe:
-    """The ``Fp8Recipe`` for ``recipe`` ("" -> ``default_recipe``) on ``gpu``; refuses a GPU
-    without an FP8 peak, and MXFP8 before Blackwell, with the reason."""
+    """The ``Fp8Recipe`` for ``recipe`` ("" -> ``default_recipe``; "nvfp4": ``nvfp4``) on ``gpu``;
+    refuses a GPU without an FP8 peak, and MXFP8 before Blackwell, with the reason."""
+    if recipe == "nvfp4":
+        return nvfp4(gpu)
     if "fp8" not in gpu.peak_flops_per_s:
         raise SpecError(f"gpu {gpu.name!r} has no FP8 tensor cores (no fp8 peak in its datasheet; FP8 training needs "
                         "Hopper, Ada, Blackwell or MI300); train in bf16 instead")
@@ -311,8 +377,9 @@ def torchao_mxfp8_experts() -> Fp8Recipe:
     return torchao_mxfp8()
 
 
-def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float) -> float:
-    """Fraction of the FP8 peak a GEMM of geometric-mean size ``g`` reaches, from the BF16
-    curve's value there (see ``FP8_GEMM_EFFICIENCY``)."""
+def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float, fmt: str = "fp8") -> float:
+    """Fraction of the FP8 peak (``fmt`` "fp4": the FP4 peak) a GEMM of geometric-mean size ``g``
+    reaches, from the BF16 curve's value there (see ``FP8_GEMM_EFFICIENCY``, ``FP4_RELATIVE_EFFICIENCY``)."""
     h = gpu.matmul_half_size
-    return bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)
+    eff = bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)
+    return eff * FP4_RELATIVE_EFFICIENCY if fmt == "fp4" else eff

@@ -520,26 +520,37 @@ def has_cuda_multicast(gpu_name: str) -> bool:
     return bool(_MULTICAST_GPU.search(gpu_name.upper()))
 
 
-def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout, gpu_name: str) -> str:
+# Transformer Engine's userbuffers (Megatron's --tp-comm-overlap) fill their all-gather buffer from FP8 and MXFP8
+# quantizers only: an NVFP4 input raises "Unsupported quantizer for Userbuffers" (NVIDIA/TransformerEngine at
+# d0067d0d, transformer_engine/pytorch/module/base.py, fill_userbuffers_buffer_for_all_gather); MLPerf Training
+# v5.1's NVFP4 405B configs set TP_COMM_OVERLAP=False, "TP overlap not supported yet" (config_common_fp4.sh)
+NO_TP_OVERLAP_DTYPES = ("nvfp4",)
+
+
+def tp_overlap_mode(framework: FrameworkProfile, par: ParallelConfig, tp_lay: GroupLayout, gpu_name: str,
+                    dtype: str = "") -> str:
     """How much of TP's communication ``framework`` overlaps for ``par`` (``costmodel.frameworks``):
     ``full`` where its chunked GEMM overlap can be turned on (Megatron's ``--tp-comm-overlap``:
     sequence parallel, the TP group inside one NVLink domain, and -- Transformer Engine's
     userbuffers as the launch file starts them -- a GPU with CUDA multicast), ``backward`` where it
     overlaps only the column-parallel input-gradient collectives with the weight-gradient GEMMs,
-    else ``none``. The one rule: the cost model, its bounds and the Megatron emitter all ask it."""
+    else ``none``. The one rule: the cost model, its bounds and the Megatron emitter all ask it.
+    Training in a ``dtype`` whose quantized inputs the userbuffers cannot gather (``NO_TP_OVERLAP_DTYPES``)
+    keeps the backward-only overlap."""
     if par.tp <= 1:
         return "none"
     framework = backend_profile(framework, par)
     if framework.tp_comm_overlap and par.sp and not tp_lay.crosses_nodes \
-            and (has_cuda_multicast(gpu_name) or not framework.tp_overlap_needs_multicast):
+            and (has_cuda_multicast(gpu_name) or not framework.tp_overlap_needs_multicast) \
+            and not (dtype in NO_TP_OVERLAP_DTYPES and framework.tp_overlap_scope == "full"):
         return framework.tp_overlap_scope
     return "backward" if framework.tp_comm_overlap_backward else "none"
 
 
 def tp_overlap_of(framework: "str | FrameworkProfile", par: ParallelConfig, order: tuple[str, ...],
-                  nvlink_gpus: int, gpu_name: str) -> str:
+                  nvlink_gpus: int, gpu_name: str, dtype: str = "") -> str:
     """``tp_overlap_mode`` for a whole configuration: the TP group's layout from the mesh order
     and the NVLink domain's size, and the GPU (what an emitter knows)."""
     degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}     # as training._degrees
     return tp_overlap_mode(framework_profile(framework), par,
-                           group_layout(degrees, tuple(order), "tp", nvlink_gpus), gpu_name)
+                           group_layout(degrees, tuple(order), "tp", nvlink_gpus), gpu_name, dtype)

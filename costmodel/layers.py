@@ -56,7 +56,7 @@ from .moe import (DEFAULT_EXECUTION, MoeExecution, dispatch_bytes, dispatch_time
                   expert_gemm_host_floor_s, fused_mlp_elementwise, grouped_gemm_factor, host_excess_s, host_sync_s,
                   layer_host_s, load_factor, multi_node_nvlink, permute_time_s, router_time_s)
 from .scale import straggler_factor
-from .specs import RECOMPUTE_MODULES, ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload
+from .specs import RECOMPUTE_MODULES, ClusterSpec, GpuSpec, LinkSpec, ModelSpec, Workload, low_precision
 from .units import dtype_bytes
 
 ELEMENTWISE_TRAFFIC_PER_STORED_BYTE = 2.0
@@ -242,7 +242,7 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     ``fp8_attention``: cuDNN's FP8 attention under the FP8 recipe (``attention.fp8_attention_factor``)."""
     net = Network(cluster, intra)
     mem_factor = memory_bound_factor(elementwise)
-    dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
+    dt = FP8_COMPUTE_DTYPE if low_precision(workload.dtype) else workload.dtype
     a_bytes = dtype_bytes(dt)
     lin_b = fp8.saved_input_bytes if fp8 is not None else a_bytes   # a saved linear-layer input
     t = tp
@@ -322,17 +322,20 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     efp8 = (torchao_mxfp8_experts() if moe and fp8 is None and ex.fp8_experts == "mxfp8" and is_blackwell(gpu)
             else None)
 
+    # the quantized GEMMs' format: the recipe's (NVFP4: "fp4"), torchao's MXFP8 experts "fp8"
+    fmt = fp8.gemm_format if fp8 is not None else "fp8"
+
     def _time(m: float, n: float, kk: float, c: float, mx: Matrix, fp8_gemm: bool) -> float:
         if mx.role == "expert":
             # one grouped GEMM over the local experts: the dense curve at the whole problem's
             # size, slowed by the grouped kernel's factor (``costmodel.moe.grouped_gemm_factor``)
-            base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk) if fp8_gemm
+            base = (fp8_gemm_time_s(gpu, cluster, m * c, n, kk, fmt=fmt) if fp8_gemm
                     else gemm_time_s(gpu, cluster, dt, m * c, n, kk, train=True))
             # never under the host's issue time where the framework calls one GEMM per local expert
             # (``costmodel.moe.expert_gemm_host_floor_s``)
             return max(base / grouped_gemm_factor(m, kk), expert_gemm_host_floor_s(c, ex.per_expert_gemms))
         if fp8_gemm:
-            return fp8_gemm_time_s(gpu, cluster, m, n, kk, c)
+            return fp8_gemm_time_s(gpu, cluster, m, n, kk, c, fmt)
         return gemm_time_s(gpu, cluster, dt, m, n, kk, c, train=True)
 
     if fp8 is None:
@@ -545,7 +548,8 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     def _ew_again(traffic: float) -> float:
         return memory_time_s(gpu, traffic) * mem_factor
 
-    cast_extra = (a_bytes + 1) if fp8 is not None else 0.0    # a BF16 read, an FP8 write: a linear's input cast again
+    # a BF16 read, a quantized write (its scales not counted): a linear's input cast again
+    cast_extra = (a_bytes + fp8.value_bytes) if fp8 is not None else 0.0
     rep_div = t if sp else 1
     tp_block_s = tp_fwd_s / 2 if t > 1 else 0.0       # one block's TP collectives (attention, MLP)
     mods: list[tuple[str, float, float, float]] = [
@@ -801,7 +805,7 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``). ``vocab_pad``: the
     framework's padding of the vocabulary per TP rank (``FrameworkProfile.vocab_pad``); ``eager_loss``:
     the loss is the runtime's eager one, whose logits hold ``EAGER_LOSS_BYTES`` at its backward's start."""
-    dt = FP8_COMPUTE_DTYPE if workload.dtype == "fp8" else workload.dtype
+    dt = FP8_COMPUTE_DTYPE if low_precision(workload.dtype) else workload.dtype
     a_bytes = dtype_bytes(dt)
     t = tp
     T = micro_batch * workload.seq_len / cp

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from .fp8 import Fp8Recipe
 from .layers import ends_params, layer_params
-from .specs import ModelSpec, ParallelConfig, StageSpec
+from .specs import LOW_PRECISION_DTYPES, ModelSpec, ParallelConfig, StageSpec, low_precision
 from .units import MIB, dtype_bytes
 
 
@@ -49,10 +49,10 @@ def bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Recipe | None 
     ``moments_bf16`` (Adam, BF16 and FP8 training): Adam's state as ``adam_state_bytes_bf16_moments``
     counts it."""
     k = 12.0 if optimizer in ("adam", "adamw") else 8.0
-    low = dtype in ("bf16", "bfloat16", "fp8") and grads_bf16
-    if moments_bf16 and optimizer in ("adam", "adamw") and dtype in ("bf16", "bfloat16", "fp8"):
+    low = dtype in ("bf16", "bfloat16", *LOW_PRECISION_DTYPES) and grads_bf16
+    if moments_bf16 and optimizer in ("adam", "adamw") and dtype in ("bf16", "bfloat16", *LOW_PRECISION_DTYPES):
         k = adam_state_bytes_bf16_moments(dtype, fp8)
-    if dtype == "fp8":
+    if low_precision(dtype):
         return (fp8.weight_bytes_per_param() if fp8 is not None else 1.0), (2.0 if low else 4.0), k
     w = dtype_bytes(dtype)
     g = (2.0 if low else 4.0) if dtype in ("bf16", "bfloat16") else w
@@ -73,7 +73,7 @@ def adam_state_bytes_bf16_moments(dtype: str, fp8: Fp8Recipe | None = None) -> f
     (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): 6 bytes. Under the other FP8 recipes
     Megatron keeps the master itself in FP32: 8 bytes. Without a recipe (a floor for bounds) the
     least: 6."""
-    if dtype == "fp8" and fp8 is not None and (fp8.name != "delayed" or fp8.fp8_weights):
+    if low_precision(dtype) and fp8 is not None and (fp8.name != "delayed" or fp8.fp8_weights):
         return 4.0 + 2.0 + 2.0
     return 2.0 + 2.0 + 2.0
 
@@ -85,7 +85,7 @@ def ends_weight_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8: Fp8Re
     Transformer Engine modules, so they get no cached FP8 copies and ``--fp8-param-gather`` leaves
     them BF16; torchtitan's float8 converter skips embeddings and its configs filter ``output``
     (``filter_fqns``). So 2 bytes (BF16) in FP8 training, the working dtype's bytes otherwise."""
-    if dtype == "fp8":
+    if low_precision(dtype):
         return 2.0
     return bytes_per_param(dtype, optimizer, fp8)[0]
 
@@ -119,7 +119,7 @@ def param_gather_bytes_per_param(dtype: str, fp8: Fp8Recipe | None = None) -> fl
     """Bytes per parameter a weight all-gather moves (ZeRO-1/2 after the step, ZeRO-3 before
     each use) and a gathered-weight buffer holds: the working precision (BF16 under FP8
     training), FP8 with the recipe's FP8 parameter gather (``costmodel.fp8``)."""
-    if dtype == "fp8":
+    if low_precision(dtype):
         return fp8.copy_bytes if fp8 is not None and fp8.param_gather else 2.0
     return bytes_per_param(dtype)[0]
 
@@ -137,7 +137,7 @@ def optimizer_traffic_bytes_per_param(dtype: str, optimizer: str = "adamw", fp8:
     ``is_first_microbatch``): the BF16 write (an FP8 one with FP8 weights) and that cast; the
     delayed recipe on Hopper: 24 + 4 + 2 + (2 + 2) = 34."""
     w, g, k = bytes_per_param(dtype, optimizer, fp8, grads_bf16, moments_bf16)
-    if dtype == "fp8":
+    if low_precision(dtype):
         if fp8 is None or not fp8.weight_copies:
             return 2 * k + g + 2.0
         write = fp8.copy_bytes if fp8.fp8_weights else 2.0

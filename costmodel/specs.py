@@ -478,7 +478,7 @@ class GpuSpec:
         return self.peak(dtype) if self.attention_table else self.rate(dtype)
 
     def peak(self, dtype: str) -> float:
-        key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+        key = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "nvfp4": "fp4"}.get(dtype, dtype)
         if key in self.peak_flops_per_s:
             return self.peak_flops_per_s[key]
         if key in ("fp16", "bf16"):
@@ -781,7 +781,15 @@ OFFLOAD_MODULES = ("expert_fc1", "moe_act")
 MEGATRON_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                             "fused_group_mlp")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8", "nvfp4")
+# training dtypes whose linear GEMMs run quantized under a recipe (costmodel.fp8), everything else in BF16:
+# FP8 (``Workload.fp8_recipe``) and NVFP4 (Transformer Engine's NVFP4BlockScaling, its own recipe)
+LOW_PRECISION_DTYPES = ("fp8", "nvfp4")
+
+
+def low_precision(dtype: str) -> bool:
+    """Whether training in ``dtype`` runs its linear GEMMs under a quantization recipe (``LOW_PRECISION_DTYPES``)."""
+    return dtype in LOW_PRECISION_DTYPES
 TRAINING_REFUSED_DTYPES = ("int8", "int4")     # serving-only weight formats
 # FP8 training recipes (costmodel/fp8.py): Transformer Engine's delayed and current per-tensor
 # scaling, Blackwell's MXFP8, DeepSeek-V3's blockwise, torchao's tensorwise and rowwise dynamic scaling
@@ -816,6 +824,10 @@ class Workload:
         check_types(self, "workload", SpecError)
         if self.fp8_recipe and self.fp8_recipe not in FP8_RECIPES:
             raise SpecError(f"workload: unknown fp8 recipe {self.fp8_recipe!r}; known: {', '.join(FP8_RECIPES)}")
+        if self.dtype == "nvfp4" and (self.fp8_recipe or self.fp8_param_gather):
+            raise SpecError("workload: nvfp4 training is one recipe (Transformer Engine's NVFP4BlockScaling, Megatron's "
+                            "--fp4-recipe nvfp4); an fp8 recipe or FP8 parameter gather does not apply to it (drop "
+                            "--fp8-recipe/--fp8-param-gather; FP4 parameter gather is not priced)")
         if (self.fp8_recipe or self.fp8_param_gather) and not (self.mode == "train" and self.dtype == "fp8"):
             raise SpecError(f"workload: an fp8 recipe is a setting of fp8 training; this workload is {self.mode} in "
                             f"{self.dtype} (use --dtype fp8 for training, or drop the recipe)")
@@ -832,6 +844,9 @@ class Workload:
         if self.mode == "train" and self.dtype.lower() in TRAINING_REFUSED_DTYPES:
             raise SpecError(f"workload: training in {self.dtype} is not supported (integer weights have no gradients); "
                             f"train in {', '.join(TRAINING_DTYPES)}, or plan serving with --mode infer")
+        if self.mode == "infer" and self.dtype == "nvfp4":
+            raise SpecError("workload: nvfp4 is a training recipe here (Transformer Engine's NVFP4BlockScaling); serving "
+                            "with 4-bit weights is priced as int4 (--dtype int4)")
         if self.mode == "train" and self.kv_dtype:
             raise SpecError(f"workload: kv_dtype {self.kv_dtype!r} is a serving setting (the KV cache); a training "
                             "workload has none")

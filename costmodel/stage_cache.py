@@ -173,7 +173,7 @@ class _Shared:
                             par.etp, etp_lay, ex,
                             self.framework.elementwise, attention, self.framework.launch, autocast,
                             self.framework.host_op_s, self.framework.fp8_attention)
-            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name)
+            tp_overlap = tp_overlap_mode(self.framework, par, tp_lay, grp.gpu.name, self.workload.dtype)
             ep_overlap = (self.framework.ep_comm_overlap or par.ep_overlap) and moe and par.ep > 1
             # DeepEP's kernels hold their SMs while they overlap compute (costmodel.moe.comm_sm_share)
             share = comm_sm_share(grp.gpu.name, ex.dispatcher_sms) if moe and ex.dispatcher_sms else 0.0

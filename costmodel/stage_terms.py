@@ -50,7 +50,7 @@ from .matrices import layer_matrices
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
 from .moe import ep_backward_window_s, sm_share_overlap_s
 from .scale import GRAD_NORM_READS
-from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload
+from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload, low_precision
 
 if TYPE_CHECKING:
     from .stage_cache import _Shared
@@ -393,12 +393,13 @@ class StageMesh:
 
 def fp8_recipe_of(cluster: ClusterSpec, workload: Workload, framework: "str | FrameworkProfile"
                   ) -> fp8_recipes.Fp8Recipe | None:
-    """The FP8 recipe a training workload runs (None unless ``dtype == "fp8"``): the workload's,
+    """The FP8 recipe a training workload runs (None unless ``dtype`` is "fp8" or "nvfp4"): the workload's,
     else the framework's default for the first node group's GPU; every node group must run it."""
-    if workload.dtype != "fp8" or workload.mode != "train":
+    if not low_precision(workload.dtype) or workload.mode != "train":
         return None
     name = framework_profile(framework).name
-    rec = fp8_recipes.resolve(workload.fp8_recipe, name, cluster.groups[0].gpu, workload.fp8_param_gather)
+    recipe = "nvfp4" if workload.dtype == "nvfp4" else workload.fp8_recipe
+    rec = fp8_recipes.resolve(recipe, name, cluster.groups[0].gpu, workload.fp8_param_gather)
     for g in cluster.groups[1:]:
         fp8_recipes.resolve(rec.name, name, g.gpu)
     return rec

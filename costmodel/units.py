@@ -21,6 +21,8 @@ DTYPE_BYTES = {
     "fp32": 4, "float32": 4, "tf32": 4,
     "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
     "fp8": 1, "int8": 1, "int4": 0.5,
+    # NVFP4 (training only): a 4-bit E2M1 value and one E4M3 scale byte per 16 values (costmodel.fp8.nvfp4)
+    "nvfp4": 0.5 + 1 / 16,
 }
 
 

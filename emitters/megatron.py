@@ -13,7 +13,7 @@ from __future__ import annotations
 from emitters.base import (CannotExpress, Raw, bash_array, nodes_and_procs, recompute_per_stage, require,
                            virtual_counts,
                            require_mode, require_one_group, require_order, script_header, stage_layers)
-from costmodel.frameworks import framework_profile, tp_overlap_of
+from costmodel.frameworks import NO_TP_OVERLAP_DTYPES, framework_profile, tp_overlap_of
 from emitters.recipe import (Need, checkpoint_need, model_settings, needs_block, priced_assumptions, recipe, sci,
                              warmup_shell)
 from planner.plan.planfile import Plan
@@ -256,7 +256,7 @@ def tp_comm_overlap(plan: Plan) -> bool:
     NVLink domain, a GPU with CUDA multicast). Elsewhere Megatron's backward-only overlap is priced
     and the flag stays off."""
     return tp_overlap_of(TARGET, plan.parallel, plan.mesh_order, plan.cluster.nvlink_gpus,
-                         plan.cluster.gpu.name) == "full"
+                         plan.cluster.gpu.name, plan.workload.dtype) == "full"
 
 
 def not_expressed(plan: Plan) -> list[str]:
@@ -272,6 +272,9 @@ def not_expressed(plan: Plan) -> list[str]:
     if tp_comm_overlap(plan):
         out.append("priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): "
                    "it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)")
+    elif plan.parallel.tp > 1 and plan.workload.dtype in NO_TP_OVERLAP_DTYPES:
+        out.append(f"priced with Megatron's backward-only TP overlap: --tp-comm-overlap is not written, as Transformer "
+                   f"Engine's userbuffers cannot gather {plan.workload.dtype} inputs")
     elif plan.parallel.tp > 1:
         out.append("priced with Megatron's backward-only TP overlap: --tp-comm-overlap needs sequence parallel, "
                    "TP inside one NVLink domain and a GPU with CUDA multicast (Hopper or later; Transformer "
@@ -426,9 +429,11 @@ def training_args(plan: Plan) -> list:
     p = plan.parallel
     w = plan.workload
     dtype = {"bf16": ["--bf16"], "bfloat16": ["--bf16"], "fp16": ["--fp16"], "float16": ["--fp16"],
-             "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"]}.get(w.dtype)
+             "fp32": [], "float32": [], "tf32": [], "fp8": ["--bf16", "--fp8-format", "hybrid"],
+             # Transformer Engine's NVFP4BlockScaling with its defaults (costmodel.fp8.nvfp4 prices them)
+             "nvfp4": ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]}.get(w.dtype)
     if dtype is None:
-        raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16 or fp8 (TE)")
+        raise CannotExpress(TARGET, f"dtype {w.dtype}", "Megatron trains in fp32, fp16, bf16, fp8 or nvfp4 (TE)")
     fp8_recipe = w.fp8_recipe if w.dtype == "fp8" else ""
     if fp8_recipe:
         # the recipe the plan was priced with (the planner records it; costmodel.fp8), in
@@ -444,20 +449,21 @@ def training_args(plan: Plan) -> list:
     if (plan.framework or {}).get("grads_bf16"):
         # the plan's framework setting (planner.plan.targets.SWITCHES), priced as a BF16 gradient
         # buffer (costmodel.memory.bytes_per_param)
-        if w.dtype not in ("bf16", "bfloat16", "fp8"):
+        if w.dtype not in ("bf16", "bfloat16", "fp8", "nvfp4"):
             raise CannotExpress(TARGET, f"framework.grads_bf16 with dtype {w.dtype}",
-                                "--grad-reduce-in-bf16 is for BF16 (or FP8) training; drop the setting")
+                                "--grad-reduce-in-bf16 is for BF16 (or FP8, NVFP4) training; drop the setting")
         dtype = dtype + ["--grad-reduce-in-bf16"]
     if (plan.framework or {}).get("adam_moments_bf16"):
         # priced as costmodel.memory.adam_state_bytes_bf16_moments: BF16 moments and TE's 16-bit
         # master remainders, which hold where TE keeps the master weights of BF16 parameters
-        if w.optimizer == "sgd" or w.dtype not in ("bf16", "bfloat16", "fp8"):
+        if w.optimizer == "sgd" or w.dtype not in ("bf16", "bfloat16", "fp8", "nvfp4"):
             raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with {w.optimizer} in {w.dtype}",
                                 "Megatron's precision-aware optimizer is Adam's, for BF16 (or FP8) training; "
                                 "drop the setting")
-        runs = fp8_recipe or default_fp8_recipe(TARGET, plan.cluster.groups[0].gpu)   # what the price took
-        if w.dtype == "fp8" and (runs != "delayed" or w.fp8_param_gather):
-            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with fp8 recipe {runs}"
+        runs = ("nvfp4" if w.dtype == "nvfp4"
+                else fp8_recipe or default_fp8_recipe(TARGET, plan.cluster.groups[0].gpu))   # what the price took
+        if w.dtype in ("fp8", "nvfp4") and (runs != "delayed" or w.fp8_param_gather):
+            raise CannotExpress(TARGET, f"framework.adam_moments_bf16 with recipe {runs}"
                                 + (" and --fp8-param-gather" if w.fp8_param_gather else ""),
                                 "only FP8's delayed scaling without FP8 parameters leaves Transformer Engine the "
                                 "BF16 master remainders the price assumes; drop the setting")

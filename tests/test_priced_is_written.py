@@ -214,9 +214,28 @@ def _switch_plan(which: str) -> Plan:
                         framework=switches)
 
 
+# NVFP4 on Blackwell (costmodel.fp8.nvfp4): Llama 3 8B at TP 2 with sequence parallelism on a GB200 rack, where a
+# BF16 or FP8 plan would turn on --tp-comm-overlap and NVFP4 cannot (costmodel.frameworks.NO_TP_OVERLAP_DTYPES), and
+# the MoE path on a B200 node
+NVFP4_PLANS = {
+    "llama3-8b-gb200-tp2-sp": ("llama-3-8b", "gb200-nvl72", 8, dict(tp=2, dp=4, sp=True, micro_batch=1, grad_accum=2,
+                                                                    zero=1)),
+    "mixtral-8x7b-b200-ep8": ("mixtral-8x7b", "dgx-b200", 8, dict(tp=1, dp=8, ep=8, micro_batch=1, grad_accum=2,
+                                                                  zero=1, recompute="full")),
+}
+
+
+def _nvfp4_plan(which: str) -> Plan:
+    model, cluster, gpus, par = NVFP4_PLANS[which]
+    plan = make_plan(model, gpus=gpus, gb=par["dp"] * par["grad_accum"] * par["micro_batch"], seq=4096,
+                     cluster=cluster, **par)
+    return plan.replace(target="megatron", workload=dataclasses.replace(plan.workload, dtype="nvfp4"))
+
+
 def _cases() -> list:
     cases = [pytest.param("megatron", "demo", id="megatron-demo")]
     cases += [pytest.param("megatron", f"switch:{k}", id=f"megatron-switch-{k}") for k in SWITCH_PLANS]
+    cases += [pytest.param("megatron", f"nvfp4:{k}", id=f"megatron-nvfp4-{k}") for k in NVFP4_PLANS]
     cases += [pytest.param("torchtitan", f"float8:{k}", id=f"torchtitan-float8-{k}") for k in FLOAT8_PLANS]
     cases += [pytest.param("torchtitan", f"moe:{k}", id=f"torchtitan-moe-{k}") for k in MOE_PLANS]
     cases += [pytest.param("torchtitan", f"vpp:{k}", id=f"torchtitan-uneven-vpp-{k}") for k in UNEVEN_VPP_PLANS]
@@ -242,6 +261,8 @@ def _plan(target: str, which: str) -> Plan | None:
         return float8_plan(which[7:])
     if which.startswith("switch:"):
         return _switch_plan(which[7:])
+    if which.startswith("nvfp4:"):
+        return _nvfp4_plan(which[6:])
     if which.startswith("moechoice:"):
         return _moe_plan(which[10:])
     if which.startswith("file:"):
@@ -423,7 +444,10 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
         fields.update(num_experts=a.num_experts, top_k=a.moe_router_topk, expert_ffn_hidden=a.moe_ffn_hidden_size)
         assert a.moe_aux_loss_coeff and a.moe_aux_loss_coeff > 0     # balanced routing, as priced
     model = dataclasses.replace(m, **fields)
-    dtype = "fp8" if a.fp8_format else "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32"
+    assert not (a.fp8_format and a.fp4_format), "Megatron refuses --fp4-format with --fp8-format"
+    assert not a.fp4_param_gather, "FP4 parameter gather is not priced"
+    dtype = ("nvfp4" if a.fp4_format == "e2m1" and a.fp4_recipe == "nvfp4" else "fp8" if a.fp8_format
+             else "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32")
     recipe = {"tensorwise": "current"}.get(a.fp8_recipe, a.fp8_recipe or "") if dtype == "fp8" else ""
     wl = dataclasses.replace(plan.workload, global_batch=a.global_batch_size, seq_len=a.seq_length, dtype=dtype,
                              fp8_recipe=recipe if recipe else plan.workload.fp8_recipe if dtype == "fp8" else "",

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import shlex
+import re
 import sys
 import traceback
 
@@ -25,18 +26,17 @@ from costmodel.files.version import tool_version
 COMMANDS = ["profile", "plan", "estimate", "explain", "emit", "launch", "replan", "calibrate", "validate"]
 
 
-# 4-bit training formats a user may ask --dtype for: not priced, said so (``_Parser.error``)
-FP4_NAMES = ("fp4", "nvfp4", "mxfp4", "e2m1")
-FP4_HINT = ("4-bit training (NVFP4, MXFP4) is not priced: the cost model has no FP4 recipe (its block-scaling casts, "
-            "the layers it keeps in 16-bit, the transforms on the gradients' inputs) and no FP4 run validated. "
-            "Plan with --dtype fp8, and expect NVFP4 to run faster than that plan (MLPerf Training v5.1, Llama 3.1 8B on "
-            "one 8 x B300 node at TP 1, micro-batch 2: Dell's FP8 run 0.548 s per step, Lenovo's and Nebius's "
-            "NVFP4 runs 0.394-0.406 s)")
+# 4-bit training formats a user may ask --dtype for under another name (``_Parser.error``)
+FP4_NAMES = ("fp4", "nvfp4", "mxfp4", "e2m1")     # nvfp4: in another case (NVFP4)
+FP4_HINT = ("4-bit training is priced as NVFP4, Transformer Engine's recipe (E2M1 values, an E4M3 scale per 16) that "
+            "Megatron-LM runs on Blackwell: --dtype nvfp4 --target megatron. MXFP4 training is not priced (Transformer "
+            "Engine has no MXFP4 training recipe)")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default exits 2 too; one line, with the hint
-        if "argument --dtype: invalid choice" in message and any(f"'{n}'" in message.lower() for n in FP4_NAMES):
+        asked = re.search(r"argument --dtype: invalid choice: '([^']*)'", message)
+        if asked and asked.group(1).lower() in FP4_NAMES:
             message += f". {FP4_HINT}"
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)

@@ -31,9 +31,9 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--gpus", type=int, help="GPUs to use (default: the whole cluster)")
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
-    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8", "int4"],
-                   help="precision of the weights and compute (training: bf16, fp16, fp32, or fp8: an FP8 recipe, "
-                        "see --fp8-recipe)")
+    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "nvfp4", "int8", "int4"],
+                   help="precision of the weights and compute (training: bf16, fp16, fp32, fp8: an FP8 recipe, "
+                        "see --fp8-recipe, or nvfp4: Transformer Engine's NVFP4 on Blackwell, Megatron only)")
     g.add_argument("--fp8-recipe", default="",
                    choices=["", "delayed", "current", "mxfp8", "blockwise", "tensorwise", "rowwise"],
                    help="FP8 training recipe (with --dtype fp8): Transformer Engine delayed or current scaling, "
@@ -130,6 +130,10 @@ def load_problem(args: argparse.Namespace, mode: str = "train") -> tuple[ModelSp
                   attention_kernel=args.attention_kernel, seed=args.seed, mode=mode,
                   fp8_recipe=getattr(args, "fp8_recipe", "") or "",
                   fp8_param_gather=bool(getattr(args, "fp8_param_gather", False)))
+    if mode == "train" and wl.dtype == "nvfp4":
+        from costmodel.fp8 import nvfp4
+        for grp in cluster.groups:       # refuses a GPU without FP4 training tensor cores
+            nvfp4(grp.gpu)
     if mode == "train" and wl.dtype == "fp8":
         import dataclasses
 

@@ -48,7 +48,7 @@ from typing import Any, Iterator
 
 from costmodel import ceilings, fitted, fp8, frameworks, layers, stage_cache
 from costmodel.frameworks import COMPILE_KERNEL_FACTOR, FRAMEWORKS, curves_measured, sm90_factor_applies
-from costmodel.specs import ParallelConfig, SpecError
+from costmodel.specs import ParallelConfig, SpecError, low_precision
 from costmodel.training import estimate
 from costmodel.units import GIB
 from planner.cli import validation, validation_memory
@@ -81,7 +81,8 @@ class CrossCase:
 
     @property
     def fitted_on(self) -> bool:
-        return self.split in FIT_SPLITS and not self.moe
+        # NVFP4 runs are read by no fit: the recipe's two constants come from a kernel table alone (costmodel.fp8)
+        return self.split in FIT_SPLITS and not self.moe and self.dtype != "nvfp4"
 
     @property
     def catalog_hardware(self) -> bool:
@@ -223,12 +224,12 @@ def load_cases() -> tuple[list[CrossCase], list[str]]:
             skipped.append(f"{c['name']}: {e}")
             continue
         gpu = cluster.groups[0].gpu
-        pub = published_tokens_per_s(c, model, gpu.peak(wl.dtype if wl.dtype != "fp8" else "bf16"))
+        pub = published_tokens_per_s(c, model, gpu.peak("bf16" if low_precision(wl.dtype) else wl.dtype))
         if pub is None:
             skipped.append(f"{c['name']}: no tokens/s, step time or convertible TFLOP/s published")
             continue
         unpub, alts = _alternatives(c, par, model.layers)
-        pub_alts = published_alternatives(c, model, gpu.peak(wl.dtype if wl.dtype != "fp8" else "bf16"))
+        pub_alts = published_alternatives(c, model, gpu.peak("bf16" if low_precision(wl.dtype) else wl.dtype))
         if pub_alts:
             unpub += ("FLOP count",)
         cases.append(CrossCase(name=c["name"], family=family_of(str(c["source"])), framework=fw,

@@ -525,7 +525,7 @@ MEGATRON = TrainTarget(
     vpp=True, vpp_split="ends", split="any",
     recompute=frozenset({"none", "selective", "full"}), recompute_block=True, recompute_per_stage=False,
     sp="optional", schedules=frozenset({"1f1b", "interleaved"}), microbatches="megatron",
-    orders=MEGATRON_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),
+    orders=MEGATRON_ORDERS, tp_with_pp=True, dtypes=frozenset({"bf16", "fp16", "fp32", "fp8", "nvfp4"}),
     mla=True, moe=True, alibi=False, kv_heads_divisible=True, heterogeneous=False,
     sources=MEGATRON_SOURCES,
     extra=(Extra(what="expert grid", source=f"{MEGATRON_SRC}: parallel_state.py ~870-907", check=_megatron_expert_grid),),
@@ -1505,7 +1505,9 @@ CAPS: tuple[Cap, ...] = (
         lambda a: f"{a.model.name} is a mixture of experts ({a.model.num_experts} experts), which the {a.name} "
                   "target does not write; use the megatron target"),
     Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
-        lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; plan --dtype bf16"),
+        lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; "
+                  + ("NVFP4 training is priced as Transformer Engine's recipe, which Megatron-LM runs (--fp4-format "
+                     "e2m1); plan --target megatron, or --dtype fp8" if a.wl.dtype == "nvfp4" else "plan --dtype bf16")),
     Cap("kv_heads_divisible", lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
         lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
                   f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
