@@ -140,28 +140,59 @@ def gemm_speedup_admissible(efficiency: float, half_size_factor: float, half_siz
 # ``csrc/quantizer.cpp``; the per-tensor scale needs the amax first). Facts read at NVIDIA/TransformerEngine
 # d0067d0d and NVIDIA/Megatron-LM d98e8a64 (docs/notes/stop-50/research/nvfp4.md).
 #
-# Two constants, both from one kernel measurement (TransformerEngine d0067d0d,
-# ``docs/examples/gemm_profiling/gemm_profiling.rst``: the 12 GEMMs of a hidden 4096 / FFN 16384 layer at
-# M = 15,872 tokens on a B300 SXM6, per layer): pre-quantized (GEMMs alone) MXFP8 7.161 ms, NVFP4 3.764 ms;
-# autocast (the GEMMs and their quantization) MXFP8 8.984 ms, NVFP4 6.453 ms. Both were set from that table
-# alone, before any NVFP4 training run was priced with them; no NVFP4 run is fitted.
-# * FP4_RELATIVE_EFFICIENCY: the FP4 GEMM's fraction of the FP4 peak, relative to the FP8 curve's fraction of
-#   the FP8 peak at the same shape: the measured 1.90x over MXFP8 on B300, whose dense FP4 peak is 3x its FP8
-#   (13.5 and 4.5 PFLOP/s), is 1.90 / 3 = 0.63 of the FP8 curve. Taken as one property of Blackwell's FP4
-#   tensor cores: on B200 and GB200 (FP4 peak 2x FP8) it prices a layer's GEMMs at 1.27x MXFP8's. No B200
-#   or GB200 NVFP4 GEMM measurement was found to check that.
-# * NVFP4_CAST_SLOWDOWN: how much longer NVFP4's quantization takes than its bytes at MXFP8's achieved rate.
-#   The autocast-less-pre-quantized difference is 2.689 ms for NVFP4 and 1.823 ms for MXFP8 (1.475x), where
-#   the bytes this module prices per quantized value are 5.125 against 6.0625 (two BF16 reads and two copies
-#   each): 1.475 x 6.0625 / 5.125 = 1.745. TE names the cause: the random Hadamard transform of the Wgrad
-#   operands, stochastic rounding of the gradients, 2D weight scaling and the amax pass. The measurement ran
-#   TE's default recipe (all three on); a run that turns them off (MLPerf's "vanilla" 405B) casts faster,
-#   which this does not price.
-TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8 = 7.161 / 3.764        # pre-quantized, B300 (1.90)
-TE_B300_FP4_OVER_FP8_PEAK = 13500.0 / 4500.0             # dense datasheet peaks of the measurement's GPU
-FP4_RELATIVE_EFFICIENCY = TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8 / TE_B300_FP4_OVER_FP8_PEAK
+# The FP4 GEMM curve, one constant per Blackwell generation, each from a kernel measurement of NVFP4 against BF16
+# on one GPU and harness (no training run: none was fitted or consulted for it but as said below):
+#   eff_fp4(g) = FP4_RELATIVE_EFFICIENCY[gen] * matmul_efficiency * g / (g + matmul_half_size)
+#                * (g + matmul_half_size) / (g + FP4_HALF_SIZE_FACTOR * matmul_half_size)
+# i.e. the BF16 curve with FP8's small-GEMM loss (FP4_HALF_SIZE_FACTOR: 8, the FP8 curve's value when this was
+# written, not refitted with it), times the generation's constant:
+# * "blackwell" (B200, GB200): pytorch/ao PR #2427 (2025-06, benchmarks/float8/bench_matmul.py --recipe nvfp4 on a
+#   B200): an 8192^3 GEMM at 5.37e15 FLOP/s in NVFP4 and 1.42e15 in BF16 (59.7% and 63.1% of the 9.0 and 2.25
+#   PFLOP/s peaks; 6144^3: 5.50e15 and 1.45e15, a check). NVFP4 keeps nearly BF16's fraction of its peak.
+# * "ultra" (B300, GB300): NVIDIA/TransformerEngine d0067d0d, docs/examples/gemm_profiling/gemm_profiling.rst, the
+#   12 GEMMs of a hidden 4096 / FFN 16384 layer at M = 15,872 tokens on a B300 SXM6, pre-quantized (GEMMs alone):
+#   BF16 13.102 ms, NVFP4 3.764 ms a layer, 3.48x where the dense peaks are 6x apart (13.5 and 2.25 PFLOP/s): the
+#   B300's 3x-FP8 FP4 peak is far from reached (its MXFP8 1.90x slower: 7.161 ms).
+# History: the first version (this stop) priced every Blackwell with the B300 constant alone; priced so, NVIDIA's
+# MLPerf v5.1 NVFP4 405B runs on GB200 came out 22-25% too slow and the GB300 one within 2%. The B200 measurement
+# was then looked for and found; the GB200 rows were seen before this choice (docs/notes/stop-51).
+#
+# NVFP4_CAST_SLOWDOWN: how much longer NVFP4's quantization takes than its bytes at the memory-bound rate MXFP8's
+# is priced at. In the same TE table, autocast (GEMMs and their quantization) less pre-quantized is 2.689 ms for
+# NVFP4 (6.453 - 3.764) and 1.823 ms for MXFP8 (8.984 - 7.161), 1.475x, where the bytes this module prices per
+# quantized value are 5.125 against 6.0625 (two BF16 reads, two copies each): 1.475 x 6.0625 / 5.125 = 1.745. TE
+# names the cause: the random Hadamard transform of the Wgrad operands, stochastic rounding of the gradients, 2D
+# weight scaling and the amax pass. The measurement ran TE's default recipe (all three on), which the Megatron file
+# writes; a run that turns them off (MLPerf's "vanilla" 405B recipe) casts faster, which this does not price.
+FP4_HALF_SIZE_FACTOR = 8.0
+TORCHAO_B200 = (8192, 5.37e15 / 1.42e15, 9000.0 / 2250.0, 320.0)   # cube, NVFP4 over BF16, peak ratio, half size
+TE_B300_LAYER = (13.102 / 3.764, 13500.0 / 2250.0, 320.0)         # NVFP4 over BF16, peak ratio, half size
+TE_B300_FP4_OVER_FP8_PEAK = 13500.0 / 4500.0            # the measurement's GPU's dense peaks
 TE_QUANTIZE_MS = {"mxfp8": 8.984 - 7.161, "nvfp4": 6.453 - 3.764}   # autocast less pre-quantized, per layer
 NVFP4_BYTES = 0.5 + 1.0 / 16            # one E2M1 value and its share of an E4M3 scale per 16 values
+
+
+def _fp4_shape(g: float, half_size: float) -> float:
+    return (g + half_size) / (g + FP4_HALF_SIZE_FACTOR * half_size)
+
+
+def _fp4_constants() -> dict[str, float]:
+    """``FP4_RELATIVE_EFFICIENCY``: each generation's constant solved from its measurement (above) on this module's
+    curve: the measured NVFP4-over-BF16 ratio over the peak ratio and the FP4 shape term at the measured shapes (the
+    wave and tile factor is the same tiles in both formats, so it weights the TE layer's four GEMMs as they run)."""
+    cube, ratio, peaks, h = TORCHAO_B200
+    blackwell = ratio / (peaks * _fp4_shape(cube, h))
+    ratio, peaks, h = TE_B300_LAYER
+    bf16 = fp4 = 0.0
+    for m, n, k in TE_LAYER_GEMMS:
+        g = (m * n * k) ** (1.0 / 3.0)
+        w = m * n * k * (g + h) / g / gemm_shape_factor("B300", m, n, k, 1, True)
+        bf16 += w
+        fp4 += w / (peaks * _fp4_shape(g, h))
+    return {"blackwell": blackwell, "ultra": ratio * fp4 / bf16}
+
+
+FP4_RELATIVE_EFFICIENCY = _fp4_constants()
 
 
 @dataclass(frozen=True)
@@ -180,7 +211,7 @@ class Fp8Recipe:
     # torchao's rowwise (axiswise) scaling: the backward's extra cast and output rescales (``axiswise_bytes``)
     axiswise: bool = False
     value_bytes: float = 1.0      # bytes of one quantized value (FP8 1, FP4 0.5), its scale apart
-    # the GEMMs' peak and curve: "fp8", or "fp4" (the FP4 peak at FP4_RELATIVE_EFFICIENCY of the FP8 curve)
+    # the GEMMs' peak and curve: "fp8", or "fp4" (the FP4 peak on the FP4 curve, ``gemm_efficiency``)
     gemm_format: str = "fp8"
     # how much slower than its bytes at the memory-bound rate a quantization runs (NVFP4_CAST_SLOWDOWN)
     cast_slowdown: float = 1.0
@@ -288,14 +319,14 @@ def _raw_cast_bytes(cast_reads: int, copies: int, copy_bytes: float) -> float:
     return 2.0 * cast_reads + copies * copy_bytes
 
 
-# NVFP4's quantization against MXFP8's per priced byte (the comment above TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8)
+# NVFP4's quantization against MXFP8's per priced byte (the comment above FP4_HALF_SIZE_FACTOR)
 NVFP4_CAST_SLOWDOWN = (TE_QUANTIZE_MS["nvfp4"] / TE_QUANTIZE_MS["mxfp8"]
                        * _raw_cast_bytes(2, 2, 1.0 + 1.0 / 32) / _raw_cast_bytes(2, 2, NVFP4_BYTES))
 
 
 def nvfp4(gpu: GpuSpec) -> Fp8Recipe:
-    """Transformer Engine's NVFP4BlockScaling as Megatron-LM runs it (the comment above
-    ``TE_NVFP4_GEMM_SPEEDUP_OVER_MXFP8``): dynamic (an amax pass, then the quantize pass writing the
+    """Transformer Engine's NVFP4BlockScaling as Megatron-LM runs it (the comments above ``Fp8Recipe``):
+    dynamic (an amax pass, then the quantize pass writing the
     rowwise and columnwise copies), the two weight copies cached across a step's micro-batches, a
     saved linear input of one columnwise FP4 copy, sequence-parallel all-gathers of the FP4 input
     (TE's NVFP4 all-gather, after the global amax's all-reduce), the weights' data-parallel gather in
@@ -378,8 +409,11 @@ def torchao_mxfp8_experts() -> Fp8Recipe:
 
 
 def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float, fmt: str = "fp8") -> float:
-    """Fraction of the FP8 peak (``fmt`` "fp4": the FP4 peak) a GEMM of geometric-mean size ``g``
-    reaches, from the BF16 curve's value there (see ``FP8_GEMM_EFFICIENCY``, ``FP4_RELATIVE_EFFICIENCY``)."""
+    """Fraction of the FP8 peak a GEMM of geometric-mean size ``g`` reaches, from the BF16
+    curve's value there (see ``FP8_GEMM_EFFICIENCY``); ``fmt`` "fp4": of the FP4 peak, on the FP4
+    curve of the GPU's Blackwell generation (``FP4_RELATIVE_EFFICIENCY``)."""
     h = gpu.matmul_half_size
-    eff = bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)
-    return eff * FP4_RELATIVE_EFFICIENCY if fmt == "fp4" else eff
+    if fmt == "fp4":
+        gen = "ultra" if gpu.name.upper().startswith(("GB300", "B300")) else "blackwell"
+        return bf16_efficiency * FP4_RELATIVE_EFFICIENCY[gen] * _fp4_shape(g, h)
+    return bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)

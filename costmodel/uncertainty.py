@@ -19,6 +19,8 @@ Kinds (``KINDS``):
 * ``train-cp``: dense training under context parallelism on any other ring (Transformer Engine's:
   Megatron, NeMo), whose published runs spread wider than the rest and mostly on the slow side
   (stop 42: Fujii's A100 sweep);
+* ``train-nvfp4``: dense training in NVFP4 (``costmodel.fp8.nvfp4``), a recipe whose constants come from
+  one kernel table and no fitted run: its own published runs' residuals;
 * ``serve-ttft``: time to the first token (a lone request's prefill);
 * ``serve-tpot``: time per output token (decode step, ITL);
 * ``serve-throughput``: output tokens/s.
@@ -37,7 +39,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-KINDS = ("train-dense", "train-moe", "train-thin", "train-torch-cp", "train-cp", "serve-ttft", "serve-tpot", "serve-throughput")
+KINDS = ("train-dense", "train-moe", "train-thin", "train-torch-cp", "train-cp", "train-nvfp4", "serve-ttft", "serve-tpot",
+         "serve-throughput")
 # The share of validation errors a band covers. 0.8: a one-sided goal then fails for roughly one
 # case in ten when errors are symmetric (the other tenth errs on the safe side); chosen before the
 # residuals were looked at, the same for every kind.

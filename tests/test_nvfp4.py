@@ -35,13 +35,25 @@ def _layer_gemm_ms(recipe: fp8.Fp8Recipe, pre_quantized: bool) -> float:
     return t * 1e3
 
 
-def test_fp4_curve_reproduces_the_measured_gemm_speedup():
-    """Pre-quantized, NVFP4 over MXFP8 on the TE layer is the table's 7.161 / 3.764 = 1.90x, on the B300 the
-    measurement ran on; the peak ratio the constant divides by is the catalog's."""
-    mx, nv = fp8.resolve("mxfp8", "megatron", B300.gpu), fp8.nvfp4(B300.gpu)
-    ratio = _layer_gemm_ms(mx, True) / _layer_gemm_ms(nv, True)
-    assert ratio == pytest.approx(7.161 / 3.764, rel=1e-6)
+def test_fp4_curves_reproduce_the_kernel_tables_they_were_read_from():
+    """Each Blackwell generation's FP4 constant, solved from its measurement: torchao's B200 8192^3 GEMM (NVFP4
+    5.37e15 FLOP/s, BF16 1.42e15) and TE's B300 layer (BF16 13.102 ms, NVFP4 3.764 ms pre-quantized); the peak
+    ratios the constants divide by are the catalog's."""
+    from costmodel.compute import gemm_time_s
+    b200 = load_cluster("dgx-b200")
+    m = fp8.TORCHAO_B200[0]
+    assert (gemm_time_s(b200.gpu, b200, "bf16", m, m, m, train=True)
+            / fp8_gemm_time_s(b200.gpu, b200, m, m, m, fmt="fp4")) == pytest.approx(5.37 / 1.42, rel=1e-9)
+    bf16 = sum(gemm_time_s(B300.gpu, B300, "bf16", m, n, k, train=True) for m, n, k in fp8.TE_LAYER_GEMMS)
+    fp4 = sum(fp8_gemm_time_s(B300.gpu, B300, m, n, k, fmt="fp4") for m, n, k in fp8.TE_LAYER_GEMMS)
+    assert bf16 / fp4 == pytest.approx(13.102 / 3.764, rel=1e-9)
+    assert fp8.TORCHAO_B200[2] == b200.gpu.peak("fp4") / b200.gpu.peak("bf16")
+    assert fp8.TE_B300_LAYER[1] == B300.gpu.peak("fp4") / B300.gpu.peak("bf16")
     assert fp8.TE_B300_FP4_OVER_FP8_PEAK == B300.gpu.peak("fp4") / B300.gpu.peak("fp8")
+    assert fp8.TORCHAO_B200[3] == b200.gpu.matmul_half_size and fp8.TE_B300_LAYER[2] == B300.gpu.matmul_half_size
+    # GB200 takes B200's constant, GB300 B300's: the same GEMM is faster on a B200 than on a B300 per FLOP of peak
+    gb200, gb300 = load_cluster("gb200-nvl72").gpu, load_cluster("gb300-nvl72").gpu
+    assert fp8.gemm_efficiency(gb200, 0.6, 8192, "fp4") > fp8.gemm_efficiency(gb300, 0.6, 8192, "fp4")
 
 
 def test_nvfp4_quantization_costs_what_the_table_measured_over_mxfp8():

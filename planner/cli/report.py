@@ -151,8 +151,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     one when the step is thin (``costmodel.ceilings.is_thin``), one when ``par`` runs PyTorch's
     ring attention under ``framework`` (``costmodel.attention.torch_ring``) and one when the GPUs run
     below their rated power with no measured profile (``costmodel.ceilings.power_flag``). A dense model in such
-    a regime takes that regime's band (``train-thin``, ``train-torch-cp``, or ``train-cp`` for context
-    parallelism on another ring, Transformer Engine's; the widest where more than one applies) for its
+    a regime takes that regime's band (``train-thin``, ``train-torch-cp``, ``train-cp`` for context
+    parallelism on another ring, Transformer Engine's, or ``train-nvfp4``; the widest where more than one applies) for its
     range. ``tie_band`` is the band two plans are judged ties with
     (``planner.cli.result.tie_line``: the wider of the pair's): the kind's own band in the thin
     regime, which every plan of one problem shares (its ideal step is the problem's), so its
@@ -172,7 +172,8 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     ring = par is not None and torch_ring(att, par.cp)
     other_cp = par is not None and library_ring(att, par.cp)        # Transformer Engine's ring (train-cp)
     regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring),
-                                                       ("train-cp", other_cp)) if on]
+                                                       ("train-cp", other_cp),
+                                                       ("train-nvfp4", workload.dtype == "nvfp4")) if on]
     kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name

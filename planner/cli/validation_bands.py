@@ -6,7 +6,8 @@ runs that chose no MoE constant (split ``moe-fit`` left out); ``train-thin``: th
 step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out; ``train-torch-cp``: the
 dense runs on PyTorch's ring attention (``validation_cross.torch_cp_case``), on every machine, which
 ``train-dense`` leaves out too; ``train-cp``: the dense runs on catalog hardware under context parallelism on
-any other ring (``validation_cross.cp_case``: Transformer Engine's), which ``train-dense`` leaves out as well.
+any other ring (``validation_cross.cp_case``: Transformer Engine's), which ``train-dense`` leaves out as well;
+``train-nvfp4``: the dense NVFP4 runs (``validation_cross.nvfp4_rows``), which every other kind leaves out.
 The band is
 ``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
 ``planner validate --cross --write-bands`` rewrites the training kinds and keeps the serving kinds
@@ -35,6 +36,9 @@ HOW = {
                 "under context parallelism on a ring other than PyTorch's (validation_cross.cp_case: Transformer "
                 "Engine's, Megatron and NeMo), thin steps apart, each predicted with every fitted constant refitted "
                 "without its own recipe family",
+    "train-nvfp4": "OUT OF SOURCE: tokens/s per GPU of the dense NVFP4 runs on catalog hardware in `planner validate "
+                   "--cross` (validation_cross.nvfp4_rows; the NVFP4 recipe's constants come from a kernel table, none "
+                   "fitted on a run), which train-dense and its regimes leave out",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
                  "time of costmodel/moe.py, are left out)",
@@ -43,6 +47,8 @@ SOURCE = {
     "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
                    "holdout_runs.yaml)",
     "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
+    "train-nvfp4": "docs/validation.md (planner validate --cross, the line 'NVFP4, apart'; "
+                   "calibration/published_runs_more.yaml)",
     "train-thin": "docs/validation.md (planner validate --cross, table 'By ideal step per GPU'; "
                   "calibration/published_runs*.yaml)",
     "train-torch-cp": "docs/validation.md (planner validate --cross, table 'By context parallelism'; "
@@ -60,11 +66,14 @@ def _cross() -> dict:
 
 def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
-    from planner.cli.validation_cross import cp_case, headline_rows, thin_case, torch_cp_case
+    from planner.cli.validation_cross import cp_case, headline_rows, nvfp4_rows, thin_case, torch_cp_case
     res = res if res is not None else _cross()
-    split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": [], "train-cp": []}
+    split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": [], "train-cp": [],
+                                     "train-nvfp4": [r.error for r in nvfp4_rows(res["rows"])]}
     headline = set(map(id, headline_rows(res["rows"])))
     for r in res["rows"]:
+        if r.case.dtype == "nvfp4":                # its own kind (above)
+            continue
         if torch_cp_case(r.case):                  # every machine
             split["train-torch-cp"].append(r.error)
         elif id(r) in headline:                    # dense, catalog hardware

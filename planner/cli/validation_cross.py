@@ -622,8 +622,14 @@ def ideal_step_bucket(ideal_s: float) -> str:
 
 
 def headline_rows(rows: list[CrossRow]) -> list[CrossRow]:
-    """The rows the headline counts: dense runs on catalog hardware."""
-    return [r for r in rows if r.case.catalog_hardware and not r.case.moe]
+    """The rows the headline counts: dense runs on catalog hardware, NVFP4's apart (``nvfp4_rows``)."""
+    return [r for r in rows if r.case.catalog_hardware and not r.case.moe and r.case.dtype != "nvfp4"]
+
+
+def nvfp4_rows(rows: list[CrossRow]) -> list[CrossRow]:
+    """Dense NVFP4 runs on catalog hardware: reported apart, as MoE's are (the recipe's constants come from a kernel
+    table, costmodel.fp8, and no run was fitted; a new recipe's error is its own, not the headline's)."""
+    return [r for r in rows if r.case.catalog_hardware and not r.case.moe and r.case.dtype == "nvfp4"]
 
 
 def _stats(rows: list[CrossRow], attr: str = "error") -> tuple[float, float]:
@@ -686,6 +692,12 @@ def markdown(res: dict) -> str:
             line += (f"; out of source (no MoE constant chosen on them): median {m2 * 100:.1f}%, largest "
                      f"{b2 * 100:.1f}% over {len(oos)} runs from {sources} sources")
         out += [line + ".", ""]
+    fp4 = nvfp4_rows(rows)
+    if fp4:
+        med, big = _stats(fp4)
+        out += [f"NVFP4, apart (dense; the recipe's two constants read from Transformer Engine's kernel table, none "
+                f"fitted on a run): median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(fp4)} runs: "
+                + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in fp4) + ".", ""]
     if other:
         med, big = _stats(other)
         out += [f"Runs on machines other than the catalog's (not fitted; predicted on the catalog cluster they name, "
@@ -799,7 +811,8 @@ def headline_block(page: Path = PAGE) -> str:
     committed page, for the README and docs/validation.md (``planner.cli.docs_pages`` can quote it:
     cheap, it reads the page ``make validation`` wrote, and that page's staleness is tested)."""
     lines = page.read_text().splitlines()
-    head = [ln for ln in lines if ln.startswith(("**Out of source", "MoE, apart", "Runs on machines other"))]
+    head = [ln for ln in lines if ln.startswith(("**Out of source", "MoE, apart", "NVFP4, apart",
+                                                 "Runs on machines other"))]
     i = lines.index("### By family")
     j = next(k for k in range(i + 2, len(lines)) if not lines[k].startswith("|") and k > i + 2)
     return "\n\n".join(head) + "\n\n" + "\n".join(lines[i + 2:j]) + "\n"
