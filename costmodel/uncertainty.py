@@ -103,15 +103,16 @@ def band_from_residuals(residuals: Sequence[float], quantile: float = QUANTILE) 
     return errs[max(0, math.ceil(quantile * len(errs)) - 1)]
 
 
-def parse_bands(data: dict) -> dict[str, Band]:
-    """``uncertainty_bands.yaml``'s mapping -> Band per kind; every kind of ``KINDS`` must be present."""
+def parse_bands(data: dict, complete: bool = True) -> dict[str, Band]:
+    """``uncertainty_bands.yaml``'s mapping -> Band per kind; every kind of ``KINDS`` must be present
+    (``complete=False``: the writer's read, which fills in a kind the file does not have yet)."""
     if not isinstance(data, dict):
         raise ValueError("uncertainty bands: expected a mapping of kind -> {band, n, how, source}")
     unknown = sorted(set(data) - set(KINDS))
     if unknown:
         raise ValueError(f"uncertainty bands: unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
     missing = [k for k in KINDS if k not in data]
-    if missing:
+    if missing and complete:
         raise ValueError(f"uncertainty bands: missing kind(s) {', '.join(missing)}")
     out = {}
     for kind, rec in data.items():

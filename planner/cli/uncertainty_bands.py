@@ -94,7 +94,8 @@ def write_training_bands(res: dict) -> str:
     from costmodel import uncertainty
     from planner.cli.validation_bands import training_bands
     from costmodel.files.safeio import write_text
-    bands = dict(uncertainty.bands())
+    # read as it is, a kind new to KINDS not in it yet (the training kinds below fill it in)
+    bands = uncertainty.parse_bands(yaml.safe_load(BANDS_FILE.read_text()), complete=False)
     bands.update(training_bands(res))
     write_text(str(BANDS_FILE), render(bands), "--write-bands")
     uncertainty.bands.cache_clear()

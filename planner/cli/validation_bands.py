@@ -37,7 +37,7 @@ HOW = {
                 "Engine's, Megatron and NeMo), thin steps apart, each predicted with every fitted constant refitted "
                 "without its own recipe family",
     "train-nvfp4": "OUT OF SOURCE: tokens/s per GPU of the dense NVFP4 runs on catalog hardware in `planner validate "
-                   "--cross` (validation_cross.nvfp4_rows; the NVFP4 recipe's constants come from a kernel table, none "
+                   "--cross` (validation_cross.nvfp4_rows; the NVFP4 recipe's constants come from kernel tables, none "
                    "fitted on a run), which train-dense and its regimes leave out",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "

@@ -695,8 +695,9 @@ def markdown(res: dict) -> str:
     fp4 = nvfp4_rows(rows)
     if fp4:
         med, big = _stats(fp4)
-        out += [f"NVFP4, apart (dense; the recipe's two constants read from Transformer Engine's kernel table, none "
-                f"fitted on a run): median {med * 100:.1f}%, largest {big * 100:.1f}% over {len(fp4)} runs: "
+        out += [f"NVFP4, apart (dense; the recipe's constants read from kernel tables, Transformer Engine's and "
+                f"torchao's, none fitted on a run: costmodel/fp8.py): median {med * 100:.1f}%, largest "
+                f"{big * 100:.1f}% over {len(fp4)} runs: "
                 + ", ".join(f"{r.case.name} {r.error * 100:+.1f}%" for r in fp4) + ".", ""]
     if other:
         med, big = _stats(other)
@@ -720,7 +721,7 @@ def markdown(res: dict) -> str:
     out += _group_table(head, "ideal step per GPU", lambda r: ideal_step_bucket(case_ideal_step_s(r.case)),
                         tuple(name for _, name in ideal_step_buckets()))
     out += _group_table([r for r in rows if r.case.catalog_hardware], "dense or MoE",
-                        lambda r: "MoE" if r.case.moe else "dense")
+                        lambda r: "MoE" if r.case.moe else "dense, NVFP4" if r.case.dtype == "nvfp4" else "dense")
     if other:
         out += _group_table(other, "family (other hardware)", lambda r: r.case.family)
     dense_all = [r for r in rows if not r.case.moe]
