@@ -70,6 +70,10 @@ BEST_MEASURED_MFU: dict[tuple[str, str], tuple[float, str]] = {
     ("Blackwell", "fp8"): (0.4268, "mlperf41-gpt3-175b-b200-64gpu-fp8: GPT-3 175B at 2k tokens on 64 B200 (MLPerf "
                                    "Training v4.1, NVIDIA), its logged step time; 43.3% of the FP8 peak by the full "
                                    "count"),
+    # since stop 51 (NVFP4 priced and its MLPerf runs recorded): MFU on the FP4 peak
+    ("Blackwell", "nvfp4"): (0.2685, "mlperf51-llama3.1-405b-gb200-512gpu-nvfp4: Llama 3.1 405B at 8k tokens on 512 "
+                                     "GB200 in NVFP4 (MLPerf Training v5.1, NVIDIA), its logged step time, 1,068 "
+                                     "tokens/s per GPU; 27.9% of the FP4 peak by the full count"),
 }
 
 
@@ -166,7 +170,7 @@ def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
     arch = architecture(gpu_name)
     if arch is None:
         return None
-    # NVFP4's MFU is counted on the FP4 peak: no run of it is on file as a ceiling, so none
+    # NVFP4's MFU is counted on the FP4 peak, and so is its ceiling
     return BEST_MEASURED_MFU.get((arch, {"fp8": "fp8", "nvfp4": "nvfp4"}.get(dtype, "16-bit")))
 
 
@@ -183,7 +187,8 @@ def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: boo
     at = (f"; at that MFU the step would take {fmt_seconds(ceiling_step_s(step_time_s, causal, ceil[0]))}"
           if step_time_s else "")
     return (f"predicted MFU {mfu * 100:.1f}% ({causal * 100:.1f}% with attention counted causal) is above the best "
-            f"published on {architecture(gpu_name)} {'FP8' if dtype == 'fp8' else 'BF16/FP16'} by that count "
+            f"published on {architecture(gpu_name)} "
+            f"{ {'fp8': 'FP8', 'nvfp4': 'NVFP4'}.get(dtype, 'BF16/FP16')} by that count "
             f"({ceil[0] * 100:.1f}%: {ceil[1].split(': ', 1)[1]}){at}; no measured profile backs it: likely "
             "optimistic (measure with `planner profile`, then `planner calibrate`)")
 

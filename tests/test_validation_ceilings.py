@@ -27,8 +27,8 @@ def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
         if model.is_moe:
             continue
         gpu = validation.case_cluster(c).groups[0].gpu
-        fp8 = c.get("dtype") == "fp8"
-        peak = gpu.peak("fp8" if fp8 else "bf16")
+        prec = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(c.get("dtype", ""), "16-bit")
+        peak = gpu.peak({"fp8": "fp8", "nvfp4": "fp4"}.get(prec, "bf16"))
         pub = published_tokens_per_s(c, model, peak)
         if pub is None:
             continue
@@ -36,7 +36,7 @@ def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
         fwd = sum(2 * m.k * m.n * m.count for m in layer_matrices(model, False, 1, 1, 1)) * model.layers
         fwd += 2 * model.vocab * h + model.layers * 4 * s * model.score_dim / 2     # causal: half the s x s square
         v = pub[0] * 3 * fwd / peak
-        key = (ceilings.architecture(gpu.name), "fp8" if fp8 else "16-bit")
+        key = (ceilings.architecture(gpu.name), prec)
         if key[0] and v > best.get(key, (0.0, ""))[0]:
             best[key] = (v, c["name"])
     return best
