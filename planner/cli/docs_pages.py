@@ -322,11 +322,13 @@ def validation_cross() -> str:
 def validation_headline() -> str:
     """The out-of-source headline line alone, for the README, the sentence of the two regimes
     with their own bands (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band; PyTorch's
-    ring attention, the ``train-torch-cp`` band), and MoE's, validated apart (the ``train-moe`` band)."""
+    ring attention, the ``train-torch-cp`` band), and MoE's and NVFP4's, validated apart (the ``train-moe`` and
+    ``train-nvfp4`` bands)."""
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
     thin, ring, te = band_record("train-thin"), band_record("train-torch-cp"), band_record("train-cp")
-    moe = band_record("train-moe")
+    moe, fp4 = band_record("train-moe"), band_record("train-nvfp4")
+    fp4_lo, fp4_hi = fp4.signed_range() or (-fp4.band, fp4.band)
     lo, hi = thin.signed_range() or (-thin.band, thin.band)
     cp_lo, cp_hi = ring.signed_range() or (-ring.band, ring.band)
     moe_lo, moe_hi = moe.signed_range() or (-moe.band, moe.band)
@@ -339,7 +341,9 @@ def validation_headline() -> str:
             f"(`train-torch-cp`); on Transformer Engine's ring (Megatron) it is ±{te.band * 100:.0f}% over "
             f"{te.n} (`train-cp`). Mixture-of-experts runs are validated apart: on the {moe.n} published runs that "
             f"chose no MoE constant the error ran from {moe_lo * 100:+.0f}% to {moe_hi * 100:+.0f}%, a band of "
-            f"±{moe.band * 100:.0f}% (`train-moe`, [docs/validation.md](docs/validation.md)).\n")
+            f"±{moe.band * 100:.0f}% (`train-moe`, [docs/validation.md](docs/validation.md)). So is NVFP4 training "
+            f"(`--dtype nvfp4`, Megatron on Blackwell, priced from kernel tables alone): {fp4_lo * 100:+.0f}% to "
+            f"{fp4_hi * 100:+.0f}% on its {fp4.n} published runs (`train-nvfp4`).\n")
 
 
 FSDP_RULE_FAMILIES = ("ibm-fsdp", "olmo-core")
