@@ -129,9 +129,19 @@ def test_mlperf_cases_read_as_the_logs_print_them():
     v30 = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf30-gpt3-175b-h100")}
     assert v30 == {512: 12.0744, 768: 12.1275}
     v51 = {(c["cluster"], c["num_gpus"]): c["reported"]["step_time_s"] for n, c in BY_NAME.items()
-           if n.startswith("mlperf51-llama")}
+           if n.startswith("mlperf51-llama") and c["dtype"] != "nvfp4"}
     assert v51 == {("gb200-nvl72", 72): 0.1711, ("gb200-nvl72", 512): 0.089, ("gb300-nvl72", 72): 0.1473,
                    ("gb300-nvl72", 512): 0.0855}
+    # stop 51: NVIDIA's NVFP4 runs, the per-file medians' median (the records' assumed)
+    fp4 = {n: (c["num_gpus"], c["global_batch"], c["reported"]["step_time_s"]) for n, c in BY_NAME.items()
+           if c.get("dtype") == "nvfp4" and n.startswith(("mlperf51-llama", "mlperf60-llama"))}
+    assert fp4 == {"mlperf51-llama3.1-405b-gb300-512gpu-nvfp4": (512, 1152, 13.1447),
+                   "mlperf51-llama3.1-405b-gb200-512gpu-nvfp4": (512, 1152, 17.2592),
+                   "mlperf51-llama3.1-405b-gb200-2560gpu-nvfp4": (2560, 960, 3.1896),
+                   "mlperf51-llama3.1-405b-gb200-5120gpu-nvfp4": (5120, 1280, 2.2271),
+                   "mlperf51-llama3.1-8b-gb300-8gpu-nvfp4": (8, 16, 0.3466),
+                   "mlperf51-llama3.1-8b-gb200-8gpu-nvfp4": (8, 16, 0.4055),
+                   "mlperf60-llama3.1-405b-gb300-2048gpu-nvfp4": (2048, 1024, 3.1086)}
     uf = {c["num_gpus"]: c["reported"]["step_time_s"] for n, c in BY_NAME.items() if n.startswith("mlperf51-uf-llama3.1-8b")}
     assert uf == {8: 0.5441, 16: 0.5751, 32: 0.1886, 64: 0.1895, 128: 0.1928, 256: 0.2212}
     # stop 28: the per-file medians' median of HPE's, Lambda's and UF's 405B result files (the records' assumed)

@@ -20,12 +20,13 @@ SETTINGS = ("grad_reduce_in_fp32=False", "grad_sync_dtype: bf16", "optim.grad_sy
 
 
 def test_the_mlperf_runs_that_set_it_are_marked():
-    """The MLPerf Llama 3.1 (v5.0 405B, v5.1 and v6.0 8B), DeepSeek-V3 (v6.0) and GPT-3 (v3.0, v3.1, v4.1) rows all ran with bf16
-    gradients (their submissions' pretrain.py / distributed_fused_adam.yaml); none may lose the mark."""
+    """The MLPerf Llama 3.1 (v5.0 405B, v5.1 and v6.0 8B; v5.1 and v6.0 405B and v5.1 8B in NVFP4), DeepSeek-V3 (v6.0) and
+    GPT-3 (v3.0, v3.1, v4.1) rows all ran with bf16 gradients (their submissions' pretrain.py /
+    distributed_fused_adam.yaml); none may lose the mark."""
     names = {c["name"] for c in BF16_GRADS}
     mlperf = {c["name"] for c in CASES if c["name"].startswith(("mlperf30-", "mlperf31-", "mlperf41-", "mlperf50-",
                                                                  "mlperf51-", "mlperf60-"))}
-    assert len(mlperf) == 59
+    assert len(mlperf) == 69          # 59 FP8 and BF16 runs, 10 NVFP4 runs (stop 51)
     assert mlperf <= names, sorted(mlperf - names)
 
 
@@ -33,7 +34,7 @@ def test_the_mlperf_runs_that_set_it_are_marked():
 def test_each_bf16_gradient_record_quotes_its_source_setting(case):
     said = " ".join(str(a) for a in case.get("assumed", []))
     assert any(s in said for s in SETTINGS), "quote the source line that sets the gradient dtype"
-    assert case.get("dtype") in ("bf16", "fp8"), "bf16 gradients only with 16-bit or FP8 training"
+    assert case.get("dtype") in ("bf16", "fp8", "nvfp4"), "bf16 gradients only with 16-bit, FP8 or NVFP4 training"
 
 
 @pytest.mark.parametrize("name", ["mlperf51-uf-llama3.1-8b-b200-64gpu-fp8", "mlperf31-gpt3-175b-h100-4096gpu-fp8"])
