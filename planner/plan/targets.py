@@ -1507,7 +1507,8 @@ CAPS: tuple[Cap, ...] = (
     Cap("dtypes", lambda a: a.wl.dtype not in a.t.dtypes,
         lambda a: f"dtype {a.wl.dtype}: {a.name} trains in {', '.join(sorted(a.t.dtypes))}; "
                   + ("NVFP4 training is priced as Transformer Engine's recipe, which Megatron-LM runs (--fp4-format "
-                     "e2m1); plan --target megatron, or --dtype fp8" if a.wl.dtype == "nvfp4" else "plan --dtype bf16")),
+                     f"e2m1); plan --target megatron, or --dtype {'fp8' if 'fp8' in a.t.dtypes else 'bf16'}"
+                     if a.wl.dtype == "nvfp4" else "plan --dtype bf16")),
     Cap("kv_heads_divisible", lambda a: a.t.kv_heads_divisible and not kv_heads_shard(a.model, a.par.tp),
         lambda a: f"tp={a.par.tp} does not divide the {a.model.kv_heads} KV heads ({a.name} shards K/V heads, it "
                   f"does not replicate them); plan --tp {_largest_divisor(a.model.kv_heads, a.par.tp)} or fewer"),
