@@ -133,6 +133,8 @@ def test_megatron_plans_and_writes_nvfp4_without_tp_overlap(tmp_path):
     args = (plan.parallel, plan.mesh_order, plan.cluster.nvlink_gpus, plan.cluster.gpu.name)
     assert tp_overlap_of("megatron", *args, "bf16") == "full"
     assert tp_overlap_of("megatron", *args, "nvfp4") == "backward"
+    from planner.plan.planfile import read_plan, write_plan
+    assert read_plan(write_plan(plan, tmp_path / "plan.yaml")).workload.dtype == "nvfp4"     # the plan file keeps it
     text = (write(plan, "megatron", tmp_path / "out") / "megatron.sh").read_text()
     flags = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert "--fp4-format e2m1" in flags and "--fp4-recipe nvfp4" in flags
