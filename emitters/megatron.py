@@ -269,6 +269,11 @@ def not_expressed(plan: Plan) -> list[str]:
                    + "): not written; pretrain_gpt.py's flags set no per-layer window, so every layer attends fully")
     if m.attention_sinks or m.attn_softcap or m.final_softcap:
         out.append("attention sinks / logit soft-capping: not written (no pretrain_gpt.py flag)")
+    if plan.workload.dtype == "nvfp4":
+        out.append("NVFP4 priced as Transformer Engine's default NVFP4BlockScaling (random Hadamard transform on the "
+                   "weight-gradient operands, stochastic rounding of the gradients, 16x16 weight blocks: the file sets no "
+                   "NVTE_NVFP4_DISABLE_* variable) on every transformer layer (no BF16 first or last layers); attention, "
+                   "embedding and output layer in BF16; weights gathered in BF16 (no --fp4-param-gather)")
     if tp_comm_overlap(plan):
         out.append("priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): "
                    "it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)")

@@ -139,7 +139,7 @@ def test_megatron_plans_and_writes_nvfp4_without_tp_overlap(tmp_path):
     flags = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert "--fp4-format e2m1" in flags and "--fp4-recipe nvfp4" in flags
     assert "--fp8-format" not in flags and "--tp-comm-overlap" not in flags
-    assert "userbuffers cannot gather nvfp4" in text
+    assert "userbuffers cannot gather nvfp4" in text and "NVTE_NVFP4_DISABLE_" in text
 
 
 @pytest.mark.parametrize("command", ["plan", "estimate"])
