@@ -41,8 +41,10 @@ also published at nvidia.github.io/TransformerEngine) and torchao's float8 train
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from .attention import is_blackwell_ultra
 from .gemm_shape import gemm_shape_factor
 from .specs import FP8_RECIPES as RECIPES
 from .specs import GpuSpec, SpecError
@@ -167,7 +169,6 @@ def gemm_speedup_admissible(efficiency: float, half_size_factor: float, half_siz
 FP4_HALF_SIZE_FACTOR = 8.0
 TORCHAO_B200 = (8192, 5.37e15 / 1.42e15, 9000.0 / 2250.0, 320.0)   # cube, NVFP4 over BF16, peak ratio, half size
 TE_B300_LAYER = (13.102 / 3.764, 13500.0 / 2250.0, 320.0)         # NVFP4 over BF16, peak ratio, half size
-TE_B300_FP4_OVER_FP8_PEAK = 13500.0 / 4500.0            # the measurement's GPU's dense peaks
 TE_QUANTIZE_MS = {"mxfp8": 8.984 - 7.161, "nvfp4": 6.453 - 3.764}   # autocast less pre-quantized, per layer
 NVFP4_BYTES = 0.5 + 1.0 / 16            # one E2M1 value and its share of an E4M3 scale per 16 values
 
@@ -315,29 +316,26 @@ def default_recipe(framework: str, gpu: GpuSpec | None) -> str:
     return "mxfp8" if gpu is not None and is_blackwell(gpu) else "delayed"
 
 
-def _raw_cast_bytes(cast_reads: int, copies: int, copy_bytes: float) -> float:
-    return 2.0 * cast_reads + copies * copy_bytes
-
-
+# Transformer Engine's MXFP8 and NVFP4 as this module prices them before NVFP4's slowdown (``resolve``, ``nvfp4``)
+_TE_MXFP8 = Fp8Recipe("mxfp8", 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, False, False, True)
+_TE_NVFP4 = Fp8Recipe("nvfp4", 2, 2, 1.0 / 16, NVFP4_BYTES, 0, False, False, True, value_bytes=0.5, gemm_format="fp4")
 # NVFP4's quantization against MXFP8's per priced byte (the comment above FP4_HALF_SIZE_FACTOR)
 NVFP4_CAST_SLOWDOWN = (TE_QUANTIZE_MS["nvfp4"] / TE_QUANTIZE_MS["mxfp8"]
-                       * _raw_cast_bytes(2, 2, 1.0 + 1.0 / 32) / _raw_cast_bytes(2, 2, NVFP4_BYTES))
+                       * _TE_MXFP8.cast_bytes_per_value() / _TE_NVFP4.cast_bytes_per_value())
 
 
 def nvfp4(gpu: GpuSpec) -> Fp8Recipe:
     """Transformer Engine's NVFP4BlockScaling as Megatron-LM runs it (the comments above ``Fp8Recipe``):
-    dynamic (an amax pass, then the quantize pass writing the
-    rowwise and columnwise copies), the two weight copies cached across a step's micro-batches, a
-    saved linear input of one columnwise FP4 copy, sequence-parallel all-gathers of the FP4 input
-    (TE's NVFP4 all-gather, after the global amax's all-reduce), the weights' data-parallel gather in
-    BF16. Refuses a GPU without FP4 training tensor cores (TE trains NVFP4 on SM 10.0 and 10.3:
-    B200, GB200, B300, GB300) with the reason."""
+    dynamic (an amax pass, then the quantize pass writing the rowwise and columnwise copies), the two
+    weight copies cached across a step's micro-batches, a saved linear input of one columnwise FP4
+    copy, sequence-parallel all-gathers of the FP4 input (TE's NVFP4 all-gather, after the global
+    amax's all-reduce), the weights' data-parallel gather in BF16. Refuses a GPU without FP4 training
+    tensor cores (TE trains NVFP4 on SM 10.0 and 10.3: B200, GB200, B300, GB300) with the reason."""
     if "fp4" not in gpu.peak_flops_per_s or not is_blackwell(gpu):
         raise SpecError(f"nvfp4 training needs Blackwell's FP4 tensor cores (B200, GB200, B300, GB300: Transformer "
                         f"Engine trains NVFP4 on SM 10.0 and 10.3); gpu {gpu.name!r} has none (no fp4 peak in its "
                         "datasheet); train in fp8 or bf16 instead")
-    return Fp8Recipe("nvfp4", 2, 2, 1.0 / 16, NVFP4_BYTES, 0, False, False, True, value_bytes=0.5,
-                     gemm_format="fp4", cast_slowdown=NVFP4_CAST_SLOWDOWN)
+    return dataclasses.replace(_TE_NVFP4, cast_slowdown=NVFP4_CAST_SLOWDOWN)
 
 
 def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = False) -> Fp8Recipe:
@@ -370,7 +368,7 @@ def resolve(recipe: str, framework: str, gpu: GpuSpec, param_gather: bool = Fals
         return Fp8Recipe(name, 2, 0, 0, 2.0, 0, tensorwise and param_gather, False, tensorwise,
                          axiswise=not tensorwise)
     if name == "mxfp8":
-        return Fp8Recipe(name, 2, 2, 1.0 / 32, 1.0 + 1.0 / 32, 0, param_gather, param_gather, True)
+        return dataclasses.replace(_TE_MXFP8, param_gather=param_gather, fp8_weights=param_gather)
     if name == "blockwise":
         # DeepSeek-V3's fine-grained FP8 (report Sec. 3.3; TE's Float8BlockScaling): an FP32 scale
         # per 1 x 128 activation tile (weights: per 128 x 128 block, counted alike), dynamic; on
@@ -414,6 +412,6 @@ def gemm_efficiency(gpu: GpuSpec, bf16_efficiency: float, g: float, fmt: str = "
     curve of the GPU's Blackwell generation (``FP4_RELATIVE_EFFICIENCY``)."""
     h = gpu.matmul_half_size
     if fmt == "fp4":
-        gen = "ultra" if gpu.name.upper().startswith(("GB300", "B300")) else "blackwell"
+        gen = "ultra" if is_blackwell_ultra(gpu) else "blackwell"
         return bf16_efficiency * FP4_RELATIVE_EFFICIENCY[gen] * _fp4_shape(g, h)
     return bf16_efficiency * FP8_GEMM_EFFICIENCY * (g + h) / (g + FP8_HALF_SIZE_FACTOR * h)
