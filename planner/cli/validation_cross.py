@@ -81,7 +81,7 @@ class CrossCase:
 
     @property
     def fitted_on(self) -> bool:
-        # NVFP4 runs are read by no fit: the recipe's two constants come from a kernel table alone (costmodel.fp8)
+        # NVFP4 runs are read by no fit: the recipe's constants come from kernel tables alone (costmodel.fp8)
         return self.split in FIT_SPLITS and not self.moe and self.dtype != "nvfp4"
 
     @property
