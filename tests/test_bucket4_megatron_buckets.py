@@ -149,7 +149,7 @@ def test_records_bucket_reaches_the_priced_step():
     llama = [c for c in cases if c["name"].startswith(("mlperf50-", "mlperf51-")) and "llama3.1" in c["name"]
              and c.get("num_gpus")]
     stated = [c for c in llama if (c.get("profile") or {}).get("dp_bucket_params")]
-    assert len(stated) == 40          # 31 FP8 and BF16 runs, 9 NVFP4 runs (stop 51)
+    assert len(stated) == 45          # 31 FP8 and BF16 runs, 14 NVFP4 runs (stop 51)
     for c in stated:
         assert any(str(a).startswith("data-parallel bucket (stop") for a in c.get("assumed", [])), c["name"]
     case = next(c for c in cases if c["name"] == "mlperf51-llama3.1-8b-gb200-512gpu-fp8")

@@ -26,7 +26,7 @@ def test_the_mlperf_runs_that_set_it_are_marked():
     names = {c["name"] for c in BF16_GRADS}
     mlperf = {c["name"] for c in CASES if c["name"].startswith(("mlperf30-", "mlperf31-", "mlperf41-", "mlperf50-",
                                                                  "mlperf51-", "mlperf60-"))}
-    assert len(mlperf) == 69          # 59 FP8 and BF16 runs, 10 NVFP4 runs (stop 51)
+    assert len(mlperf) == 74          # 59 FP8 and BF16 runs, 15 NVFP4 runs (stop 51)
     assert mlperf <= names, sorted(mlperf - names)
 
 
