@@ -46,6 +46,7 @@ hardware they ran) and a warning; it changes no prediction.
 """
 from __future__ import annotations
 
+from .specs import low_precision
 from .units import fmt_seconds
 
 # (architecture, precision class) -> (MFU by the causal count, "record name: the run that reached it"); module docstring
@@ -171,7 +172,7 @@ def mfu_ceiling(gpu_name: str, dtype: str) -> tuple[float, str] | None:
     if arch is None:
         return None
     # NVFP4's MFU is counted on the FP4 peak, and so is its ceiling
-    return BEST_MEASURED_MFU.get((arch, {"fp8": "fp8", "nvfp4": "nvfp4"}.get(dtype, "16-bit")))
+    return BEST_MEASURED_MFU.get((arch, dtype if low_precision(dtype) else "16-bit"))
 
 
 def mfu_flag(mfu: float, causal: float, gpu_name: str, dtype: str, measured: bool,

@@ -111,16 +111,17 @@ TE_GPU = "H200"               # the measurement's GPU (its SM count prices the G
 
 
 def layer_gemm_speedup(efficiency: float, half_size_factor: float, half_size: float,
-                       peak_ratio: float = 2.0) -> float:
+                       peak_ratio: float = 2.0, gpu: str = TE_GPU) -> float:
     """The FP8 over BF16 speed-up of ``TE_LAYER_GEMMS`` (each once per direction, so equally
     weighted by FLOPs) under an FP8 pair, on a BF16 curve of half-size ``half_size`` with an FP8
-    peak ``peak_ratio`` times the BF16 one (``gemm_efficiency``: the BF16 efficiency cancels)."""
+    peak ``peak_ratio`` times the BF16 one (``gemm_efficiency``: the BF16 efficiency cancels), the
+    GEMMs' waves on ``gpu``'s SMs (the measurement's: H200 for FP8, B300 for NVFP4's curve)."""
     bf16 = fp8 = 0.0
     for m, n, k in TE_LAYER_GEMMS:
         g = (m * n * k) ** (1.0 / 3.0)
         # BF16 time up to the shared constant; the GEMM's wave and tile factor on the GH100 die
         # (the same for both precisions: the same tiles) weights the four GEMMs as they run
-        w = m * n * k * (g + half_size) / g / gemm_shape_factor(TE_GPU, m, n, k, 1, True)
+        w = m * n * k * (g + half_size) / g / gemm_shape_factor(gpu, m, n, k, 1, True)
         bf16 += w
         fp8 += w / (peak_ratio * efficiency * (g + half_size) / (g + half_size_factor * half_size))
     return bf16 / fp8
@@ -179,18 +180,13 @@ def _fp4_shape(g: float, half_size: float) -> float:
 
 def _fp4_constants() -> dict[str, float]:
     """``FP4_RELATIVE_EFFICIENCY``: each generation's constant solved from its measurement (above) on this module's
-    curve: the measured NVFP4-over-BF16 ratio over the peak ratio and the FP4 shape term at the measured shapes (the
-    wave and tile factor is the same tiles in both formats, so it weights the TE layer's four GEMMs as they run)."""
+    curve: the measured NVFP4-over-BF16 ratio over the curve's own at the measured shapes (the TE layer's four
+    GEMMs weighted as ``layer_gemm_speedup`` weights them, on the B300's SMs)."""
     cube, ratio, peaks, h = TORCHAO_B200
     blackwell = ratio / (peaks * _fp4_shape(cube, h))
     ratio, peaks, h = TE_B300_LAYER
-    bf16 = fp4 = 0.0
-    for m, n, k in TE_LAYER_GEMMS:
-        g = (m * n * k) ** (1.0 / 3.0)
-        w = m * n * k * (g + h) / g / gemm_shape_factor("B300", m, n, k, 1, True)
-        bf16 += w
-        fp4 += w / (peaks * _fp4_shape(g, h))
-    return {"blackwell": blackwell, "ultra": ratio * fp4 / bf16}
+    ultra = ratio / layer_gemm_speedup(1.0, FP4_HALF_SIZE_FACTOR, h, peaks, gpu="B300")
+    return {"blackwell": blackwell, "ultra": ultra}
 
 
 FP4_RELATIVE_EFFICIENCY = _fp4_constants()

@@ -20,7 +20,7 @@ Kinds (``KINDS``):
   Megatron, NeMo), whose published runs spread wider than the rest and mostly on the slow side
   (stop 42: Fujii's A100 sweep);
 * ``train-nvfp4``: dense training in NVFP4 (``costmodel.fp8.nvfp4``), a recipe whose constants come from
-  one kernel table and no fitted run: its own published runs' residuals;
+  kernel tables and no fitted run: its own published runs' residuals;
 * ``serve-ttft``: time to the first token (a lone request's prefill);
 * ``serve-tpot``: time per output token (decode step, ITL);
 * ``serve-throughput``: output tokens/s.

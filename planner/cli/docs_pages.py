@@ -187,7 +187,7 @@ def uncertainty_table() -> str:
             "parallelism\"), likewise all slower than predicted, on whatever machine they ran. `train-cp` is "
             "context parallelism on Transformer Engine's ring (Megatron, NeMo), whose runs spread wider than the "
             "dense ones and mostly on the slow side. `train-nvfp4` is dense training in NVFP4 (`costmodel.fp8.nvfp4`), "
-            "a recipe priced from one kernel table, held against its own published runs alone. Where more than one "
+            "a recipe priced from kernel tables, held against its own published runs alone. Where more than one "
             "regime applies the widest band is shown:\n\n"
             + _table(["kind", "band", "rows", "signed range", "from"], rows, {1, 2, 3}))
 
