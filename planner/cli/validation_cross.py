@@ -606,6 +606,19 @@ def cp_group(case: CrossCase) -> str:
     return f"Transformer Engine's ring, {att} kernel" if case.framework == "megatron" else f"{att} ring"
 
 
+def cp_placement(case: CrossCase) -> str:
+    """A context-parallel run's ring (``cp_group``) and whether the ring crosses NVLink domains: the CP group of
+    the mesh the estimate prices (``costmodel.comm.DEFAULT_ORDER``, TP innermost, CP next) spans more than one
+    node of the cluster's ``nvlink_gpus`` (``costmodel.comm.crosses_nodes``, the one rule the estimate uses)."""
+    from costmodel.comm import DEFAULT_ORDER, crosses_nodes
+    par, cluster = case.inputs[3], case.inputs[1]
+    if par.cp <= 1:
+        return "no context parallel"
+    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    across = crosses_nodes(degrees, tuple(DEFAULT_ORDER), "cp", cluster.groups[0].nvlink_gpus)
+    return f"{cp_group(case)}, {'across nodes' if across else 'inside a node'}"
+
+
 def ideal_step_buckets() -> tuple[tuple[float, str], ...]:
     """(upper end in seconds, label) of the ideal-step groups, smallest first: by decade from the
     thin-step threshold (``costmodel.ceilings.THIN_STEP_S``, which sets the ``train-thin`` band)."""
@@ -726,6 +739,9 @@ def markdown(res: dict) -> str:
         out += _group_table(other, "family (other hardware)", lambda r: r.case.family)
     dense_all = [r for r in rows if not r.case.moe]
     out += _group_table(dense_all, "context parallelism (dense, every machine)", lambda r: cp_group(r.case))
+    cp_runs = [r for r in dense_all if r.case.inputs[3].cp > 1]
+    out += _group_table(cp_runs, "context-parallel ring placement (dense, every machine)",
+                        lambda r: cp_placement(r.case))
     thin_cp = [r for r in dense_all if r.case.inputs[3].cp > 1 and thin_case(r.case)]
     if thin_cp:
         out += [f"Of the context-parallel runs, {len(thin_cp)} are thin steps (the table \"By ideal step per GPU\"): "

@@ -32,6 +32,8 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("opt", r"2205\.01068|metaseq"),               # Meta's OPT-175B (before megatron-lm, whose layers it ran)
     ("fp8-lm", r"2310\.18313|fp8-lm|ms-amp"),     # Microsoft's FP8-LM Table 5 baselines (before megatron-lm)
     ("megatron-llama", r"megatron-llama"),          # Alibaba's Megatron-LM fork's README (before megatron-lm)
+    # Pai-Megatron-Patch runs on Megatron-LM: XTuner's Megatron MoE benchmark guide (before megatron-lm)
+    ("pai-megatron", r"pai-megatron-patch|internlm/xtuner"),
     ("megatron-kwai", r"kwai/megatron-kwai"),       # Kuaishou's ATC'24 artifact: stock Megatron-LM and its fork (H800)
     ("skywork", r"2310\.19341|skywork"),            # Kunlun's Skywork-13B layout table (Megatron-LM; before megatron-lm)
     ("fujii-4d", r"okoge-kaz/megatron-lm|2411\.06465"),  # Fujii's Megatron-LM 4D sweep in his fork (before megatron-lm)
