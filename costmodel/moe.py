@@ -238,11 +238,17 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 # * alltoall (NCCL): 8 x H100 NVLink, 64 MB in 210 us (SGLang#22583): 7/8 of it leaves each rank,
 #   58.7 MB / 210 us = 280 GB/s of 450 = 0.62; across nodes one NIC's rate, 48-49 of 50 GB/s (CX7
 #   NDR, nccl-tests#267) = 0.97.
-# * deepep (DeepEP V1, H800): 153-158 GB/s of NVLink's 160 = 0.96; across nodes its RDMA
+# * deepep (DeepEP V1, H800): 153-158 GB/s, the middle 155.5 of the catalog H800's 200 GB/s per direction
+#   (costmodel/files/catalog/clusters.yaml dgx-h800: 400 GB/s bidirectional) = 0.78 (0.7775). DeepEP's table states
+#   its figures against "~160 GB/s NVLink maximum bandwidth", an achieved maximum, not the link's rate;
+#   stops before 52 took 155.5 / 160 = 0.96 and applied it to the catalog's rate, which put DeepEP at 96% of
+#   every NVLink's theoretical rate (432 of H100's 450 GB/s). On the rate's basis, as every other fraction
+#   here is taken, 0.78 sits inside the range of B200's own figures (643-735 of 900 GB/s, 0.71-0.82,
+#   [REF §4]); across nodes its RDMA
 #   "bottleneck bandwidth" is 43, 58 and 51 GB/s at EP16, 32 and 64 on 50 GB/s NICs (legacy.md
 #   table): the median, 51 of 50 = 1.02 (its count of bytes is not ours exactly: [REF §7] "DeepEP
 #   bandwidth definitions differ"; above 1 only by that).
-DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.62, "inter": 0.97}, "deepep": {"intra": 0.96, "inter": 1.02}}
+DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.62, "inter": 0.97}, "deepep": {"intra": (153 + 158) / 2 / 200, "inter": 1.02}}
 # * deepep over a multi-node NVLink domain (more than DeepEP's 8 NVLink peers: GB200 NVL72's trays of 4):
 #   the only published run is Megatron-LM's DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM at eb0783b6d3,
 #   docs/discussions/deepseek-v3-gb200-optimization, the DeepEP step: EP32 over MNNVL through DeepEP PR 218,
