@@ -602,3 +602,28 @@ def test_thunder_rows_are_the_prs_tables_priced_as_the_benchmark_ran_them():
             assert wl.dtype == "fp8" and rec["fp8_recipe"] == "tensorwise" and rec["fp8_param_gather"] is True
         else:
             assert wl.dtype == "bf16"
+
+
+def test_pai_megatron_rows_are_the_pages_tables_and_their_split():
+    """XTuner's Megatron MoE benchmark (Qwen3-235B-A22B on 256 H800) and the same author's Pai-Megatron-Patch
+    issue #643 (Qwen3-30B-A3B on 16 H800): every row's step time, global batch, sequence and GPU count give the
+    page's Tokens/GPU/Second (quoted in its note) to the printed precision; the 235B rows put one layer less on
+    the first and last pipeline stages (94 layers over 96 slots), the family is their own, and the rows the
+    page names recompute modules for are priced with exactly those modules."""
+    import re
+    cases = [c for c in yaml.safe_load(validation.MOE_RUNS.read_text())["cases"]
+             if c["name"].startswith(("xtuner-", "pai643-"))]
+    assert len(cases) == 12
+    for c in cases:
+        tgs = float(re.search(r"Tokens/GPU/Second ([\d.]+)", c["note"]).group(1))
+        step = c["reported"]["step_time_s"]
+        assert c["global_batch"] * c["model"]["seq_len"] / (step * c["num_gpus"]) == pytest.approx(tgs, abs=1.0), c["name"]
+        par = c["parallel"]
+        assert par["dp"] * par["tp"] * par["pp"] == c["num_gpus"]
+        assert family_of(c["source"]) == "pai-megatron"
+        if c["name"].startswith("xtuner-"):
+            per = 96 // par["pp"]
+            assert c["stages"] == [per - 1] + [per] * (par["pp"] - 2) + [per - 1]
+            mods = {"select": ["moe_act", "layernorm"], "moe": ["moe", "layernorm"]}
+            kind = next((k for k in mods if c["name"].endswith(k)), None)
+            assert par.get("recompute_modules") == mods.get(kind), c["name"]
