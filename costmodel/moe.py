@@ -199,9 +199,11 @@ def host_excess_s(gpu_layer_s: float, host_s: float) -> float:
 #   ``forced_balance`` cases): Mixtral-8x22B, coefficient 1e-2, 445 vs 465 TFLOPS on 128 H100; Qwen3-235B-A22B,
 #   coefficient 1e-3, 237/277/320/357 vs 295/335/368/389 TFLOPS at 16k-128k tokens on 256 H100.
 #   The factor that makes this cost model's dropless/forced step-time ratio equal the published one:
-#   1.061 (Mixtral, one pair); 1.516-1.544 over the four Qwen3 pairs, median 1.532. The weak figure
-#   agrees with LFB's aux-loss MaxVio_global at the same coefficient (1.52 at 3B), which nothing fitted.
-LOAD_FACTOR = {"aux_free": 1.04, "aux_loss_strong": 1.06, "aux_loss_weak": 1.53}
+#   1.061 (Mixtral, one pair); 1.516-1.544 over the four Qwen3 pairs, median 1.532, when it was fitted.
+#   Rerun at stop 52 (the model had moved since: 1.552 before that stop's DeepEP share, 1.541 after it,
+#   range 1.523-1.547): 1.54. The weak figure agrees with LFB's aux-loss MaxVio_global at the same
+#   coefficient (1.52 at 3B), which nothing fitted.
+LOAD_FACTOR = {"aux_free": 1.04, "aux_loss_strong": 1.06, "aux_loss_weak": 1.54}
 STRONG_AUX_COEFF = 1e-2
 
 
