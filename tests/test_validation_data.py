@@ -30,7 +30,8 @@ ON_FILES = [c for c, _split in validation.all_cases() if str(c["cluster"]).endsw
 def test_cluster_files_state_only_what_the_catalog_lacks(case):
     """A case on a cluster file: the file lives in calibration/clusters/, extends a catalog cluster
     with the same GPU, and differs from it in the network the source states (else the catalog name
-    would do). The same GPU may carry its own name where its die and curve are the catalog one's
+    would do; the network may be the links between nodes or the nodes' size and NVLink). The same GPU may
+    carry its own name where its die and curve are the catalog one's
     (the A800: the A100 with NVLink cut, ``validation_cross.CURVE_OF``). A machine reported apart
     (``validation.hardware_matches`` false: another part of the same die, as TSUBAME 4.0's H100 SXM5
     94GB HBM2e and Meta's Grand Teton H100s) may also restate the part's memory and bandwidth and the
@@ -55,7 +56,11 @@ def test_cluster_files_state_only_what_the_catalog_lacks(case):
         part_differs = restated != gpu
         gpu = restated
     assert gpu == cat_gpu
-    assert mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s or part_differs
+    # the network: a slower link between nodes, or nodes of another size and NVLink (the Kempner H200 nodes of 4)
+    node_differs = (mine.groups[0].gpus_per_node != cat.groups[0].gpus_per_node
+                    and mine.intra_node != cat.intra_node)
+    assert (mine.inter_node.bandwidth_bytes_per_s < cat.inter_node.bandwidth_bytes_per_s or part_differs
+            or node_differs)
     assert str(case.get("hardware_note", "")).strip(), "say how the machines differ from the catalog's"
 
 
@@ -627,3 +632,21 @@ def test_pai_megatron_rows_are_the_pages_tables_and_their_split():
             mods = {"select": ["moe_act", "layernorm"], "moe": ["moe", "layernorm"]}
             kind = next((k for k in mods if c["name"].endswith(k)), None)
             assert par.get("recompute_modules") == mods.get(kind), c["name"]
+
+
+def test_kempnerforge_rows_are_the_reports_whole_job_rates_per_gpu():
+    """KempnerForge's reports print the whole job's tokens/s: each row's global batch x 4,096 over its
+    printed step time is that rate (to the step's two decimals), and the record's per-GPU figure is it
+    over the GPU count; the layouts fill the GPUs (TP x FSDP), on the 4-GPU-node cluster file."""
+    import re
+    rows = [c for c in MORE if c["name"].startswith("kforge-")]
+    assert len(rows) == 26
+    for c in rows:
+        agg, step = re.search(r"tok/s ([\d,]+) is the whole job's .* / ([\d.]+) s", c["note"]).groups()
+        agg, step = float(agg.replace(",", "")), float(step)
+        tokens = c["global_batch"] * c["model"]["seq_len"]
+        assert tokens / step == pytest.approx(agg, rel=0.01 / step + 2e-3), c["name"]
+        assert c["reported"]["tokens_per_s_per_gpu"] == pytest.approx(agg / c["num_gpus"], abs=0.01)
+        par = c["parallel"]
+        assert par["tp"] * par["dp"] == c["num_gpus"] and c["cluster"].endswith("kempner-h200-4gpu-ndr.yaml")
+        assert family_of(c["source"]) == "kempnerforge"

@@ -66,6 +66,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("flashattention", r"flash-?attention|2307\.08691"),
     ("ibm-fsdp", r"maximizing-training|fms-fsdp"),  # the PyTorch/IBM FSDP blog posts
     ("olmo-core", r"olmo-core"),
+    ("kempnerforge", r"kempnerforge"),               # the Kempner Institute's KempnerForge benchmark campaigns (H200)
     ("tinyllama", r"tinyllama"),
     ("bloomberggpt", r"bloomberggpt|2303\.17564"),
     ("smollm", r"huggingface/smollm|nanotron"),     # Hugging Face's SmolLM pretraining (nanotron)
