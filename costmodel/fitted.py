@@ -14,7 +14,8 @@ Korthikanti MLSys'23), megatron-readme (Megatron-LM README 2024 tables, MoE READ
 llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/IBM FSDP blog posts),
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
 aws-torchtitan (AWS and Meta's torchtitan runs on SageMaker),
-olmo-core (OLMo-core README), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
+olmo-core (OLMo-core README), kempnerforge (KempnerForge's H200 benchmark reports), pai-megatron (XTuner's and
+Pai-Megatron-Patch's MoE runs on H800; MoE: read by no fit), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
 et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
 opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines), megatron-moe-modelzoo; flagperf (FlagPerf's
 PaddlePaddle runs) is reported and read by no fit.
@@ -156,7 +157,7 @@ FITTED: tuple[FittedConstant, ...] = (
         rows="FP8 runs on catalog hardware", grid=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), group="fp8"),
     FittedConstant(
         name="pytorch.sm90_factor", owner="costmodel/frameworks.py PYTORCH_SM90_FACTOR",
-        families=("ibm-fsdp", "lightning-thunder", "olmo-core", "smollm"), prior=1.0,
+        families=("ibm-fsdp", "kempnerforge", "lightning-thunder", "olmo-core", "smollm"), prior=1.0,
         prior_why="no loss beyond the Megatron-fitted curve (frameworks.py comment); stated before the fit ran",
         rows="bf16/fp16 runs of generic-framework PyTorch-native trainers (PyTorch FSDP; nanotron) on sm_90+ "
              "catalog hardware",
