@@ -15,8 +15,8 @@ llama3, accelerate, deepseek, flashattention (Dao 2023), ibm-fsdp (the PyTorch/I
 pytorch-float8 (IBM and Meta's float8 + FSDP2 post: torchtitan runs),
 aws-torchtitan (AWS and Meta's torchtitan runs on SageMaker),
 olmo-core (OLMo-core README), kempnerforge (KempnerForge's H200 benchmark reports), pai-megatron (XTuner's and
-Pai-Megatron-Patch's MoE runs on H800; MoE: read by no fit), mlperf (MLPerf Training v3.0-v6.0 logs and configs), aleph-alpha (Hagemann
-et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
+Pai-Megatron-Patch's MoE runs on H800; MoE: read by no fit), mlperf (MLPerf Training v3.0-v6.0 logs and configs),
+aleph-alpha (Hagemann et al.'s layout sweep), internlm (InternLM's training-performance tables), tinyllama, bloomberggpt, smollm,
 opt (OPT-175B), zero-bubble (Qi et al.'s Megatron 1F1B baselines), megatron-moe-modelzoo; flagperf (FlagPerf's
 PaddlePaddle runs) is reported and read by no fit.
 """
