@@ -611,11 +611,11 @@ def cp_placement(case: CrossCase) -> str:
     the mesh the estimate prices (``costmodel.comm.DEFAULT_ORDER``, TP innermost, CP next) spans more than one
     node of the cluster's ``nvlink_gpus`` (``costmodel.comm.crosses_nodes``, the one rule the estimate uses)."""
     from costmodel.comm import DEFAULT_ORDER, crosses_nodes
+    from costmodel.stage_terms import _degrees
     par, cluster = case.inputs[3], case.inputs[1]
     if par.cp <= 1:
         return "no context parallel"
-    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    across = crosses_nodes(degrees, tuple(DEFAULT_ORDER), "cp", cluster.groups[0].nvlink_gpus)
+    across = crosses_nodes(_degrees(par), tuple(DEFAULT_ORDER), "cp", cluster.groups[0].nvlink_gpus)
     return f"{cp_group(case)}, {'across nodes' if across else 'inside a node'}"
 
 
