@@ -378,8 +378,9 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      # (docs/notes/stop-20/megfix.md): a plan within a few percent of the limit is at that risk.
                      memory_headroom_fraction=0.03,
                      note="Megatron-LM / NeMo: the cluster efficiency curves were fitted on its runs"),
-    # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%
-    FrameworkProfile(name="torchtitan", kernel_efficiency=0.96, calibrated=True, pytorch_native=True,
+    # 16 figures (torchtitan on 64 A100, Aug 2024): median 7.8% -> 1.6%, largest 7.3%; refitted by `planner validate
+    # --cross` over its families (0.96 until stop 53, 0.97 with torchtitan's NVFP4 page's GB200 rows)
+    FrameworkProfile(name="torchtitan", kernel_efficiency=0.97, calibrated=True, pytorch_native=True,
                      launch="eager", attention="flex",   # 0.3.0's llama3 default
                      fsdp2_copies=True,                  # fully_shard per block
                      pipelining_defers_fsdp_sync=True,   # torch.distributed.pipelining schedules

@@ -650,3 +650,24 @@ def test_kempnerforge_rows_are_the_reports_whole_job_rates_per_gpu():
         par = c["parallel"]
         assert par["tp"] * par["dp"] == c["num_gpus"] and c["cluster"].endswith("kempner-h200-4gpu-ndr.yaml")
         assert family_of(c["source"]) == "kempnerforge"
+
+
+def test_torchtitan_nvfp4_page_rows_are_its_table_on_one_gb200_tray():
+    """torchtitan's NVFP4 page (stop 53): its BF16 and MXFP8 Llama 3 8B rows as the table prints them; the
+    layout is the page's command (FSDP 4, local batch 32 of 2,048 tokens, global 128); the GPU is read
+    from the memory column: each row's GiB over its percent is one device of about 184.3 GiB, a GB200's
+    (185.0 GiB by nvidia-smi) and not a B200's (179.1 GiB)."""
+    cases = yaml.safe_load(validation.FRAMEWORK_RUNS.read_text())["cases"]
+    rows = {c["name"]: c for c in cases if c["name"].startswith("tt2608-")}
+    table = {"bf16": (21919, 174.49, 0.947), "mxfp8": (28084, 179.94, 0.976)}
+    assert len(rows) == len(table)
+    for kind, (tps, gib, share) in table.items():
+        c = next(c for n, c in rows.items() if f"-{kind}-" in n)
+        assert c["reported"] == {"tokens_per_s_per_gpu": tps, "peak_memory_gib": gib}
+        device = gib / share
+        assert abs(device - 185.0) < 1.0 < abs(device - 179.1), c["name"]
+        assert c["cluster"] == "gb200-nvl72" and c["num_gpus"] == 4
+        par = c["parallel"]
+        assert par["dp"] == 4 and par["micro_batch"] == 32 and c["global_batch"] == 128 == 4 * 32
+        assert c["model"]["seq_len"] == 2048 and (c.get("fp8_recipe") == "mxfp8") == (kind == "mxfp8")
+        assert family_of(c["source"]) == "torchtitan"

@@ -6,7 +6,7 @@
 # (the values below override torchtitan_planner_job.planner_job()'s hf_assets_path, dataloader.dataset and training.steps)
 # Model tiny-llama: 4 layers, hidden 128, ffn 352, 4 heads (2 KV heads), vocab 1024, SwiGLU, RMSNorm eps 1e-05, untied embeddings, RoPE theta 10000, no RoPE scaling
 # torchtitan 0.3.0 runs on the PyTorch nightly its release pins (torchtitan docs/release.md), not on a released torch
-# priced-assumptions: kernel_efficiency=0.96 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=flex launch=eager dp_bucket=fsdp2
+# priced-assumptions: kernel_efficiency=0.97 memory_headroom_fraction=0.05 attention_kernel=flash elementwise=fused attention_impl=flex launch=eager dp_bucket=fsdp2
 # (no flag sets these: torchtitan's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
 # engine facts: FSDP2 prefetches the next layer's all-gather and reduce-scatters gradients during backward; TP collectives are not overlapped (async TP needs torch.compile, not enabled here)
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
