@@ -164,8 +164,8 @@ def expert_gemm_host_floor_s(local_experts: float, per_expert_launches: bool) ->
 # repository's answer, run_30b.sh @8c19702 the next day, was micro-batch 4 on B200) -> 12.16 ms; the
 # ModelZoo's Qwen3-235B-A22B TP4 EP8 PP8 row (256 H100, 16 local experts and 1,024 tokens a rank; the
 # README of Mar 2026 names its code: Megatron-LM main 1e057005, 2025-05-24) -> 8.61 ms. Stop 22 (lead)
-# added a third public run: NVIDIA/Megatron-LM issue 2762 (Qwen3-30B-A3B on 32 H100, TP1 EP8 micro-batch 1, forced balance, "around 120 TFLOPS", Dec 2025)
-# -> 15.02 ms; added after moe4's check priced it 39% too fast with the two-run median (said so in
+# added a third public run: NVIDIA/Megatron-LM issue 2762 (Qwen3-30B-A3B on 32 H100, TP1 EP8
+# micro-batch 1, forced balance, "around 120 TFLOPS", Dec 2025) -> 15.02 ms; added after moe4's check priced it 39% too fast with the two-run median (said so in
 # docs/notes/stop-22/README.md). The median of the three, 12.11 ms (the B200 run's value; the bisection
 # of the three values above, rerun by bench/fit_moe_host.py); the spread (8.6-15.0 ms: three software
 # versions, three host CPUs) is this constant's uncertainty. It does not follow the code's date: the
