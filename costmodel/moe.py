@@ -151,29 +151,28 @@ def expert_gemm_host_floor_s(local_experts: float, per_expert_launches: bool) ->
 
 
 # ---- host pacing of a whole MoE layer -------------------------------------------------------------
-# A dropless MoE layer drains the launch queue once per forward (``host_sync_s``), so the host cannot
-# run a layer ahead: a layer takes at least the host's time to issue it. Megatron-Core runs the layer
-# eagerly from Python (router, aux loss, the dispatcher's preprocessing, permutation, per-expert
-# GEMMs, combine); its README's remedy for a CPU-bound step is a larger micro-batch "to reduce kernel
-# launches" or CUDA graphs [REF §5], and for dropless layers graphs cover only attn, moe_router and
-# moe_preprocess (the emitted file captures none). No per-layer host figure was published ([REF §5]
-# "not found"), so the fixed part is FITTED (bench/fit_moe_host.py) on the two public Megatron runs
-# whose layers come out host-paced: yanring/Megatron-MoE-ModelZoo issue #7 (Qwen3-30B-A3B on 8 B200,
-# EP8, micro-batch 1, forced balance, "~150 TFLOPs / GPU", Aug 2025; its nsys summary puts most GPU
-# time in the dispatcher's kernels -- all-to-alls waiting on the other ranks' hosts -- and the
-# repository's answer, run_30b.sh @8c19702 the next day, was micro-batch 4 on B200) -> 12.16 ms; the
-# ModelZoo's Qwen3-235B-A22B TP4 EP8 PP8 row (256 H100, 16 local experts and 1,024 tokens a rank; the
-# README of Mar 2026 names its code: Megatron-LM main 1e057005, 2025-05-24) -> 8.61 ms. Stop 22 (lead)
-# added a third public run: NVIDIA/Megatron-LM issue 2762 (Qwen3-30B-A3B on 32 H100, TP1 EP8
-# micro-batch 1, forced balance, "around 120 TFLOPS", Dec 2025) -> 15.02 ms; added after moe4's check priced it 39% too fast with the two-run median (said so in
-# docs/notes/stop-22/README.md). The median of the three, 12.11 ms (the B200 run's value; the bisection
-# of the three values above, rerun by bench/fit_moe_host.py); the spread (8.6-15.0 ms: three software
-# versions, three host CPUs) is this constant's uncertainty. It does not follow the code's date: the
-# lowest value comes from the oldest code (May 2025), the highest from Dec 2025 (stop 53 read the commit
-# dates; Megatron-Core's changelogs of 0.14-0.17 show opt-in graph scopes and TE-side CPU work, no
-# measured step in the default eager path). Forward + backward of one MoE layer, per
-# micro-batch, whatever its token count; the per-expert GEMM calls (``expert_gemm_host_floor_s``,
-# three per expert matrix: forward, dgrad, wgrad) on top.
+# A dropless MoE layer drains the launch queue once per forward (``host_sync_s``), so the host cannot run a
+# layer ahead: a layer takes at least the host's time to issue it. Megatron-Core runs the layer eagerly from
+# Python (router, aux loss, the dispatcher's preprocessing, permutation, per-expert GEMMs, combine); its
+# README's remedy for a CPU-bound step is a larger micro-batch "to reduce kernel launches" or CUDA graphs [REF
+# §5], and for dropless layers graphs cover only attn, moe_router and moe_preprocess (the emitted file
+# captures none). No per-layer host figure was published ([REF §5] "not found"), so the fixed part is FITTED
+# (bench/fit_moe_host.py) on the two public Megatron runs whose layers come out host-paced:
+# yanring/Megatron-MoE-ModelZoo issue #7 (Qwen3-30B-A3B on 8 B200, EP8, micro-batch 1, forced balance, "~150
+# TFLOPs / GPU", Aug 2025; its nsys summary puts most GPU time in the dispatcher's kernels -- all-to-alls
+# waiting on the other ranks' hosts -- and the repository's answer, run_30b.sh @8c19702 the next day, was
+# micro-batch 4 on B200) -> 12.16 ms; the ModelZoo's Qwen3-235B-A22B TP4 EP8 PP8 row (256 H100, 16 local
+# experts and 1,024 tokens a rank; the README of Mar 2026 names its code: Megatron-LM main 1e057005,
+# 2025-05-24) -> 8.61 ms. Stop 22 (lead) added a third public run: NVIDIA/Megatron-LM issue 2762
+# (Qwen3-30B-A3B on 32 H100, TP1 EP8 micro-batch 1, forced balance, "around 120 TFLOPS", Dec 2025) -> 15.02
+# ms; added after moe4's check priced it 39% too fast with the two-run median (said so in
+# docs/notes/stop-22/README.md). The median of the three, 12.11 ms (the B200 run's value; the bisection of the
+# three values above, rerun by bench/fit_moe_host.py); the spread (8.6-15.0 ms: three software versions, three
+# host CPUs) is this constant's uncertainty. It does not follow the code's date: the lowest value comes from
+# the oldest code (May 2025), the highest from Dec 2025 (stop 53 read the commit dates; Megatron-Core's
+# changelogs of 0.14-0.17 show opt-in graph scopes and TE-side CPU work, no measured step in the default eager
+# path). Forward + backward of one MoE layer, per micro-batch, whatever its token count; the per-expert GEMM
+# calls (``expert_gemm_host_floor_s``, three per expert matrix: forward, dgrad, wgrad) on top.
 MEGATRON_LAYER_HOST_S = 12.11e-3
 
 
