@@ -179,6 +179,11 @@ class FrameworkProfile:
     # fsdp_reshard_after_forward "always", which the emitter writes for ZeRO-3): gathered again per
     # micro-batch; False where PP turns the reshard off (runtime/parallel.py apply_dp)
     fsdp_reshards_under_pp: bool = False
+    # Megatron-Core's NaN/Inf checks (``--check-for-nan-in-loss-and-grad``, on by default, off only by
+    # ``--no-check-for-nan-in-loss-and-grad``, which Megatron requires with full-iteration CUDA graphs):
+    # before each gradient bucket's reduction the bucket's norm is read and validated on the host, and the
+    # last stage validates each micro-batch's loss (``stage_terms.nan_check_s``)
+    nan_checks: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -368,6 +373,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      tp_overlap_needs_multicast=True, dp_bucket="megatron",
                      moe=MoeExecution(permute_fusion=True, router_fusion=True, per_expert_gemms=True,
                                       layer_host_s=MEGATRON_LAYER_HOST_S),
+                     nan_checks=True,                    # Megatron-LM's default (emitters/megatron.py keeps it)
                      selective_recompute="core_attn", attention="te",     # --attention-backend auto
                      # 3%, not the 5% default: NVIDIA's own NeMo 2.0 recipes run at 96.8% (llama3-8b, cp2)
                      # and 95.3% (llama3-70b) of the H100's reported 79.65 GiB by this model's count

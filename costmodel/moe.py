@@ -113,7 +113,8 @@ def router_time_s(hbm_bytes_per_s: float, tokens: float, experts: int, fused: bo
 # graphs [REF §5]). The queue drains there: the GPU waits one device-to-host round trip and the
 # launch of the next kernel -- taken as two kernel launches (no published per-sync figure was found;
 # [REF §5] "not found").
-DROPLESS_SYNC_S = 2 * KERNEL_LAUNCH_S
+HOST_SYNC_S = 2 * KERNEL_LAUNCH_S
+DROPLESS_SYNC_S = HOST_SYNC_S       # one such sync per MoE layer forward
 
 
 def host_sync_s(dropless: bool = True) -> float:

@@ -48,7 +48,7 @@ from .frameworks import TP_OVERLAP_MODES, FrameworkProfile, backend_profile, fra
 from .layers import EndsCost, LayerCost, autocast_cast_bytes, ends_params, grad_accum_add_bytes, recomputed_modules
 from .matrices import layer_matrices
 from .memory import DDP_BUCKET_BYTES, activations_in_flight, stage_memory, zero_divisors
-from .moe import ep_backward_window_s, sm_share_overlap_s
+from .moe import HOST_SYNC_S, ep_backward_window_s, sm_share_overlap_s
 from .scale import GRAD_NORM_READS
 from .specs import ClusterSpec, NodeGroup, ParallelConfig, Workload, low_precision
 
@@ -509,6 +509,25 @@ def _calls(transfer_s: float, calls: float, group: int) -> float:
     return launched(transfer_s / calls, calls) if group > 1 and calls > 0 else transfer_s
 
 
+# Megatron-Core's NaN/Inf checks (``FrameworkProfile.nan_checks``; Megatron-LM at d98e8a64):
+# ``_ParamAndGradBucketGroup.check_grads`` (megatron/core/distributed/param_and_grad_buffer.py), called as
+# each bucket group's gradient sync starts, reads every bucket's gradients once (``grad_data.norm(p=2)``)
+# and validates the norm twice (NaN, Inf) through ``RerunStateMachine.validate_result``, whose
+# ``if result_rejected:`` reads a CUDA tensor on the host: a sync each; the last stage's loss function
+# validates each micro-batch's loss the same two ways (pretrain_gpt.py ``loss_func``). Each sync costs the
+# queue's drain and relaunch (``moe.HOST_SYNC_S``); the read, the gradients at the optimizer's HBM rate.
+# Computed from the code, not measured: about 9 ms of a 56 s Llama-3-70B step on 64 H100 (stop 52's note).
+# Not priced under ZeRO-3 (Megatron-FSDP checks its own buffers, a path not read here).
+NAN_CHECK_SYNCS = 2          # NaN and Inf, per bucket and per last-stage micro-batch
+
+
+def nan_check_s(buckets: float, grad_bytes: float, hbm_bytes_per_s: float) -> float:
+    """Once per step: the gradient checks of ``buckets`` buckets holding ``grad_bytes`` (their syncs and
+    one read of the gradients at ``hbm_bytes_per_s``; the loss checks are per micro-batch, in
+    ``StageModel.layers_part``)."""
+    return buckets * NAN_CHECK_SYNCS * HOST_SYNC_S + grad_bytes / hbm_bytes_per_s
+
+
 @lru_cache(maxsize=65536)
 def megatron_stage_buckets(layer_numels: tuple[float, ...], layers: int, ends: tuple[float, ...], embedding: float,
                            bucket_size: int | None, first: bool, vpp: int = 1) -> int:
@@ -757,6 +776,8 @@ class StageModel:
                 comp += grad_accum_add_bytes(params, sh.a_bytes, sh.g_b) / self.hbm_bytes_per_s
         if self.last:
             comp += mesh.head_compute_s
+            if sh.framework.nan_checks:
+                comp += NAN_CHECK_SYNCS * HOST_SYNC_S      # the loss's NaN/Inf checks (nan_check_s)
             model_flops += mesh.head_model_flops
             hw_flops += mesh.head_model_flops
         if mtp:
@@ -911,6 +932,15 @@ class StageModel:
         # the optimizer step over the local states, the gradient norm's read of the local gradients
         # (clipping: one more pass, scale.GRAD_NORM_READS) and the per-step reductions (scale.step_reductions_s)
         opt_s = (sh.opt_traffic + GRAD_NORM_READS * g_b) * local / self.hbm_bytes_per_s + mesh.step_fixed_s
+        if sh.framework.nan_checks and zero < 3:
+            # Megatron-Core's gradient NaN/Inf checks before the reduction (nan_check_s): the dense buffer's
+            # buckets as it forms them, the expert buffer's one per model chunk (its first stage's bucketed)
+            chunks = max(1, self.par.vpp)
+            buckets = (sh.stage_buckets(self, int(round(n))) if self.megatron_buckets is not None else chunks)
+            if expert_params:
+                size = self.megatron_buckets[1] if self.megatron_buckets is not None else None
+                buckets += (math.ceil(expert_params / size) + chunks - 1 if self.first and size else chunks)
+            opt_s += nan_check_s(buckets, (dense_params + expert_params) * g_b, self.hbm_bytes_per_s)
         if self.wrap_block_s or self.wrap_param_s:
             # FSDP2's host work on a host-bound device: each module the runtime wraps, its hooks every
             # micro-batch, and the optimizer step's DTensor dispatch per parameter tensor (GpuSpec;

@@ -546,7 +546,8 @@ def emit(plan: Plan) -> dict[str, str]:
     usage += not_expressed(plan) + moe_notes(plan)
     usage += priced_assumptions(plan, TARGET, [
         "engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives "
-        "with the weight-gradient GEMMs, with or without --tp-comm-overlap"])
+        "with the weight-gradient GEMMs, with or without --tp-comm-overlap; its NaN/Inf checks of each gradient "
+        "bucket and loss stay on (its default; priced: a host sync each, one read of the gradients a step)"])
     usage += recipe(plan).comment()
     text = script_header(plan, TARGET, FORMAT, usage) + needs_block("megatron.sh", needs(plan))
     text += warmup_shell(recipe(plan)) + env

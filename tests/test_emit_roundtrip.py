@@ -279,6 +279,8 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--use-transformer-engine-op-fuser"]
     for f in flags:
         p.add_argument(f, action="store_true")
+    # on by default, off by its negation (megatron/training/arguments.py at d98e8a64)
+    p.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])

@@ -428,7 +428,10 @@ def megatron_as_written(plan: Plan, tmp: Path) -> AsWritten:
                             grads_bf16=a.grad_reduce_in_bf16, adam_moments_bf16=_adam_moments_bf16(a),
                             # Megatron's selective recompute is per module; core_attn is its default (the file's
                             # other module sets are read into ParallelConfig.recompute_modules below)
-                            selective_recompute="core_attn")
+                            selective_recompute="core_attn",
+                            # Megatron's NaN/Inf checks of each gradient bucket and loss, on unless the file
+                            # writes --no-check-for-nan-in-loss-and-grad (costmodel.stage_terms.nan_check_s)
+                            nan_checks=a.check_for_nan_in_loss_and_grad)
     m = plan.model
     fields = dict(layers=a.num_layers, hidden=a.hidden_size, ffn_hidden=a.ffn_hidden_size, heads=a.num_attention_heads,
                   kv_heads=a.num_query_groups or a.num_attention_heads, vocab=a.vocab_size + 1,

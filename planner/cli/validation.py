@@ -215,6 +215,8 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         prof = prof.with_switches(compile=True)
     if ran_cuda_graphs(case.get("execution")):
         prof = dataclasses.replace(prof, launch="graphs")        # the host replays captured graphs (costmodel.host)
+    if ran_full_iteration_graphs(case.get("execution")):
+        prof = dataclasses.replace(prof, nan_checks=False)       # Megatron refuses its NaN checks with them
     if any(k in str(case.get("execution", "")).lower() for k in ("dualpipe", "all-to-all overlap")):
         prof = dataclasses.replace(prof, ep_comm_overlap=True)      # DualPipe / Megatron's EP overlap
     if case.get("profile"):
@@ -285,6 +287,17 @@ def ran_cuda_graphs(execution) -> bool:
         return value
     text = str(value).strip().lower()
     return bool(text) and not text.startswith(("none", "off", "false", "no", "not"))
+
+
+def ran_full_iteration_graphs(execution) -> bool:
+    """Whether the run captured its whole iteration in one CUDA graph (``cuda_graphs`` says "full
+    iteration" or names the scope ``full_iteration``): Megatron-LM then requires
+    ``--no-check-for-nan-in-loss-and-grad`` (megatron/training/arguments.py at d98e8a64), so its NaN checks
+    are off (``FrameworkProfile.nan_checks``)."""
+    if not ran_cuda_graphs(execution):
+        return False
+    text = str(execution["cuda_graphs"]).lower()
+    return "full iteration" in text or "full_iteration" in text
 
 
 def ran_compile(execution) -> bool:

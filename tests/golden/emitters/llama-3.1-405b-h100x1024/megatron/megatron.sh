@@ -10,7 +10,7 @@
 # priced with TP communication overlapped with the GEMMs (--tp-comm-overlap, bootstrap nccl): it needs Transformer Engine built with userbuffers (the NGC PyTorch container's is)
 # priced-assumptions: kernel_efficiency=1.0 memory_headroom_fraction=0.03 attention_kernel=flash elementwise=fused attention_impl=te launch=fused dp_bucket=megatron
 # (no flag sets these: megatron's kernels relative to the cluster's GEMM efficiency curve (fitted on its published runs), the memory the allocator leaves unusable, the attention kernel the model code calls, how its memory-bound kernels run (fused, eager or compiled), the attention implementation its model code calls (costmodel/attention.py; - for the GEMM-curve rule), how the host issues a layer's kernels (costmodel/host.py) and the data-parallel bucket the framework defaults to (costmodel/stage_terms.py dp_bucket_bytes); costmodel/frameworks.py)
-# engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap
+# engine facts: Megatron's linear layers overlap the backward's column-parallel input-gradient collectives with the weight-gradient GEMMs, with or without --tp-comm-overlap; its NaN/Inf checks of each gradient bucket and loss stay on (its default; priced: a host sync each, one read of the gradients a step)
 # Optimizer (GPT-3 recipe, Brown et al. 2020 Table 2.1 + Appendix B; see emitters/recipe.py):
 #   AdamW lr 6.00e-05 (Table 2.1 at 406B parameters), betas 0.9/0.95, eps 1e-08, weight decay 0.1, grad clip 1.0;
 #   linear warmup 23 steps (375M tokens; a tenth of the run if less; $WARMUP_ITERS overrides), cosine decay to 6.00e-06 (10%) at $TRAIN_ITERS; init std 0.00494 = sqrt(2 / (5 * hidden)).
