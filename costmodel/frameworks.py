@@ -137,6 +137,11 @@ class FrameworkProfile:
     # --make-vocab-size-divisible-by, 128 by default); 1: the model's own width, unpadded (an odd
     # vocabulary such as GPT-2's 50,257 then runs cuBLAS's slow unaligned kernels: gemm_shape.ALIGN1_FACTOR)
     vocab_pad: int = 128
+    # its loss runs the output head and cross-entropy over this many chunks of the micro-batch's tokens,
+    # each chunk's backward right after its forward (torchtitan's ``ChunkedLossWrapper``, 8 by default, which
+    # its emitter writes): the logits held at once are one chunk's (``layers.ends_cost``); 1: the whole
+    # micro-batch's logits, as Megatron's fused cross-entropy and torchtitan's runs before it hold them
+    loss_chunks: int = 1
     # its parameters are kept in fp32 and cast to BF16 by autocast on every micro-batch (this project's
     # runtime without FSDP mixed precision): each micro-batch reads and writes every weight once more
     # forward and its gradient once more backward (``layers.autocast_cast_bytes``)
@@ -394,6 +399,7 @@ FRAMEWORKS: dict[str, FrameworkProfile] = {p.name: p for p in (
                      fsdp_reshards_under_pp=True,        # ZeRO-3 is written as reshard_after_forward "always"
                      dp_bucket="fsdp2",                  # its data parallelism is FSDP2 at every ZeRO stage
                      tp_overlap_scope="async_tp",        # its TP overlap is async TP (module docstring)
+                     loss_chunks=8,                      # ChunkedLossWrapper's default (emitters/torchtitan.py)
                      note="FSDP2 + DTensor TP, torch.compile optional"),
     # 6 figures (MT-NLG 530B on Selene, Megatron-DeepSpeed): 25.6% -> 1.0%, largest 4.6%; BLOOM's
     # Jean Zay runs have half the inter-node links of the catalog's DGX and are not fitted

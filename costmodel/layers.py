@@ -799,12 +799,15 @@ def autocast_cast_bytes(params: float, compute_bytes: float) -> float:
 @lru_cache(maxsize=16384)
 def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, micro_batch: int, gpu: GpuSpec,
               cluster: ClusterSpec, kernel_efficiency: float = 1.0, elementwise: str = "fused",
-              vocab_pad: int = VOCAB_PAD, eager_loss: bool = False) -> EndsCost:
+              vocab_pad: int = VOCAB_PAD, eager_loss: bool = False, loss_chunks: int = 1) -> EndsCost:
     """The output head stays BF16 under FP8 recipes (Megatron's output layer is not a TE module;
     torchtitan's Float8 converter skips it). The loss over the logits runs at the framework's
     memory-bound fraction (``elementwise``: ``compute.memory_bound_factor``). ``vocab_pad``: the
     framework's padding of the vocabulary per TP rank (``FrameworkProfile.vocab_pad``); ``eager_loss``:
-    the loss is the runtime's eager one, whose logits hold ``EAGER_LOSS_BYTES`` at its backward's start."""
+    the loss is the runtime's eager one, whose logits hold ``EAGER_LOSS_BYTES`` at its backward's start;
+    ``loss_chunks``: the loss runs over that many chunks of the tokens, each one's backward before the next
+    chunk (``FrameworkProfile.loss_chunks``), so one chunk's logits are held at a time. The time is the same
+    (the same FLOPs and bytes in smaller calls: not priced apart)."""
     dt = FP8_COMPUTE_DTYPE if low_precision(workload.dtype) else workload.dtype
     a_bytes = dtype_bytes(dt)
     t = tp
@@ -822,5 +825,5 @@ def ends_cost(model: ModelSpec, workload: Workload, tp: int, cp: int, sp: bool, 
     return EndsCost(head_fwd_s=head_s, head_model_flops_fwd=2 * T * V / t * h,
                     embed_params=model.embedding_params() / t,
                     head_params=model.vocab * h / t + model.norm_params(),
-                    head_act_bytes=T * V / t * EAGER_LOSS_BYTES if eager_loss else logits_bytes,
+                    head_act_bytes=(T * V / t * EAGER_LOSS_BYTES if eager_loss else logits_bytes) / max(1, loss_chunks),
                    embed_act_bytes=T * (EMBED_IDS_BYTES + (EMBED_MASK_BYTES if t > 1 else 0)))

@@ -296,7 +296,10 @@ class _Shared:
             ec = self.ends[key] = ends_cost(self.model, self.workload, par.tp, par.cp, par.sp, par.micro_batch,
                                             grp.gpu, self.cluster,
                                             kernel_efficiency_on(self.framework, grp.gpu.name, self.measured),
-                                            self.framework.elementwise, self.framework.vocab_pad, self.autocast)
+                                            self.framework.elementwise, self.framework.vocab_pad, self.autocast,
+                                            # a model with multi-token prediction: torchtitan writes its MTPLoss,
+                                            # which is not chunked (emitters/torchtitan.py)
+                                            1 if self.model.mtp_layers else self.framework.loss_chunks)
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:

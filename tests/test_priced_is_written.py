@@ -652,7 +652,9 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                             pipelining_defers_fsdp_sync=True,
                             hsdp_all_reduce_each_micro_batch=True,    # its train loop never holds FSDP2's sync
                             fsdp_reshards_under_pp=pa.fsdp_reshard_after_forward == "always",
-                            dp_bucket=h["dp_bucket"]).with_switches(compile=bool(job.compile.enable),
+                            dp_bucket=h["dp_bucket"],
+                            # the loss the job builds: ChunkedLossWrapper's chunks (one chunk's logits held), or 1
+                            loss_chunks=torchtitan_loss_chunks(job)).with_switches(compile=bool(job.compile.enable),
                                                                      mxfp8_experts=dtype != "fp8"
                                                                      and torchtitan_mxfp8_experts(job))
     import torch
@@ -669,6 +671,14 @@ def torchtitan_as_written(plan: Plan, tmp: Path, monkeypatch=None) -> AsWritten:
                          sp=pa.enable_sequence_parallel and tp > 1, vpp=vpp, micro_batch=micro, grad_accum=accum,
                          recompute=recompute, schedule=schedule, overlap_dp_comm=True)
     return AsWritten(plan.model, wl, par, _stages(counts, counts if recompute == "full" else None), prof, world)
+
+
+def torchtitan_loss_chunks(job) -> int:
+    """How many chunks the job's loss runs the output head and cross-entropy over: torchtitan's
+    ``ChunkedLossWrapper`` config's ``num_chunks`` (its default where the file leaves it), else 1 (the
+    whole micro-batch's logits: MTPLoss, a plain CrossEntropyLoss)."""
+    from torchtitan.components.loss import ChunkedLossWrapper
+    return job.loss.num_chunks if isinstance(job.loss, ChunkedLossWrapper.Config) else 1
 
 
 def torchtitan_mxfp8_experts(job, beside_linears: bool = False) -> bool:

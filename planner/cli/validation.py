@@ -204,6 +204,9 @@ def case_inputs(case: dict) -> tuple[ModelSpec, Any, Workload, ParallelConfig, A
         # (costmodel.attention "sdpa-torchtitan"); torchtitan 0.3.0, which the emitter writes for,
         # defaults to FlexAttention (the profile's "flex")
         prof = dataclasses.replace(prof, attention="sdpa-torchtitan")
+        # and computed the loss over the whole micro-batch's logits: ChunkedLossWrapper came in June 2026
+        # (torchtitan PR #3710/#3779); a record that ran it says so (``profile: {loss_chunks: 8}``)
+        prof = dataclasses.replace(prof, loss_chunks=1)
     if not materialized and ran_async_tp(case.get("execution")):
         prof = dataclasses.replace(prof, tp_comm_overlap=True)      # the run used async TP
     if fw == "generic" and ran_pytorch_fsdp(case.get("execution")):
