@@ -832,7 +832,8 @@ class StageModel:
                              extra_e + 1, mesh.expert_shard)
                 rs += _calls(mesh.all_gather_expert(expert_params * g_b) + extra_e * mesh.expert_latency_s,
                              extra_e + 1, mesh.expert_shard)
-            bwd_comm = ag + rs                  # what runs beside each micro-batch's backward
+            # what runs beside each micro-batch's backward (a chunked loss's extra head reduce-scatters too)
+            bwd_comm = ag + rs + self._chunked_head_rs(g_b)
             if self.regather:
                 # under torch's pipelining (StageModel.__init__): one gather per micro-batch, beside its
                 # backward; the reduce-scatter once per step, after the stage's last backward (below)
@@ -893,8 +894,10 @@ class StageModel:
                         # ZeRO-2 keeps only its gradient shard, so it cannot accumulate over
                         # micro-batches: a reduce-scatter after every backward (DeepSpeed
                         # stage 2), overlapped with that backward where the framework does
-                        fsdp = overlapped(rs, 2 * comp / 3, slowdown) if self.overlap_grad else rs
-                        bwd_comm = rs
+                        # (and a chunked loss's extra head reduce-scatters, StageModel._chunked_head_rs)
+                        rs2 = rs + self._chunked_head_rs(g_b)
+                        fsdp = overlapped(rs2, 2 * comp / 3, slowdown) if self.overlap_grad else rs2
+                        bwd_comm = rs2
                         if sh.framework.fsdp2_copies:
                             # FSDP2 without resharding after forward (ZeRO-2) reshards after backward by
                             # default (costmodel.fsdp), so it gathers the weights before every micro-batch's
@@ -959,6 +962,22 @@ class StageModel:
                 dense_params * g_b / dg + expert_params * g_b / eg,
                 dense_params * k_b / dk + expert_params * k_b / ek,
                 self.buffers_bytes, tail, head, fsdp_tail, fsdp_head)
+
+    def _chunked_head_rs(self, g_b: float) -> float:
+        """The output head's extra gradient reduce-scatters per micro-batch under a chunked loss
+        (``FrameworkProfile.loss_chunks``; torchtitan's ``ChunkedLossWrapper``: "Reduce-scatter fires per-chunk",
+        its FSDP2 post-backward hook running after each chunk's head backward): chunks - 1 more of the head's
+        gradient shard collective, on the last stage where its FSDP shards the head (ZeRO-2/3). A model with
+        multi-token prediction runs MTPLoss, not chunked (``stage_cache``'s ends)."""
+        mesh, sh = self.mesh, self.sh
+        chunks = sh.framework.loss_chunks
+        if (not self.last or chunks <= 1 or sh.model.mtp_layers or mesh.dense_shard <= 1 or self.regather
+                or self.deferred_sync):
+            # (under torch's pipelining the stage's gradients are reduced once, after its last backward)
+            return 0.0
+        extra = chunks - 1
+        return _calls(mesh.all_gather_shard(extra * mesh.ends.head_params * g_b) + (extra - 1) * mesh.shard_latency_s,
+                      extra, mesh.dense_shard)
 
     def _ep_overlap_bytes(self, n_moe: float) -> float:
         """What Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``: ``ParallelConfig.
