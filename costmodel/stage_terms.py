@@ -517,7 +517,10 @@ def _calls(transfer_s: float, calls: float, group: int) -> float:
 # validates each micro-batch's loss the same two ways (pretrain_gpt.py ``loss_func``). Each sync costs the
 # queue's drain and relaunch (``moe.HOST_SYNC_S``); the read, the gradients at the optimizer's HBM rate.
 # Computed from the code, not measured: about 9 ms of a 56 s Llama-3-70B step on 64 H100 (stop 52's note).
-# Not priced under ZeRO-3 (Megatron-FSDP checks its own buffers, a path not read here).
+# Under ZeRO-3 (Megatron-FSDP) the gradient checks are not priced: its overlapped reduce-scatter checks a
+# gradient only with ``report_nan_in_param_grad`` (megatron_fsdp.py, default False, which Megatron's adapter
+# leaves); its bulk path (no overlapped reduction) checks each parameter group's buffer once, not priced. The
+# loss checks are priced there too.
 NAN_CHECK_SYNCS = 2          # NaN and Inf, per bucket and per last-stage micro-batch
 
 
