@@ -671,3 +671,26 @@ def test_torchtitan_nvfp4_page_rows_are_its_table_on_one_gb200_tray():
         assert par["dp"] == 4 and par["micro_batch"] == 32 and c["global_batch"] == 128 == 4 * 32
         assert c["model"]["seq_len"] == 2048 and (c.get("fp8_recipe") == "mxfp8") == (kind == "mxfp8")
         assert family_of(c["source"]) == "torchtitan"
+
+
+def test_zoo_pp32_row_is_the_readme_row_it_quotes():
+    """The ModelZoo's alltoall row at PP32/VPP3 (stop 53): every layout number and the step time and TFLOP/s are
+    those of the README row its source quotes ('Model | Dispatcher | System | Precision | #GPUs | SEQ LEN | TP | CP |
+    EP | PP | EDP | ETP | VPP | DP | FSDP | MBS | GBS | GA | recompute | Step time | Per GPU TF'), and the stage split
+    puts 94 layers in PP32 x VPP3 with the embedding and the loss counted (96 slots)."""
+    import re
+    cases = yaml.safe_load((ROOT / "calibration" / "published_runs_moe.yaml").read_text())["cases"]
+    c = next(c for c in cases if c["name"] == "zoo-qwen3-235b-h100-256gpu-tp2-ep8-pp32-vpp3-a2a")
+    row = re.search(r"row '(235B \| A2A[^']*)'", " ".join(c["source"].split())).group(1)
+    cells = [x.strip() for x in row.split("|")]
+    gpus, seq, tp, cp, ep, pp, edp, etp, vpp, dp = (int(x) for x in cells[4:14])
+    mbs, gbs, ga = int(cells[15]), int(cells[16]), int(cells[17])
+    step, tf = float(cells[19]), float(cells[20])
+    par = c["parallel"]
+    assert (gpus, seq) == (c["num_gpus"], c["model"]["seq_len"]) and cp == 1
+    assert (tp, ep, pp, etp, vpp, dp) == (par["tp"], par["ep"], par["pp"], par["etp"], par["vpp"], par["dp"])
+    assert tp * pp * dp == gpus and edp == gpus // (etp * ep * pp)
+    assert (mbs, gbs) == (par["micro_batch"], c["global_batch"]) and ga == gbs // (dp * mbs)
+    assert c["reported"] == {"step_time_s": step, "tflops_per_gpu": tf, "tflops_kind": "model-causal"}
+    assert c["stages"] == [2] + [3] * 30 + [2] and sum(c["stages"]) + 2 == pp * vpp * 1 == 96
+    assert c["moe"]["dispatcher"] == "alltoall" and cells[1] == "A2A"
