@@ -222,6 +222,13 @@ class FrameworkProfile:
     def with_headroom(self, fraction: float) -> "FrameworkProfile":
         return dataclasses.replace(self, memory_headroom_fraction=fraction)
 
+    def chunked_loss(self, mtp_layers: int) -> int:
+        """The chunks its loss runs over for a model with ``mtp_layers`` multi-token-prediction modules:
+        ``loss_chunks``, but 1 with MTP (torchtitan writes MTPLoss for such a model, which is not chunked:
+        emitters/torchtitan.py). The one rule for the logits held (``stage_cache``) and the head's extra
+        reduce-scatters (``stage_terms.StageModel._chunked_head_rs``)."""
+        return 1 if mtp_layers else max(1, self.loss_chunks)
+
     def with_switches(self, *, compile: bool = False, async_tp: bool = False,
                       grads_bf16: bool = False, adam_moments_bf16: bool = False,
                       fused_grouped_mlp: bool = False, mxfp8_experts: bool = False) -> "FrameworkProfile":

@@ -297,9 +297,7 @@ class _Shared:
                                             grp.gpu, self.cluster,
                                             kernel_efficiency_on(self.framework, grp.gpu.name, self.measured),
                                             self.framework.elementwise, self.framework.vocab_pad, self.autocast,
-                                            # a model with multi-token prediction: torchtitan writes its MTPLoss,
-                                            # which is not chunked (emitters/torchtitan.py)
-                                            1 if self.model.mtp_layers else self.framework.loss_chunks)
+                                            self.framework.chunked_loss(self.model.mtp_layers))
         return ec
 
     def split(self, par: ParallelConfig, order: tuple[str, ...]) -> tuple:

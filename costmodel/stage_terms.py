@@ -970,12 +970,11 @@ class StageModel:
         """The output head's extra gradient reduce-scatters per micro-batch under a chunked loss
         (``FrameworkProfile.loss_chunks``; torchtitan's ``ChunkedLossWrapper``: "Reduce-scatter fires per-chunk",
         its FSDP2 post-backward hook running after each chunk's head backward): chunks - 1 more of the head's
-        gradient shard collective, on the last stage where its FSDP shards the head (ZeRO-2/3). A model with
-        multi-token prediction runs MTPLoss, not chunked (``stage_cache``'s ends)."""
+        gradient shard collective, on the last stage where its FSDP shards the head (ZeRO-2/3); the chunks by
+        ``FrameworkProfile.chunked_loss``, as the logits held are."""
         mesh, sh = self.mesh, self.sh
-        chunks = sh.framework.loss_chunks
-        if (not self.last or chunks <= 1 or sh.model.mtp_layers or mesh.dense_shard <= 1 or self.regather
-                or self.deferred_sync):
+        chunks = sh.framework.chunked_loss(sh.model.mtp_layers)
+        if not self.last or chunks <= 1 or mesh.dense_shard <= 1 or self.regather or self.deferred_sync:
             # (under torch's pipelining the stage's gradients are reduced once, after its last backward)
             return 0.0
         extra = chunks - 1
