@@ -40,8 +40,9 @@ def test_the_heads_gradient_is_reduced_after_every_chunk_where_fsdp_shards_it():
     sharded = ParallelConfig(dp=64, zero=3, micro_batch=1, grad_accum=2, recompute="selective")
     on, off = _pair(sharded, 64)
     head_rs = 7 * V * 4096 * 4              # seven more reduce-scatters of the fp32 head gradient
-    # slower, by no more than those bytes sent unoverlapped at the NVLink rate of one GPU (a loose ceiling)
-    assert 0 < on.step_time_s - off.step_time_s < 2 * head_rs / 450e9 * 2
+    # slower, and by less than those bytes would take unoverlapped on the 64 GPUs' ring across 8 nodes (one 400 Gb/s
+    # NIC a GPU at 0.9 of line rate: the catalog dgx-h100's inter-node link): FSDP overlaps them with the backward
+    assert 0 < on.step_time_s - off.step_time_s < head_rs / (50e9 * 0.9)
     replicated = ParallelConfig(dp=8, zero=1, micro_batch=1, grad_accum=2, recompute="selective")
     on, off = _pair(replicated, 8)
     assert on.step_time_s == off.step_time_s          # nothing sharded: no extra reduce-scatter priced
