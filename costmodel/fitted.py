@@ -118,6 +118,14 @@ def pooled_prior(const: FittedConstant, fitted_values: dict[str, float]) -> floa
     return pool[mid] if len(pool) % 2 else (pool[mid - 1] + pool[mid]) / 2
 
 
+# What the compile factor's fit reads (planner.cli.validation_cross.compile_pairs): not a run's throughput,
+# which every other constant also moves, but the ratio of a compiled run to its eager twin -- the same model,
+# cluster, batch, layout and framework, bf16/fp16, dense. The kernel efficiency and the GPU curve under both runs
+# are the same, so the ratio reads the factor alone (to the share of the step it multiplies); for the same reason
+# a pair is read on any hardware, the catalog's or not (the hardware is the same for its two runs).
+COMPILE_PAIR_ROWS = ("the compiled-to-eager throughput ratio of each pair of dense bf16/fp16 runs that differ only "
+                     "by torch.compile, on any hardware (the pair shares it)")
+
 # the families whose FP8 runs the two FP8 constants are fitted on
 FP8_FAMILIES = ("accelerate", "aws-torchtitan", "fp8-lm", "gpu-recipes", "lightning-thunder", "mlperf", "nemo-24",
                 "olmo-core", "pytorch-float8", "torchtitan")
@@ -162,6 +170,17 @@ FITTED: tuple[FittedConstant, ...] = (
         rows="bf16/fp16 runs of generic-framework PyTorch-native trainers (PyTorch FSDP; nanotron) on sm_90+ "
              "catalog hardware",
         grid=_steps(0.50, 1.20, 0.01), group="pytorch"),
+    # Stated 2026-12-07 before the pair fit ran (stop 54): the prior 1.0 prices a compiled run as its eager twin
+    # (no speed-up nobody measured). Until stop 54 the factor was chosen once on torchtitan's Dec 2024 pair
+    # (1.25) and never refitted; the eager/compiled pairs of three more families were on file beside it.
+    FittedConstant(
+        name="compile.kernel_factor", owner="costmodel/frameworks.py COMPILE_KERNEL_FACTOR",
+        families=("aws-torchtitan", "ibm-fsdp", "lightning-thunder", "torchtitan"), prior=1.0,
+        prior_why="a compiled run priced as its eager twin (no gain nobody measured); stated before the pair fit ran",
+        rows=COMPILE_PAIR_ROWS, grid=_steps(1.00, 1.50, 0.01), group="compile",
+        note="refitted per fold since stop 54 on the compiled-to-eager throughput ratio of each pair of runs that "
+             "differ only by torch.compile (planner.cli.validation_cross.compile_pairs); chosen once on torchtitan's "
+             "Dec 2024 pair before"),
     _kernel("torchtitan", ("aws-torchtitan", "pytorch-float8", "torchtitan"),
             "torchtitan's own benchmarks and, since stop 38, IBM and Meta's float8 post (its bf16 rows on 512 H100), "
             "since stop 39 AWS and Meta's SageMaker post (its bf16 rows on 32 H100); builtin assumes torchtitan's value"),

@@ -107,10 +107,11 @@ def test_deepspeed_full_recompute_without_stages(tmp_path):
 # Framework settings: validated, priced, in the plan file
 # --------------------------------------------------------------------------------------
 
-def test_compile_is_priced_as_torchtitans_published_speed_up():
+def test_compile_is_priced_near_torchtitans_published_speed_up():
     """torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1: 5,762 -> 6,667 TPS/GPU
     (x1.157) with torch.compile, Llama 3.1 8B on 8 H100, FSDP, selective AC, local batch 2; Table 3
-    (128 GPUs): x1.162, not used to set the factor."""
+    (128 GPUs): x1.162. Since stop 54 the factor is fitted on every eager/compiled pair on file
+    (``test_compile_factor_is_the_pair_fit``), these two among them: priced within 2% of both."""
     m = get_model("llama-3.1-8b")
     for gpus, published in ((8, 6667 / 5762), (128, 6514 / 5605)):
         cl = load_cluster("dgx-h100").with_gpus(gpus)
@@ -121,8 +122,38 @@ def test_compile_is_priced_as_torchtitans_published_speed_up():
         plain = estimate(m, cl, wl, par, framework=dataclasses.replace(framework_profile("torchtitan"), **ran)).step_time_s
         compiled = estimate(m, cl, wl, par, framework=dataclasses.replace(
             T.profile_for("torchtitan", {"compile": True}), **ran)).step_time_s
-        assert plain / compiled == pytest.approx(published, rel=0.01)
+        assert plain / compiled == pytest.approx(published, rel=0.02)
     assert COMPILE_KERNEL_FACTOR > 1
+
+
+def test_compile_factor_is_the_pair_fit():
+    """The shipped factor is what the pair fit chooses at the shipped constants, over the 12 pairs of four
+    families on file; the fit's objective, recomputed here the slow way (every grid value, each pair priced
+    eager and compiled from its record), picks the same value."""
+    from costmodel import fitted
+    from planner.cli import validation_cross as vc
+    cases, _ = vc.load_cases()
+    pairs = vc.compile_pairs(cases)
+    rec = fitted.BY_NAME["compile.kernel_factor"]
+    assert len(pairs) == 12 and {e.family for e, _ in pairs} == set(rec.families)
+    for e, c in pairs:
+        assert not vc.compiled_profile(e.inputs[4]) and vc.compiled_profile(c.inputs[4])
+        assert e.inputs[3] == c.inputs[3] and e.inputs[2] == c.inputs[2] and e.family == c.family
+    shipped = vc.shipped_values()
+    assert shipped["compile.kernel_factor"] == COMPILE_KERNEL_FACTOR
+    with vc.module_constants(shipped):
+        assert vc._scan_pairs(pairs, [rec], shipped) == {rec.name: COMPILE_KERNEL_FACTOR}
+
+        def mean_abs(x):
+            v = dict(shipped, **{rec.name: x})
+            errs = []
+            for e, c in pairs:
+                pe, pc = vc.predict(e, v)[0], vc.predict(c, v)[0]
+                errs.append(abs((pc / pe) / (c.published / e.published) - 1))
+            return sum(errs) / len(errs)
+        best = mean_abs(COMPILE_KERNEL_FACTOR)
+        assert best <= mean_abs(COMPILE_KERNEL_FACTOR - 0.01) and best <= mean_abs(COMPILE_KERNEL_FACTOR + 0.01)
+        assert mean_abs(1.0) > best       # the prior (no gain) is worse: compile's gain is measured
 
 
 def test_async_tp_prices_tp_overlap_and_needs_compile():

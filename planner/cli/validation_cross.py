@@ -255,7 +255,7 @@ def _clear_caches() -> None:
 def shipped_values() -> dict[str, float]:
     """Every fitted constant's value as the cost model ships it (read from its owner)."""
     from costmodel.files.clusters import load_cluster
-    out = {"pytorch.sm90_factor": frameworks.PYTORCH_SM90_FACTOR,
+    out = {"pytorch.sm90_factor": frameworks.PYTORCH_SM90_FACTOR, "compile.kernel_factor": COMPILE_KERNEL_FACTOR,
            "fp8.gemm_efficiency": fp8.FP8_GEMM_EFFICIENCY, "fp8.half_size_factor": fp8.FP8_HALF_SIZE_FACTOR}
     for gen, name in (("A100", "dgx-a100-80gb"), ("H100", "dgx-h100")):
         g = load_cluster(name).groups[0].gpu
@@ -307,9 +307,13 @@ def _specs(case: CrossCase, values: dict[str, float]) -> tuple:
         groups = tuple(dataclasses.replace(g, gpu=dataclasses.replace(g.gpu, clock_factor=f)) for g in cluster.groups)
         cluster = dataclasses.replace(cluster, groups=groups)
     k = values.get(f"framework.{case.framework}.kernel_efficiency")
+    compiled = compiled_profile(prof)
+    # a compiled run keeps its switch over the refitted value (validation.case_inputs), at the fold's compile factor
+    cf = values.get("compile.kernel_factor", COMPILE_KERNEL_FACTOR)
     if k is not None:
-        # a compiled run keeps its switch over the refitted value (validation.case_inputs)
-        prof = dataclasses.replace(prof, kernel_efficiency=k * (COMPILE_KERNEL_FACTOR if compiled_profile(prof) else 1.0))
+        prof = dataclasses.replace(prof, kernel_efficiency=k * (cf if compiled else 1.0))
+    elif compiled and cf != COMPILE_KERNEL_FACTOR:
+        prof = dataclasses.replace(prof, kernel_efficiency=prof.kernel_efficiency / COMPILE_KERNEL_FACTOR * cf)
     return model, cluster, wl, par, prof
 
 
@@ -342,7 +346,7 @@ def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
         gen = group.split(".")[1]
         return [c for c in fit if CURVE_OF.get(c.gen, c.gen) == gen and c.dtype != "fp8"
                 and c.framework in ("megatron", "generic") and c.inputs[4].kernel_efficiency == 1.0
-                and not _sm90_factor_applies(c)]
+                and not _sm90_factor_applies(c) and not compiled_profile(c.inputs[4])]
     if group.startswith("framework."):
         fw = group.split(".")[1]
         return [c for c in fit if c.framework == fw and c.dtype != "fp8"]
@@ -350,7 +354,39 @@ def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
         return [c for c in fit if c.dtype == "fp8"]
     if group == "pytorch":         # generic-framework PyTorch FSDP runs on sm_90+ (frameworks.kernel_efficiency_on)
         return [c for c in fit if c.framework == "generic" and c.dtype != "fp8" and _sm90_factor_applies(c)]
+    if group == "compile":         # both runs of every eager/compiled pair (compile_pairs)
+        return [c for pair in compile_pairs(cases) for c in pair]
     raise KeyError(group)
+
+
+def _twin_key(c: CrossCase) -> tuple:
+    """What a compiled run and its eager twin share: everything the estimate reads but the compile switch."""
+    model, cluster, wl, par, prof = c.inputs
+    return (dataclasses.replace(model, name="-"), cluster, wl, par, prof.name.split("+")[0], c.framework, c.dtype,
+            c.family, c.stages)
+
+
+def compile_pairs(cases: list[CrossCase]) -> list[tuple[CrossCase, CrossCase]]:
+    """Each dense bf16/fp16 run priced compiled, with its eager twin (``_twin_key``), as ``(eager, compiled)``: what
+    the compile factor's fit reads (``fitted.COMPILE_PAIR_ROWS``). A pair is read on any hardware (its two runs
+    share it); runs that no fit reads (``fit: false`` families, MoE, NVFP4) are not paired."""
+    ok = [c for c in cases if c.split.removesuffix("-hardware") in FIT_SPLITS and not c.moe and c.dtype in ("bf16", "fp16")]
+    eager: dict[tuple, list[CrossCase]] = {}
+    for c in ok:
+        if not compiled_profile(c.inputs[4]):
+            eager.setdefault(_twin_key(c), []).append(c)
+    out = []
+    for c in ok:
+        if compiled_profile(c.inputs[4]):
+            twins = eager.get(_twin_key(c), [])
+            assert len(twins) <= 1, f"{c.name}: more than one eager twin {[t.name for t in twins]}"
+            out += [(twins[0], c)] if twins else []
+    return out
+
+
+def _pair_error(eager: CrossCase, compiled: CrossCase, values: dict[str, float]) -> float:
+    """How far the priced compiled-to-eager ratio is from the published one."""
+    return (predict(compiled, values)[0] / predict(eager, values)[0]) / (compiled.published / eager.published) - 1.0
 
 
 def _groups() -> list[tuple[str, list[fitted.FittedConstant]]]:
@@ -359,10 +395,11 @@ def _groups() -> list[tuple[str, list[fitted.FittedConstant]]]:
     for c in fitted.FITTED:
         if c.grid:
             by.setdefault(c.group or c.name.rsplit(".", 1)[0], []).append(c)
-    # the GPU curves, then the PyTorch sm_90 factor (on generic-framework rows, so before the kernel
-    # efficiencies whose sm_90 rows it multiplies), the kernel efficiencies, FP8
-    order = lambda g: (0 if g.startswith("gpu.") else 1 if g == "pytorch" else 2 if g.startswith("framework.")  # noqa: E731
-                       else 3, g)
+    # the GPU curves, the compile factor (on pairs' ratios, which the constants below it hardly move), the
+    # PyTorch sm_90 factor (on generic-framework rows, so before the kernel efficiencies whose sm_90 rows it
+    # multiplies), the kernel efficiencies, FP8
+    rank = {"compile": 1, "pytorch": 2}
+    order = lambda g: (0 if g.startswith("gpu.") else rank.get(g, 3 if g.startswith("framework.") else 4), g)  # noqa: E731
     return [(g, by[g]) for g in sorted(by, key=order)]
 
 
@@ -390,6 +427,21 @@ def _scan(rows: list[CrossCase], consts: list[fitted.FittedConstant], values: di
             best = (key, combo)
     assert best is not None, "an empty grid"
     return {c.name: x for c, x in zip(consts, best[1])}
+
+
+def _scan_pairs(pairs: list[tuple[CrossCase, CrossCase]], consts: list[fitted.FittedConstant],
+                values: dict[str, float]) -> dict[str, float]:
+    """``_scan`` for a constant read on pairs' ratios (the compile factor): the least mean absolute ratio error
+    (ties: the smaller largest)."""
+    (const,) = consts
+    best = None
+    for x in const.grid:
+        errs = [abs(_pair_error(e, c, dict(values, **{const.name: x}))) for e, c in pairs]
+        key = (round(statistics.fmean(errs), 12), max(errs))
+        if best is None or key < best[0]:
+            best = (key, x)
+    assert best is not None, "an empty grid"
+    return {const.name: best[1]}
 
 
 _FIT_MEMO: dict[tuple, dict[str, float]] = {}
@@ -433,7 +485,7 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
 def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[CrossCase], values: dict[str, float],
                res: FitResult) -> None:
     rows = _rows_for(group, train)
-    res.rows[group] = len(rows)
+    res.rows[group] = len(rows) // 2 if group == "compile" else len(rows)     # compile: pairs
     res.families[group] = sorted({r.family for r in rows})
     if not rows:
         for c in consts:
@@ -444,11 +496,13 @@ def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[Cros
         upstream = tuple(sorted((k, v) for k, v in values.items() if not k.startswith("fp8.")))
     else:                                     # the constants that are not refitted, and the GPU curves below a framework
         fixed = tuple(sorted((c.name, values[c.name]) for c in fitted.FITTED if not c.grid))
-        below = ("gpu.", "pytorch.") if group.startswith("framework.") else ("gpu.",) if group == "pytorch" else ()
+        below = (("gpu.", "compile.", "pytorch.") if group.startswith("framework.") else ("gpu.", "compile.")
+                 if group == "pytorch" else ("gpu.", "pytorch.", "framework.") if group == "compile" else ())
         upstream = fixed + tuple(sorted((k, v) for k, v in values.items() if k.startswith(below))) if below else fixed
     key = (group, tuple(sorted(r.name for r in rows)), upstream)
     if key not in _FIT_MEMO:
-        _FIT_MEMO[key] = _scan(rows, consts, values)
+        _FIT_MEMO[key] = _scan_pairs(compile_pairs(train), consts, values) if group == "compile" else \
+            _scan(rows, consts, values)
     values.update(_FIT_MEMO[key])
 
 
