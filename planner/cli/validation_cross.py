@@ -20,7 +20,8 @@ side: the row's range runs over both counts and every configuration alternative.
 The fit (``fit``): the constants of one group are chosen together on a grid by the least mean
 absolute error of the rows that group reads (ties: the smaller largest error), in a fixed order:
 the GPU curves' efficiency on Megatron's bf16/fp16 runs (its kernel efficiency is 1.0 by construction), then
-each framework's kernel efficiency on its own bf16/fp16 runs, then the FP8 curve on the FP8 runs.
+torch.compile's factor on the ratio of each compiled run to its eager twin (``compile_pairs``; since stop 54), the
+PyTorch sm_90 factor, each framework's kernel efficiency on its own bf16/fp16 runs, then the FP8 curve on the FP8 runs.
 Constants without a grid are not refitted: the attention efficiency (from a kernel benchmark,
 not from these runs) and the GEMM curves' half sizes (which end-to-end runs do not pin down: a
 scan ran to the edge of its grid); each keeps its value unless its family is left out, then takes
@@ -390,7 +391,7 @@ def _pair_error(eager: CrossCase, compiled: CrossCase, values: dict[str, float])
 
 
 def _groups() -> list[tuple[str, list[fitted.FittedConstant]]]:
-    """The fitted groups in fit order (GPU curves, kernel efficiencies, FP8), attention apart."""
+    """The fitted groups in fit order (GPU curves, compile, PyTorch sm_90, kernel efficiencies, FP8)."""
     by: dict[str, list[fitted.FittedConstant]] = {}
     for c in fitted.FITTED:
         if c.grid:
