@@ -25,7 +25,8 @@ PyTorch sm_90 factor, each framework's kernel efficiency on its own bf16/fp16 ru
 Constants without a grid are not refitted: the attention efficiency (from a kernel benchmark,
 not from these runs) and the GEMM curves' half sizes (which end-to-end runs do not pin down: a
 scan ran to the edge of its grid); each keeps its value unless its family is left out, then takes
-its prior. Only runs on catalog hardware are fitted; MoE runs are
+its prior. Only runs on catalog hardware are fitted (the compile pairs aside: a ratio's hardware is its two runs'
+own, so it cancels); MoE runs are
 predicted but never fitted (their physics is issue 24's), and runs on other machines are
 predicted and tabled apart.
 
