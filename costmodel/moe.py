@@ -240,16 +240,20 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 
 # The fraction of the link's per-direction bandwidth (``LinkSpec.gb_per_s``) a dispatcher's
 # all-to-all reaches, inside the NVLink domain and across nodes [REF §4]:
-# * alltoall (NCCL): 8 x H100 NVLink, SGLang#22583's table of NCCL all-to-all times by payload (per rank;
-#   7/8 of it leaves the rank): 16 MiB in 87 us, 64 MiB in 210 us. The rate is the step between the two,
-#   (58.7 - 14.7) MB in 123 us = 358 GB/s of 450 = 0.80, and what the 16 MiB call spends beyond it, 87 - 41 =
-#   46 us, is a fixed part per call (``NCCL_A2A_NVLINK_FIXED_S``); the 8 MiB point then prices at 66 us against
-#   60 measured (2 MiB: 51 against 28 -- small calls run NCCL's low-latency protocol; a training dispatch moves
-#   tens to hundreds of MB). The rate agrees with NCCL's maintainer on H100 NVLink: "with the protocol overhead
-#   (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" for operations other than all-reduce
-#   (nccl-tests#212), 0.82; and with DeepEP's own NVLink kernels on H800 (0.78, below). Until stop 54 the
-#   fraction was the 64 MiB point alone, 280 GB/s = 0.62, which put the fixed part into the rate and priced
-#   a 1 GB dispatch 22% slow. Across nodes one NIC's rate, 48-49 of 50 GB/s (CX7 NDR, nccl-tests#267) = 0.97.
+# * alltoall (NCCL), inside the NVLink domain: 0.75 of the link. That is what nccl-tests alltoall_perf measures with
+#   default settings at large messages (out of place, busbw / line rate): 8 GPUs at 8-16 GiB 0.751 on HGX B300,
+#   0.755-0.761 on two GB300 trays, 0.731-0.736 on two GB200 trays (oracle-quickstart/oci-gpu-quickstarts,
+#   nvidia/{B300,GB300,GB200} READMEs, NCCL 2.27-2.28); 4 H100 at 500 MiB 0.744 (NVIDIA/nccl#2169, NCCL 2.30.4;
+#   0.796 with registered buffers, which the frameworks' all_to_all_single does not use). NCCL's maintainer puts the
+#   ceiling at about 0.80-0.82 on H100 ("with the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth
+#   of 370GB/s", nccl-tests#212). Each call also has a fixed part (``NCCL_A2A_NVLINK_FIXED_S``), set so that
+#   SGLang#22583's 8 x H100 table holds at 64 MiB (210 us); its 8 and 16 MiB points then price at 58 and 80 us
+#   against 60 and 87 (2 MiB: 41 against 28, NCCL's low-latency protocol). Until stop 54 the fraction was that
+#   64 MiB point alone, 58.7 MB / 210 us = 0.62 of 450 GB/s, which put the fixed part into the rate and priced a
+#   1 GB dispatch 21% slower than the measured rate. Not measured: H800's and A800's narrower NVLink (no NCCL
+#   all-to-all table was found; DeepEP's kernels reach 0.78 of H800's, below), and nccl#2169's report of a 12-15%
+#   drop above 512 MiB per rank on H100 (Ring, Simple), which the Blackwell tables do not show.
+#   Across nodes one NIC's rate, 48-49 of 50 GB/s (CX7 NDR, nccl-tests#267) = 0.97.
 # * deepep (DeepEP V1, H800): 153-158 GB/s, the middle 155.5 of the catalog H800's 200 GB/s per direction
 #   (costmodel/files/catalog/clusters.yaml dgx-h800: 400 GB/s bidirectional) = 0.78 (0.7775). DeepEP's table states
 #   its figures against "~160 GB/s NVLink maximum bandwidth", an achieved maximum, not the link's rate;
@@ -260,7 +264,7 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 #   "bottleneck bandwidth" is 43, 58 and 51 GB/s at EP16, 32 and 64 on 50 GB/s NICs (legacy.md
 #   table): the median, 51 of 50 = 1.02 (its count of bytes is not ours exactly: [REF §7] "DeepEP
 #   bandwidth definitions differ"; above 1 only by that).
-DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.80, "inter": 0.97}, "deepep": {"intra": (153 + 158) / 2 / 200, "inter": 1.02}}
+DISPATCH_LINK_FRACTION = {"alltoall": {"intra": 0.75, "inter": 0.97}, "deepep": {"intra": (153 + 158) / 2 / 200, "inter": 1.02}}
 # * deepep over a multi-node NVLink domain (more than DeepEP's 8 NVLink peers: GB200 NVL72's trays of 4):
 #   the only published run is Megatron-LM's DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM at eb0783b6d3,
 #   docs/discussions/deepseek-v3-gb200-optimization, the DeepEP step: EP32 over MNNVL through DeepEP PR 218,
@@ -284,11 +288,11 @@ HYBRIDEP_GB_PER_S = {
 }
 HYBRIDEP_SMS = 16               # Megatron-Core 0.16 TransformerConfig.moe_hybridep_num_sms
 DISPATCHERS = tuple(DISPATCH_LINK_FRACTION) + ("hybridep",)
-# NCCL's all-to-all inside the NVLink domain: its fixed part per call (the comment above: 46 us at the
-# 16 MiB point), in place of the link's latency, less the collective's launch (``comm.COLLECTIVE_LAUNCH_S``,
-# 10 us), which every caller adds (comm imports this module's package-mates, so the 10 us is written here;
-# tests/test_moe_terms.py holds the sum to 46 us)
-NCCL_A2A_NVLINK_FIXED_S = 36.0 * US
+# NCCL's all-to-all inside the NVLink domain: its fixed part per call (the comment above: 36 us, what the 64 MiB
+# point spends beyond its transfer at 0.75 of the link), in place of the link's latency, less the collective's
+# launch (``comm.COLLECTIVE_LAUNCH_S``, 10 us), which every caller adds (comm imports this module's package-mates,
+# so the 10 us is written here; tests/test_moe_terms.py holds the sum to 36 us)
+NCCL_A2A_NVLINK_FIXED_S = 26.0 * US
 
 
 def hybridep_fraction(tier: str, sms: int, combine: bool) -> float:
