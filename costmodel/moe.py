@@ -244,7 +244,8 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 #   default settings at large messages (out of place, busbw / line rate): 8 GPUs at 8-16 GiB 0.751 on HGX B300,
 #   0.755-0.761 on two GB300 trays, 0.731-0.736 on two GB200 trays (oracle-quickstart/oci-gpu-quickstarts,
 #   nvidia/{B300,GB300,GB200} READMEs, NCCL 2.27-2.28); 4 H100 at 500 MiB 0.744 (NVIDIA/nccl#2169, NCCL 2.30.4;
-#   0.796 with registered buffers, which the frameworks' all_to_all_single does not use). NCCL's maintainer puts the
+#   0.796 with registered buffers, which the frameworks' all_to_all_single does not use); 0.75 is their median.
+#   NCCL's maintainer puts the
 #   ceiling at about 0.80-0.82 on H100 ("with the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth
 #   of 370GB/s", nccl-tests#212). Each call also has a fixed part (``NCCL_A2A_NVLINK_FIXED_S``), set so that
 #   SGLang#22583's 8 x H100 table holds at 64 MiB (210 us); its 8 and 16 MiB points then price at 58 and 80 us
