@@ -486,8 +486,9 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
 
 def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[CrossCase], values: dict[str, float],
                res: FitResult) -> None:
-    rows = _rows_for(group, train)
-    res.rows[group] = len(rows) // 2 if group == "compile" else len(rows)     # compile: pairs
+    pairs = compile_pairs(train) if group == "compile" else []
+    rows = [c for pair in pairs for c in pair] if group == "compile" else _rows_for(group, train)
+    res.rows[group] = len(pairs) if group == "compile" else len(rows)
     res.families[group] = sorted({r.family for r in rows})
     if not rows:
         for c in consts:
@@ -503,8 +504,7 @@ def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[Cros
         upstream = fixed + tuple(sorted((k, v) for k, v in values.items() if k.startswith(below))) if below else fixed
     key = (group, tuple(sorted(r.name for r in rows)), upstream)
     if key not in _FIT_MEMO:
-        _FIT_MEMO[key] = _scan_pairs(compile_pairs(train), consts, values) if group == "compile" else \
-            _scan(rows, consts, values)
+        _FIT_MEMO[key] = _scan_pairs(pairs, consts, values) if group == "compile" else _scan(rows, consts, values)
     values.update(_FIT_MEMO[key])
 
 
