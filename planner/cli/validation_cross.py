@@ -356,9 +356,7 @@ def _rows_for(group: str, cases: list[CrossCase]) -> list[CrossCase]:
         return [c for c in fit if c.dtype == "fp8"]
     if group == "pytorch":         # generic-framework PyTorch FSDP runs on sm_90+ (frameworks.kernel_efficiency_on)
         return [c for c in fit if c.framework == "generic" and c.dtype != "fp8" and _sm90_factor_applies(c)]
-    if group == "compile":         # both runs of every eager/compiled pair (compile_pairs)
-        return [c for pair in compile_pairs(cases) for c in pair]
-    raise KeyError(group)
+    raise KeyError(group)     # the compile group reads pairs, not rows (compile_pairs)
 
 
 def _twin_key(c: CrossCase) -> tuple:
@@ -486,9 +484,13 @@ def fit(cases: list[CrossCase], leave_out: str | None = None) -> FitResult:
 
 def _fit_group(group: str, consts: list[fitted.FittedConstant], train: list[CrossCase], values: dict[str, float],
                res: FitResult) -> None:
-    pairs = compile_pairs(train) if group == "compile" else []
-    rows = [c for pair in pairs for c in pair] if group == "compile" else _rows_for(group, train)
-    res.rows[group] = len(pairs) if group == "compile" else len(rows)
+    if group == "compile":                    # read on pairs (compile_pairs): its rows are both runs of each
+        pairs = compile_pairs(train)
+        rows = [c for pair in pairs for c in pair]
+        res.rows[group] = len(pairs)
+    else:
+        pairs, rows = [], _rows_for(group, train)
+        res.rows[group] = len(rows)
     res.families[group] = sorted({r.family for r in rows})
     if not rows:
         for c in consts:
