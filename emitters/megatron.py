@@ -430,6 +430,21 @@ def parallel_args(plan: Plan) -> tuple[list, bool]:
     return a + dp_args, fsdp
 
 
+# Python's garbage collector, as NVIDIA's own Megatron runs set it. --manual-gc disables the automatic collector and
+# collects on every rank at the same steps (megatron/training/training.py at 9c5258f109: gc.disable() at the start,
+# gc.collect() when iteration % --manual-gc-interval == 0; training_config.py's help: it "helps to align the timing
+# of the collection across ranks which mitigates the impact of CPU-associated jitters"). Left automatic, each rank
+# pauses for a collection at its own moment and the step waits for the one that paused: costmodel.scale prices the
+# per-rank jitter of a healthy fleet (2%), with no such pauses. Megatron-LM's dense H100 example sets --manual-gc
+# (examples/llama/train_llama3_8b_h100_fp8.sh) and every MoE recipe sets it with an interval of 5 or 10 steps
+# (examples/moe_recipes/*.yaml: 11 of 18 at 5), as does Megatron-MoE-ModelZoo's Qwen3-30B config (5), a run
+# MEGATRON_LAYER_HOST_S is fitted on. The interval: 5 for MoE models, as those runs; 100 for dense models, a choice
+# (the default 0 collects only around evaluation, which this file turns off, so the heap would grow for the whole
+# run; at 100 a collection's pause, not priced, falls on one step in a hundred).
+MANUAL_GC_INTERVAL_MOE = 5
+MANUAL_GC_INTERVAL_DENSE = 100
+
+
 def training_args(plan: Plan) -> list:
     p = plan.parallel
     w = plan.workload
@@ -487,7 +502,8 @@ def training_args(plan: Plan) -> list:
                "--lr-warmup-iters", Raw('"$WARMUP_ITERS"'),
                "--lr-decay-iters", Raw('"$TRAIN_ITERS"'),
                "--lr-decay-style", "cosine", "--weight-decay", r.weight_decay, "--clip-grad", r.grad_clip,
-               "--log-interval", "1"])
+               "--log-interval", "1", "--manual-gc", "--manual-gc-interval",
+               MANUAL_GC_INTERVAL_MOE if plan.model.is_moe else MANUAL_GC_INTERVAL_DENSE])
 
 
 def needs(plan: Plan) -> list[Need]:

@@ -94,6 +94,8 @@ TRAINING_ARGS=(
   --weight-decay 0.1
   --clip-grad 1.0
   --log-interval 1
+  --manual-gc
+  --manual-gc-interval 100
 )
 if [ -n "${MOCK_DATA:-}" ]; then
   DATA_ARGS=(
