@@ -128,6 +128,55 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
             "of its own, train-cp (docs/validation.md, table 'By context parallelism')")
 
 
+# Host-paced MoE layers (``host_paced_share``). A dropless MoE layer run eagerly by Megatron-Core takes at least
+# its host's time to issue (``costmodel.moe.layer_host_s``, ``MEGATRON_LAYER_HOST_S``: a constant fitted on three
+# runs, 8.6-15.0 ms a layer). Where that time sets the pace, the prediction rests on the constant more than on any
+# GPU term, and out of source it was too slow on every such run on file (the ``train-moe-host`` band's signed range
+# in costmodel/uncertainty_bands.yaml: among them NVIDIA's own recipes on H100 and GB200, which the constant's three
+# runs predate). ``HOST_PACED_SHARE``: the share of the
+# predicted step the host's pacing adds above which a prediction takes that band; 0.10, a choice (the MoE runs on
+# file are either under 5% or over 50%, so any value between splits them the same).
+HOST_PACED_SHARE = 0.10
+
+
+def host_paced_share(model, cluster, workload, par, framework, stages=None, order=None) -> float:
+    """The share of a training step's predicted time that the host's pacing of its MoE layers adds: 1 - the
+    step priced with no host time per MoE layer (``MoeExecution.layer_host_s`` 0) over the step as priced.
+    0 for a dense model or a framework that prices no host pacing (torchtitan, CUDA-graphed layers).
+    ``framework``: a ``FrameworkProfile`` or its name; ``stages`` and ``order``: the pipeline split and the mesh
+    order, as ``estimate`` takes them."""
+    import dataclasses
+
+    from .frameworks import framework_profile
+    from .training import estimate
+    prof = framework_profile(framework)
+    if not model.is_moe or prof.moe.layer_host_s <= 0:
+        return 0.0
+    free = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, layer_host_s=0.0))
+    paced = estimate(model, cluster, workload, par, stages=stages, order=order, framework=prof).step_time_s
+    free_s = estimate(model, cluster, workload, par, stages=stages, order=order, framework=free).step_time_s
+    return max(0.0, 1.0 - free_s / paced)
+
+
+def is_host_paced(share: float) -> bool:
+    """Whether a prediction's MoE layers are host-paced (``host_paced_share`` above ``HOST_PACED_SHARE``)."""
+    return share > HOST_PACED_SHARE
+
+
+def host_paced_flag(share: float, seen: tuple[float, float] | None, n: int) -> str | None:
+    """A one-line warning for a prediction whose MoE layers are host-paced (``is_host_paced``), with the
+    signed out-of-source errors ``seen`` (lowest, highest: predicted / published - 1) of the ``n`` published
+    runs like it; else None."""
+    if not is_host_paced(share):
+        return None
+    said = (f"on the {n} published run{'s' if n != 1 else ''} like it the cost model was off by "
+            f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
+            if seen else "no published run like it is on file")
+    return (f"host-paced MoE layers: the host's time to issue each eager MoE layer adds {share * 100:.0f}% to the "
+            f"predicted step (costmodel.moe.MEGATRON_LAYER_HOST_S, a constant fitted on three runs); {said}. "
+            "A larger micro-batch, or CUDA graphs over the MoE layers, takes the host off the critical path")
+
+
 def power_flag(gpus, measured: bool, expect: str = "a slower step") -> str | None:
     """A one-line warning when GPUs of the cluster (``gpus``: each node group's ``GpuSpec``) run at a
     power limit below the board power their part is rated at (``GpuSpec.power_limit_w`` <

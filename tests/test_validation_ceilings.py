@@ -142,7 +142,7 @@ def test_plans_inside_the_band_are_ties():
     def plan(step):
         return SimpleNamespace(mode="train", model=get_model("llama-3-8b"), cluster=load_cluster("dgx-h100"),
                                workload=SimpleNamespace(dtype="bf16", seq_len=8192), estimate={"step_time_s": step, "mfu": 0.4},
-                               parallel=None, target="", framework={})
+                               parallel=None, target="", framework={}, stages=None, mesh_order=None)
     line = tie_line([plan(10.0), plan(10.0 * (1 + band / 2)), plan(10.0 * (1 + 2 * band))])
     assert line and line.startswith("plan 2 is within")
     assert tie_line([plan(10.0), plan(10.0 * (1 + 2 * band))]) is None
@@ -294,7 +294,8 @@ def test_plans_faster_than_the_ceiling_are_named():
     def plan(step, mfu):
         return SimpleNamespace(mode="train", model=model, cluster=load_cluster("dgx-h100"),
                                workload=SimpleNamespace(dtype="bf16", seq_len=seq),
-                               estimate={"step_time_s": step, "mfu": mfu}, parallel=None, target="", framework={})
+                               estimate={"step_time_s": step, "mfu": mfu}, parallel=None, target="", framework={},
+                               stages=None, mesh_order=None)
     ceil = ceilings.BEST_MEASURED_MFU[("Hopper", "16-bit")][0]
     at = 10.0 * ceilings.causal_mfu(0.6, model, seq) / ceil          # plan 1: 60% MFU in 10 s
     assert 10.0 < at < 14.0
@@ -318,3 +319,51 @@ def test_throughput_line_gives_the_causal_mfu_where_the_counts_part():
     # planner explain's header says it the same way
     from planner.cli.report import mfu_words
     assert mfu_words(0.636, 0.375) == "MFU 63.6% (37.5% with attention counted causal)" and mfu_words(0.5, 0.48) == "MFU 50.0%"
+
+
+def test_host_paced_moe_takes_its_own_band_and_a_warning(capsys):
+    """Qwen3-30B-A3B on 32 H100, TP1 EP8, one 4k sequence per micro-batch (the Megatron-LM MoE recipe's layout):
+    Megatron's eager MoE layers are host-paced, so the train-moe-host band, its range widened below the
+    prediction (its published runs were all faster than predicted), its band for ties, and a warning. The same
+    problem on torchtitan (no priced host pacing) and a dense model take neither."""
+    from costmodel.uncertainty import band_record
+    from planner.cli import main
+    args = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch", "256",
+            "--seq-len", "4096", "--dp", "32", "--ep", "8", "--micro-batch", "1", "--json"]
+    assert main(args + ["--target", "megatron"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    u, st = out["uncertainty"], out["estimate"]["step_time_s"]
+    host, moe = band_record("train-moe-host"), band_record("train-moe")
+    assert host.signed_range()[1] < 0 and host.band > moe.band     # the premise: all faster, and wider
+    assert u["kind"] == "train-moe-host" and u["band"] == host.band and u["tie_band"] == host.band
+    assert u["host_share"] > ceilings.HOST_PACED_SHARE
+    lo, hi = u["step_time_s_range"]
+    assert lo == pytest.approx(st * (1 - host.band)) and hi == pytest.approx(st * (1 + moe.band))
+    assert u["host_flag"] and f"{u['host_share'] * 100:.0f}%" in u["host_flag"] and f"{host.n} published" in u["host_flag"]
+    # the share against the slow obvious version: the same estimate with no host time per MoE layer
+    import dataclasses
+
+    from costmodel.catalog import get_model
+    from costmodel.files.clusters import load_cluster
+    from costmodel.frameworks import framework_profile
+    from costmodel.specs import Workload
+    from costmodel.training import estimate
+    from planner.cli.args import complete_config
+    model, cluster = get_model("qwen3-30b-a3b"), load_cluster("dgx-h100").with_gpus(32)
+    wl = Workload(global_batch=256, seq_len=4096)
+    par = complete_config(dict(dp=32, ep=8, micro_batch=1, tp=1, pp=1, zero=1), 32, wl)
+    prof = framework_profile("megatron")
+    free = dataclasses.replace(prof, moe=dataclasses.replace(prof.moe, layer_host_s=0.0))
+    want = 1 - estimate(model, cluster, wl, par, framework=free).step_time_s / estimate(
+        model, cluster, wl, par, framework=prof).step_time_s
+    assert ceilings.host_paced_share(model, cluster, wl, par, prof) == pytest.approx(want) and want > 0.1
+    # torchtitan prices no host pacing (torch._grouped_mm, one kernel per matrix): the MoE kind, no warning
+    assert main(args + ["--target", "torchtitan"]) == 0
+    u = json.loads(capsys.readouterr().out)["uncertainty"]
+    assert u["kind"] == "train-moe" and u["host_share"] == 0.0 and u["host_flag"] is None
+    lo, hi = u["step_time_s_range"]
+    assert u["band_below"] == u["band_above"] == moe.band
+    # the rule at its edge
+    assert ceilings.is_host_paced(ceilings.HOST_PACED_SHARE * 1.001) and not ceilings.is_host_paced(ceilings.HOST_PACED_SHARE)
+    assert ceilings.host_paced_flag(0.05, (-0.4, -0.1), 4) is None
+    assert "no published run like it" in ceilings.host_paced_flag(0.5, None, 0)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         from planner.cli.args import warn_drift as _warn_drift
         _warn_drift(plan, {"step_time_s": est.step_time_s}, args.plan)
     cred = credibility(model, cluster, wl, est.step_time_s, est.mfu, par=par,
-                       framework=fw.get("framework", "generic"))
+                       framework=fw.get("framework", "generic"), stages=stages, order=order)
     stand_in = T.stand_in_note(getattr(args, "target", None) or "")
     if args.json:
         out = {"parallel": parallel_json(par), "estimate": estimate_json(est), "uncertainty": cred}

@@ -187,8 +187,12 @@ def uncertainty_table() -> str:
             "parallelism\"), likewise all slower than predicted, on whatever machine they ran. `train-cp` is "
             "context parallelism on Transformer Engine's ring (Megatron, NeMo), whose runs spread wider than the "
             "dense ones and mostly on the slow side. `train-nvfp4` is dense training in NVFP4 (`costmodel.fp8.nvfp4`), "
-            "a recipe priced from kernel tables, held against its own published runs alone. Where more than one "
-            "regime applies the widest band is shown:\n\n"
+            "a recipe priced from kernel tables, held against its own published runs alone. `train-moe-host` is "
+            "MoE training whose eager MoE layers are host-paced (`costmodel.ceilings.is_host_paced`: the host's "
+            "time to issue a layer, `costmodel.moe.MEGATRON_LAYER_HOST_S`, adds more than "
+            "`HOST_PACED_SHARE` to the step): its published runs were all faster than predicted, so its range "
+            "runs from its own band below to the MoE band above, with a warning; `train-moe` is the other MoE "
+            "runs. Where more than one regime applies the widest band is shown:\n\n"
             + _table(["kind", "band", "rows", "signed range", "from"], rows, {1, 2, 3}))
 
 
@@ -322,8 +326,8 @@ def validation_cross() -> str:
 def validation_headline() -> str:
     """The out-of-source headline line alone, for the README, the sentence of the two regimes
     with their own bands (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band; PyTorch's
-    ring attention, the ``train-torch-cp`` band), and MoE's and NVFP4's, validated apart (the ``train-moe`` and
-    ``train-nvfp4`` bands)."""
+    ring attention, the ``train-torch-cp`` band), and MoE's and NVFP4's, validated apart (the ``train-moe``,
+    ``train-moe-host`` and ``train-nvfp4`` bands)."""
     from costmodel.ceilings import THIN_STEP_S
     from costmodel.uncertainty import band_record
     thin, ring, te = band_record("train-thin"), band_record("train-torch-cp"), band_record("train-cp")
@@ -332,6 +336,8 @@ def validation_headline() -> str:
     lo, hi = thin.signed_range() or (-thin.band, thin.band)
     cp_lo, cp_hi = ring.signed_range() or (-ring.band, ring.band)
     moe_lo, moe_hi = moe.signed_range() or (-moe.band, moe.band)
+    host = band_record("train-moe-host")
+    host_lo, host_hi = host.signed_range() or (-host.band, host.band)
     return (validation_cross().split("\n\n")[0] + "\n\n"
             f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
             f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
@@ -340,8 +346,11 @@ def validation_headline() -> str:
             f"attention (torchtitan): {cp_lo * 100:+.0f}% to {cp_hi * 100:+.0f}% on its {ring.n} published runs "
             f"(`train-torch-cp`); on Transformer Engine's ring (Megatron) it is ±{te.band * 100:.0f}% over "
             f"{te.n} (`train-cp`). Mixture-of-experts runs are validated apart: on the {moe.n} published runs that "
-            f"chose no MoE constant the error ran from {moe_lo * 100:+.0f}% to {moe_hi * 100:+.0f}%, a band of "
-            f"±{moe.band * 100:.0f}% (`train-moe`, [docs/validation.md](docs/validation.md)). So is NVFP4 training "
+            f"chose no MoE constant and whose layers are not host-paced the error ran from {moe_lo * 100:+.0f}% to "
+            f"{moe_hi * 100:+.0f}%, a band of ±{moe.band * 100:.0f}% (`train-moe`, "
+            "[docs/validation.md](docs/validation.md)); where Megatron's eager MoE layers wait on the host, "
+            f"{host_lo * 100:+.0f}% to {host_hi * 100:+.0f}% on {host.n} (`train-moe-host`, predicted too slow). "
+            "So is NVFP4 training "
             f"(`--dtype nvfp4`, Megatron on Blackwell, priced from kernel tables alone): {fp4_lo * 100:+.0f}% to "
             f"{fp4_hi * 100:+.0f}% on its {fp4.n} published runs (`train-nvfp4`).\n")
 

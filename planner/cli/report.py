@@ -143,14 +143,15 @@ def throughput_line(est, mfu_causal: float | None = None) -> str:
 
 
 def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par: ParallelConfig | None = None,
-                framework: Any = "generic") -> dict[str, Any]:
+                framework: Any = "generic", stages=None, order=None) -> dict[str, Any]:
     """How far a training prediction can be trusted: the out-of-source band of its kind
     (``costmodel.uncertainty``), the step-time range it gives, a flag when the predicted MFU is
     above the best ever published for that GPU (``costmodel.ceilings``, both by its causal count,
     ``mfu_causal``) with no measured profile,
     one when the step is thin (``costmodel.ceilings.is_thin``), one when ``par`` runs PyTorch's
     ring attention under ``framework`` (``costmodel.attention.torch_ring``) and one when the GPUs run
-    below their rated power with no measured profile (``costmodel.ceilings.power_flag``). A dense model in such
+    below their rated power with no measured profile (``costmodel.ceilings.power_flag``), and one when an MoE
+    model's layers are host-paced (``costmodel.ceilings.host_paced_flag``). A dense model in such
     a regime takes that regime's band (``train-thin``, ``train-torch-cp``, ``train-cp`` for context
     parallelism on another ring, Transformer Engine's, or ``train-nvfp4``; the widest where more than one applies) for its
     range. ``tie_band`` is the band two plans are judged ties with
@@ -158,12 +159,16 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     regime, which every plan of one problem shares (its ideal step is the problem's), so its
     systematic error moves them together; the torch-ring band for a plan on PyTorch's ring and the
     ``train-cp`` band for one on another ring, regimes of that plan's layout alone, whose error a plan
-    without them does not share. A regime's
-    range runs from the kind's own band below (the published runs in either regime were all slower
-    than predicted, not faster) to the regime's band above."""
+    without them does not share; for an MoE model, the ``train-moe-host`` band for a plan whose MoE layers are
+    host-paced (``costmodel.ceilings.is_host_paced``: the micro-batch and the layout decide it; ``stages`` and
+    ``order``, the prediction's pipeline split and mesh order, price it as the estimate did). A regime's
+    range runs from the kind's own band below to the regime's band above where its published runs were all
+    slower than predicted (the dense regimes), and the other way round where they were all faster
+    (``train-moe-host``: its signed range ends below 0). ``band_below`` and ``band_above``: the range's
+    sides, relative to the prediction."""
     from costmodel.attention import library_ring, torch_ring
-    from costmodel.ceilings import (causal_mfu, ceiling_step_s, ideal_step_s, is_thin, mfu_ceiling, mfu_flag, power_flag,
-                                   thin_flag, torch_cp_flag)
+    from costmodel.ceilings import (causal_mfu, ceiling_step_s, host_paced_flag, host_paced_share, ideal_step_s,
+                                   is_host_paced, is_thin, mfu_ceiling, mfu_flag, power_flag, thin_flag, torch_cp_flag)
     from costmodel.frameworks import attention_impl, framework_profile
     from costmodel.uncertainty import band_record
     base = "train-moe" if model.is_moe else "train-dense"
@@ -171,9 +176,12 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     att = attention_impl(framework_profile(framework), par, model.family) if par is not None else ""
     ring = par is not None and torch_ring(att, par.cp)
     other_cp = par is not None and library_ring(att, par.cp)        # Transformer Engine's ring (train-cp)
-    regimes = [] if model.is_moe else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring),
-                                                       ("train-cp", other_cp),
-                                                       ("train-nvfp4", workload.dtype == "nvfp4")) if on]
+    share = (host_paced_share(model, cluster, workload, par, framework, stages=stages, order=order)
+             if model.is_moe and par is not None else 0.0)
+    paced = is_host_paced(share)
+    regimes = ((["train-moe-host"] if paced else []) if model.is_moe
+               else [k for k, on in (("train-thin", is_thin(ideal)), ("train-torch-cp", ring), ("train-cp", other_cp),
+                                     ("train-nvfp4", workload.dtype == "nvfp4")) if on])
     kind = max(regimes, key=lambda k: band_record(k).band) if regimes else base
     band = band_record(kind).band
     gpu = cluster.groups[0].gpu.name
@@ -184,16 +192,24 @@ def credibility(model, cluster, workload, step_time_s: float, mfu: float, *, par
     flag = mfu_flag(mfu, causal, gpu, dtype, measured, step_time_s)
     seen, seen_cp = band_record("train-thin"), band_record("train-torch-cp")
     own = band_record(base).band
-    layout_band = seen_cp.band if ring else band_record("train-cp").band if other_cp else 0.0
-    tie = own if model.is_moe else max(own, layout_band)
-    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - min(band, own)),
-                                                              step_time_s * (1 + band)],
+    seen_host = band_record("train-moe-host")
+    layout_band = (seen_host.band if paced else 0.0) if model.is_moe else (
+        seen_cp.band if ring else band_record("train-cp").band if other_cp else 0.0)
+    tie = max(own, layout_band)
+    # a regime whose published runs were all faster than predicted (host-paced MoE: its signed range ends below
+    # 0) widens the range below the prediction, the others above it (module docstring)
+    rng = band_record(kind).signed_range()
+    faster = kind != base and rng is not None and rng[1] < 0
+    lo, hi = (band, min(band, own)) if faster else (min(band, own), band)
+    return {"kind": kind, "band": band, "step_time_s_range": [step_time_s * (1 - lo), step_time_s * (1 + hi)],
+            "band_below": lo, "band_above": hi,
             "tie_band": tie, "ideal_step_s": ideal,
             "mfu_ceiling": ceil[0] if ceil else None, "mfu_ceiling_source": ceil[1] if ceil else None,
             "mfu_causal": causal, "measured_profile": measured, "mfu_flag": flag,
             "ceiling_step_s": ceiling_step_s(step_time_s, causal, ceil[0]) if flag and ceil else None,
             "thin_flag": thin_flag(ideal, seen.signed_range(), seen.n),
             "torch_cp_flag": torch_cp_flag(par.cp, seen_cp.signed_range(), seen_cp.n) if par and ring else None,
+            "host_share": share, "host_flag": host_paced_flag(share, seen_host.signed_range(), seen_host.n),
             "power_flag": power_flag([g.gpu for g in cluster.groups], measured)}
 
 
@@ -202,7 +218,8 @@ def plan_credibility(plan, step_time_s: float, mfu: float) -> dict[str, Any]:
     framework settings (``planner.plan.targets.profile_for``; the generic profile without a target)."""
     from planner.plan.targets import profile_for
     return credibility(plan.model, plan.cluster, plan.workload, step_time_s, mfu, par=plan.parallel,
-                       framework=profile_for(plan.target or "", plan.framework))
+                       framework=profile_for(plan.target or "", plan.framework), stages=plan.stages,
+                       order=plan.mesh_order)
 
 
 def plain_credibility_lines(cred: dict[str, Any]) -> list[str]:
@@ -212,11 +229,11 @@ def plain_credibility_lines(cred: dict[str, Any]) -> list[str]:
 
 def credibility_lines(cred: dict[str, Any]) -> list[str]:
     lo, hi = cred["step_time_s_range"]
-    below = 1.0 - lo * (1.0 + cred["band"]) / hi          # the range's lower side (credibility)
-    sign = "+/-" if abs(below - cred["band"]) < 1e-9 else f"-{below * 100:.0f}%/+"
-    out = [f"uncertainty: {sign}{cred['band'] * 100:.0f}% ({cred['kind']}, out-of-source validation): step "
+    below, above = cred["band_below"], cred["band_above"]      # the range's sides (credibility)
+    sign = f"+/-{above * 100:.0f}%" if abs(below - above) < 1e-9 else f"-{below * 100:.0f}%/+{above * 100:.0f}%"
+    out = [f"uncertainty: {sign} ({cred['kind']}, out-of-source validation): step "
            f"{fmt_seconds(lo)} .. {fmt_seconds(hi)}"]
-    for key in ("mfu_flag", "thin_flag", "torch_cp_flag", "power_flag"):
+    for key in ("mfu_flag", "thin_flag", "torch_cp_flag", "host_flag", "power_flag"):
         if cred.get(key):
             out.append(f"[yellow]warning:[/yellow] {cred[key]}")
     return out

@@ -1,19 +1,18 @@
-"""The training kinds of ``costmodel/uncertainty_bands.yaml`` from out-of-source residuals.
-
-``train-dense``: the errors of ``planner validate --cross`` on dense runs on catalog hardware, each
-predicted with constants refitted without its own recipe family; ``train-moe``: the same for MoE
-runs that chose no MoE constant (split ``moe-fit`` left out); ``train-thin``: the dense runs on a thin
-step (``costmodel.ceilings.is_thin``), which ``train-dense`` then leaves out; ``train-torch-cp``: the
-dense runs on PyTorch's ring attention (``validation_cross.torch_cp_case``), on every machine, which
-``train-dense`` leaves out too; ``train-cp``: the dense runs on catalog hardware under context parallelism on
-any other ring (``validation_cross.cp_case``: Transformer Engine's), which ``train-dense`` leaves out as well;
-``train-nvfp4``: the dense NVFP4 runs (``validation_cross.nvfp4_rows``), which every other kind leaves out.
-The band is
-``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses).
-``planner validate --cross --write-bands`` rewrites the training kinds and keeps the serving kinds
-as they are (``planner.cli.uncertainty_bands.write_training_bands``);
-``python -m planner.cli.uncertainty_bands`` (which computes the serving kinds) takes the training
-kinds from here.
+"""The training kinds of ``costmodel/uncertainty_bands.yaml`` from out-of-source residuals. ``train-dense``: the
+errors of ``planner validate --cross`` on dense runs on catalog hardware, each predicted with constants
+refitted without its own recipe family; ``train-moe``: the same for MoE runs that chose no MoE constant (split
+``moe-fit`` left out) and are not host-paced; ``train-moe-host``: those that are
+(``validation_cross.host_paced_case``: the host's issue time of an eager MoE layer sets its pace);
+``train-thin``: the dense runs on a thin step (``costmodel.ceilings.is_thin``), which ``train-dense`` then
+leaves out; ``train-torch-cp``: the dense runs on PyTorch's ring attention
+(``validation_cross.torch_cp_case``), on every machine, which ``train-dense`` leaves out too; ``train-cp``:
+the dense runs on catalog hardware under context parallelism on any other ring (``validation_cross.cp_case``:
+Transformer Engine's), which ``train-dense`` leaves out as well; ``train-nvfp4``: the dense NVFP4 runs
+(``validation_cross.nvfp4_rows``), which every other kind leaves out. The band is
+``costmodel.uncertainty.band_from_residuals`` of them (the statistic every kind uses). ``planner validate
+--cross --write-bands`` rewrites the training kinds and keeps the serving kinds as they are
+(``planner.cli.uncertainty_bands.write_training_bands``); ``python -m planner.cli.uncertainty_bands`` (which
+computes the serving kinds) takes the training kinds from here.
 """
 from __future__ import annotations
 
@@ -41,12 +40,17 @@ HOW = {
                    "fitted on a run), which train-dense and its regimes leave out",
     "train-moe": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate --cross` "
                  "that chose no MoE constant (the moe-fit runs, which chose the load factors and the layer host "
-                 "time of costmodel/moe.py, are left out)",
+                 "time of costmodel/moe.py, are left out) and whose layers are not host-paced (train-moe-host)",
+    "train-moe-host": "OUT OF SOURCE: tokens/s per GPU of the MoE runs on catalog hardware in `planner validate "
+                      "--cross` that chose no MoE constant and whose MoE layers are host-paced (costmodel.ceilings."
+                      "host_paced_share above HOST_PACED_SHARE: the host's time to issue an eager layer, "
+                      "costmodel.moe.MEGATRON_LAYER_HOST_S, sets the pace)",
 }
 SOURCE = {
     "train-dense": "docs/validation.md (planner validate --cross; calibration/published_runs*.yaml, "
                    "holdout_runs.yaml)",
     "train-moe": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
+    "train-moe-host": "docs/validation.md (planner validate --cross; calibration/published_runs_moe.yaml)",
     "train-nvfp4": "docs/validation.md (planner validate --cross, the line 'NVFP4, apart'; "
                    "calibration/published_runs_more.yaml)",
     "train-thin": "docs/validation.md (planner validate --cross, table 'By ideal step per GPU'; "
@@ -66,7 +70,8 @@ def _cross() -> dict:
 
 def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
     """Out-of-source relative errors (predicted / published - 1) of the training kinds."""
-    from planner.cli.validation_cross import cp_case, headline_rows, nvfp4_rows, thin_case, torch_cp_case
+    from planner.cli.validation_cross import (cp_case, headline_rows, host_paced_case, nvfp4_rows, thin_case,
+                                              torch_cp_case)
     res = res if res is not None else _cross()
     split: dict[str, list[float]] = {"train-dense": [], "train-thin": [], "train-torch-cp": [], "train-cp": [],
                                      "train-nvfp4": [r.error for r in nvfp4_rows(res["rows"])]}
@@ -79,9 +84,11 @@ def training_residuals(res: dict | None = None) -> dict[str, list[float]]:
         elif id(r) in headline:                    # dense, catalog hardware
             split["train-thin" if thin_case(r.case) else "train-cp" if cp_case(r.case) else "train-dense"].append(
                 r.error)
+    moe = [r for r in res["rows"] if r.case.moe and r.case.catalog_hardware and r.case.split != "moe-fit"]
+    paced = [host_paced_case(r.case) for r in moe]
     return {**split,
-            "train-moe": [r.error for r in res["rows"] if r.case.moe and r.case.catalog_hardware
-                          and r.case.split != "moe-fit"]}
+            "train-moe": [r.error for r, p in zip(moe, paced) if not p],
+            "train-moe-host": [r.error for r, p in zip(moe, paced) if p]}
 
 
 def training_bands(res: dict | None = None) -> dict:

@@ -649,6 +649,15 @@ def cp_case(case: CrossCase) -> bool:
     return not case.moe and library_ring(case_attention(case), case.inputs[3].cp) and not thin_case(case)
 
 
+def host_paced_case(case: CrossCase) -> bool:
+    """Whether an MoE validation case's layers are host-paced (``costmodel.ceilings.is_host_paced`` of
+    ``host_paced_share`` on its inputs): its rows make the ``train-moe-host`` band, not ``train-moe``'s
+    (``validation_bands``)."""
+    from costmodel.ceilings import host_paced_share, is_host_paced
+    model, cluster, wl, par, prof = case.inputs[:5]
+    return case.moe and is_host_paced(host_paced_share(model, cluster, wl, par, prof, stages=case.stages))
+
+
 def cp_group(case: CrossCase) -> str:
     """A run's group by its context parallelism: none, PyTorch's ring, or the kernel library's own. Megatron's
     ring is Transformer Engine's whatever kernel its steps run (TE 1.x under Megatron falls back to flash-attn
