@@ -174,7 +174,8 @@ def host_paced_flag(share: float, seen: tuple[float, float] | None, n: int) -> s
             if seen else "no published run like it is on file")
     return (f"host-paced MoE layers: the host's time to issue each eager MoE layer adds {share * 100:.0f}% to the "
             f"predicted step (costmodel.moe.MEGATRON_LAYER_HOST_S, a constant fitted on three runs); {said}. "
-            "A larger micro-batch, or CUDA graphs over the MoE layers, takes the host off the critical path")
+            "A larger micro-batch takes the host off the critical path (so does capturing whole MoE layers in CUDA "
+            "graphs, which needs fixed shapes: a capacity factor, or Megatron's paged stash)")
 
 
 def power_flag(gpus, measured: bool, expect: str = "a slower step") -> str | None:
