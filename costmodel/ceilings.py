@@ -181,19 +181,26 @@ def host_paced_flag(share: float, seen: tuple[float, float] | None, n: int) -> s
 def power_flag(gpus, measured: bool, expect: str = "a slower step") -> str | None:
     """A one-line warning when GPUs of the cluster (``gpus``: each node group's ``GpuSpec``) run at a
     power limit below the board power their part is rated at (``GpuSpec.power_limit_w`` <
-    ``GpuSpec.tdp_w``) and no measured profile backs the prediction; else None. The peaks and GEMM
-    curves the prediction rests on are the rated part's; a capped GPU sustains lower clocks in dense
-    math, by an amount no curve on file gives, so the prediction is not scaled, only flagged. A
+    ``GpuSpec.tdp_w``) and no measured profile backs the prediction; else None. A capped GPU sustains
+    lower clocks in dense math: where a measured curve is on file for the part (``costmodel.power``, the
+    H100 SXM5's) the prediction is priced on it and the warning says so (the curve is another workload's);
+    elsewhere the prediction assumes the rated part's clocks and is only flagged. A
     measured profile (``planner profile`` on the capped GPUs) measures its GEMMs at the limit they run
     at, so it is not flagged. ``expect``: what to expect instead, in the caller's terms (serving: lower
     throughput and longer latencies)."""
+    from .power import CURVE_SOURCE, power_curve, power_rate_factor
     gpu = next((g for g in gpus if 0 < g.power_limit_w < g.tdp_w), None)
     if measured or gpu is None:
         return None
-    return (f"the {gpu.name} GPUs run at a {gpu.power_limit_w:g} W power limit, below the {gpu.tdp_w:g} W their part "
-            "is rated at: the prediction assumes the rated part's clocks (the power limit is not priced: no measured curve of "
-            f"throughput against it is on file), so expect {expect} than predicted; measure the GPUs at their "
-            "limit with `planner profile` to price them")
+    head = f"the {gpu.name} GPUs run at a {gpu.power_limit_w:g} W power limit, below the {gpu.tdp_w:g} W their part is rated at"
+    if power_curve(gpu.name) is not None:
+        f = power_rate_factor(gpu.name, gpu.tdp_w, gpu.power_limit_w)
+        return (f"{head}: priced at {f:.3f} of the rated part's compute rate, read off a measured curve of another "
+                f"workload ({CURVE_SOURCE}; costmodel.power), so expect {expect} than predicted if this run draws "
+                "more power than that one; measure the GPUs at their limit with `planner profile` to price them")
+    return (f"{head}: the prediction assumes the rated part's clocks (the power limit is not priced: no measured curve of "
+            f"throughput against it is on file for this part), so expect {expect} than predicted; measure the GPUs at "
+            "their limit with `planner profile` to price them")
 
 
 def architecture(gpu_name: str) -> str | None:

@@ -21,6 +21,7 @@ from .limits import (MAX_BANDWIDTH, MAX_FLOPS, MAX_GPUS, MAX_MESSAGE_BYTES, chec
                      type_problem)
 from .attention import KERNELS as ATTENTION_KERNELS
 from .moe import DISPATCHERS as MOE_DISPATCHERS
+from .power import power_rate_factor
 from .units import GIB, US, dtype_bytes
 
 # What communication overlapped with compute still costs when nothing measured it: NCCL's
@@ -427,9 +428,9 @@ class GpuSpec:
     # The board power the datasheet rates the part at (W; 0: unknown), and the power limit its GPUs
     # run at where a cluster file or a profile says it is set lower (W; 0: the default, the rated
     # power). Under a lower limit a GPU sustains lower clocks in dense math than the datasheet peaks
-    # assume. The cost model does not price that (no measured curve of throughput against the power
-    # limit is on file): a prediction on such GPUs, with no measured profile behind it, carries a
-    # warning instead (``costmodel.ceilings.power_flag``).
+    # assume: priced where a measured curve of throughput against the limit is on file for the part
+    # (``costmodel.power``: the H100 SXM5's), in ``rate``; a prediction on such GPUs, with no measured
+    # profile behind it, carries a warning either way (``costmodel.ceilings.power_flag``).
     tdp_w: float = 0.0
     power_limit_w: float = 0.0
     # The part's sustained tensor-core rate against the datasheet peaks (``peak_flops_per_s``) as its
@@ -467,10 +468,11 @@ class GpuSpec:
 
     def rate(self, dtype: str) -> float:
         """The rate compute-bound work runs at before its efficiency: the datasheet peak times the part's
-        sustained ``clock_factor``. Time is priced on it; MFU is counted on ``peak``; a measured table
-        (fractions of the peak, the part's clock in them) is priced on ``peak`` (``attention_rate``,
-        ``compute.gemm_rate``)."""
-        return self.peak(dtype) * self.clock_factor
+        sustained ``clock_factor`` and what a power limit below its rated power leaves of it
+        (``costmodel.power.power_rate_factor``: 1 where none is set or no curve is measured). Time is
+        priced on it; MFU is counted on ``peak``; a measured table (fractions of the peak, the part's
+        clock and power limit in them) is priced on ``peak`` (``attention_rate``, ``compute.gemm_rate``)."""
+        return self.peak(dtype) * self.clock_factor * power_rate_factor(self.name, self.tdp_w, self.power_limit_w)
 
     def attention_rate(self, dtype: str) -> float:
         """The rate fused attention's efficiency multiplies: ``rate``, or the datasheet peak where this GPU

@@ -18,7 +18,8 @@ Kinds (``KINDS``):
   spread around zero (each kind carries its signed range, ``lowest`` .. ``highest``);
 * ``train-torch-cp``: dense training whose attention runs PyTorch's ring attention under context
   parallelism (``costmodel.attention.torch_ring``: torchtitan, the generic target, this project's
-  runtime), again systematic: the published runs were all slower than predicted;
+  runtime), again systematic: the published runs were slower than predicted (all but one, within a tenth
+  of a percent, since stop 55 priced Meta's 500 W power limit);
 * ``train-cp``: dense training under context parallelism on any other ring (Transformer Engine's:
   Megatron, NeMo), whose published runs spread wider than the rest and mostly on the slow side
   (stop 42: Fujii's A100 sweep);

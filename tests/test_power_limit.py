@@ -1,7 +1,8 @@
 """GPUs run below their rated power: ``GpuSpec.tdp_w`` (the catalog's datasheet figure) and
-``GpuSpec.power_limit_w`` (a cluster file's or a profile's), and the warning a prediction on such GPUs
-carries (``costmodel.ceilings.power_flag``). The limit is not priced (no curve of throughput against it
-is on file): the prediction is the same with or without it, and says so."""
+``GpuSpec.power_limit_w`` (a cluster file's or a profile's), what the limit costs where a measured curve is
+on file (``costmodel.power``: the H100 SXM5's; compute-bound work only), and the warning a prediction on
+such GPUs carries either way (``costmodel.ceilings.power_flag``). On a part without a curve (A100) the
+prediction is the same with or without the limit, and says so."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,25 +57,64 @@ def test_the_flag_fires_only_below_the_rated_power_and_without_a_measured_profil
     assert power_flag([a100, capped], measured=False) == said
 
 
-def test_a_capped_cluster_is_priced_the_same_and_flagged():
-    """Not priced: the estimate is the rated part's to the last bit; the credibility says so."""
+def test_the_h100_curve_is_the_published_table():
+    """``costmodel.power``'s curve against the slow obvious version: the six published tokens/s per GPU of Llama 3
+    8B pre-training on H100 SXM5 94 GB HBM2e at 200-700 W (arXiv 2603.16164, Table 4) over the 700 W one, linear
+    between the limits, proportional below the lowest; 1 at or above the rated power, without a limit, and on a
+    part with no curve."""
+    from costmodel.power import power_rate_factor
+    table = {200: 9699.3, 300: 17982.3, 400: 24853.4, 500: 27705.3, 600: 29250.0, 700: 30271.0}
+    name = "H100-SXM5-96GB-HBM2e"
+    for w, tps in table.items():
+        assert power_rate_factor(name, 700, w) == pytest.approx(tps / table[700], abs=1e-12)
+    assert power_rate_factor(name, 700, 550) == pytest.approx((table[500] + table[600]) / 2 / table[700])
+    assert power_rate_factor(name, 700, 100) == pytest.approx(table[200] / table[700] / 2)
+    assert power_rate_factor(name, 700, 0) == power_rate_factor(name, 700, 700) == power_rate_factor(name, 700, 800) == 1
+    assert power_rate_factor("H100-SXM5-80GB", 700, 500) == power_rate_factor(name, 700, 500)    # the same die and board
+    assert power_rate_factor("A100-SXM4-80GB", 400, 300) == power_rate_factor("H200-SXM-141GB", 700, 500) == 1.0
+
+
+def test_a_capped_h100_is_priced_slower_on_compute_and_flagged():
+    """At 500 W the H100's compute-bound work runs at the curve's 0.915 (its rate; GEMM and attention time
+    scale by 1/0.915), memory-bound work and communication do not, so the step is slower by less than
+    1/0.915; memory is the same. The credibility keeps the warning and says what it was priced on."""
     from costmodel.catalog import get_model
+    from costmodel.power import power_rate_factor
     from costmodel.specs import ParallelConfig, Workload
     from costmodel.training import estimate
     model = get_model("llama-3-8b")
     wl = Workload(global_batch=64, seq_len=4096)
     par = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, grad_accum=4, zero=1)
     free, capped = _capped(0.0, nodes=2), _capped(500.0, nodes=2)
+    f = power_rate_factor(capped.groups[0].gpu.name, 700, 500)
+    assert capped.groups[0].gpu.rate("bf16") == pytest.approx(free.groups[0].gpu.rate("bf16") * f)
+    assert capped.groups[0].gpu.peak("bf16") == free.groups[0].gpu.peak("bf16")      # MFU's basis is unchanged
     a, b = estimate(model, free, wl, par), estimate(model, capped, wl, par)
-    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    assert a.step_time_s < b.step_time_s < a.step_time_s / f and a.memory == b.memory
     ca = credibility(model, free, wl, a.step_time_s, a.mfu, par=par)
     cb = credibility(model, capped, wl, b.step_time_s, b.mfu, par=par)
-    assert ca["power_flag"] is None and "500 W" in cb["power_flag"]
-    assert ca["step_time_s_range"] == cb["step_time_s_range"]
-    # the same capped cluster once measured (a profile's GEMM table): no warning
+    assert ca["power_flag"] is None and "500 W" in cb["power_flag"] and f"{f:.3f}" in cb["power_flag"]
+    # the same capped cluster once measured (a profile's GEMM table, taken at the limit): priced on the table at
+    # the datasheet peak, with no warning
     measured = dataclasses.replace(capped, matmul_table=((4096.0, 0.7), (8192.0, 0.75)))
     assert measured.measured_profile
     assert credibility(model, measured, wl, b.step_time_s, b.mfu, par=par)["power_flag"] is None
+
+
+def test_a_capped_part_without_a_curve_is_priced_the_same_and_flagged():
+    """An A100 at 300 W (no curve on file): the estimate is the rated part's to the last bit; the warning says
+    the limit is not priced."""
+    from costmodel.catalog import get_model
+    from costmodel.specs import ParallelConfig, Workload
+    from costmodel.training import estimate
+    model = get_model("llama-3-8b")
+    wl = Workload(global_batch=64, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=1, dp=16, micro_batch=1, grad_accum=4, zero=1)
+    free, capped = _capped(0.0, nodes=2, base="dgx-a100-80gb"), _capped(300.0, nodes=2, base="dgx-a100-80gb")
+    a, b = estimate(model, free, wl, par), estimate(model, capped, wl, par)
+    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    cb = credibility(model, capped, wl, b.step_time_s, b.mfu, par=par)
+    assert "300 W" in cb["power_flag"] and "not priced" in cb["power_flag"]
 
 
 def test_the_fields_round_trip_and_bad_values_are_refused():

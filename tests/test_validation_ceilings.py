@@ -242,7 +242,8 @@ def test_torch_ring_attention_takes_its_own_band_and_a_warning(capsys):
         assert main(base + list(extra)) == 0
         return json.loads(capsys.readouterr().out)["uncertainty"]
     ring, dense = band_record("train-torch-cp"), band_record("train-dense")
-    assert ring.band > dense.band and ring.signed_range() and ring.signed_range()[0] > 0   # all slower than predicted
+    # slower than predicted on its runs (one within a tenth of a percent since stop 55 priced Meta's 500 W limit)
+    assert ring.band > dense.band and ring.signed_range() and ring.signed_range()[0] > -0.005
     for extra in (("--target", "torchtitan"), ()):                     # torchtitan; no target: torch's CP too
         u = uncertainty("--global-batch", "2", "--dp", "2", "--cp", "4", *extra)
         assert u["kind"] == "train-torch-cp" and u["band"] == ring.band and u["tie_band"] == ring.band

@@ -184,7 +184,8 @@ def uncertainty_table() -> str:
             "prediction's range runs from the dense band below to the thin band above, with a warning. "
             "`train-torch-cp` is dense training whose attention runs PyTorch's ring attention under context "
             "parallelism (torchtitan, the generic target; `costmodel.attention.torch_ring`; table \"By context "
-            "parallelism\"), likewise all slower than predicted, on whatever machine they ran. `train-cp` is "
+            "parallelism\"), likewise slower than predicted (its signed range below), on whatever machine they ran. "
+            "`train-cp` is "
             "context parallelism on Transformer Engine's ring (Megatron, NeMo), whose runs spread wider than the "
             "dense ones and mostly on the slow side. `train-nvfp4` is dense training in NVFP4 (`costmodel.fp8.nvfp4`), "
             "a recipe priced from kernel tables, held against its own published runs alone. `train-moe-host` is "
@@ -323,6 +324,11 @@ def validation_cross() -> str:
     return headline_block()
 
 
+def _pct(x: float) -> str:
+    """A signed error in whole percent, "0%" where it rounds to none (never "-0%")."""
+    return f"{x * 100:+.0f}%" if round(x * 100) else "0%"
+
+
 def validation_headline() -> str:
     """The out-of-source headline line alone, for the README, the sentence of the two regimes
     with their own bands (``costmodel.ceilings.THIN_STEP_S``, the ``train-thin`` band; PyTorch's
@@ -341,18 +347,18 @@ def validation_headline() -> str:
     return (validation_cross().split("\n\n")[0] + "\n\n"
             f"A problem that gives each GPU under {THIN_STEP_S * 1e3:g} ms of work per step at peak (a small model "
             f"on many GPUs) takes its own band and a warning: on the {thin.n} published runs like it the error ran "
-            f"from {lo * 100:+.0f}% to {hi * 100:+.0f}% (positive: predicted too fast; `train-thin`, "
+            f"from {_pct(lo)} to {_pct(hi)} (positive: predicted too fast; `train-thin`, "
             "[docs/cost-model.md](docs/cost-model.md#uncertainty)). So does context parallelism on PyTorch's ring "
-            f"attention (torchtitan): {cp_lo * 100:+.0f}% to {cp_hi * 100:+.0f}% on its {ring.n} published runs "
+            f"attention (torchtitan): {_pct(cp_lo)} to {_pct(cp_hi)} on its {ring.n} published runs "
             f"(`train-torch-cp`); on Transformer Engine's ring (Megatron) it is ±{te.band * 100:.0f}% over "
             f"{te.n} (`train-cp`). Mixture-of-experts runs are validated apart: on the {moe.n} published runs that "
-            f"chose no MoE constant and whose layers are not host-paced the error ran from {moe_lo * 100:+.0f}% to "
-            f"{moe_hi * 100:+.0f}%, a band of ±{moe.band * 100:.0f}% (`train-moe`, "
+            f"chose no MoE constant and whose layers are not host-paced the error ran from {_pct(moe_lo)} to "
+            f"{_pct(moe_hi)}, a band of ±{moe.band * 100:.0f}% (`train-moe`, "
             "[docs/validation.md](docs/validation.md)); where Megatron's eager MoE layers wait on the host, "
-            f"{host_lo * 100:+.0f}% to {host_hi * 100:+.0f}% on {host.n} (`train-moe-host`, predicted too slow). "
+            f"{_pct(host_lo)} to {_pct(host_hi)} on {host.n} (`train-moe-host`, predicted too slow). "
             "So is NVFP4 training "
-            f"(`--dtype nvfp4`, Megatron on Blackwell, priced from kernel tables alone): {fp4_lo * 100:+.0f}% to "
-            f"{fp4_hi * 100:+.0f}% on its {fp4.n} published runs (`train-nvfp4`).\n")
+            f"(`--dtype nvfp4`, Megatron on Blackwell, priced from kernel tables alone): {_pct(fp4_lo)} to "
+            f"{_pct(fp4_hi)} on its {fp4.n} published runs (`train-nvfp4`).\n")
 
 
 FSDP_RULE_FAMILIES = ("ibm-fsdp", "olmo-core")
