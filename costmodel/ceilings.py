@@ -102,14 +102,22 @@ def is_thin(ideal_s: float) -> bool:
     return ideal_s < THIN_STEP_S
 
 
+def published_range(n: int, seen: tuple[float, float] | None, which: str, none: str) -> str:
+    """The flags' clause on the ``n`` published runs ``which`` (a phrase: "like it") and the signed out-of-source
+    errors ``seen`` (lowest, highest: predicted / published - 1) the cost model had on them; ``none`` where
+    nothing was seen."""
+    if not seen:
+        return none
+    return (f"on the {n} published run{'s' if n != 1 else ''} {which} the cost model was off by "
+            f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)")
+
+
 def thin_flag(ideal_s: float, seen: tuple[float, float] | None, n: int) -> str | None:
     """A one-line warning for a thin step (``is_thin``), with the signed out-of-source errors
     ``seen`` (lowest, highest: predicted / published - 1) of the ``n`` published runs like it; else None."""
     if not is_thin(ideal_s):
         return None
-    said = (f"on the {n} published run{'s' if n != 1 else ''} with under {THIN_STEP_S * 1e3:.0f} ms the cost model "
-            f"was off by {seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
-            if seen else "no published run this thin is on file")
+    said = published_range(n, seen, f"with under {THIN_STEP_S * 1e3:.0f} ms", "no published run this thin is on file")
     return (f"thin step: each GPU has {ideal_s * 1e3:.1f} ms of work per step at peak; "
             f"{said}; expect a slower step than predicted (per-kernel and per-collective fixed costs dominate). "
             "More tokens per GPU per step (a larger global batch, or fewer GPUs) puts the plan where the model "
@@ -120,9 +128,7 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
     """A one-line warning for a prediction on PyTorch's ring attention (``costmodel.attention.torch_ring``)
     at context parallelism ``cp``, with the signed out-of-source errors ``seen`` (lowest, highest:
     predicted / published - 1) of the ``n`` published runs like it."""
-    said = (f"on the {n} published run{'s' if n != 1 else ''} with it the cost model was off by "
-            f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
-            if seen else "no published run with it is on file")
+    said = published_range(n, seen, "with it", "no published run with it is on file")
     return (f"context parallel {cp} runs PyTorch's ring attention: {said}; expect a slower step than predicted. "
             "Transformer Engine's ring (--target megatron) was predicted closer on its published runs, with a band "
             "of its own, train-cp (docs/validation.md, table 'By context parallelism')")
@@ -169,9 +175,7 @@ def host_paced_flag(share: float, seen: tuple[float, float] | None, n: int) -> s
     runs like it; else None."""
     if not is_host_paced(share):
         return None
-    said = (f"on the {n} published run{'s' if n != 1 else ''} like it the cost model was off by "
-            f"{seen[0] * 100:+.0f}% .. {seen[1] * 100:+.0f}% (predicted / published speed - 1)"
-            if seen else "no published run like it is on file")
+    said = published_range(n, seen, "like it", "no published run like it is on file")
     return (f"host-paced MoE layers: the host's time to issue each eager MoE layer adds {share * 100:.0f}% to the "
             f"predicted step (costmodel.moe.MEGATRON_LAYER_HOST_S, a constant fitted on three runs); {said}. "
             "A larger micro-batch takes the host off the critical path (so does capturing whole MoE layers in CUDA "
