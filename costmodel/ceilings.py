@@ -141,7 +141,7 @@ def torch_cp_flag(cp: int, seen: tuple[float, float] | None, n: int) -> str:
 # in costmodel/uncertainty_bands.yaml: among them NVIDIA's own recipes on H100 and GB200, which the constant's three
 # runs predate). ``HOST_PACED_SHARE``: the share of the
 # predicted step the host's pacing adds above which a prediction takes that band; 0.10, a choice (the MoE runs on
-# file are either under 5% or over 50%, so any value between splits them the same).
+# file are either under 5% or over 35%, so any value between splits them the same).
 HOST_PACED_SHARE = 0.10
 
 

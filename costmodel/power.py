@@ -24,8 +24,9 @@ Why that curve and how far to trust it:
   not slow with the clock, so read as the tensor-core rate it understates the slowdown a little (at
   500 W the clock figure above is 0.879, the step 0.915);
 * a harder-drawing workload loses more: Emerald AI's H100 runs (dense pre-training and fine-tuning,
-  24-70B) lost throughput nearly as fast as power (their power-flexibility index 1.19-1.33, averaged over
-  200-700 W limits, where this curve's is about 2), so a large dense model at 500 W may run nearer 0.85;
+  24-70B) lost throughput nearly as fast as power (their power-flexibility index, the relative power cut over
+  the relative throughput lost, 1.19-1.33 averaged over 200-700 W limits; this curve's is about 2.5 with the
+  limit taken as the power), so a large dense model at 500 W may run nearer 0.85;
 * it is measured on the H100 SXM5 with HBM2e (94/96 GB), the part Meta's Grand Teton hosts run at 500 W
   (calibration/clusters/meta-grandteton-h100-96gb-hbm2e.yaml); the other H100 SXM5 (80 GB HBM3) is priced
   on it too, as the same die and board power. Other parts (A100, H200, Blackwell) have no measured
