@@ -362,7 +362,6 @@ def test_host_paced_moe_takes_its_own_band_and_a_warning(capsys):
     assert main(args + ["--target", "torchtitan"]) == 0
     u = json.loads(capsys.readouterr().out)["uncertainty"]
     assert u["kind"] == "train-moe" and u["host_share"] == 0.0 and u["host_flag"] is None
-    lo, hi = u["step_time_s_range"]
     assert u["band_below"] == u["band_above"] == moe.band
     # the rule at its edge
     assert ceilings.is_host_paced(ceilings.HOST_PACED_SHARE * 1.001) and not ceilings.is_host_paced(ceilings.HOST_PACED_SHARE)
