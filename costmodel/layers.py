@@ -219,6 +219,10 @@ class LayerCost:
     # (module, bytes it no longer keeps on the GPU, bytes it moves each way over the host link) per module
     # this layer has, in ``specs.OFFLOAD_MODULES`` order
     offload: tuple[tuple[str, float, float], ...] = ()
+    # the TP collectives of one forward pass block by block, each beside the GEMMs next to it
+    # (``_tp_blocks``): (column-parallel side's collective, its GEMMs, row-parallel side's collective,
+    # its GEMM), forward times; () without TP
+    tp_blocks: tuple[tuple[float, float, float, float], ...] = ()
 
 
 @lru_cache(maxsize=65536)
@@ -506,16 +510,21 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
     tp_bytes = T * h * a_bytes
     # two blocks (attention, MLP), each one all-reduce, or with SP one all-gather + one reduce-scatter;
     # every collective with its launch cost (comm.launched, as serving prices it)
+    tp_blocks: tuple[tuple[float, float, float, float], ...] = ()
     if t <= 1:
         tp_fwd_s = 0.0
     elif sp:
         # Transformer Engine all-gathers the quantized input of the column-parallel GEMM; an MoE
         # layer's MLP block moves its tokens in the dispatcher instead (the ETP gather above)
         ag_bytes = T * h * fp8.copy_bytes if fp8 is not None and fp8.tp_gather_fp8 else tp_bytes
-        blocks = 1 if moe and not model.shared_experts else 2
-        tp_fwd_s = blocks * (launched(net.all_gather(ag_bytes, tp_lay)) + launched(net.reduce_scatter(tp_bytes, tp_lay)))
+        ag_s, rs_s = launched(net.all_gather(ag_bytes, tp_lay)), launched(net.reduce_scatter(tp_bytes, tp_lay))
+        tp_blocks = _tp_blocks(model, moe, matrices, gemms, _time, kernel_efficiency, fp8, efp8, ag_s, rs_s)
+        tp_fwd_s = sum(b[0] + b[2] for b in tp_blocks)
     else:
-        tp_fwd_s = launched(net.all_reduce(tp_bytes, tp_lay), 2)
+        ar_s = launched(net.all_reduce(tp_bytes, tp_lay))
+        tp_blocks = _tp_blocks(model, moe, matrices, gemms, _time, kernel_efficiency, fp8, efp8, 0.0, ar_s,
+                               dense_mlp_block=True)
+        tp_fwd_s = sum(b[0] + b[2] for b in tp_blocks)
     kv_bytes = T * 2 * kv_width * a_bytes
     cp_fwd_s = launched(net.p2p(kv_bytes, cp_lay.crosses_nodes, cp), cp - 1) if cp > 1 else 0.0
     if torch_cp_overlap_s >= 0:
@@ -603,12 +612,65 @@ def layer_cost(model: ModelSpec, moe: bool, workload: Workload, tp: int, cp: int
         model_flops_fwd=model_flops_fwd, hw_flops_fwd=model_flops_fwd, fwd_s=fwd_s,
         attn_fwd_s=attn_s, gemm_fwd_s=gemm_s, elementwise_fwd_s=ew_s, selective_extra_s=sel_extra_s,
         selective_extra_flops=sel_extra_flops, tp_fwd_s=tp_fwd_s, ep_fwd_s=ep_fwd_s, etp_fwd_s=etp_fwd_s,
-        cp_fwd_s=cp_fwd_s, attn_bwd_extra_s=attn_bwd_extra_s, expert_gemm_fwd_s=expert_gemm_s,
+        cp_fwd_s=cp_fwd_s, attn_bwd_extra_s=attn_bwd_extra_s, expert_gemm_fwd_s=expert_gemm_s, tp_blocks=tp_blocks,
         act_bytes=act_bytes, act_selective_bytes=act_sel, act_input_bytes=act_input,
         params=params, expert_params=expert_params,
         act_core_attn_bytes=act_core, core_attn_extra_s=core_s if flash else sel_extra_s,
         core_attn_extra_flops=core_flops if flash else sel_extra_flops,
         modules=tuple(sorted(mods, key=lambda m: RECOMPUTE_MODULES.index(m[0]))), offload=offload)
+
+
+# the attention matrices that read the block's gathered input (every one but the output projection; the
+# multi-latent up-projections read the latents the down-projections make from it, in the same block)
+_ATTN_COLUMN = ("qkv", "q", "q_down", "q_up", "kv_down", "kv_up")
+
+
+def _tp_blocks(model: ModelSpec, moe: bool, matrices, gemms, time_fn, kernel_efficiency: float, fp8, efp8,
+               col_s: float, row_s: float, dense_mlp_block: bool = False) -> tuple[tuple[float, float, float, float], ...]:
+    """The layer's TP collectives, block by block, each with the GEMMs an overlap can run it beside: what
+    a TP overlap hides is priced collective by collective against those GEMMs, not against the layer's
+    GEMMs in sum (``stage_terms.layer_terms``).
+
+    Transformer Engine's userbuffers overlap (Megatron's ``--tp-comm-overlap``) and PyTorch's
+    micro-pipelined async TP both split a collective into chunks and run each chunk's transfer beside a
+    chunk of the GEMM that consumes or produces it: the sequence-parallel all-gather beside the
+    column-parallel GEMM that reads the gathered input (QKV, the MLP's first), the reduce-scatter beside
+    the row-parallel GEMM whose partial sums it reduces (the attention output, the MLP's second), and in
+    the backward the mirror pairs (Transformer Engine's ``ub_overlap_ag`` / ``ub_overlap_rs`` / bulk
+    ``ub_bulk_dgrad`` / ``ub_bulk_wgrad`` options, each named for the GEMM it rides on: NVIDIA
+    TransformerEngine ``transformer_engine/pytorch/module/base.py`` ``initialize_ub`` and its
+    comm-GEMM-overlap example; PyTorch ``torch/distributed/_symmetric_memory`` ``fused_all_gather_matmul``
+    and ``fused_matmul_reduce_scatter``, which take the one matmul the collective feeds or drains). A
+    collective longer than its own GEMM is exposed by the difference, whatever the rest of the layer
+    computes: with grouped-query attention the QKV GEMM is narrow (a quarter of the hidden width as
+    keys and values), so its gather is the one most often longer than its GEMM; an MoE layer's
+    attention collectives have only the attention's GEMMs beside them, never the experts'.
+
+    Per block (attention; the dense MLP or the shared experts, an MoE layer's routed experts moving
+    their tokens in the dispatcher): (column side's collective, the column-parallel GEMMs, row side's
+    collective, the row-parallel GEMM), forward, GEMM times as ``gemm_fwd_s`` counts them (no casts, no
+    straggler). With sequence parallelism the column side's collective is the all-gather and the row
+    side's the reduce-scatter; without it the row side's all-reduce is the block's only forward
+    collective (the column side's 0: ``col_s``), and the backward's all-reduce sits on the column side
+    (``layer_terms``); an MoE layer then all-reduces its MLP block's output too (``dense_mlp_block``: two
+    blocks, the second beside the shared experts' GEMMs where it has them, else beside none). The
+    blocks' collectives are ``tp_fwd_s``."""
+    def g(names: tuple[str, ...]) -> float:
+        out = 0.0
+        for (m, n, kk, c), mx in zip(gemms, matrices):
+            if mx.name in names:
+                low = (fp8 is not None and mx.role != "router") or (efp8 is not None and mx.role == "expert")
+                out += time_fn(m, n, kk, c, mx, low)
+        return out / kernel_efficiency
+
+    cols = [("attn_out", _ATTN_COLUMN)]
+    if not moe:
+        cols.append(("mlp_out", ("mlp_in",)))
+    elif model.shared_experts:
+        cols.append(("shared_expert_out", ("shared_expert_in",)))
+    elif dense_mlp_block:
+        cols.append(("", ()))
+    return tuple((col_s, g(col), row_s, g((row,))) for row, col in cols)
 
 
 def offload_bytes(model: ModelSpec, T: float, t: int, et: int, load: float, lin_b: float, a_bytes: float, mats: int,

@@ -140,6 +140,44 @@ def offload_terms(lc: LayerCost, modules: tuple[str, ...], host_bytes_per_s: flo
     return kept, exposed + (max(0.0, reload - lc.fwd_s) if ep_overlap else reload)
 
 
+def paired_tp_s(blocks: tuple[tuple[float, float, float, float], ...], mode: str, sp: bool,
+                slowdown: float) -> tuple[float, float]:
+    """(forward, backward) TP communication a layer leaves exposed under TP overlap ``mode``, each
+    collective overlapped only with the GEMMs beside it (``costmodel.layers._tp_blocks``: per block the
+    column side's collective and GEMMs, the row side's collective and GEMM, forward). The backward
+    runs the mirror collectives: with sequence parallelism the column-parallel GEMMs' input-gradient
+    reduce-scatter (the column side) and the row-parallel GEMM's output-gradient all-gather (the row
+    side), each the size of its forward partner as ``tp_fwd_s`` counts them; without it the one
+    all-reduce, of the column-parallel GEMMs' input gradients (the column side).
+
+    * ``full`` (Transformer Engine's userbuffers): every collective beside its own GEMM, forward and
+      backward (the backward's dgrad and wgrad GEMMs each as long as the forward's: the forward's
+      length is taken, as the aggregate rule took one forward of GEMMs for the backward's window);
+    * ``async_tp`` (PyTorch's micro-pipelined TP): the forward's as ``full``; in the backward the
+      output-gradient all-gathers beside their row-parallel GEMMs, the input-gradient reduce-scatters
+      exposed (they follow a sum of GEMMs, not one matmul);
+    * ``backward`` (Megatron-LM without ``--tp-comm-overlap``): the forward's exposed; in the backward
+      the column-parallel linears' input-gradient collective beside their own weight-gradient GEMMs
+      (``LinearWithGradAccumulationAndAsyncCommunication``), the rest exposed;
+    * ``none``: all exposed."""
+    fwd = bwd = 0.0
+    for col_c, col_g, row_c, row_g in blocks:
+        bcol, brow = (col_c, row_c) if sp else (row_c, col_c)
+        if mode in ("full", "async_tp"):
+            fwd += overlapped(col_c, col_g, slowdown) + overlapped(row_c, row_g, slowdown)
+        else:
+            fwd += col_c + row_c
+        if mode == "full":
+            bwd += overlapped(bcol, col_g, slowdown) + overlapped(brow, row_g, slowdown)
+        elif mode == "async_tp":
+            bwd += bcol + overlapped(brow, row_g, slowdown)
+        elif mode == "backward":
+            bwd += overlapped(bcol, col_g, slowdown) + brow
+        else:
+            bwd += bcol + brow
+    return fwd, bwd
+
+
 def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False, ep_overlap: bool = False,
                 selective: "str | tuple[str, ...]" = "op", ep_sm_share: float = 0.0, sp: bool = True,
                 delay_wgrad: bool = True, offload: tuple[str, ...] = (), host_bytes_per_s: float = 0.0) -> LayerTerms:
@@ -169,7 +207,9 @@ def layer_terms(lc: LayerCost, slowdown: float, tp_overlap: "bool | str" = False
     mode = ("full" if tp_overlap else "none") if isinstance(tp_overlap, bool) else tp_overlap
     assert mode in TP_OVERLAP_MODES, mode
     cp_fwd = overlapped(lc.cp_fwd_s, lc.attn_fwd_s, slowdown)
-    if mode == "full":
+    if lc.tp_blocks:
+        tp_fwd, tp_bwd = paired_tp_s(lc.tp_blocks, mode, sp, slowdown)
+    elif mode == "full":
         tp_fwd = tp_bwd = overlapped(lc.tp_fwd_s, lc.gemm_fwd_s, slowdown)
     elif mode == "async_tp":
         # torch's micro-pipeline TP (frameworks: tp_overlap_scope): the forward's gathers and
