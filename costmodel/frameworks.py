@@ -18,8 +18,10 @@ pytorch/torchtitan at b5bcd76c66, deepspeedai/DeepSpeed at edaa722126, huggingfa
   the step, before the next forward.
 * ``tp_comm_overlap``: Megatron-Core with Transformer Engine splits TP's all-gathers and
   reduce-scatters into chunks pipelined with the GEMMs beside them (``--tp-comm-overlap``, which
-  needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): the TP
-  communication then costs what overlapped communication costs (``training.overlapped``).
+  needs sequence parallelism; on in NeMo's and Megatron's recipes since 2023): each TP collective
+  then costs what communication overlapped with the one GEMM beside it costs
+  (``stage_terms.paired_tp_s`` over ``layers._tp_blocks``: the gather with the GEMM that reads it, the
+  scatter with the GEMM that produces it; a collective longer than its GEMM shows by the difference).
   torchtitan's async TP (``enable_async_tensor_parallel``, which needs ``torch.compile``; not
   assumed by default) covers less (``tp_overlap_scope`` "async_tp"): it is torch Inductor's
   micro-pipeline TP pass (``torch/_inductor/fx_passes/micro_pipeline_tp.py``, torch 2.13), which fuses
@@ -30,8 +32,8 @@ pytorch/torchtitan at b5bcd76c66, deepspeedai/DeepSpeed at edaa722126, huggingfa
   after w2. In the backward the gathers of the output gradients before wo's and w2's input-gradient
   matmuls match, but the reduce-scatters of the input gradients of q/k/v and of w1/w3 follow the sum
   of those projections' gradients (autograd adds them before the collective), not a matmul, so
-  they run unfused and exposed. So: the forward's TP traffic overlapped with its GEMMs, and half of
-  the backward's (the gathers) with half of its GEMMs. The PyTorch team's announcement of the
+  they run unfused and exposed. So: the forward's TP collectives overlapped each with its GEMM, and
+  in the backward the gathers each with its row-parallel GEMM, the reduce-scatters exposed. The PyTorch team's announcement of the
   feature (discuss.pytorch.org/t/209487, 2024: "up to ~29% forward pass speedup and ~8% E2E speedup
   in Llama3 7B") is consistent with a backward that gains much less than the forward.
   The cost model takes it only where the launch file can turn it on (``tp_overlap_mode``):
