@@ -663,7 +663,7 @@ def _tp_blocks(model: ModelSpec, moe: bool, matrices, gemms, time_fn, kernel_eff
                 out += time_fn(m, n, kk, c, mx, low)
         return out / kernel_efficiency
 
-    cols = [("attn_out", _ATTN_COLUMN)]
+    cols: list[tuple[str, tuple[str, ...]]] = [("attn_out", _ATTN_COLUMN)]
     if not moe:
         cols.append(("mlp_out", ("mlp_in",)))
     elif model.shared_experts:
