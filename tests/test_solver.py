@@ -185,14 +185,23 @@ def deep_mixed_instance():
 
 
 def test_max_time_holds_inside_a_candidates_solve():
+    """The deadline holds inside one candidate's CP-SAT solve. On a slow or loaded machine the candidate
+    may have no feasible point yet when it comes (stop 56's second suite run, 2 cores at half speed): the
+    solver then says so (SolverStopped, exit 3) within the same time."""
     import time
+
+    from planner.plan.errors import SolverStopped
     m, c, wl, fixed = deep_mixed_instance()
     t0 = time.perf_counter()
-    res = solve(m, c, wl, fixed, max_time_s=0.5)
+    try:
+        res = solve(m, c, wl, fixed, max_time_s=0.5)
+    except SolverStopped:
+        res = None
     wall = time.perf_counter() - t0
     assert wall < 0.5 + 0.5, wall
-    assert res.status == "FEASIBLE" and res.stopped == 1 and res.gap > 0
-    assert res.wall_time_s < 1.0
+    if res is not None:
+        assert res.status == "FEASIBLE" and res.stopped == 1 and res.gap > 0
+        assert res.wall_time_s < 1.0
 
 
 def test_max_time_holds_for_exhaustive():
